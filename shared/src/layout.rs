@@ -1,0 +1,213 @@
+//! Binary layout of the counter segment (ABI version 1).
+//!
+//! All fields are little-endian with fixed widths. The segment is laid out as:
+//!
+//! ```text
+//! [Header][ModuleRecord × module_cap][FunctionRecord × func_cap][strings]
+//! [samples: u64 × func_cap][stripe table: StripeSlot × stripe_cap]
+//! [stripe 0 (shared, atomic)][stripe 1]...[stripe stripe_cap-1]   (page aligned)
+//! ```
+//!
+//! A stripe is one `u64` call counter per function slot. Each thread counts
+//! into its own stripe without atomics; threads without one use stripe 0 with
+//! `lock inc`. A function's call count is the sum over all used stripes.
+
+use std::mem::size_of;
+
+pub const MAGIC: [u8; 8] = *b"RTPROFC\0";
+pub const VERSION: u32 = 1;
+pub const PAGE: u64 = 4096;
+/// Number of refusal-reason slots in a module record (index = reason code).
+pub const REASON_SLOTS: usize = 16;
+
+/// Process life-cycle state stored in [`Header::state`].
+pub mod state {
+    pub const STARTING: u32 = 0;
+    pub const RUNNING: u32 = 1;
+    pub const EXITED: u32 = 2;
+}
+
+/// Stripe life-cycle state stored in [`StripeSlot::state`].
+pub mod stripe_state {
+    pub const FREE: u32 = 0;
+    pub const LIVE: u32 = 1;
+    /// The owning thread ended; its counts still belong to the totals.
+    pub const RETIRED: u32 = 2;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Header {
+    pub magic: [u8; 8],
+    pub version: u32,
+    pub header_size: u32,
+    pub total_size: u64,
+    pub pid: u32,
+    pub ppid: u32,
+    pub state: u32,
+    /// Exit status passed to `exit()` when `state == EXITED`.
+    pub exit_status: i32,
+    /// CLOCK_REALTIME nanoseconds at agent start and at exit.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Executable path, as an offset/length into the string table.
+    pub exe_off: u32,
+    pub exe_len: u32,
+    pub modules_off: u64,
+    pub module_cap: u32,
+    pub module_count: u32,
+    pub funcs_off: u64,
+    pub func_cap: u32,
+    pub func_count: u32,
+    pub strings_off: u64,
+    pub strings_cap: u32,
+    pub strings_len: u32,
+    pub samples_off: u64,
+    pub stripe_table_off: u64,
+    pub stripes_off: u64,
+    pub stripe_bytes: u64,
+    pub stripe_cap: u32,
+    /// Stripes handed out so far (stripe 0, the shared one, always counts).
+    pub stripe_count: u32,
+    /// Sampling period in nanoseconds (0: no sampling).
+    pub sample_period_ns: u64,
+    pub samples_total: u64,
+    pub samples_lost: u64,
+    pub sampler: u32,
+    pub flags: u32,
+    pub reserved: [u64; 8],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModuleRecord {
+    pub path_off: u32,
+    pub path_len: u32,
+    /// Load bias: runtime address = base + ELF virtual address.
+    pub base: u64,
+    pub first_func: u32,
+    pub func_count: u32,
+    pub patched: u32,
+    pub flags: u32,
+    /// Refused functions per reason code (index 0 unused).
+    pub refused: [u32; REASON_SLOTS],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FunctionRecord {
+    pub name_off: u32,
+    pub name_len: u32,
+    pub module: u32,
+    /// 0 when patched, otherwise a [`crate::Refusal`] code.
+    pub status: u32,
+    /// ELF virtual address of the function's first byte.
+    pub vaddr: u64,
+    pub size: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StripeSlot {
+    pub state: u32,
+    pub tid: u32,
+}
+
+const _: () = assert!(size_of::<Header>() == 248);
+const _: () = assert!(size_of::<ModuleRecord>() == 96);
+const _: () = assert!(size_of::<FunctionRecord>() == 32);
+const _: () = assert!(size_of::<StripeSlot>() == 8);
+
+/// Sizes chosen by the writer; everything else follows from them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacities {
+    pub modules: u32,
+    pub functions: u32,
+    pub strings: u32,
+    pub stripes: u32,
+}
+
+/// Byte offsets of every region, computed from [`Capacities`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub caps: Capacities,
+    pub modules_off: u64,
+    pub funcs_off: u64,
+    pub strings_off: u64,
+    pub samples_off: u64,
+    pub stripe_table_off: u64,
+    pub stripes_off: u64,
+    pub stripe_bytes: u64,
+    pub total_size: u64,
+}
+
+pub fn align_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+impl Layout {
+    pub fn new(caps: Capacities) -> Layout {
+        let modules_off = align_up(size_of::<Header>() as u64, 64);
+        let funcs_off = align_up(
+            modules_off + caps.modules as u64 * size_of::<ModuleRecord>() as u64,
+            64,
+        );
+        let strings_off = funcs_off + caps.functions as u64 * size_of::<FunctionRecord>() as u64;
+        let samples_off = align_up(strings_off + caps.strings as u64, 64);
+        let stripe_table_off = align_up(samples_off + caps.functions as u64 * 8, 64);
+        let stripes_off = align_up(
+            stripe_table_off + caps.stripes as u64 * size_of::<StripeSlot>() as u64,
+            PAGE,
+        );
+        // Page-sized stripes: threads never share a cache line or a page.
+        let stripe_bytes = align_up((caps.functions as u64 * 8).max(8), PAGE);
+        let total_size = stripes_off + stripe_bytes * caps.stripes as u64;
+        Layout {
+            caps,
+            modules_off,
+            funcs_off,
+            strings_off,
+            samples_off,
+            stripe_table_off,
+            stripes_off,
+            stripe_bytes,
+            total_size,
+        }
+    }
+
+    /// Byte offset of stripe `i`.
+    pub fn stripe_off(&self, i: u32) -> u64 {
+        self.stripes_off + self.stripe_bytes * i as u64
+    }
+
+    /// The part of the segment that is not stripes: header, tables, strings.
+    pub fn metadata_len(&self) -> u64 {
+        self.stripes_off
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_do_not_overlap_and_are_aligned() {
+        let l = Layout::new(Capacities {
+            modules: 3,
+            functions: 1001,
+            strings: 777,
+            stripes: 5,
+        });
+        assert!(l.modules_off >= size_of::<Header>() as u64);
+        assert!(l.funcs_off >= l.modules_off + 3 * 96);
+        assert!(l.strings_off >= l.funcs_off + 1001 * 32);
+        assert!(l.samples_off >= l.strings_off + 777);
+        assert_eq!(l.samples_off % 8, 0);
+        assert!(l.stripe_table_off >= l.samples_off + 1001 * 8);
+        assert_eq!(l.stripes_off % PAGE, 0);
+        assert_eq!(l.stripe_bytes % PAGE, 0);
+        assert!(l.stripe_bytes >= 1001 * 8);
+        assert_eq!(l.total_size, l.stripe_off(5));
+    }
+}

@@ -1,0 +1,14 @@
+//! The ABI shared by the rtprof agent and its readers: the counter segment's
+//! layout, a writer for the agent, a validating reader, and reports.
+
+pub mod json;
+pub mod layout;
+pub mod reader;
+pub mod refusal;
+pub mod report;
+pub mod writer;
+
+pub use layout::{Capacities, Layout};
+pub use reader::{read_header, read_snapshot, FunctionStats, ModuleStats, SegmentError, Snapshot};
+pub use refusal::Refusal;
+pub use writer::{SegmentWriter, WriteError};

@@ -1,0 +1,376 @@
+//! Validating reader: turns the bytes of a counter segment, which may be
+//! truncated, stale or hostile, into a [`Snapshot`] or a [`SegmentError`].
+//! It never trusts an offset, length or count it has not checked.
+
+use crate::layout::*;
+use crate::Refusal;
+use std::fmt;
+use std::mem::size_of;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SegmentError {
+    TooShort { len: u64, need: u64 },
+    BadMagic,
+    UnsupportedVersion(u32),
+    BadHeaderSize(u32),
+    /// A region lies outside the segment or overlaps the header.
+    BadRegion(&'static str),
+    /// A count exceeds its capacity.
+    BadCount(&'static str),
+    /// A string reference points outside the string table.
+    BadString(&'static str),
+    /// A function references a module that does not exist, or a module's
+    /// function range is outside the function table.
+    BadReference(&'static str),
+}
+
+impl fmt::Display for SegmentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SegmentError::TooShort { len, need } => {
+                write!(f, "segment truncated: {len} bytes, need {need}")
+            }
+            SegmentError::BadMagic => f.write_str("not an rtprof counter segment (bad magic)"),
+            SegmentError::UnsupportedVersion(v) => write!(f, "unsupported segment version {v}"),
+            SegmentError::BadHeaderSize(s) => write!(f, "bad header size {s}"),
+            SegmentError::BadRegion(r) => write!(f, "region {r} out of bounds"),
+            SegmentError::BadCount(c) => write!(f, "count {c} exceeds capacity"),
+            SegmentError::BadString(s) => write!(f, "string {s} out of bounds"),
+            SegmentError::BadReference(r) => write!(f, "bad reference: {r}"),
+        }
+    }
+}
+
+impl std::error::Error for SegmentError {}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleStats {
+    pub path: String,
+    pub base: u64,
+    pub functions: u32,
+    pub patched: u32,
+    /// Non-zero refusal counts, in reason-code order.
+    pub refused: Vec<(Refusal, u32)>,
+}
+
+impl ModuleStats {
+    /// The file name of the module's path.
+    pub fn name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionStats {
+    pub name: String,
+    pub module: u32,
+    pub vaddr: u64,
+    pub size: u32,
+    /// `None` when patched.
+    pub refused: Option<Refusal>,
+    pub calls: u64,
+    pub samples: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub pid: u32,
+    pub ppid: u32,
+    pub exe: String,
+    pub state: u32,
+    pub exit_status: i32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub sample_period_ns: u64,
+    pub samples_total: u64,
+    pub samples_lost: u64,
+    pub modules: Vec<ModuleStats>,
+    pub functions: Vec<FunctionStats>,
+}
+
+/// Bounds-checked little-endian reads over possibly-shared memory.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u32(&self, off: u64) -> u32 {
+        let o = off as usize;
+        u32::from_le_bytes(self.0[o..o + 4].try_into().unwrap())
+    }
+    /// Counters are written by other threads: read them with one volatile,
+    /// aligned load so a value is never torn.
+    fn counter(&self, off: u64) -> u64 {
+        let o = off as usize;
+        let s = &self.0[o..o + 8];
+        if s.as_ptr() as usize % 8 == 0 {
+            unsafe { std::ptr::read_volatile(s.as_ptr() as *const u64) }
+        } else {
+            u64::from_le_bytes(s.try_into().unwrap())
+        }
+    }
+}
+
+fn region(name: &'static str, off: u64, len: u64, total: u64) -> Result<(), SegmentError> {
+    let end = off.checked_add(len).ok_or(SegmentError::BadRegion(name))?;
+    if off < size_of::<Header>() as u64 || end > total || off % 8 != 0 {
+        return Err(SegmentError::BadRegion(name));
+    }
+    Ok(())
+}
+
+fn string(
+    what: &'static str,
+    strings: &[u8],
+    off: u32,
+    len: u32,
+) -> Result<String, SegmentError> {
+    let end = (off as usize)
+        .checked_add(len as usize)
+        .ok_or(SegmentError::BadString(what))?;
+    let s = strings.get(off as usize..end).ok_or(SegmentError::BadString(what))?;
+    Ok(String::from_utf8_lossy(s).into_owned())
+}
+
+/// Reads the header and checks every region it describes against `len`.
+pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
+    let need = size_of::<Header>() as u64;
+    if (bytes.len() as u64) < need {
+        return Err(SegmentError::TooShort {
+            len: bytes.len() as u64,
+            need,
+        });
+    }
+    // Copy out first, so later checks and uses see one consistent header.
+    let h: Header = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Header) };
+    if h.magic != MAGIC {
+        return Err(SegmentError::BadMagic);
+    }
+    if h.version != VERSION {
+        return Err(SegmentError::UnsupportedVersion(h.version));
+    }
+    if h.header_size as u64 != need {
+        return Err(SegmentError::BadHeaderSize(h.header_size));
+    }
+    let total = h.total_size;
+    if total > bytes.len() as u64 {
+        return Err(SegmentError::TooShort {
+            len: bytes.len() as u64,
+            need: total,
+        });
+    }
+    let mul = |a: u64, b: u64, what| a.checked_mul(b).ok_or(SegmentError::BadRegion(what));
+    region("modules", h.modules_off, mul(h.module_cap as u64, 96, "modules")?, total)?;
+    region("functions", h.funcs_off, mul(h.func_cap as u64, 32, "functions")?, total)?;
+    region("strings", h.strings_off, h.strings_cap as u64, total)?;
+    region("samples", h.samples_off, mul(h.func_cap as u64, 8, "samples")?, total)?;
+    region("stripe table", h.stripe_table_off, mul(h.stripe_cap as u64, 8, "stripe table")?, total)?;
+    if h.stripe_bytes < h.func_cap as u64 * 8 || h.stripe_bytes % 8 != 0 {
+        return Err(SegmentError::BadRegion("stripe size"));
+    }
+    region("stripes", h.stripes_off, mul(h.stripe_bytes, h.stripe_cap as u64, "stripes")?, total)?;
+    if h.module_count > h.module_cap {
+        return Err(SegmentError::BadCount("modules"));
+    }
+    if h.func_count > h.func_cap {
+        return Err(SegmentError::BadCount("functions"));
+    }
+    if h.strings_len > h.strings_cap {
+        return Err(SegmentError::BadCount("strings"));
+    }
+    if h.stripe_count > h.stripe_cap {
+        return Err(SegmentError::BadCount("stripes"));
+    }
+    Ok(h)
+}
+
+/// Validates `bytes` as a counter segment and sums its stripes.
+pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
+    let h = read_header(bytes)?;
+    let b = Bytes(bytes);
+    let strings = &bytes[h.strings_off as usize..(h.strings_off + h.strings_len as u64) as usize];
+    let exe = string("exe", strings, h.exe_off, h.exe_len)?;
+
+    let mut modules = Vec::with_capacity(h.module_count as usize);
+    let mut module_funcs = Vec::with_capacity(h.module_count as usize);
+    for i in 0..h.module_count as u64 {
+        let m: ModuleRecord = unsafe {
+            std::ptr::read_unaligned(bytes.as_ptr().add((h.modules_off + i * 96) as usize) as *const ModuleRecord)
+        };
+        let path = string("module path", strings, m.path_off, m.path_len)?;
+        let end = m.first_func.checked_add(m.func_count);
+        if end.is_none_or(|e| e > h.func_count) {
+            return Err(SegmentError::BadReference("module function range"));
+        }
+        let refused = (1..REASON_SLOTS)
+            .filter(|&r| m.refused[r] != 0)
+            .map(|r| {
+                Refusal::from_code(r as u32)
+                    .map(|reason| (reason, m.refused[r]))
+                    .ok_or(SegmentError::BadReference("refusal code"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        module_funcs.push((m.first_func, m.func_count));
+        modules.push(ModuleStats {
+            path,
+            base: m.base,
+            functions: m.func_count,
+            patched: m.patched,
+            refused,
+        });
+    }
+
+    // Stripes in use: the shared one and every one handed to a thread.
+    let live: Vec<u64> = (0..h.stripe_count as u64)
+        .filter(|&s| b.u32(h.stripe_table_off + s * 8) != stripe_state::FREE)
+        .map(|s| h.stripes_off + s * h.stripe_bytes)
+        .collect();
+
+    let mut functions = Vec::with_capacity(h.func_count as usize);
+    for i in 0..h.func_count as u64 {
+        let f: FunctionRecord = unsafe {
+            std::ptr::read_unaligned(bytes.as_ptr().add((h.funcs_off + i * 32) as usize) as *const FunctionRecord)
+        };
+        if f.module >= h.module_count {
+            return Err(SegmentError::BadReference("function module"));
+        }
+        let (first, count) = module_funcs[f.module as usize];
+        if (i as u32) < first || i as u32 >= first + count {
+            return Err(SegmentError::BadReference("function outside its module's range"));
+        }
+        let refused = match f.status {
+            0 => None,
+            c => Some(Refusal::from_code(c).ok_or(SegmentError::BadReference("refusal code"))?),
+        };
+        let calls = live
+            .iter()
+            .fold(0u64, |acc, s| acc.wrapping_add(b.counter(s + i * 8)));
+        functions.push(FunctionStats {
+            name: string("function name", strings, f.name_off, f.name_len)?,
+            module: f.module,
+            vaddr: f.vaddr,
+            size: f.size,
+            refused,
+            calls,
+            samples: b.counter(h.samples_off + i * 8),
+        });
+    }
+
+    Ok(Snapshot {
+        pid: h.pid,
+        ppid: h.ppid,
+        exe,
+        state: h.state,
+        exit_status: h.exit_status,
+        start_ns: h.start_ns,
+        end_ns: h.end_ns,
+        sample_period_ns: h.sample_period_ns,
+        samples_total: h.samples_total,
+        samples_lost: h.samples_lost,
+        modules,
+        functions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::writer::SegmentWriter;
+
+    fn sample_segment() -> (Vec<u64>, Layout) {
+        let layout = Layout::new(Capacities {
+            modules: 2,
+            functions: 4,
+            strings: 256,
+            stripes: 3,
+        });
+        let mut buf = vec![0u64; (layout.total_size / 8) as usize];
+        let base = buf.as_mut_ptr() as *mut u8;
+        let mut w = unsafe { SegmentWriter::init(base, layout, 42, 1, 5) };
+        w.set_exe(b"/bin/app").unwrap();
+        w.add_module(b"/bin/app", 0x1000).unwrap();
+        let f = w.add_function(b"main", 0x1100, 10).unwrap();
+        let g = w.add_function(b"tiny", 0x1200, 1).unwrap();
+        w.set_status(f, None);
+        w.set_status(g, Some(Refusal::TooSmall));
+        w.add_module(b"/lib/libx.so", 0x7000).unwrap();
+        let h = w.add_function(b"helper", 0x300, 20).unwrap();
+        w.set_status(h, None);
+        let s1 = w.alloc_stripe(100).unwrap();
+        unsafe {
+            *w.stripe_ptr(0).add(f as usize) = 3;
+            *w.stripe_ptr(s1).add(f as usize) = 4;
+            *w.stripe_ptr(s1).add(h as usize) = 9;
+            *w.samples_ptr().add(h as usize) = 2;
+        }
+        w.retire_stripe(s1);
+        (buf, layout)
+    }
+
+    fn as_bytes(buf: &[u64]) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) }
+    }
+
+    #[test]
+    fn round_trip_sums_stripes() {
+        let (buf, _) = sample_segment();
+        let s = read_snapshot(as_bytes(&buf)).unwrap();
+        assert_eq!(s.pid, 42);
+        assert_eq!(s.exe, "/bin/app");
+        assert_eq!(s.modules.len(), 2);
+        assert_eq!(s.modules[0].functions, 2);
+        assert_eq!(s.modules[0].patched, 1);
+        assert_eq!(s.modules[0].refused, vec![(Refusal::TooSmall, 1)]);
+        assert_eq!(s.modules[1].name(), "libx.so");
+        let main = &s.functions[0];
+        assert_eq!((main.name.as_str(), main.calls), ("main", 7));
+        assert_eq!(s.functions[1].refused, Some(Refusal::TooSmall));
+        assert_eq!((s.functions[2].calls, s.functions[2].samples, s.functions[2].module), (9, 2, 1));
+    }
+
+    #[test]
+    fn truncation_at_every_length_is_rejected_not_crashing() {
+        let (buf, layout) = sample_segment();
+        let bytes = as_bytes(&buf);
+        for len in (0..layout.total_size as usize).step_by(97) {
+            assert!(read_snapshot(&bytes[..len]).is_err(), "len {len}");
+        }
+    }
+
+    #[test]
+    fn corrupted_bytes_never_panic() {
+        let (buf, layout) = sample_segment();
+        let meta = layout.metadata_len() as usize;
+        // Deterministic xorshift so the test is reproducible.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..3000 {
+            let mut m = buf.clone();
+            let bytes = unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
+            for _ in 0..4 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let pos = (x as usize) % meta;
+                bytes[pos] = (x >> 32) as u8;
+            }
+            let _ = read_snapshot(bytes);
+        }
+    }
+
+    #[test]
+    fn hostile_fields_are_reported() {
+        let (buf, _) = sample_segment();
+        let mut m = buf.clone();
+        let bytes = unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
+        bytes[0] = b'X';
+        assert_eq!(read_snapshot(bytes), Err(SegmentError::BadMagic));
+        bytes[0] = b'R';
+        // func_count beyond capacity
+        let off = std::mem::offset_of!(Header, func_count);
+        bytes[off..off + 4].copy_from_slice(&1000u32.to_le_bytes());
+        assert_eq!(read_snapshot(bytes), Err(SegmentError::BadCount("functions")));
+        bytes[off..off + 4].copy_from_slice(&3u32.to_le_bytes());
+        // stripes region that wraps around
+        let off = std::mem::offset_of!(Header, stripe_bytes);
+        bytes[off..off + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(read_snapshot(bytes), Err(SegmentError::BadRegion(_))));
+    }
+}

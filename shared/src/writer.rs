@@ -1,0 +1,319 @@
+//! The agent's side of the counter segment: fills in the metadata and hands
+//! out stripes. It writes through a raw pointer because the memory is shared
+//! with other processes that read it concurrently.
+
+use crate::layout::*;
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteError {
+    /// More modules, functions or string bytes than the segment was sized for.
+    Full,
+}
+
+/// Writer over a mapped segment of `layout.total_size` bytes.
+pub struct SegmentWriter {
+    base: *mut u8,
+    layout: Layout,
+    module_count: u32,
+    func_count: u32,
+    strings_len: u32,
+}
+
+// The raw pointer refers to a process-wide shared mapping.
+unsafe impl Send for SegmentWriter {}
+unsafe impl Sync for SegmentWriter {}
+
+impl SegmentWriter {
+    /// Writes a fresh header. Stripe 0 (shared) is marked live.
+    ///
+    /// # Safety
+    /// `base` must point to `layout.total_size` writable, zeroed bytes,
+    /// aligned to 8, that stay mapped for the writer's lifetime.
+    pub unsafe fn init(base: *mut u8, layout: Layout, pid: u32, ppid: u32, start_ns: u64) -> Self {
+        let h = Header {
+            magic: MAGIC,
+            version: VERSION,
+            header_size: size_of::<Header>() as u32,
+            total_size: layout.total_size,
+            pid,
+            ppid,
+            state: state::STARTING,
+            start_ns,
+            modules_off: layout.modules_off,
+            module_cap: layout.caps.modules,
+            funcs_off: layout.funcs_off,
+            func_cap: layout.caps.functions,
+            strings_off: layout.strings_off,
+            strings_cap: layout.caps.strings,
+            samples_off: layout.samples_off,
+            stripe_table_off: layout.stripe_table_off,
+            stripes_off: layout.stripes_off,
+            stripe_bytes: layout.stripe_bytes,
+            stripe_cap: layout.caps.stripes,
+            stripe_count: 1,
+            ..Header::default()
+        };
+        std::ptr::write_volatile(base as *mut Header, h);
+        let w = SegmentWriter {
+            base,
+            layout,
+            module_count: 0,
+            func_count: 0,
+            strings_len: 0,
+        };
+        w.stripe_slot(0).0.store(stripe_state::LIVE, Ordering::Release);
+        w
+    }
+
+    /// Re-attaches to a segment this process already initialised (for
+    /// example a copy made for a forked child).
+    ///
+    /// # Safety
+    /// As for [`SegmentWriter::init`], and the header must have been written
+    /// by `init` with the same layout.
+    pub unsafe fn attach(base: *mut u8, layout: Layout) -> Self {
+        let h = &*(base as *const Header);
+        SegmentWriter {
+            base,
+            layout,
+            module_count: h.module_count,
+            func_count: h.func_count,
+            strings_len: h.strings_len,
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    fn header_u32(&self, off: usize) -> &AtomicU32 {
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    fn header_u64(&self, off: usize) -> &AtomicU64 {
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    /// Appends bytes to the string table; returns (offset, length).
+    pub fn add_string(&mut self, s: &[u8]) -> Result<(u32, u32), WriteError> {
+        let len = u32::try_from(s.len()).map_err(|_| WriteError::Full)?;
+        let end = self.strings_len.checked_add(len).ok_or(WriteError::Full)?;
+        if end > self.layout.caps.strings {
+            return Err(WriteError::Full);
+        }
+        unsafe {
+            let dst = self.base.add((self.layout.strings_off + self.strings_len as u64) as usize);
+            std::ptr::copy_nonoverlapping(s.as_ptr(), dst, s.len());
+        }
+        let off = self.strings_len;
+        self.strings_len = end;
+        self.header_u32(offset_of!(Header, strings_len))
+            .store(end, Ordering::Release);
+        Ok((off, len))
+    }
+
+    pub fn set_exe(&mut self, exe: &[u8]) -> Result<(), WriteError> {
+        let (off, len) = self.add_string(exe)?;
+        self.header_u32(offset_of!(Header, exe_off)).store(off, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, exe_len)).store(len, Ordering::Release);
+        Ok(())
+    }
+
+    /// Adds a module record; its functions must follow with `add_function`.
+    pub fn add_module(&mut self, path: &[u8], base: u64) -> Result<u32, WriteError> {
+        if self.module_count >= self.layout.caps.modules {
+            return Err(WriteError::Full);
+        }
+        let (path_off, path_len) = self.add_string(path)?;
+        let rec = ModuleRecord {
+            path_off,
+            path_len,
+            base,
+            first_func: self.func_count,
+            ..ModuleRecord::default()
+        };
+        let idx = self.module_count;
+        unsafe { std::ptr::write_volatile(self.module_ptr(idx), rec) };
+        self.module_count += 1;
+        self.header_u32(offset_of!(Header, module_count))
+            .store(self.module_count, Ordering::Release);
+        Ok(idx)
+    }
+
+    fn module_ptr(&self, idx: u32) -> *mut ModuleRecord {
+        unsafe {
+            self.base
+                .add(self.layout.modules_off as usize + idx as usize * size_of::<ModuleRecord>())
+                as *mut ModuleRecord
+        }
+    }
+
+    fn func_ptr(&self, idx: u32) -> *mut FunctionRecord {
+        unsafe {
+            self.base
+                .add(self.layout.funcs_off as usize + idx as usize * size_of::<FunctionRecord>())
+                as *mut FunctionRecord
+        }
+    }
+
+    /// Adds a function to the most recently added module; returns its slot.
+    pub fn add_function(&mut self, name: &[u8], vaddr: u64, size: u32) -> Result<u32, WriteError> {
+        if self.module_count == 0 || self.func_count >= self.layout.caps.functions {
+            return Err(WriteError::Full);
+        }
+        let (name_off, name_len) = self.add_string(name)?;
+        let module = self.module_count - 1;
+        let idx = self.func_count;
+        let rec = FunctionRecord {
+            name_off,
+            name_len,
+            module,
+            status: 0,
+            vaddr,
+            size,
+            reserved: 0,
+        };
+        unsafe {
+            std::ptr::write_volatile(self.func_ptr(idx), rec);
+            let m = &mut *self.module_ptr(module);
+            m.func_count += 1;
+        }
+        self.func_count += 1;
+        self.header_u32(offset_of!(Header, func_count))
+            .store(self.func_count, Ordering::Release);
+        Ok(idx)
+    }
+
+    /// Records the outcome for function `idx`: `None` = patched.
+    pub fn set_status(&mut self, idx: u32, refusal: Option<crate::Refusal>) {
+        assert!(idx < self.func_count);
+        unsafe {
+            let f = &mut *self.func_ptr(idx);
+            let m = &mut *self.module_ptr(f.module);
+            match refusal {
+                None => {
+                    f.status = 0;
+                    m.patched += 1;
+                }
+                Some(r) => {
+                    f.status = r.code();
+                    m.refused[r.code() as usize] += 1;
+                }
+            }
+        }
+    }
+
+    pub fn set_state(&self, st: u32) {
+        self.header_u32(offset_of!(Header, state)).store(st, Ordering::Release);
+    }
+
+    pub fn set_exit(&self, status: i32, end_ns: u64) {
+        self.header_u32(offset_of!(Header, exit_status))
+            .store(status as u32, Ordering::Relaxed);
+        self.header_u64(offset_of!(Header, end_ns)).store(end_ns, Ordering::Relaxed);
+        self.set_state(state::EXITED);
+    }
+
+    /// Updates pid/ppid/start time (a forked child reuses its parent's layout).
+    pub fn set_identity(&self, pid: u32, ppid: u32, start_ns: u64) {
+        self.header_u32(offset_of!(Header, pid)).store(pid, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, ppid)).store(ppid, Ordering::Relaxed);
+        self.header_u64(offset_of!(Header, start_ns)).store(start_ns, Ordering::Release);
+    }
+
+    fn stripe_slot(&self, i: u32) -> (&AtomicU32, &AtomicU32) {
+        let off = self.layout.stripe_table_off as usize + i as usize * size_of::<StripeSlot>();
+        unsafe {
+            (
+                &*(self.base.add(off) as *const AtomicU32),
+                &*(self.base.add(off + 4) as *const AtomicU32),
+            )
+        }
+    }
+
+    /// Address of stripe `i`'s first counter.
+    pub fn stripe_ptr(&self, i: u32) -> *mut u64 {
+        unsafe { self.base.add(self.layout.stripe_off(i) as usize) as *mut u64 }
+    }
+
+    /// Hands out a never-used stripe, or `None` when all are taken.
+    /// Lock-free: safe from any thread.
+    pub fn alloc_stripe(&self, tid: u32) -> Option<u32> {
+        let count = self.header_u32(offset_of!(Header, stripe_count));
+        let mut cur = count.load(Ordering::Relaxed);
+        loop {
+            if cur >= self.layout.caps.stripes {
+                return None;
+            }
+            match count.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(v) => cur = v,
+            }
+        }
+        let (st, t) = self.stripe_slot(cur);
+        t.store(tid, Ordering::Relaxed);
+        st.store(stripe_state::LIVE, Ordering::Release);
+        Some(cur)
+    }
+
+    /// Marks a stripe as belonging to a thread that has ended. Its counts stay.
+    pub fn retire_stripe(&self, i: u32) {
+        if i != 0 && i < self.layout.caps.stripes {
+            self.stripe_slot(i).0.store(stripe_state::RETIRED, Ordering::Release);
+        }
+    }
+
+    /// Forgets every stripe but `keep` and the shared one, zeroing counters,
+    /// as a forked child must (the other threads do not exist in it). Only
+    /// call while the process has a single thread.
+    pub fn reset_for_child(&self, keep: Option<u32>) {
+        let count = self.header_u32(offset_of!(Header, stripe_count)).load(Ordering::Acquire);
+        for i in 0..count.min(self.layout.caps.stripes) {
+            let (st, _) = self.stripe_slot(i);
+            if i != 0 && Some(i) != keep {
+                st.store(stripe_state::RETIRED, Ordering::Release);
+            }
+        }
+    }
+
+    /// Adds to the sample counter of function `idx` (single writer: the sampler).
+    pub fn samples_ptr(&self) -> *mut u64 {
+        unsafe { self.base.add(self.layout.samples_off as usize) as *mut u64 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn buffer(layout: &Layout) -> Vec<u64> {
+        vec![0u64; (layout.total_size / 8) as usize]
+    }
+
+    #[test]
+    fn capacity_limits_are_enforced() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 2,
+            strings: 16,
+            stripes: 2,
+        });
+        let mut buf = buffer(&layout);
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        assert_eq!(w.add_function(b"f", 0, 1), Err(WriteError::Full), "no module yet");
+        w.add_module(b"m", 0).unwrap();
+        assert_eq!(w.add_module(b"n", 0), Err(WriteError::Full));
+        w.add_function(b"a", 0, 1).unwrap();
+        w.add_function(b"b", 0, 1).unwrap();
+        assert_eq!(w.add_function(b"c", 0, 1), Err(WriteError::Full));
+        assert_eq!(w.add_string(&[0u8; 64]), Err(WriteError::Full));
+        assert_eq!(w.alloc_stripe(7), Some(1));
+        assert_eq!(w.alloc_stripe(8), None);
+    }
+}
