@@ -1,0 +1,2 @@
+//! librtprof.so: the rtprof agent.
+pub mod arch;

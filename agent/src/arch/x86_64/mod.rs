@@ -1,0 +1,12 @@
+//! x86-64: decoding and re-encoding with iced-x86.
+
+mod scan;
+mod stub;
+mod window;
+
+pub use scan::{jump_table_targets, scan_function, FunctionScan};
+pub use stub::{emit_stub, entry_patch, max_stub_len, CounterRef};
+pub use window::{plan_window, Plan, MIN_WINDOW};
+
+/// Stubs must be reachable from the entry with a `jmp rel32`.
+pub const BRANCH_RANGE: u64 = 0x7FFF_0000;

@@ -1,0 +1,321 @@
+//! The per-function stub: count the call, run the moved instructions, jump
+//! back. The counting prologue is hand-encoded (it is the hot path, and its
+//! layout is fixed); the moved instructions are re-encoded by iced's block
+//! encoder, which rewrites relative branches and rip-relative operands.
+//!
+//! ```text
+//! entry:   push rcx                      ; the only register touched
+//!          mov  rcx, fs:[tls]            ; this thread's stripe, or 0
+//!          jrcxz shared
+//!          inc  qword [rcx + slot*8]     ; own stripe: no atomic needed
+//!          pop  rcx
+//! moved:   <moved instructions>          ; a call becomes push ret; jmp
+//!          jmp  resume                   ; back into the function
+//! shared:  mov  rcx, &stripe0[slot]      ; thread without a stripe yet
+//!          lock inc qword [rcx]
+//!          pop  rcx
+//!          jmp  moved
+//! ```
+//!
+//! Only arithmetic flags change; the SysV ABI leaves them undefined at a
+//! function's entry, and DF is untouched.
+
+use super::window::Plan;
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
+    MemoryOperand, OpKind, Register,
+};
+use rtprof_shared::Refusal;
+
+/// Where the stub's counter lives.
+#[derive(Clone, Copy, Debug)]
+pub struct CounterRef {
+    /// Offset from the thread pointer (fs base) of the per-thread stripe pointer.
+    pub tls_offset: i32,
+    /// Counter slot of the function within a stripe.
+    pub slot: u32,
+    /// Absolute address of the slot's counter in the shared stripe.
+    pub shared_counter: u64,
+}
+
+const PROLOGUE_LEN: usize = 20;
+const JRCXZ_END: usize = 12;
+const SHARED_LEN: usize = 20;
+
+/// Upper bound on the bytes [`emit_stub`] produces for `plan`.
+pub fn max_stub_len(plan: &Plan) -> usize {
+    // A call expands to at most 4+7+8+14 bytes, a far jcc to 16; the final
+    // jmp to at most 14.
+    PROLOGUE_LEN + SHARED_LEN + plan.moved.len() * 40 + 16
+}
+
+/// The block encoder needs distinct addresses for every instruction, and
+/// treats a branch to one of them as a branch within the block. Synthesised
+/// instructions therefore get addresses no code can have (kernel half).
+fn synthetic_ip(out: &[Instruction]) -> u64 {
+    0xffff_f000_0000_0000 + out.len() as u64
+}
+
+fn push_return_address(out: &mut Vec<Instruction>, ret: u64) -> Result<(), Refusal> {
+    let bad = |_| Refusal::RelocationFailed;
+    let mut add = |mut i: Instruction| {
+        i.set_ip(synthetic_ip(out));
+        out.push(i);
+    };
+    if ret < 0x8000_0000 {
+        add(Instruction::with1(Code::Pushq_imm32, ret as i32).map_err(bad)?);
+    } else {
+        add(Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RSP,
+            MemoryOperand::with_base_displ(Register::RSP, -8),
+        )
+        .map_err(bad)?);
+        add(Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base(Register::RSP), ret as u32)
+            .map_err(bad)?);
+        add(Instruction::with2(
+            Code::Mov_rm32_imm32,
+            MemoryOperand::with_base_displ(Register::RSP, 4),
+            (ret >> 32) as u32,
+        )
+        .map_err(bad)?);
+    }
+    Ok(())
+}
+
+/// The moved instructions as they must run from the stub: calls become
+/// `push <original return address>; jmp <target>` so that the callee returns
+/// into the original function and unwinders see the frames they expect.
+fn moved_block(plan: &Plan) -> Result<Vec<Instruction>, Refusal> {
+    let bad = |_| Refusal::RelocationFailed;
+    let mut out = Vec::with_capacity(plan.moved.len() + 4);
+    for ins in &plan.moved {
+        match ins.flow_control() {
+            FlowControl::Call => {
+                push_return_address(&mut out, ins.next_ip())?;
+                let mut j = Instruction::with_branch(Code::Jmp_rel32_64, ins.near_branch_target()).map_err(bad)?;
+                j.set_ip(ins.ip());
+                out.push(j);
+            }
+            FlowControl::IndirectCall => {
+                push_return_address(&mut out, ins.next_ip())?;
+                let mut j = *ins;
+                j.set_code(Code::Jmp_rm64);
+                out.push(j);
+            }
+            _ => out.push(*ins),
+        }
+        // A branch back into the moved bytes would bypass the entry.
+        if ins.op0_kind() == OpKind::NearBranch64
+            && (plan.start..plan.resume_at).contains(&ins.near_branch_target())
+        {
+            return Err(Refusal::BranchIntoWindow);
+        }
+    }
+    let mut back = Instruction::with_branch(Code::Jmp_rel32_64, plan.resume_at).map_err(bad)?;
+    back.set_ip(synthetic_ip(&out));
+    out.push(back);
+    Ok(out)
+}
+
+/// Encodes the stub for `plan` to run at address `at`.
+pub fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef) -> Result<Vec<u8>, Refusal> {
+    let slot_disp = i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
+    let block = moved_block(plan)?;
+    let moved_at = at + PROLOGUE_LEN as u64;
+    let enc = BlockEncoder::encode(64, InstructionBlock::new(&block, moved_at), BlockEncoderOptions::NONE)
+        .map_err(|_| Refusal::RelocationFailed)?;
+    let moved_len = enc.code_buffer.len();
+    // jrcxz reaches `shared` with a rel8 across the moved code.
+    let to_shared = PROLOGUE_LEN + moved_len - JRCXZ_END;
+    if to_shared > 127 {
+        return Err(Refusal::RelocationFailed);
+    }
+
+    let mut s = Vec::with_capacity(PROLOGUE_LEN + moved_len + SHARED_LEN);
+    s.push(0x51); // push rcx
+    s.extend_from_slice(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
+    s.extend_from_slice(&counter.tls_offset.to_le_bytes());
+    s.extend_from_slice(&[0xe3, to_shared as u8]); // jrcxz shared
+    s.extend_from_slice(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
+    s.extend_from_slice(&slot_disp.to_le_bytes());
+    s.push(0x59); // pop rcx
+    debug_assert_eq!(s.len(), PROLOGUE_LEN);
+    s.extend_from_slice(&enc.code_buffer);
+    s.extend_from_slice(&[0x48, 0xb9]); // mov rcx, imm64
+    s.extend_from_slice(&counter.shared_counter.to_le_bytes());
+    s.extend_from_slice(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+    s.push(0x59); // pop rcx
+    let back = PROLOGUE_LEN as i64 - (s.len() as i64 + 5);
+    s.push(0xe9); // jmp moved
+    s.extend_from_slice(&(back as i32).to_le_bytes());
+    Ok(s)
+}
+
+/// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then nops.
+pub fn entry_patch(plan: &Plan, stub: u64) -> Option<Vec<u8>> {
+    let rel = stub as i64 - (plan.patch_at as i64 + 5);
+    let rel = i32::try_from(rel).ok()?;
+    let mut b = Vec::with_capacity(plan.window);
+    b.push(0xe9);
+    b.extend_from_slice(&rel.to_le_bytes());
+    b.resize(plan.window, 0x90);
+    Some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::window::plan_window;
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+
+    fn decode_all(code: &[u8], ip: u64) -> Vec<Instruction> {
+        let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+        let mut v = Vec::new();
+        while d.can_decode() {
+            v.push(d.decode());
+        }
+        v
+    }
+
+    const COUNTER: CounterRef = CounterRef {
+        tls_offset: -64,
+        slot: 3,
+        shared_counter: 0x7f00_dead_0018,
+    };
+
+    #[test]
+    fn prologue_counts_and_shared_path_returns_to_moved_code() {
+        // push rbp; mov rbp,rsp; pop rbp; ret
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x5d, 0xc3];
+        let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
+        let at = 0x40_1000;
+        let stub = emit_stub(&plan, at, &COUNTER).unwrap();
+        assert!(stub.len() <= max_stub_len(&plan));
+        let ins = decode_all(&stub, at);
+        assert_eq!(ins[0].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[1].memory_segment(), Register::FS);
+        assert_eq!(ins[1].memory_displacement64() as i64, -64);
+        assert_eq!(ins[2].mnemonic(), Mnemonic::Jrcxz);
+        assert_eq!(ins[3].mnemonic(), Mnemonic::Inc);
+        assert_eq!((ins[3].memory_base(), ins[3].memory_displacement64()), (Register::RCX, 24));
+        assert_eq!(ins[4].mnemonic(), Mnemonic::Pop);
+        // moved: push rbp; mov rbp,rsp; pop rbp; then jmp back to 0x400005
+        assert_eq!(ins[5].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[6].mnemonic(), Mnemonic::Mov);
+        assert_eq!(ins[7].mnemonic(), Mnemonic::Pop);
+        assert_eq!(ins[8].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[8].near_branch_target(), 0x40_0005);
+        // shared path
+        let shared = ins[2].near_branch_target();
+        assert_eq!(shared, ins[9].ip());
+        assert_eq!(ins[9].immediate64(), COUNTER.shared_counter);
+        assert!(ins[10].has_lock_prefix());
+        assert_eq!(ins[12].near_branch_target(), at + PROLOGUE_LEN as u64);
+    }
+
+    /// Moves rip-relative loads, short jcc and calls far away and checks
+    /// that every absolute branch and memory target is unchanged.
+    #[test]
+    fn relocation_preserves_absolute_targets() {
+        let cases: &[&[u8]] = &[
+            // mov rax,[rip+0x1234]; ret
+            &[0x48, 0x8b, 0x05, 0x34, 0x12, 0x00, 0x00, 0xc3],
+            // test edi,edi; je +0x20; ret
+            &[0x85, 0xff, 0x74, 0x20, 0x90, 0xc3],
+            // lea rdi,[rip-0x100]; ret
+            &[0x48, 0x8d, 0x3d, 0x00, 0xff, 0xff, 0xff, 0xc3],
+            // cmp byte [rip+0x10],0 ; jne +5
+            &[0x80, 0x3d, 0x10, 0x00, 0x00, 0x00, 0x00, 0x75, 0x05, 0xc3],
+        ];
+        let orig = 0x5555_5555_0000u64;
+        for &code in cases {
+            let plan = plan_window(code, orig, code.len(), 0).unwrap();
+            let want: Vec<(Option<u64>, Option<u64>)> = plan
+                .moved
+                .iter()
+                .map(|i| {
+                    (
+                        (i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target()),
+                        i.is_ip_rel_memory_operand().then(|| i.ip_rel_memory_address()),
+                    )
+                })
+                .collect();
+            for at in [orig + 0x7000_0000, orig - 0x7000_0000] {
+                let stub = emit_stub(&plan, at, &COUNTER).unwrap();
+                let ins = decode_all(&stub, at);
+                // Moved instructions follow the 5-instruction prologue; a
+                // short jcc may have become near, but targets must match.
+                let got: Vec<_> = ins[5..5 + want.len()]
+                    .iter()
+                    .map(|i| {
+                        (
+                            (i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target()),
+                            i.is_ip_rel_memory_operand().then(|| i.ip_rel_memory_address()),
+                        )
+                    })
+                    .collect();
+                assert_eq!(got, want, "code {code:02x?} at {at:#x}");
+                let back = &ins[5 + want.len()];
+                assert_eq!(back.near_branch_target(), plan.resume_at);
+            }
+        }
+    }
+
+    #[test]
+    fn moved_call_pushes_the_original_return_address() {
+        // call +0x100 (window is exactly the call); ret
+        let code = [0xe8, 0x00, 0x01, 0x00, 0x00, 0xc3];
+        let orig = 0x7f12_3456_0000u64;
+        let plan = plan_window(&code, orig, code.len(), 0).unwrap();
+        let at = orig + 0x1000_0000;
+        let ins = decode_all(&emit_stub(&plan, at, &COUNTER).unwrap(), at);
+        // lea rsp,[rsp-8]; mov dword [rsp],lo; mov dword [rsp+4],hi; jmp target
+        assert_eq!(ins[5].mnemonic(), Mnemonic::Lea);
+        let lo = ins[6].immediate32() as u64;
+        let hi = ins[7].immediate32() as u64;
+        assert_eq!(hi << 32 | lo, orig + 5);
+        assert_eq!(ins[8].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[8].near_branch_target(), orig + 5 + 0x100);
+
+        // Low addresses (non-PIE) use push imm32.
+        let plan = plan_window(&code, 0x40_1000, code.len(), 0).unwrap();
+        let ins = decode_all(&emit_stub(&plan, 0x50_0000, &COUNTER).unwrap(), 0x50_0000);
+        assert_eq!(ins[5].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[5].immediate32to64() as u64, 0x40_1005);
+        assert_eq!(ins[6].near_branch_target(), 0x40_1105);
+    }
+
+    #[test]
+    fn indirect_call_through_got_keeps_its_slot() {
+        // call [rip+0x2000]  (6 bytes)
+        let code = [0xff, 0x15, 0x00, 0x20, 0x00, 0x00, 0xc3];
+        let orig = 0x7f00_0000_1000u64;
+        let plan = plan_window(&code, orig, code.len(), 0).unwrap();
+        let at = orig - 0x10_0000;
+        let ins = decode_all(&emit_stub(&plan, at, &COUNTER).unwrap(), at);
+        let j = &ins[8];
+        assert_eq!(j.mnemonic(), Mnemonic::Jmp);
+        assert_eq!(j.ip_rel_memory_address(), orig + 6 + 0x2000);
+    }
+
+    #[test]
+    fn self_branch_in_window_is_refused() {
+        // jmp . (infinite loop at entry), padded
+        let code = [0xeb, 0xfe, 0x90, 0x90, 0x90, 0x90];
+        let plan = plan_window(&code, 0x1000, 2, 4).unwrap();
+        assert_eq!(emit_stub(&plan, 0x2000, &COUNTER).unwrap_err(), Refusal::BranchIntoWindow);
+    }
+
+    #[test]
+    fn entry_patch_is_jmp_then_nops() {
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc3];
+        let plan = plan_window(&code, 0x1000, code.len(), 0).unwrap();
+        let b = entry_patch(&plan, 0x3000).unwrap();
+        assert_eq!(b.len(), plan.window);
+        let ins = decode_all(&b, 0x1000);
+        assert_eq!(ins[0].near_branch_target(), 0x3000);
+        assert!(ins[1..].iter().all(|i| i.mnemonic() == Mnemonic::Nop));
+        assert!(entry_patch(&plan, 0x1_0000_0000_0000).is_none());
+    }
+}
