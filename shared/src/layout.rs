@@ -75,7 +75,9 @@ pub struct Header {
     pub samples_lost: u64,
     pub sampler: u32,
     pub flags: u32,
-    pub reserved: [u64; 8],
+    /// Nanoseconds the agent spent at start-up (reading ELF files, analysis, patching).
+    pub setup_ns: u64,
+    pub reserved: [u64; 7],
 }
 
 #[repr(C)]

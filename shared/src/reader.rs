@@ -84,6 +84,7 @@ pub struct Snapshot {
     pub sample_period_ns: u64,
     pub samples_total: u64,
     pub samples_lost: u64,
+    pub setup_ns: u64,
     pub modules: Vec<ModuleStats>,
     pub functions: Vec<FunctionStats>,
 }
@@ -265,6 +266,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         sample_period_ns: h.sample_period_ns,
         samples_total: h.samples_total,
         samples_lost: h.samples_lost,
+        setup_ns: h.setup_ns,
         modules,
         functions,
     })

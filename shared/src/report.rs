@@ -139,6 +139,8 @@ pub fn json(procs: &[Snapshot]) -> String {
         w.uint(s.start_ns);
         w.key("end_ns");
         w.uint(s.end_ns);
+        w.key("setup_ns");
+        w.uint(s.setup_ns);
         w.key("functions");
         w.begin_array();
         for f in by_calls(s) {
@@ -208,6 +210,7 @@ mod tests {
             sample_period_ns: 0,
             samples_total: 0,
             samples_lost: 0,
+            setup_ns: 0,
             modules: vec![ModuleStats {
                 path: "/bin/a".into(),
                 base: 0,

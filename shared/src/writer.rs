@@ -209,6 +209,10 @@ impl SegmentWriter {
         }
     }
 
+    pub fn set_setup_ns(&self, ns: u64) {
+        self.header_u64(offset_of!(Header, setup_ns)).store(ns, Ordering::Relaxed);
+    }
+
     pub fn set_state(&self, st: u32) {
         self.header_u32(offset_of!(Header, state)).store(st, Ordering::Release);
     }

@@ -1,0 +1,136 @@
+//! Configuration from `RTPROF_*` environment variables (documented in README).
+
+use std::ffi::OsString;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Name globs of extra modules to instrument (the main executable always is).
+    pub modules: Vec<String>,
+    /// Instrument every eligible module.
+    pub all_modules: bool,
+    pub verbose: bool,
+    /// Write a report here at exit (`%p` becomes the pid; `.json` selects JSON).
+    pub report: Option<String>,
+    /// Directory where `rtprof run` collects counter segments.
+    pub run_dir: Option<String>,
+    /// Threads that get a stripe of their own; later ones share stripe 0.
+    pub max_threads: u32,
+    /// Extra function slots reserved for modules loaded later.
+    pub spare_functions: u32,
+    pub disabled: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            modules: Vec::new(),
+            all_modules: false,
+            verbose: false,
+            report: None,
+            run_dir: None,
+            max_threads: 1024,
+            spare_functions: 16384,
+            disabled: false,
+        }
+    }
+}
+
+fn truthy(v: &str) -> bool {
+    !matches!(v.trim(), "" | "0" | "no" | "false" | "off")
+}
+
+impl Config {
+    /// Builds the configuration from a variable lookup, so tests can feed it.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<OsString>) -> Config {
+        let s = |k: &str| get(k).map(|v| v.to_string_lossy().into_owned());
+        let mut c = Config::default();
+        if let Some(m) = s("RTPROF_MODULES") {
+            for part in m.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                match part {
+                    "all" | "*" => c.all_modules = true,
+                    "main" => {}
+                    p => c.modules.push(p.to_string()),
+                }
+            }
+        }
+        c.verbose = s("RTPROF_VERBOSE").is_some_and(|v| truthy(&v));
+        c.disabled = s("RTPROF_DISABLE").is_some_and(|v| truthy(&v));
+        c.report = s("RTPROF_REPORT").filter(|v| !v.is_empty());
+        c.run_dir = s("RTPROF_RUN_DIR").filter(|v| !v.is_empty());
+        if let Some(n) = s("RTPROF_MAX_THREADS").and_then(|v| v.trim().parse::<u32>().ok()) {
+            c.max_threads = n.clamp(1, 1 << 16);
+        }
+        if let Some(n) = s("RTPROF_SPARE_FUNCTIONS").and_then(|v| v.trim().parse::<u32>().ok()) {
+            c.spare_functions = n.min(1 << 22);
+        }
+        c
+    }
+
+    pub fn from_env() -> Config {
+        Config::from_lookup(|k| std::env::var_os(k))
+    }
+
+    /// Whether the module with file name `name` is selected by `RTPROF_MODULES`.
+    pub fn selects(&self, name: &str) -> bool {
+        self.all_modules || self.modules.iter().any(|g| glob_match(g.as_bytes(), name.as_bytes()))
+    }
+}
+
+/// `*` and `?` globbing, as a user would type for a library name.
+pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    let (mut p, mut i) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while i < s.len() {
+        if p < pat.len() && (pat[p] == b'?' || pat[p] == s[i]) {
+            p += 1;
+            i += 1;
+        } else if p < pat.len() && pat[p] == b'*' {
+            star = Some(p);
+            mark = i;
+            p += 1;
+        } else if let Some(sp) = star {
+            p = sp + 1;
+            mark += 1;
+            i = mark;
+        } else {
+            return false;
+        }
+    }
+    pat[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(b"libpython*", b"libpython3.11.so.1.0"));
+        assert!(glob_match(b"*", b"x"));
+        assert!(glob_match(b"lib?.so", b"libm.so"));
+        assert!(!glob_match(b"libc.so*", b"libcrypt.so.1"));
+        assert!(glob_match(b"*crypt*", b"libcrypt.so.1"));
+    }
+
+    #[test]
+    fn parses_variables() {
+        let env: HashMap<&str, &str> = [
+            ("RTPROF_MODULES", "main, libpython*,libfoo.so"),
+            ("RTPROF_VERBOSE", "1"),
+            ("RTPROF_REPORT", "/tmp/r-%p.json"),
+            ("RTPROF_MAX_THREADS", "0"),
+        ]
+        .into();
+        let c = Config::from_lookup(|k| env.get(k).map(OsString::from));
+        assert_eq!(c.modules, vec!["libpython*", "libfoo.so"]);
+        assert!(!c.all_modules && c.verbose && !c.disabled);
+        assert_eq!(c.max_threads, 1);
+        assert!(c.selects("libpython3.11.so.1.0"));
+        assert!(!c.selects("libc.so.6"));
+        let c = Config::from_lookup(|k| (k == "RTPROF_MODULES").then(|| "all".into()));
+        assert!(c.selects("libc.so.6"));
+        let c = Config::from_lookup(|k| (k == "RTPROF_VERBOSE").then(|| "0".into()));
+        assert!(!c.verbose);
+    }
+}

@@ -1,0 +1,172 @@
+//! Writing stubs near each module and overwriting function entries with a
+//! jump to them. Runs while the process is single-threaded (the constructor).
+
+use crate::analysis::ModulePlan;
+use crate::arch::{emit_stub, entry_patch, max_stub_len, CounterRef};
+use crate::log::vlog;
+use crate::modules::Module;
+use crate::stubmem::StubArea;
+use rtprof_shared::Refusal;
+
+const STUB_ALIGN: u64 = 16;
+const PAGE: u64 = 4096;
+
+/// Maps stub addresses back to functions (samples and unwinds land there).
+#[derive(Default)]
+pub struct StubMap {
+    /// (stub start, stub end, counter slot), sorted by start.
+    ranges: Vec<(u64, u64, u32)>,
+}
+
+impl StubMap {
+    pub fn lookup(&self, addr: u64) -> Option<u32> {
+        let i = self.ranges.partition_point(|r| r.0 <= addr);
+        let r = self.ranges.get(i.checked_sub(1)?)?;
+        (addr < r.1).then_some(r.2)
+    }
+    fn add(&mut self, mut v: Vec<(u64, u64, u32)>) {
+        self.ranges.append(&mut v);
+        self.ranges.sort_unstable_by_key(|r| r.0);
+    }
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+}
+
+/// Outcome per function of one module, in the plan's order.
+pub type Outcomes = Vec<Option<Refusal>>;
+
+/// Writes `patches` (address, bytes) into the module's code.
+fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
+    let mut ok = vec![false; patches.len()];
+    for load in m.loads.iter().filter(|l| l.executable()) {
+        let lo = (m.bias + load.vaddr) / PAGE * PAGE;
+        let hi = (m.bias + load.vaddr + load.memsz).div_ceil(PAGE) * PAGE;
+        let mine: Vec<usize> = (0..patches.len())
+            .filter(|&i| patches[i].0 >= lo && patches[i].0 + patches[i].1.len() as u64 <= hi)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut prot = libc::PROT_EXEC;
+        if load.readable() {
+            prot |= libc::PROT_READ;
+        }
+        if load.flags & libc::PF_W != 0 {
+            prot |= libc::PROT_WRITE;
+        }
+        let (base, len) = (lo as *mut libc::c_void, (hi - lo) as usize);
+        // Writable and still executable: the module's own code (libc's
+        // mprotect, say) may run while its pages are being patched.
+        if unsafe { libc::mprotect(base, len, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) } == 0 {
+            for &i in &mine {
+                let (addr, bytes) = (patches[i].0 as *mut u8, &patches[i].1);
+                for (k, b) in bytes.iter().enumerate() {
+                    unsafe { std::ptr::write_volatile(addr.add(k), *b) };
+                }
+                ok[i] = true;
+            }
+            if unsafe { libc::mprotect(base, len, prot) } != 0 {
+                vlog!("{}: could not restore code protection: {}", m.path, std::io::Error::last_os_error());
+            }
+        } else {
+            // W^X policies refuse writable code; the kernel's ptrace path does not.
+            vlog!("{}: mprotect refused ({}), writing through /proc/self/mem", m.path, std::io::Error::last_os_error());
+            let Ok(f) = std::fs::OpenOptions::new().write(true).open("/proc/self/mem") else { continue };
+            use std::os::unix::fs::FileExt;
+            for &i in &mine {
+                ok[i] = f.write_all_at(&patches[i].1, patches[i].0).is_ok();
+            }
+        }
+    }
+    ok
+}
+
+/// Installs the patchable functions of `mp`, whose counters are slots
+/// `first_slot..`. Returns each function's outcome.
+pub fn install(mp: &ModulePlan, first_slot: u32, tls_offset: i32, shared_stripe: u64, map: &mut StubMap) -> Outcomes {
+    let mut outcomes: Outcomes = mp.funcs.iter().map(|c| c.outcome.as_ref().err().copied()).collect();
+    let bound: u64 = mp
+        .funcs
+        .iter()
+        .filter_map(|c| c.outcome.as_ref().ok())
+        .map(|p| max_stub_len(p) as u64 + STUB_ALIGN)
+        .sum();
+    if bound == 0 {
+        return outcomes;
+    }
+    let (lo, hi) = mp.module.span();
+    let Some(area) = StubArea::near(lo, hi, bound) else {
+        vlog!("{}: no free memory within jump range for stubs", mp.module.path);
+        for (o, c) in outcomes.iter_mut().zip(&mp.funcs) {
+            if c.outcome.is_ok() {
+                *o = Some(Refusal::NoMemoryInRange);
+            }
+        }
+        return outcomes;
+    };
+
+    let mut buf: Vec<u8> = Vec::with_capacity(bound as usize);
+    let mut patches: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut owners: Vec<usize> = Vec::new();
+    let mut ranges = Vec::new();
+    for (i, c) in mp.funcs.iter().enumerate() {
+        let Ok(plan) = &c.outcome else { continue };
+        buf.resize(buf.len().div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize, 0xcc);
+        let at = area.addr + buf.len() as u64;
+        let slot = first_slot + i as u32;
+        let counter = CounterRef {
+            tls_offset,
+            slot,
+            shared_counter: shared_stripe + slot as u64 * 8,
+        };
+        let stub = emit_stub(plan, at, &counter).and_then(|s| {
+            let e = entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange)?;
+            Ok((s, e))
+        });
+        match stub {
+            Ok((s, e)) if buf.len() + s.len() <= area.len as usize => {
+                ranges.push((at, at + s.len() as u64, slot));
+                buf.extend_from_slice(&s);
+                patches.push((plan.patch_at, e));
+                owners.push(i);
+            }
+            Ok(_) => outcomes[i] = Some(Refusal::NoMemoryInRange),
+            Err(r) => outcomes[i] = Some(r),
+        }
+    }
+    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), area.addr as *mut u8, buf.len()) };
+    if !area.seal() {
+        vlog!("{}: cannot make stubs executable: {}", mp.module.path, std::io::Error::last_os_error());
+        area.release();
+        for &i in &owners {
+            outcomes[i] = Some(Refusal::WriteFailed);
+        }
+        return outcomes;
+    }
+    // Stubs are complete and executable before any entry jumps to them.
+    let written = write_entries(&mp.module, &patches);
+    for (k, &i) in owners.iter().enumerate() {
+        if !written[k] {
+            outcomes[i] = Some(Refusal::WriteFailed);
+        }
+    }
+    map.add(ranges.into_iter().zip(&written).filter(|(_, &w)| w).map(|(r, _)| r).collect());
+    outcomes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stub_map_lookup() {
+        let mut m = StubMap::default();
+        m.add(vec![(100, 150, 7), (10, 20, 1)]);
+        assert_eq!(m.lookup(10), Some(1));
+        assert_eq!(m.lookup(19), Some(1));
+        assert_eq!(m.lookup(20), None);
+        assert_eq!(m.lookup(149), Some(7));
+        assert_eq!(m.lookup(5), None);
+    }
+}

@@ -1,0 +1,133 @@
+//! Executable memory for stubs within jump range of a module, mapped only
+//! into free address space (never over an existing mapping).
+
+use crate::arch::BRANCH_RANGE;
+
+const PAGE: u64 = 4096;
+/// Stay clear of the lowest pages (mmap_min_addr).
+const LOWEST: u64 = 0x10_0000;
+
+/// Free gaps of the address space, from /proc/self/maps.
+fn free_gaps() -> Vec<(u64, u64)> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    let mut used: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|l| {
+            let range = l.split_whitespace().next()?;
+            let (a, b) = range.split_once('-')?;
+            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+        })
+        .collect();
+    used.sort();
+    let mut gaps = Vec::new();
+    let mut prev = LOWEST;
+    for (a, b) in used {
+        if a > prev {
+            gaps.push((prev, a));
+        }
+        prev = prev.max(b);
+    }
+    gaps.push((prev, 0x7fff_ffff_f000));
+    gaps
+}
+
+/// Candidate addresses for `size` bytes reachable from all of [lo, hi):
+/// below the module, as close as possible; above it, as far as possible
+/// (the heap grows up from the end of the executable).
+fn candidates(lo: u64, hi: u64, size: u64, gaps: &[(u64, u64)]) -> Vec<u64> {
+    let min = hi.saturating_sub(BRANCH_RANGE).max(LOWEST);
+    let max_end = lo.saturating_add(BRANCH_RANGE);
+    let mut below = Vec::new();
+    let mut above = Vec::new();
+    for &(gs, ge) in gaps {
+        let gs = gs.max(min).div_ceil(PAGE) * PAGE;
+        let ge = ge.min(max_end) / PAGE * PAGE;
+        if ge < gs + size {
+            continue;
+        }
+        if ge <= lo {
+            below.push(ge - size);
+        } else if gs >= hi {
+            above.push(ge - size);
+        }
+    }
+    below.sort_by(|a, b| b.cmp(a));
+    above.sort_by(|a, b| b.cmp(a));
+    below.into_iter().chain(above).collect()
+}
+
+/// A read-write anonymous mapping that later becomes read-execute.
+pub struct StubArea {
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl StubArea {
+    /// Maps `size` bytes within jump range of [lo, hi), or `None`.
+    pub fn near(lo: u64, hi: u64, size: u64) -> Option<StubArea> {
+        let len = size.div_ceil(PAGE) * PAGE;
+        for addr in candidates(lo, hi, len, &free_gaps()).into_iter().take(16) {
+            let p = unsafe {
+                libc::mmap(
+                    addr as *mut libc::c_void,
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                continue;
+            }
+            // Kernels before 4.17 treat the flag as a hint: check the result.
+            if p as u64 != addr {
+                unsafe { libc::munmap(p, len as usize) };
+                continue;
+            }
+            return Some(StubArea { addr, len });
+        }
+        None
+    }
+
+    /// Makes the area read+execute; writing is over.
+    pub fn seal(&self) -> bool {
+        unsafe {
+            libc::mprotect(self.addr as *mut libc::c_void, self.len as usize, libc::PROT_READ | libc::PROT_EXEC) == 0
+        }
+    }
+
+    pub fn release(self) {
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_stay_in_range_and_prefer_below() {
+        let lo = 0x5555_0000_0000;
+        let hi = lo + 0x10_0000;
+        let gaps = [(0x1000, lo - 0x1000), (hi, hi + 0x1_0000_0000)];
+        let c = candidates(lo, hi, 0x2000, &gaps);
+        assert_eq!(c[0], lo - 0x1000 - 0x2000);
+        for a in &c {
+            assert!(a + 0x2000 <= lo + BRANCH_RANGE && *a >= hi - BRANCH_RANGE);
+        }
+        assert!(c.iter().any(|&a| a >= hi));
+    }
+
+    #[test]
+    fn maps_near_own_code() {
+        let here = candidates_stay_in_range_and_prefer_below as *const () as u64;
+        let a = StubArea::near(here, here + 1, 10_000).expect("area");
+        assert!(a.addr.abs_diff(here) < BRANCH_RANGE);
+        unsafe { *(a.addr as *mut u8) = 0xc3 };
+        assert!(a.seal());
+        let f: extern "C" fn() = unsafe { std::mem::transmute(a.addr as *const ()) };
+        f();
+        a.release();
+    }
+}

@@ -1,0 +1,220 @@
+//! The functions of an ELF file: `.symtab`, else `.dynsym`, plus the
+//! function ranges of `.eh_frame` for code no symbol names (stripped
+//! binaries), named `sub_<hex address>`.
+
+use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+use goblin::elf::{sym, Elf};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FuncSym {
+    pub name: String,
+    /// ELF virtual address.
+    pub vaddr: u64,
+    /// 0 when the symbol gives no size.
+    pub size: u64,
+}
+
+#[derive(Debug)]
+pub enum SymbolError {
+    Open(std::io::Error),
+    Parse(String),
+    NotElf64,
+}
+
+impl fmt::Display for SymbolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SymbolError::Open(e) => write!(f, "cannot read ELF file: {e}"),
+            SymbolError::Parse(e) => write!(f, "malformed ELF file: {e}"),
+            SymbolError::NotElf64 => f.write_str("not a 64-bit ELF file"),
+        }
+    }
+}
+
+/// Entry points that are not called like functions.
+const NOT_CALLED: &[&str] = &["_start", "_init", "_fini", "__restore_rt", "__libc_csu_init", "__libc_csu_fini"];
+/// Sections whose code is not a function's body (loader stubs, init arrays).
+const EXCLUDED_SECTIONS: &[&str] = &[".plt", ".plt.got", ".plt.sec", ".iplt", ".init", ".fini"];
+
+#[derive(Debug, Default)]
+pub struct FunctionList {
+    pub funcs: Vec<FuncSym>,
+    /// Where the names came from: "symtab", "dynsym", "eh_frame" or a mix.
+    pub source: &'static str,
+}
+
+pub fn read_file(path: &str) -> Result<FunctionList, SymbolError> {
+    let f = std::fs::File::open(path).map_err(SymbolError::Open)?;
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(SymbolError::Open)?;
+    list_functions(&map)
+}
+
+fn rank(bind: u8, name: &str) -> (u8, usize, usize) {
+    let b = match bind {
+        sym::STB_GLOBAL => 0,
+        sym::STB_WEAK => 1,
+        _ => 2,
+    };
+    let underscores = name.bytes().take_while(|&c| c == b'_').count();
+    (b, underscores, name.len())
+}
+
+pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
+    let elf = Elf::parse(data).map_err(|e| SymbolError::Parse(e.to_string()))?;
+    if !elf.is_64 {
+        return Err(SymbolError::NotElf64);
+    }
+    let excluded: Vec<(u64, u64)> = elf
+        .section_headers
+        .iter()
+        .filter(|s| {
+            elf.shdr_strtab
+                .get_at(s.sh_name)
+                .is_some_and(|n| EXCLUDED_SECTIONS.contains(&n))
+        })
+        .map(|s| (s.sh_addr, s.sh_addr + s.sh_size))
+        .collect();
+    let entry = if elf.header.e_type == goblin::elf::header::ET_EXEC || elf.interpreter.is_some() {
+        Some(elf.header.e_entry)
+    } else {
+        None
+    };
+    let eh = eh_frame_functions(&elf, data);
+    let signal_frames: Vec<u64> = eh.iter().filter(|e| e.2).map(|e| e.0).collect();
+    let wanted = |name: &str, vaddr: u64| {
+        !NOT_CALLED.contains(&name)
+            && !excluded.iter().any(|&(lo, hi)| vaddr >= lo && vaddr < hi)
+            && Some(vaddr) != entry
+            && !signal_frames.contains(&vaddr)
+    };
+
+    // (vaddr, rank, name, size)
+    let mut named: Vec<(u64, (u8, usize, usize), String, u64)> = Vec::new();
+    let from_table = |syms: &goblin::elf::Symtab, strtab: &goblin::strtab::Strtab, out: &mut Vec<_>| {
+        for s in syms.iter() {
+            if s.st_type() != sym::STT_FUNC || s.st_shndx == 0 || s.st_value == 0 {
+                continue;
+            }
+            let Some(name) = strtab.get_at(s.st_name) else { continue };
+            if name.is_empty() || !wanted(name, s.st_value) {
+                continue;
+            }
+            out.push((s.st_value, rank(s.st_bind(), name), name.to_string(), s.st_size));
+        }
+    };
+    let mut source = "symtab";
+    from_table(&elf.syms, &elf.strtab, &mut named);
+    let have_symtab = !named.is_empty();
+    if !have_symtab {
+        source = "dynsym";
+        from_table(&elf.dynsyms, &elf.dynstrtab, &mut named);
+    }
+    named.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    infer_sizes(&mut named, &eh, &elf);
+    let mut funcs: Vec<FuncSym> = Vec::with_capacity(named.len());
+    for (vaddr, _, name, size) in named {
+        match funcs.last_mut() {
+            // An alias: one function, counted once, under its best name.
+            Some(last) if last.vaddr == vaddr => last.size = last.size.max(size),
+            _ => funcs.push(FuncSym { name, vaddr, size }),
+        }
+    }
+    if !have_symtab {
+        // Without a full symbol table, .eh_frame knows every function that
+        // can be unwound, including the static ones dynsym never lists.
+        let before = funcs.len();
+        for &(vaddr, size, _) in eh.iter().filter(|e| !e.2) {
+            if wanted("", vaddr) && funcs[..before].binary_search_by_key(&vaddr, |f| f.vaddr).is_err() {
+                funcs.push(FuncSym {
+                    name: format!("sub_{vaddr:x}"),
+                    vaddr,
+                    size,
+                });
+            }
+        }
+        if funcs.len() > before {
+            source = if before == 0 { "eh_frame" } else { "dynsym+eh_frame" };
+        }
+        funcs.sort_by_key(|f| f.vaddr);
+        funcs.dedup_by_key(|f| f.vaddr);
+    }
+    Ok(FunctionList { funcs, source })
+}
+
+/// Symbols without a size (crt files, hand-written assembly) take the length
+/// of their unwind entry, else extend to the next symbol or their section's
+/// end. Too large a size only makes the analysis more cautious.
+fn infer_sizes(named: &mut [(u64, (u8, usize, usize), String, u64)], eh: &[(u64, u64, bool)], elf: &Elf) {
+    let mut fde: Vec<(u64, u64)> = eh.iter().map(|e| (e.0, e.1)).collect();
+    fde.sort_unstable();
+    let starts: Vec<u64> = named.iter().map(|n| n.0).collect();
+    for n in named.iter_mut().filter(|n| n.3 == 0) {
+        if let Ok(i) = fde.binary_search_by_key(&n.0, |f| f.0) {
+            n.3 = fde[i].1;
+            continue;
+        }
+        let Some(sec) = elf
+            .section_headers
+            .iter()
+            .find(|s| s.is_executable() && n.0 >= s.sh_addr && n.0 < s.sh_addr + s.sh_size)
+        else {
+            continue;
+        };
+        let next = starts[starts.partition_point(|&s| s <= n.0)..].first().copied().unwrap_or(u64::MAX);
+        n.3 = next.min(sec.sh_addr + sec.sh_size) - n.0;
+    }
+}
+
+/// (start, length, is signal trampoline) of every FDE in `.eh_frame`.
+fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<(u64, u64, bool)> {
+    let mut out = Vec::new();
+    let find = |name: &str| {
+        elf.section_headers
+            .iter()
+            .find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(name))
+    };
+    let Some(sh) = find(".eh_frame") else { return out };
+    let Some(bytes) = data.get(sh.sh_offset as usize..(sh.sh_offset + sh.sh_size) as usize) else {
+        return out;
+    };
+    let eh = EhFrame::new(bytes, LittleEndian);
+    let mut bases = BaseAddresses::default().set_eh_frame(sh.sh_addr);
+    if let Some(t) = find(".text") {
+        bases = bases.set_text(t.sh_addr);
+    }
+    let mut entries = eh.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry {
+            if let Ok(fde) = partial.parse(EhFrame::cie_from_offset) {
+                if fde.len() > 0 {
+                    out.push((fde.initial_address(), fde.len(), fde.is_signal_trampoline()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(list_functions(b"not an elf at all").is_err());
+        assert!(list_functions(&[]).is_err());
+        let mut bytes = std::fs::read("/proc/self/exe").unwrap();
+        bytes.truncate(200);
+        assert!(list_functions(&bytes).is_err());
+    }
+
+    #[test]
+    fn own_executable_has_named_functions_without_aliases() {
+        let l = read_file("/proc/self/exe").unwrap();
+        assert_eq!(l.source, "symtab");
+        assert!(l.funcs.len() > 100);
+        assert!(l.funcs.windows(2).all(|w| w[0].vaddr < w[1].vaddr));
+        assert!(l.funcs.iter().all(|f| f.name != "_start"));
+    }
+}

@@ -1,0 +1,164 @@
+//! Per-thread stripes. Each thread's stripe pointer lives in static TLS at a
+//! fixed offset from the thread pointer, so a stub reaches it with one
+//! `mov rcx, fs:[offset]`. New threads get a stripe in a `pthread_create`
+//! wrapper before their start routine runs; a thread that ends keeps its
+//! counts (its stripe is retired, not freed).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+// The stripe pointer is an initial-exec TLS variable: a preloaded library's
+// TLS block sits at a fixed offset from the thread pointer in every thread.
+std::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".hidden rtprof_tls_stripe",
+    ".type rtprof_tls_stripe, @object",
+    ".size rtprof_tls_stripe, 8",
+    "rtprof_tls_stripe:",
+    ".zero 8",
+    ".popsection",
+    ".pushsection .text.rtprof_tls_offset,\"ax\",@progbits",
+    ".globl rtprof_tls_offset",
+    ".hidden rtprof_tls_offset",
+    ".type rtprof_tls_offset, @function",
+    "rtprof_tls_offset:",
+    "mov rax, qword ptr [rip + rtprof_tls_stripe@GOTTPOFF]",
+    "ret",
+    ".size rtprof_tls_offset, . - rtprof_tls_offset",
+    ".popsection",
+);
+
+extern "C" {
+    fn rtprof_tls_offset() -> i64;
+}
+
+/// Offset of the stripe pointer from the thread pointer (negative on x86-64).
+pub fn tls_offset() -> i64 {
+    unsafe { rtprof_tls_offset() }
+}
+
+/// Sets this thread's stripe pointer (null: count in the shared stripe).
+pub fn set_stripe(p: *mut u64) {
+    let off = tls_offset();
+    unsafe { std::arch::asm!("mov qword ptr fs:[{off}], {p}", off = in(reg) off, p = in(reg) p, options(nostack)) };
+}
+
+pub fn stripe() -> *mut u64 {
+    let off = tls_offset();
+    let p: *mut u64;
+    unsafe { std::arch::asm!("mov {p}, qword ptr fs:[{off}]", off = in(reg) off, p = out(reg) p, options(nostack, readonly)) };
+    p
+}
+
+pub fn gettid() -> u32 {
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// pthread key whose destructor retires the thread's stripe.
+static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
+    let idx = v as usize;
+    if idx > 0 {
+        if let Some(a) = crate::agent() {
+            a.segment.writer.retire_stripe((idx - 1) as u32);
+        }
+    }
+}
+
+pub fn init_exit_key() {
+    let mut key: libc::pthread_key_t = 0;
+    if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
+        EXIT_KEY.store(key as usize, Ordering::Release);
+    }
+}
+
+/// Gives the calling thread a stripe of its own, if any is left.
+pub fn attach_current() {
+    let Some(a) = crate::agent() else { return };
+    if !stripe().is_null() {
+        return;
+    }
+    if let Some(idx) = a.segment.new_stripe(gettid()) {
+        set_stripe(a.segment.writer.stripe_ptr(idx));
+        let key = EXIT_KEY.load(Ordering::Acquire);
+        if key != usize::MAX {
+            unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, (idx as usize + 1) as *const libc::c_void) };
+        }
+    }
+}
+
+type StartFn = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
+type CreateFn = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    StartFn,
+    *mut libc::c_void,
+) -> libc::c_int;
+
+static REAL_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+fn real_create() -> Option<CreateFn> {
+    let mut f = REAL_CREATE.load(Ordering::Acquire);
+    if f == 0 {
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
+        REAL_CREATE.store(f, Ordering::Release);
+    }
+    (f != 0).then(|| unsafe { std::mem::transmute::<usize, CreateFn>(f) })
+}
+
+struct ThreadStart {
+    start: StartFn,
+    arg: *mut libc::c_void,
+}
+
+extern "C" fn thread_start(p: *mut libc::c_void) -> *mut libc::c_void {
+    let ts = unsafe { Box::from_raw(p as *mut ThreadStart) };
+    let _ = std::panic::catch_unwind(attach_current);
+    (ts.start)(ts.arg)
+}
+
+/// Wraps thread creation so the new thread has its stripe before its start
+/// routine runs. Without an active agent it only forwards.
+///
+/// # Safety
+/// Same contract as `pthread_create(3)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: StartFn,
+    arg: *mut libc::c_void,
+) -> libc::c_int {
+    let Some(real) = real_create() else { return libc::EAGAIN };
+    if crate::agent().is_none() {
+        return real(thread, attr, start, arg);
+    }
+    let boxed = Box::into_raw(Box::new(ThreadStart { start, arg }));
+    let rc = real(thread, attr, thread_start, boxed as *mut libc::c_void);
+    if rc != 0 {
+        drop(Box::from_raw(boxed));
+    }
+    rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_slot_is_per_thread_at_a_fixed_offset() {
+        let off = tls_offset();
+        assert!(off < 0 && off > i32::MIN as i64);
+        let mut x = 5u64;
+        set_stripe(&mut x);
+        assert_eq!(stripe(), &mut x as *mut u64);
+        std::thread::spawn(move || {
+            assert_eq!(tls_offset(), off);
+            assert!(stripe().is_null(), "new thread starts without a stripe");
+        })
+        .join()
+        .unwrap();
+        set_stripe(std::ptr::null_mut());
+    }
+}

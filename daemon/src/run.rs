@@ -1,0 +1,164 @@
+//! `rtprof run`: runs a command under the agent, then reports every process
+//! of its tree from the counter segments the agents left in a private
+//! directory. Arguments, stdin, stdout and the exit status pass through.
+
+use clap::Args;
+use rtprof_shared::{read_snapshot, report, Snapshot};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Write the report as JSON to FILE instead of text on stderr.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Show per-module patch statistics with refusal reasons.
+    #[arg(long)]
+    stats: bool,
+    /// Functions listed per process (0: all that were called).
+    #[arg(long, default_value_t = 25)]
+    top: usize,
+    /// Modules to instrument besides the executable (RTPROF_MODULES), e.g. 'libpython*' or 'all'.
+    #[arg(long, value_name = "GLOBS")]
+    modules: Option<String>,
+    /// Agent diagnostics on stderr (RTPROF_VERBOSE).
+    #[arg(long)]
+    verbose: bool,
+    /// Path of librtprof.so.
+    #[arg(long, value_name = "PATH")]
+    agent: Option<PathBuf>,
+    /// The command to run, after `--`.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+/// A private directory, removed when dropped.
+struct RunDir(PathBuf);
+
+impl RunDir {
+    fn new() -> std::io::Result<RunDir> {
+        let base = std::env::temp_dir().join("rtprof-run-XXXXXX");
+        let mut tmpl = base.into_os_string().into_encoded_bytes();
+        tmpl.push(0);
+        // mkdtemp creates the directory with mode 0700.
+        let p = unsafe { libc::mkdtemp(tmpl.as_mut_ptr() as *mut libc::c_char) };
+        if p.is_null() {
+            return Err(std::io::Error::last_os_error());
+        }
+        tmpl.pop();
+        Ok(RunDir(PathBuf::from(String::from_utf8_lossy(&tmpl).into_owned())))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Every readable segment in `dir`, oldest process first; unreadable ones
+/// are reported on stderr and skipped.
+pub fn collect(dir: &Path) -> Vec<Snapshot> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "seg") {
+            continue;
+        }
+        match std::fs::read(&p).map_err(|e| e.to_string()).and_then(|b| read_snapshot(&b).map_err(|e| e.to_string())) {
+            Ok(s) => out.push(s),
+            Err(e) => eprintln!("rtprof: skipping {}: {e}", p.display()),
+        }
+    }
+    out.sort_by_key(|s| (s.start_ns, s.pid));
+    out
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let agent = match crate::find_agent(args.agent.clone()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rtprof: {e}");
+            return ExitCode::from(127);
+        }
+    };
+    let dir = match RunDir::new() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rtprof: cannot create a private directory in {}: {e}", std::env::temp_dir().display());
+            return ExitCode::from(127);
+        }
+    };
+    let mut preload = agent.to_string_lossy().into_owned();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(' ');
+        preload.push_str(&old.to_string_lossy());
+    }
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("RTPROF_RUN_DIR", &dir.0)
+        .env_remove("RTPROF_REPORT");
+    if let Some(m) = &args.modules {
+        cmd.env("RTPROF_MODULES", m);
+    }
+    if args.verbose {
+        cmd.env("RTPROF_VERBOSE", "1");
+    }
+    // Like time(1): a terminal's Ctrl-C is for the program; we still report.
+    let old_int = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let old_quit = unsafe { libc::signal(libc::SIGQUIT, libc::SIG_IGN) };
+    let status = {
+        // The child starts with the default dispositions.
+        use std::os::unix::process::CommandExt;
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            })
+        };
+        cmd.status()
+    };
+    unsafe {
+        libc::signal(libc::SIGINT, old_int);
+        libc::signal(libc::SIGQUIT, old_quit);
+    }
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rtprof: cannot run {}: {e}", args.command[0]);
+            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+        }
+    };
+
+    let procs = collect(&dir.0);
+    if procs.is_empty() {
+        eprintln!("rtprof: no profile was recorded (the program may be static, setuid, or not an ELF program)");
+    }
+    match &args.json {
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, report::json(&procs)) {
+                eprintln!("rtprof: cannot write {}: {e}", path.display());
+            }
+        }
+        None => eprint!("{}", report::text(&procs, report::TextOptions { top: args.top, stats: args.stats })),
+    }
+    drop(dir);
+
+    if let Some(sig) = status.signal() {
+        // Die the way the program died, so callers see the same status.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+        }
+        return ExitCode::from(128 + sig as u8);
+    }
+    ExitCode::from(status.code().unwrap_or(1) as u8)
+}
