@@ -1,0 +1,134 @@
+//! The C/C++ corpus, compiled at every optimisation level, with and without
+//! CET (`-fcf-protection=full`), PIE and non-PIE, stripped and not. Under
+//! the agent each program must behave exactly as without it, and every call
+//! count must equal what the program knows by construction.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::path::Path;
+
+#[derive(Default, Debug)]
+struct Tally {
+    functions: u64,
+    patched: u64,
+}
+
+/// Runs one compiled variant and checks behaviour and counts; returns the
+/// main module's (functions, patched), not counting functions the program
+/// declares unpatchable by design.
+fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: &Path) -> Tally {
+    let plain = run_plain(bin, args);
+    let prof = run_profiled(bin, args, &[], dir);
+    assert_same_behaviour(what, &plain, &prof.output);
+    let (counts, refused) = expectations(&plain.stdout);
+    assert!(!counts.is_empty(), "{what}: program printed no expectations");
+    let addrs = symbol_addrs(unstripped);
+    let p = process(&prof.report, bin);
+    let lookup = |name: &str| -> &Value {
+        let a = *addrs.get(name).unwrap_or_else(|| panic!("{what}: no symbol {name}"));
+        function_at(p, a).unwrap_or_else(|| panic!("{what}: {name} (at {a:#x}) missing from report"))
+    };
+    for (name, n) in &counts {
+        let f = lookup(name);
+        // Only a function shorter than a jump, with no fill after it (as at
+        // -Os), may stay unpatched; it then has no count.
+        let too_small = f["refused"] == "too_small" && f["size"].as_u64().unwrap() < 9;
+        assert!(
+            f["patched"] == true || too_small,
+            "{what}: {name} was not patched ({})",
+            f["refused"]
+        );
+        let want = if too_small { 0 } else { *n };
+        assert_eq!(f["calls"].as_u64(), Some(want), "{what}: calls of {name}");
+    }
+    for (name, reason) in &refused {
+        let f = lookup(name);
+        assert_eq!(f["patched"], false, "{what}: {name} must be refused");
+        assert_eq!(f["refused"].as_str(), Some(reason.as_str()), "{what}: refusal reason of {name}");
+        assert_eq!(f["calls"].as_u64(), Some(0), "{what}: a refused function has no count");
+    }
+    let m = &p["modules"][0];
+    Tally {
+        functions: m["functions"].as_u64().unwrap() - refused.len() as u64,
+        patched: m["patched"].as_u64().unwrap(),
+    }
+}
+
+fn corpus(src: &str, extra: &[&str], args: &[&str], keep: impl Fn(&Variant) -> bool) -> Vec<(Variant, Tally)> {
+    let dir = scratch(src);
+    let mut out = Vec::new();
+    for v in Variant::all().into_iter().filter(|v| keep(v)) {
+        let (bin, unstripped) = compile(src, &v, extra, &dir);
+        let what = format!("{src} {}", v.tag());
+        let t = check_variant(&bin, &unstripped, &what, args, &dir);
+        out.push((v, t));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+#[test]
+fn calls_by_construction() {
+    corpus("calls.c", &[], &["1234"], |_| true);
+}
+
+#[test]
+fn entry_shapes_and_refusals() {
+    corpus("asm_shapes.c", &[], &[], |_| true);
+}
+
+#[test]
+fn ordinary_program_with_jump_tables() {
+    corpus("workload.c", &[], &[], |_| true);
+}
+
+#[test]
+fn threads_lose_no_increment() {
+    corpus("threads.c", &["-pthread"], &[], |v| !v.strip);
+}
+
+#[test]
+fn cxx_exceptions_through_instrumented_frames() {
+    corpus("exceptions.cpp", &[], &[], |_| true);
+}
+
+#[test]
+fn backtrace_names_the_right_callers() {
+    let runs = corpus("backtrace.c", &["-rdynamic"], &[], |v| !v.strip);
+    assert!(!runs.is_empty());
+    // Output equality is checked per variant; here, that it is meaningful.
+    let dir = scratch("bt");
+    let v = Variant { opt: "-O2", cf_protection: true, pie: true, strip: false };
+    let (bin, _) = compile("backtrace.c", &v, &["-rdynamic"], &dir);
+    let out = run_profiled(&bin, &[], &[], &dir).output;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let order: Vec<usize> = ["frame_c", "frame_b", "frame_a", "main"]
+        .iter()
+        .map(|n| text.find(&format!(": {n}\n")).unwrap_or_else(|| panic!("{n} not in backtrace:\n{text}")))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "callers out of order:\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// At -O2, at least 98% of the corpus's functions are patched, as the tool
+/// itself reports (functions that are unpatchable by design excluded).
+#[test]
+fn patch_rate_at_o2() {
+    let mut total = Tally::default();
+    for (src, extra, args) in [
+        ("calls.c", &[][..], &["10"][..]),
+        ("workload.c", &[], &[]),
+        ("threads.c", &["-pthread"], &[]),
+        ("exceptions.cpp", &[], &[]),
+        ("backtrace.c", &["-rdynamic"], &[]),
+        ("asm_shapes.c", &[], &[]),
+    ] {
+        for (_, t) in corpus(src, extra, args, |v| v.opt == "-O2") {
+            total.functions += t.functions;
+            total.patched += t.patched;
+        }
+    }
+    let rate = total.patched as f64 / total.functions as f64;
+    eprintln!("-O2 corpus: {} of {} functions patched ({:.2}%)", total.patched, total.functions, rate * 100.0);
+    assert!(rate >= 0.98, "patch rate {:.2}% below 98% ({total:?})", rate * 100.0);
+}

@@ -1,0 +1,205 @@
+//! Helpers for rtprof's end-to-end tests: compile C/C++ programs at test
+//! time, run them with and without the agent, and read the JSON report.
+//! The agent and CLI must be built first (`cargo build --release`); the
+//! README's test command does that.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// target/<profile>, found from this test binary's own location.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test>-<hash>
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn built(name: &str) -> PathBuf {
+    let p = profile_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (cargo build --release --workspace)",
+        p.display()
+    );
+    p
+}
+
+pub fn agent() -> PathBuf {
+    built("librtprof.so")
+}
+
+pub fn rtprof() -> PathBuf {
+    built("rtprof")
+}
+
+pub fn scratch(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "rtprof-e2e-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        name
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[derive(Clone, Debug)]
+pub struct Variant {
+    pub opt: &'static str,
+    pub cf_protection: bool,
+    pub pie: bool,
+    pub strip: bool,
+}
+
+impl Variant {
+    pub fn all() -> Vec<Variant> {
+        let mut v = Vec::new();
+        for opt in ["-O0", "-O2", "-O3", "-Os"] {
+            for cf_protection in [false, true] {
+                for pie in [true, false] {
+                    for strip in [false, true] {
+                        v.push(Variant { opt, cf_protection, pie, strip });
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    pub fn tag(&self) -> String {
+        format!(
+            "{}{}{}{}",
+            &self.opt[1..],
+            if self.cf_protection { "-cf" } else { "" },
+            if self.pie { "-pie" } else { "-nopie" },
+            if self.strip { "-stripped" } else { "" }
+        )
+    }
+}
+
+/// Compiles `src` (from tests/c) with gcc or g++; returns the binary and, if
+/// stripped, the unstripped copy its symbols are looked up in.
+pub fn compile(src: &str, v: &Variant, extra: &[&str], dir: &Path) -> (PathBuf, PathBuf) {
+    let path = root().join("tests/c").join(src);
+    let cxx = src.ends_with(".cpp");
+    let out = dir.join(format!("{}-{}", src.replace('.', "_"), v.tag()));
+    let mut c = Command::new(if cxx { "g++" } else { "gcc" });
+    c.arg(v.opt).arg("-g0").arg("-o").arg(&out).arg(&path);
+    c.arg(if v.cf_protection { "-fcf-protection=full" } else { "-fcf-protection=none" });
+    if v.pie {
+        c.args(["-fPIE", "-pie"]);
+    } else {
+        c.args(["-fno-pie", "-no-pie"]);
+    }
+    c.args(extra);
+    let o = c.output().expect("compiler runs");
+    assert!(o.status.success(), "compile {src} {}: {}", v.tag(), String::from_utf8_lossy(&o.stderr));
+    if !v.strip {
+        return (out.clone(), out);
+    }
+    let stripped = dir.join(format!("{}-s", out.file_name().unwrap().to_string_lossy()));
+    let o = Command::new("strip").arg("-o").arg(&stripped).arg(&out).output().expect("strip runs");
+    assert!(o.status.success(), "strip: {}", String::from_utf8_lossy(&o.stderr));
+    (stripped, out)
+}
+
+/// Function name -> ELF virtual address, from the unstripped binary.
+pub fn symbol_addrs(bin: &Path) -> HashMap<String, u64> {
+    let data = std::fs::read(bin).unwrap();
+    let elf = goblin::elf::Elf::parse(&data).unwrap();
+    elf.syms
+        .iter()
+        .filter(|s| s.is_function() && s.st_value != 0)
+        .filter_map(|s| Some((elf.strtab.get_at(s.st_name)?.to_string(), s.st_value)))
+        .collect()
+}
+
+pub struct Profiled {
+    pub output: Output,
+    pub report: Value,
+}
+
+pub fn run_plain(bin: &Path, args: &[&str]) -> Output {
+    Command::new(bin).args(args).output().expect("program runs")
+}
+
+/// Runs `bin` under `rtprof run --json`.
+pub fn run_profiled(bin: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path) -> Profiled {
+    let json = dir.join(format!("{}.json", bin.file_name().unwrap().to_string_lossy()));
+    let mut c = Command::new(rtprof());
+    c.arg("run").arg("--json").arg(&json).arg("--").arg(bin).args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let output = c.output().expect("rtprof runs");
+    let text = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("no report from {}: {e}; stderr: {}", bin.display(), String::from_utf8_lossy(&output.stderr)));
+    Profiled {
+        output,
+        report: serde_json::from_str(&text).expect("report is JSON"),
+    }
+}
+
+/// `EXPECT name count` and `EXPECT_REFUSED name reason` lines of a program's output.
+pub fn expectations(stdout: &[u8]) -> (Vec<(String, u64)>, Vec<(String, String)>) {
+    let text = String::from_utf8_lossy(stdout);
+    let mut counts = Vec::new();
+    let mut refused = Vec::new();
+    for l in text.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.as_slice() {
+            ["EXPECT", name, n] => counts.push((name.to_string(), n.parse().unwrap())),
+            ["EXPECT_REFUSED", name, r] => refused.push((name.to_string(), r.to_string())),
+            _ => {}
+        }
+    }
+    (counts, refused)
+}
+
+/// The report's process whose executable is `bin`.
+pub fn process<'a>(report: &'a Value, bin: &Path) -> &'a Value {
+    let want = bin.canonicalize().unwrap();
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| Path::new(p["exe"].as_str().unwrap()) == want)
+        .unwrap_or_else(|| panic!("no process for {} in {report}", want.display()))
+}
+
+/// The main module's function at ELF address `vaddr`.
+pub fn function_at<'a>(proc_: &'a Value, vaddr: u64) -> Option<&'a Value> {
+    let main = proc_["modules"][0]["path"].as_str()?;
+    let main = main.rsplit('/').next()?;
+    proc_["functions"]
+        .as_array()?
+        .iter()
+        .find(|f| f["vaddr"].as_u64() == Some(vaddr) && f["module"].as_str() == Some(main))
+}
+
+/// Asserts that two runs behaved identically.
+pub fn assert_same_behaviour(what: &str, plain: &Output, prof: &Output) {
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        String::from_utf8_lossy(&prof.stdout),
+        "{what}: stdout differs"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stderr),
+        String::from_utf8_lossy(&prof.stderr),
+        "{what}: stderr differs"
+    );
+    assert_eq!(plain.status.code(), prof.status.code(), "{what}: exit status differs");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&plain.status),
+        std::os::unix::process::ExitStatusExt::signal(&prof.status),
+        "{what}: terminating signal differs"
+    );
+}
