@@ -50,8 +50,10 @@ pub fn max_stub_len(plan: &Plan) -> usize {
 }
 
 /// The block encoder needs distinct addresses for every instruction, and
-/// treats a branch to one of them as a branch within the block. Synthesised
-/// instructions therefore get addresses no code can have (kernel half).
+/// treats a branch or rip-relative operand that targets one of them as a
+/// reference into the block, which it moves along. Nothing may follow the
+/// moved code (a function taking its own address must still get the
+/// original), so every instruction gets an address no code can have.
 fn synthetic_ip(out: &[Instruction]) -> u64 {
     0xffff_f000_0000_0000 + out.len() as u64
 }
@@ -94,16 +96,21 @@ fn moved_block(plan: &Plan) -> Result<Vec<Instruction>, Refusal> {
             FlowControl::Call => {
                 push_return_address(&mut out, ins.next_ip())?;
                 let mut j = Instruction::with_branch(Code::Jmp_rel32_64, ins.near_branch_target()).map_err(bad)?;
-                j.set_ip(ins.ip());
+                j.set_ip(synthetic_ip(&out));
                 out.push(j);
             }
             FlowControl::IndirectCall => {
                 push_return_address(&mut out, ins.next_ip())?;
                 let mut j = *ins;
                 j.set_code(Code::Jmp_rm64);
+                j.set_ip(synthetic_ip(&out));
                 out.push(j);
             }
-            _ => out.push(*ins),
+            _ => {
+                let mut i = *ins;
+                i.set_ip(synthetic_ip(&out));
+                out.push(i);
+            }
         }
         // A branch back into the moved bytes would bypass the entry.
         if ins.op0_kind() == OpKind::NearBranch64
@@ -227,6 +234,8 @@ mod tests {
             &[0x48, 0x8d, 0x3d, 0x00, 0xff, 0xff, 0xff, 0xc3],
             // cmp byte [rip+0x10],0 ; jne +5
             &[0x80, 0x3d, 0x10, 0x00, 0x00, 0x00, 0x00, 0x75, 0x05, 0xc3],
+            // push r15; lea rax,[rip-9] (the function's own address); ret
+            &[0x41, 0x57, 0x48, 0x8d, 0x05, 0xf7, 0xff, 0xff, 0xff, 0xc3],
         ];
         let orig = 0x5555_5555_0000u64;
         for &code in cases {
