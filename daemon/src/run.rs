@@ -57,6 +57,13 @@ impl Drop for RunDir {
     }
 }
 
+/// Maps a segment read-only: the reader touches only the pages it needs
+/// (most of a segment is stripes no thread ever used).
+fn map_file(p: &Path) -> Result<memmap2::Mmap, String> {
+    let f = std::fs::File::open(p).map_err(|e| e.to_string())?;
+    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| e.to_string())
+}
+
 /// Every readable segment in `dir`, oldest process first; unreadable ones
 /// are reported on stderr and skipped.
 pub fn collect(dir: &Path) -> Vec<Snapshot> {
@@ -67,7 +74,7 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         if p.extension().is_none_or(|x| x != "seg") {
             continue;
         }
-        match std::fs::read(&p).map_err(|e| e.to_string()).and_then(|b| read_snapshot(&b).map_err(|e| e.to_string())) {
+        match map_file(&p).and_then(|b| read_snapshot(&b).map_err(|e| e.to_string())) {
             Ok(s) => out.push(s),
             Err(e) => eprintln!("rtprof: skipping {}: {e}", p.display()),
         }
