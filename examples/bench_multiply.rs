@@ -1,1 +1,114 @@
-fn main(){}
+//! Benchmark: the `multiply` worst case with and without the agent, and the
+//! agent's start-up cost on libpython.
+//!
+//! usage: bench-multiply [--calls N] [--runs R]
+//! (build first: cargo build --release --workspace)
+//!
+//! Reports nanoseconds added per call (median of R alternating runs,
+//! single-threaded and with two threads calling the same function), and the
+//! start-up time spent reading, analysing and patching libpython, per 1,000
+//! functions.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn here() -> PathBuf {
+    std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn compile(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/multiply.c");
+    let bin = dir.join("multiply");
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("gcc runs");
+    assert!(st.success(), "compiling multiply.c failed");
+    bin
+}
+
+/// Loop time in ns reported by the program itself.
+fn loop_ns(bin: &Path, calls: u64, threads: u32, agent: Option<&Path>) -> f64 {
+    let mut c = Command::new(bin);
+    c.arg(calls.to_string()).arg(threads.to_string());
+    if let Some(a) = agent {
+        c.env("LD_PRELOAD", a);
+    }
+    let out = c.output().expect("multiply runs");
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().expect("number"))
+        .unwrap_or(default)
+}
+
+fn main() {
+    let calls = arg("--calls", 100_000_000);
+    let runs = arg("--runs", 7) as usize;
+    let agent = here().join("librtprof.so");
+    assert!(agent.exists(), "{} missing: cargo build --release --workspace", agent.display());
+    let dir = std::env::temp_dir().join(format!("rtprof-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = compile(&dir);
+
+    println!("multiply: {calls} calls per thread, median of {runs} alternating runs");
+    println!("{:>8} {:>12} {:>12} {:>10} {:>9}", "threads", "base ns/call", "agent ns/call", "added ns", "ratio");
+    for threads in [1u32, 2] {
+        let (mut base, mut with) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            base.push(loop_ns(&bin, calls, threads, None) / calls as f64);
+            with.push(loop_ns(&bin, calls, threads, Some(&agent)) / calls as f64);
+        }
+        let (b, w) = (median(base), median(with));
+        println!("{threads:>8} {b:>12.3} {w:>12.3} {:>10.3} {:>9.3}", w - b, w / b);
+    }
+
+    // Start-up on libpython: the agent records its own set-up time.
+    let py = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if let Some(py) = py.filter(|p| !p.is_empty()) {
+        let mut per_k = Vec::new();
+        let mut funcs = 0;
+        for i in 0..runs {
+            let report = dir.join(format!("py{i}.json"));
+            let st = Command::new(&py)
+                .args(["-c", "pass"])
+                .env("LD_PRELOAD", &agent)
+                .env("RTPROF_MODULES", "libpython*")
+                .env("RTPROF_REPORT", &report)
+                .status()
+                .expect("python runs");
+            assert!(st.success());
+            let text = std::fs::read_to_string(&report).expect("report written");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let p = &v["processes"][0];
+            funcs = p["modules"].as_array().unwrap().iter().map(|m| m["functions"].as_u64().unwrap()).sum();
+            let ns = p["setup_ns"].as_u64().unwrap() as f64;
+            per_k.push(ns / 1e6 / (funcs as f64 / 1000.0));
+        }
+        println!(
+            "start-up with libpython instrumented: {funcs} functions, {:.2} ms per 1,000 functions (median of {runs})",
+            median(per_k)
+        );
+    } else {
+        println!("python3 not found: start-up measurement skipped");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -59,8 +59,14 @@ fn plan_modules(cfg: &Config) -> Vec<ModulePlan> {
             }
             continue;
         }
+        let t = Instant::now();
         match symbols::read_file(&m.file) {
-            Ok(list) => plans.push(analysis::analyze(m, list)),
+            Ok(list) => {
+                let t1 = t.elapsed();
+                let path = m.path.clone();
+                plans.push(analysis::analyze(m, list));
+                vlog!("{}: symbols {:.1} ms, analysis {:.1} ms", path, t1.as_secs_f64() * 1e3, (t.elapsed() - t1).as_secs_f64() * 1e3);
+            }
             Err(e) => vlog!("{}: {e}; left unpatched", m.path),
         }
     }
