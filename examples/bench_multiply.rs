@@ -18,7 +18,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn here() -> PathBuf {
-    std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn compile(dir: &Path) -> PathBuf {
@@ -60,13 +64,20 @@ fn main() {
     let calls = arg("--calls", 100_000_000);
     let runs = arg("--runs", 7) as usize;
     let agent = here().join("librtprof.so");
-    assert!(agent.exists(), "{} missing: cargo build --release --workspace", agent.display());
+    assert!(
+        agent.exists(),
+        "{} missing: cargo build --release --workspace",
+        agent.display()
+    );
     let dir = std::env::temp_dir().join(format!("rtprof-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bin = compile(&dir);
 
     println!("multiply: {calls} calls per thread, median of {runs} alternating runs");
-    println!("{:>8} {:>12} {:>12} {:>10} {:>9}", "threads", "base ns/call", "agent ns/call", "added ns", "ratio");
+    println!(
+        "{:>8} {:>12} {:>12} {:>10} {:>9}",
+        "threads", "base ns/call", "agent ns/call", "added ns", "ratio"
+    );
     for threads in [1u32, 2] {
         let (mut base, mut with) = (Vec::new(), Vec::new());
         for _ in 0..runs {
@@ -74,7 +85,11 @@ fn main() {
             with.push(loop_ns(&bin, calls, threads, Some(&agent)) / calls as f64);
         }
         let (b, w) = (median(base), median(with));
-        println!("{threads:>8} {b:>12.3} {w:>12.3} {:>10.3} {:>9.3}", w - b, w / b);
+        println!(
+            "{threads:>8} {b:>12.3} {w:>12.3} {:>10.3} {:>9.3}",
+            w - b,
+            w / b
+        );
     }
 
     // Start-up on libpython: the agent records its own set-up time.
@@ -99,7 +114,12 @@ fn main() {
             let text = std::fs::read_to_string(&report).expect("report written");
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
             let p = &v["processes"][0];
-            funcs = p["modules"].as_array().unwrap().iter().map(|m| m["functions"].as_u64().unwrap()).sum();
+            funcs = p["modules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["functions"].as_u64().unwrap())
+                .sum();
             let ns = p["setup_ns"].as_u64().unwrap() as f64;
             per_k.push(ns / 1e6 / (funcs as f64 / 1000.0));
         }

@@ -20,13 +20,19 @@ fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: 
     let plain = run_plain(bin, args);
     let prof = run_profiled(bin, args, &[], dir);
     assert_same_behaviour(what, &plain, &prof.output);
-    let (counts, refused) = expectations(&plain.stdout);
-    assert!(!counts.is_empty(), "{what}: program printed no expectations");
+    let Expectations { counts, refused } = expectations(&plain.stdout);
+    assert!(
+        !counts.is_empty(),
+        "{what}: program printed no expectations"
+    );
     let addrs = symbol_addrs(unstripped);
     let p = process(&prof.report, bin);
     let lookup = |name: &str| -> &Value {
-        let a = *addrs.get(name).unwrap_or_else(|| panic!("{what}: no symbol {name}"));
-        function_at(p, a).unwrap_or_else(|| panic!("{what}: {name} (at {a:#x}) missing from report"))
+        let a = *addrs
+            .get(name)
+            .unwrap_or_else(|| panic!("{what}: no symbol {name}"));
+        function_at(p, a)
+            .unwrap_or_else(|| panic!("{what}: {name} (at {a:#x}) missing from report"))
     };
     for (name, n) in &counts {
         let f = lookup(name);
@@ -44,8 +50,16 @@ fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: 
     for (name, reason) in &refused {
         let f = lookup(name);
         assert_eq!(f["patched"], false, "{what}: {name} must be refused");
-        assert_eq!(f["refused"].as_str(), Some(reason.as_str()), "{what}: refusal reason of {name}");
-        assert_eq!(f["calls"].as_u64(), Some(0), "{what}: a refused function has no count");
+        assert_eq!(
+            f["refused"].as_str(),
+            Some(reason.as_str()),
+            "{what}: refusal reason of {name}"
+        );
+        assert_eq!(
+            f["calls"].as_u64(),
+            Some(0),
+            "{what}: a refused function has no count"
+        );
     }
     let m = &p["modules"][0];
     Tally {
@@ -54,7 +68,12 @@ fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: 
     }
 }
 
-fn corpus(src: &str, extra: &[&str], args: &[&str], keep: impl Fn(&Variant) -> bool) -> Vec<(Variant, Tally)> {
+fn corpus(
+    src: &str,
+    extra: &[&str],
+    args: &[&str],
+    keep: impl Fn(&Variant) -> bool,
+) -> Vec<(Variant, Tally)> {
     let dir = scratch(src);
     let mut out = Vec::new();
     for v in Variant::all().into_iter().filter(|v| keep(v)) {
@@ -98,15 +117,26 @@ fn backtrace_names_the_right_callers() {
     assert!(!runs.is_empty());
     // Output equality is checked per variant; here, that it is meaningful.
     let dir = scratch("bt");
-    let v = Variant { opt: "-O2", cf_protection: true, pie: true, strip: false };
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: true,
+        pie: true,
+        strip: false,
+    };
     let (bin, _) = compile("backtrace.c", &v, &["-rdynamic"], &dir);
     let out = run_profiled(&bin, &[], &[], &dir).output;
     let text = String::from_utf8_lossy(&out.stdout);
     let order: Vec<usize> = ["frame_c", "frame_b", "frame_a", "main"]
         .iter()
-        .map(|n| text.find(&format!(": {n}\n")).unwrap_or_else(|| panic!("{n} not in backtrace:\n{text}")))
+        .map(|n| {
+            text.find(&format!(": {n}\n"))
+                .unwrap_or_else(|| panic!("{n} not in backtrace:\n{text}"))
+        })
         .collect();
-    assert!(order.windows(2).all(|w| w[0] < w[1]), "callers out of order:\n{text}");
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "callers out of order:\n{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -129,6 +159,15 @@ fn patch_rate_at_o2() {
         }
     }
     let rate = total.patched as f64 / total.functions as f64;
-    eprintln!("-O2 corpus: {} of {} functions patched ({:.2}%)", total.patched, total.functions, rate * 100.0);
-    assert!(rate >= 0.98, "patch rate {:.2}% below 98% ({total:?})", rate * 100.0);
+    eprintln!(
+        "-O2 corpus: {} of {} functions patched ({:.2}%)",
+        total.patched,
+        total.functions,
+        rate * 100.0
+    );
+    assert!(
+        rate >= 0.98,
+        "patch rate {:.2}% below 98% ({total:?})",
+        rate * 100.0
+    );
 }

@@ -10,7 +10,10 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// target/<profile>, found from this test binary's own location.
@@ -65,7 +68,12 @@ impl Variant {
             for cf_protection in [false, true] {
                 for pie in [true, false] {
                     for strip in [false, true] {
-                        v.push(Variant { opt, cf_protection, pie, strip });
+                        v.push(Variant {
+                            opt,
+                            cf_protection,
+                            pie,
+                            strip,
+                        });
                     }
                 }
             }
@@ -92,7 +100,11 @@ pub fn compile(src: &str, v: &Variant, extra: &[&str], dir: &Path) -> (PathBuf, 
     let out = dir.join(format!("{}-{}", src.replace('.', "_"), v.tag()));
     let mut c = Command::new(if cxx { "g++" } else { "gcc" });
     c.arg(v.opt).arg("-g0").arg("-o").arg(&out).arg(&path);
-    c.arg(if v.cf_protection { "-fcf-protection=full" } else { "-fcf-protection=none" });
+    c.arg(if v.cf_protection {
+        "-fcf-protection=full"
+    } else {
+        "-fcf-protection=none"
+    });
     if v.pie {
         c.args(["-fPIE", "-pie"]);
     } else {
@@ -100,13 +112,27 @@ pub fn compile(src: &str, v: &Variant, extra: &[&str], dir: &Path) -> (PathBuf, 
     }
     c.args(extra);
     let o = c.output().expect("compiler runs");
-    assert!(o.status.success(), "compile {src} {}: {}", v.tag(), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "compile {src} {}: {}",
+        v.tag(),
+        String::from_utf8_lossy(&o.stderr)
+    );
     if !v.strip {
         return (out.clone(), out);
     }
     let stripped = dir.join(format!("{}-s", out.file_name().unwrap().to_string_lossy()));
-    let o = Command::new("strip").arg("-o").arg(&stripped).arg(&out).output().expect("strip runs");
-    assert!(o.status.success(), "strip: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("strip")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&out)
+        .output()
+        .expect("strip runs");
+    assert!(
+        o.status.success(),
+        "strip: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     (stripped, out)
 }
 
@@ -132,23 +158,44 @@ pub fn run_plain(bin: &Path, args: &[&str]) -> Output {
 
 /// Runs `bin` under `rtprof run --json`.
 pub fn run_profiled(bin: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path) -> Profiled {
-    let json = dir.join(format!("{}.json", bin.file_name().unwrap().to_string_lossy()));
+    let json = dir.join(format!(
+        "{}.json",
+        bin.file_name().unwrap().to_string_lossy()
+    ));
     let mut c = Command::new(rtprof());
-    c.arg("run").arg("--json").arg(&json).arg("--").arg(bin).args(args);
+    c.arg("run")
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(bin)
+        .args(args);
     for (k, v) in env {
         c.env(k, v);
     }
     let output = c.output().expect("rtprof runs");
-    let text = std::fs::read_to_string(&json)
-        .unwrap_or_else(|e| panic!("no report from {}: {e}; stderr: {}", bin.display(), String::from_utf8_lossy(&output.stderr)));
+    let text = std::fs::read_to_string(&json).unwrap_or_else(|e| {
+        panic!(
+            "no report from {}: {e}; stderr: {}",
+            bin.display(),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
     Profiled {
         output,
         report: serde_json::from_str(&text).expect("report is JSON"),
     }
 }
 
-/// `EXPECT name count` and `EXPECT_REFUSED name reason` lines of a program's output.
-pub fn expectations(stdout: &[u8]) -> (Vec<(String, u64)>, Vec<(String, String)>) {
+/// What a corpus program declares about itself.
+pub struct Expectations {
+    /// `EXPECT name count`: the function is called exactly `count` times.
+    pub counts: Vec<(String, u64)>,
+    /// `EXPECT_REFUSED name reason`: the function must be left unpatched.
+    pub refused: Vec<(String, String)>,
+}
+
+/// The `EXPECT` and `EXPECT_REFUSED` lines of a program's output.
+pub fn expectations(stdout: &[u8]) -> Expectations {
     let text = String::from_utf8_lossy(stdout);
     let mut counts = Vec::new();
     let mut refused = Vec::new();
@@ -160,7 +207,7 @@ pub fn expectations(stdout: &[u8]) -> (Vec<(String, u64)>, Vec<(String, String)>
             _ => {}
         }
     }
-    (counts, refused)
+    Expectations { counts, refused }
 }
 
 /// The report's process whose executable is `bin`.
@@ -175,7 +222,7 @@ pub fn process<'a>(report: &'a Value, bin: &Path) -> &'a Value {
 }
 
 /// The main module's function at ELF address `vaddr`.
-pub fn function_at<'a>(proc_: &'a Value, vaddr: u64) -> Option<&'a Value> {
+pub fn function_at(proc_: &Value, vaddr: u64) -> Option<&Value> {
     let main = proc_["modules"][0]["path"].as_str()?;
     let main = main.rsplit('/').next()?;
     proc_["functions"]
@@ -196,7 +243,11 @@ pub fn assert_same_behaviour(what: &str, plain: &Output, prof: &Output) {
         String::from_utf8_lossy(&prof.stderr),
         "{what}: stderr differs"
     );
-    assert_eq!(plain.status.code(), prof.status.code(), "{what}: exit status differs");
+    assert_eq!(
+        plain.status.code(),
+        prof.status.code(),
+        "{what}: exit status differs"
+    );
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&plain.status),
         std::os::unix::process::ExitStatusExt::signal(&prof.status),

@@ -7,10 +7,30 @@ use std::path::PathBuf;
 use std::process::Command;
 
 const MODULES: &[&str] = &[
-    "test_list", "test_dict", "test_set", "test_tuple", "test_string", "test_int", "test_float",
-    "test_math", "test_json", "test_re", "test_itertools", "test_functools", "test_collections",
-    "test_bytes", "test_struct", "test_sort", "test_operator", "test_bool", "test_generators",
-    "test_exceptions", "test_class", "test_scope", "test_weakref", "test_gc",
+    "test_list",
+    "test_dict",
+    "test_set",
+    "test_tuple",
+    "test_string",
+    "test_int",
+    "test_float",
+    "test_math",
+    "test_json",
+    "test_re",
+    "test_itertools",
+    "test_functools",
+    "test_collections",
+    "test_bytes",
+    "test_struct",
+    "test_sort",
+    "test_operator",
+    "test_bool",
+    "test_generators",
+    "test_exceptions",
+    "test_class",
+    "test_scope",
+    "test_weakref",
+    "test_gc",
 ];
 
 /// Asks an interpreter for its real binary and whether libpython is shared.
@@ -30,9 +50,13 @@ fn python() -> PathBuf {
     let mut tried = Vec::new();
     let mut candidates: Vec<String> = std::env::var("RTPROF_TEST_PYTHON").into_iter().collect();
     candidates.push("python3".into());
-    let pyenv = std::env::var("PYENV_ROOT").unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
+    let pyenv = std::env::var("PYENV_ROOT")
+        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
     if let Ok(rd) = std::fs::read_dir(format!("{pyenv}/versions")) {
-        let mut v: Vec<String> = rd.flatten().map(|e| format!("{}/bin/python3", e.path().display())).collect();
+        let mut v: Vec<String> = rd
+            .flatten()
+            .map(|e| format!("{}/bin/python3", e.path().display()))
+            .collect();
         v.sort();
         candidates.extend(v.into_iter().rev());
     }
@@ -43,14 +67,21 @@ fn python() -> PathBuf {
             None => tried.push(format!("{c} (does not run)")),
         }
     }
-    panic!("no Python with a shared libpython found; tried: {}. Set RTPROF_TEST_PYTHON.", tried.join(", "));
+    panic!(
+        "no Python with a shared libpython found; tried: {}. Set RTPROF_TEST_PYTHON.",
+        tried.join(", ")
+    );
 }
 
 /// Runs the selected test modules; returns (passed, output).
 fn run_suite(cmd: &mut Command) -> (bool, String) {
     let out = cmd.output().expect("test runner starts");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success() && text.contains("Tests result: SUCCESS"), text)
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.success() && text.contains("Tests result: SUCCESS"),
+        text,
+    )
 }
 
 /// Names of the test modules the runner reports as failed: progress lines
@@ -70,7 +101,11 @@ fn failed_modules(text: &str) -> Vec<String> {
         if l.trim_end().ends_with("failed:") {
             in_summary = true;
         } else if let Some((head, _)) = l.split_once(" failed") {
-            if let Some(name) = head.split_whitespace().last().filter(|n| n.starts_with("test_")) {
+            if let Some(name) = head
+                .split_whitespace()
+                .last()
+                .filter(|n| n.starts_with("test_"))
+            {
                 v.push(name.to_string());
             }
         }
@@ -85,7 +120,11 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
     let py = python();
     let dir = scratch("cpython");
     let args = |c: &mut Command| {
-        c.arg("-m").arg("test").arg("-j2").args(MODULES).current_dir(&dir);
+        c.arg("-m")
+            .arg("test")
+            .arg("-j2")
+            .args(MODULES)
+            .current_dir(&dir);
     };
     let mut plain = Command::new(&py);
     args(&mut plain);
@@ -93,7 +132,13 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
 
     let json = dir.join("report.json");
     let mut prof = Command::new(rtprof());
-    prof.arg("run").arg("--modules").arg("libpython*").arg("--json").arg(&json).arg("--").arg(&py);
+    prof.arg("run")
+        .arg("--modules")
+        .arg("libpython*")
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(&py);
     args(&mut prof);
     let (prof_ok, prof_text) = run_suite(&mut prof);
 
@@ -102,11 +147,18 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
         (prof_ok, failed_modules(&prof_text)),
         "results differ with the agent:\n--- without ---\n{plain_text}\n--- with ---\n{prof_text}"
     );
-    assert!(plain_ok, "the suite must pass on this machine without the agent:\n{plain_text}");
+    assert!(
+        plain_ok,
+        "the suite must pass on this machine without the agent:\n{plain_text}"
+    );
 
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let procs = report["processes"].as_array().unwrap();
-    assert!(procs.len() > 2, "the runner and its workers are all reported");
+    assert!(
+        procs.len() > 2,
+        "the runner and its workers are all reported"
+    );
     for p in procs {
         let lib = p["modules"]
             .as_array()
@@ -114,15 +166,27 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
             .iter()
             .find(|m| m["path"].as_str().unwrap().contains("libpython"))
             .unwrap_or_else(|| panic!("libpython not instrumented in {p}"));
-        let (n, patched) = (lib["functions"].as_u64().unwrap(), lib["patched"].as_u64().unwrap());
+        let (n, patched) = (
+            lib["functions"].as_u64().unwrap(),
+            lib["patched"].as_u64().unwrap(),
+        );
         assert!(n > 3000, "libpython lists {n} functions");
         assert!(
             patched * 100 >= n * 95,
             "only {patched} of {n} libpython functions patched: {}",
             lib["refused"]
         );
-        let calls: u64 = p["functions"].as_array().unwrap().iter().map(|f| f["calls"].as_u64().unwrap()).sum();
-        assert!(calls > 10_000, "pid {}: only {calls} calls counted", p["pid"]);
+        let calls: u64 = p["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["calls"].as_u64().unwrap())
+            .sum();
+        assert!(
+            calls > 10_000,
+            "pid {}: only {calls} calls counted",
+            p["pid"]
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -29,6 +29,9 @@ impl ModulePlan {
     }
 }
 
+/// A function's code with its trailing fill: (bytes, size, fill), or why not.
+type Code<'a> = Result<(&'a [u8], u64, u64), Refusal>;
+
 /// Runtime bytes [addr, addr+len) of `m`, if mapped readable.
 fn mem<'a>(m: &Module, addr: u64, len: u64) -> Option<&'a [u8]> {
     let l = m.load_containing(addr, len)?;
@@ -47,14 +50,17 @@ pub fn analyze(m: Module, list: FunctionList) -> ModulePlan {
     let starts: Vec<u64> = funcs.iter().map(|f| m.bias.wrapping_add(f.vaddr)).collect();
 
     // Per function: code (with trailing alignment fill) or why not.
-    let mut code: Vec<Result<(&[u8], u64, u64), Refusal>> = Vec::with_capacity(n);
+    let mut code: Vec<Code> = Vec::with_capacity(n);
     for (i, f) in funcs.iter().enumerate() {
         let start = starts[i];
         if f.size == 0 {
             code.push(Err(Refusal::UnknownSize));
             continue;
         }
-        let Some(load) = m.load_containing(start, f.size).filter(|l| l.executable() && l.readable()) else {
+        let Some(load) = m
+            .load_containing(start, f.size)
+            .filter(|l| l.executable() && l.readable())
+        else {
             code.push(Err(Refusal::OutsideText));
             continue;
         };

@@ -72,7 +72,11 @@ impl Config {
 
     /// Whether the module with file name `name` is selected by `RTPROF_MODULES`.
     pub fn selects(&self, name: &str) -> bool {
-        self.all_modules || self.modules.iter().any(|g| glob_match(g.as_bytes(), name.as_bytes()))
+        self.all_modules
+            || self
+                .modules
+                .iter()
+                .any(|g| glob_match(g.as_bytes(), name.as_bytes()))
     }
 }
 

@@ -28,9 +28,6 @@ impl StubMap {
         self.ranges.append(&mut v);
         self.ranges.sort_unstable_by_key(|r| r.0);
     }
-    pub fn len(&self) -> usize {
-        self.ranges.len()
-    }
 }
 
 /// Outcome per function of one module, in the plan's order.
@@ -58,7 +55,14 @@ fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
         let (base, len) = (lo as *mut libc::c_void, (hi - lo) as usize);
         // Writable and still executable: the module's own code (libc's
         // mprotect, say) may run while its pages are being patched.
-        if unsafe { libc::mprotect(base, len, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) } == 0 {
+        if unsafe {
+            libc::mprotect(
+                base,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            )
+        } == 0
+        {
             for &i in &mine {
                 let (addr, bytes) = (patches[i].0 as *mut u8, &patches[i].1);
                 for (k, b) in bytes.iter().enumerate() {
@@ -67,12 +71,25 @@ fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
                 ok[i] = true;
             }
             if unsafe { libc::mprotect(base, len, prot) } != 0 {
-                vlog!("{}: could not restore code protection: {}", m.path, std::io::Error::last_os_error());
+                vlog!(
+                    "{}: could not restore code protection: {}",
+                    m.path,
+                    std::io::Error::last_os_error()
+                );
             }
         } else {
             // W^X policies refuse writable code; the kernel's ptrace path does not.
-            vlog!("{}: mprotect refused ({}), writing through /proc/self/mem", m.path, std::io::Error::last_os_error());
-            let Ok(f) = std::fs::OpenOptions::new().write(true).open("/proc/self/mem") else { continue };
+            vlog!(
+                "{}: mprotect refused ({}), writing through /proc/self/mem",
+                m.path,
+                std::io::Error::last_os_error()
+            );
+            let Ok(f) = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/proc/self/mem")
+            else {
+                continue;
+            };
             use std::os::unix::fs::FileExt;
             for &i in &mine {
                 ok[i] = f.write_all_at(&patches[i].1, patches[i].0).is_ok();
@@ -84,8 +101,18 @@ fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
 
 /// Installs the patchable functions of `mp`, whose counters are slots
 /// `first_slot..`. Returns each function's outcome.
-pub fn install(mp: &ModulePlan, first_slot: u32, tls_offset: i32, shared_stripe: u64, map: &mut StubMap) -> Outcomes {
-    let mut outcomes: Outcomes = mp.funcs.iter().map(|c| c.outcome.as_ref().err().copied()).collect();
+pub fn install(
+    mp: &ModulePlan,
+    first_slot: u32,
+    tls_offset: i32,
+    shared_stripe: u64,
+    map: &mut StubMap,
+) -> Outcomes {
+    let mut outcomes: Outcomes = mp
+        .funcs
+        .iter()
+        .map(|c| c.outcome.as_ref().err().copied())
+        .collect();
     let bound: u64 = mp
         .funcs
         .iter()
@@ -97,7 +124,10 @@ pub fn install(mp: &ModulePlan, first_slot: u32, tls_offset: i32, shared_stripe:
     }
     let (lo, hi) = mp.module.span();
     let Some(area) = StubArea::near(lo, hi, bound) else {
-        vlog!("{}: no free memory within jump range for stubs", mp.module.path);
+        vlog!(
+            "{}: no free memory within jump range for stubs",
+            mp.module.path
+        );
         for (o, c) in outcomes.iter_mut().zip(&mp.funcs) {
             if c.outcome.is_ok() {
                 *o = Some(Refusal::NoMemoryInRange);
@@ -112,7 +142,10 @@ pub fn install(mp: &ModulePlan, first_slot: u32, tls_offset: i32, shared_stripe:
     let mut ranges = Vec::new();
     for (i, c) in mp.funcs.iter().enumerate() {
         let Ok(plan) = &c.outcome else { continue };
-        buf.resize(buf.len().div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize, 0xcc);
+        buf.resize(
+            buf.len().div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize,
+            0xcc,
+        );
         let at = area.addr + buf.len() as u64;
         let slot = first_slot + i as u32;
         let counter = CounterRef {
@@ -137,7 +170,11 @@ pub fn install(mp: &ModulePlan, first_slot: u32, tls_offset: i32, shared_stripe:
     }
     unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), area.addr as *mut u8, buf.len()) };
     if !area.seal() {
-        vlog!("{}: cannot make stubs executable: {}", mp.module.path, std::io::Error::last_os_error());
+        vlog!(
+            "{}: cannot make stubs executable: {}",
+            mp.module.path,
+            std::io::Error::last_os_error()
+        );
         area.release();
         for &i in &owners {
             outcomes[i] = Some(Refusal::WriteFailed);
@@ -151,7 +188,14 @@ pub fn install(mp: &ModulePlan, first_slot: u32, tls_offset: i32, shared_stripe:
             outcomes[i] = Some(Refusal::WriteFailed);
         }
     }
-    map.add(ranges.into_iter().zip(&written).filter(|(_, &w)| w).map(|(r, _)| r).collect());
+    map.add(
+        ranges
+            .into_iter()
+            .zip(&written)
+            .filter(|(_, &w)| w)
+            .map(|(r, _)| r)
+            .collect(),
+    );
     outcomes
 }
 

@@ -12,18 +12,15 @@ pub mod install;
 pub mod log;
 pub mod modules;
 pub mod segment;
+mod startup;
 pub mod stubmem;
 pub mod symbols;
 pub mod threads;
 
-use analysis::ModulePlan;
 use config::Config;
 use install::StubMap;
-use log::vlog;
-use rtprof_shared::{report, Capacities};
 use segment::Segment;
 use std::sync::OnceLock;
-use std::time::Instant;
 
 pub struct Agent {
     pub config: Config,
@@ -38,187 +35,14 @@ pub fn agent() -> Option<&'static Agent> {
     AGENT.get()
 }
 
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// In secure-execution mode (set-user-ID and the like) the environment
-/// belongs to a less privileged user and must not steer the agent.
-fn secure_mode() -> bool {
-    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
-}
-
-fn plan_modules(cfg: &Config) -> Vec<ModulePlan> {
-    let mut plans = Vec::new();
-    for m in modules::loaded() {
-        if let Some(why) = modules::skip_reason(&m, &|n| cfg.selects(n)) {
-            if why != modules::Skip::NotSelected {
-                vlog!("{}: not instrumented ({why:?})", if m.path.is_empty() { "?" } else { &m.path });
-            }
-            continue;
-        }
-        let t = Instant::now();
-        match symbols::read_file(&m.file) {
-            Ok(list) => {
-                let t1 = t.elapsed();
-                let path = m.path.clone();
-                plans.push(analysis::analyze(m, list));
-                vlog!("{}: symbols {:.1} ms, analysis {:.1} ms", path, t1.as_secs_f64() * 1e3, (t.elapsed() - t1).as_secs_f64() * 1e3);
-            }
-            Err(e) => vlog!("{}: {e}; left unpatched", m.path),
-        }
-    }
-    plans
-}
-
-fn capacities(cfg: &Config, plans: &[ModulePlan], exe: &str) -> Capacities {
-    let funcs: usize = plans.iter().map(|p| p.funcs.len()).sum();
-    let names: usize = plans
-        .iter()
-        .map(|p| p.module.path.len() + p.funcs.iter().map(|c| c.name.len()).sum::<usize>())
-        .sum();
-    let spare = cfg.spare_functions as usize;
-    Capacities {
-        modules: plans.len() as u32 + 64,
-        functions: (funcs + spare).min(u32::MAX as usize / 8) as u32,
-        strings: (names + exe.len() + spare * 48 + 4096).min(u32::MAX as usize) as u32,
-        stripes: cfg.max_threads + 1,
-    }
-}
-
-fn start() {
-    let t0 = Instant::now();
-    if secure_mode() {
-        return;
-    }
-    let cfg = Config::from_env();
-    log::set_verbose(cfg.verbose);
-    if cfg.disabled {
-        return;
-    }
-    let plans = plan_modules(&cfg);
-    let exe = plans
-        .iter()
-        .find(|p| p.module.is_main)
-        .map(|p| p.module.path.clone())
-        .or_else(|| std::fs::read_link("/proc/self/exe").ok().map(|p| p.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    let caps = capacities(&cfg, &plans, &exe);
-    let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
-    let created = Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
-        if cfg.run_dir.is_none() {
-            return Err(e);
-        }
-        vlog!("{e}; counting in anonymous memory instead");
-        Segment::create(caps, None, pid, ppid, now_ns())
-    });
-    let mut segment = match created {
-        Ok(s) => s,
-        Err(e) => {
-            vlog!("{e}; process left unprofiled");
-            return;
-        }
-    };
-    let Ok(tls_offset) = i32::try_from(threads::tls_offset()) else {
-        vlog!("thread-local storage out of reach; process left unprofiled");
-        return;
-    };
-    let _ = segment.writer.set_exe(exe.as_bytes());
-
-    // Records for every function first: slot = function index.
-    let mut first_slots = Vec::with_capacity(plans.len());
-    for p in &plans {
-        let Ok(_) = segment.writer.add_module(p.module.path.as_bytes(), p.module.bias) else { break };
-        let mut first = None;
-        for c in &p.funcs {
-            match segment.writer.add_function(c.name.as_bytes(), c.vaddr, c.size.min(u32::MAX as u64) as u32) {
-                Ok(slot) => {
-                    first.get_or_insert(slot);
-                }
-                Err(_) => break,
-            }
-        }
-        first_slots.push(first);
-    }
-
-    // The main thread counts in a stripe of its own from the first patch on.
-    if let Some(idx) = segment.new_stripe(threads::gettid()) {
-        threads::set_stripe(segment.writer.stripe_ptr(idx));
-    }
-    let shared = segment.writer.stripe_ptr(0) as u64;
-    let mut stubs = StubMap::default();
-    for (p, first) in plans.iter().zip(&first_slots) {
-        let Some(first) = *first else { continue };
-        if first as usize + p.funcs.len() > caps.functions as usize {
-            continue;
-        }
-        let t = Instant::now();
-        let outcomes = install::install(p, first, tls_offset, shared, &mut stubs);
-        let mut patched = 0;
-        for (k, o) in outcomes.iter().enumerate() {
-            segment.writer.set_status(first + k as u32, *o);
-            patched += o.is_none() as usize;
-        }
-        vlog!(
-            "{}: {} functions ({}), {} patched, {:.1} ms",
-            p.module.path,
-            p.funcs.len(),
-            p.source,
-            patched,
-            t.elapsed().as_secs_f64() * 1e3
-        );
-    }
-    segment.writer.set_setup_ns(t0.elapsed().as_nanos() as u64);
-    segment.writer.set_state(rtprof_shared::layout::state::RUNNING);
-    if AGENT.set(Agent { config: cfg, segment, stubs }).is_err() {
-        return;
-    }
-    threads::init_exit_key();
-    unsafe { on_exit(at_exit, std::ptr::null_mut()) };
-}
-
-extern "C" {
-    fn on_exit(f: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
-}
-
-/// Runs after the program's own exit handlers (registered before them).
-extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
-    let _ = std::panic::catch_unwind(|| {
-        let Some(a) = agent() else { return };
-        a.segment.writer.set_exit(status, now_ns());
-        if let Some(path) = &a.config.report {
-            write_report(a, path);
-        }
-    });
-}
-
-fn write_report(a: &Agent, path: &str) {
-    let snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
-        Ok(s) => s,
-        Err(e) => {
-            vlog!("cannot read own counters: {e}");
-            return;
-        }
-    };
-    let path = path.replace("%p", &std::process::id().to_string());
-    let text = if path.ends_with(".json") {
-        report::json(std::slice::from_ref(&snap))
-    } else {
-        report::text(std::slice::from_ref(&snap), report::TextOptions::default())
-    };
-    if let Err(e) = std::fs::write(&path, text) {
-        vlog!("cannot write report {path}: {e}");
-    }
-}
-
 #[cfg(not(test))]
 #[ctor::ctor]
 fn rtprof_init() {
     // Our panic messages stay quiet unless asked for; none crosses into the host.
-    std::panic::set_hook(Box::new(|info| log::emit(format_args!("internal error: {info}"))));
-    if std::panic::catch_unwind(start).is_err() {
-        vlog!("start-up failed; process left unprofiled");
+    std::panic::set_hook(Box::new(|info| {
+        log::emit(format_args!("internal error: {info}"))
+    }));
+    if std::panic::catch_unwind(startup::start).is_err() {
+        log::emit(format_args!("start-up failed; process left unprofiled"));
     }
 }

@@ -47,7 +47,12 @@ impl Module {
     /// Lowest and highest runtime address covered by the module's segments.
     pub fn span(&self) -> (u64, u64) {
         let lo = self.loads.iter().map(|l| l.vaddr).min().unwrap_or(0);
-        let hi = self.loads.iter().map(|l| l.vaddr + l.memsz).max().unwrap_or(0);
+        let hi = self
+            .loads
+            .iter()
+            .map(|l| l.vaddr + l.memsz)
+            .max()
+            .unwrap_or(0);
         (self.bias.wrapping_add(lo), self.bias.wrapping_add(hi))
     }
 
@@ -64,13 +69,19 @@ impl Module {
     }
 }
 
-unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> libc::c_int {
+unsafe extern "C" fn collect(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut libc::c_void,
+) -> libc::c_int {
     let out = &mut *(data as *mut Vec<Module>);
     let info = &*info;
     let name = if info.dlpi_name.is_null() {
         String::new()
     } else {
-        CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
+        CStr::from_ptr(info.dlpi_name)
+            .to_string_lossy()
+            .into_owned()
     };
     let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
     let loads = phdrs
@@ -104,7 +115,12 @@ unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: 
 /// Every module the dynamic loader reports; the main executable first.
 pub fn loaded() -> Vec<Module> {
     let mut v: Vec<Module> = Vec::new();
-    unsafe { libc::dl_iterate_phdr(Some(collect), &mut v as *mut Vec<Module> as *mut libc::c_void) };
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(collect),
+            &mut v as *mut Vec<Module> as *mut libc::c_void,
+        )
+    };
     v
 }
 
@@ -146,12 +162,18 @@ mod tests {
         assert!(mods[0].is_main);
         assert!(mods[0].loads.iter().any(|l| l.executable()));
         let all = |_: &str| true;
-        let libc = mods.iter().find(|m| m.name().starts_with("libc.so")).expect("libc loaded");
+        let libc = mods
+            .iter()
+            .find(|m| m.name().starts_with("libc.so"))
+            .expect("libc loaded");
         assert_eq!(skip_reason(libc, &all), None);
         assert_eq!(skip_reason(libc, &|_| false), Some(Skip::NotSelected));
         // In the unit-test binary the agent code lives in the main executable.
         assert_eq!(skip_reason(&mods[0], &|_| false), Some(Skip::Agent));
-        let ld = mods.iter().find(|m| m.name().starts_with("ld-linux")).expect("loader");
+        let ld = mods
+            .iter()
+            .find(|m| m.name().starts_with("ld-linux"))
+            .expect("loader");
         assert_eq!(skip_reason(ld, &all), Some(Skip::Loader));
         if let Some(v) = mods.iter().find(|m| m.name().starts_with("linux-vdso")) {
             assert_eq!(skip_reason(v, &all), Some(Skip::Vdso));

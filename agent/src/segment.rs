@@ -48,7 +48,12 @@ fn identity(fd: libc::c_int) -> Option<(u64, u64)> {
 /// Opens `<dir>/<pid>-<n>.seg`, after checking the directory is ours alone.
 fn create_in_dir(dir: &str) -> Result<(libc::c_int, String), SegmentError> {
     let cdir = CString::new(dir).map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
-    let dfd = unsafe { libc::open(cdir.as_ptr(), libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_RDONLY) };
+    let dfd = unsafe {
+        libc::open(
+            cdir.as_ptr(),
+            libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_RDONLY,
+        )
+    };
     if dfd < 0 {
         return Err(SegmentError::RunDir(format!("{dir}: {}", last_err())));
     }
@@ -58,10 +63,14 @@ fn create_in_dir(dir: &str) -> Result<(libc::c_int, String), SegmentError> {
         && st.st_mode & 0o077 == 0;
     if !ok {
         unsafe { libc::close(dfd) };
-        return Err(SegmentError::RunDir(format!("{dir}: not a private directory owned by this user")));
+        return Err(SegmentError::RunDir(format!(
+            "{dir}: not a private directory owned by this user"
+        )));
     }
     let pid = std::process::id();
-    let mut result = Err(SegmentError::Create(io::Error::from_raw_os_error(libc::EEXIST)));
+    let mut result = Err(SegmentError::Create(io::Error::from_raw_os_error(
+        libc::EEXIST,
+    )));
     for n in 0..1000 {
         let name = format!("{pid}-{n}.seg");
         let cname = CString::new(name.clone()).unwrap();
@@ -95,7 +104,13 @@ fn reserve(fd: libc::c_int, off: u64, len: u64) -> io::Result<()> {
 }
 
 impl Segment {
-    pub fn create(caps: Capacities, run_dir: Option<&str>, pid: u32, ppid: u32, start_ns: u64) -> Result<Segment, SegmentError> {
+    pub fn create(
+        caps: Capacities,
+        run_dir: Option<&str>,
+        pid: u32,
+        ppid: u32,
+        start_ns: u64,
+    ) -> Result<Segment, SegmentError> {
         let layout = Layout::new(caps);
         let (fd, path) = match run_dir {
             Some(d) => {
@@ -140,14 +155,20 @@ impl Segment {
         }
         let writer = unsafe { SegmentWriter::init(p as *mut u8, layout, pid, ppid, start_ns) };
         let ident = identity(fd).unwrap_or_default();
-        Ok(Segment { writer, fd, ident, path })
+        Ok(Segment {
+            writer,
+            fd,
+            ident,
+            path,
+        })
     }
 
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
         let idx = self.writer.alloc_stripe(tid)?;
         let l = self.writer.layout();
-        let backed = identity(self.fd) == Some(self.ident) && reserve(self.fd, l.stripe_off(idx), l.stripe_bytes).is_ok();
+        let backed = identity(self.fd) == Some(self.ident)
+            && reserve(self.fd, l.stripe_off(idx), l.stripe_bytes).is_ok();
         if !backed {
             self.writer.retire_stripe(idx);
             return None;
@@ -157,7 +178,9 @@ impl Segment {
 
     /// The whole segment, for building a report of this process.
     pub fn bytes(&self) -> &[u8] {
-        unsafe { std::slice::from_raw_parts(self.writer.base(), self.writer.layout().total_size as usize) }
+        unsafe {
+            std::slice::from_raw_parts(self.writer.base(), self.writer.layout().total_size as usize)
+        }
     }
 }
 
@@ -193,12 +216,19 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let d = dir.to_str().unwrap();
-        assert!(matches!(Segment::create(caps(), Some(d), 1, 0, 0), Err(SegmentError::RunDir(_))));
+        assert!(matches!(
+            Segment::create(caps(), Some(d), 1, 0, 0),
+            Err(SegmentError::RunDir(_))
+        ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let s = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
         let p = s.path.clone().unwrap();
         let s2 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
-        assert_ne!(s2.path.unwrap(), p, "a second segment of one pid (exec) gets a new name");
+        assert_ne!(
+            s2.path.unwrap(),
+            p,
+            "a second segment of one pid (exec) gets a new name"
+        );
         let meta = std::fs::metadata(&p).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -9,13 +9,18 @@ const LOWEST: u64 = 0x10_0000;
 
 /// Free gaps of the address space, from /proc/self/maps.
 fn free_gaps() -> Vec<(u64, u64)> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
     let mut used: Vec<(u64, u64)> = maps
         .lines()
         .filter_map(|l| {
             let range = l.split_whitespace().next()?;
             let (a, b) = range.split_once('-')?;
-            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
         })
         .collect();
     used.sort();
@@ -93,7 +98,11 @@ impl StubArea {
     /// Makes the area read+execute; writing is over.
     pub fn seal(&self) -> bool {
         unsafe {
-            libc::mprotect(self.addr as *mut libc::c_void, self.len as usize, libc::PROT_READ | libc::PROT_EXEC) == 0
+            libc::mprotect(
+                self.addr as *mut libc::c_void,
+                self.len as usize,
+                libc::PROT_READ | libc::PROT_EXEC,
+            ) == 0
         }
     }
 

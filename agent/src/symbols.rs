@@ -33,7 +33,14 @@ impl fmt::Display for SymbolError {
 }
 
 /// Entry points that are not called like functions.
-const NOT_CALLED: &[&str] = &["_start", "_init", "_fini", "__restore_rt", "__libc_csu_init", "__libc_csu_fini"];
+const NOT_CALLED: &[&str] = &[
+    "_start",
+    "_init",
+    "_fini",
+    "__restore_rt",
+    "__libc_csu_init",
+    "__libc_csu_fini",
+];
 /// Sections whose code is not a function's body (loader stubs, init arrays).
 const EXCLUDED_SECTIONS: &[&str] = &[".plt", ".plt.got", ".plt.sec", ".iplt", ".init", ".fini"];
 
@@ -50,7 +57,13 @@ pub fn read_file(path: &str) -> Result<FunctionList, SymbolError> {
     list_functions(&map)
 }
 
-fn rank(bind: u8, name: &str) -> (u8, usize, usize) {
+/// Which alias names a function: global before weak before local, then
+/// fewer leading underscores, then the shorter name.
+type Rank = (u8, usize, usize);
+/// A named symbol before aliases are merged: (vaddr, rank, name, size).
+type Named = (u64, Rank, String, u64);
+
+fn rank(bind: u8, name: &str) -> Rank {
     let b = match bind {
         sym::STB_GLOBAL => 0,
         sym::STB_WEAK => 1,
@@ -89,20 +102,27 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
             && !signal_frames.contains(&vaddr)
     };
 
-    // (vaddr, rank, name, size)
-    let mut named: Vec<(u64, (u8, usize, usize), String, u64)> = Vec::new();
-    let from_table = |syms: &goblin::elf::Symtab, strtab: &goblin::strtab::Strtab, out: &mut Vec<_>| {
-        for s in syms.iter() {
-            if s.st_type() != sym::STT_FUNC || s.st_shndx == 0 || s.st_value == 0 {
-                continue;
+    let mut named: Vec<Named> = Vec::new();
+    let from_table =
+        |syms: &goblin::elf::Symtab, strtab: &goblin::strtab::Strtab, out: &mut Vec<_>| {
+            for s in syms.iter() {
+                if s.st_type() != sym::STT_FUNC || s.st_shndx == 0 || s.st_value == 0 {
+                    continue;
+                }
+                let Some(name) = strtab.get_at(s.st_name) else {
+                    continue;
+                };
+                if name.is_empty() || !wanted(name, s.st_value) {
+                    continue;
+                }
+                out.push((
+                    s.st_value,
+                    rank(s.st_bind(), name),
+                    name.to_string(),
+                    s.st_size,
+                ));
             }
-            let Some(name) = strtab.get_at(s.st_name) else { continue };
-            if name.is_empty() || !wanted(name, s.st_value) {
-                continue;
-            }
-            out.push((s.st_value, rank(s.st_bind(), name), name.to_string(), s.st_size));
-        }
-    };
+        };
     let mut source = "symtab";
     from_table(&elf.syms, &elf.strtab, &mut named);
     let have_symtab = !named.is_empty();
@@ -125,7 +145,11 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
         // can be unwound, including the static ones dynsym never lists.
         let before = funcs.len();
         for &(vaddr, size, _) in eh.iter().filter(|e| !e.2) {
-            if wanted("", vaddr) && funcs[..before].binary_search_by_key(&vaddr, |f| f.vaddr).is_err() {
+            if wanted("", vaddr)
+                && funcs[..before]
+                    .binary_search_by_key(&vaddr, |f| f.vaddr)
+                    .is_err()
+            {
                 funcs.push(FuncSym {
                     name: format!("sub_{vaddr:x}"),
                     vaddr,
@@ -134,7 +158,11 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
             }
         }
         if funcs.len() > before {
-            source = if before == 0 { "eh_frame" } else { "dynsym+eh_frame" };
+            source = if before == 0 {
+                "eh_frame"
+            } else {
+                "dynsym+eh_frame"
+            };
         }
         funcs.sort_by_key(|f| f.vaddr);
         funcs.dedup_by_key(|f| f.vaddr);
@@ -145,7 +173,7 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
 /// Symbols without a size (crt files, hand-written assembly) take the length
 /// of their unwind entry, else extend to the next symbol or their section's
 /// end. Too large a size only makes the analysis more cautious.
-fn infer_sizes(named: &mut [(u64, (u8, usize, usize), String, u64)], eh: &[(u64, u64, bool)], elf: &Elf) {
+fn infer_sizes(named: &mut [Named], eh: &[(u64, u64, bool)], elf: &Elf) {
     let mut fde: Vec<(u64, u64)> = eh.iter().map(|e| (e.0, e.1)).collect();
     fde.sort_unstable();
     let starts: Vec<u64> = named.iter().map(|n| n.0).collect();
@@ -161,7 +189,10 @@ fn infer_sizes(named: &mut [(u64, (u8, usize, usize), String, u64)], eh: &[(u64,
         else {
             continue;
         };
-        let next = starts[starts.partition_point(|&s| s <= n.0)..].first().copied().unwrap_or(u64::MAX);
+        let next = starts[starts.partition_point(|&s| s <= n.0)..]
+            .first()
+            .copied()
+            .unwrap_or(u64::MAX);
         n.3 = next.min(sec.sh_addr + sec.sh_size) - n.0;
     }
 }
@@ -174,7 +205,9 @@ fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<(u64, u64, bool)> {
             .iter()
             .find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(name))
     };
-    let Some(sh) = find(".eh_frame") else { return out };
+    let Some(sh) = find(".eh_frame") else {
+        return out;
+    };
     let Some(bytes) = data.get(sh.sh_offset as usize..(sh.sh_offset + sh.sh_size) as usize) else {
         return out;
     };

@@ -40,13 +40,17 @@ pub fn tls_offset() -> i64 {
 /// Sets this thread's stripe pointer (null: count in the shared stripe).
 pub fn set_stripe(p: *mut u64) {
     let off = tls_offset();
-    unsafe { std::arch::asm!("mov qword ptr fs:[{off}], {p}", off = in(reg) off, p = in(reg) p, options(nostack)) };
+    unsafe {
+        std::arch::asm!("mov qword ptr fs:[{off}], {p}", off = in(reg) off, p = in(reg) p, options(nostack))
+    };
 }
 
 pub fn stripe() -> *mut u64 {
     let off = tls_offset();
     let p: *mut u64;
-    unsafe { std::arch::asm!("mov {p}, qword ptr fs:[{off}]", off = in(reg) off, p = out(reg) p, options(nostack, readonly)) };
+    unsafe {
+        std::arch::asm!("mov {p}, qword ptr fs:[{off}]", off = in(reg) off, p = out(reg) p, options(nostack, readonly))
+    };
     p
 }
 
@@ -83,7 +87,12 @@ pub fn attach_current() {
         set_stripe(a.segment.writer.stripe_ptr(idx));
         let key = EXIT_KEY.load(Ordering::Acquire);
         if key != usize::MAX {
-            unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, (idx as usize + 1) as *const libc::c_void) };
+            unsafe {
+                libc::pthread_setspecific(
+                    key as libc::pthread_key_t,
+                    (idx as usize + 1) as *const libc::c_void,
+                )
+            };
         }
     }
 }
@@ -130,7 +139,9 @@ pub unsafe extern "C" fn pthread_create(
     start: StartFn,
     arg: *mut libc::c_void,
 ) -> libc::c_int {
-    let Some(real) = real_create() else { return libc::EAGAIN };
+    let Some(real) = real_create() else {
+        return libc::EAGAIN;
+    };
     if crate::agent().is_none() {
         return real(thread, attr, start, arg);
     }

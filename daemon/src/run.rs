@@ -47,7 +47,9 @@ impl RunDir {
             return Err(std::io::Error::last_os_error());
         }
         tmpl.pop();
-        Ok(RunDir(PathBuf::from(String::from_utf8_lossy(&tmpl).into_owned())))
+        Ok(RunDir(PathBuf::from(
+            String::from_utf8_lossy(&tmpl).into_owned(),
+        )))
     }
 }
 
@@ -68,7 +70,9 @@ fn map_file(p: &Path) -> Result<memmap2::Mmap, String> {
 /// are reported on stderr and skipped.
 pub fn collect(dir: &Path) -> Vec<Snapshot> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
     for e in entries.flatten() {
         let p = e.path();
         if p.extension().is_none_or(|x| x != "seg") {
@@ -94,7 +98,10 @@ pub fn run(args: RunArgs) -> ExitCode {
     let dir = match RunDir::new() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("rtprof: cannot create a private directory in {}: {e}", std::env::temp_dir().display());
+            eprintln!(
+                "rtprof: cannot create a private directory in {}: {e}",
+                std::env::temp_dir().display()
+            );
             return ExitCode::from(127);
         }
     };
@@ -137,7 +144,11 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             eprintln!("rtprof: cannot run {}: {e}", args.command[0]);
-            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
         }
     };
 
@@ -151,7 +162,16 @@ pub fn run(args: RunArgs) -> ExitCode {
                 eprintln!("rtprof: cannot write {}: {e}", path.display());
             }
         }
-        None => eprint!("{}", report::text(&procs, report::TextOptions { top: args.top, stats: args.stats })),
+        None => eprint!(
+            "{}",
+            report::text(
+                &procs,
+                report::TextOptions {
+                    top: args.top,
+                    stats: args.stats
+                }
+            )
+        ),
     }
     drop(dir);
 

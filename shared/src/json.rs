@@ -135,6 +135,9 @@ mod tests {
         w.key("c");
         w.float(f64::NAN);
         w.end_object();
-        assert_eq!(w.finish(), "{\"a\":[1,-2,\"x\\\"\\\\\\n\\u0001\"],\"b\":false,\"c\":null}\n");
+        assert_eq!(
+            w.finish(),
+            "{\"a\":[1,-2,\"x\\\"\\\\\\n\\u0001\"],\"b\":false,\"c\":null}\n"
+        );
     }
 }

@@ -9,7 +9,10 @@ use std::mem::size_of;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SegmentError {
-    TooShort { len: u64, need: u64 },
+    TooShort {
+        len: u64,
+        need: u64,
+    },
     BadMagic,
     UnsupportedVersion(u32),
     BadHeaderSize(u32),
@@ -102,7 +105,7 @@ impl Bytes<'_> {
     fn counter(&self, off: u64) -> u64 {
         let o = off as usize;
         let s = &self.0[o..o + 8];
-        if s.as_ptr() as usize % 8 == 0 {
+        if (s.as_ptr() as usize).is_multiple_of(8) {
             unsafe { std::ptr::read_volatile(s.as_ptr() as *const u64) }
         } else {
             u64::from_le_bytes(s.try_into().unwrap())
@@ -112,22 +115,19 @@ impl Bytes<'_> {
 
 fn region(name: &'static str, off: u64, len: u64, total: u64) -> Result<(), SegmentError> {
     let end = off.checked_add(len).ok_or(SegmentError::BadRegion(name))?;
-    if off < size_of::<Header>() as u64 || end > total || off % 8 != 0 {
+    if off < size_of::<Header>() as u64 || end > total || !off.is_multiple_of(8) {
         return Err(SegmentError::BadRegion(name));
     }
     Ok(())
 }
 
-fn string(
-    what: &'static str,
-    strings: &[u8],
-    off: u32,
-    len: u32,
-) -> Result<String, SegmentError> {
+fn string(what: &'static str, strings: &[u8], off: u32, len: u32) -> Result<String, SegmentError> {
     let end = (off as usize)
         .checked_add(len as usize)
         .ok_or(SegmentError::BadString(what))?;
-    let s = strings.get(off as usize..end).ok_or(SegmentError::BadString(what))?;
+    let s = strings
+        .get(off as usize..end)
+        .ok_or(SegmentError::BadString(what))?;
     Ok(String::from_utf8_lossy(s).into_owned())
 }
 
@@ -159,15 +159,40 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
         });
     }
     let mul = |a: u64, b: u64, what| a.checked_mul(b).ok_or(SegmentError::BadRegion(what));
-    region("modules", h.modules_off, mul(h.module_cap as u64, 96, "modules")?, total)?;
-    region("functions", h.funcs_off, mul(h.func_cap as u64, 32, "functions")?, total)?;
+    region(
+        "modules",
+        h.modules_off,
+        mul(h.module_cap as u64, 96, "modules")?,
+        total,
+    )?;
+    region(
+        "functions",
+        h.funcs_off,
+        mul(h.func_cap as u64, 32, "functions")?,
+        total,
+    )?;
     region("strings", h.strings_off, h.strings_cap as u64, total)?;
-    region("samples", h.samples_off, mul(h.func_cap as u64, 8, "samples")?, total)?;
-    region("stripe table", h.stripe_table_off, mul(h.stripe_cap as u64, 8, "stripe table")?, total)?;
-    if h.stripe_bytes < h.func_cap as u64 * 8 || h.stripe_bytes % 8 != 0 {
+    region(
+        "samples",
+        h.samples_off,
+        mul(h.func_cap as u64, 8, "samples")?,
+        total,
+    )?;
+    region(
+        "stripe table",
+        h.stripe_table_off,
+        mul(h.stripe_cap as u64, 8, "stripe table")?,
+        total,
+    )?;
+    if h.stripe_bytes < h.func_cap as u64 * 8 || !h.stripe_bytes.is_multiple_of(8) {
         return Err(SegmentError::BadRegion("stripe size"));
     }
-    region("stripes", h.stripes_off, mul(h.stripe_bytes, h.stripe_cap as u64, "stripes")?, total)?;
+    region(
+        "stripes",
+        h.stripes_off,
+        mul(h.stripe_bytes, h.stripe_cap as u64, "stripes")?,
+        total,
+    )?;
     if h.module_count > h.module_cap {
         return Err(SegmentError::BadCount("modules"));
     }
@@ -194,7 +219,9 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     let mut module_funcs = Vec::with_capacity(h.module_count as usize);
     for i in 0..h.module_count as u64 {
         let m: ModuleRecord = unsafe {
-            std::ptr::read_unaligned(bytes.as_ptr().add((h.modules_off + i * 96) as usize) as *const ModuleRecord)
+            std::ptr::read_unaligned(
+                bytes.as_ptr().add((h.modules_off + i * 96) as usize) as *const ModuleRecord
+            )
         };
         let path = string("module path", strings, m.path_off, m.path_len)?;
         let end = m.first_func.checked_add(m.func_count);
@@ -228,14 +255,18 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     let mut functions = Vec::with_capacity(h.func_count as usize);
     for i in 0..h.func_count as u64 {
         let f: FunctionRecord = unsafe {
-            std::ptr::read_unaligned(bytes.as_ptr().add((h.funcs_off + i * 32) as usize) as *const FunctionRecord)
+            std::ptr::read_unaligned(
+                bytes.as_ptr().add((h.funcs_off + i * 32) as usize) as *const FunctionRecord
+            )
         };
         if f.module >= h.module_count {
             return Err(SegmentError::BadReference("function module"));
         }
         let (first, count) = module_funcs[f.module as usize];
         if (i as u32) < first || i as u32 >= first + count {
-            return Err(SegmentError::BadReference("function outside its module's range"));
+            return Err(SegmentError::BadReference(
+                "function outside its module's range",
+            ));
         }
         let refused = match f.status {
             0 => None,
@@ -325,7 +356,14 @@ mod tests {
         let main = &s.functions[0];
         assert_eq!((main.name.as_str(), main.calls), ("main", 7));
         assert_eq!(s.functions[1].refused, Some(Refusal::TooSmall));
-        assert_eq!((s.functions[2].calls, s.functions[2].samples, s.functions[2].module), (9, 2, 1));
+        assert_eq!(
+            (
+                s.functions[2].calls,
+                s.functions[2].samples,
+                s.functions[2].module
+            ),
+            (9, 2, 1)
+        );
     }
 
     #[test]
@@ -345,7 +383,8 @@ mod tests {
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         for _ in 0..3000 {
             let mut m = buf.clone();
-            let bytes = unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
+            let bytes =
+                unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
             for _ in 0..4 {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -361,18 +400,25 @@ mod tests {
     fn hostile_fields_are_reported() {
         let (buf, _) = sample_segment();
         let mut m = buf.clone();
-        let bytes = unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
         bytes[0] = b'X';
         assert_eq!(read_snapshot(bytes), Err(SegmentError::BadMagic));
         bytes[0] = b'R';
         // func_count beyond capacity
         let off = std::mem::offset_of!(Header, func_count);
         bytes[off..off + 4].copy_from_slice(&1000u32.to_le_bytes());
-        assert_eq!(read_snapshot(bytes), Err(SegmentError::BadCount("functions")));
+        assert_eq!(
+            read_snapshot(bytes),
+            Err(SegmentError::BadCount("functions"))
+        );
         bytes[off..off + 4].copy_from_slice(&3u32.to_le_bytes());
         // stripes region that wraps around
         let off = std::mem::offset_of!(Header, stripe_bytes);
         bytes[off..off + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(read_snapshot(bytes), Err(SegmentError::BadRegion(_))));
+        assert!(matches!(
+            read_snapshot(bytes),
+            Err(SegmentError::BadRegion(_))
+        ));
     }
 }

@@ -16,7 +16,10 @@ pub struct TextOptions {
 
 impl Default for TextOptions {
     fn default() -> Self {
-        TextOptions { top: 25, stats: false }
+        TextOptions {
+            top: 25,
+            stats: false,
+        }
     }
 }
 
@@ -51,19 +54,36 @@ fn duration_s(s: &Snapshot) -> Option<f64> {
 pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
     let mut out = String::new();
     for s in procs {
-        let _ = write!(out, "rtprof: pid {} (parent {}) {}: {}", s.pid, s.ppid, s.exe, state_text(s));
+        let _ = write!(
+            out,
+            "rtprof: pid {} (parent {}) {}: {}",
+            s.pid,
+            s.ppid,
+            s.exe,
+            state_text(s)
+        );
         if let Some(d) = duration_s(s) {
             let _ = write!(out, ", {d:.3} s");
         }
         out.push('\n');
         let called: Vec<_> = by_calls(s).into_iter().filter(|f| f.calls > 0).collect();
-        let shown = if opts.top == 0 { called.len() } else { opts.top.min(called.len()) };
+        let shown = if opts.top == 0 {
+            called.len()
+        } else {
+            opts.top.min(called.len())
+        };
         if called.is_empty() {
             out.push_str("  no instrumented function was called\n");
         } else {
             let _ = writeln!(out, "  {:>14}  {:<40}  module", "calls", "function");
             for f in &called[..shown] {
-                let _ = writeln!(out, "  {:>14}  {:<40}  {}", f.calls, f.name, module_name(s, f.module));
+                let _ = writeln!(
+                    out,
+                    "  {:>14}  {:<40}  {}",
+                    f.calls,
+                    f.name,
+                    module_name(s, f.module)
+                );
             }
             if shown < called.len() {
                 let _ = writeln!(
@@ -236,7 +256,13 @@ mod tests {
 
     #[test]
     fn text_sorts_by_calls_and_hides_uncalled() {
-        let t = text(&[snap()], TextOptions { top: 10, stats: true });
+        let t = text(
+            &[snap()],
+            TextOptions {
+                top: 10,
+                stats: true,
+            },
+        );
         let hi = t.find("hi").unwrap();
         let lo = t.find(" lo ").unwrap();
         assert!(hi < lo, "{t}");

@@ -63,7 +63,9 @@ impl SegmentWriter {
             func_count: 0,
             strings_len: 0,
         };
-        w.stripe_slot(0).0.store(stripe_state::LIVE, Ordering::Release);
+        w.stripe_slot(0)
+            .0
+            .store(stripe_state::LIVE, Ordering::Release);
         w
     }
 
@@ -108,7 +110,9 @@ impl SegmentWriter {
             return Err(WriteError::Full);
         }
         unsafe {
-            let dst = self.base.add((self.layout.strings_off + self.strings_len as u64) as usize);
+            let dst = self
+                .base
+                .add((self.layout.strings_off + self.strings_len as u64) as usize);
             std::ptr::copy_nonoverlapping(s.as_ptr(), dst, s.len());
         }
         let off = self.strings_len;
@@ -120,8 +124,10 @@ impl SegmentWriter {
 
     pub fn set_exe(&mut self, exe: &[u8]) -> Result<(), WriteError> {
         let (off, len) = self.add_string(exe)?;
-        self.header_u32(offset_of!(Header, exe_off)).store(off, Ordering::Relaxed);
-        self.header_u32(offset_of!(Header, exe_len)).store(len, Ordering::Release);
+        self.header_u32(offset_of!(Header, exe_off))
+            .store(off, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, exe_len))
+            .store(len, Ordering::Release);
         Ok(())
     }
 
@@ -210,25 +216,31 @@ impl SegmentWriter {
     }
 
     pub fn set_setup_ns(&self, ns: u64) {
-        self.header_u64(offset_of!(Header, setup_ns)).store(ns, Ordering::Relaxed);
+        self.header_u64(offset_of!(Header, setup_ns))
+            .store(ns, Ordering::Relaxed);
     }
 
     pub fn set_state(&self, st: u32) {
-        self.header_u32(offset_of!(Header, state)).store(st, Ordering::Release);
+        self.header_u32(offset_of!(Header, state))
+            .store(st, Ordering::Release);
     }
 
     pub fn set_exit(&self, status: i32, end_ns: u64) {
         self.header_u32(offset_of!(Header, exit_status))
             .store(status as u32, Ordering::Relaxed);
-        self.header_u64(offset_of!(Header, end_ns)).store(end_ns, Ordering::Relaxed);
+        self.header_u64(offset_of!(Header, end_ns))
+            .store(end_ns, Ordering::Relaxed);
         self.set_state(state::EXITED);
     }
 
     /// Updates pid/ppid/start time (a forked child reuses its parent's layout).
     pub fn set_identity(&self, pid: u32, ppid: u32, start_ns: u64) {
-        self.header_u32(offset_of!(Header, pid)).store(pid, Ordering::Relaxed);
-        self.header_u32(offset_of!(Header, ppid)).store(ppid, Ordering::Relaxed);
-        self.header_u64(offset_of!(Header, start_ns)).store(start_ns, Ordering::Release);
+        self.header_u32(offset_of!(Header, pid))
+            .store(pid, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, ppid))
+            .store(ppid, Ordering::Relaxed);
+        self.header_u64(offset_of!(Header, start_ns))
+            .store(start_ns, Ordering::Release);
     }
 
     fn stripe_slot(&self, i: u32) -> (&AtomicU32, &AtomicU32) {
@@ -269,7 +281,9 @@ impl SegmentWriter {
     /// Marks a stripe as belonging to a thread that has ended. Its counts stay.
     pub fn retire_stripe(&self, i: u32) {
         if i != 0 && i < self.layout.caps.stripes {
-            self.stripe_slot(i).0.store(stripe_state::RETIRED, Ordering::Release);
+            self.stripe_slot(i)
+                .0
+                .store(stripe_state::RETIRED, Ordering::Release);
         }
     }
 
@@ -277,7 +291,9 @@ impl SegmentWriter {
     /// as a forked child must (the other threads do not exist in it). Only
     /// call while the process has a single thread.
     pub fn reset_for_child(&self, keep: Option<u32>) {
-        let count = self.header_u32(offset_of!(Header, stripe_count)).load(Ordering::Acquire);
+        let count = self
+            .header_u32(offset_of!(Header, stripe_count))
+            .load(Ordering::Acquire);
         for i in 0..count.min(self.layout.caps.stripes) {
             let (st, _) = self.stripe_slot(i);
             if i != 0 && Some(i) != keep {
@@ -310,7 +326,11 @@ mod tests {
         });
         let mut buf = buffer(&layout);
         let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
-        assert_eq!(w.add_function(b"f", 0, 1), Err(WriteError::Full), "no module yet");
+        assert_eq!(
+            w.add_function(b"f", 0, 1),
+            Err(WriteError::Full),
+            "no module yet"
+        );
         w.add_module(b"m", 0).unwrap();
         assert_eq!(w.add_module(b"n", 0), Err(WriteError::Full));
         w.add_function(b"a", 0, 1).unwrap();

@@ -78,7 +78,9 @@ pub fn jump_table_targets(
             continue;
         }
         for i in 0..MAX_ENTRIES {
-            let Some(b) = read(base + 4 * i as u64, 4) else { break };
+            let Some(b) = read(base + 4 * i as u64, 4) else {
+                break;
+            };
             let rel = i32::from_le_bytes(b[..4].try_into().unwrap()) as i64;
             let t = base.wrapping_add(rel as u64);
             if !(lo..hi).contains(&t) {
@@ -89,7 +91,9 @@ pub fn jump_table_targets(
     }
     for &base in &scan.abs_tables {
         for i in 0..MAX_ENTRIES {
-            let Some(b) = read(base + 8 * i as u64, 8) else { break };
+            let Some(b) = read(base + 8 * i as u64, 8) else {
+                break;
+            };
             let t = u64::from_le_bytes(b[..8].try_into().unwrap());
             if !(lo..hi).contains(&t) {
                 break;

@@ -73,8 +73,12 @@ fn push_return_address(out: &mut Vec<Instruction>, ret: u64) -> Result<(), Refus
             MemoryOperand::with_base_displ(Register::RSP, -8),
         )
         .map_err(bad)?);
-        add(Instruction::with2(Code::Mov_rm32_imm32, MemoryOperand::with_base(Register::RSP), ret as u32)
-            .map_err(bad)?);
+        add(Instruction::with2(
+            Code::Mov_rm32_imm32,
+            MemoryOperand::with_base(Register::RSP),
+            ret as u32,
+        )
+        .map_err(bad)?);
         add(Instruction::with2(
             Code::Mov_rm32_imm32,
             MemoryOperand::with_base_displ(Register::RSP, 4),
@@ -95,7 +99,8 @@ fn moved_block(plan: &Plan) -> Result<Vec<Instruction>, Refusal> {
         match ins.flow_control() {
             FlowControl::Call => {
                 push_return_address(&mut out, ins.next_ip())?;
-                let mut j = Instruction::with_branch(Code::Jmp_rel32_64, ins.near_branch_target()).map_err(bad)?;
+                let mut j = Instruction::with_branch(Code::Jmp_rel32_64, ins.near_branch_target())
+                    .map_err(bad)?;
                 j.set_ip(synthetic_ip(&out));
                 out.push(j);
             }
@@ -127,11 +132,16 @@ fn moved_block(plan: &Plan) -> Result<Vec<Instruction>, Refusal> {
 
 /// Encodes the stub for `plan` to run at address `at`.
 pub fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef) -> Result<Vec<u8>, Refusal> {
-    let slot_disp = i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
+    let slot_disp =
+        i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
     let block = moved_block(plan)?;
     let moved_at = at + PROLOGUE_LEN as u64;
-    let enc = BlockEncoder::encode(64, InstructionBlock::new(&block, moved_at), BlockEncoderOptions::NONE)
-        .map_err(|_| Refusal::RelocationFailed)?;
+    let enc = BlockEncoder::encode(
+        64,
+        InstructionBlock::new(&block, moved_at),
+        BlockEncoderOptions::NONE,
+    )
+    .map_err(|_| Refusal::RelocationFailed)?;
     let moved_len = enc.code_buffer.len();
     // jrcxz reaches `shared` with a rel8 across the moved code.
     let to_shared = PROLOGUE_LEN + moved_len - JRCXZ_END;
@@ -205,7 +215,10 @@ mod tests {
         assert_eq!(ins[1].memory_displacement64() as i64, -64);
         assert_eq!(ins[2].mnemonic(), Mnemonic::Jrcxz);
         assert_eq!(ins[3].mnemonic(), Mnemonic::Inc);
-        assert_eq!((ins[3].memory_base(), ins[3].memory_displacement64()), (Register::RCX, 24));
+        assert_eq!(
+            (ins[3].memory_base(), ins[3].memory_displacement64()),
+            (Register::RCX, 24)
+        );
         assert_eq!(ins[4].mnemonic(), Mnemonic::Pop);
         // moved: push rbp; mov rbp,rsp; pop rbp; then jmp back to 0x400005
         assert_eq!(ins[5].mnemonic(), Mnemonic::Push);
@@ -246,7 +259,8 @@ mod tests {
                 .map(|i| {
                     (
                         (i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target()),
-                        i.is_ip_rel_memory_operand().then(|| i.ip_rel_memory_address()),
+                        i.is_ip_rel_memory_operand()
+                            .then(|| i.ip_rel_memory_address()),
                     )
                 })
                 .collect();
@@ -260,7 +274,8 @@ mod tests {
                     .map(|i| {
                         (
                             (i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target()),
-                            i.is_ip_rel_memory_operand().then(|| i.ip_rel_memory_address()),
+                            i.is_ip_rel_memory_operand()
+                                .then(|| i.ip_rel_memory_address()),
                         )
                     })
                     .collect();
@@ -313,7 +328,10 @@ mod tests {
         // jmp . (infinite loop at entry), padded
         let code = [0xeb, 0xfe, 0x90, 0x90, 0x90, 0x90];
         let plan = plan_window(&code, 0x1000, 2, 4).unwrap();
-        assert_eq!(emit_stub(&plan, 0x2000, &COUNTER).unwrap_err(), Refusal::BranchIntoWindow);
+        assert_eq!(
+            emit_stub(&plan, 0x2000, &COUNTER).unwrap_err(),
+            Refusal::BranchIntoWindow
+        );
     }
 
     #[test]

@@ -46,7 +46,11 @@ fn ends_flow(ins: &Instruction) -> bool {
 pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<Plan, Refusal> {
     let size = size.min(code.len());
     let pad = pad.min(code.len() - size);
-    let skip = if code[..size].starts_with(&ENDBR64) { ENDBR64.len() } else { 0 };
+    let skip = if code[..size].starts_with(&ENDBR64) {
+        ENDBR64.len()
+    } else {
+        0
+    };
     let patch_at = start + skip as u64;
     let func_end = start + size as u64;
     let avail_end = func_end + pad as u64;
@@ -93,7 +97,7 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
     // A moved call pushes its original return address, which must be the
     // first byte after the window: the original code continues from there.
     let last = moved.len() - 1;
-    if moved[..last].iter().any(|i| is_call(i)) {
+    if moved[..last].iter().any(is_call) {
         return Err(Refusal::CallInWindow);
     }
     Ok(Plan {
@@ -106,7 +110,10 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
 }
 
 fn is_call(ins: &Instruction) -> bool {
-    matches!(ins.flow_control(), FlowControl::Call | FlowControl::IndirectCall)
+    matches!(
+        ins.flow_control(),
+        FlowControl::Call | FlowControl::IndirectCall
+    )
 }
 
 fn check_movable(ins: &Instruction) -> Result<(), Refusal> {
@@ -123,7 +130,10 @@ fn check_movable(ins: &Instruction) -> Result<(), Refusal> {
         {
             Err(Refusal::UnsupportedInstruction)
         }
-        FlowControl::IndirectCall if ins.op0_kind() == OpKind::Register && ins.op0_register() == iced_x86::Register::RSP => {
+        FlowControl::IndirectCall
+            if ins.op0_kind() == OpKind::Register
+                && ins.op0_register() == iced_x86::Register::RSP =>
+        {
             Err(Refusal::UnsupportedInstruction)
         }
         FlowControl::XbeginXabortXend => Err(Refusal::UnsupportedInstruction),
@@ -143,7 +153,9 @@ mod tests {
     #[test]
     fn skips_endbr_and_takes_whole_instructions() {
         // endbr64; push rbp; mov rbp,rsp; sub rsp,0x10; ret
-        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc3];
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc3,
+        ];
         let p = plan_window(&code, 0x1000, code.len(), 0).unwrap();
         assert_eq!(p.patch_at, 0x1004);
         assert_eq!(p.window, 8);
@@ -159,13 +171,22 @@ mod tests {
         assert_eq!(p.window, 5);
         assert_eq!(p.moved.len(), 2);
         // no padding -> too small
-        assert_eq!(plan_window(&code, 0x2000, 3, 0).unwrap_err(), Refusal::TooSmall);
+        assert_eq!(
+            plan_window(&code, 0x2000, 3, 0).unwrap_err(),
+            Refusal::TooSmall
+        );
         // padding that is code of something else -> too small
         let code2 = [0xc3, 0x55, 0x48, 0x89, 0xe5];
-        assert_eq!(plan_window(&code2, 0x2000, 1, 4).unwrap_err(), Refusal::TooSmall);
+        assert_eq!(
+            plan_window(&code2, 0x2000, 1, 4).unwrap_err(),
+            Refusal::TooSmall
+        );
         // function that falls through (no terminator) -> too small
         let code3 = [0x90, 0x90, 0x90, 0x90, 0x90, 0x90];
-        assert_eq!(plan_window(&code3, 0x2000, 2, 4).unwrap_err(), Refusal::TooSmall);
+        assert_eq!(
+            plan_window(&code3, 0x2000, 2, 4).unwrap_err(),
+            Refusal::TooSmall
+        );
     }
 
     #[test]
@@ -175,15 +196,24 @@ mod tests {
         assert_eq!(plan_window(&code, 0x3000, 6, 0).unwrap().moved.len(), 1);
         // call rax; nop; nop; nop -> call not last
         let code = [0xff, 0xd0, 0x90, 0x90, 0x90, 0xc3];
-        assert_eq!(plan_window(&code, 0x3000, 6, 0).unwrap_err(), Refusal::CallInWindow);
+        assert_eq!(
+            plan_window(&code, 0x3000, 6, 0).unwrap_err(),
+            Refusal::CallInWindow
+        );
         // call [rsp+8] is refused
         let code = [0xff, 0x54, 0x24, 0x08, 0x90, 0xc3];
-        assert_eq!(plan_window(&code, 0x3000, 6, 0).unwrap_err(), Refusal::UnsupportedInstruction);
+        assert_eq!(
+            plan_window(&code, 0x3000, 6, 0).unwrap_err(),
+            Refusal::UnsupportedInstruction
+        );
     }
 
     #[test]
     fn xbegin_is_refused() {
         let code = [0xc7, 0xf8, 0, 0, 0, 0, 0xc3];
-        assert_eq!(plan_window(&code, 0x3000, 7, 0).unwrap_err(), Refusal::UnsupportedInstruction);
+        assert_eq!(
+            plan_window(&code, 0x3000, 7, 0).unwrap_err(),
+            Refusal::UnsupportedInstruction
+        );
     }
 }

@@ -1,0 +1,200 @@
+//! `rtprof run` and plain `LD_PRELOAD` use: pass-through of stdin, exit
+//! status and death by signal; reports for processes that end abruptly;
+//! `RTPROF_REPORT`; clear errors for bad invocations.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn build(dir: &Path) -> PathBuf {
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    compile("lifecycle.c", &v, &[], dir).0
+}
+
+fn rtprof_json(
+    bin: &Path,
+    args: &[&str],
+    stdin: &[u8],
+    dir: &Path,
+) -> (std::process::Output, Value) {
+    let json = dir.join("r.json");
+    let _ = std::fs::remove_file(&json);
+    let mut c = Command::new(rtprof());
+    c.arg("run")
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(bin)
+        .args(args);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report written")).unwrap();
+    (out, report)
+}
+
+fn work_calls(report: &Value) -> u64 {
+    report["processes"][0]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "work")
+        .unwrap()["calls"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn stdin_exit_status_and_signals_pass_through() {
+    let dir = scratch("cli");
+    let bin = build(&dir);
+    for (args, code, sig, exited) in [
+        (&["exit", "42"][..], Some(42), None, true),
+        (&["_exit", "7"], Some(7), None, false),
+        (&["abort"], None, Some(libc::SIGABRT), false),
+        (&["kill"], None, Some(libc::SIGKILL), false),
+    ] {
+        let (out, report) = rtprof_json(&bin, args, b"line one\nline two\n", &dir);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "line one\nline two\ns=5929\n",
+            "{args:?}"
+        );
+        assert_eq!(out.status.code(), code, "{args:?}");
+        assert_eq!(out.status.signal(), sig, "{args:?}");
+        let p = &report["processes"][0];
+        assert_eq!(p["exited"], exited, "{args:?}");
+        if exited {
+            assert_eq!(p["exit_status"], 42);
+        }
+        // Counts survive even when no exit handler ran.
+        assert_eq!(work_calls(&report), 77, "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn report_from_plain_preload() {
+    let dir = scratch("preload");
+    let bin = build(&dir);
+    let run = |report: &str| {
+        let out = Command::new(&bin)
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_REPORT", dir.join(report))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(
+            out.stderr.is_empty(),
+            "agent is silent without RTPROF_VERBOSE"
+        );
+        out
+    };
+    run("r-%p.json");
+    let json: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("r-"))
+        .collect();
+    assert_eq!(json.len(), 1, "%p expands to the pid");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json[0]).unwrap()).unwrap();
+    assert_eq!(work_calls(&v), 77);
+    assert!(json[0]
+        .to_string_lossy()
+        .ends_with(&format!("r-{}.json", v["processes"][0]["pid"])));
+
+    run("r.txt");
+    let text = std::fs::read_to_string(dir.join("r.txt")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains(" work "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.trim_start().starts_with("77 "), "{text}");
+    assert!(text.contains("patched"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn disabled_agent_stays_inert() {
+    let dir = scratch("inert");
+    let bin = build(&dir);
+    let out = Command::new(rtprof())
+        .args(["run", "--"])
+        .arg(&bin)
+        .env("RTPROF_DISABLE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no profile was recorded"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_invocations_get_one_clear_message() {
+    let out = Command::new(rtprof())
+        .args(["run", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot run /nonexistent/program"), "{err}");
+
+    let out = Command::new(rtprof())
+        .args(["run", "--agent", "/nonexistent.so", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot find librtprof.so"));
+
+    let out = Command::new(rtprof()).args(["run"]).output().unwrap();
+    assert!(!out.status.success(), "a command is required");
+}
+
+#[test]
+fn text_report_lists_processes_of_a_tree() {
+    let dir = scratch("tree");
+    let bin = build(&dir);
+    // A shell (instrumented too: it is the main executable of its process)
+    // runs the program twice.
+    let script = format!("{0} exit 3 </dev/null; {0} </dev/null", bin.display());
+    let out = Command::new(rtprof())
+        .args(["run", "--top", "3", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let sections: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("rtprof: pid "))
+        .collect();
+    assert!(sections.len() >= 3, "shell and both runs reported:\n{err}");
+    assert!(
+        sections.iter().any(|l| l.contains("exited with status 3")),
+        "{err}"
+    );
+    let work_lines = err
+        .lines()
+        .filter(|l| l.contains(" work "))
+        .collect::<Vec<_>>();
+    assert_eq!(work_lines.len(), 2, "{err}");
+    assert!(
+        work_lines.iter().all(|l| l.trim_start().starts_with("77 ")),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
