@@ -18,7 +18,9 @@
 //! ```
 //!
 //! Only arithmetic flags change; the SysV ABI leaves them undefined at a
-//! function's entry, and DF is untouched.
+//! function's entry, and DF is untouched. The increment is one `inc` on
+//! memory, not load/add/store: a signal handler that calls the same function
+//! between a load and a store would have its count overwritten.
 
 use super::window::Plan;
 use iced_x86::{
