@@ -198,3 +198,53 @@ fn text_report_lists_processes_of_a_tree() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn calls_of(p: &Value, name: &str) -> u64 {
+    p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap()["calls"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn forked_child_counts_separately() {
+    let dir = scratch("fork");
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let bin = compile("forks.c", &v, &["-pthread"], &dir).0;
+    for _ in 0..5 {
+        let (out, report) = rtprof_json(&bin, &[], b"", &dir);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "child 0\n");
+        let procs = report["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 2, "parent and child: {report}");
+        let parent = &procs[0];
+        let child = &procs[1];
+        assert_eq!(child["ppid"], parent["pid"]);
+        assert_eq!(
+            (
+                calls_of(parent, "f"),
+                calls_of(parent, "g"),
+                calls_of(parent, "busy")
+            ),
+            (17, 0, 200000)
+        );
+        assert_eq!(
+            (
+                calls_of(child, "f"),
+                calls_of(child, "g"),
+                calls_of(child, "busy")
+            ),
+            (3, 5, 0)
+        );
+        assert_eq!(calls_of(child, "main"), 0, "the child starts from zero");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

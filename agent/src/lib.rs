@@ -8,6 +8,7 @@
 pub mod analysis;
 pub mod arch;
 pub mod config;
+mod fork;
 pub mod install;
 pub mod log;
 pub mod modules;
@@ -33,6 +34,15 @@ static AGENT: OnceLock<Agent> = OnceLock::new();
 /// The running agent, once start-up has completed.
 pub fn agent() -> Option<&'static Agent> {
     AGENT.get()
+}
+
+pub(crate) fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(not(test))]

@@ -7,6 +7,7 @@ use rtprof_shared::{Capacities, Layout, SegmentWriter};
 use std::ffi::CString;
 use std::fmt;
 use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 #[derive(Debug)]
 pub enum SegmentError {
@@ -29,11 +30,15 @@ impl fmt::Display for SegmentError {
 
 pub struct Segment {
     pub writer: SegmentWriter,
-    fd: libc::c_int,
-    /// Identity of the file behind `fd`, checked before each use: a program
-    /// may close every descriptor and reuse the number.
-    ident: (u64, u64),
-    pub path: Option<String>,
+    /// The run directory (if any), for the segment of a forked child.
+    run_dir: Option<String>,
+    /// Descriptor of the backing file and its identity (device, inode),
+    /// checked before each use: a program may close every descriptor and
+    /// reuse the number. Atomics, because a forked child swaps them without
+    /// taking a lock another thread might have held.
+    fd: AtomicI32,
+    dev: AtomicU64,
+    ino: AtomicU64,
 }
 
 fn last_err() -> io::Error {
@@ -46,7 +51,7 @@ fn identity(fd: libc::c_int) -> Option<(u64, u64)> {
 }
 
 /// Opens `<dir>/<pid>-<n>.seg`, after checking the directory is ours alone.
-fn create_in_dir(dir: &str) -> Result<(libc::c_int, String), SegmentError> {
+fn create_in_dir(dir: &str) -> Result<libc::c_int, SegmentError> {
     let cdir = CString::new(dir).map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
     let dfd = unsafe {
         libc::open(
@@ -71,9 +76,9 @@ fn create_in_dir(dir: &str) -> Result<(libc::c_int, String), SegmentError> {
     let mut result = Err(SegmentError::Create(io::Error::from_raw_os_error(
         libc::EEXIST,
     )));
+    // An exec'd program keeps its pid: it takes the next free number.
     for n in 0..1000 {
-        let name = format!("{pid}-{n}.seg");
-        let cname = CString::new(name.clone()).unwrap();
+        let cname = CString::new(format!("{pid}-{n}.seg")).unwrap();
         let fd = unsafe {
             libc::openat(
                 dfd,
@@ -83,7 +88,7 @@ fn create_in_dir(dir: &str) -> Result<(libc::c_int, String), SegmentError> {
             )
         };
         if fd >= 0 {
-            result = Ok((fd, format!("{dir}/{name}")));
+            result = Ok(fd);
             break;
         }
         let e = last_err();
@@ -103,6 +108,52 @@ fn reserve(fd: libc::c_int, off: u64, len: u64) -> io::Result<()> {
     }
 }
 
+/// A new backing file of `layout.total_size` bytes whose metadata and shared
+/// stripe are reserved.
+fn new_backing(layout: &Layout, run_dir: Option<&str>) -> Result<libc::c_int, SegmentError> {
+    let fd = match run_dir {
+        Some(d) => create_in_dir(d)?,
+        None => {
+            let fd = unsafe { libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(SegmentError::Create(last_err()));
+            }
+            fd
+        }
+    };
+    let fail = |e: SegmentError| {
+        // A run-dir file that failed here is unreadable; rtprof skips it.
+        unsafe { libc::close(fd) };
+        Err(e)
+    };
+    // Sparse file: stripes are reserved one at a time as threads start.
+    if unsafe { libc::ftruncate(fd, layout.total_size as libc::off_t) } != 0 {
+        return fail(SegmentError::Reserve(last_err()));
+    }
+    if let Err(e) = reserve(fd, 0, layout.stripe_off(1)) {
+        return fail(SegmentError::Reserve(e));
+    }
+    Ok(fd)
+}
+
+fn map(len: u64, fd: libc::c_int, at: *mut libc::c_void) -> Result<*mut u8, SegmentError> {
+    let fixed = if at.is_null() { 0 } else { libc::MAP_FIXED };
+    let p = unsafe {
+        libc::mmap(
+            at,
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | fixed,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(SegmentError::Map(last_err()));
+    }
+    Ok(p as *mut u8)
+}
+
 impl Segment {
     pub fn create(
         caps: Capacities,
@@ -112,68 +163,105 @@ impl Segment {
         start_ns: u64,
     ) -> Result<Segment, SegmentError> {
         let layout = Layout::new(caps);
-        let (fd, path) = match run_dir {
-            Some(d) => {
-                let (fd, p) = create_in_dir(d)?;
-                (fd, Some(p))
-            }
-            None => {
-                let fd = unsafe { libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_CLOEXEC) };
-                if fd < 0 {
-                    return Err(SegmentError::Create(last_err()));
-                }
-                (fd, None)
+        let fd = new_backing(&layout, run_dir)?;
+        let base = match map(layout.total_size, fd, std::ptr::null_mut()) {
+            Ok(b) => b,
+            Err(e) => {
+                unsafe { libc::close(fd) };
+                return Err(e);
             }
         };
-        let fail = |e: SegmentError| {
-            unsafe { libc::close(fd) };
-            if let Some(p) = &path {
-                let _ = std::fs::remove_file(p);
-            }
-            Err(e)
-        };
-        // Sparse file: stripes are reserved one at a time as threads start.
-        if unsafe { libc::ftruncate(fd, layout.total_size as libc::off_t) } != 0 {
-            return fail(SegmentError::Reserve(last_err()));
-        }
-        // Metadata and the shared stripe must always be backed.
-        if let Err(e) = reserve(fd, 0, layout.stripe_off(1)) {
-            return fail(SegmentError::Reserve(e));
-        }
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                layout.total_size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return fail(SegmentError::Map(last_err()));
-        }
-        let writer = unsafe { SegmentWriter::init(p as *mut u8, layout, pid, ppid, start_ns) };
-        let ident = identity(fd).unwrap_or_default();
+        let writer = unsafe { SegmentWriter::init(base, layout, pid, ppid, start_ns) };
+        let (dev, ino) = identity(fd).unwrap_or_default();
         Ok(Segment {
             writer,
-            fd,
-            ident,
-            path,
+            run_dir: run_dir.map(str::to_string),
+            fd: AtomicI32::new(fd),
+            dev: AtomicU64::new(dev),
+            ino: AtomicU64::new(ino),
         })
+    }
+
+    fn backing_fd(&self) -> Option<libc::c_int> {
+        let fd = self.fd.load(Ordering::Acquire);
+        let want = (
+            self.dev.load(Ordering::Relaxed),
+            self.ino.load(Ordering::Relaxed),
+        );
+        (identity(fd) == Some(want)).then_some(fd)
     }
 
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
         let idx = self.writer.alloc_stripe(tid)?;
         let l = self.writer.layout();
-        let backed = identity(self.fd) == Some(self.ident)
-            && reserve(self.fd, l.stripe_off(idx), l.stripe_bytes).is_ok();
+        let backed = self
+            .backing_fd()
+            .is_some_and(|fd| reserve(fd, l.stripe_off(idx), l.stripe_bytes).is_ok());
         if !backed {
             self.writer.retire_stripe(idx);
             return None;
         }
         Some(idx)
+    }
+
+    /// In a forked child: gives the child a segment of its own at the same
+    /// address (stubs hold absolute addresses into it), with the parent's
+    /// metadata and zero counts. Only the forking thread exists, so only its
+    /// stripe (`keep`) stays. On failure the child's counts go to anonymous
+    /// memory, never into the parent's segment.
+    pub fn reopen_in_child(
+        &self,
+        keep: Option<u32>,
+        pid: u32,
+        ppid: u32,
+        start_ns: u64,
+    ) -> Result<(), SegmentError> {
+        let l = *self.writer.layout();
+        let base = self.writer.base();
+        let result = (|| {
+            let fd = new_backing(&l, self.run_dir.as_deref())?;
+            let meta = unsafe { std::slice::from_raw_parts(base, l.metadata_len() as usize) };
+            let copied = unsafe { libc::pwrite(fd, meta.as_ptr().cast(), meta.len(), 0) }
+                == meta.len() as isize;
+            let kept = keep.is_none_or(|k| reserve(fd, l.stripe_off(k), l.stripe_bytes).is_ok());
+            if !copied || !kept {
+                let e = last_err();
+                unsafe { libc::close(fd) };
+                return Err(SegmentError::Reserve(e));
+            }
+            if let Err(e) = map(l.total_size, fd, base.cast()) {
+                unsafe { libc::close(fd) };
+                return Err(e);
+            }
+            let old = self.fd.swap(fd, Ordering::AcqRel);
+            let (dev, ino) = identity(fd).unwrap_or_default();
+            self.dev.store(dev, Ordering::Relaxed);
+            self.ino.store(ino, Ordering::Relaxed);
+            unsafe { libc::close(old) };
+            Ok(())
+        })();
+        if result.is_err() {
+            // Anonymous shared memory: the stubs keep working, the parent
+            // never sees the child's calls.
+            let p = unsafe {
+                libc::mmap(
+                    base.cast(),
+                    l.total_size as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                // No file behind it: no stripes can be reserved.
+                self.fd.store(-1, Ordering::Release);
+            }
+            return result;
+        }
+        self.writer.reset_for_child(keep, pid, ppid, start_ns);
+        result
     }
 
     /// The whole segment, for building a report of this process.
@@ -210,6 +298,34 @@ mod tests {
     }
 
     #[test]
+    fn child_copy_keeps_metadata_and_starts_from_zero() {
+        let mut s = Segment::create(caps(), None, 1, 0, 0).unwrap();
+        s.writer.set_exe(b"/x").unwrap();
+        s.writer.add_module(b"/x", 0).unwrap();
+        let f = s.writer.add_function(b"f", 0x10, 4).unwrap();
+        let kept = s.new_stripe(9).unwrap();
+        let other = s.new_stripe(10).unwrap();
+        let base = s.writer.base();
+        unsafe {
+            *s.writer.stripe_ptr(kept).add(f as usize) += 2;
+            *s.writer.stripe_ptr(other).add(f as usize) += 3;
+            *s.writer.stripe_ptr(0).add(f as usize) += 4;
+        }
+        s.reopen_in_child(Some(kept), 77, 1, 5).unwrap();
+        assert_eq!(s.writer.base(), base, "same address: stubs hold it");
+        let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
+        assert_eq!((snap.pid, snap.ppid, snap.exe.as_str()), (77, 1, "/x"));
+        assert_eq!(snap.functions[0].calls, 0, "the child starts from zero");
+        unsafe { *s.writer.stripe_ptr(kept).add(f as usize) += 1 };
+        let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
+        assert_eq!(snap.functions[0].calls, 1, "and counts in its kept stripe");
+        assert!(
+            s.new_stripe(11).is_some(),
+            "and can give threads new stripes"
+        );
+    }
+
+    #[test]
     fn run_dir_must_be_private() {
         let dir = std::env::temp_dir().join(format!("rtprof-seg-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -221,16 +337,20 @@ mod tests {
             Err(SegmentError::RunDir(_))
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let s = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
-        let p = s.path.clone().unwrap();
-        let s2 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
-        assert_ne!(
-            s2.path.unwrap(),
-            p,
-            "a second segment of one pid (exec) gets a new name"
-        );
-        let meta = std::fs::metadata(&p).unwrap();
-        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let _s1 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
+        let _s2 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
+        let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        files.sort_by_key(|e| e.file_name());
+        let pid = std::process::id();
+        let names: Vec<String> = files
+            .iter()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        // A second segment of one pid (after exec) gets the next name.
+        assert_eq!(names, vec![format!("{pid}-0.seg"), format!("{pid}-1.seg")]);
+        for f in &files {
+            assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

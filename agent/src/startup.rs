@@ -9,18 +9,9 @@ use crate::config::Config;
 use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
 use crate::segment::Segment;
-use crate::{agent, modules, symbols, threads, Agent, AGENT};
+use crate::{agent, fork, modules, now_ns, symbols, threads, Agent, AGENT};
 use rtprof_shared::{report, Capacities};
 use std::time::Instant;
-
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// In secure-execution mode (set-user-ID and the like) the environment
 /// belongs to a less privileged user and must not steer the agent.
@@ -184,6 +175,7 @@ pub(crate) fn start() {
         return;
     }
     threads::init_exit_key();
+    fork::install_handler();
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
 }
 

@@ -287,19 +287,31 @@ impl SegmentWriter {
         }
     }
 
-    /// Forgets every stripe but `keep` and the shared one, zeroing counters,
-    /// as a forked child must (the other threads do not exist in it). Only
-    /// call while the process has a single thread.
-    pub fn reset_for_child(&self, keep: Option<u32>) {
+    /// Turns a copy of a parent's metadata into a forked child's: new
+    /// identity, running, no samples, and no stripes but the shared one and
+    /// `keep` (the forking thread's; the others do not exist in the child).
+    /// The caller provides zeroed counters. Only call while the process has
+    /// a single thread.
+    pub fn reset_for_child(&self, keep: Option<u32>, pid: u32, ppid: u32, start_ns: u64) {
         let count = self
             .header_u32(offset_of!(Header, stripe_count))
             .load(Ordering::Acquire);
-        for i in 0..count.min(self.layout.caps.stripes) {
-            let (st, _) = self.stripe_slot(i);
-            if i != 0 && Some(i) != keep {
-                st.store(stripe_state::RETIRED, Ordering::Release);
+        for i in 1..count.min(self.layout.caps.stripes) {
+            if Some(i) != keep {
+                self.stripe_slot(i)
+                    .0
+                    .store(stripe_state::FREE, Ordering::Release);
             }
         }
+        unsafe {
+            std::ptr::write_bytes(self.samples_ptr(), 0, self.layout.caps.functions as usize)
+        };
+        self.header_u64(offset_of!(Header, end_ns))
+            .store(0, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, exit_status))
+            .store(0, Ordering::Relaxed);
+        self.set_identity(pid, ppid, start_ns);
+        self.set_state(state::RUNNING);
     }
 
     /// Adds to the sample counter of function `idx` (single writer: the sampler).
