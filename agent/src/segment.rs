@@ -3,6 +3,7 @@
 //! fallocate before use, so a full disk or tmpfs means "no new stripe"
 //! (the thread counts in the shared stripe), never SIGBUS in the host.
 
+use rtprof_shared::layout::PAGE;
 use rtprof_shared::{Capacities, Layout, SegmentWriter};
 use std::ffi::CString;
 use std::fmt;
@@ -191,13 +192,25 @@ impl Segment {
         (identity(fd) == Some(want)).then_some(fd)
     }
 
+    /// Bytes of a stripe that hold the counters of existing functions; the
+    /// spare slots stay unreserved until functions are added.
+    fn stripe_used_bytes(&self) -> u64 {
+        let l = self.writer.layout();
+        (self.writer.func_count() as u64 * 8)
+            .div_ceil(PAGE)
+            .max(1)
+            .saturating_mul(PAGE)
+            .min(l.stripe_bytes)
+    }
+
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
         let idx = self.writer.alloc_stripe(tid)?;
         let l = self.writer.layout();
+        let len = self.stripe_used_bytes();
         let backed = self
             .backing_fd()
-            .is_some_and(|fd| reserve(fd, l.stripe_off(idx), l.stripe_bytes).is_ok());
+            .is_some_and(|fd| reserve(fd, l.stripe_off(idx), len).is_ok());
         if !backed {
             self.writer.retire_stripe(idx);
             return None;
@@ -224,7 +237,8 @@ impl Segment {
             let meta = unsafe { std::slice::from_raw_parts(base, l.metadata_len() as usize) };
             let copied = unsafe { libc::pwrite(fd, meta.as_ptr().cast(), meta.len(), 0) }
                 == meta.len() as isize;
-            let kept = keep.is_none_or(|k| reserve(fd, l.stripe_off(k), l.stripe_bytes).is_ok());
+            let kept =
+                keep.is_none_or(|k| reserve(fd, l.stripe_off(k), self.stripe_used_bytes()).is_ok());
             if !copied || !kept {
                 let e = last_err();
                 unsafe { libc::close(fd) };

@@ -19,6 +19,10 @@ fn secure_mode() -> bool {
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
+fn thread_count() -> Option<usize> {
+    Some(std::fs::read_dir("/proc/self/task").ok()?.count())
+}
+
 fn plan_modules(cfg: &Config) -> Vec<ModulePlan> {
     let mut plans = Vec::new();
     for m in modules::loaded() {
@@ -73,6 +77,13 @@ pub(crate) fn start() {
     let cfg = Config::from_env();
     log::set_verbose(cfg.verbose);
     if cfg.disabled {
+        return;
+    }
+    // Five bytes written over code another thread may be running is
+    // undefined: patch only while this is the process's only thread.
+    let threads = thread_count();
+    if threads != Some(1) {
+        vlog!("{threads:?} threads already running at start-up; process left unprofiled");
         return;
     }
     let plans = plan_modules(&cfg);

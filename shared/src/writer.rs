@@ -86,6 +86,12 @@ impl SegmentWriter {
         }
     }
 
+    /// Function slots in use.
+    pub fn func_count(&self) -> u32 {
+        self.header_u32(offset_of!(Header, func_count))
+            .load(Ordering::Acquire)
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
