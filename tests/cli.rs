@@ -248,3 +248,107 @@ fn forked_child_counts_separately() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Builds `tests/c/<lib_src>` as lib<name>.so and `<main_src>` linked to it.
+fn build_with_library(lib_src: &str, main_src: &str, dir: &Path) -> PathBuf {
+    let name = lib_src.trim_end_matches(".c");
+    let lib = dir.join(format!("lib{name}.so"));
+    let o = Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-pthread", "-o"])
+        .arg(&lib)
+        .arg(root().join("tests/c").join(lib_src))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bin = dir.join(main_src.trim_end_matches(".c"));
+    let o = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(root().join("tests/c").join(main_src))
+        .arg(format!("-L{}", dir.display()))
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .arg(format!("-l{name}"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    bin
+}
+
+/// A thread that already runs when the agent starts could be executing the
+/// bytes being patched: the agent then leaves the process alone.
+#[test]
+fn threads_running_before_the_agent_mean_no_patching() {
+    let dir = scratch("spinlib");
+    let bin = build_with_library("spinlib.c", "spinlib_main.c", &dir);
+    let want = run_plain(&bin, &[]);
+    for _ in 0..20 {
+        let out = Command::new(rtprof())
+            .args(["run", "--verbose", "--modules", "libspinlib*", "--"])
+            .arg(&bin)
+            .output()
+            .unwrap();
+        assert_eq!(out.stdout, want.stdout);
+        assert_eq!(out.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("threads already running at start-up"), "{err}");
+        assert!(err.contains("no profile was recorded"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fork handlers of other libraries run before and after ours: calls made
+/// in the parent's prepare handler belong to the parent, calls in the
+/// child's handler to the child, whichever order the handlers run in.
+#[test]
+fn fork_handlers_of_other_libraries_count_where_they_run() {
+    let dir = scratch("forklib");
+    let bin = build_with_library("forklib.c", "forklib_main.c", &dir);
+    let json = dir.join("r.json");
+    let out = Command::new(rtprof())
+        .args(["run", "--modules", "libforklib*", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "child 0\n");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let procs = report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2);
+    assert_eq!(
+        calls_of(&procs[0], "forklib_fn"),
+        1001,
+        "parent: its own call and its prepare handler"
+    );
+    assert_eq!(
+        calls_of(&procs[1], "forklib_fn"),
+        100000,
+        "child: its handler only"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A program that closes every descriptor and opens its own files before
+/// forking keeps them: the agent never closes a number it no longer owns.
+#[test]
+fn fork_after_closing_descriptors_leaves_program_files_alone() {
+    let dir = scratch("fdclose");
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let bin = compile("closefds.c", &v, &[], &dir).0;
+    let plain = run_plain(&bin, &[]);
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("closefds", &plain, &prof.output);
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "parent wrote 6\nchild wrote 6\n"
+    );
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "both processes still reported");
+    assert_eq!(calls_of(&procs[1], "child_work"), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -61,6 +61,16 @@ fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: 
             "{what}: a refused function has no count"
         );
     }
+    // Split-off cold paths (foo.cold) are parts of functions, never
+    // functions of their own, with or without symbols.
+    for (name, &a) in &addrs {
+        if name.contains(".cold") {
+            assert!(
+                function_at(p, a).is_none(),
+                "{what}: fragment {name} listed as a function"
+            );
+        }
+    }
     let m = &p["modules"][0];
     Tally {
         functions: m["functions"].as_u64().unwrap() - refused.len() as u64,
@@ -99,6 +109,26 @@ fn entry_shapes_and_refusals() {
 #[test]
 fn ordinary_program_with_jump_tables() {
     corpus("workload.c", &[], &[], |_| true);
+}
+
+#[test]
+fn cold_fragments_are_not_functions() {
+    let runs = corpus("cold.c", &[], &[], |_| true);
+    // The corpus must actually contain a fragment for this test to mean anything.
+    let dir = scratch("cold-check");
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let (bin, _) = compile("cold.c", &v, &[], &dir);
+    assert!(
+        symbol_addrs(&bin).keys().any(|n| n.contains(".cold")),
+        "gcc made no .cold fragment"
+    );
+    assert_eq!(runs.len(), 32);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -152,6 +182,7 @@ fn patch_rate_at_o2() {
         ("exceptions.cpp", &[], &[]),
         ("backtrace.c", &["-rdynamic"], &[]),
         ("asm_shapes.c", &[], &[]),
+        ("cold.c", &[], &[]),
     ] {
         for (_, t) in corpus(src, extra, args, |v| v.opt == "-O2") {
             total.functions += t.functions;

@@ -2,7 +2,8 @@
 //! patched: the window plan plus the module-wide checks that no branch,
 //! jump table or other function's entry lands inside the overwritten bytes.
 
-use crate::arch::{jump_table_targets, plan_window, scan_function, Plan};
+use crate::arch::{jump_table_targets, plan_window, scan_function, FunctionScan, Plan};
+use crate::maps::Maps;
 use crate::modules::Module;
 use crate::symbols::FunctionList;
 use rtprof_shared::Refusal;
@@ -32,10 +33,9 @@ impl ModulePlan {
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
 type Code<'a> = Result<(&'a [u8], u64, u64), Refusal>;
 
-/// Runtime bytes [addr, addr+len) of `m`, if mapped readable.
-fn mem<'a>(m: &Module, addr: u64, len: u64) -> Option<&'a [u8]> {
-    let l = m.load_containing(addr, len)?;
-    l.readable()
+/// Runtime bytes [addr, addr+len) if they are mapped readable now.
+fn mem<'a>(maps: &Maps, addr: u64, len: u64) -> Option<&'a [u8]> {
+    maps.readable(addr, len)
         .then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) })
 }
 
@@ -44,10 +44,29 @@ fn any_in(sorted: &[u64], lo: u64, hi: u64) -> bool {
     i < sorted.len() && sorted[i] < hi
 }
 
-pub fn analyze(m: Module, list: FunctionList) -> ModulePlan {
+fn contains(sorted: &[u64], v: u64) -> bool {
+    sorted.binary_search(&v).is_ok()
+}
+
+/// What one decode of a function found that concerns its own entry.
+#[derive(Default)]
+struct Own {
+    branches: Vec<u64>,
+    tables: Vec<u64>,
+    decode_error: bool,
+}
+
+pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
     let funcs = list.funcs;
     let n = funcs.len();
     let starts: Vec<u64> = funcs.iter().map(|f| m.bias.wrapping_add(f.vaddr)).collect();
+    let text: Vec<(u64, u64)> = m
+        .loads
+        .iter()
+        .filter(|l| l.executable())
+        .map(|l| (m.bias + l.vaddr, m.bias + l.vaddr + l.memsz))
+        .collect();
+    let in_text = |a: u64| text.iter().any(|&(lo, hi)| a >= lo && a < hi);
 
     // Per function: code (with trailing alignment fill) or why not.
     let mut code: Vec<Code> = Vec::with_capacity(n);
@@ -57,10 +76,7 @@ pub fn analyze(m: Module, list: FunctionList) -> ModulePlan {
             code.push(Err(Refusal::UnknownSize));
             continue;
         }
-        let Some(load) = m
-            .load_containing(start, f.size)
-            .filter(|l| l.executable() && l.readable())
-        else {
+        let Some(load) = m.load_containing(start, f.size).filter(|l| l.executable()) else {
             code.push(Err(Refusal::OutsideText));
             continue;
         };
@@ -68,48 +84,115 @@ pub fn analyze(m: Module, list: FunctionList) -> ModulePlan {
         let load_end = m.bias + load.vaddr + load.memsz;
         let next = starts.get(i + 1).copied().unwrap_or(u64::MAX).min(load_end);
         let pad = next.saturating_sub(end).min(MAX_PAD);
-        match mem(&m, start, f.size + pad) {
-            Some(c) => code.push(Ok((c, f.size, pad))),
+        // The fill is optional: without it the function may still do.
+        match mem(maps, start, f.size + pad).or_else(|| mem(maps, start, f.size)) {
+            Some(c) => code.push(Ok((c, f.size, c.len() as u64 - f.size))),
             None => code.push(Err(Refusal::OutsideText)),
         }
     }
 
-    // One decode of every function: module-wide branch targets, which
-    // include every function's entry (a second entry inside a window).
+    // One decode of every function.
+    let scans: Vec<Option<FunctionScan>> = code
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            c.as_ref()
+                .ok()
+                .map(|(b, size, _)| scan_function(&b[..*size as usize], starts[i]))
+        })
+        .collect();
+    let ends: Vec<u64> = funcs.iter().zip(&starts).map(|(f, s)| s + f.size).collect();
+    // The function whose range holds `t` (ranges sorted by start).
+    let holder = |t: u64| {
+        let i = starts.partition_point(|&s| s <= t).checked_sub(1)?;
+        (t < ends[i]).then_some(i)
+    };
+    let mut calls: Vec<u64> = Vec::new();
+    let mut jumps: Vec<u64> = Vec::new();
+    let mut cond_jumps: Vec<u64> = Vec::new();
+    for (i, s) in scans.iter().enumerate() {
+        let Some(s) = s else { continue };
+        let outside = |t: &&u64| holder(**t) != Some(i);
+        calls.extend_from_slice(&s.call_targets);
+        jumps.extend(s.branch_targets.iter().filter(outside));
+        cond_jumps.extend(s.cond_targets.iter().filter(outside));
+    }
+    for v in [&mut calls, &mut jumps, &mut cond_jumps] {
+        v.sort_unstable();
+    }
+
+    // Without a name, code that other functions jump to but nobody calls is
+    // a split-off part of a function (a cold path) when it is reached by a
+    // conditional jump, starts with a frame already set up, or jumps back
+    // into the middle of another function. Entered with live flags and red
+    // zone, it is no function to count. (A function reached only by an
+    // unconditional tail jump is none of these.)
+    let fragment: Vec<bool> = (0..n)
+        .map(|i| {
+            let (f, start) = (&funcs[i], starts[i]);
+            let jumps_back = || {
+                scans[i].as_ref().is_some_and(|s| {
+                    s.branch_targets
+                        .iter()
+                        .any(|&t| holder(t).is_some_and(|j| j != i && t != starts[j]))
+                })
+            };
+            f.unnamed
+                && contains(&jumps, start)
+                && !contains(&calls, start)
+                && (contains(&cond_jumps, start) || f.mid_function_cfi || jumps_back())
+        })
+        .collect();
+
+    // Module-wide targets: every direct branch and call, every function's
+    // entry (a second entry inside a window), and jump-table entries. A
+    // table's entries run while they point into this function, a fragment
+    // of it, or code no function covers; the first one that points into
+    // another function ends it.
     let mut direct: Vec<u64> = starts.clone();
     let mut tables: Vec<u64> = Vec::new();
-    let mut own: Vec<(Vec<u64>, Vec<u64>, bool)> = Vec::with_capacity(n);
-    let read = |a: u64, len: usize| mem(&m, a, len as u64).map(|s| s.to_vec());
-    for (i, c) in code.iter().enumerate() {
-        let Ok((bytes, size, _)) = c else {
-            own.push((Vec::new(), Vec::new(), false));
+    let mut own: Vec<Own> = Vec::with_capacity(n);
+    let read = |a: u64, len: usize| mem(maps, a, len as u64).map(|s| s.to_vec());
+    for (i, s) in scans.into_iter().enumerate() {
+        let Some(s) = s else {
+            own.push(Own::default());
             continue;
         };
-        let s = scan_function(&bytes[..*size as usize], starts[i]);
-        let jt = jump_table_targets(&s, starts[i], starts[i] + size, &read);
+        let (lo, hi) = (starts[i], ends[i]);
+        let keep = |t: u64| in_text(t) && holder(t).is_none_or(|j| j == i || fragment[j]);
+        let jt = jump_table_targets(&s, lo, hi, &keep, &read);
         direct.extend_from_slice(&s.branch_targets);
         direct.extend_from_slice(&s.call_targets);
         tables.extend_from_slice(&jt);
-        own.push((s.branch_targets, jt, s.decode_error));
+        own.push(Own {
+            branches: s.branch_targets,
+            tables: jt.into_iter().filter(|t| (lo..hi).contains(t)).collect(),
+            decode_error: s.decode_error,
+        });
     }
-    direct.sort_unstable();
-    tables.sort_unstable();
+    for v in [&mut direct, &mut tables] {
+        v.sort_unstable();
+        v.dedup();
+    }
 
     let mut out = Vec::with_capacity(n);
     for (i, (f, c)) in funcs.into_iter().zip(code).enumerate() {
         let start = starts[i];
+        if fragment[i] {
+            continue;
+        }
+        let own = &own[i];
         let outcome = c.and_then(|(bytes, size, pad)| {
             let plan = plan_window(bytes, start, size as usize, pad as usize)?;
-            let (own_branches, own_tables, decode_error) = &own[i];
-            if *decode_error {
+            if own.decode_error {
                 return Err(Refusal::DecodeError);
             }
             // A loop back to the entry is not a call: it must not reach the stub.
             let entry_range = start..plan.resume_at.max(plan.patch_at + plan.window as u64);
-            if own_branches.iter().any(|t| entry_range.contains(t)) {
+            if own.branches.iter().any(|t| entry_range.contains(t)) {
                 return Err(Refusal::BranchIntoWindow);
             }
-            if own_tables.iter().any(|t| entry_range.contains(t)) {
+            if own.tables.iter().any(|t| entry_range.contains(t)) {
                 return Err(Refusal::JumpTableIntoWindow);
             }
             let (lo, hi) = (plan.patch_at + 1, plan.patch_at + plan.window as u64);

@@ -1,27 +1,165 @@
 //! fork(): the child gets a counter segment of its own, starting from zero,
 //! at the same address. vfork and posix_spawn children run no fork handlers
 //! and do nothing here before they exec.
+//!
+//! Other libraries' fork handlers run in both processes too, and must count
+//! where they run. Our handlers are therefore registered before anyone
+//! else's (we interpose `__register_atfork`, which `pthread_atfork` calls):
+//! our prepare handler runs last, our parent and child handlers first. From
+//! our prepare to our parent/child handler, the forking thread counts into a
+//! private scratch stripe: in the parent those counts are added back; in the
+//! child they are the parent's and are dropped. glibc serialises forks (its
+//! handler lock is held from prepare to parent/child), so one scratch stripe
+//! suffices.
 
 use crate::log::vlog;
 use crate::{agent, threads};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+static SCRATCH: AtomicPtr<u64> = AtomicPtr::new(std::ptr::null_mut());
+/// The forking thread's stripe pointer before the fork.
+static SAVED: AtomicPtr<u64> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Empties the scratch stripe; adds its counts to `dst` (the thread's own
+/// stripe), or atomically to the shared stripe if `dst` is null, when `keep`.
+fn drain_scratch(dst: *mut u64, keep: bool) {
+    let (Some(a), scratch) = (agent(), SCRATCH.load(Ordering::Acquire)) else {
+        return;
+    };
+    if scratch.is_null() {
+        return;
+    }
+    let shared = a.segment.writer.stripe_ptr(0);
+    for i in 0..a.segment.writer.func_count() as usize {
+        unsafe {
+            let n = *scratch.add(i);
+            if n == 0 {
+                continue;
+            }
+            *scratch.add(i) = 0;
+            match (keep, dst.is_null()) {
+                (false, _) => {}
+                (true, true) => {
+                    (*(shared.add(i) as *const AtomicU64)).fetch_add(n, Ordering::Relaxed);
+                }
+                (true, false) => *dst.add(i) += n,
+            }
+        }
+    }
+}
+
+extern "C" fn prepare() {
+    let scratch = SCRATCH.load(Ordering::Acquire);
+    if !scratch.is_null() {
+        SAVED.store(threads::stripe(), Ordering::Relaxed);
+        threads::set_stripe(scratch);
+    }
+}
+
+extern "C" fn in_parent() {
+    if SCRATCH.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    let saved = SAVED.load(Ordering::Relaxed);
+    threads::set_stripe(saved);
+    drain_scratch(saved, true);
+}
 
 extern "C" fn in_child() {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
         let w = &a.segment.writer;
-        let p = threads::stripe() as u64;
+        let scratch = SCRATCH.load(Ordering::Acquire);
+        let p = if scratch.is_null() {
+            threads::stripe()
+        } else {
+            SAVED.load(Ordering::Relaxed)
+        };
         let first = w.stripe_ptr(0) as u64;
         let bytes = w.layout().stripe_bytes;
-        let keep = (p >= first && p < first + bytes * w.layout().caps.stripes as u64)
-            .then(|| ((p - first) / bytes) as u32)
+        let keep = (p as u64 >= first
+            && (p as u64) < first + bytes * w.layout().caps.stripes as u64)
+            .then(|| ((p as u64 - first) / bytes) as u32)
             .filter(|&i| i != 0);
         let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
         if let Err(e) = a.segment.reopen_in_child(keep, pid, ppid, crate::now_ns()) {
             vlog!("{e}; this child's calls are not recorded");
         }
+        if !scratch.is_null() {
+            // Same address, now in the child's own segment.
+            threads::set_stripe(p);
+            drain_scratch(p, false);
+        }
     });
 }
 
-pub fn install_handler() {
-    unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+type RegisterFn = unsafe extern "C" fn(
+    Option<extern "C" fn()>,
+    Option<extern "C" fn()>,
+    Option<extern "C" fn()>,
+    *mut libc::c_void,
+) -> libc::c_int;
+
+static REAL_REGISTER: AtomicUsize = AtomicUsize::new(0);
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+fn real_register() -> Option<RegisterFn> {
+    let mut f = REAL_REGISTER.load(Ordering::Acquire);
+    if f == 0 {
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"__register_atfork".as_ptr()) } as usize;
+        REAL_REGISTER.store(f, Ordering::Release);
+    }
+    (f != 0).then(|| unsafe { std::mem::transmute::<usize, RegisterFn>(f) })
+}
+
+fn register_ours_once() {
+    if !REGISTERED.swap(true, Ordering::AcqRel) {
+        if let Some(real) = real_register() {
+            unsafe {
+                real(
+                    Some(prepare),
+                    Some(in_parent),
+                    Some(in_child),
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+    }
+}
+
+/// Every `pthread_atfork` registration passes through here (glibc's
+/// `pthread_atfork` is a static stub calling this): ours goes first.
+///
+/// # Safety
+/// Same contract as glibc's `__register_atfork`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __register_atfork(
+    prepare: Option<extern "C" fn()>,
+    parent: Option<extern "C" fn()>,
+    child: Option<extern "C" fn()>,
+    dso: *mut libc::c_void,
+) -> libc::c_int {
+    register_ours_once();
+    match real_register() {
+        Some(real) => real(prepare, parent, child, dso),
+        None => libc::ENOMEM,
+    }
+}
+
+/// Sets up the scratch stripe (`stripe_bytes`) and our fork handlers.
+pub fn install_handlers(stripe_bytes: u64) {
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            stripe_bytes as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p != libc::MAP_FAILED {
+        SCRATCH.store(p as *mut u64, Ordering::Release);
+    }
+    register_ours_once();
 }

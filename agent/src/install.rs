@@ -84,6 +84,8 @@ fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
                 m.path,
                 std::io::Error::last_os_error()
             );
+            // A refusal may still have changed some pages: put them back.
+            unsafe { libc::mprotect(base, len, prot) };
             let Ok(f) = std::fs::OpenOptions::new()
                 .write(true)
                 .open("/proc/self/mem")

@@ -11,6 +11,7 @@ pub mod config;
 mod fork;
 pub mod install;
 pub mod log;
+pub mod maps;
 pub mod modules;
 pub mod segment;
 mod startup;

@@ -248,11 +248,15 @@ impl Segment {
                 unsafe { libc::close(fd) };
                 return Err(e);
             }
-            let old = self.fd.swap(fd, Ordering::AcqRel);
+            // The old number may since belong to the program: close it only
+            // if it is still our file.
+            if let Some(old) = self.backing_fd() {
+                unsafe { libc::close(old) };
+            }
             let (dev, ino) = identity(fd).unwrap_or_default();
+            self.fd.store(fd, Ordering::Release);
             self.dev.store(dev, Ordering::Relaxed);
             self.ino.store(ino, Ordering::Relaxed);
-            unsafe { libc::close(old) };
             Ok(())
         })();
         if result.is_err() {

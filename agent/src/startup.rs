@@ -8,6 +8,7 @@ use crate::analysis::{self, ModulePlan};
 use crate::config::Config;
 use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
+use crate::maps::Maps;
 use crate::segment::Segment;
 use crate::{agent, fork, modules, now_ns, symbols, threads, Agent, AGENT};
 use rtprof_shared::{report, Capacities};
@@ -25,6 +26,7 @@ fn thread_count() -> Option<usize> {
 
 fn plan_modules(cfg: &Config) -> Vec<ModulePlan> {
     let mut plans = Vec::new();
+    let maps = Maps::current();
     for m in modules::loaded() {
         if let Some(why) = modules::skip_reason(&m, &|n| cfg.selects(n)) {
             if why != modules::Skip::NotSelected {
@@ -40,7 +42,7 @@ fn plan_modules(cfg: &Config) -> Vec<ModulePlan> {
             Ok(list) => {
                 let t1 = t.elapsed();
                 let path = m.path.clone();
-                plans.push(analysis::analyze(m, list));
+                plans.push(analysis::analyze(m, list, &maps));
                 vlog!(
                     "{}: symbols {:.1} ms, analysis {:.1} ms",
                     path,
@@ -171,6 +173,7 @@ pub(crate) fn start() {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
+    let stripe_bytes = segment.writer.layout().stripe_bytes;
     segment.writer.set_setup_ns(t0.elapsed().as_nanos() as u64);
     segment
         .writer
@@ -186,7 +189,7 @@ pub(crate) fn start() {
         return;
     }
     threads::init_exit_key();
-    fork::install_handler();
+    fork::install_handlers(stripe_bytes);
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
 }
 

@@ -2,46 +2,20 @@
 //! into free address space (never over an existing mapping).
 
 use crate::arch::BRANCH_RANGE;
+use crate::maps::Maps;
 
 const PAGE: u64 = 4096;
 /// Stay clear of the lowest pages (mmap_min_addr).
 const LOWEST: u64 = 0x10_0000;
-
-/// Free gaps of the address space, from /proc/self/maps.
-fn free_gaps() -> Vec<(u64, u64)> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return Vec::new();
-    };
-    let mut used: Vec<(u64, u64)> = maps
-        .lines()
-        .filter_map(|l| {
-            let range = l.split_whitespace().next()?;
-            let (a, b) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .collect();
-    used.sort();
-    let mut gaps = Vec::new();
-    let mut prev = LOWEST;
-    for (a, b) in used {
-        if a > prev {
-            gaps.push((prev, a));
-        }
-        prev = prev.max(b);
-    }
-    gaps.push((prev, 0x7fff_ffff_f000));
-    gaps
-}
+/// End of the user half of the address space.
+const USER_END: u64 = 0x7fff_ffff_f000;
 
 /// Candidate addresses for `size` bytes reachable from all of [lo, hi):
 /// below the module, as close as possible; above it, as far as possible
 /// (the heap grows up from the end of the executable).
 fn candidates(lo: u64, hi: u64, size: u64, gaps: &[(u64, u64)]) -> Vec<u64> {
     let min = hi.saturating_sub(BRANCH_RANGE).max(LOWEST);
-    let max_end = lo.saturating_add(BRANCH_RANGE);
+    let max_end = lo.saturating_add(BRANCH_RANGE).min(USER_END);
     let mut below = Vec::new();
     let mut above = Vec::new();
     for &(gs, ge) in gaps {
@@ -71,7 +45,10 @@ impl StubArea {
     /// Maps `size` bytes within jump range of [lo, hi), or `None`.
     pub fn near(lo: u64, hi: u64, size: u64) -> Option<StubArea> {
         let len = size.div_ceil(PAGE) * PAGE;
-        for addr in candidates(lo, hi, len, &free_gaps()).into_iter().take(16) {
+        for addr in candidates(lo, hi, len, &Maps::current().gaps(LOWEST, USER_END))
+            .into_iter()
+            .take(16)
+        {
             let p = unsafe {
                 libc::mmap(
                     addr as *mut libc::c_void,

@@ -2,7 +2,9 @@
 //! function ranges of `.eh_frame` for code no symbol names (stripped
 //! binaries), named `sub_<hex address>`.
 
-use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection, X86_64,
+};
 use goblin::elf::{sym, Elf};
 use std::fmt;
 
@@ -13,6 +15,12 @@ pub struct FuncSym {
     pub vaddr: u64,
     /// 0 when the symbol gives no size.
     pub size: u64,
+    /// Known only from `.eh_frame` (named `sub_<hex>`): it may be a cold
+    /// fragment of another function rather than a function.
+    pub unnamed: bool,
+    /// Its unwind entry starts in a mid-function state (a frame already
+    /// set up, registers saved): a sign of a split-off fragment.
+    pub mid_function_cfi: bool,
 }
 
 #[derive(Debug)]
@@ -41,6 +49,12 @@ const NOT_CALLED: &[&str] = &[
     "__libc_csu_init",
     "__libc_csu_fini",
 ];
+/// GCC's split-off cold paths (`foo.cold`, `foo.cold.3`) are entered by a
+/// jump from their function, not called: not functions.
+fn is_fragment(name: &str) -> bool {
+    name.ends_with(".cold") || name.contains(".cold.")
+}
+
 /// Sections whose code is not a function's body (loader stubs, init arrays).
 const EXCLUDED_SECTIONS: &[&str] = &[".plt", ".plt.got", ".plt.sec", ".iplt", ".init", ".fini"];
 
@@ -94,7 +108,7 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
         None
     };
     let eh = eh_frame_functions(&elf, data);
-    let signal_frames: Vec<u64> = eh.iter().filter(|e| e.2).map(|e| e.0).collect();
+    let signal_frames: Vec<u64> = eh.iter().filter(|e| e.signal).map(|e| e.start).collect();
     let wanted = |name: &str, vaddr: u64| {
         !NOT_CALLED.contains(&name)
             && !excluded.iter().any(|&(lo, hi)| vaddr >= lo && vaddr < hi)
@@ -112,7 +126,7 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
                 let Some(name) = strtab.get_at(s.st_name) else {
                     continue;
                 };
-                if name.is_empty() || !wanted(name, s.st_value) {
+                if name.is_empty() || is_fragment(name) || !wanted(name, s.st_value) {
                     continue;
                 }
                 out.push((
@@ -137,14 +151,21 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
         match funcs.last_mut() {
             // An alias: one function, counted once, under its best name.
             Some(last) if last.vaddr == vaddr => last.size = last.size.max(size),
-            _ => funcs.push(FuncSym { name, vaddr, size }),
+            _ => funcs.push(FuncSym {
+                name,
+                vaddr,
+                size,
+                unnamed: false,
+                mid_function_cfi: false,
+            }),
         }
     }
     if !have_symtab {
         // Without a full symbol table, .eh_frame knows every function that
         // can be unwound, including the static ones dynsym never lists.
         let before = funcs.len();
-        for &(vaddr, size, _) in eh.iter().filter(|e| !e.2) {
+        for e in eh.iter().filter(|e| !e.signal) {
+            let vaddr = e.start;
             if wanted("", vaddr)
                 && funcs[..before]
                     .binary_search_by_key(&vaddr, |f| f.vaddr)
@@ -153,7 +174,9 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
                 funcs.push(FuncSym {
                     name: format!("sub_{vaddr:x}"),
                     vaddr,
-                    size,
+                    size: e.len,
+                    unnamed: true,
+                    mid_function_cfi: !e.entry_state,
                 });
             }
         }
@@ -173,8 +196,8 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
 /// Symbols without a size (crt files, hand-written assembly) take the length
 /// of their unwind entry, else extend to the next symbol or their section's
 /// end. Too large a size only makes the analysis more cautious.
-fn infer_sizes(named: &mut [Named], eh: &[(u64, u64, bool)], elf: &Elf) {
-    let mut fde: Vec<(u64, u64)> = eh.iter().map(|e| (e.0, e.1)).collect();
+fn infer_sizes(named: &mut [Named], eh: &[Fde], elf: &Elf) {
+    let mut fde: Vec<(u64, u64)> = eh.iter().map(|e| (e.start, e.len)).collect();
     fde.sort_unstable();
     let starts: Vec<u64> = named.iter().map(|n| n.0).collect();
     for n in named.iter_mut().filter(|n| n.3 == 0) {
@@ -197,8 +220,18 @@ fn infer_sizes(named: &mut [Named], eh: &[(u64, u64, bool)], elf: &Elf) {
     }
 }
 
-/// (start, length, is signal trampoline) of every FDE in `.eh_frame`.
-fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<(u64, u64, bool)> {
+/// One `.eh_frame` entry.
+struct Fde {
+    start: u64,
+    len: u64,
+    /// A signal-return trampoline ('S' augmentation).
+    signal: bool,
+    /// At its first byte the frame is as a call leaves it: CFA = rsp + 8
+    /// and no register saved but the return address.
+    entry_state: bool,
+}
+
+fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<Fde> {
     let mut out = Vec::new();
     let find = |name: &str| {
         elf.section_headers
@@ -216,15 +249,31 @@ fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<(u64, u64, bool)> {
     if let Some(t) = find(".text") {
         bases = bases.set_text(t.sh_addr);
     }
+    let mut ctx = UnwindContext::new();
     let mut entries = eh.entries(&bases);
     while let Ok(Some(entry)) = entries.next() {
-        if let CieOrFde::Fde(partial) = entry {
-            if let Ok(fde) = partial.parse(EhFrame::cie_from_offset) {
-                if fde.len() > 0 {
-                    out.push((fde.initial_address(), fde.len(), fde.is_signal_trampoline()));
-                }
-            }
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
+            continue;
+        };
+        if fde.len() == 0 {
+            continue;
         }
+        let entry_state = fde
+            .unwind_info_for_address(&eh, &bases, &mut ctx, fde.initial_address())
+            .is_ok_and(|row| {
+                matches!(row.cfa(), CfaRule::RegisterAndOffset { register, offset }
+                        if *register == X86_64::RSP && *offset == 8)
+                    && row.registers().all(|(r, _)| *r == X86_64::RA)
+            });
+        out.push(Fde {
+            start: fde.initial_address(),
+            len: fde.len(),
+            signal: fde.is_signal_trampoline(),
+            entry_state,
+        });
     }
     out
 }
@@ -232,6 +281,14 @@ fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<(u64, u64, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cold_fragments_are_not_functions() {
+        assert!(is_fragment("foo.cold"));
+        assert!(is_fragment("foo.cold.12"));
+        assert!(!is_fragment("foo.constprop.0"));
+        assert!(!is_fragment("coldstart"));
+    }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {

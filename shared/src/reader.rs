@@ -208,7 +208,9 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
     Ok(h)
 }
 
-/// Validates `bytes` as a counter segment and sums its stripes.
+/// Validates `bytes` as a counter segment and sums its stripes. A live
+/// segment whose state is still STARTING is being filled in and may fail
+/// validation for a moment; a reader retries it later.
 pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     let h = read_header(bytes)?;
     let b = Bytes(bytes);

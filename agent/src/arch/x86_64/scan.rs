@@ -7,6 +7,8 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Regist
 pub struct FunctionScan {
     /// Targets of direct jmp/jcc/loop/jrcxz (not calls).
     pub branch_targets: Vec<u64>,
+    /// The conditional ones among them (jcc/loop/jrcxz).
+    pub cond_targets: Vec<u64>,
     /// Targets of direct calls.
     pub call_targets: Vec<u64>,
     /// Addresses loaded with `lea reg, [rip+X]`: candidate bases of
@@ -31,10 +33,12 @@ pub fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
             break;
         }
         match ins.flow_control() {
-            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
-                if ins.op0_kind() == OpKind::NearBranch64 =>
-            {
+            FlowControl::UnconditionalBranch if ins.op0_kind() == OpKind::NearBranch64 => {
                 s.branch_targets.push(ins.near_branch_target())
+            }
+            FlowControl::ConditionalBranch if ins.op0_kind() == OpKind::NearBranch64 => {
+                s.branch_targets.push(ins.near_branch_target());
+                s.cond_targets.push(ins.near_branch_target());
             }
             FlowControl::Call if ins.op0_kind() == OpKind::NearBranch64 => {
                 s.call_targets.push(ins.near_branch_target())
@@ -57,14 +61,17 @@ pub fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
     s
 }
 
-/// Jump-table targets inside `[lo, hi)`: reads candidate tables through
-/// `read` (which returns `None` for unreadable memory) and keeps entries while
-/// they point into the function. Heuristic, but conservative in the direction
-/// that matters: a target it finds can only cause a refusal.
+/// Jump-table targets of the function at `[lo, hi)`: reads candidate
+/// tables through `read` (`None` for unreadable memory) and takes entries
+/// while `keep` accepts their target (the caller's idea of where this
+/// function's code may be: a switch can send control into a split-off
+/// fragment). Heuristic, but wrong only in the safe direction: a target it
+/// finds can only cause a refusal.
 pub fn jump_table_targets(
     scan: &FunctionScan,
     lo: u64,
     hi: u64,
+    keep: &dyn Fn(u64) -> bool,
     read: &dyn Fn(u64, usize) -> Option<Vec<u8>>,
 ) -> Vec<u64> {
     const MAX_ENTRIES: usize = 4096;
@@ -83,7 +90,7 @@ pub fn jump_table_targets(
             };
             let rel = i32::from_le_bytes(b[..4].try_into().unwrap()) as i64;
             let t = base.wrapping_add(rel as u64);
-            if !(lo..hi).contains(&t) {
+            if !keep(t) {
                 break;
             }
             out.push(t);
@@ -95,7 +102,7 @@ pub fn jump_table_targets(
                 break;
             };
             let t = u64::from_le_bytes(b[..8].try_into().unwrap());
-            if !(lo..hi).contains(&t) {
+            if !keep(t) {
                 break;
             }
             out.push(t);
@@ -120,6 +127,7 @@ mod tests {
         ];
         let s = scan_function(&code, 0x1000);
         assert_eq!(s.branch_targets, vec![0x1000]);
+        assert_eq!(s.cond_targets, vec![0x1000]);
         assert_eq!(s.call_targets, vec![0x2000]);
         assert_eq!(s.rel_table_bases, vec![0x100e + 0x100]);
         assert_eq!(s.abs_tables, vec![0x5000]);
@@ -134,7 +142,23 @@ mod tests {
             let off = a.checked_sub(0x110e)? as usize;
             table.get(off..off + n).map(|s| s.to_vec())
         };
-        let t = jump_table_targets(&s, 0x1000, 0x1100, &read);
+        // Entries are kept while they point into the module's code, even
+        // outside the function (a cold fragment of it).
+        let t = jump_table_targets(
+            &s,
+            0x1000,
+            0x1100,
+            &|a| (0x1000..0x1100).contains(&a),
+            &read,
+        );
         assert_eq!(t, vec![0x1000, 0x100e]);
+        let t = jump_table_targets(
+            &s,
+            0x1000,
+            0x1100,
+            &|a| (0x1000..0x9000).contains(&a),
+            &read,
+        );
+        assert_eq!(t, vec![0x1000, 0x100e, 0x810e]);
     }
 }

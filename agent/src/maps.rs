@@ -1,0 +1,115 @@
+//! The process's memory map from /proc/self/maps: which ranges may be read
+//! (ELF flags say what a segment was mapped as, not what the program has
+//! since made of it) and where the free gaps are.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub read: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Maps {
+    /// Sorted by start, non-overlapping.
+    pub mappings: Vec<Mapping>,
+}
+
+impl Maps {
+    pub fn parse(text: &str) -> Maps {
+        let mut mappings: Vec<Mapping> = text
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                let (a, b) = w.next()?.split_once('-')?;
+                let perms = w.next()?;
+                Some(Mapping {
+                    start: u64::from_str_radix(a, 16).ok()?,
+                    end: u64::from_str_radix(b, 16).ok()?,
+                    read: perms.starts_with('r'),
+                })
+            })
+            .collect();
+        mappings.sort_by_key(|m| m.start);
+        Maps { mappings }
+    }
+
+    pub fn current() -> Maps {
+        Maps::parse(&std::fs::read_to_string("/proc/self/maps").unwrap_or_default())
+    }
+
+    /// Whether every byte of [addr, addr+len) is mapped readable.
+    pub fn readable(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        let mut at = addr;
+        let mut i = self.mappings.partition_point(|m| m.end <= at);
+        while at < end {
+            match self.mappings.get(i) {
+                Some(m) if m.start <= at && m.read => {
+                    at = m.end;
+                    i += 1;
+                }
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Unmapped ranges from `lowest` up to `limit`.
+    pub fn gaps(&self, lowest: u64, limit: u64) -> Vec<(u64, u64)> {
+        let mut gaps = Vec::new();
+        let mut prev = lowest;
+        for m in self.mappings.iter().filter(|m| m.start < limit) {
+            if m.start > prev {
+                gaps.push((prev, m.start));
+            }
+            prev = prev.max(m.end);
+        }
+        if prev < limit {
+            gaps.push((prev, limit));
+        }
+        gaps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+00400000-00401000 r--p 00000000 08:01 1 /bin/x
+00401000-00402000 r-xp 00001000 08:01 1 /bin/x
+00402000-00403000 ---p 00000000 00:00 0
+00500000-00600000 rw-p 00000000 00:00 0 [heap]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
+";
+
+    #[test]
+    fn readability_spans_adjacent_mappings_and_stops_at_holes() {
+        let m = Maps::parse(SAMPLE);
+        assert!(m.readable(0x400ff0, 0x20));
+        assert!(!m.readable(0x401ff0, 0x20), "next page is PROT_NONE");
+        assert!(!m.readable(0x403000, 1), "unmapped");
+        assert!(m.readable(0x500000, 0x100000));
+        assert!(!m.readable(u64::MAX - 1, 4));
+    }
+
+    #[test]
+    fn gaps_stay_below_the_limit() {
+        let m = Maps::parse(SAMPLE);
+        let g = m.gaps(0x100000, 0x7fff_ffff_f000);
+        assert_eq!(g[0], (0x100000, 0x400000));
+        assert_eq!(g[1], (0x403000, 0x500000));
+        assert_eq!(*g.last().unwrap(), (0x600000, 0x7fff_ffff_f000));
+        assert!(g.iter().all(|&(a, b)| a < b));
+    }
+
+    #[test]
+    fn own_maps_parse() {
+        let m = Maps::current();
+        let here = own_maps_parse as *const () as u64;
+        assert!(m.readable(here, 16));
+    }
+}
