@@ -112,7 +112,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
     let mut cond_jumps: Vec<u64> = Vec::new();
     for (i, s) in scans.iter().enumerate() {
         let Some(s) = s else { continue };
-        let outside = |t: &&u64| holder(**t) != Some(i);
+        let outside = |t: &&u64| !(starts[i]..ends[i]).contains(*t);
         calls.extend_from_slice(&s.call_targets);
         jumps.extend(s.branch_targets.iter().filter(outside));
         cond_jumps.extend(s.cond_targets.iter().filter(outside));

@@ -107,7 +107,12 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
     } else {
         None
     };
-    let eh = eh_frame_functions(&elf, data);
+    // Unwind state at entry only matters for functions known by no name.
+    let symtab_has_functions = elf
+        .syms
+        .iter()
+        .any(|s| s.st_type() == sym::STT_FUNC && s.st_shndx != 0);
+    let eh = eh_frame_functions(&elf, data, !symtab_has_functions);
     let signal_frames: Vec<u64> = eh.iter().filter(|e| e.signal).map(|e| e.start).collect();
     let wanted = |name: &str, vaddr: u64| {
         !NOT_CALLED.contains(&name)
@@ -231,7 +236,7 @@ struct Fde {
     entry_state: bool,
 }
 
-fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<Fde> {
+fn eh_frame_functions(elf: &Elf, data: &[u8], entry_states: bool) -> Vec<Fde> {
     let mut out = Vec::new();
     let find = |name: &str| {
         elf.section_headers
@@ -261,13 +266,14 @@ fn eh_frame_functions(elf: &Elf, data: &[u8]) -> Vec<Fde> {
         if fde.len() == 0 {
             continue;
         }
-        let entry_state = fde
-            .unwind_info_for_address(&eh, &bases, &mut ctx, fde.initial_address())
-            .is_ok_and(|row| {
-                matches!(row.cfa(), CfaRule::RegisterAndOffset { register, offset }
+        let entry_state = !entry_states
+            || fde
+                .unwind_info_for_address(&eh, &bases, &mut ctx, fde.initial_address())
+                .is_ok_and(|row| {
+                    matches!(row.cfa(), CfaRule::RegisterAndOffset { register, offset }
                         if *register == X86_64::RSP && *offset == 8)
-                    && row.registers().all(|(r, _)| *r == X86_64::RA)
-            });
+                        && row.registers().all(|(r, _)| *r == X86_64::RA)
+                });
         out.push(Fde {
             start: fde.initial_address(),
             len: fde.len(),
