@@ -352,3 +352,22 @@ fn fork_after_closing_descriptors_leaves_program_files_alone() {
     assert_eq!(calls_of(&procs[1], "child_work"), 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The agent keeps no descriptor open: the program's descriptor table is
+/// exactly what it would be without it, before and after fork.
+#[test]
+fn no_descriptor_is_added() {
+    let dir = scratch("fds");
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let bin = compile("fds.c", &v, &[], &dir).0;
+    let plain = run_plain(&bin, &[]);
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("fds", &plain, &prof.output);
+    assert_eq!(prof.report["processes"].as_array().unwrap().len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

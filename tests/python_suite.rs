@@ -3,7 +3,7 @@
 //! agent, and the agent reports at least 95% of libpython patched.
 
 use rtprof_e2e::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const MODULES: &[&str] = &[
@@ -31,7 +31,18 @@ const MODULES: &[&str] = &[
     "test_scope",
     "test_weakref",
     "test_gc",
+    // A process's whole life: children, threads, signals, fork.
+    "test_subprocess",
+    "test_threading",
+    "test_signal",
+    "test_os",
+    "test_fork1",
+    "test_threadsignals",
 ];
+
+/// Test cases that fail on this machine with or without the agent (an
+/// isolated interpreter here finds `threading` already imported).
+const IGNORED: &[&str] = &["test_import_from_another_thread"];
 
 /// Asks an interpreter for its real binary and whether libpython is shared.
 fn probe(cmd: &str) -> Option<(PathBuf, bool)> {
@@ -120,15 +131,17 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
     let py = python();
     let dir = scratch("cpython");
     let args = |c: &mut Command| {
-        c.arg("-m")
-            .arg("test")
-            .arg("-j2")
-            .args(MODULES)
-            .current_dir(&dir);
+        c.arg("-m").arg("test").arg("-j2");
+        for i in IGNORED {
+            c.arg("-i").arg(i);
+        }
+        c.args(MODULES).current_dir(&dir);
     };
     let mut plain = Command::new(&py);
     args(&mut plain);
+    let t = std::time::Instant::now();
     let (plain_ok, plain_text) = run_suite(&mut plain);
+    let plain_s = t.elapsed().as_secs_f64();
 
     let json = dir.join("report.json");
     let mut prof = Command::new(rtprof());
@@ -140,7 +153,13 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
         .arg("--")
         .arg(&py);
     args(&mut prof);
+    let t = std::time::Instant::now();
     let (prof_ok, prof_text) = run_suite(&mut prof);
+    eprintln!(
+        "{} CPython test modules: {plain_s:.1} s without the agent, {:.1} s with libpython instrumented",
+        MODULES.len(),
+        t.elapsed().as_secs_f64()
+    );
 
     assert_eq!(
         (plain_ok, failed_modules(&plain_text)),
@@ -155,17 +174,32 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let procs = report["processes"].as_array().unwrap();
+    // The tests also start other programs (true, echo, a shell): those are
+    // profiled too, but only Python processes carry libpython.
+    let exe = py.canonicalize().unwrap();
+    let python: Vec<_> = procs
+        .iter()
+        .filter(|p| Path::new(p["exe"].as_str().unwrap()) == exe)
+        .collect();
     assert!(
-        procs.len() > 2,
+        python.len() > 2,
         "the runner and its workers are all reported"
     );
-    for p in procs {
+    let calls = |p: &serde_json::Value| -> u64 {
+        p["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["calls"].as_u64().unwrap())
+            .sum()
+    };
+    for p in &python {
         let lib = p["modules"]
             .as_array()
             .unwrap()
             .iter()
             .find(|m| m["path"].as_str().unwrap().contains("libpython"))
-            .unwrap_or_else(|| panic!("libpython not instrumented in {p}"));
+            .unwrap_or_else(|| panic!("libpython not instrumented in pid {}", p["pid"]));
         let (n, patched) = (
             lib["functions"].as_u64().unwrap(),
             lib["patched"].as_u64().unwrap(),
@@ -176,18 +210,14 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
             "only {patched} of {n} libpython functions patched: {}",
             lib["refused"]
         );
-        let calls: u64 = p["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f["calls"].as_u64().unwrap())
-            .sum();
-        assert!(
-            calls > 10_000,
-            "pid {}: only {calls} calls counted",
-            p["pid"]
-        );
     }
+    // The runner (the first process) interprets a lot of Python; forked
+    // helpers may do little before they exec or exit.
+    let runner = calls(python[0]);
+    assert!(
+        runner > 1_000_000,
+        "the runner made only {runner} counted calls"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,14 +1,16 @@
 //! The counter segment in shared memory: an anonymous memfd, or a file in the
-//! private directory `rtprof run` collects from. Memory is reserved with
-//! fallocate before use, so a full disk or tmpfs means "no new stripe"
-//! (the thread counts in the shared stripe), never SIGBUS in the host.
+//! private directory `rtprof run` collects from. Memory is reserved before
+//! use (fallocate for the metadata, MADV_POPULATE_WRITE for a thread's
+//! stripe), so a full disk or tmpfs means "no new stripe" (the thread counts
+//! in the shared stripe), never SIGBUS in the host. Once mapped, the file's
+//! descriptor is closed: the program never sees a descriptor it did not open.
 
+use crate::log::vlog;
 use rtprof_shared::layout::PAGE;
 use rtprof_shared::{Capacities, Layout, SegmentWriter};
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 #[derive(Debug)]
 pub enum SegmentError {
@@ -33,22 +35,10 @@ pub struct Segment {
     pub writer: SegmentWriter,
     /// The run directory (if any), for the segment of a forked child.
     run_dir: Option<String>,
-    /// Descriptor of the backing file and its identity (device, inode),
-    /// checked before each use: a program may close every descriptor and
-    /// reuse the number. Atomics, because a forked child swaps them without
-    /// taking a lock another thread might have held.
-    fd: AtomicI32,
-    dev: AtomicU64,
-    ino: AtomicU64,
 }
 
 fn last_err() -> io::Error {
     io::Error::last_os_error()
-}
-
-fn identity(fd: libc::c_int) -> Option<(u64, u64)> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
 /// Opens `<dir>/<pid>-<n>.seg`, after checking the directory is ours alone.
@@ -100,6 +90,17 @@ fn create_in_dir(dir: &str) -> Result<libc::c_int, SegmentError> {
     }
     unsafe { libc::close(dfd) };
     result
+}
+
+/// Backs `len` bytes of the mapping at `addr` with memory now, reporting
+/// failure instead of a later SIGBUS. (Linux 5.14+; before that, threads
+/// count in the shared stripe.)
+fn populate(addr: *mut u64, len: u64) -> io::Result<()> {
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    match unsafe { libc::madvise(addr.cast(), len as usize, MADV_POPULATE_WRITE) } {
+        0 => Ok(()),
+        _ => Err(last_err()),
+    }
 }
 
 fn reserve(fd: libc::c_int, off: u64, len: u64) -> io::Result<()> {
@@ -172,24 +173,12 @@ impl Segment {
                 return Err(e);
             }
         };
+        unsafe { libc::close(fd) };
         let writer = unsafe { SegmentWriter::init(base, layout, pid, ppid, start_ns) };
-        let (dev, ino) = identity(fd).unwrap_or_default();
         Ok(Segment {
             writer,
             run_dir: run_dir.map(str::to_string),
-            fd: AtomicI32::new(fd),
-            dev: AtomicU64::new(dev),
-            ino: AtomicU64::new(ino),
         })
-    }
-
-    fn backing_fd(&self) -> Option<libc::c_int> {
-        let fd = self.fd.load(Ordering::Acquire);
-        let want = (
-            self.dev.load(Ordering::Relaxed),
-            self.ino.load(Ordering::Relaxed),
-        );
-        (identity(fd) == Some(want)).then_some(fd)
     }
 
     /// Bytes of a stripe that hold the counters of existing functions; the
@@ -206,12 +195,7 @@ impl Segment {
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
         let idx = self.writer.alloc_stripe(tid)?;
-        let l = self.writer.layout();
-        let len = self.stripe_used_bytes();
-        let backed = self
-            .backing_fd()
-            .is_some_and(|fd| reserve(fd, l.stripe_off(idx), len).is_ok());
-        if !backed {
+        if populate(self.writer.stripe_ptr(idx), self.stripe_used_bytes()).is_err() {
             self.writer.retire_stripe(idx);
             return None;
         }
@@ -244,20 +228,9 @@ impl Segment {
                 unsafe { libc::close(fd) };
                 return Err(SegmentError::Reserve(e));
             }
-            if let Err(e) = map(l.total_size, fd, base.cast()) {
-                unsafe { libc::close(fd) };
-                return Err(e);
-            }
-            // The old number may since belong to the program: close it only
-            // if it is still our file.
-            if let Some(old) = self.backing_fd() {
-                unsafe { libc::close(old) };
-            }
-            let (dev, ino) = identity(fd).unwrap_or_default();
-            self.fd.store(fd, Ordering::Release);
-            self.dev.store(dev, Ordering::Relaxed);
-            self.ino.store(ino, Ordering::Relaxed);
-            Ok(())
+            let mapped = map(l.total_size, fd, base.cast());
+            unsafe { libc::close(fd) };
+            mapped.map(|_| ())
         })();
         if result.is_err() {
             // Anonymous shared memory: the stubs keep working, the parent
@@ -272,9 +245,8 @@ impl Segment {
                     0,
                 )
             };
-            if p != libc::MAP_FAILED {
-                // No file behind it: no stripes can be reserved.
-                self.fd.store(-1, Ordering::Release);
+            if p == libc::MAP_FAILED {
+                vlog!("cannot detach from the parent's counters: {}", last_err());
             }
             return result;
         }

@@ -78,7 +78,19 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         if p.extension().is_none_or(|x| x != "seg") {
             continue;
         }
-        match map_file(&p).and_then(|b| read_snapshot(&b).map_err(|e| e.to_string())) {
+        let bytes = match map_file(&p) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("rtprof: skipping {}: {e}", p.display());
+                continue;
+            }
+        };
+        // A process that died while its agent was starting leaves a file
+        // with nothing in it yet: no data, nothing to complain about.
+        if bytes.len() < 8 || bytes[..8] == [0; 8] {
+            continue;
+        }
+        match read_snapshot(&bytes) {
             Ok(s) => out.push(s),
             Err(e) => eprintln!("rtprof: skipping {}: {e}", p.display()),
         }
