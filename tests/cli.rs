@@ -371,3 +371,24 @@ fn no_descriptor_is_added() {
     assert_eq!(prof.report["processes"].as_array().unwrap().len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// exec replaces a process's image, and the new image is profiled in turn:
+/// three images of one pid, each with its own section and counts.
+#[test]
+fn exec_chain_is_followed() {
+    let dir = scratch("exec");
+    let v = Variant { opt: "-O2", cf_protection: false, pie: true, strip: false };
+    let bin = compile("exec_chain.c", &v, &[], &dir).0;
+    let plain = run_plain(&bin, &[]);
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("exec chain", &plain, &prof.output);
+    assert_eq!(prof.output.status.code(), Some(5));
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 3, "{}", prof.report);
+    for (stage, p) in procs.iter().enumerate() {
+        assert_eq!(p["pid"], procs[0]["pid"], "exec keeps the pid");
+        assert_eq!(calls_of(p, "stage_work"), (stage as u64 + 1) * 10);
+        assert_eq!(p["ended"], if stage < 2 { "exec" } else { "exit" });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -96,7 +96,19 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         }
     }
     out.sort_by_key(|s| (s.start_ns, s.pid));
+    mark_execs(&mut out);
     out
+}
+
+/// An image followed by a later one with the same pid replaced itself by
+/// exec (snapshots sorted by start time).
+fn mark_execs(procs: &mut [Snapshot]) {
+    for i in 0..procs.len() {
+        let (pid, start) = (procs[i].pid, procs[i].start_ns);
+        procs[i].replaced_by_exec = procs[i + 1..]
+            .iter()
+            .any(|later| later.pid == pid && later.start_ns >= start);
+    }
 }
 
 pub fn run(args: RunArgs) -> ExitCode {

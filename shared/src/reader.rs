@@ -88,6 +88,9 @@ pub struct Snapshot {
     pub samples_total: u64,
     pub samples_lost: u64,
     pub setup_ns: u64,
+    /// Not in the segment: set by a collector that saw a later image of the
+    /// same process (same pid, started later), which means this one exec'd.
+    pub replaced_by_exec: bool,
     pub modules: Vec<ModuleStats>,
     pub functions: Vec<FunctionStats>,
 }
@@ -300,6 +303,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         samples_total: h.samples_total,
         samples_lost: h.samples_lost,
         setup_ns: h.setup_ns,
+        replaced_by_exec: false,
         modules,
         functions,
     })

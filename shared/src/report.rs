@@ -39,10 +39,21 @@ fn module_name(s: &Snapshot, idx: u32) -> &str {
     s.modules.get(idx as usize).map_or("?", |m| m.name())
 }
 
-fn state_text(s: &Snapshot) -> String {
+/// How the process (image) ended: "exit", "exec" or "abrupt" (a signal,
+/// `_exit`, or death during start-up).
+pub fn ending(s: &Snapshot) -> &'static str {
     match s.state {
-        state::EXITED => format!("exited with status {}", s.exit_status),
-        state::RUNNING => "ended without running exit handlers".to_string(),
+        state::EXITED => "exit",
+        _ if s.replaced_by_exec => "exec",
+        _ => "abrupt",
+    }
+}
+
+fn state_text(s: &Snapshot) -> String {
+    match (ending(s), s.state) {
+        ("exit", _) => format!("exited with status {}", s.exit_status),
+        ("exec", _) => "replaced itself (exec)".to_string(),
+        (_, state::RUNNING) => "ended without running exit handlers".to_string(),
         _ => "ended during start-up".to_string(),
     }
 }
@@ -153,6 +164,8 @@ pub fn json(procs: &[Snapshot]) -> String {
         w.string(&s.exe);
         w.key("exited");
         w.bool(s.state == state::EXITED);
+        w.key("ended");
+        w.string(ending(s));
         w.key("exit_status");
         w.int(s.exit_status as i64);
         w.key("start_ns");
@@ -231,6 +244,7 @@ mod tests {
             samples_total: 0,
             samples_lost: 0,
             setup_ns: 0,
+            replaced_by_exec: false,
             modules: vec![ModuleStats {
                 path: "/bin/a".into(),
                 base: 0,
