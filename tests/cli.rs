@@ -377,7 +377,12 @@ fn no_descriptor_is_added() {
 #[test]
 fn exec_chain_is_followed() {
     let dir = scratch("exec");
-    let v = Variant { opt: "-O2", cf_protection: false, pie: true, strip: false };
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
     let bin = compile("exec_chain.c", &v, &[], &dir).0;
     let plain = run_plain(&bin, &[]);
     let prof = run_profiled(&bin, &[], &[], &dir);

@@ -124,6 +124,33 @@ fn ordinary_program_with_jump_tables() {
     corpus("workload.c", &[], &[], |_| true);
 }
 
+/// 2,000 short-lived threads: exact totals, and stripes are reused, so the
+/// agent's memory is bounded by the threads alive at once, not ever made.
+#[test]
+fn thousands_of_short_lived_threads() {
+    let dir = scratch("many-threads");
+    for v in Variant::all()
+        .into_iter()
+        .filter(|v| !v.strip && v.opt != "-Os" && v.pie)
+    {
+        let (bin, unstripped) = compile("many_threads.c", &v, &["-pthread"], &dir);
+        check_variant(
+            &bin,
+            &unstripped,
+            &format!("many_threads {}", v.tag()),
+            &[],
+            &dir,
+        );
+        let prof = run_profiled(&bin, &[], &[], &dir);
+        let stripes = process(&prof.report, &bin)["stripes"].as_u64().unwrap();
+        assert!(
+            stripes <= 64,
+            "{stripes} stripes for 25 threads alive at once"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn cold_fragments_are_not_functions() {
     let runs = corpus("cold.c", &[], &[], |_| true);

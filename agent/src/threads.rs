@@ -1,8 +1,8 @@
 //! Per-thread stripes. Each thread's stripe pointer lives in static TLS at a
 //! fixed offset from the thread pointer, so a stub reaches it with one
 //! `mov rcx, fs:[offset]`. New threads get a stripe in a `pthread_create`
-//! wrapper before their start routine runs; a thread that ends keeps its
-//! counts (its stripe is retired, not freed).
+//! wrapper before their start routine runs; when a thread ends, its counts
+//! are folded into the shared stripe and its stripe is reused.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -61,11 +61,15 @@ pub fn gettid() -> u32 {
 /// pthread key whose destructor retires the thread's stripe.
 static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 
+/// At thread exit: later calls of this thread (other destructors) go to the
+/// shared stripe, and its own stripe's counts are folded in there, freeing
+/// the stripe for the next thread.
 unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
     let idx = v as usize;
     if idx > 0 {
         if let Some(a) = crate::agent() {
-            a.segment.writer.retire_stripe((idx - 1) as u32);
+            set_stripe(std::ptr::null_mut());
+            a.segment.writer.fold_stripe((idx - 1) as u32);
         }
     }
 }

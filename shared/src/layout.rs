@@ -33,6 +33,8 @@ pub mod stripe_state {
     pub const LIVE: u32 = 1;
     /// The owning thread ended; its counts still belong to the totals.
     pub const RETIRED: u32 = 2;
+    // FREE stripes below `stripe_count` were folded into stripe 0 and are
+    // zero: a new thread may take them.
 }
 
 #[repr(C)]
@@ -77,7 +79,13 @@ pub struct Header {
     pub flags: u32,
     /// Nanoseconds the agent spent at start-up (reading ELF files, analysis, patching).
     pub setup_ns: u64,
-    pub reserved: [u64; 7],
+    /// Odd while an exited thread's stripe is being folded into stripe 0:
+    /// readers retry until they see the same even value before and after.
+    pub fold_seq: u64,
+    /// Serialises folds within the process (0 free, 1 held).
+    pub fold_lock: u32,
+    pub pad: u32,
+    pub reserved: [u64; 5],
 }
 
 #[repr(C)]

@@ -91,6 +91,8 @@ pub struct Snapshot {
     /// Not in the segment: set by a collector that saw a later image of the
     /// same process (same pid, started later), which means this one exec'd.
     pub replaced_by_exec: bool,
+    /// Stripes ever handed out (bounded by the threads alive at once).
+    pub stripes: u32,
     pub modules: Vec<ModuleStats>,
     pub functions: Vec<FunctionStats>,
 }
@@ -251,11 +253,28 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         });
     }
 
-    // Stripes in use: the shared one and every one handed to a thread.
-    let live: Vec<u64> = (0..h.stripe_count as u64)
-        .filter(|&s| b.u32(h.stripe_table_off + s * 8) != stripe_state::FREE)
-        .map(|s| h.stripes_off + s * h.stripe_bytes)
-        .collect();
+    // Sums over the stripes in use (the shared one and every one handed to
+    // a thread), as of one moment: retried while an exited thread's stripe
+    // is being folded into the shared one (`fold_seq` odd or changed).
+    let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
+    let mut calls = vec![0u64; h.func_count as usize];
+    for _ in 0..1000 {
+        let before = b.counter(seq_off);
+        calls.iter_mut().for_each(|c| *c = 0);
+        for s in 0..h.stripe_count as u64 {
+            if b.u32(h.stripe_table_off + s * 8) == stripe_state::FREE {
+                continue;
+            }
+            let base = h.stripes_off + s * h.stripe_bytes;
+            for (i, c) in calls.iter_mut().enumerate() {
+                *c = c.wrapping_add(b.counter(base + i as u64 * 8));
+            }
+        }
+        if before % 2 == 0 && b.counter(seq_off) == before {
+            break;
+        }
+        std::thread::yield_now();
+    }
 
     let mut functions = Vec::with_capacity(h.func_count as usize);
     for i in 0..h.func_count as u64 {
@@ -277,16 +296,13 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             0 => None,
             c => Some(Refusal::from_code(c).ok_or(SegmentError::BadReference("refusal code"))?),
         };
-        let calls = live
-            .iter()
-            .fold(0u64, |acc, s| acc.wrapping_add(b.counter(s + i * 8)));
         functions.push(FunctionStats {
             name: string("function name", strings, f.name_off, f.name_len)?,
             module: f.module,
             vaddr: f.vaddr,
             size: f.size,
             refused,
-            calls,
+            calls: calls[i as usize],
             samples: b.counter(h.samples_off + i * 8),
         });
     }
@@ -304,6 +320,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         samples_lost: h.samples_lost,
         setup_ns: h.setup_ns,
         replaced_by_exec: false,
+        stripes: h.stripe_count,
         modules,
         functions,
     })

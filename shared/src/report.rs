@@ -174,6 +174,8 @@ pub fn json(procs: &[Snapshot]) -> String {
         w.uint(s.end_ns);
         w.key("setup_ns");
         w.uint(s.setup_ns);
+        w.key("stripes");
+        w.uint(s.stripes as u64);
         w.key("functions");
         w.begin_array();
         for f in by_calls(s) {
@@ -245,6 +247,7 @@ mod tests {
             samples_lost: 0,
             setup_ns: 0,
             replaced_by_exec: false,
+            stripes: 1,
             modules: vec![ModuleStats {
                 path: "/bin/a".into(),
                 base: 0,

@@ -264,10 +264,26 @@ impl SegmentWriter {
         unsafe { self.base.add(self.layout.stripe_off(i) as usize) as *mut u64 }
     }
 
-    /// Hands out a never-used stripe, or `None` when all are taken.
-    /// Lock-free: safe from any thread.
+    /// Hands out a stripe for thread `tid`: a folded one if any, else a
+    /// never-used one; `None` when all are taken. Lock-free.
     pub fn alloc_stripe(&self, tid: u32) -> Option<u32> {
         let count = self.header_u32(offset_of!(Header, stripe_count));
+        let used = count.load(Ordering::Acquire).min(self.layout.caps.stripes);
+        for i in 1..used {
+            let (st, t) = self.stripe_slot(i);
+            if st
+                .compare_exchange(
+                    stripe_state::FREE,
+                    stripe_state::LIVE,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                t.store(tid, Ordering::Relaxed);
+                return Some(i);
+            }
+        }
         let mut cur = count.load(Ordering::Relaxed);
         loop {
             if cur >= self.layout.caps.stripes {
@@ -282,6 +298,40 @@ impl SegmentWriter {
         t.store(tid, Ordering::Relaxed);
         st.store(stripe_state::LIVE, Ordering::Release);
         Some(cur)
+    }
+
+    /// Folds an exited thread's stripe into the shared stripe and frees it
+    /// for reuse, so memory stays bounded by the threads alive at once. The
+    /// owner must no longer count into it. Readers see the fold atomically
+    /// through `fold_seq`.
+    pub fn fold_stripe(&self, i: u32) {
+        if i == 0 || i >= self.layout.caps.stripes {
+            return;
+        }
+        let lock = self.header_u32(offset_of!(Header, fold_lock));
+        while lock
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        let seq = self.header_u64(offset_of!(Header, fold_seq));
+        seq.fetch_add(1, Ordering::AcqRel);
+        let (src, dst) = (self.stripe_ptr(i), self.stripe_ptr(0));
+        for k in 0..self.func_count() as usize {
+            unsafe {
+                let v = std::ptr::read_volatile(src.add(k));
+                if v != 0 {
+                    (*(dst.add(k) as *const AtomicU64)).fetch_add(v, Ordering::Relaxed);
+                    std::ptr::write_volatile(src.add(k), 0);
+                }
+            }
+        }
+        self.stripe_slot(i)
+            .0
+            .store(stripe_state::FREE, Ordering::Release);
+        seq.fetch_add(1, Ordering::AcqRel);
+        lock.store(0, Ordering::Release);
     }
 
     /// Marks a stripe as belonging to a thread that has ended. Its counts stay.
@@ -357,5 +407,39 @@ mod tests {
         assert_eq!(w.add_string(&[0u8; 64]), Err(WriteError::Full));
         assert_eq!(w.alloc_stripe(7), Some(1));
         assert_eq!(w.alloc_stripe(8), None);
+    }
+
+    #[test]
+    fn folded_stripes_keep_their_counts_and_are_reused() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 3,
+            strings: 64,
+            stripes: 3,
+        });
+        let mut buf = buffer(&layout);
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        w.add_module(b"m", 0).unwrap();
+        for n in [b"a", b"b", b"c"] {
+            w.add_function(n, 0, 1).unwrap();
+        }
+        let s1 = w.alloc_stripe(1).unwrap();
+        let s2 = w.alloc_stripe(2).unwrap();
+        assert_eq!(w.alloc_stripe(3), None, "all taken");
+        unsafe {
+            *w.stripe_ptr(s1).add(1) = 5;
+            *w.stripe_ptr(0).add(1) = 2;
+        }
+        w.fold_stripe(s1);
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
+        let snap = crate::read_snapshot(bytes).unwrap();
+        assert_eq!(snap.functions[1].calls, 7, "no count lost or doubled");
+        assert_eq!(w.alloc_stripe(4), Some(s1), "a folded stripe is reused");
+        assert_eq!(
+            unsafe { *w.stripe_ptr(s1).add(1) },
+            0,
+            "and starts from zero"
+        );
+        let _ = s2;
     }
 }
