@@ -17,6 +17,7 @@ pub mod segment;
 mod startup;
 pub mod stubmem;
 pub mod symbols;
+pub mod system;
 pub mod threads;
 
 use config::Config;

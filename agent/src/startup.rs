@@ -10,7 +10,7 @@ use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
 use crate::maps::Maps;
 use crate::segment::Segment;
-use crate::{agent, fork, modules, now_ns, symbols, threads, Agent, AGENT};
+use crate::{agent, fork, modules, now_ns, symbols, system, threads, Agent, AGENT};
 use rtprof_shared::{report, Capacities};
 use std::time::Instant;
 
@@ -73,10 +73,19 @@ fn capacities(cfg: &Config, plans: &[ModulePlan], exe: &str) -> Capacities {
 
 pub(crate) fn start() {
     let t0 = Instant::now();
-    if secure_mode() {
+    if system::kill_switch_on() {
         return;
     }
-    let cfg = Config::from_env();
+    let cfg = if secure_mode() {
+        // The environment belongs to a less privileged user: only root's
+        // policy decides, and nothing of RTPROF_* is read.
+        if !system::SystemConfig::load().profile_secure {
+            return;
+        }
+        Config::default()
+    } else {
+        Config::from_env()
+    };
     log::set_verbose(cfg.verbose);
     if cfg.disabled {
         return;

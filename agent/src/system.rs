@@ -1,0 +1,97 @@
+//! Machine-wide settings only root can make: the kill switch and the
+//! policy for secure-execution (set-user-ID) processes. Files that are not
+//! owned by root, or that others may write, are ignored.
+
+use std::ffi::CString;
+
+/// While this file exists, every newly started agent stays inert.
+pub const KILL_SWITCH: &str = "/etc/rtprof/disable";
+/// `key = value` lines; `#` starts a comment.
+pub const CONFIG: &str = "/etc/rtprof/rtprof.conf";
+
+/// Opens `path` for reading only if it is a regular file owned by root and
+/// writable by nobody else (checked on the opened file, no race).
+fn root_owned(path: &str) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let c = CString::new(path).ok()?;
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let m = f.metadata().ok()?;
+    (m.is_file() && m.uid() == 0 && m.mode() & 0o022 == 0).then_some(f)
+}
+
+pub fn kill_switch_on() -> bool {
+    root_owned(KILL_SWITCH).is_some()
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SystemConfig {
+    /// Profile processes in secure-execution mode (default: no).
+    pub profile_secure: bool,
+}
+
+impl SystemConfig {
+    pub fn parse(text: &str) -> SystemConfig {
+        let mut c = SystemConfig::default();
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            if k.trim() == "profile_secure_processes" {
+                c.profile_secure = matches!(v.trim(), "yes" | "on" | "true" | "1");
+            }
+        }
+        c
+    }
+
+    pub fn load() -> SystemConfig {
+        use std::io::Read;
+        let mut text = String::new();
+        let read = root_owned(CONFIG).is_some_and(|mut f| f.read_to_string(&mut text).is_ok());
+        if read {
+            SystemConfig::parse(&text)
+        } else {
+            SystemConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_secure_policy() {
+        assert!(!SystemConfig::parse("").profile_secure);
+        assert!(
+            SystemConfig::parse("# policy\nprofile_secure_processes = yes # ok\n").profile_secure
+        );
+        assert!(!SystemConfig::parse("profile_secure_processes = no").profile_secure);
+        assert!(!SystemConfig::parse("profile_secure_processes").profile_secure);
+    }
+
+    #[test]
+    fn files_others_may_write_are_ignored() {
+        let dir = std::env::temp_dir().join(format!("rtprof-sys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("conf");
+        std::fs::write(&p, "x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(root_owned(p.to_str().unwrap()).is_none(), "world-writable");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let owned_by_root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(root_owned(p.to_str().unwrap()).is_some(), owned_by_root);
+        assert!(root_owned(dir.join("missing").to_str().unwrap()).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

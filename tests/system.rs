@@ -1,0 +1,166 @@
+//! Machine-wide controls, which need root: the kill switch in /etc/rtprof,
+//! and set-user-ID programs, whose environment must not steer the agent.
+//! The tests change /etc/rtprof and a standard library directory, and put
+//! everything back (also when they fail). They run in one test function so
+//! nothing else runs beside them in this binary; cargo runs test binaries
+//! one after another.
+
+use rtprof_e2e::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ETC: &str = "/etc/rtprof";
+/// The loader preloads in secure mode only from a standard directory, a
+/// file with the set-user-ID bit, named without a slash.
+const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+const LIB_NAME: &str = "librtprof-systemtest.so";
+
+/// Files the test created, removed again when it ends.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = std::fs::remove_file(p).or_else(|_| std::fs::remove_dir(p));
+        }
+    }
+}
+
+fn put(cleanup: &mut Cleanup, path: &str, text: &str) {
+    assert!(
+        !Path::new(path).exists(),
+        "{path} exists already; refusing to touch it"
+    );
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    cleanup.0.push(path.into());
+}
+
+/// Runs `bin` as nobody with `env` set for it alone (not for the tools
+/// that switch user, which would otherwise load the agent themselves).
+fn as_nobody(bin: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    let assignments: Vec<String> = env.iter().map(|(k, v)| format!("{k}='{v}'")).collect();
+    let script = format!("{} exec {}", assignments.join(" "), bin.display());
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg(script)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("setpriv runs")
+}
+
+#[test]
+fn kill_switch_and_setuid_programs() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the system tests need root (they change /etc/rtprof and install a set-user-ID file)"
+    );
+    let dir = scratch("system");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let bin = compile("suid.c", &v, &[], &dir).0;
+    let mut cleanup = Cleanup(Vec::new());
+    if !Path::new(ETC).exists() {
+        std::fs::create_dir(ETC).unwrap();
+        cleanup.0.push(ETC.into());
+    }
+
+    // Kill switch: a new agent stays inert while the file exists.
+    let kill = format!("{ETC}/disable");
+    put(&mut cleanup, &kill, "");
+    let out = Command::new(rtprof())
+        .args(["run", "--"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("loaded 1 patched 0"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no profile was recorded"));
+    std::fs::remove_file(&kill).unwrap();
+    let out = Command::new(rtprof())
+        .args(["run", "--"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("loaded 1 patched 1"),
+        "switched on again"
+    );
+
+    // Set-user-ID root program started by nobody, with every RTPROF_*
+    // variable set: loaded (the loader allows it), but inert by default.
+    let lib = format!("{LIB_DIR}/{LIB_NAME}");
+    assert!(!Path::new(&lib).exists());
+    std::fs::copy(agent(), &lib).unwrap();
+    cleanup.0.push(lib.clone().into());
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let report = dir.join("report.txt");
+    let env = [
+        ("LD_PRELOAD", LIB_NAME),
+        ("RTPROF_VERBOSE", "1"),
+        ("RTPROF_MODULES", "all"),
+        ("RTPROF_REPORT", report.to_str().unwrap()),
+        ("RTPROF_MAX_THREADS", "1"),
+    ];
+    let out = as_nobody(&bin, &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("euid 0 loaded 1"),
+        "the program runs set-user-ID with the agent: {text}"
+    );
+    assert!(
+        text.contains("patched 0"),
+        "secure processes are not profiled by default: {text}"
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "RTPROF_VERBOSE ignored: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!report.exists(), "RTPROF_REPORT ignored");
+
+    // Root's policy may profile them, still without reading the environment.
+    put(
+        &mut cleanup,
+        &format!("{ETC}/rtprof.conf"),
+        "profile_secure_processes = yes\n",
+    );
+    let out = as_nobody(&bin, &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("loaded 1 patched 1 result 17"),
+        "profiled by policy: {text}"
+    );
+    assert!(out.stderr.is_empty(), "RTPROF_VERBOSE still ignored");
+    assert!(!report.exists(), "RTPROF_REPORT still ignored");
+
+    // Control: the same variables do steer an ordinary process.
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&bin)
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_VERBOSE", "1")
+        .env("RTPROF_REPORT", &report)
+        .output()
+        .unwrap();
+    assert!(
+        !out.stderr.is_empty() && report.exists(),
+        "ordinary processes read RTPROF_*"
+    );
+    drop(cleanup);
+    let _ = std::fs::remove_dir_all(&dir);
+}
