@@ -397,3 +397,55 @@ fn exec_chain_is_followed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Forks while other threads are inside the agent's slow paths, plus
+/// posix_spawn and vfork children: nothing hangs, every process counts
+/// exactly what it ran.
+#[test]
+fn fork_storm_with_threads_and_spawned_children() {
+    let dir = scratch("fork-storm");
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let bin = compile("fork_storm.c", &v, &["-pthread"], &dir).0;
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_eq!(
+        String::from_utf8_lossy(&prof.output.stdout),
+        "children ok 40 spawned ok 2\n"
+    );
+    let procs = prof.report["processes"].as_array().unwrap();
+    let forked: Vec<_> = procs
+        .iter()
+        .filter(|p| calls_of(p, "in_child") == 1)
+        .collect();
+    assert_eq!(forked.len(), 40, "every forked child reported");
+    for p in &forked {
+        assert_eq!(
+            calls_of(p, "leaf"),
+            11,
+            "child: its thread's call and its own ten"
+        );
+        assert_eq!(calls_of(p, "churn"), 0, "nothing of the parent's threads");
+        assert_eq!(p["ended"], "abrupt", "_exit runs no exit handlers");
+    }
+    let spawned: Vec<_> = procs.iter().filter(|p| p["exit_status"] == 3).collect();
+    assert_eq!(
+        spawned.len(),
+        2,
+        "posix_spawn and vfork children profiled in their new image"
+    );
+    for p in &spawned {
+        assert_eq!(calls_of(p, "leaf"), 4);
+    }
+    let parent = &procs[0];
+    assert_eq!(calls_of(parent, "in_child"), 0);
+    assert_eq!(
+        calls_of(parent, "short_lived"),
+        calls_of(parent, "leaf"),
+        "the parent's own calls are exact"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
