@@ -4,7 +4,6 @@
 
 use rtprof_e2e::*;
 use serde_json::Value;
-use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,24 +24,8 @@ fn rtprof_json(
     stdin: &[u8],
     dir: &Path,
 ) -> (std::process::Output, Value) {
-    let json = dir.join("r.json");
-    let _ = std::fs::remove_file(&json);
-    let mut c = Command::new(rtprof());
-    c.arg("run")
-        .arg("--json")
-        .arg(&json)
-        .arg("--")
-        .arg(bin)
-        .args(args);
-    c.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("report written")).unwrap();
-    (out, report)
+    let p = run_profiled_with_input(bin, args, &[], stdin, dir);
+    (p.output, p.report)
 }
 
 fn work_calls(report: &Value) -> u64 {

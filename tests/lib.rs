@@ -158,10 +158,24 @@ pub fn run_plain(bin: &Path, args: &[&str]) -> Output {
 
 /// Runs `bin` under `rtprof run --json`.
 pub fn run_profiled(bin: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path) -> Profiled {
+    run_profiled_with_input(bin, args, env, b"", dir)
+}
+
+/// Runs `bin` under `rtprof run --json`, feeding `stdin` to it.
+pub fn run_profiled_with_input(
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: &[u8],
+    dir: &Path,
+) -> Profiled {
+    use std::io::Write;
+    use std::process::Stdio;
     let json = dir.join(format!(
         "{}.json",
         bin.file_name().unwrap().to_string_lossy()
     ));
+    let _ = std::fs::remove_file(&json);
     let mut c = Command::new(rtprof());
     c.arg("run")
         .arg("--json")
@@ -172,7 +186,12 @@ pub fn run_profiled(bin: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path)
     for (k, v) in env {
         c.env(k, v);
     }
-    let output = c.output().expect("rtprof runs");
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("rtprof runs");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let output = child.wait_with_output().unwrap();
     let text = std::fs::read_to_string(&json).unwrap_or_else(|e| {
         panic!(
             "no report from {}: {e}; stderr: {}",

@@ -236,6 +236,15 @@ mod tests {
         assert_eq!(ins[12].near_branch_target(), at + PROLOGUE_LEN as u64);
     }
 
+    /// An instruction's absolute branch target and rip-relative memory target.
+    fn targets(i: &Instruction) -> (Option<u64>, Option<u64>) {
+        (
+            (i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target()),
+            i.is_ip_rel_memory_operand()
+                .then(|| i.ip_rel_memory_address()),
+        )
+    }
+
     /// Moves rip-relative loads, short jcc and calls far away and checks
     /// that every absolute branch and memory target is unchanged.
     #[test]
@@ -255,32 +264,13 @@ mod tests {
         let orig = 0x5555_5555_0000u64;
         for &code in cases {
             let plan = plan_window(code, orig, code.len(), 0).unwrap();
-            let want: Vec<(Option<u64>, Option<u64>)> = plan
-                .moved
-                .iter()
-                .map(|i| {
-                    (
-                        (i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target()),
-                        i.is_ip_rel_memory_operand()
-                            .then(|| i.ip_rel_memory_address()),
-                    )
-                })
-                .collect();
+            let want: Vec<_> = plan.moved.iter().map(targets).collect();
             for at in [orig + 0x7000_0000, orig - 0x7000_0000] {
                 let stub = emit_stub(&plan, at, &COUNTER).unwrap();
                 let ins = decode_all(&stub, at);
                 // Moved instructions follow the 5-instruction prologue; a
                 // short jcc may have become near, but targets must match.
-                let got: Vec<_> = ins[5..5 + want.len()]
-                    .iter()
-                    .map(|i| {
-                        (
-                            (i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target()),
-                            i.is_ip_rel_memory_operand()
-                                .then(|| i.ip_rel_memory_address()),
-                        )
-                    })
-                    .collect();
+                let got: Vec<_> = ins[5..5 + want.len()].iter().map(targets).collect();
                 assert_eq!(got, want, "code {code:02x?} at {at:#x}");
                 let back = &ins[5 + want.len()];
                 assert_eq!(back.near_branch_target(), plan.resume_at);
