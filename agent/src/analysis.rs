@@ -152,7 +152,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
     let mut direct: Vec<u64> = starts.clone();
     let mut tables: Vec<u64> = Vec::new();
     let mut own: Vec<Own> = Vec::with_capacity(n);
-    let read = |a: u64, len: usize| mem(maps, a, len as u64).map(|s| s.to_vec());
+    let read = |a: u64, len: usize| mem(maps, a, len as u64);
     for (i, s) in scans.into_iter().enumerate() {
         let Some(s) = s else {
             own.push(Own::default());

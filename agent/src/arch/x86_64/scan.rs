@@ -67,12 +67,12 @@ pub fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
 /// function's code may be: a switch can send control into a split-off
 /// fragment). Heuristic, but wrong only in the safe direction: a target it
 /// finds can only cause a refusal.
-pub fn jump_table_targets(
+pub fn jump_table_targets<'m>(
     scan: &FunctionScan,
     lo: u64,
     hi: u64,
     keep: &dyn Fn(u64) -> bool,
-    read: &dyn Fn(u64, usize) -> Option<Vec<u8>>,
+    read: &dyn Fn(u64, usize) -> Option<&'m [u8]>,
 ) -> Vec<u64> {
     const MAX_ENTRIES: usize = 4096;
     let mut out = Vec::new();
@@ -140,7 +140,7 @@ mod tests {
             .collect();
         let read = |a: u64, n: usize| {
             let off = a.checked_sub(0x110e)? as usize;
-            table.get(off..off + n).map(|s| s.to_vec())
+            table.get(off..off + n)
         };
         // Entries are kept while they point into the module's code, even
         // outside the function (a cold fragment of it).
