@@ -11,7 +11,7 @@ use crate::log::{self, vlog};
 use crate::maps::Maps;
 use crate::segment::Segment;
 use crate::{agent, fork, modules, now_ns, symbols, system, threads, Agent, AGENT};
-use rtprof_shared::{report, Capacities};
+use rtprof_shared::{report, Capacities, Refusal};
 use std::time::Instant;
 
 /// In secure-execution mode (set-user-ID and the like) the environment
@@ -65,7 +65,8 @@ fn capacities(cfg: &Config, plans: &[ModulePlan], exe: &str) -> Capacities {
     let spare = cfg.spare_functions as usize;
     Capacities {
         modules: plans.len() as u32 + 64,
-        functions: (funcs + spare).min(u32::MAX as usize / 8) as u32,
+        // Stubs address a counter as a 32-bit displacement (slot * 8).
+        functions: (funcs + spare).min((i32::MAX / 8) as usize) as u32,
         strings: (names + exe.len() + spare * 48 + 4096).min(u32::MAX as usize) as u32,
         stripes: cfg.max_threads + 1,
     }
@@ -130,26 +131,39 @@ pub(crate) fn start() {
     };
     let _ = segment.writer.set_exe(exe.as_bytes());
 
-    // Records for every function first: slot = function index.
+    // Records for every function first: slot = function index. A module
+    // that does not fit is recorded as far as it goes, all refused, and
+    // ends the list.
     let mut first_slots = Vec::with_capacity(plans.len());
-    for p in &plans {
-        let Ok(_) = segment
+    'modules: for p in &plans {
+        if segment
             .writer
             .add_module(p.module.path.as_bytes(), p.module.bias)
-        else {
+            .is_err()
+        {
             break;
-        };
+        }
         let mut first = None;
         for c in &p.funcs {
-            match segment.writer.add_function(
-                c.name.as_bytes(),
-                c.vaddr,
-                c.size.min(u32::MAX as u64) as u32,
-            ) {
+            let size = c.size.min(u32::MAX as u64) as u32;
+            match segment
+                .writer
+                .add_function(c.name.as_bytes(), c.vaddr, size)
+            {
                 Ok(slot) => {
                     first.get_or_insert(slot);
                 }
-                Err(_) => break,
+                Err(_) => {
+                    let added = first.map_or(0, |f| segment.writer.func_count() - f);
+                    for k in 0..added {
+                        segment
+                            .writer
+                            .set_status(first.unwrap() + k, Some(Refusal::NoCounterSpace));
+                    }
+                    vlog!("{}: counter segment full; left unpatched", p.module.path);
+                    first_slots.push(None);
+                    break 'modules;
+                }
             }
         }
         first_slots.push(first);
@@ -163,9 +177,6 @@ pub(crate) fn start() {
     let mut stubs = StubMap::default();
     for (p, first) in plans.iter().zip(&first_slots) {
         let Some(first) = *first else { continue };
-        if first as usize + p.funcs.len() > caps.functions as usize {
-            continue;
-        }
         let t = Instant::now();
         let outcomes = install::install(p, first, tls_offset, shared, &mut stubs);
         let mut patched = 0;

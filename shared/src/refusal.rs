@@ -28,8 +28,8 @@ pub enum Refusal {
     WriteFailed = 10,
     /// The function lies outside the module's executable segments.
     OutsideText = 11,
-    /// The function overlaps another function's range.
-    Overlap = 12,
+    /// The counter segment had no room left for the function.
+    NoCounterSpace = 12,
 }
 
 impl Refusal {
@@ -45,7 +45,7 @@ impl Refusal {
         Refusal::RelocationFailed,
         Refusal::WriteFailed,
         Refusal::OutsideText,
-        Refusal::Overlap,
+        Refusal::NoCounterSpace,
     ];
 
     pub fn code(self) -> u32 {
@@ -70,7 +70,7 @@ impl Refusal {
             Refusal::RelocationFailed => "relocation_failed",
             Refusal::WriteFailed => "write_failed",
             Refusal::OutsideText => "outside_text",
-            Refusal::Overlap => "overlap",
+            Refusal::NoCounterSpace => "no_counter_space",
         }
     }
 }
