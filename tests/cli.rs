@@ -432,3 +432,57 @@ fn fork_storm_with_threads_and_spawned_children() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A library loaded with dlopen while four threads run, and then called by
+/// all of them, is instrumented at load time and counted exactly; after
+/// dlclose its counts stay in the report, and a second load counts anew.
+#[test]
+fn dlopen_while_threads_run() {
+    let dir = scratch("dlopen");
+    let lib = dir.join("libplugin.so");
+    let o = Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(root().join("tests/c/plugin.c"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let bin = compile("dlopen_main.c", &v, &["-pthread", "-ldl"], &dir).0;
+    let lib_arg = lib.to_str().unwrap();
+    let plain = run_plain(&bin, &[lib_arg]);
+    let prof = run_profiled(&bin, &[lib_arg], &[("RTPROF_MODULES", "libplugin*")], &dir);
+    assert_same_behaviour("dlopen", &plain, &prof.output);
+    let p = &prof.report["processes"][0];
+    let loads: Vec<_> = p["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["path"].as_str().unwrap().ends_with("libplugin.so"))
+        .collect();
+    assert_eq!(
+        loads.len(),
+        2,
+        "each load is a module of its own: {}",
+        p["modules"]
+    );
+    for m in &loads {
+        assert_eq!(m["patched"], m["functions"], "{m}");
+    }
+    let counts: Vec<u64> = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["name"] == "plugin_work")
+        .map(|f| f["calls"].as_u64().unwrap())
+        .collect();
+    let mut counts = counts;
+    counts.sort();
+    assert_eq!(counts, vec![10, 4 * 50000], "first load, then the second");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -68,6 +68,7 @@ extern "C" fn in_parent() {
 extern "C" fn in_child() {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
+        a.reset_loader_lock();
         let w = &a.segment.writer;
         let scratch = SCRATCH.load(Ordering::Acquire);
         let p = if scratch.is_null() {

@@ -24,6 +24,11 @@ impl StubMap {
         let r = self.ranges.get(i.checked_sub(1)?)?;
         (addr < r.1).then_some(r.2)
     }
+    /// Forgets the stubs in [lo, hi) (an unloaded module's area).
+    pub fn remove(&mut self, lo: u64, hi: u64) {
+        self.ranges.retain(|r| r.0 < lo || r.0 >= hi);
+    }
+
     fn add(&mut self, mut v: Vec<(u64, u64, u32)>) {
         self.ranges.append(&mut v);
         self.ranges.sort_unstable_by_key(|r| r.0);
@@ -34,7 +39,7 @@ impl StubMap {
 pub type Outcomes = Vec<Option<Refusal>>;
 
 /// Writes `patches` (address, bytes) into the module's code.
-fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
+pub(crate) fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
     let mut ok = vec![false; patches.len()];
     for load in m.loads.iter().filter(|l| l.executable()) {
         let lo = (m.bias + load.vaddr) / PAGE * PAGE;
@@ -102,14 +107,15 @@ fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
 }
 
 /// Installs the patchable functions of `mp`, whose counters are slots
-/// `first_slot..`. Returns each function's outcome.
+/// `first_slot..`. Returns each function's outcome, and the stub area (to
+/// release if the module is unloaded).
 pub fn install(
     mp: &ModulePlan,
     first_slot: u32,
     tls_offset: i32,
     shared_stripe: u64,
     map: &mut StubMap,
-) -> Outcomes {
+) -> (Outcomes, Option<StubArea>) {
     let mut outcomes: Outcomes = mp
         .funcs
         .iter()
@@ -122,7 +128,7 @@ pub fn install(
         .map(|p| max_stub_len(p) as u64 + STUB_ALIGN)
         .sum();
     if bound == 0 {
-        return outcomes;
+        return (outcomes, None);
     }
     let (lo, hi) = mp.module.span();
     let Some(area) = StubArea::near(lo, hi, bound) else {
@@ -135,7 +141,7 @@ pub fn install(
                 *o = Some(Refusal::NoMemoryInRange);
             }
         }
-        return outcomes;
+        return (outcomes, None);
     };
 
     let mut buf: Vec<u8> = Vec::with_capacity(bound as usize);
@@ -181,7 +187,7 @@ pub fn install(
         for &i in &owners {
             outcomes[i] = Some(Refusal::WriteFailed);
         }
-        return outcomes;
+        return (outcomes, None);
     }
     // Stubs are complete and executable before any entry jumps to them.
     let written = write_entries(&mp.module, &patches);
@@ -198,7 +204,7 @@ pub fn install(
             .map(|(r, _)| r)
             .collect(),
     );
-    outcomes
+    (outcomes, Some(area))
 }
 
 #[cfg(test)]

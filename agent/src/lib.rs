@@ -10,6 +10,7 @@ pub mod arch;
 pub mod config;
 mod fork;
 pub mod install;
+mod loader;
 pub mod log;
 pub mod maps;
 pub mod modules;
@@ -28,7 +29,28 @@ use std::sync::OnceLock;
 pub struct Agent {
     pub config: Config,
     pub segment: Segment,
-    pub stubs: StubMap,
+    pub tls_offset: i32,
+    /// Guards `stubs` and `known`: changed by the loader hook (dlopen,
+    /// dlclose), whose calls the loader serialises but a fork may cut off.
+    loader_lock: loader::SpinLock,
+    stubs: std::cell::UnsafeCell<StubMap>,
+    known: std::cell::UnsafeCell<loader::Known>,
+}
+
+// `stubs` and `known` are only touched under `loader_lock` (or at start-up).
+unsafe impl Sync for Agent {}
+
+impl Agent {
+    /// The stub map; caller holds `loader_lock`.
+    #[allow(clippy::mut_from_ref)]
+    fn stubs(&self) -> &mut StubMap {
+        unsafe { &mut *self.stubs.get() }
+    }
+
+    /// In a forked child: no other thread exists to hold the lock.
+    fn reset_loader_lock(&self) {
+        self.loader_lock.reset();
+    }
 }
 
 static AGENT: OnceLock<Agent> = OnceLock::new();

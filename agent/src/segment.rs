@@ -192,6 +192,21 @@ impl Segment {
             .min(l.stripe_bytes)
     }
 
+    /// After functions were added (up from `old_count`): backs the new
+    /// counters of every stripe threads hold, before any stub uses them.
+    /// Threads that take a stripe from now on back it in full themselves.
+    pub fn back_new_functions(&self, old_count: u32) -> bool {
+        let from = (old_count as u64 * 8) / PAGE * PAGE;
+        let to = self.stripe_used_bytes();
+        if to <= from {
+            return true;
+        }
+        self.writer.stripes_in_use().into_iter().all(|i| {
+            let p = unsafe { (self.writer.stripe_ptr(i) as *mut u8).add(from as usize) };
+            populate(p as *mut u64, to - from).is_ok()
+        })
+    }
+
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
         let idx = self.writer.alloc_stripe(tid)?;

@@ -10,7 +10,7 @@ use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
 use crate::maps::Maps;
 use crate::segment::Segment;
-use crate::{agent, fork, modules, now_ns, symbols, system, threads, Agent, AGENT};
+use crate::{agent, fork, loader, modules, now_ns, symbols, system, threads, Agent, AGENT};
 use rtprof_shared::{report, Capacities, Refusal};
 use std::time::Instant;
 
@@ -118,7 +118,7 @@ pub(crate) fn start() {
         vlog!("{e}; counting in anonymous memory instead");
         Segment::create(caps, None, pid, ppid, now_ns())
     });
-    let mut segment = match created {
+    let segment = match created {
         Ok(s) => s,
         Err(e) => {
             vlog!("{e}; process left unprofiled");
@@ -178,7 +178,8 @@ pub(crate) fn start() {
     for (p, first) in plans.iter().zip(&first_slots) {
         let Some(first) = *first else { continue };
         let t = Instant::now();
-        let outcomes = install::install(p, first, tls_offset, shared, &mut stubs);
+        // Modules present at start-up stay: their stub areas are kept for good.
+        let (outcomes, _area) = install::install(p, first, tls_offset, shared, &mut stubs);
         let mut patched = 0;
         for (k, o) in outcomes.iter().enumerate() {
             segment.writer.set_status(first + k as u32, *o);
@@ -198,15 +199,28 @@ pub(crate) fn start() {
     segment
         .writer
         .set_state(rtprof_shared::layout::state::RUNNING);
+    let all = modules::loaded();
+    let ld = all
+        .iter()
+        .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
+        .cloned();
+    let known = loader::Known::new(&all);
     if AGENT
         .set(Agent {
             config: cfg,
             segment,
-            stubs,
+            tls_offset,
+            loader_lock: loader::SpinLock::new(),
+            stubs: std::cell::UnsafeCell::new(stubs),
+            known: std::cell::UnsafeCell::new(known),
         })
         .is_err()
     {
         return;
+    }
+    // Libraries loaded later are instrumented as they arrive.
+    if !ld.is_some_and(|ld| loader::install_hook(&ld, &Maps::current())) {
+        vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
     threads::init_exit_key();
     fork::install_handlers(stripe_bytes);

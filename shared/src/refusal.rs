@@ -30,10 +30,13 @@ pub enum Refusal {
     OutsideText = 11,
     /// The counter segment had no room left for the function.
     NoCounterSpace = 12,
+    /// Not decided yet: the process ended while its module was being
+    /// instrumented (recorded before the decision is made).
+    NotAttempted = 13,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 12] = [
+    pub const ALL: [Refusal; 13] = [
         Refusal::TooSmall,
         Refusal::BranchIntoWindow,
         Refusal::JumpTableIntoWindow,
@@ -46,6 +49,7 @@ impl Refusal {
         Refusal::WriteFailed,
         Refusal::OutsideText,
         Refusal::NoCounterSpace,
+        Refusal::NotAttempted,
     ];
 
     pub fn code(self) -> u32 {
@@ -71,6 +75,7 @@ impl Refusal {
             Refusal::WriteFailed => "write_failed",
             Refusal::OutsideText => "outside_text",
             Refusal::NoCounterSpace => "no_counter_space",
+            Refusal::NotAttempted => "not_attempted",
         }
     }
 }

@@ -16,9 +16,11 @@ pub enum WriteError {
 pub struct SegmentWriter {
     base: *mut u8,
     layout: Layout,
-    module_count: u32,
-    func_count: u32,
-    strings_len: u32,
+    // Only `add_*` change these, and never concurrently: at start-up, or
+    // under the agent's module lock. Atomics let them take `&self`.
+    module_count: AtomicU32,
+    func_count: AtomicU32,
+    strings_len: AtomicU32,
 }
 
 // The raw pointer refers to a process-wide shared mapping.
@@ -59,9 +61,9 @@ impl SegmentWriter {
         let w = SegmentWriter {
             base,
             layout,
-            module_count: 0,
-            func_count: 0,
-            strings_len: 0,
+            module_count: AtomicU32::new(0),
+            func_count: AtomicU32::new(0),
+            strings_len: AtomicU32::new(0),
         };
         w.stripe_slot(0)
             .0
@@ -80,9 +82,9 @@ impl SegmentWriter {
         SegmentWriter {
             base,
             layout,
-            module_count: h.module_count,
-            func_count: h.func_count,
-            strings_len: h.strings_len,
+            module_count: AtomicU32::new(h.module_count),
+            func_count: AtomicU32::new(h.func_count),
+            strings_len: AtomicU32::new(h.strings_len),
         }
     }
 
@@ -109,26 +111,26 @@ impl SegmentWriter {
     }
 
     /// Appends bytes to the string table; returns (offset, length).
-    pub fn add_string(&mut self, s: &[u8]) -> Result<(u32, u32), WriteError> {
+    pub fn add_string(&self, s: &[u8]) -> Result<(u32, u32), WriteError> {
         let len = u32::try_from(s.len()).map_err(|_| WriteError::Full)?;
-        let end = self.strings_len.checked_add(len).ok_or(WriteError::Full)?;
+        let off = self.strings_len.load(Ordering::Relaxed);
+        let end = off.checked_add(len).ok_or(WriteError::Full)?;
         if end > self.layout.caps.strings {
             return Err(WriteError::Full);
         }
         unsafe {
             let dst = self
                 .base
-                .add((self.layout.strings_off + self.strings_len as u64) as usize);
+                .add((self.layout.strings_off + off as u64) as usize);
             std::ptr::copy_nonoverlapping(s.as_ptr(), dst, s.len());
         }
-        let off = self.strings_len;
-        self.strings_len = end;
+        self.strings_len.store(end, Ordering::Relaxed);
         self.header_u32(offset_of!(Header, strings_len))
             .store(end, Ordering::Release);
         Ok((off, len))
     }
 
-    pub fn set_exe(&mut self, exe: &[u8]) -> Result<(), WriteError> {
+    pub fn set_exe(&self, exe: &[u8]) -> Result<(), WriteError> {
         let (off, len) = self.add_string(exe)?;
         self.header_u32(offset_of!(Header, exe_off))
             .store(off, Ordering::Relaxed);
@@ -138,8 +140,9 @@ impl SegmentWriter {
     }
 
     /// Adds a module record; its functions must follow with `add_function`.
-    pub fn add_module(&mut self, path: &[u8], base: u64) -> Result<u32, WriteError> {
-        if self.module_count >= self.layout.caps.modules {
+    pub fn add_module(&self, path: &[u8], base: u64) -> Result<u32, WriteError> {
+        let idx = self.module_count.load(Ordering::Relaxed);
+        if idx >= self.layout.caps.modules {
             return Err(WriteError::Full);
         }
         let (path_off, path_len) = self.add_string(path)?;
@@ -147,14 +150,13 @@ impl SegmentWriter {
             path_off,
             path_len,
             base,
-            first_func: self.func_count,
+            first_func: self.func_count.load(Ordering::Relaxed),
             ..ModuleRecord::default()
         };
-        let idx = self.module_count;
         unsafe { std::ptr::write_volatile(self.module_ptr(idx), rec) };
-        self.module_count += 1;
+        self.module_count.store(idx + 1, Ordering::Relaxed);
         self.header_u32(offset_of!(Header, module_count))
-            .store(self.module_count, Ordering::Release);
+            .store(idx + 1, Ordering::Release);
         Ok(idx)
     }
 
@@ -175,18 +177,21 @@ impl SegmentWriter {
     }
 
     /// Adds a function to the most recently added module; returns its slot.
-    pub fn add_function(&mut self, name: &[u8], vaddr: u64, size: u32) -> Result<u32, WriteError> {
-        if self.module_count == 0 || self.func_count >= self.layout.caps.functions {
+    pub fn add_function(&self, name: &[u8], vaddr: u64, size: u32) -> Result<u32, WriteError> {
+        let modules = self.module_count.load(Ordering::Relaxed);
+        let idx = self.func_count.load(Ordering::Relaxed);
+        if modules == 0 || idx >= self.layout.caps.functions {
             return Err(WriteError::Full);
         }
         let (name_off, name_len) = self.add_string(name)?;
-        let module = self.module_count - 1;
-        let idx = self.func_count;
+        let module = modules - 1;
+        // Undecided until `set_status`: a process that dies in between
+        // must not claim the function was patched.
         let rec = FunctionRecord {
             name_off,
             name_len,
             module,
-            status: 0,
+            status: crate::Refusal::NotAttempted.code(),
             vaddr,
             size,
             reserved: 0,
@@ -195,19 +200,24 @@ impl SegmentWriter {
             std::ptr::write_volatile(self.func_ptr(idx), rec);
             let m = &mut *self.module_ptr(module);
             m.func_count += 1;
+            m.refused[crate::Refusal::NotAttempted.code() as usize] += 1;
         }
-        self.func_count += 1;
+        self.func_count.store(idx + 1, Ordering::Relaxed);
         self.header_u32(offset_of!(Header, func_count))
-            .store(self.func_count, Ordering::Release);
+            .store(idx + 1, Ordering::Release);
         Ok(idx)
     }
 
-    /// Records the outcome for function `idx`: `None` = patched.
-    pub fn set_status(&mut self, idx: u32, refusal: Option<crate::Refusal>) {
-        assert!(idx < self.func_count);
+    /// Records the outcome for function `idx` (once): `None` = patched.
+    pub fn set_status(&self, idx: u32, refusal: Option<crate::Refusal>) {
+        assert!(idx < self.func_count.load(Ordering::Relaxed));
         unsafe {
             let f = &mut *self.func_ptr(idx);
             let m = &mut *self.module_ptr(f.module);
+            let pending = crate::Refusal::NotAttempted.code();
+            if f.status == pending {
+                m.refused[pending as usize] -= 1;
+            }
             match refusal {
                 None => {
                     f.status = 0;
@@ -334,6 +344,16 @@ impl SegmentWriter {
         lock.store(0, Ordering::Release);
     }
 
+    /// Stripes other than the shared one that threads hold now.
+    pub fn stripes_in_use(&self) -> Vec<u32> {
+        let count = self
+            .header_u32(offset_of!(Header, stripe_count))
+            .load(Ordering::Acquire);
+        (1..count.min(self.layout.caps.stripes))
+            .filter(|&i| self.stripe_slot(i).0.load(Ordering::Acquire) != stripe_state::FREE)
+            .collect()
+    }
+
     /// Marks a stripe as belonging to a thread that has ended. Its counts stay.
     pub fn retire_stripe(&self, i: u32) {
         if i != 0 && i < self.layout.caps.stripes {
@@ -393,7 +413,7 @@ mod tests {
             stripes: 2,
         });
         let mut buf = buffer(&layout);
-        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         assert_eq!(
             w.add_function(b"f", 0, 1),
             Err(WriteError::Full),
@@ -410,6 +430,34 @@ mod tests {
     }
 
     #[test]
+    fn functions_are_undecided_until_their_status_is_set() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 2,
+            strings: 64,
+            stripes: 1,
+        });
+        let mut buf = buffer(&layout);
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        w.add_module(b"m", 0).unwrap();
+        let a = w.add_function(b"a", 0, 1).unwrap();
+        w.add_function(b"b", 0, 1).unwrap();
+        w.set_status(a, None);
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
+        let snap = crate::read_snapshot(bytes).unwrap();
+        assert_eq!(snap.functions[0].refused, None);
+        assert_eq!(
+            snap.functions[1].refused,
+            Some(crate::Refusal::NotAttempted)
+        );
+        assert_eq!(snap.modules[0].patched, 1);
+        assert_eq!(
+            snap.modules[0].refused,
+            vec![(crate::Refusal::NotAttempted, 1)]
+        );
+    }
+
+    #[test]
     fn folded_stripes_keep_their_counts_and_are_reused() {
         let layout = Layout::new(Capacities {
             modules: 1,
@@ -418,7 +466,7 @@ mod tests {
             stripes: 3,
         });
         let mut buf = buffer(&layout);
-        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"m", 0).unwrap();
         for n in [b"a", b"b", b"c"] {
             w.add_function(n, 0, 1).unwrap();

@@ -1,0 +1,219 @@
+//! Libraries loaded after start-up (dlopen). The dynamic loader announces
+//! every change to its module list by calling `_dl_debug_state` (the hook
+//! debuggers break on, `_r_debug.r_brk`), with `r_state == RT_CONSISTENT`
+//! once a new library is mapped and before its initialisers run. At that
+//! moment no thread can be running the new code, so patching it there is as
+//! safe as patching at start-up. The agent points that empty function (a
+//! `ret`) at its own handler at start-up, while still single-threaded.
+//!
+//! A library that is unloaded keeps its records and counts in the segment;
+//! its stubs are unmapped.
+
+use crate::analysis;
+use crate::arch::{entry_patch, plan_window};
+use crate::install::{self, write_entries};
+use crate::log::vlog;
+use crate::maps::Maps;
+use crate::modules::{self, Module};
+use crate::stubmem::StubArea;
+use crate::{agent, symbols, Agent};
+use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use rtprof_shared::Refusal;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+#[repr(C)]
+struct RDebug {
+    r_version: i32,
+    r_map: *mut libc::c_void,
+    r_brk: usize,
+    r_state: i32,
+    r_ldbase: usize,
+}
+const RT_CONSISTENT: i32 = 0;
+
+static R_DEBUG: AtomicPtr<RDebug> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Modules seen so far: (load bias, path, stub area of an instrumented one).
+pub struct Known(Vec<(u64, String, Option<StubArea>)>);
+
+impl Known {
+    pub fn new(mods: &[Module]) -> Known {
+        Known(
+            mods.iter()
+                .map(|m| (m.bias, m.path.clone(), None))
+                .collect(),
+        )
+    }
+}
+
+/// A lock that a forked child can reset: a thread of the parent may have
+/// held it at fork time.
+pub struct SpinLock(AtomicU32);
+
+impl SpinLock {
+    pub const fn new() -> SpinLock {
+        SpinLock(AtomicU32::new(0))
+    }
+    fn lock(&self) {
+        while self
+            .0
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+    }
+    fn unlock(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+    pub fn reset(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
+
+/// Points `_dl_debug_state` at [`on_loader_event`]. Start-up only.
+pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
+    let rd = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_r_debug".as_ptr()) } as *mut RDebug;
+    if rd.is_null() {
+        return false;
+    }
+    let brk = unsafe { (*rd).r_brk } as u64;
+    if brk == 0 || !ld.contains(brk) || !maps.readable(brk, 32) {
+        return false;
+    }
+    let code = unsafe { std::slice::from_raw_parts(brk as *const u8, 32) };
+    // Only the expected shape: [endbr64;] ret, then alignment fill.
+    let mut d = Decoder::with_ip(64, code, brk, DecoderOptions::NONE);
+    let ret_end = loop {
+        let ins = d.decode();
+        match ins.flow_control() {
+            FlowControl::Return => break ins.next_ip(),
+            _ if ins.mnemonic() == iced_x86::Mnemonic::Endbr64 => continue,
+            _ => return false,
+        }
+    };
+    let size = (ret_end - brk) as usize;
+    let Ok(plan) = plan_window(code, brk, size, 32 - size) else {
+        return false;
+    };
+    let (lo, hi) = ld.span();
+    let Some(area) = StubArea::near(lo, hi, 16) else {
+        return false;
+    };
+    // jmp [rip+0]; dq handler: the handler returns to the loader's caller.
+    let handler = on_loader_event as *const () as u64;
+    let mut tramp = vec![0xff, 0x25, 0, 0, 0, 0];
+    tramp.extend_from_slice(&handler.to_le_bytes());
+    unsafe { std::ptr::copy_nonoverlapping(tramp.as_ptr(), area.addr as *mut u8, tramp.len()) };
+    let Some(bytes) = entry_patch(&plan, area.addr) else {
+        area.release();
+        return false;
+    };
+    if !area.seal() || !write_entries(ld, &[(plan.patch_at, bytes)])[0] {
+        return false;
+    }
+    R_DEBUG.store(rd, Ordering::Release);
+    true
+}
+
+extern "C" fn on_loader_event() {
+    let rd = R_DEBUG.load(Ordering::Acquire);
+    if rd.is_null() || unsafe { std::ptr::read_volatile(&(*rd).r_state) } != RT_CONSISTENT {
+        return;
+    }
+    let Some(a) = agent() else { return };
+    a.loader_lock.lock();
+    // A panic leaves the new module unpatched, never the lock held.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        update(a, unsafe { &mut *a.known.get() });
+    }));
+    a.loader_lock.unlock();
+}
+
+fn update(a: &Agent, known: &mut Known) {
+    let now = modules::loaded();
+    // Unloaded: their stubs go; their records and counts stay.
+    known.0.retain_mut(|(bias, path, area)| {
+        let present = now.iter().any(|m| m.bias == *bias && &m.path == path);
+        if !present {
+            if let Some(area) = area.take() {
+                a.stubs().remove(area.addr, area.addr + area.len);
+                area.release();
+            }
+            vlog!("{path}: unloaded");
+        }
+        present
+    });
+    for m in now {
+        if known.0.iter().any(|(b, p, _)| *b == m.bias && *p == m.path) {
+            continue;
+        }
+        let (bias, path) = (m.bias, m.path.clone());
+        let area = instrument(a, m);
+        known.0.push((bias, path, area));
+    }
+}
+
+/// Instruments one newly loaded module, if selected.
+fn instrument(a: &Agent, m: Module) -> Option<StubArea> {
+    if modules::skip_reason(&m, &|n| a.config.selects(n)).is_some() {
+        return None;
+    }
+    let list = match symbols::read_file(&m.file) {
+        Ok(l) => l,
+        Err(e) => {
+            vlog!("{}: {e}; left unpatched", m.path);
+            return None;
+        }
+    };
+    let plan = analysis::analyze(m, list, &Maps::current());
+    let w = &a.segment.writer;
+    let old_count = w.func_count();
+    w.add_module(plan.module.path.as_bytes(), plan.module.bias)
+        .ok()?;
+    let mut first = None;
+    for c in &plan.funcs {
+        match w.add_function(
+            c.name.as_bytes(),
+            c.vaddr,
+            c.size.min(u32::MAX as u64) as u32,
+        ) {
+            Ok(slot) => {
+                first.get_or_insert(slot);
+            }
+            Err(_) => {
+                for slot in first.unwrap_or(w.func_count())..w.func_count() {
+                    w.set_status(slot, Some(Refusal::NoCounterSpace));
+                }
+                vlog!("{}: counter segment full; left unpatched", plan.module.path);
+                return None;
+            }
+        }
+    }
+    let first = first?;
+    if !a.segment.back_new_functions(old_count) {
+        for slot in first..w.func_count() {
+            w.set_status(slot, Some(Refusal::NoCounterSpace));
+        }
+        vlog!(
+            "{}: no memory for its counters; left unpatched",
+            plan.module.path
+        );
+        return None;
+    }
+    let shared = w.stripe_ptr(0) as u64;
+    let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, &mut a.stubs());
+    let mut patched = 0;
+    for (k, o) in outcomes.iter().enumerate() {
+        w.set_status(first + k as u32, *o);
+        patched += o.is_none() as usize;
+    }
+    vlog!(
+        "{}: loaded; {} functions ({}), {} patched",
+        plan.module.path,
+        plan.funcs.len(),
+        plan.source,
+        patched
+    );
+    area
+}
