@@ -202,7 +202,7 @@ fn instrument(a: &Agent, m: Module) -> Option<StubArea> {
         return None;
     }
     let shared = w.stripe_ptr(0) as u64;
-    let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, &mut a.stubs());
+    let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, a.stubs());
     let mut patched = 0;
     for (k, o) in outcomes.iter().enumerate() {
         w.set_status(first + k as u32, *o);

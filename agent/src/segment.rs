@@ -292,7 +292,7 @@ mod tests {
 
     #[test]
     fn memfd_segment_round_trips() {
-        let mut s = Segment::create(caps(), None, 1, 0, 0).unwrap();
+        let s = Segment::create(caps(), None, 1, 0, 0).unwrap();
         s.writer.set_exe(b"/x").unwrap();
         s.writer.add_module(b"/x", 0).unwrap();
         let f = s.writer.add_function(b"f", 0x10, 4).unwrap();
@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn child_copy_keeps_metadata_and_starts_from_zero() {
-        let mut s = Segment::create(caps(), None, 1, 0, 0).unwrap();
+        let s = Segment::create(caps(), None, 1, 0, 0).unwrap();
         s.writer.set_exe(b"/x").unwrap();
         s.writer.add_module(b"/x", 0).unwrap();
         let f = s.writer.add_function(b"f", 0x10, 4).unwrap();

@@ -340,7 +340,7 @@ mod tests {
         });
         let mut buf = vec![0u64; (layout.total_size / 8) as usize];
         let base = buf.as_mut_ptr() as *mut u8;
-        let mut w = unsafe { SegmentWriter::init(base, layout, 42, 1, 5) };
+        let w = unsafe { SegmentWriter::init(base, layout, 42, 1, 5) };
         w.set_exe(b"/bin/app").unwrap();
         w.add_module(b"/bin/app", 0x1000).unwrap();
         let f = w.add_function(b"main", 0x1100, 10).unwrap();
