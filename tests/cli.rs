@@ -486,3 +486,23 @@ fn dlopen_while_threads_run() {
     assert_eq!(counts, vec![10, 4 * 50000], "first load, then the second");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `_Fork` runs no fork handlers; the agent still gives the child its own
+/// segment, so the parent's counts stay exact.
+#[test]
+fn raw_fork_child_counts_separately() {
+    let dir = scratch("raw-fork");
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let bin = compile("raw_fork.c", &v, &[], &dir).0;
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2);
+    assert_eq!(calls_of(&procs[0], "f"), 2000);
+    assert_eq!(calls_of(&procs[1], "f"), 500);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -66,16 +66,27 @@ extern "C" fn in_parent() {
 }
 
 extern "C" fn in_child() {
+    let scratch = SCRATCH.load(Ordering::Acquire);
+    let p = if scratch.is_null() {
+        threads::stripe()
+    } else {
+        SAVED.load(Ordering::Relaxed)
+    };
+    become_child(p);
+    if !scratch.is_null() {
+        // Same address, now in the child's own segment.
+        threads::set_stripe(p);
+        drain_scratch(p, false);
+    }
+}
+
+/// Gives this new child process its own segment, keeping the stripe at
+/// `p` (the forking thread's) for its only thread.
+fn become_child(p: *mut u64) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
         a.reset_loader_lock();
         let w = &a.segment.writer;
-        let scratch = SCRATCH.load(Ordering::Acquire);
-        let p = if scratch.is_null() {
-            threads::stripe()
-        } else {
-            SAVED.load(Ordering::Relaxed)
-        };
         let first = w.stripe_ptr(0) as u64;
         let bytes = w.layout().stripe_bytes;
         let keep = (p as u64 >= first
@@ -86,12 +97,30 @@ extern "C" fn in_child() {
         if let Err(e) = a.segment.reopen_in_child(keep, pid, ppid, crate::now_ns()) {
             vlog!("{e}; this child's calls are not recorded");
         }
-        if !scratch.is_null() {
-            // Same address, now in the child's own segment.
-            threads::set_stripe(p);
-            drain_scratch(p, false);
-        }
     });
+}
+
+/// `_Fork` makes a child without running fork handlers; ours must still
+/// run, or the child would count into its parent's segment.
+///
+/// # Safety
+/// Same contract as glibc's `_Fork`.
+#[cfg_attr(not(test), no_mangle)]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn _Fork() -> libc::pid_t {
+    type ForkFn = unsafe extern "C" fn() -> libc::pid_t;
+    let real = libc::dlsym(libc::RTLD_NEXT, c"_Fork".as_ptr());
+    if real.is_null() {
+        *libc::__errno_location() = libc::ENOSYS;
+        return -1;
+    }
+    let pid = std::mem::transmute::<*mut libc::c_void, ForkFn>(real)();
+    if pid == 0 {
+        let errno = *libc::__errno_location();
+        become_child(threads::stripe());
+        *libc::__errno_location() = errno;
+    }
+    pid
 }
 
 type RegisterFn = unsafe extern "C" fn(

@@ -133,24 +133,24 @@ extern "C" fn on_loader_event() {
 fn update(a: &Agent, known: &mut Known) {
     let now = modules::loaded();
     // Unloaded: their stubs go; their records and counts stay.
-    known.0.retain_mut(|(bias, path, area)| {
-        let present = now.iter().any(|m| m.bias == *bias && &m.path == path);
+    known.0.retain_mut(|(bias, file, area)| {
+        let present = now.iter().any(|m| m.bias == *bias && &m.file == file);
         if !present {
             if let Some(area) = area.take() {
                 a.stubs().remove(area.addr, area.addr + area.len);
                 area.release();
             }
-            vlog!("{path}: unloaded");
+            vlog!("{file}: unloaded");
         }
         present
     });
     for m in now {
-        if known.0.iter().any(|(b, p, _)| *b == m.bias && *p == m.path) {
+        if known.0.iter().any(|(b, f, _)| *b == m.bias && *f == m.file) {
             continue;
         }
-        let (bias, path) = (m.bias, m.path.clone());
+        let (bias, file) = (m.bias, m.file.clone());
         let area = instrument(a, m);
-        known.0.push((bias, path, area));
+        known.0.push((bias, file, area));
     }
 }
 
@@ -166,11 +166,21 @@ fn instrument(a: &Agent, m: Module) -> Option<StubArea> {
             return None;
         }
     };
+    // Not relocated yet: the loader would write text relocations over the
+    // patched entries afterwards.
+    if list.text_relocations {
+        vlog!("{}: has text relocations; left unpatched", m.path);
+        return None;
+    }
     let plan = analysis::analyze(m, list, &Maps::current());
     let w = &a.segment.writer;
     let old_count = w.func_count();
-    w.add_module(plan.module.path.as_bytes(), plan.module.bias)
-        .ok()?;
+    if w.add_module(plan.module.path.as_bytes(), plan.module.bias)
+        .is_err()
+    {
+        vlog!("{}: module table full; left unpatched", plan.module.path);
+        return None;
+    }
     let mut first = None;
     for c in &plan.funcs {
         match w.add_function(

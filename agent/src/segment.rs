@@ -8,7 +8,7 @@
 use crate::log::vlog;
 use rtprof_shared::layout::PAGE;
 use rtprof_shared::{Capacities, Layout, SegmentWriter};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
 
@@ -34,7 +34,7 @@ impl fmt::Display for SegmentError {
 pub struct Segment {
     pub writer: SegmentWriter,
     /// The run directory (if any), for the segment of a forked child.
-    run_dir: Option<String>,
+    run_dir: Option<CString>,
 }
 
 fn last_err() -> io::Error {
@@ -42,16 +42,16 @@ fn last_err() -> io::Error {
 }
 
 /// Opens `<dir>/<pid>-<n>.seg`, after checking the directory is ours alone.
-fn create_in_dir(dir: &str) -> Result<libc::c_int, SegmentError> {
-    let cdir = CString::new(dir).map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
+    let shown = || dir.to_string_lossy();
     let dfd = unsafe {
         libc::open(
-            cdir.as_ptr(),
+            dir.as_ptr(),
             libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_RDONLY,
         )
     };
     if dfd < 0 {
-        return Err(SegmentError::RunDir(format!("{dir}: {}", last_err())));
+        return Err(SegmentError::RunDir(format!("{}: {}", shown(), last_err())));
     }
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     let ok = unsafe { libc::fstat(dfd, &mut st) } == 0
@@ -60,7 +60,8 @@ fn create_in_dir(dir: &str) -> Result<libc::c_int, SegmentError> {
     if !ok {
         unsafe { libc::close(dfd) };
         return Err(SegmentError::RunDir(format!(
-            "{dir}: not a private directory owned by this user"
+            "{}: not a private directory owned by this user",
+            shown()
         )));
     }
     let pid = std::process::id();
@@ -69,11 +70,11 @@ fn create_in_dir(dir: &str) -> Result<libc::c_int, SegmentError> {
     )));
     // An exec'd program keeps its pid: it takes the next free number.
     for n in 0..1000 {
-        let cname = CString::new(format!("{pid}-{n}.seg")).unwrap();
+        let name = segment_name(pid, n);
         let fd = unsafe {
             libc::openat(
                 dfd,
-                cname.as_ptr(),
+                name.as_ptr().cast(),
                 libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                 0o600,
             )
@@ -90,6 +91,36 @@ fn create_in_dir(dir: &str) -> Result<libc::c_int, SegmentError> {
     }
     unsafe { libc::close(dfd) };
     result
+}
+
+/// `<pid>-<n>.seg`, NUL-terminated, built without the heap: a forked
+/// child runs this before other libraries' fork handlers have released
+/// their allocator's locks.
+fn segment_name(pid: u32, n: u32) -> [u8; 32] {
+    fn put(buf: &mut [u8; 32], at: &mut usize, v: u32) {
+        let mut digits = [0u8; 10];
+        let (mut v, mut k) = (v, 0);
+        loop {
+            digits[k] = b'0' + (v % 10) as u8;
+            v /= 10;
+            k += 1;
+            if v == 0 {
+                break;
+            }
+        }
+        for d in digits[..k].iter().rev() {
+            buf[*at] = *d;
+            *at += 1;
+        }
+    }
+    let mut buf = [0u8; 32];
+    let mut at = 0;
+    put(&mut buf, &mut at, pid);
+    buf[at] = b'-';
+    at += 1;
+    put(&mut buf, &mut at, n);
+    buf[at..at + 4].copy_from_slice(b".seg");
+    buf
 }
 
 /// Backs `len` bytes of the mapping at `addr` with memory now, reporting
@@ -112,7 +143,7 @@ fn reserve(fd: libc::c_int, off: u64, len: u64) -> io::Result<()> {
 
 /// A new backing file of `layout.total_size` bytes whose metadata and shared
 /// stripe are reserved.
-fn new_backing(layout: &Layout, run_dir: Option<&str>) -> Result<libc::c_int, SegmentError> {
+fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, SegmentError> {
     let fd = match run_dir {
         Some(d) => create_in_dir(d)?,
         None => {
@@ -165,7 +196,11 @@ impl Segment {
         start_ns: u64,
     ) -> Result<Segment, SegmentError> {
         let layout = Layout::new(caps);
-        let fd = new_backing(&layout, run_dir)?;
+        let run_dir = run_dir
+            .map(CString::new)
+            .transpose()
+            .map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+        let fd = new_backing(&layout, run_dir.as_deref())?;
         let base = match map(layout.total_size, fd, std::ptr::null_mut()) {
             Ok(b) => b,
             Err(e) => {
@@ -175,10 +210,7 @@ impl Segment {
         };
         unsafe { libc::close(fd) };
         let writer = unsafe { SegmentWriter::init(base, layout, pid, ppid, start_ns) };
-        Ok(Segment {
-            writer,
-            run_dir: run_dir.map(str::to_string),
-        })
+        Ok(Segment { writer, run_dir })
     }
 
     /// Bytes of a stripe that hold the counters of existing functions; the
@@ -211,7 +243,8 @@ impl Segment {
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
         let idx = self.writer.alloc_stripe(tid)?;
         if populate(self.writer.stripe_ptr(idx), self.stripe_used_bytes()).is_err() {
-            self.writer.retire_stripe(idx);
+            // Nothing was counted in it: hand it back.
+            self.writer.fold_stripe(idx);
             return None;
         }
         Some(idx)
@@ -328,6 +361,17 @@ mod tests {
             s.new_stripe(11).is_some(),
             "and can give threads new stripes"
         );
+    }
+
+    #[test]
+    fn segment_names_are_built_without_the_heap() {
+        let n = segment_name(4_294_967_295, 999);
+        assert_eq!(
+            &n[..n.iter().position(|&b| b == 0).unwrap()],
+            b"4294967295-999.seg"
+        );
+        let n = segment_name(7, 0);
+        assert_eq!(&n[..9], b"7-0.seg\0\0");
     }
 
     #[test]

@@ -238,6 +238,11 @@ extern "C" {
 extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
+        // A child made without fork handlers (raw clone) still maps its
+        // parent's segment: its exit is not the parent's.
+        if a.segment.writer.pid() != std::process::id() {
+            return;
+        }
         a.segment.writer.set_exit(status, now_ns());
         if let Some(path) = &a.config.report {
             write_report(a, path);

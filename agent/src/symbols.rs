@@ -63,6 +63,8 @@ pub struct FunctionList {
     pub funcs: Vec<FuncSym>,
     /// Where the names came from: "symtab", "dynsym", "eh_frame" or a mix.
     pub source: &'static str,
+    /// The loader writes into this file's code (DT_TEXTREL).
+    pub text_relocations: bool,
 }
 
 pub fn read_file(path: &str) -> Result<FunctionList, SymbolError> {
@@ -195,7 +197,12 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
         funcs.sort_by_key(|f| f.vaddr);
         funcs.dedup_by_key(|f| f.vaddr);
     }
-    Ok(FunctionList { funcs, source })
+    let text_relocations = elf.dynamic.as_ref().is_some_and(|d| d.info.textrel);
+    Ok(FunctionList {
+        funcs,
+        source,
+        text_relocations,
+    })
 }
 
 /// Symbols without a size (crt files, hand-written assembly) take the length

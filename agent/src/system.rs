@@ -14,10 +14,11 @@ pub const CONFIG: &str = "/etc/rtprof/rtprof.conf";
 fn root_owned(path: &str) -> Option<std::fs::File> {
     use std::os::unix::fs::MetadataExt;
     let c = CString::new(path).ok()?;
+    // Non-blocking: a FIFO put there must not stall every process.
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
         )
     };
     if fd < 0 {

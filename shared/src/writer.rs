@@ -344,13 +344,13 @@ impl SegmentWriter {
         lock.store(0, Ordering::Release);
     }
 
-    /// Stripes other than the shared one that threads hold now.
+    /// Stripes other than the shared one that live threads hold now.
     pub fn stripes_in_use(&self) -> Vec<u32> {
         let count = self
             .header_u32(offset_of!(Header, stripe_count))
             .load(Ordering::Acquire);
         (1..count.min(self.layout.caps.stripes))
-            .filter(|&i| self.stripe_slot(i).0.load(Ordering::Acquire) != stripe_state::FREE)
+            .filter(|&i| self.stripe_slot(i).0.load(Ordering::Acquire) == stripe_state::LIVE)
             .collect()
     }
 
@@ -386,8 +386,25 @@ impl SegmentWriter {
             .store(0, Ordering::Relaxed);
         self.header_u32(offset_of!(Header, exit_status))
             .store(0, Ordering::Relaxed);
+        for f in [
+            offset_of!(Header, samples_total),
+            offset_of!(Header, samples_lost),
+        ] {
+            self.header_u64(f).store(0, Ordering::Relaxed);
+        }
+        // A fold another thread had begun at fork time never ends here.
+        self.header_u32(offset_of!(Header, fold_lock))
+            .store(0, Ordering::Relaxed);
+        let seq = self.header_u64(offset_of!(Header, fold_seq));
+        seq.store(seq.load(Ordering::Relaxed) & !1, Ordering::Release);
         self.set_identity(pid, ppid, start_ns);
         self.set_state(state::RUNNING);
+    }
+
+    /// The pid the segment belongs to.
+    pub fn pid(&self) -> u32 {
+        self.header_u32(offset_of!(Header, pid))
+            .load(Ordering::Acquire)
     }
 
     /// Adds to the sample counter of function `idx` (single writer: the sampler).
