@@ -46,21 +46,28 @@ impl Known {
     }
 }
 
-/// A lock that a forked child can reset: a thread of the parent may have
-/// held it at fork time.
+/// A lock that a forked child can reset (a thread of the parent may have
+/// held it at fork time), holding the owner's thread id. The loader's own
+/// lock is recursive: a thread that re-enters (a library loaded from inside
+/// our handler) is told so instead of waiting for itself.
 pub struct SpinLock(AtomicU32);
 
 impl SpinLock {
     pub const fn new() -> SpinLock {
         SpinLock(AtomicU32::new(0))
     }
-    fn lock(&self) {
-        while self
-            .0
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
+    /// `false` if this thread holds it already.
+    fn lock(&self) -> bool {
+        let me = crate::threads::gettid();
+        loop {
+            match self
+                .0
+                .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(owner) if owner == me => return false,
+                Err(_) => std::hint::spin_loop(),
+            }
         }
     }
     fn unlock(&self) {
@@ -122,7 +129,9 @@ extern "C" fn on_loader_event() {
         return;
     }
     let Some(a) = agent() else { return };
-    a.loader_lock.lock();
+    if !a.loader_lock.lock() {
+        return;
+    }
     // A panic leaves the new module unpatched, never the lock held.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         update(a, unsafe { &mut *a.known.get() });
