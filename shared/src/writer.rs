@@ -475,6 +475,38 @@ mod tests {
     }
 
     #[test]
+    fn a_child_never_inherits_a_fold_in_progress() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 1,
+            strings: 16,
+            stripes: 2,
+        });
+        let mut buf = buffer(&layout);
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        // As a fork would copy it mid-fold: lock held, sequence odd.
+        w.header_u32(offset_of!(Header, fold_lock))
+            .store(1, Ordering::Relaxed);
+        w.header_u64(offset_of!(Header, fold_seq))
+            .store(7, Ordering::Relaxed);
+        w.reset_for_child(None, 2, 1, 0);
+        assert_eq!(
+            w.header_u32(offset_of!(Header, fold_lock))
+                .load(Ordering::Relaxed),
+            0
+        );
+        assert_eq!(
+            w.header_u64(offset_of!(Header, fold_seq))
+                .load(Ordering::Relaxed)
+                % 2,
+            0
+        );
+        let s = w.alloc_stripe(3).unwrap();
+        w.fold_stripe(s); // would spin forever on an inherited lock
+        assert_eq!(w.pid(), 2);
+    }
+
+    #[test]
     fn folded_stripes_keep_their_counts_and_are_reused() {
         let layout = Layout::new(Capacities {
             modules: 1,
