@@ -9,13 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn build(dir: &Path) -> PathBuf {
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    compile("lifecycle.c", &v, &[], dir).0
+    compile_o2("lifecycle.c", &[], dir)
 }
 
 fn rtprof_json(
@@ -196,13 +190,7 @@ fn calls_of(p: &Value, name: &str) -> u64 {
 #[test]
 fn forked_child_counts_separately() {
     let dir = scratch("fork");
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("forks.c", &v, &["-pthread"], &dir).0;
+    let bin = compile_o2("forks.c", &["-pthread"], &dir);
     for _ in 0..5 {
         let (out, report) = rtprof_json(&bin, &[], b"", &dir);
         assert_eq!(String::from_utf8_lossy(&out.stdout), "child 0\n");
@@ -316,13 +304,7 @@ fn fork_handlers_of_other_libraries_count_where_they_run() {
 #[test]
 fn fork_after_closing_descriptors_leaves_program_files_alone() {
     let dir = scratch("fdclose");
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("closefds.c", &v, &[], &dir).0;
+    let bin = compile_o2("closefds.c", &[], &dir);
     let plain = run_plain(&bin, &[]);
     let prof = run_profiled(&bin, &[], &[], &dir);
     assert_same_behaviour("closefds", &plain, &prof.output);
@@ -341,13 +323,7 @@ fn fork_after_closing_descriptors_leaves_program_files_alone() {
 #[test]
 fn no_descriptor_is_added() {
     let dir = scratch("fds");
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("fds.c", &v, &[], &dir).0;
+    let bin = compile_o2("fds.c", &[], &dir);
     let plain = run_plain(&bin, &[]);
     let prof = run_profiled(&bin, &[], &[], &dir);
     assert_same_behaviour("fds", &plain, &prof.output);
@@ -360,13 +336,7 @@ fn no_descriptor_is_added() {
 #[test]
 fn exec_chain_is_followed() {
     let dir = scratch("exec");
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("exec_chain.c", &v, &[], &dir).0;
+    let bin = compile_o2("exec_chain.c", &[], &dir);
     let plain = run_plain(&bin, &[]);
     let prof = run_profiled(&bin, &[], &[], &dir);
     assert_same_behaviour("exec chain", &plain, &prof.output);
@@ -387,13 +357,7 @@ fn exec_chain_is_followed() {
 #[test]
 fn fork_storm_with_threads_and_spawned_children() {
     let dir = scratch("fork-storm");
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("fork_storm.c", &v, &["-pthread"], &dir).0;
+    let bin = compile_o2("fork_storm.c", &["-pthread"], &dir);
     let prof = run_profiled(&bin, &[], &[], &dir);
     assert_eq!(
         String::from_utf8_lossy(&prof.output.stdout),
@@ -447,13 +411,7 @@ fn dlopen_while_threads_run() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("dlopen_main.c", &v, &["-pthread", "-ldl"], &dir).0;
+    let bin = compile_o2("dlopen_main.c", &["-pthread", "-ldl"], &dir);
     let lib_arg = lib.to_str().unwrap();
     let plain = run_plain(&bin, &[lib_arg]);
     let prof = run_profiled(&bin, &[lib_arg], &[("RTPROF_MODULES", "libplugin*")], &dir);
@@ -492,13 +450,7 @@ fn dlopen_while_threads_run() {
 #[test]
 fn raw_fork_child_counts_separately() {
     let dir = scratch("raw-fork");
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("raw_fork.c", &v, &[], &dir).0;
+    let bin = compile_o2("raw_fork.c", &[], &dir);
     let prof = run_profiled(&bin, &[], &[], &dir);
     let procs = prof.report["processes"].as_array().unwrap();
     assert_eq!(procs.len(), 2);

@@ -156,13 +156,7 @@ fn cold_fragments_are_not_functions() {
     let runs = corpus("cold.c", &[], &[], |_| true);
     // The corpus must actually contain a fragment for this test to mean anything.
     let dir = scratch("cold-check");
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let (bin, _) = compile("cold.c", &v, &[], &dir);
+    let bin = compile_o2("cold.c", &[], &dir);
     assert!(
         symbol_addrs(&bin).keys().any(|n| n.contains(".cold")),
         "gcc made no .cold fragment"

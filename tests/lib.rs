@@ -136,6 +136,18 @@ pub fn compile(src: &str, v: &Variant, extra: &[&str], dir: &Path) -> (PathBuf, 
     (stripped, out)
 }
 
+/// The plain build most single-purpose tests use: -O2, PIE, no CET, with
+/// symbols.
+pub fn compile_o2(src: &str, extra: &[&str], dir: &Path) -> PathBuf {
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    compile(src, &v, extra, dir).0
+}
+
 /// Function name -> ELF virtual address, from the unstripped binary.
 pub fn symbol_addrs(bin: &Path) -> HashMap<String, u64> {
     let data = std::fs::read(bin).unwrap();

@@ -67,13 +67,7 @@ fn kill_switch_and_setuid_programs() {
     );
     let dir = scratch("system");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let v = Variant {
-        opt: "-O2",
-        cf_protection: false,
-        pie: true,
-        strip: false,
-    };
-    let bin = compile("suid.c", &v, &[], &dir).0;
+    let bin = compile_o2("suid.c", &[], &dir);
     let mut cleanup = Cleanup(Vec::new());
     if !Path::new(ETC).exists() {
         std::fs::create_dir(ETC).unwrap();

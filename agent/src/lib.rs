@@ -14,6 +14,7 @@ mod loader;
 pub mod log;
 pub mod maps;
 pub mod modules;
+mod records;
 pub mod segment;
 mod startup;
 pub mod stubmem;

@@ -16,9 +16,8 @@ use crate::log::vlog;
 use crate::maps::Maps;
 use crate::modules::{self, Module};
 use crate::stubmem::StubArea;
-use crate::{agent, symbols, Agent};
+use crate::{agent, records, symbols, Agent};
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
-use rtprof_shared::Refusal;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 #[repr(C)]
@@ -184,36 +183,9 @@ fn instrument(a: &Agent, m: Module) -> Option<StubArea> {
     let plan = analysis::analyze(m, list, &Maps::current());
     let w = &a.segment.writer;
     let old_count = w.func_count();
-    if w.add_module(plan.module.path.as_bytes(), plan.module.bias)
-        .is_err()
-    {
-        vlog!("{}: module table full; left unpatched", plan.module.path);
-        return None;
-    }
-    let mut first = None;
-    for c in &plan.funcs {
-        match w.add_function(
-            c.name.as_bytes(),
-            c.vaddr,
-            c.size.min(u32::MAX as u64) as u32,
-        ) {
-            Ok(slot) => {
-                first.get_or_insert(slot);
-            }
-            Err(_) => {
-                for slot in first.unwrap_or(w.func_count())..w.func_count() {
-                    w.set_status(slot, Some(Refusal::NoCounterSpace));
-                }
-                vlog!("{}: counter segment full; left unpatched", plan.module.path);
-                return None;
-            }
-        }
-    }
-    let first = first?;
+    let first = records::record_module(w, &plan).ok()??;
     if !a.segment.back_new_functions(old_count) {
-        for slot in first..w.func_count() {
-            w.set_status(slot, Some(Refusal::NoCounterSpace));
-        }
+        records::refuse_from(w, first);
         vlog!(
             "{}: no memory for its counters; left unpatched",
             plan.module.path
@@ -222,11 +194,7 @@ fn instrument(a: &Agent, m: Module) -> Option<StubArea> {
     }
     let shared = w.stripe_ptr(0) as u64;
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, a.stubs());
-    let mut patched = 0;
-    for (k, o) in outcomes.iter().enumerate() {
-        w.set_status(first + k as u32, *o);
-        patched += o.is_none() as usize;
-    }
+    let patched = records::record_outcomes(w, first, &outcomes);
     vlog!(
         "{}: loaded; {} functions ({}), {} patched",
         plan.module.path,

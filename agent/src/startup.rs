@@ -10,8 +10,10 @@ use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
 use crate::maps::Maps;
 use crate::segment::Segment;
-use crate::{agent, fork, loader, modules, now_ns, symbols, system, threads, Agent, AGENT};
-use rtprof_shared::{report, Capacities, Refusal};
+use crate::{
+    agent, fork, loader, modules, now_ns, records, symbols, system, threads, Agent, AGENT,
+};
+use rtprof_shared::{report, Capacities};
 use std::time::Instant;
 
 /// In secure-execution mode (set-user-ID and the like) the environment
@@ -132,41 +134,13 @@ pub(crate) fn start() {
     let _ = segment.writer.set_exe(exe.as_bytes());
 
     // Records for every function first: slot = function index. A module
-    // that does not fit is recorded as far as it goes, all refused, and
-    // ends the list.
+    // that does not fit ends the list.
     let mut first_slots = Vec::with_capacity(plans.len());
-    'modules: for p in &plans {
-        if segment
-            .writer
-            .add_module(p.module.path.as_bytes(), p.module.bias)
-            .is_err()
-        {
-            break;
+    for p in &plans {
+        match records::record_module(&segment.writer, p) {
+            Ok(first) => first_slots.push(first),
+            Err(records::Full) => break,
         }
-        let mut first = None;
-        for c in &p.funcs {
-            let size = c.size.min(u32::MAX as u64) as u32;
-            match segment
-                .writer
-                .add_function(c.name.as_bytes(), c.vaddr, size)
-            {
-                Ok(slot) => {
-                    first.get_or_insert(slot);
-                }
-                Err(_) => {
-                    let added = first.map_or(0, |f| segment.writer.func_count() - f);
-                    for k in 0..added {
-                        segment
-                            .writer
-                            .set_status(first.unwrap() + k, Some(Refusal::NoCounterSpace));
-                    }
-                    vlog!("{}: counter segment full; left unpatched", p.module.path);
-                    first_slots.push(None);
-                    break 'modules;
-                }
-            }
-        }
-        first_slots.push(first);
     }
 
     // The main thread counts in a stripe of its own from the first patch on.
@@ -180,11 +154,7 @@ pub(crate) fn start() {
         let t = Instant::now();
         // Modules present at start-up stay: their stub areas are kept for good.
         let (outcomes, _area) = install::install(p, first, tls_offset, shared, &mut stubs);
-        let mut patched = 0;
-        for (k, o) in outcomes.iter().enumerate() {
-            segment.writer.set_status(first + k as u32, *o);
-            patched += o.is_none() as usize;
-        }
+        let patched = records::record_outcomes(&segment.writer, first, &outcomes);
         vlog!(
             "{}: {} functions ({}), {} patched, {:.1} ms",
             p.module.path,
