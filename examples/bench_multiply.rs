@@ -9,21 +9,12 @@
 //! start-up time spent reading, analysing and patching libpython, per 1,000
 //! functions.
 
+#[path = "common.rs"]
+mod common;
+
+use common::{arg, here, median};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-fn here() -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn compile(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/multiply.c");
@@ -43,7 +34,8 @@ fn loop_ns(bin: &Path, calls: u64, threads: u32, agent: Option<&Path>) -> f64 {
     let mut c = Command::new(bin);
     c.arg(calls.to_string()).arg(threads.to_string());
     if let Some(a) = agent {
-        c.env("LD_PRELOAD", a);
+        // Counting alone: the cost per call (bench-sampling measures sampling).
+        c.env("LD_PRELOAD", a).env("RTPROF_SAMPLE_HZ", "0");
     }
     let out = c.output().expect("multiply runs");
     assert!(out.status.success());
@@ -51,18 +43,9 @@ fn loop_ns(bin: &Path, calls: u64, threads: u32, agent: Option<&Path>) -> f64 {
     s.split_whitespace().next().unwrap().parse().unwrap()
 }
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().expect("number"))
-        .unwrap_or(default)
-}
-
 fn main() {
-    let calls = arg("--calls", 100_000_000);
-    let runs = arg("--runs", 7) as usize;
+    let calls = arg("--calls", 1e8) as u64;
+    let runs = arg("--runs", 7.0) as usize;
     let agent = here().join("librtprof.so");
     assert!(
         agent.exists(),
@@ -118,6 +101,7 @@ fn main() {
                 .as_array()
                 .unwrap()
                 .iter()
+                .filter(|m| m["sampled_only"] == false)
                 .map(|m| m["functions"].as_u64().unwrap())
                 .sum();
             let ns = p["setup_ns"].as_u64().unwrap() as f64;

@@ -177,14 +177,7 @@ fn text_report_lists_processes_of_a_tree() {
 }
 
 fn calls_of(p: &Value, name: &str) -> u64 {
-    p["functions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["name"] == name)
-        .unwrap()["calls"]
-        .as_u64()
-        .unwrap()
+    function_named(p, name)["calls"].as_u64().unwrap()
 }
 
 #[test]

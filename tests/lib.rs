@@ -285,3 +285,13 @@ pub fn assert_same_behaviour(what: &str, plain: &Output, prof: &Output) {
         "{what}: terminating signal differs"
     );
 }
+
+/// The function called `name` in a report's process section.
+pub fn function_named<'a>(proc_: &'a Value, name: &str) -> &'a Value {
+    proc_["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("no function {name} in {proc_}"))
+}

@@ -2,6 +2,16 @@
 
 use std::ffi::OsString;
 
+/// Which sampler `RTPROF_SAMPLER` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SamplerChoice {
+    /// perf events, else CPU-time timers.
+    Auto,
+    Perf,
+    Timer,
+    Off,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Name globs of extra modules to instrument (the main executable always is).
@@ -18,6 +28,11 @@ pub struct Config {
     /// Extra function slots reserved for modules loaded later.
     pub spare_functions: u32,
     pub disabled: bool,
+    /// Samples per second of CPU time, per thread (0: no sampling).
+    pub sample_hz: u32,
+    pub sampler: SamplerChoice,
+    /// Patch function entries (`RTPROF_INSTRUMENT=0`: sampling only).
+    pub instrument: bool,
 }
 
 impl Default for Config {
@@ -31,6 +46,9 @@ impl Default for Config {
             max_threads: 1024,
             spare_functions: 16384,
             disabled: false,
+            sample_hz: 1000,
+            sampler: SamplerChoice::Auto,
+            instrument: true,
         }
     }
 }
@@ -62,6 +80,19 @@ impl Config {
         }
         if let Some(n) = s("RTPROF_SPARE_FUNCTIONS").and_then(|v| v.trim().parse::<u32>().ok()) {
             c.spare_functions = n.min(1 << 22);
+        }
+        if let Some(n) = s("RTPROF_SAMPLE_HZ").and_then(|v| v.trim().parse::<u32>().ok()) {
+            // Above 10 kHz the timer's own cost dominates what it measures.
+            c.sample_hz = n.min(10_000);
+        }
+        c.instrument = s("RTPROF_INSTRUMENT").is_none_or(|v| truthy(&v));
+        if let Some(v) = s("RTPROF_SAMPLER") {
+            c.sampler = match v.trim() {
+                "perf" => SamplerChoice::Perf,
+                "timer" => SamplerChoice::Timer,
+                "off" | "none" | "0" => SamplerChoice::Off,
+                _ => SamplerChoice::Auto,
+            };
         }
         c
     }
@@ -124,12 +155,19 @@ mod tests {
             ("RTPROF_VERBOSE", "1"),
             ("RTPROF_REPORT", "/tmp/r-%p.json"),
             ("RTPROF_MAX_THREADS", "0"),
+            ("RTPROF_SAMPLE_HZ", "99999"),
+            ("RTPROF_SAMPLER", "timer"),
         ]
         .into();
         let c = Config::from_lookup(|k| env.get(k).map(OsString::from));
         assert_eq!(c.modules, vec!["libpython*", "libfoo.so"]);
         assert!(!c.all_modules && c.verbose && !c.disabled);
         assert_eq!(c.max_threads, 1);
+        assert_eq!((c.sample_hz, c.sampler), (10_000, SamplerChoice::Timer));
+        assert_eq!(Config::default().sample_hz, 1000);
+        assert!(c.instrument);
+        let sampling_only = Config::from_lookup(|k| (k == "RTPROF_INSTRUMENT").then(|| "0".into()));
+        assert!(!sampling_only.instrument);
         assert!(c.selects("libpython3.11.so.1.0"));
         assert!(!c.selects("libc.so.6"));
         let c = Config::from_lookup(|k| (k == "RTPROF_MODULES").then(|| "all".into()));

@@ -94,9 +94,19 @@ fn become_child(p: *mut u64) {
             .then(|| ((p as u64 - first) / bytes) as u32)
             .filter(|&i| i != 0);
         let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
+        crate::sampling::forget_parent_in_child();
+        crate::threads::reset_program_threads_in_child();
         if let Err(e) = a.segment.reopen_in_child(keep, pid, ppid, crate::now_ns()) {
             vlog!("{e}; this child's calls are not recorded");
         }
+        // Until `fork()` returns and starts the child's own sampler (a
+        // child made by `_Fork` or inside libc never gets one).
+        a.segment.writer.set_sampler(
+            rtprof_shared::sampling::Sampler::Off as u32,
+            rtprof_shared::sampling::Why::ChildWithoutFork as u32,
+            0,
+            0,
+        );
     });
 }
 
@@ -118,6 +128,35 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
     if pid == 0 {
         let errno = *libc::__errno_location();
         become_child(threads::stripe());
+        *libc::__errno_location() = errno;
+    }
+    pid
+}
+
+/// `fork()`: once it has returned in the child (every fork handler done,
+/// allocating and starting threads safe again), the child starts a sampler
+/// of its own.
+///
+/// # Safety
+/// Same contract as `fork(2)`.
+#[cfg_attr(not(test), no_mangle)]
+#[cfg_attr(test, allow(dead_code))]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    type ForkFn = unsafe extern "C" fn() -> libc::pid_t;
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    let mut f = REAL.load(Ordering::Acquire);
+    if f == 0 {
+        f = libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) as usize;
+        REAL.store(f, Ordering::Release);
+    }
+    if f == 0 {
+        *libc::__errno_location() = libc::ENOSYS;
+        return -1;
+    }
+    let pid = std::mem::transmute::<usize, ForkFn>(f)();
+    if pid == 0 {
+        let errno = *libc::__errno_location();
+        let _ = std::panic::catch_unwind(crate::sampling::restart_in_child);
         *libc::__errno_location() = errno;
     }
     pid

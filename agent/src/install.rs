@@ -24,6 +24,10 @@ impl StubMap {
         let r = self.ranges.get(i.checked_sub(1)?)?;
         (addr < r.1).then_some(r.2)
     }
+    /// (start, end, counter slot) of every stub, sorted.
+    pub fn ranges(&self) -> &[(u64, u64, u32)] {
+        &self.ranges
+    }
     /// Forgets the stubs in [lo, hi) (an unloaded module's area).
     pub fn remove(&mut self, lo: u64, hi: u64) {
         self.ranges.retain(|r| r.0 < lo || r.0 >= hi);

@@ -15,6 +15,7 @@ pub mod log;
 pub mod maps;
 pub mod modules;
 mod records;
+pub mod sampling;
 pub mod segment;
 mod startup;
 pub mod stubmem;

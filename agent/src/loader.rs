@@ -15,6 +15,7 @@ use crate::install::{self, write_entries};
 use crate::log::vlog;
 use crate::maps::Maps;
 use crate::modules::{self, Module};
+use crate::sampling::addrmap::Present;
 use crate::stubmem::StubArea;
 use crate::{agent, records, symbols, Agent};
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
@@ -32,16 +33,23 @@ const RT_CONSISTENT: i32 = 0;
 
 static R_DEBUG: AtomicPtr<RDebug> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Modules seen so far: (load bias, path, stub area of an instrumented one).
-pub struct Known(Vec<(u64, String, Option<StubArea>)>);
+/// A module seen so far.
+pub struct KnownModule {
+    pub bias: u64,
+    pub file: String,
+    /// Stub area of an instrumented module loaded later.
+    pub area: Option<StubArea>,
+    /// Its record, for sample attribution (none if the segment was full).
+    pub present: Option<Present>,
+}
+
+/// Modules seen so far.
+pub struct Known(pub Vec<KnownModule>);
 
 impl Known {
-    pub fn new(mods: &[Module]) -> Known {
-        Known(
-            mods.iter()
-                .map(|m| (m.bias, m.path.clone(), None))
-                .collect(),
-        )
+    /// The modules samples can be attributed to.
+    pub fn present(&self) -> Vec<Present> {
+        self.0.iter().filter_map(|k| k.present.clone()).collect()
     }
 }
 
@@ -140,57 +148,97 @@ extern "C" fn on_loader_event() {
 
 fn update(a: &Agent, known: &mut Known) {
     let now = modules::loaded();
+    let before = known.0.len();
     // Unloaded: their stubs go; their records and counts stay.
-    known.0.retain_mut(|(bias, file, area)| {
-        let present = now.iter().any(|m| m.bias == *bias && &m.file == file);
+    known.0.retain_mut(|k| {
+        let present = now.iter().any(|m| m.bias == k.bias && m.file == k.file);
         if !present {
-            if let Some(area) = area.take() {
+            if let Some(area) = k.area.take() {
                 a.stubs().remove(area.addr, area.addr + area.len);
                 area.release();
             }
-            vlog!("{file}: unloaded");
+            vlog!("{}: unloaded", k.file);
         }
         present
     });
+    let mut changed = known.0.len() != before;
     for m in now {
-        if known.0.iter().any(|(b, f, _)| *b == m.bias && *f == m.file) {
+        if known.0.iter().any(|k| k.bias == m.bias && k.file == m.file) {
             continue;
         }
         let (bias, file) = (m.bias, m.file.clone());
-        let area = instrument(a, m);
-        known.0.push((bias, file, area));
+        let (area, present) = add_module(a, m);
+        known.0.push(KnownModule {
+            bias,
+            file,
+            area,
+            present,
+        });
+        changed = true;
+    }
+    if changed {
+        crate::sampling::publish_map(a, &known.present(), a.stubs().ranges());
     }
 }
 
-/// Instruments one newly loaded module, if selected.
-fn instrument(a: &Agent, m: Module) -> Option<StubArea> {
-    if modules::skip_reason(&m, &|n| a.config.selects(n)).is_some() {
-        return None;
+/// Records a newly loaded module: instrumented if selected, otherwise with
+/// its symbols for sample attribution only (while enough spare slots are
+/// left for instrumented modules).
+fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
+    let w = &a.segment.writer;
+    let sampled_only = |m: &Module, funcs: &[symbols::FuncSym]| {
+        let left = w.layout().caps.functions - w.func_count();
+        let reserve = a.config.spare_functions / 2;
+        let funcs = if (funcs.len() as u32).saturating_add(reserve) <= left {
+            funcs
+        } else {
+            &[]
+        };
+        (None, records::record_sampled(w, m, funcs))
+    };
+    if !a.config.instrument || modules::skip_reason(&m, &|n| a.config.selects(n)).is_some() {
+        let funcs = symbols::read_file(&m.file)
+            .map(|l| l.funcs)
+            .unwrap_or_default();
+        return sampled_only(&m, &funcs);
     }
     let list = match symbols::read_file(&m.file) {
         Ok(l) => l,
         Err(e) => {
             vlog!("{}: {e}; left unpatched", m.path);
-            return None;
+            return sampled_only(&m, &[]);
         }
     };
     // Not relocated yet: the loader would write text relocations over the
     // patched entries afterwards.
     if list.text_relocations {
         vlog!("{}: has text relocations; left unpatched", m.path);
-        return None;
+        return sampled_only(&m, &list.funcs);
     }
+    // A full segment leaves the module out entirely.
+    instrument(a, m, list).unwrap_or_default()
+}
+
+/// Analyses and patches one newly loaded, selected module.
+fn instrument(
+    a: &Agent,
+    m: Module,
+    list: symbols::FunctionList,
+) -> Result<(Option<StubArea>, Option<Present>), records::Full> {
     let plan = analysis::analyze(m, list, &Maps::current());
     let w = &a.segment.writer;
     let old_count = w.func_count();
-    let first = records::record_module(w, &plan).ok()??;
+    let (present, first) = records::record_module(w, &plan)?;
+    let Some(first) = first else {
+        return Ok((None, Some(present)));
+    };
     if !a.segment.back_new_functions(old_count) {
         records::refuse_from(w, first);
         vlog!(
             "{}: no memory for its counters; left unpatched",
             plan.module.path
         );
-        return None;
+        return Ok((None, Some(present)));
     }
     let shared = w.stripe_ptr(0) as u64;
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, a.stubs());
@@ -202,5 +250,5 @@ fn instrument(a: &Agent, m: Module) -> Option<StubArea> {
         plan.source,
         patched
     );
-    area
+    Ok((area, Some(present)))
 }

@@ -9,7 +9,9 @@ use crate::config::Config;
 use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
 use crate::maps::Maps;
+use crate::modules::Module;
 use crate::segment::Segment;
+use crate::symbols::FuncSym;
 use crate::{
     agent, fork, loader, modules, now_ns, records, symbols, system, threads, Agent, AGENT,
 };
@@ -26,25 +28,64 @@ fn thread_count() -> Option<usize> {
     Some(std::fs::read_dir("/proc/self/task").ok()?.count())
 }
 
-fn plan_modules(cfg: &Config) -> Vec<ModulePlan> {
+/// What start-up does with each loaded module.
+enum Planned {
+    Instrument(ModulePlan),
+    /// Not instrumented; its functions are listed for sample attribution.
+    Sample(Module, Vec<FuncSym>),
+}
+
+impl Planned {
+    fn module(&self) -> &Module {
+        match self {
+            Planned::Instrument(p) => &p.module,
+            Planned::Sample(m, _) => m,
+        }
+    }
+    fn functions(&self) -> impl Iterator<Item = &str> {
+        let (a, b) = match self {
+            Planned::Instrument(p) => (Some(p.funcs.iter().map(|c| c.name.as_str())), None),
+            Planned::Sample(_, f) => (None, Some(f.iter().map(|f| f.name.as_str()))),
+        };
+        a.into_iter().flatten().chain(b.into_iter().flatten())
+    }
+}
+
+fn plan_modules(cfg: &Config) -> Vec<Planned> {
     let mut plans = Vec::new();
     let maps = Maps::current();
     for m in modules::loaded() {
-        if let Some(why) = modules::skip_reason(&m, &|n| cfg.selects(n)) {
-            if why != modules::Skip::NotSelected {
-                vlog!(
-                    "{}: not instrumented ({why:?})",
-                    if m.path.is_empty() { "?" } else { &m.path }
-                );
+        match modules::skip_reason(&m, &|n| cfg.selects(n)) {
+            // Our own code and the vDSO: samples there count per module.
+            Some(modules::Skip::Agent | modules::Skip::Vdso) => {
+                plans.push(Planned::Sample(m, Vec::new()));
+                continue;
             }
-            continue;
+            Some(why) => {
+                if why != modules::Skip::NotSelected {
+                    vlog!("{}: not instrumented ({why:?})", m.path);
+                }
+                let funcs = symbols::read_file(&m.file)
+                    .map(|l| l.funcs)
+                    .unwrap_or_default();
+                plans.push(Planned::Sample(m, funcs));
+                continue;
+            }
+            None if !cfg.instrument => {
+                let funcs = symbols::read_file(&m.file)
+                    .map(|l| l.funcs)
+                    .unwrap_or_default();
+                plans.push(Planned::Sample(m, funcs));
+                continue;
+            }
+            None => {}
         }
         let t = Instant::now();
         match symbols::read_file(&m.file) {
             Ok(list) => {
                 let t1 = t.elapsed();
                 let path = m.path.clone();
-                plans.push(analysis::analyze(m, list, &maps));
+                plans.push(Planned::Instrument(analysis::analyze(m, list, &maps)));
                 vlog!(
                     "{}: symbols {:.1} ms, analysis {:.1} ms",
                     path,
@@ -52,17 +93,20 @@ fn plan_modules(cfg: &Config) -> Vec<ModulePlan> {
                     (t.elapsed() - t1).as_secs_f64() * 1e3
                 );
             }
-            Err(e) => vlog!("{}: {e}; left unpatched", m.path),
+            Err(e) => {
+                vlog!("{}: {e}; left unpatched", m.path);
+                plans.push(Planned::Sample(m, Vec::new()));
+            }
         }
     }
     plans
 }
 
-fn capacities(cfg: &Config, plans: &[ModulePlan], exe: &str) -> Capacities {
-    let funcs: usize = plans.iter().map(|p| p.funcs.len()).sum();
+fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
+    let funcs: usize = plans.iter().map(|p| p.functions().count()).sum();
     let names: usize = plans
         .iter()
-        .map(|p| p.module.path.len() + p.funcs.iter().map(|c| c.name.len()).sum::<usize>())
+        .map(|p| p.module().path.len() + 8 + p.functions().map(str::len).sum::<usize>())
         .sum();
     let spare = cfg.spare_functions as usize;
     Capacities {
@@ -103,8 +147,8 @@ pub(crate) fn start() {
     let plans = plan_modules(&cfg);
     let exe = plans
         .iter()
-        .find(|p| p.module.is_main)
-        .map(|p| p.module.path.clone())
+        .find(|p| p.module().is_main)
+        .map(|p| p.module().path.clone())
         .or_else(|| {
             std::fs::read_link("/proc/self/exe")
                 .ok()
@@ -135,12 +179,16 @@ pub(crate) fn start() {
 
     // Records for every function first: slot = function index. A module
     // that does not fit ends the list.
-    let mut first_slots = Vec::with_capacity(plans.len());
+    let mut recorded = Vec::with_capacity(plans.len());
     for p in &plans {
-        match records::record_module(&segment.writer, p) {
-            Ok(first) => first_slots.push(first),
-            Err(records::Full) => break,
-        }
+        let r = match p {
+            Planned::Instrument(plan) => match records::record_module(&segment.writer, plan) {
+                Ok((present, first)) => (Some(present), first),
+                Err(records::Full) => break,
+            },
+            Planned::Sample(m, funcs) => (records::record_sampled(&segment.writer, m, funcs), None),
+        };
+        recorded.push(r);
     }
 
     // The main thread counts in a stripe of its own from the first patch on.
@@ -149,8 +197,10 @@ pub(crate) fn start() {
     }
     let shared = segment.writer.stripe_ptr(0) as u64;
     let mut stubs = StubMap::default();
-    for (p, first) in plans.iter().zip(&first_slots) {
-        let Some(first) = *first else { continue };
+    for (p, (_, first)) in plans.iter().zip(&recorded) {
+        let (Planned::Instrument(p), Some(first)) = (p, *first) else {
+            continue;
+        };
         let t = Instant::now();
         // Modules present at start-up stay: their stub areas are kept for good.
         let (outcomes, _area) = install::install(p, first, tls_offset, shared, &mut stubs);
@@ -164,17 +214,34 @@ pub(crate) fn start() {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
+    let known = loader::Known(
+        plans
+            .iter()
+            .zip(
+                recorded
+                    .into_iter()
+                    .map(Some)
+                    .chain(std::iter::repeat(None)),
+            )
+            .map(|(p, r)| loader::KnownModule {
+                bias: p.module().bias,
+                file: p.module().file.clone(),
+                area: None,
+                present: r.and_then(|r| r.0),
+            })
+            .collect(),
+    );
     let stripe_bytes = segment.writer.layout().stripe_bytes;
     segment.writer.set_setup_ns(t0.elapsed().as_nanos() as u64);
     segment
         .writer
         .set_state(rtprof_shared::layout::state::RUNNING);
-    let all = modules::loaded();
-    let ld = all
+    let ld = plans
         .iter()
+        .map(Planned::module)
         .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
         .cloned();
-    let known = loader::Known::new(&all);
+    crate::sampling::publish_map_at_start(&segment, &known.present(), stubs.ranges());
     if AGENT
         .set(Agent {
             config: cfg,
@@ -194,6 +261,9 @@ pub(crate) fn start() {
     }
     threads::init_exit_key();
     fork::install_handlers(stripe_bytes);
+    if let Some(a) = agent() {
+        crate::sampling::start(a);
+    }
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
 }
 
@@ -213,6 +283,7 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         if a.segment.writer.pid() != std::process::id() {
             return;
         }
+        crate::sampling::at_exit(a);
         a.segment.writer.set_exit(status, now_ns());
         if let Some(path) = &a.config.report {
             write_report(a, path);

@@ -74,7 +74,48 @@ unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
     }
 }
 
+/// Program threads alive (the agent's own not included). glibc ends a
+/// process with `exit(0)` when its last thread returns or calls
+/// `pthread_exit`; it counts our drain thread too, so with one running it
+/// would wait for ever. We count the program's threads and do what glibc
+/// would when the last one ends.
+static PROGRAM_THREADS: AtomicUsize = AtomicUsize::new(1);
+static LIVE_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Set once an agent thread runs that glibc counts as a thread.
+static AGENT_THREAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+unsafe extern "C" fn on_program_thread_exit(_: *mut libc::c_void) {
+    if PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel) == 1 && AGENT_THREAD.load(Ordering::Acquire) {
+        libc::exit(0);
+    }
+}
+
+/// Marks the calling thread as one of the program's.
+fn mark_program_thread() {
+    let key = LIVE_KEY.load(Ordering::Acquire);
+    if key != usize::MAX {
+        unsafe {
+            libc::pthread_setspecific(
+                key as libc::pthread_key_t,
+                std::ptr::dangling::<libc::c_void>(),
+            )
+        };
+    }
+}
+
+/// In a forked child only the forking thread exists (it stays marked).
+pub fn reset_program_threads_in_child() {
+    PROGRAM_THREADS.store(1, Ordering::Relaxed);
+    AGENT_THREAD.store(false, Ordering::Relaxed);
+}
+
 pub fn init_exit_key() {
+    let mut key: libc::pthread_key_t = 0;
+    if unsafe { libc::pthread_key_create(&mut key, Some(on_program_thread_exit)) } == 0 {
+        LIVE_KEY.store(key as usize, Ordering::Release);
+        // The main thread: its key runs only if it calls pthread_exit.
+        mark_program_thread();
+    }
     let mut key: libc::pthread_key_t = 0;
     if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
         EXIT_KEY.store(key as usize, Ordering::Release);
@@ -127,8 +168,50 @@ struct ThreadStart {
 
 extern "C" fn thread_start(p: *mut libc::c_void) -> *mut libc::c_void {
     let ts = unsafe { Box::from_raw(p as *mut ThreadStart) };
-    let _ = std::panic::catch_unwind(attach_current);
+    mark_program_thread();
+    let _ = std::panic::catch_unwind(|| {
+        attach_current();
+        crate::sampling::thread_started();
+    });
     (ts.start)(ts.arg)
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
+    let job = unsafe { Box::from_raw(p as *mut Job) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+    std::ptr::null_mut()
+}
+
+/// Starts an agent thread: detached, no stripe, no timer, every signal
+/// blocked (the program's signals are never delivered to it). Returns the
+/// errno on failure.
+pub fn spawn_unprofiled(job: Job) -> Result<(), i32> {
+    let real = real_create().ok_or(libc::ENOSYS)?;
+    let boxed = Box::into_raw(Box::new(job));
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
+        let mut t: libc::pthread_t = 0;
+        let rc = real(&mut t, &attr, unprofiled_start, boxed as *mut libc::c_void);
+        if rc == 0 {
+            AGENT_THREAD.store(true, Ordering::Release);
+        }
+        libc::pthread_attr_destroy(&mut attr);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if rc != 0 {
+            drop(Box::from_raw(boxed));
+            return Err(rc);
+        }
+    }
+    Ok(())
 }
 
 /// Wraps thread creation so the new thread has its stripe before its start
@@ -150,8 +233,11 @@ pub unsafe extern "C" fn pthread_create(
         return real(thread, attr, start, arg);
     }
     let boxed = Box::into_raw(Box::new(ThreadStart { start, arg }));
+    // Counted before it exists: the creator may end first.
+    PROGRAM_THREADS.fetch_add(1, Ordering::AcqRel);
     let rc = real(thread, attr, thread_start, boxed as *mut libc::c_void);
     if rc != 0 {
+        PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel);
         drop(Box::from_raw(boxed));
     }
     rc

@@ -16,9 +16,21 @@ pub struct RunArgs {
     /// Show per-module patch statistics with refusal reasons.
     #[arg(long)]
     stats: bool,
-    /// Functions listed per process (0: all that were called).
+    /// Rows listed per process (0: all that were called or sampled).
     #[arg(long, default_value_t = 25)]
     top: usize,
+    /// Order of the rows.
+    #[arg(long, value_enum, default_value_t = SortBy::Time)]
+    sort: SortBy,
+    /// Samples per second of CPU time (RTPROF_SAMPLE_HZ; 0 switches sampling off).
+    #[arg(long, value_name = "HZ")]
+    sample_hz: Option<u32>,
+    /// Sampler to use (RTPROF_SAMPLER): perf events, CPU-time timers, or none.
+    #[arg(long, value_enum)]
+    sampler: Option<SamplerArg>,
+    /// Sample only: patch no function entries, count no calls (RTPROF_INSTRUMENT=0).
+    #[arg(long)]
+    no_calls: bool,
     /// Modules to instrument besides the executable (RTPROF_MODULES), e.g. 'libpython*' or 'all'.
     #[arg(long, value_name = "GLOBS")]
     modules: Option<String>,
@@ -31,6 +43,21 @@ pub struct RunArgs {
     /// The command to run, after `--`.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SortBy {
+    /// Estimated CPU time.
+    Time,
+    Calls,
+    Samples,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SamplerArg {
+    Perf,
+    Timer,
+    Off,
 }
 
 /// A private directory, removed when dropped.
@@ -145,6 +172,20 @@ pub fn run(args: RunArgs) -> ExitCode {
     if args.verbose {
         cmd.env("RTPROF_VERBOSE", "1");
     }
+    if args.no_calls {
+        cmd.env("RTPROF_INSTRUMENT", "0");
+    }
+    if let Some(hz) = args.sample_hz {
+        cmd.env("RTPROF_SAMPLE_HZ", hz.to_string());
+    }
+    if let Some(s) = args.sampler {
+        let name = match s {
+            SamplerArg::Perf => "perf",
+            SamplerArg::Timer => "timer",
+            SamplerArg::Off => "off",
+        };
+        cmd.env("RTPROF_SAMPLER", name);
+    }
     // Like time(1): a terminal's Ctrl-C is for the program; we still report.
     let old_int = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
     let old_quit = unsafe { libc::signal(libc::SIGQUIT, libc::SIG_IGN) };
@@ -192,7 +233,12 @@ pub fn run(args: RunArgs) -> ExitCode {
                 &procs,
                 report::TextOptions {
                     top: args.top,
-                    stats: args.stats
+                    stats: args.stats,
+                    sort: match args.sort {
+                        SortBy::Time => report::Sort::Time,
+                        SortBy::Calls => report::Sort::Calls,
+                        SortBy::Samples => report::Sort::Samples,
+                    },
                 }
             )
         ),

@@ -110,6 +110,18 @@ impl JsonWriter {
         self.out.push('"');
     }
 
+    /// `"k": v` for an unsigned integer.
+    pub fn uint_field(&mut self, k: &str, v: u64) {
+        self.key(k);
+        self.uint(v);
+    }
+
+    /// `"k": "v"`.
+    pub fn string_field(&mut self, k: &str, v: &str) {
+        self.key(k);
+        self.string(v);
+    }
+
     pub fn finish(mut self) -> String {
         self.out.push('\n');
         self.out

@@ -1,4 +1,4 @@
-//! Binary layout of the counter segment (ABI version 1).
+//! Binary layout of the counter segment (ABI version 2).
 //!
 //! All fields are little-endian with fixed widths. The segment is laid out as:
 //!
@@ -15,7 +15,7 @@
 use std::mem::size_of;
 
 pub const MAGIC: [u8; 8] = *b"RTPROFC\0";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const PAGE: u64 = 4096;
 /// Number of refusal-reason slots in a module record (index = reason code).
 pub const REASON_SLOTS: usize = 16;
@@ -73,8 +73,11 @@ pub struct Header {
     pub stripe_count: u32,
     /// Sampling period in nanoseconds (0: no sampling).
     pub sample_period_ns: u64,
+    /// Samples taken: attributed to a function, to a module, or unknown.
     pub samples_total: u64,
+    /// Samples the kernel dropped (ring buffer full) or timer overruns.
     pub samples_lost: u64,
+    /// Which sampler ran, a [`crate::sampling::Sampler`] code.
     pub sampler: u32,
     pub flags: u32,
     /// Nanoseconds the agent spent at start-up (reading ELF files, analysis, patching).
@@ -85,8 +88,24 @@ pub struct Header {
     /// Serialises folds within the process (0 free, 1 held).
     pub fold_lock: u32,
     pub pad: u32,
-    pub reserved: [u64; 5],
+    /// Samples whose address lies in no known module.
+    pub samples_unknown: u64,
+    /// Why that sampler ran (or none did), a [`crate::sampling::Why`] code,
+    /// and the errno that decided it, if any.
+    pub sampler_why: u32,
+    pub sampler_errno: u32,
+    pub reserved: [u64; 3],
 }
+
+/// Bits of [`ModuleRecord::flags`].
+pub mod module_flags {
+    /// Not instrumented: its functions are listed so that samples can be
+    /// attributed to them, and they have no call counts.
+    pub const SAMPLED_ONLY: u32 = 1;
+}
+
+/// [`FunctionRecord::status`] of a function in a `SAMPLED_ONLY` module.
+pub const STATUS_SAMPLED_ONLY: u32 = 255;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -101,6 +120,8 @@ pub struct ModuleRecord {
     pub flags: u32,
     /// Refused functions per reason code (index 0 unused).
     pub refused: [u32; REASON_SLOTS],
+    /// Samples in the module's code but in none of its listed functions.
+    pub samples: u64,
 }
 
 #[repr(C)]
@@ -109,7 +130,8 @@ pub struct FunctionRecord {
     pub name_off: u32,
     pub name_len: u32,
     pub module: u32,
-    /// 0 when patched, otherwise a [`crate::Refusal`] code.
+    /// 0 when patched, otherwise a [`crate::Refusal`] code, or
+    /// [`STATUS_SAMPLED_ONLY`].
     pub status: u32,
     /// ELF virtual address of the function's first byte.
     pub vaddr: u64,
@@ -125,7 +147,7 @@ pub struct StripeSlot {
 }
 
 const _: () = assert!(size_of::<Header>() == 248);
-const _: () = assert!(size_of::<ModuleRecord>() == 96);
+const _: () = assert!(size_of::<ModuleRecord>() == 104);
 const _: () = assert!(size_of::<FunctionRecord>() == 32);
 const _: () = assert!(size_of::<StripeSlot>() == 8);
 
@@ -210,7 +232,7 @@ mod tests {
             stripes: 5,
         });
         assert!(l.modules_off >= size_of::<Header>() as u64);
-        assert!(l.funcs_off >= l.modules_off + 3 * 96);
+        assert!(l.funcs_off >= l.modules_off + 3 * 104);
         assert!(l.strings_off >= l.funcs_off + 1001 * 32);
         assert!(l.samples_off >= l.strings_off + 777);
         assert_eq!(l.samples_off % 8, 0);

@@ -6,6 +6,7 @@ pub mod layout;
 pub mod reader;
 pub mod refusal;
 pub mod report;
+pub mod sampling;
 pub mod writer;
 
 pub use layout::{Capacities, Layout};

@@ -54,6 +54,10 @@ pub struct ModuleStats {
     pub patched: u32,
     /// Non-zero refusal counts, in reason-code order.
     pub refused: Vec<(Refusal, u32)>,
+    /// Not instrumented; its functions are listed for samples only.
+    pub sampled_only: bool,
+    /// Samples in the module's code outside its listed functions.
+    pub samples: u64,
 }
 
 impl ModuleStats {
@@ -69,8 +73,10 @@ pub struct FunctionStats {
     pub module: u32,
     pub vaddr: u64,
     pub size: u32,
-    /// `None` when patched.
+    /// `None` when patched (or not instrumented, see `instrumented`).
     pub refused: Option<Refusal>,
+    /// `false` in a sampled-only module: no call counts.
+    pub instrumented: bool,
     pub calls: u64,
     pub samples: u64,
 }
@@ -87,6 +93,11 @@ pub struct Snapshot {
     pub sample_period_ns: u64,
     pub samples_total: u64,
     pub samples_lost: u64,
+    /// Samples outside every known module.
+    pub samples_unknown: u64,
+    pub sampler: crate::sampling::Sampler,
+    pub sampler_why: crate::sampling::Why,
+    pub sampler_errno: u32,
     pub setup_ns: u64,
     /// Not in the segment: set by a collector that saw a later image of the
     /// same process (same pid, started later), which means this one exec'd.
@@ -167,7 +178,11 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
     region(
         "modules",
         h.modules_off,
-        mul(h.module_cap as u64, 96, "modules")?,
+        mul(
+            h.module_cap as u64,
+            size_of::<ModuleRecord>() as u64,
+            "modules",
+        )?,
         total,
     )?;
     region(
@@ -227,7 +242,10 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     for i in 0..h.module_count as u64 {
         let m: ModuleRecord = unsafe {
             std::ptr::read_unaligned(
-                bytes.as_ptr().add((h.modules_off + i * 96) as usize) as *const ModuleRecord
+                bytes
+                    .as_ptr()
+                    .add((h.modules_off + i * size_of::<ModuleRecord>() as u64) as usize)
+                    as *const ModuleRecord,
             )
         };
         let path = string("module path", strings, m.path_off, m.path_len)?;
@@ -243,13 +261,19 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
                     .ok_or(SegmentError::BadReference("refusal code"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        module_funcs.push((m.first_func, m.func_count));
+        let sampled_only = m.flags & module_flags::SAMPLED_ONLY != 0;
+        module_funcs.push((m.first_func, m.func_count, sampled_only));
+        let samples_off = h.modules_off
+            + i * size_of::<ModuleRecord>() as u64
+            + std::mem::offset_of!(ModuleRecord, samples) as u64;
         modules.push(ModuleStats {
             path,
             base: m.base,
             functions: m.func_count,
             patched: m.patched,
             refused,
+            sampled_only,
+            samples: b.counter(samples_off),
         });
     }
 
@@ -286,14 +310,17 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         if f.module >= h.module_count {
             return Err(SegmentError::BadReference("function module"));
         }
-        let (first, count) = module_funcs[f.module as usize];
+        let (first, count, sampled_only) = module_funcs[f.module as usize];
         if (i as u32) < first || i as u32 >= first + count {
             return Err(SegmentError::BadReference(
                 "function outside its module's range",
             ));
         }
+        if sampled_only != (f.status == STATUS_SAMPLED_ONLY) {
+            return Err(SegmentError::BadReference("function status"));
+        }
         let refused = match f.status {
-            0 => None,
+            0 | STATUS_SAMPLED_ONLY => None,
             c => Some(Refusal::from_code(c).ok_or(SegmentError::BadReference("refusal code"))?),
         };
         functions.push(FunctionStats {
@@ -302,6 +329,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             vaddr: f.vaddr,
             size: f.size,
             refused,
+            instrumented: !sampled_only,
             calls: calls[i as usize],
             samples: b.counter(h.samples_off + i * 8),
         });
@@ -318,6 +346,10 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         sample_period_ns: h.sample_period_ns,
         samples_total: h.samples_total,
         samples_lost: h.samples_lost,
+        samples_unknown: h.samples_unknown,
+        sampler: crate::sampling::Sampler::from_code(h.sampler),
+        sampler_why: crate::sampling::Why::from_code(h.sampler_why),
+        sampler_errno: h.sampler_errno,
         setup_ns: h.setup_ns,
         replaced_by_exec: false,
         stripes: h.stripe_count,
@@ -330,11 +362,12 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
 mod tests {
     use super::*;
     use crate::writer::SegmentWriter;
+    use std::sync::atomic::Ordering;
 
     fn sample_segment() -> (Vec<u64>, Layout) {
         let layout = Layout::new(Capacities {
-            modules: 2,
-            functions: 4,
+            modules: 3,
+            functions: 5,
             strings: 256,
             stripes: 3,
         });
@@ -358,6 +391,13 @@ mod tests {
             *w.samples_ptr().add(h as usize) = 2;
         }
         w.retire_stripe(s1);
+        let lc = w.add_sampled_module(b"/lib/libc.so.6", 0x9000).unwrap();
+        let mc = w.add_function(b"memcpy", 0x40, 64).unwrap();
+        w.set_status(mc, None); // ignored: not instrumented
+        w.function_samples(mc).store(5, Ordering::Relaxed);
+        w.module_samples(lc).store(7, Ordering::Relaxed);
+        w.samples_unknown().store(1, Ordering::Relaxed);
+        w.set_sampler(2, 4, 13, 1_000_000);
         (buf, layout)
     }
 
@@ -371,7 +411,7 @@ mod tests {
         let s = read_snapshot(as_bytes(&buf)).unwrap();
         assert_eq!(s.pid, 42);
         assert_eq!(s.exe, "/bin/app");
-        assert_eq!(s.modules.len(), 2);
+        assert_eq!(s.modules.len(), 3);
         assert_eq!(s.modules[0].functions, 2);
         assert_eq!(s.modules[0].patched, 1);
         assert_eq!(s.modules[0].refused, vec![(Refusal::TooSmall, 1)]);
@@ -387,6 +427,18 @@ mod tests {
             ),
             (9, 2, 1)
         );
+        assert!(s.functions[..3].iter().all(|f| f.instrumented));
+        let libc = &s.modules[2];
+        assert!(libc.sampled_only && !s.modules[0].sampled_only);
+        assert_eq!((libc.functions, libc.patched, libc.samples), (1, 0, 7));
+        assert!(libc.refused.is_empty());
+        let memcpy = &s.functions[3];
+        assert!(!memcpy.instrumented && memcpy.refused.is_none());
+        assert_eq!((memcpy.samples, memcpy.calls), (5, 0));
+        assert_eq!(s.samples_unknown, 1);
+        assert_eq!(s.sampler, crate::sampling::Sampler::Timer);
+        assert_eq!(s.sampler_why, crate::sampling::Why::PerfRefused);
+        assert_eq!((s.sampler_errno, s.sample_period_ns), (13, 1_000_000));
     }
 
     #[test]

@@ -6,12 +6,23 @@ use crate::layout::state;
 use crate::{FunctionStats, Snapshot};
 use std::fmt::Write as _;
 
+/// Order of the function rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Sort {
+    /// Estimated CPU time (samples x period), then calls.
+    #[default]
+    Time,
+    Calls,
+    Samples,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct TextOptions {
-    /// Functions shown per process (0 = all called functions).
+    /// Rows shown per process (0 = all with calls or samples).
     pub top: usize,
     /// Per-module patch statistics with refusal reasons.
     pub stats: bool,
+    pub sort: Sort,
 }
 
 impl Default for TextOptions {
@@ -19,8 +30,85 @@ impl Default for TextOptions {
         TextOptions {
             top: 25,
             stats: false,
+            sort: Sort::Time,
         }
     }
+}
+
+/// One line of a report: a function, or the samples of a module (or of no
+/// module) that fell outside every known function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row<'a> {
+    /// Function name, `[module]` or `[unknown]`.
+    pub name: std::borrow::Cow<'a, str>,
+    pub module: &'a str,
+    /// `None` where calls are not counted (not instrumented, or a bucket).
+    pub calls: Option<u64>,
+    pub samples: u64,
+}
+
+impl Row<'_> {
+    /// Estimated self time in nanoseconds.
+    pub fn time_ns(&self, s: &Snapshot) -> u64 {
+        self.samples.saturating_mul(s.sample_period_ns)
+    }
+    /// Estimated time per call in nanoseconds.
+    pub fn ns_per_call(&self, s: &Snapshot) -> Option<f64> {
+        match self.calls {
+            Some(c) if c > 0 && self.samples > 0 && s.sample_period_ns > 0 => {
+                Some(self.time_ns(s) as f64 / c as f64)
+            }
+            _ => None,
+        }
+    }
+    /// Share of the process's samples, in percent.
+    pub fn share(&self, s: &Snapshot) -> f64 {
+        if s.samples_total == 0 {
+            0.0
+        } else {
+            100.0 * self.samples as f64 / s.samples_total as f64
+        }
+    }
+}
+
+/// Every function that was called or sampled, plus sample buckets, sorted.
+pub fn rows(s: &Snapshot, sort: Sort) -> Vec<Row<'_>> {
+    let mut v: Vec<Row> = s
+        .functions
+        .iter()
+        .filter(|f| f.calls > 0 || f.samples > 0)
+        .map(|f| Row {
+            name: f.name.as_str().into(),
+            module: module_name(s, f.module),
+            calls: f.instrumented.then_some(f.calls),
+            samples: f.samples,
+        })
+        .collect();
+    for m in s.modules.iter().filter(|m| m.samples > 0) {
+        v.push(Row {
+            name: format!("[{}]", m.name()).into(),
+            module: m.name(),
+            calls: None,
+            samples: m.samples,
+        });
+    }
+    if s.samples_unknown > 0 {
+        v.push(Row {
+            name: "[unknown]".into(),
+            module: "?",
+            calls: None,
+            samples: s.samples_unknown,
+        });
+    }
+    let calls = |r: &Row| r.calls.unwrap_or(0);
+    v.sort_by(|a, b| {
+        let primary = match sort {
+            Sort::Time | Sort::Samples => b.samples.cmp(&a.samples).then(calls(b).cmp(&calls(a))),
+            Sort::Calls => calls(b).cmp(&calls(a)).then(b.samples.cmp(&a.samples)),
+        };
+        primary.then(a.name.cmp(&b.name))
+    });
+    v
 }
 
 /// Functions ordered by calls (then samples, then name), most called first.
@@ -77,43 +165,57 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
             let _ = write!(out, ", {d:.3} s");
         }
         out.push('\n');
-        let called: Vec<_> = by_calls(s).into_iter().filter(|f| f.calls > 0).collect();
+        let _ = writeln!(out, "  sampler: {}", sampler_text(s));
+        let rows = rows(s, opts.sort);
         let shown = if opts.top == 0 {
-            called.len()
+            rows.len()
         } else {
-            opts.top.min(called.len())
+            opts.top.min(rows.len())
         };
-        if called.is_empty() {
-            out.push_str("  no instrumented function was called\n");
+        if rows.is_empty() {
+            out.push_str("  no instrumented function was called and nothing was sampled\n");
         } else {
-            let _ = writeln!(out, "  {:>14}  {:<40}  module", "calls", "function");
-            for f in &called[..shown] {
+            let _ = writeln!(
+                out,
+                "  {:>14}  {:>8}  {:>10}  {:>6}  {:>10}  {:<40}  module",
+                "calls", "samples", "time ms", "share", "ns/call", "function"
+            );
+            for r in &rows[..shown] {
+                let calls = r.calls.map_or("-".to_string(), |c| c.to_string());
+                let per_call = r
+                    .ns_per_call(s)
+                    .map_or("-".to_string(), |n| format!("{n:.1}"));
                 let _ = writeln!(
                     out,
-                    "  {:>14}  {:<40}  {}",
-                    f.calls,
-                    f.name,
-                    module_name(s, f.module)
+                    "  {:>14}  {:>8}  {:>10.1}  {:>5.1}%  {:>10}  {:<40}  {}",
+                    calls,
+                    r.samples,
+                    r.time_ns(s) as f64 / 1e6,
+                    r.share(s),
+                    per_call,
+                    r.name,
+                    r.module
                 );
             }
-            if shown < called.len() {
+            if shown < rows.len() {
                 let _ = writeln!(
                     out,
-                    "  ... {} more functions called (--top 0 shows all)",
-                    called.len() - shown
+                    "  ... {} more rows (--top 0 shows all)",
+                    rows.len() - shown
                 );
             }
         }
-        let total: u32 = s.modules.iter().map(|m| m.functions).sum();
-        let patched: u32 = s.modules.iter().map(|m| m.patched).sum();
+        let instrumented = || s.modules.iter().filter(|m| !m.sampled_only);
+        let total: u32 = instrumented().map(|m| m.functions).sum();
+        let patched: u32 = instrumented().map(|m| m.patched).sum();
         let _ = writeln!(
             out,
             "  patched {patched} of {total} functions ({:.1}%) in {} module(s)",
             percent(patched, total),
-            s.modules.len()
+            instrumented().count()
         );
         if opts.stats {
-            for m in &s.modules {
+            for m in instrumented() {
                 let _ = write!(
                     out,
                     "    {}: {} functions, {} patched ({:.1}%)",
@@ -133,6 +235,32 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         }
     }
     out
+}
+
+/// "perf (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of CPU".
+pub fn sampler_text(s: &Snapshot) -> String {
+    let d = crate::sampling::Described {
+        sampler: s.sampler,
+        why: s.sampler_why,
+        errno: s.sampler_errno,
+    };
+    if s.sampler == crate::sampling::Sampler::Off || s.sample_period_ns == 0 {
+        return d.to_string();
+    }
+    let mut t = format!(
+        "{d}, {} Hz, {} samples",
+        1_000_000_000 / s.sample_period_ns,
+        s.samples_total
+    );
+    if s.samples_lost > 0 {
+        let _ = write!(t, " ({} lost)", s.samples_lost);
+    }
+    let _ = write!(
+        t,
+        ", {:.3} s of CPU",
+        s.samples_total as f64 * s.sample_period_ns as f64 / 1e9
+    );
+    t
 }
 
 fn percent(a: u32, b: u32) -> f64 {
@@ -160,25 +288,33 @@ pub fn json(procs: &[Snapshot]) -> String {
         w.uint(s.pid as u64);
         w.key("ppid");
         w.uint(s.ppid as u64);
-        w.key("exe");
-        w.string(&s.exe);
+        w.string_field("exe", &s.exe);
         w.key("exited");
         w.bool(s.state == state::EXITED);
-        w.key("ended");
-        w.string(ending(s));
+        w.string_field("ended", ending(s));
         w.key("exit_status");
         w.int(s.exit_status as i64);
-        w.key("start_ns");
-        w.uint(s.start_ns);
-        w.key("end_ns");
-        w.uint(s.end_ns);
-        w.key("setup_ns");
-        w.uint(s.setup_ns);
-        w.key("stripes");
-        w.uint(s.stripes as u64);
+        w.uint_field("start_ns", s.start_ns);
+        w.uint_field("end_ns", s.end_ns);
+        w.uint_field("setup_ns", s.setup_ns);
+        w.uint_field("stripes", s.stripes as u64);
+        w.key("sampler");
+        w.begin_object();
+        w.string_field("name", s.sampler.name());
+        w.string_field("why", s.sampler_why.name());
+        w.uint_field("errno", s.sampler_errno as u64);
+        w.uint_field("period_ns", s.sample_period_ns);
+        w.uint_field("samples", s.samples_total);
+        w.uint_field("lost", s.samples_lost);
+        w.uint_field("unknown", s.samples_unknown);
+        w.end_object();
         w.key("functions");
         w.begin_array();
-        for f in by_calls(s) {
+        // Functions of sampled-only modules only where they were sampled.
+        for f in by_calls(s)
+            .into_iter()
+            .filter(|f| f.instrumented || f.samples > 0)
+        {
             w.begin_object();
             w.key("name");
             w.string(&f.name);
@@ -188,12 +324,16 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.uint(f.calls);
             w.key("samples");
             w.uint(f.samples);
+            w.key("time_ns");
+            w.uint(f.samples.saturating_mul(s.sample_period_ns));
+            w.key("instrumented");
+            w.bool(f.instrumented);
             w.key("vaddr");
             w.uint(f.vaddr);
             w.key("size");
             w.uint(f.size as u64);
             w.key("patched");
-            w.bool(f.refused.is_none());
+            w.bool(f.instrumented && f.refused.is_none());
             if let Some(r) = f.refused {
                 w.key("refused");
                 w.string(r.name());
@@ -211,6 +351,10 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.uint(m.functions as u64);
             w.key("patched");
             w.uint(m.patched as u64);
+            w.key("sampled_only");
+            w.bool(m.sampled_only);
+            w.key("samples");
+            w.uint(m.samples);
             w.key("refused");
             w.begin_object();
             for (r, n) in &m.refused {
@@ -242,9 +386,13 @@ mod tests {
             exit_status: 3,
             start_ns: 0,
             end_ns: 0,
-            sample_period_ns: 0,
-            samples_total: 0,
+            sample_period_ns: 1_000_000,
+            samples_total: 10,
             samples_lost: 0,
+            samples_unknown: 1,
+            sampler: crate::sampling::Sampler::Perf,
+            sampler_why: crate::sampling::Why::Default,
+            sampler_errno: 0,
             setup_ns: 0,
             replaced_by_exec: false,
             stripes: 1,
@@ -254,6 +402,8 @@ mod tests {
                 functions: 3,
                 patched: 2,
                 refused: vec![(Refusal::TooSmall, 1)],
+                sampled_only: false,
+                samples: 2,
             }],
             functions: ["lo", "hi", "zero"]
                 .iter()
@@ -264,8 +414,9 @@ mod tests {
                     vaddr: 0,
                     size: 1,
                     refused: (*n == "zero").then_some(Refusal::TooSmall),
+                    instrumented: true,
                     calls: c,
-                    samples: 0,
+                    samples: if *n == "lo" { 7 } else { 0 },
                 })
                 .collect(),
         }
@@ -278,15 +429,41 @@ mod tests {
             TextOptions {
                 top: 10,
                 stats: true,
+                sort: Sort::Calls,
             },
         );
-        let hi = t.find("hi").unwrap();
+        let hi = t.find(" hi ").unwrap();
         let lo = t.find(" lo ").unwrap();
         assert!(hi < lo, "{t}");
         assert!(!t.contains("zero"));
         assert!(t.contains("exited with status 3"));
         assert!(t.contains("too_small 1"));
         assert!(t.contains("patched 2 of 3"));
+    }
+
+    #[test]
+    fn time_order_buckets_and_derived_figures() {
+        let s = snap();
+        let t = text(std::slice::from_ref(&s), TextOptions::default());
+        let lo = t.find(" lo ").unwrap();
+        let bucket = t.find("[a]").unwrap();
+        let unknown = t.find("[unknown]").unwrap();
+        assert!(
+            lo < bucket && bucket < unknown && t.find(" hi ").unwrap() > bucket,
+            "{t}"
+        );
+        assert!(
+            t.contains("sampler: perf (default), 1000 Hz, 10 samples"),
+            "{t}"
+        );
+        let r = rows(&s, Sort::Time);
+        assert_eq!(r[0].name, "lo");
+        // 7 samples x 1 ms over 5 calls.
+        assert_eq!(r[0].time_ns(&s), 7_000_000);
+        assert_eq!(r[0].ns_per_call(&s), Some(1_400_000.0));
+        assert!((r[0].share(&s) - 70.0).abs() < 1e-9);
+        assert_eq!((r[1].calls, r[1].samples), (None, 2));
+        assert!(t.contains("1400000.0"), "{t}");
     }
 
     #[test]

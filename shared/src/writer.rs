@@ -141,6 +141,16 @@ impl SegmentWriter {
 
     /// Adds a module record; its functions must follow with `add_function`.
     pub fn add_module(&self, path: &[u8], base: u64) -> Result<u32, WriteError> {
+        self.add_module_with(path, base, 0)
+    }
+
+    /// Adds a module that is not instrumented: its functions are listed for
+    /// sample attribution only.
+    pub fn add_sampled_module(&self, path: &[u8], base: u64) -> Result<u32, WriteError> {
+        self.add_module_with(path, base, module_flags::SAMPLED_ONLY)
+    }
+
+    fn add_module_with(&self, path: &[u8], base: u64, flags: u32) -> Result<u32, WriteError> {
         let idx = self.module_count.load(Ordering::Relaxed);
         if idx >= self.layout.caps.modules {
             return Err(WriteError::Full);
@@ -151,6 +161,7 @@ impl SegmentWriter {
             path_len,
             base,
             first_func: self.func_count.load(Ordering::Relaxed),
+            flags,
             ..ModuleRecord::default()
         };
         unsafe { std::ptr::write_volatile(self.module_ptr(idx), rec) };
@@ -185,13 +196,20 @@ impl SegmentWriter {
         }
         let (name_off, name_len) = self.add_string(name)?;
         let module = modules - 1;
+        let sampled_only =
+            unsafe { (*self.module_ptr(module)).flags } & module_flags::SAMPLED_ONLY != 0;
         // Undecided until `set_status`: a process that dies in between
         // must not claim the function was patched.
+        let pending = crate::Refusal::NotAttempted.code();
         let rec = FunctionRecord {
             name_off,
             name_len,
             module,
-            status: crate::Refusal::NotAttempted.code(),
+            status: if sampled_only {
+                STATUS_SAMPLED_ONLY
+            } else {
+                pending
+            },
             vaddr,
             size,
             reserved: 0,
@@ -200,7 +218,9 @@ impl SegmentWriter {
             std::ptr::write_volatile(self.func_ptr(idx), rec);
             let m = &mut *self.module_ptr(module);
             m.func_count += 1;
-            m.refused[crate::Refusal::NotAttempted.code() as usize] += 1;
+            if !sampled_only {
+                m.refused[pending as usize] += 1;
+            }
         }
         self.func_count.store(idx + 1, Ordering::Relaxed);
         self.header_u32(offset_of!(Header, func_count))
@@ -213,6 +233,9 @@ impl SegmentWriter {
         assert!(idx < self.func_count.load(Ordering::Relaxed));
         unsafe {
             let f = &mut *self.func_ptr(idx);
+            if f.status == STATUS_SAMPLED_ONLY {
+                return;
+            }
             let m = &mut *self.module_ptr(f.module);
             let pending = crate::Refusal::NotAttempted.code();
             if f.status == pending {
@@ -389,9 +412,14 @@ impl SegmentWriter {
         for f in [
             offset_of!(Header, samples_total),
             offset_of!(Header, samples_lost),
+            offset_of!(Header, samples_unknown),
         ] {
             self.header_u64(f).store(0, Ordering::Relaxed);
         }
+        for i in 0..self.module_count.load(Ordering::Relaxed) {
+            self.module_samples(i).store(0, Ordering::Relaxed);
+        }
+        self.set_sampler(0, 0, 0, 0);
         // A fold another thread had begun at fork time never ends here.
         self.header_u32(offset_of!(Header, fold_lock))
             .store(0, Ordering::Relaxed);
@@ -407,9 +435,59 @@ impl SegmentWriter {
             .load(Ordering::Acquire)
     }
 
-    /// Adds to the sample counter of function `idx` (single writer: the sampler).
+    /// The per-function sample counters (one `u64` per slot).
     pub fn samples_ptr(&self) -> *mut u64 {
         unsafe { self.base.add(self.layout.samples_off as usize) as *mut u64 }
+    }
+
+    /// Sample counter of function `slot`.
+    pub fn function_samples(&self, slot: u32) -> &AtomicU64 {
+        assert!(slot < self.layout.caps.functions);
+        unsafe { &*(self.samples_ptr().add(slot as usize) as *const AtomicU64) }
+    }
+
+    /// Samples in module `idx` outside its listed functions.
+    pub fn module_samples(&self, idx: u32) -> &AtomicU64 {
+        assert!(idx < self.layout.caps.modules);
+        unsafe { &*(std::ptr::addr_of_mut!((*self.module_ptr(idx)).samples) as *const AtomicU64) }
+    }
+
+    pub fn samples_total(&self) -> &AtomicU64 {
+        self.header_u64(offset_of!(Header, samples_total))
+    }
+    pub fn samples_lost(&self) -> &AtomicU64 {
+        self.header_u64(offset_of!(Header, samples_lost))
+    }
+    pub fn samples_unknown(&self) -> &AtomicU64 {
+        self.header_u64(offset_of!(Header, samples_unknown))
+    }
+
+    /// Records which sampler runs, why, and its period.
+    pub fn set_sampler(&self, sampler: u32, why: u32, errno: u32, period_ns: u64) {
+        self.header_u32(offset_of!(Header, sampler))
+            .store(sampler, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, sampler_why))
+            .store(why, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, sampler_errno))
+            .store(errno, Ordering::Relaxed);
+        self.header_u64(offset_of!(Header, sample_period_ns))
+            .store(period_ns, Ordering::Release);
+    }
+
+    /// A copy of function record `slot` (the agent's own, trusted memory).
+    pub fn function(&self, slot: u32) -> FunctionRecord {
+        assert!(slot < self.func_count.load(Ordering::Relaxed));
+        unsafe { std::ptr::read_volatile(self.func_ptr(slot)) }
+    }
+
+    /// A copy of module record `idx`.
+    pub fn module(&self, idx: u32) -> ModuleRecord {
+        assert!(idx < self.module_count.load(Ordering::Relaxed));
+        unsafe { std::ptr::read_volatile(self.module_ptr(idx)) }
+    }
+
+    pub fn module_count(&self) -> u32 {
+        self.module_count.load(Ordering::Relaxed)
     }
 }
 

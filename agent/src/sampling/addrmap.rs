@@ -1,0 +1,248 @@
+//! Where a sampled instruction pointer belongs: a sorted table of address
+//! ranges, each pointing straight at the sample counter it feeds (a
+//! function's, a stub's owner's, or a module's "elsewhere" bucket).
+//!
+//! The table is rebuilt when libraries come and go and published through
+//! one pointer. Readers (the drain thread, signal handlers) announce
+//! themselves in a counter; the publisher frees an old table only once no
+//! reader can still hold it. Lookups never allocate or lock.
+
+use rtprof_shared::SegmentWriter;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+/// [start, end) -> counter.
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    start: u64,
+    end: u64,
+    counter: *const AtomicU64,
+}
+
+/// A module present in the process: its record in the segment and the
+/// runtime ranges of its executable segments.
+#[derive(Clone, Debug)]
+pub struct Present {
+    pub record: u32,
+    pub exec: Vec<(u64, u64)>,
+}
+
+pub struct AddrMap {
+    /// Functions and stubs, sorted, not overlapping.
+    funcs: Vec<Range>,
+    /// Executable ranges of modules, sorted.
+    modules: Vec<Range>,
+    unknown: *const AtomicU64,
+    total: *const AtomicU64,
+}
+
+// The pointers refer to the process's counter segment, mapped for good.
+unsafe impl Send for AddrMap {}
+unsafe impl Sync for AddrMap {}
+
+fn find(v: &[Range], ip: u64) -> Option<&Range> {
+    let i = v.partition_point(|r| r.start <= ip);
+    let r = v.get(i.checked_sub(1)?)?;
+    (ip < r.end).then_some(r)
+}
+
+/// Sorts and clips ranges so none overlaps the next (a symbol whose size
+/// runs into its successor keeps the part before it).
+fn normalise(v: &mut Vec<Range>) {
+    v.sort_unstable_by_key(|r| (r.start, std::cmp::Reverse(r.end)));
+    v.dedup_by_key(|r| r.start);
+    for i in 1..v.len() {
+        let next = v[i].start;
+        if v[i - 1].end > next {
+            v[i - 1].end = next;
+        }
+    }
+    v.retain(|r| r.end > r.start);
+}
+
+impl AddrMap {
+    /// Builds the table for the modules in `present` from their records in
+    /// `w`; `stubs` are (start, end, function slot).
+    pub fn build(w: &SegmentWriter, present: &[Present], stubs: &[(u64, u64, u32)]) -> AddrMap {
+        let mut funcs = Vec::new();
+        let mut modules = Vec::new();
+        let func_count = w.func_count();
+        for p in present {
+            if p.record >= w.module_count() {
+                continue;
+            }
+            let m = w.module(p.record);
+            let bucket = w.module_samples(p.record) as *const AtomicU64;
+            modules.extend(p.exec.iter().map(|&(start, end)| Range {
+                start,
+                end,
+                counter: bucket,
+            }));
+            let last = m.first_func.saturating_add(m.func_count).min(func_count);
+            for slot in m.first_func..last {
+                let f = w.function(slot);
+                let start = m.base.wrapping_add(f.vaddr);
+                if f.size > 0 {
+                    funcs.push(Range {
+                        start,
+                        end: start.saturating_add(f.size as u64),
+                        counter: w.function_samples(slot),
+                    });
+                }
+            }
+        }
+        funcs.extend(
+            stubs
+                .iter()
+                .filter(|s| s.2 < func_count)
+                .map(|&(start, end, slot)| Range {
+                    start,
+                    end,
+                    counter: w.function_samples(slot),
+                }),
+        );
+        normalise(&mut funcs);
+        normalise(&mut modules);
+        AddrMap {
+            funcs,
+            modules,
+            unknown: w.samples_unknown(),
+            total: w.samples_total(),
+        }
+    }
+
+    /// The counter a sample at `ip` goes to.
+    #[inline]
+    fn counter(&self, ip: u64) -> &AtomicU64 {
+        let c = find(&self.funcs, ip)
+            .or_else(|| find(&self.modules, ip))
+            .map_or(self.unknown, |r| r.counter);
+        unsafe { &*c }
+    }
+
+    /// Counts `n` samples at `ip`. No allocation, no lock: safe in a
+    /// signal handler.
+    #[inline]
+    pub fn count(&self, ip: u64, n: u64) {
+        self.counter(ip).fetch_add(n, Ordering::Relaxed);
+        unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn functions(&self) -> usize {
+        self.funcs.len()
+    }
+}
+
+static CURRENT: AtomicPtr<AddrMap> = AtomicPtr::new(std::ptr::null_mut());
+/// Readers between announcing themselves and being done with the table.
+static READERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts `n` samples at `ip` against the current table (dropped if none
+/// yet).
+#[inline]
+pub fn count(ip: u64, n: u64) {
+    READERS.fetch_add(1, Ordering::SeqCst);
+    let m = CURRENT.load(Ordering::SeqCst);
+    if !m.is_null() {
+        unsafe { &*m }.count(ip, n);
+    }
+    READERS.fetch_sub(1, Ordering::Release);
+}
+
+/// Makes `map` current. The old table is freed once no reader is inside
+/// [`count`]; a reader that never finishes (a thread stopped in a signal
+/// handler) makes us keep it rather than wait for ever.
+pub fn publish(map: AddrMap) {
+    let old = CURRENT.swap(Box::into_raw(Box::new(map)), Ordering::SeqCst);
+    if old.is_null() {
+        return;
+    }
+    for i in 0..2000 {
+        if READERS.load(Ordering::SeqCst) == 0 {
+            drop(unsafe { Box::from_raw(old) });
+            return;
+        }
+        if i < 100 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
+/// In a forked child: a reader of the parent (another thread) that was
+/// inside [`count`] at fork time does not exist here.
+pub fn reset_readers_in_child() {
+    READERS.store(0, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use rtprof_shared::{Capacities, Layout};
+
+    /// A segment in a Vec: module "app" at 0x10000 with f [0x100,+0x40),
+    /// g [0x200,+0x10) and h overlapping g [0x208,+0x100); no-size z.
+    pub(crate) fn fixture() -> (Vec<u64>, SegmentWriter) {
+        let layout = Layout::new(Capacities {
+            modules: 2,
+            functions: 8,
+            strings: 256,
+            stripes: 2,
+        });
+        let mut buf = vec![0u64; (layout.total_size / 8) as usize];
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        w.add_module(b"/app", 0x10000).unwrap();
+        for (n, a, s) in [
+            ("f", 0x100, 0x40),
+            ("g", 0x200, 0x10),
+            ("h", 0x208, 0x100),
+            ("z", 0x400, 0),
+        ] {
+            w.add_function(n.as_bytes(), a, s).unwrap();
+        }
+        (buf, w)
+    }
+
+    pub(crate) fn present() -> Vec<Present> {
+        vec![Present {
+            record: 0,
+            exec: vec![(0x10000, 0x11000)],
+        }]
+    }
+
+    fn samples(w: &SegmentWriter, slot: u32) -> u64 {
+        w.function_samples(slot).load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn attributes_functions_stubs_modules_and_unknown() {
+        let (_buf, w) = fixture();
+        let m = AddrMap::build(&w, &present(), &[(0x900000, 0x900020, 1)]);
+        for ip in [
+            0x10100, 0x1013f, 0x10200, 0x10207, 0x10208, 0x900010, 0x10400, 0x5,
+        ] {
+            m.count(ip, 1);
+        }
+        assert_eq!(samples(&w, 0), 2, "f: first and last byte");
+        assert_eq!(samples(&w, 1), 3, "g: twice, and once from its stub");
+        assert_eq!(samples(&w, 2), 1, "h: from where g ends");
+        assert_eq!(samples(&w, 3), 0, "z has no size");
+        assert_eq!(w.module_samples(0).load(Ordering::Relaxed), 1);
+        assert_eq!(w.samples_unknown().load(Ordering::Relaxed), 1);
+        assert_eq!(w.samples_total().load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn normalise_clips_and_dedups() {
+        let c = std::ptr::null();
+        let r = |start, end| Range {
+            start,
+            end,
+            counter: c,
+        };
+        let mut v = vec![r(10, 50), r(0, 20), r(10, 15), r(60, 60)];
+        normalise(&mut v);
+        let got: Vec<_> = v.iter().map(|r| (r.start, r.end)).collect();
+        assert_eq!(got, vec![(0, 10), (10, 50)]);
+    }
+}

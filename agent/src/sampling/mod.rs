@@ -1,0 +1,309 @@
+//! Sampling: where the CPU time goes. Every sample's instruction pointer is
+//! attributed to a function (or a module, or "unknown") and counted in the
+//! counter segment next to the call counts.
+//!
+//! Two samplers: per-CPU perf `cpu-clock` events drained by one agent
+//! thread (the default), or per-thread CPU-time timers with a signal
+//! handler (when perf is refused, or asked for). `RTPROF_SAMPLE_HZ` sets
+//! the rate (default 1000 per second of CPU time), `RTPROF_SAMPLER` forces
+//! a choice. The header records which ran and why.
+
+pub mod addrmap;
+mod perf;
+pub mod ring;
+mod timer;
+
+use crate::config::SamplerChoice;
+use crate::log::vlog;
+use crate::Agent;
+use ring::{field_u32, field_u64, Ring, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
+use rtprof_shared::sampling::{Sampler, Why};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+pub use timer::{sigaction, signal};
+
+/// The perf rings of this process (leaked: they live as long as it does;
+/// a forked child forgets its parent's, which it does not map).
+static RINGS: AtomicPtr<Vec<Ring>> = AtomicPtr::new(std::ptr::null_mut());
+/// Held while rings are drained (drain thread, or the exit path).
+static DRAINING: AtomicBool = AtomicBool::new(false);
+/// The sampler this process runs, a [`Sampler`] code.
+static KIND: AtomicU32 = AtomicU32::new(0);
+static PID: AtomicU32 = AtomicU32::new(0);
+
+fn period_ns(hz: u32) -> u64 {
+    1_000_000_000 / hz.max(1) as u64
+}
+
+fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
+    KIND.store(s as u32, Ordering::Release);
+    let period = if s == Sampler::Off {
+        0
+    } else {
+        period_ns(a.config.sample_hz)
+    };
+    a.segment
+        .writer
+        .set_sampler(s as u32, why as u32, errno.max(0) as u32, period);
+    vlog!(
+        "sampler: {}",
+        rtprof_shared::sampling::Described {
+            sampler: s,
+            why,
+            errno: errno.max(0) as u32
+        }
+    );
+}
+
+/// Chooses and starts a sampler. Runs after the address table is published.
+pub fn start(a: &'static Agent) {
+    PID.store(std::process::id(), Ordering::Relaxed);
+    let hz = a.config.sample_hz;
+    let choice = a.config.sampler;
+    if hz == 0 || choice == SamplerChoice::Off {
+        return record(a, Sampler::Off, Why::SwitchedOff, 0);
+    }
+    let asked = if choice == SamplerChoice::Auto {
+        Why::Default
+    } else {
+        Why::Requested
+    };
+    let mut fell_back = None;
+    if choice != SamplerChoice::Timer {
+        match start_perf(a) {
+            Ok(()) => return record(a, Sampler::Perf, asked, 0),
+            Err((why, e)) if choice == SamplerChoice::Perf => {
+                return record(a, Sampler::Off, why, e)
+            }
+            Err(f) => fell_back = Some(f),
+        }
+    }
+    match start_timer(a) {
+        Ok(()) => {
+            let (why, e) = fell_back.unwrap_or((asked, 0));
+            record(a, Sampler::Timer, why, e)
+        }
+        Err((why, e)) => record(a, Sampler::Off, why, e),
+    }
+}
+
+fn start_perf(a: &'static Agent) -> Result<(), perf::Failure> {
+    let rings = perf::open(a.config.sample_hz)?;
+    let rings = Box::into_raw(Box::new(rings));
+    RINGS.store(rings, Ordering::Release);
+    let sleep = std::time::Duration::from_millis(perf::sleep_ms(a.config.sample_hz));
+    let void = void_stripe(a);
+    if let Err(e) = crate::threads::spawn_unprofiled(Box::new(move || drain_loop(a, sleep, void))) {
+        RINGS.store(std::ptr::null_mut(), Ordering::Release);
+        let rings = unsafe { Box::from_raw(rings) };
+        for r in rings.iter() {
+            unsafe { libc::munmap(r.base() as *mut libc::c_void, r.map_len()) };
+        }
+        return Err((Why::NoDrainThread, e));
+    }
+    Ok(())
+}
+
+/// Private memory the drain thread counts into, so that its own calls of
+/// instrumented library functions never show in the program's counts.
+fn void_stripe(a: &Agent) -> usize {
+    let len = a.segment.writer.layout().stripe_bytes as usize;
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        0
+    } else {
+        p as usize
+    }
+}
+
+fn drain_loop(a: &'static Agent, sleep: std::time::Duration, void: usize) {
+    if void != 0 {
+        crate::threads::set_stripe(void as *mut u64);
+    }
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"rtprof-drain".as_ptr()) };
+    loop {
+        std::thread::sleep(sleep);
+        drain(a, false);
+    }
+}
+
+/// Reads every ring once. With `wait`, waits for a drain in progress
+/// (the exit path wants the last samples); otherwise skips if one is.
+pub fn drain(a: &Agent, wait: bool) {
+    let rings = RINGS.load(Ordering::Acquire);
+    if rings.is_null() {
+        return;
+    }
+    while DRAINING
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        if !wait {
+            return;
+        }
+        std::thread::yield_now();
+    }
+    let pid = PID.load(Ordering::Relaxed);
+    drain_rings(unsafe { &*rings }, pid, a.segment.writer.samples_lost());
+    DRAINING.store(false, Ordering::Release);
+}
+
+/// The drain itself: samples of this process are attributed, lost-record
+/// notices counted. Allocation-free (a unit test holds it to that).
+fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64) {
+    for r in rings {
+        r.drain(|ty, body| match ty {
+            // Body: ip (u64), pid (u32), tid (u32).
+            PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
+                addrmap::count(field_u64(body, 0), 1)
+            }
+            // Body: id (u64), lost (u64).
+            PERF_RECORD_LOST => {
+                lost.fetch_add(field_u64(body, 8), Ordering::Relaxed);
+            }
+            _ => {}
+        });
+    }
+}
+
+fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
+    timer::install(period_ns(a.config.sample_hz))?;
+    timer::arm_current_thread().map_err(|e| (Why::TimerFailed, e))
+}
+
+/// A new thread of the program: with the timer sampler, it gets a timer.
+/// (perf events reach it by inheritance.)
+pub fn thread_started() {
+    if timer::active() {
+        if let Err(e) = timer::arm_current_thread() {
+            vlog!(
+                "thread left unsampled: {}",
+                std::io::Error::from_raw_os_error(e)
+            );
+        }
+    }
+}
+
+/// The program installed its own SIGPROF handler: timer sampling stopped.
+fn timer_taken_over() {
+    if let Some(a) = crate::agent() {
+        record(a, Sampler::Off, Why::SignalTaken, 0);
+    }
+}
+
+/// The last samples, before the exit report is written.
+pub fn at_exit(a: &Agent) {
+    drain(a, true);
+}
+
+/// In a forked child, from the fork handler (allocation-free): the parent's
+/// rings are not mapped here, its drain thread and timers do not exist.
+pub fn forget_parent_in_child() {
+    RINGS.store(std::ptr::null_mut(), Ordering::Relaxed);
+    DRAINING.store(false, Ordering::Relaxed);
+    addrmap::reset_readers_in_child();
+    timer::forget_in_child();
+}
+
+/// In a forked child, once `fork()` has returned (where allocating and
+/// starting threads is safe again): the parent's sampler, started afresh.
+pub fn restart_in_child() {
+    let Some(a) = crate::agent() else { return };
+    PID.store(std::process::id(), Ordering::Relaxed);
+    match Sampler::from_code(KIND.load(Ordering::Acquire)) {
+        Sampler::Off => {}
+        Sampler::Perf => match start_perf(a) {
+            Ok(()) => record(a, Sampler::Perf, Why::Default, 0),
+            Err((why, e)) => record(a, Sampler::Off, why, e),
+        },
+        Sampler::Timer => match timer::arm_current_thread() {
+            Ok(()) => record(a, Sampler::Timer, Why::Default, 0),
+            Err(e) => record(a, Sampler::Off, Why::TimerFailed, e),
+        },
+    }
+}
+
+/// Rebuilds and publishes the address table (start-up, and whenever
+/// libraries come or go).
+pub fn publish_map(a: &Agent, present: &[addrmap::Present], stubs: &[(u64, u64, u32)]) {
+    publish_map_at_start(&a.segment, present, stubs);
+}
+
+/// As [`publish_map`], before the agent is complete.
+pub fn publish_map_at_start(
+    segment: &crate::segment::Segment,
+    present: &[addrmap::Present],
+    stubs: &[(u64, u64, u32)],
+) {
+    addrmap::publish(addrmap::AddrMap::build(&segment.writer, present, stubs));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::addrmap::tests::{fixture, present};
+    use super::ring::tests::FakeRing;
+    use super::*;
+    use std::cell::Cell;
+
+    /// Counts this thread's allocations (other test threads allocate freely).
+    struct Counting;
+    thread_local! {
+        static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    }
+    unsafe impl std::alloc::GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            std::alloc::System.alloc(l)
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+            std::alloc::System.dealloc(p, l)
+        }
+    }
+    #[global_allocator]
+    static ALLOC: Counting = Counting;
+
+    fn allocs() -> u64 {
+        ALLOCS.with(|c| c.get())
+    }
+
+    #[test]
+    fn drain_and_attribution_do_not_allocate_per_sample() {
+        let (_buf, w) = fixture();
+        addrmap::publish(addrmap::AddrMap::build(&w, &present(), &[]));
+        let mut f = FakeRing::new(4096);
+        let rings = vec![f.ring()];
+        let lost = AtomicU64::new(0);
+        let (mut sampled, mut during) = (0, 0);
+        for round in 0..50u64 {
+            for k in 0..100u64 {
+                // Alternate f, g, a foreign process, the module, nowhere.
+                let ip = [0x10110, 0x10204, 0x10110, 0x10800, 0x42][(k % 5) as usize];
+                let pid = if k % 5 == 2 { 999 } else { 1 };
+                f.sample(ip + round % 4, pid, 5);
+                sampled += (pid == 1) as u64;
+            }
+            f.lost(3);
+            let before = allocs();
+            drain_rings(&rings, 1, &lost);
+            during += allocs() - before;
+        }
+        assert_eq!(during, 0, "allocations while draining");
+        assert_eq!(w.samples_total().load(Ordering::Relaxed), sampled);
+        assert_eq!(w.function_samples(0).load(Ordering::Relaxed), 1000);
+        assert_eq!(w.function_samples(1).load(Ordering::Relaxed), 1000);
+        assert_eq!(w.module_samples(0).load(Ordering::Relaxed), 1000);
+        assert_eq!(w.samples_unknown().load(Ordering::Relaxed), 1000);
+        assert_eq!(lost.load(Ordering::Relaxed), 150);
+        // The published table now points into the fixture, freed at the end
+        // of this test: no other unit test counts through it.
+    }
+}

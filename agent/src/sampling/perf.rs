@@ -1,0 +1,148 @@
+//! Per-CPU `cpu-clock` sampling events on this process, user space only.
+//!
+//! One event per online CPU (`pid = 0`, `cpu = N`, inherited by threads
+//! created later; `cpu = -1` cannot be mapped with inherit). Each gets a
+//! ring buffer mapping; the descriptor is then closed, because the mapping
+//! keeps the event alive: the program's descriptor table stays exactly its
+//! own, and a program that closes every descriptor cannot disturb sampling.
+
+use super::ring::Ring;
+use perf_event::events::Software;
+use perf_event::{Builder, SampleFlag};
+use rtprof_shared::sampling::Why;
+use std::os::fd::IntoRawFd;
+
+/// More CPUs than this and the agent samples with per-thread timers
+/// instead: descriptors and locked ring memory stay bounded per process.
+pub const MAX_CPUS: usize = 256;
+/// Bytes per sample record: header 8, ip 8, pid/tid 8.
+const RECORD_BYTES: u64 = 24;
+/// The drain thread wakes at least this often; rings hold twice as much.
+pub const MAX_SLEEP_MS: u64 = 1000;
+/// Ring data pages per CPU, at most (256 KiB).
+const MAX_PAGES: u64 = 64;
+
+/// A failure with the reason the report gives and its errno.
+pub type Failure = (Why, i32);
+
+/// Data pages per ring for `hz` samples per second on one CPU: two drain
+/// intervals' worth, a power of two.
+pub fn ring_pages(hz: u32) -> u64 {
+    let bytes = hz as u64 * RECORD_BYTES * 2 * MAX_SLEEP_MS / 1000;
+    bytes.div_ceil(4096).next_power_of_two().clamp(2, MAX_PAGES)
+}
+
+/// How long the drain thread may sleep so no ring fills in between.
+pub fn sleep_ms(hz: u32) -> u64 {
+    let capacity = ring_pages(hz) * 4096 / RECORD_BYTES;
+    (capacity * 1000 / (2 * hz.max(1) as u64)).clamp(10, MAX_SLEEP_MS)
+}
+
+/// The CPUs the kernel reports online ("0-3,8").
+fn online_cpus() -> Vec<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let mut ends = part.splitn(2, '-').map(|n| n.trim().parse::<usize>().ok());
+        match (ends.next().flatten(), ends.next()) {
+            (Some(a), None) => cpus.push(a),
+            (Some(a), Some(Some(b))) if b >= a && b - a < 65536 => cpus.extend(a..=b),
+            _ => {}
+        }
+    }
+    if cpus.is_empty() {
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+        cpus.extend(0..n);
+    }
+    cpus
+}
+
+fn open_one(cpu: usize, period_ns: u64, inherit_thread: bool) -> std::io::Result<i32> {
+    let mut b = Builder::new(Software::CPU_CLOCK);
+    b.observe_self()
+        .one_cpu(cpu)
+        .inherit(true)
+        .inherit_thread(inherit_thread)
+        .sample_period(period_ns)
+        .sample(SampleFlag::IP | SampleFlag::TID)
+        .exclude_kernel(true)
+        .exclude_hv(true)
+        .enabled(true);
+    Ok(b.build()?.into_raw_fd())
+}
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Opens and maps one event per online CPU. On failure nothing stays open.
+pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
+    let cpus = online_cpus();
+    if cpus.len() > MAX_CPUS {
+        return Err((Why::TooManyCpus, 0));
+    }
+    let period_ns = 1_000_000_000 / hz.max(1) as u64;
+    let len = ((1 + ring_pages(hz)) * 4096) as usize;
+    let mut rings: Vec<Ring> = Vec::with_capacity(cpus.len());
+    let fail = |rings: Vec<Ring>, f: Failure| {
+        for r in rings {
+            unsafe { libc::munmap(r.base() as *mut libc::c_void, r.map_len()) };
+        }
+        Err(f)
+    };
+    // Threads only, not child processes: a forked child opens its own.
+    // Kernels before 5.13 lack inherit_thread; samples are then filtered
+    // by pid.
+    let mut inherit_thread = true;
+    for &cpu in &cpus {
+        let fd = match open_one(cpu, period_ns, inherit_thread) {
+            Err(e) if inherit_thread && errno(&e) == libc::EINVAL => {
+                inherit_thread = false;
+                open_one(cpu, period_ns, false)
+            }
+            r => r,
+        };
+        let fd = match fd {
+            Ok(fd) => fd,
+            // Listed online but gone (hot-unplugged): nothing runs there.
+            Err(e) if errno(&e) == libc::ENODEV && !rings.is_empty() => continue,
+            Err(e) => return fail(rings, (Why::PerfRefused, errno(&e))),
+        };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        let err = std::io::Error::last_os_error();
+        unsafe { libc::close(fd) };
+        if p == libc::MAP_FAILED {
+            return fail(rings, (Why::PerfMapFailed, errno(&err)));
+        }
+        rings.push(unsafe { Ring::new(p as *mut u8, len) });
+    }
+    if rings.is_empty() {
+        return Err((Why::PerfRefused, libc::ENODEV));
+    }
+    Ok(rings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_sizes_cover_two_drain_intervals() {
+        assert_eq!(ring_pages(1000), 16);
+        assert_eq!(sleep_ms(1000), MAX_SLEEP_MS);
+        for hz in [1, 10, 100, 1000, 5000, 10_000] {
+            let capacity = ring_pages(hz) * 4096 / RECORD_BYTES;
+            let per_sleep = hz as u64 * sleep_ms(hz) / 1000;
+            assert!(capacity >= 2 * per_sleep, "{hz} Hz");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The fallback sampler: one CPU-time timer per thread
+//! (`CLOCK_THREAD_CPUTIME_ID`, delivered to that thread as SIGPROF), and a
+//! handler that attributes the interrupted instruction pointer. The handler
+//! never allocates, never locks and preserves errno.
+//!
+//! Timers are created and deleted with raw system calls (no allocation,
+//! usable in a forked child) and listed in a fixed table, so that all of
+//! them can be stopped at once if the program takes SIGPROF over.
+
+use super::addrmap;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+
+pub const SIGNAL: i32 = libc::SIGPROF;
+/// Threads sampled at once; later threads run unsampled.
+const MAX_TIMERS: usize = 4096;
+const FREE: i32 = -1;
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static PERIOD_NS: AtomicU64 = AtomicU64::new(0);
+static TIMERS: [AtomicI32; MAX_TIMERS] = [const { AtomicI32::new(FREE) }; MAX_TIMERS];
+/// Key whose value (table index + 1) deletes a thread's timer at its exit.
+static KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Acquire)
+}
+
+type SigactionFn =
+    unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int;
+
+fn real_sigaction() -> Option<SigactionFn> {
+    static F: AtomicUsize = AtomicUsize::new(0);
+    let mut f = F.load(Ordering::Acquire);
+    if f == 0 {
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sigaction".as_ptr()) } as usize;
+        F.store(f, Ordering::Release);
+    }
+    (f != 0).then(|| unsafe { std::mem::transmute::<usize, SigactionFn>(f) })
+}
+
+extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    let errno = unsafe { *libc::__errno_location() };
+    if ACTIVE.load(Ordering::Relaxed) && !info.is_null() && !uc.is_null() {
+        // SI_TIMER: one of our timers (not a kill(2) from someone).
+        if unsafe { (*info).si_code } == libc::SI_TIMER {
+            let uc = uc as *const libc::ucontext_t;
+            let ip = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] } as u64;
+            // CPU-time timers are checked at the scheduler tick: several
+            // periods may expire per signal (si_overrun, after si_tid in the
+            // timer part of siginfo). The interrupted code ran for all of
+            // them, so the sample counts that many times.
+            let overrun = unsafe { *((info as *const u8).add(20) as *const i32) };
+            addrmap::count(ip, 1 + overrun.max(0) as u64);
+        }
+    }
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Installs the handler, unless the program handles SIGPROF itself.
+pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
+    use rtprof_shared::sampling::Why;
+    let Some(real) = real_sigaction() else {
+        return Err((Why::TimerFailed, libc::ENOSYS));
+    };
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    unsafe { real(SIGNAL, std::ptr::null(), &mut old) };
+    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != on_signal as *const () as usize {
+        return Err((Why::SignalInUse, 0));
+    }
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = on_signal as *const () as usize;
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+    if unsafe { real(SIGNAL, &sa, std::ptr::null_mut()) } != 0 {
+        return Err((Why::TimerFailed, errno()));
+    }
+    if KEY.load(Ordering::Acquire) == usize::MAX {
+        let mut key: libc::pthread_key_t = 0;
+        if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
+            KEY.store(key as usize, Ordering::Release);
+        }
+    }
+    PERIOD_NS.store(period_ns, Ordering::Relaxed);
+    ACTIVE.store(true, Ordering::Release);
+    Ok(())
+}
+
+fn errno() -> i32 {
+    unsafe { *libc::__errno_location() }
+}
+
+#[repr(C)]
+struct SigEvent {
+    value: usize,
+    signo: i32,
+    notify: i32,
+    tid: i32,
+    pad: [i32; 11],
+}
+
+#[repr(C)]
+struct ITimerSpec {
+    interval: libc::timespec,
+    value: libc::timespec,
+}
+
+/// Starts a CPU-time timer for the calling thread. Allocation-free.
+pub fn arm_current_thread() -> Result<(), i32> {
+    if !active() {
+        return Ok(());
+    }
+    let Some(slot) = TIMERS.iter().position(|t| {
+        t.compare_exchange(FREE, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        return Err(libc::EAGAIN);
+    };
+    let sev = SigEvent {
+        value: 0,
+        signo: SIGNAL,
+        notify: libc::SIGEV_THREAD_ID,
+        tid: unsafe { libc::syscall(libc::SYS_gettid) } as i32,
+        pad: [0; 11],
+    };
+    let mut id: i32 = 0;
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_timer_create,
+            libc::CLOCK_THREAD_CPUTIME_ID,
+            &sev as *const SigEvent,
+            &mut id as *mut i32,
+        )
+    };
+    if rc != 0 {
+        let e = errno();
+        TIMERS[slot].store(FREE, Ordering::Release);
+        return Err(e);
+    }
+    let p = PERIOD_NS.load(Ordering::Relaxed) as i64;
+    let ts = libc::timespec {
+        tv_sec: p / 1_000_000_000,
+        tv_nsec: p % 1_000_000_000,
+    };
+    let spec = ITimerSpec {
+        interval: ts,
+        value: ts,
+    };
+    // Stored before it can fire, so a stop finds it.
+    TIMERS[slot].store(id + 1, Ordering::Release);
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_timer_settime,
+            id,
+            0,
+            &spec as *const ITimerSpec,
+            std::ptr::null_mut::<ITimerSpec>(),
+        )
+    };
+    if rc != 0 {
+        let e = errno();
+        release(slot);
+        return Err(e);
+    }
+    let key = KEY.load(Ordering::Acquire);
+    if key != usize::MAX {
+        unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, (slot + 1) as *const _) };
+    }
+    Ok(())
+}
+
+/// Deletes the timer in `slot` (if still there) and frees the slot.
+fn release(slot: usize) {
+    let v = TIMERS[slot].swap(FREE, Ordering::AcqRel);
+    if v > 0 {
+        unsafe { libc::syscall(libc::SYS_timer_delete, v - 1) };
+    }
+}
+
+unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
+    let slot = v as usize;
+    if (1..=MAX_TIMERS).contains(&slot) {
+        release(slot - 1);
+    }
+}
+
+/// Stops sampling in every thread.
+pub fn stop_all() {
+    ACTIVE.store(false, Ordering::Release);
+    for slot in 0..MAX_TIMERS {
+        release(slot);
+    }
+}
+
+/// In a forked child: timers are not inherited, and the parent's timer ids
+/// mean nothing here (they may name the child's own timers later).
+pub fn forget_in_child() {
+    for t in &TIMERS {
+        t.store(FREE, Ordering::Relaxed);
+    }
+}
+
+/// Called before the program changes SIGPROF's disposition: the signal is
+/// the program's from then on, and our timers must stop first.
+pub fn program_takes_signal(sig: i32, handler: usize) {
+    if sig == SIGNAL && active() && handler != on_signal as *const () as usize {
+        stop_all();
+        super::timer_taken_over();
+    }
+}
+
+/// `sigaction(2)` as the program sees it: unchanged, except that taking
+/// SIGPROF over stops our timers first.
+///
+/// # Safety
+/// Same contract as `sigaction(2)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    if !act.is_null() {
+        program_takes_signal(sig, (*act).sa_sigaction);
+    }
+    match real_sigaction() {
+        Some(real) => real(sig, act, old),
+        None => {
+            *libc::__errno_location() = libc::ENOSYS;
+            -1
+        }
+    }
+}
+
+/// `signal(3)`: glibc's calls its internal sigaction directly, so it is
+/// wrapped too.
+///
+/// # Safety
+/// Same contract as `signal(3)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn signal(
+    sig: libc::c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    type SignalFn = unsafe extern "C" fn(libc::c_int, libc::sighandler_t) -> libc::sighandler_t;
+    program_takes_signal(sig, handler);
+    let f = libc::dlsym(libc::RTLD_NEXT, c"signal".as_ptr());
+    if f.is_null() {
+        return libc::SIG_ERR;
+    }
+    std::mem::transmute::<*mut libc::c_void, SignalFn>(f)(sig, handler)
+}

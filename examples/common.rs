@@ -1,0 +1,28 @@
+//! Helpers the benchmarks share: medians, arguments, where the build is.
+
+use std::path::PathBuf;
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// The directory of the running benchmark (target/release), where
+/// `librtprof.so` and `rtprof` are built too.
+pub fn here() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The number after `name` on the command line, or `default`.
+pub fn arg(name: &str, default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().expect("number"))
+        .unwrap_or(default)
+}

@@ -1,0 +1,215 @@
+//! Sampling, end to end: programs that know how much CPU each of their
+//! functions used (they measure it with the thread CPU clock) are profiled,
+//! and the sample shares are compared with that truth, with both samplers,
+//! in one thread and in several, in a forked child, and with perf denied.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::path::Path;
+
+const SPLIT: [&str; 3] = ["hot60", "warm30", "cool10"];
+
+/// The CPU nanoseconds per function the program measured itself.
+fn measured(stdout: &[u8]) -> Vec<f64> {
+    let text = String::from_utf8_lossy(stdout);
+    SPLIT
+        .iter()
+        .map(|name| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("CPU {name} ")))
+                .unwrap_or_else(|| panic!("no CPU line for {name} in {text}"))
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn samples(p: &Value, name: &str) -> f64 {
+    function_named(p, name)["samples"].as_u64().unwrap() as f64
+}
+
+/// Checks one process section against the program's own measurements:
+/// shares within 3 points, and sampled CPU time close to the measured one
+/// (so no thread went unsampled).
+fn check_split(p: &Value, truth: &[f64], sampler: &str) {
+    assert_eq!(p["sampler"]["name"], sampler, "{}", p["sampler"]);
+    let period = p["sampler"]["period_ns"].as_u64().unwrap() as f64;
+    assert_eq!(period, 1e6, "default 1000 Hz");
+    let got: Vec<f64> = SPLIT.iter().map(|n| samples(p, n)).collect();
+    let (got_sum, truth_sum): (f64, f64) = (got.iter().sum(), truth.iter().sum());
+    for (i, name) in SPLIT.iter().enumerate() {
+        let (share, want) = (100.0 * got[i] / got_sum, 100.0 * truth[i] / truth_sum);
+        assert!(
+            (share - want).abs() <= 3.0,
+            "{sampler}: {name} has {share:.1}% of samples, measured {want:.1}% ({got:?} vs {truth:?})"
+        );
+    }
+    let sampled_ns = got_sum * period;
+    let ratio = sampled_ns / truth_sum;
+    assert!(
+        (0.85..=1.15).contains(&ratio),
+        "{sampler}: samples account for {sampled_ns:.0} ns of {truth_sum:.0} ns measured"
+    );
+    let total = p["sampler"]["samples"].as_u64().unwrap() as f64;
+    assert!(
+        got_sum >= 0.9 * total,
+        "{got_sum} of {total} samples in the three functions"
+    );
+}
+
+fn run_split(dir: &Path, threads: &str, env: &[(&str, &str)]) -> (Profiled, Vec<f64>) {
+    let bin = compile_o2("split.c", &["-pthread"], dir);
+    let prof = run_profiled(&bin, &[threads, "1000"], env, dir);
+    assert!(prof.output.status.success(), "{:?}", prof.output);
+    let truth = measured(&prof.output.stdout);
+    (prof, truth)
+}
+
+fn split_test(name: &str, threads: &str, sampler: &str) {
+    let dir = scratch(name);
+    let (prof, truth) = run_split(&dir, threads, &[("RTPROF_SAMPLER", sampler)]);
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1);
+    check_split(&procs[0], &truth, sampler);
+    assert_eq!(procs[0]["sampler"]["why"], "requested");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn perf_shares_match_one_thread() {
+    split_test("split-perf-1", "1", "perf");
+}
+
+/// The four threads start long after the agent: inherited events sample
+/// them all (the sampled time covers all four).
+#[test]
+fn perf_shares_match_four_threads() {
+    split_test("split-perf-4", "4", "perf");
+}
+
+#[test]
+fn timer_shares_match_one_thread() {
+    split_test("split-timer-1", "1", "timer");
+}
+
+#[test]
+fn timer_shares_match_four_threads() {
+    split_test("split-timer-4", "4", "timer");
+}
+
+/// A forked child samples itself, with its own events; the parent, which
+/// only waits, has next to nothing.
+#[test]
+fn forked_child_reports_its_own_samples() {
+    let dir = scratch("split-fork");
+    let bin = compile_o2("split.c", &["-pthread"], &dir);
+    let prof = run_profiled(&bin, &["2", "600", "fork"], &[], &dir);
+    assert!(prof.output.status.success());
+    let truth = measured(&prof.output.stdout);
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "parent and child");
+    let (parent, child) = (&procs[0], &procs[1]);
+    assert_eq!(child["ppid"], parent["pid"]);
+    check_split(child, &truth, "perf");
+    assert_eq!(child["sampler"]["why"], "default");
+    let parent_samples = parent["sampler"]["samples"].as_u64().unwrap();
+    assert!(
+        parent_samples < 50,
+        "parent only waited: {parent_samples} samples"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With perf_event_open denied by a seccomp filter (a sandbox), the agent
+/// falls back to CPU-time timers by itself, says why, and still measures
+/// the same split.
+#[test]
+fn denied_perf_falls_back_to_timers() {
+    let dir = scratch("split-noperf");
+    let noperf = compile_o2("noperf.c", &[], &dir);
+    let bin = compile_o2("split.c", &["-pthread"], &dir);
+    let plain = run_plain(&noperf, &[bin.to_str().unwrap(), "2", "600"]);
+    assert!(plain.status.success(), "{plain:?}");
+    let prof = run_profiled(&noperf, &[bin.to_str().unwrap(), "2", "600"], &[], &dir);
+    assert!(prof.output.status.success(), "{:?}", prof.output);
+    let p = process(&prof.report, &bin);
+    assert_eq!(
+        p["sampler"]["why"], "perf_event_open refused",
+        "{}",
+        p["sampler"]
+    );
+    assert_eq!(p["sampler"]["errno"], libc::EPERM);
+    check_split(p, &measured(&prof.output.stdout), "timer");
+    // The launcher ran before its filter: perf there.
+    assert_eq!(process(&prof.report, &noperf)["sampler"]["name"], "perf");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A program that takes SIGPROF for itself (its own profiler) gets exactly
+/// its own ticks: the agent's timers stop the moment it installs a handler.
+#[test]
+fn program_taking_sigprof_stops_timer_sampling() {
+    let dir = scratch("sigprof");
+    let bin = compile_o2("sigprof.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "own ticks: yes, foreign: 0\n"
+    );
+    let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", "timer")], &dir);
+    assert_same_behaviour("sigprof", &plain, &prof.output);
+    let p = &prof.report["processes"][0];
+    assert_eq!(p["sampler"]["name"], "off");
+    assert_eq!(p["sampler"]["why"], "SIGPROF taken over by the program");
+    assert!(
+        p["sampler"]["samples"].as_u64().unwrap() > 0,
+        "sampled until then"
+    );
+    // With perf (the default) the program's signal is never touched.
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("sigprof", &plain, &prof.output);
+    assert_eq!(prof.report["processes"][0]["sampler"]["name"], "perf");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rate_zero_switches_sampling_off() {
+    let dir = scratch("split-off");
+    let (prof, _) = run_split(&dir, "1", &[("RTPROF_SAMPLE_HZ", "0")]);
+    let p = &prof.report["processes"][0];
+    assert_eq!(p["sampler"]["name"], "off");
+    assert_eq!(p["sampler"]["why"], "switched off");
+    assert_eq!(p["sampler"]["samples"], 0);
+    // Counting goes on.
+    assert_eq!(
+        function_named(p, "hot60")["calls"],
+        21,
+        "20 rounds and one calibration"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The drain thread never keeps a process alive: when the program's last
+/// thread ends (not the main one), the process exits as it would without
+/// the agent; likewise a child forked from a thread, whose only thread
+/// calls pthread_exit.
+#[test]
+fn process_ends_with_its_last_program_thread() {
+    let dir = scratch("lastthread");
+    let bin = compile_o2("lastthread.c", &["-pthread"], &dir);
+    for mode in ["main", "fork"] {
+        let plain = run_plain(&bin, &[mode]);
+        // `timeout` turns a hang into a failure (status 124).
+        let prof = run_profiled(
+            Path::new("/usr/bin/timeout"),
+            &["20", bin.to_str().unwrap(), mode],
+            &[],
+            &dir,
+        );
+        assert_same_behaviour(mode, &plain, &prof.output);
+        let p = process(&prof.report, &bin);
+        assert_eq!(p["sampler"]["name"], "perf", "{mode}: the drain thread ran");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
