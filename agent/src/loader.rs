@@ -197,9 +197,7 @@ fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
         (None, records::record_sampled(w, m, funcs))
     };
     if !a.config.instrument || modules::skip_reason(&m, &|n| a.config.selects(n)).is_some() {
-        let funcs = symbols::read_file(&m.file)
-            .map(|l| l.funcs)
-            .unwrap_or_default();
+        let funcs = symbols::read_for_sampling(&m.file);
         return sampled_only(&m, &funcs);
     }
     let list = match symbols::read_file(&m.file) {

@@ -65,16 +65,12 @@ fn plan_modules(cfg: &Config) -> Vec<Planned> {
                 if why != modules::Skip::NotSelected {
                     vlog!("{}: not instrumented ({why:?})", m.path);
                 }
-                let funcs = symbols::read_file(&m.file)
-                    .map(|l| l.funcs)
-                    .unwrap_or_default();
+                let funcs = symbols::read_for_sampling(&m.file);
                 plans.push(Planned::Sample(m, funcs));
                 continue;
             }
             None if !cfg.instrument => {
-                let funcs = symbols::read_file(&m.file)
-                    .map(|l| l.funcs)
-                    .unwrap_or_default();
+                let funcs = symbols::read_for_sampling(&m.file);
                 plans.push(Planned::Sample(m, funcs));
                 continue;
             }

@@ -73,6 +73,19 @@ pub fn read_file(path: &str) -> Result<FunctionList, SymbolError> {
     list_functions(&map)
 }
 
+/// The functions of a module that is only sampled: names and ranges
+/// suffice, so unwind entries are not evaluated (that only serves to tell
+/// split-off fragments from functions before patching). Empty on error.
+pub fn read_for_sampling(path: &str) -> Vec<FuncSym> {
+    let Ok(f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&f) }) else {
+        return Vec::new();
+    };
+    list(&map, false).map(|l| l.funcs).unwrap_or_default()
+}
+
 /// Which alias names a function: global before weak before local, then
 /// fewer leading underscores, then the shorter name.
 type Rank = (u8, usize, usize);
@@ -90,6 +103,12 @@ fn rank(bind: u8, name: &str) -> Rank {
 }
 
 pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
+    list(data, true)
+}
+
+/// `for_patching`: also find, for functions known only from unwind entries,
+/// whether they start in a mid-function frame state (split-off fragments).
+fn list(data: &[u8], for_patching: bool) -> Result<FunctionList, SymbolError> {
     let elf = Elf::parse(data).map_err(|e| SymbolError::Parse(e.to_string()))?;
     if !elf.is_64 {
         return Err(SymbolError::NotElf64);
@@ -114,7 +133,7 @@ pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
         .syms
         .iter()
         .any(|s| s.st_type() == sym::STT_FUNC && s.st_shndx != 0);
-    let eh = eh_frame_functions(&elf, data, !symtab_has_functions);
+    let eh = eh_frame_functions(&elf, data, for_patching && !symtab_has_functions);
     let signal_frames: Vec<u64> = eh.iter().filter(|e| e.signal).map(|e| e.start).collect();
     let wanted = |name: &str, vaddr: u64| {
         !NOT_CALLED.contains(&name)
