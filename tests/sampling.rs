@@ -146,16 +146,17 @@ fn denied_perf_falls_back_to_timers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A program that takes SIGPROF for itself (its own profiler) gets exactly
-/// its own ticks: the agent's timers stop the moment it installs a handler.
+/// A program that takes SIGPROF for itself (its own profiler) finds it
+/// unused, and gets exactly its own ticks, in every thread: the agent's
+/// timers stop the moment it installs a handler.
 #[test]
 fn program_taking_sigprof_stops_timer_sampling() {
     let dir = scratch("sigprof");
-    let bin = compile_o2("sigprof.c", &[], &dir);
+    let bin = compile_o2("sigprof.c", &["-pthread"], &dir);
     let plain = run_plain(&bin, &[]);
     assert_eq!(
         String::from_utf8_lossy(&plain.stdout),
-        "own ticks: yes, foreign: 0\n"
+        "before: default\nown ticks: yes, foreign: 0\n"
     );
     let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", "timer")], &dir);
     assert_same_behaviour("sigprof", &plain, &prof.output);
@@ -190,15 +191,16 @@ fn rate_zero_switches_sampling_off() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The drain thread never keeps a process alive: when the program's last
-/// thread ends (not the main one), the process exits as it would without
-/// the agent; likewise a child forked from a thread, whose only thread
-/// calls pthread_exit.
+/// The drain thread never keeps a process alive nor ends it early: when
+/// the program's last thread ends (not the main one), the process exits as
+/// it would without the agent, after that thread's key destructors; a child
+/// forked from a thread whose only thread calls pthread_exit ends; threads
+/// glibc makes itself (SIGEV_THREAD) keep the process alive as they would.
 #[test]
 fn process_ends_with_its_last_program_thread() {
     let dir = scratch("lastthread");
     let bin = compile_o2("lastthread.c", &["-pthread"], &dir);
-    for mode in ["main", "fork"] {
+    for mode in ["main", "fork", "sigev"] {
         let plain = run_plain(&bin, &[mode]);
         // `timeout` turns a hang into a failure (status 124).
         let prof = run_profiled(
@@ -208,8 +210,39 @@ fn process_ends_with_its_last_program_thread() {
             &dir,
         );
         assert_same_behaviour(mode, &plain, &prof.output);
+        let want = match mode {
+            "main" => "worker done\nkey destructor ran for worker\n",
+            "fork" => "child done\nchild status 0\n",
+            _ => "three ticks\n",
+        };
+        assert_eq!(String::from_utf8_lossy(&plain.stdout), want);
         let p = process(&prof.report, &bin);
         assert_eq!(p["sampler"]["name"], "perf", "{mode}: the drain thread ran");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process may enter a user namespace only while single-threaded: the
+/// drain thread steps aside for `unshare(CLONE_NEWUSER)` (in the process and
+/// in a forked child) and sampling goes on afterwards.
+#[test]
+fn user_namespace_can_be_entered() {
+    let dir = scratch("userns");
+    let bin = compile_o2("userns.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("userns", &plain, &prof.output);
+    let text = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        text.contains("parent: ok") || text.contains("parent: EPERM"),
+        "{text}"
+    );
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2);
+    for p in procs {
+        assert_eq!(p["sampler"]["name"], "perf");
+        // The work after unshare was sampled: the drain thread came back.
+        assert!(samples(p, "after") >= 50.0, "{}", p["sampler"]);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

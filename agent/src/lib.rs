@@ -10,6 +10,7 @@ pub mod arch;
 pub mod config;
 mod fork;
 pub mod install;
+mod lifecycle;
 mod loader;
 pub mod log;
 pub mod maps;

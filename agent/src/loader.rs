@@ -187,6 +187,12 @@ fn update(a: &Agent, known: &mut Known) {
 fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
     let w = &a.segment.writer;
     let sampled_only = |m: &Module, funcs: &[symbols::FuncSym]| {
+        // Room is kept for libraries to instrument: a sampled-only one
+        // beyond that leaves its samples to `[unknown]`.
+        let modules_left = w.layout().caps.modules - w.module_count();
+        if modules_left <= crate::startup::INSTRUMENTED_RESERVE {
+            return (None, None);
+        }
         let left = w.layout().caps.functions - w.func_count();
         let reserve = a.config.spare_functions / 2;
         let funcs = if (funcs.len() as u32).saturating_add(reserve) <= left {

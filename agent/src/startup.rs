@@ -98,6 +98,11 @@ fn plan_modules(cfg: &Config) -> Vec<Planned> {
     plans
 }
 
+/// Module records kept for libraries loaded after start-up.
+pub(crate) const SPARE_MODULES: u32 = 512;
+/// Of those, kept for instrumented libraries only.
+pub(crate) const INSTRUMENTED_RESERVE: u32 = 64;
+
 fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
     let funcs: usize = plans.iter().map(|p| p.functions().count()).sum();
     let names: usize = plans
@@ -106,7 +111,9 @@ fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
         .sum();
     let spare = cfg.spare_functions as usize;
     Capacities {
-        modules: plans.len() as u32 + 64,
+        // Libraries loaded later: 64 kept for instrumented ones, the rest
+        // also for those only sampled.
+        modules: plans.len() as u32 + SPARE_MODULES,
         // Stubs address a counter as a 32-bit displacement (slot * 8).
         functions: (funcs + spare).min((i32::MAX / 8) as usize) as u32,
         strings: (names + exe.len() + spare * 48 + 4096).min(u32::MAX as usize) as u32,
@@ -257,6 +264,7 @@ pub(crate) fn start() {
     }
     threads::init_exit_key();
     fork::install_handlers(stripe_bytes);
+    crate::lifecycle::resolve();
     if let Some(a) = agent() {
         crate::sampling::start(a);
     }

@@ -77,21 +77,19 @@ unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
 /// Program threads alive (the agent's own not included). glibc ends a
 /// process with `exit(0)` when its last thread returns or calls
 /// `pthread_exit`; it counts our drain thread too, so with one running it
-/// would wait for ever. We count the program's threads and do what glibc
-/// would when the last one ends.
+/// would wait for ever. When the program's last thread ends, the drain
+/// thread is told to end too, and glibc does the rest as usual.
 static PROGRAM_THREADS: AtomicUsize = AtomicUsize::new(1);
 static LIVE_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
-/// Set once an agent thread runs that glibc counts as a thread.
-static AGENT_THREAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 unsafe extern "C" fn on_program_thread_exit(_: *mut libc::c_void) {
-    if PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel) == 1 && AGENT_THREAD.load(Ordering::Acquire) {
-        libc::exit(0);
+    if PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel) == 1 {
+        crate::sampling::program_threads_gone();
     }
 }
 
 /// Marks the calling thread as one of the program's.
-fn mark_program_thread() {
+pub fn mark_program_thread() {
     let key = LIVE_KEY.load(Ordering::Acquire);
     if key != usize::MAX {
         unsafe {
@@ -103,10 +101,10 @@ fn mark_program_thread() {
     }
 }
 
-/// In a forked child only the forking thread exists (it stays marked).
+/// In a forked child only the forking thread exists (marked again when
+/// `fork()` returns, in case it was not one of ours).
 pub fn reset_program_threads_in_child() {
     PROGRAM_THREADS.store(1, Ordering::Relaxed);
-    AGENT_THREAD.store(false, Ordering::Relaxed);
 }
 
 pub fn init_exit_key() {
@@ -184,10 +182,10 @@ extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
     std::ptr::null_mut()
 }
 
-/// Starts an agent thread: detached, no stripe, no timer, every signal
+/// Starts an agent thread: joinable, no stripe, no timer, every signal
 /// blocked (the program's signals are never delivered to it). Returns the
-/// errno on failure.
-pub fn spawn_unprofiled(job: Job) -> Result<(), i32> {
+/// thread, or the errno on failure.
+pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, i32> {
     let real = real_create().ok_or(libc::ENOSYS)?;
     let boxed = Box::into_raw(Box::new(job));
     unsafe {
@@ -197,21 +195,17 @@ pub fn spawn_unprofiled(job: Job) -> Result<(), i32> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
-        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
         libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
         let mut t: libc::pthread_t = 0;
         let rc = real(&mut t, &attr, unprofiled_start, boxed as *mut libc::c_void);
-        if rc == 0 {
-            AGENT_THREAD.store(true, Ordering::Release);
-        }
         libc::pthread_attr_destroy(&mut attr);
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         if rc != 0 {
             drop(Box::from_raw(boxed));
             return Err(rc);
         }
+        Ok(t)
     }
-    Ok(())
 }
 
 /// Wraps thread creation so the new thread has its stripe before its start

@@ -1,6 +1,8 @@
 /* A program that profiles itself with SIGPROF (as gprof's runtime or
- * gperftools do): it installs a handler, starts ITIMER_PROF and burns CPU.
- * Its own handler must receive its own ticks, and nothing else. */
+ * gperftools do): it checks that nobody handles SIGPROF yet, installs a
+ * handler, starts ITIMER_PROF and burns CPU in two threads. Its own handler
+ * must receive its own ticks, and nothing else. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,8 +25,20 @@ __attribute__((noinline)) void burn(long n) {
     sink = x;
 }
 
+static volatile int stop;
+static void *spin(void *arg) {
+    (void)arg;
+    while (!stop) burn(100000);
+    return NULL;
+}
+
 int main(void) {
+    pthread_t t;
+    pthread_create(&t, NULL, spin, NULL);
     burn(20000000); /* CPU before the handler: the agent's timer may tick */
+    struct sigaction old;
+    sigaction(SIGPROF, NULL, &old);
+    printf("before: %s\n", old.sa_handler == SIG_DFL ? "default" : "taken");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_prof;
@@ -33,6 +47,8 @@ int main(void) {
     struct itimerval it = {{0, 10000}, {0, 10000}};
     setitimer(ITIMER_PROF, &it, NULL);
     while (ticks < 20) burn(1000000);
+    stop = 1;
+    pthread_join(t, NULL);
     struct itimerval off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_PROF, &off, NULL);
     printf("own ticks: %s, foreign: %ld\n", ticks >= 20 ? "yes" : "no", foreign);

@@ -169,6 +169,14 @@ pub fn publish(map: AddrMap) {
     }
 }
 
+#[cfg(test)]
+pub(crate) fn clear_for_test() {
+    let old = CURRENT.swap(std::ptr::null_mut(), Ordering::SeqCst);
+    if !old.is_null() {
+        drop(unsafe { Box::from_raw(old) });
+    }
+}
+
 /// In a forked child: a reader of the parent (another thread) that was
 /// inside [`count`] at fork time does not exist here.
 pub fn reset_readers_in_child() {

@@ -9,6 +9,7 @@
 //! a choice. The header records which ran and why.
 
 pub mod addrmap;
+mod drainer;
 mod perf;
 pub mod ring;
 mod timer;
@@ -37,7 +38,8 @@ fn period_ns(hz: u32) -> u64 {
 
 fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
     KIND.store(s as u32, Ordering::Release);
-    let period = if s == Sampler::Off {
+    // A sampler that stopped keeps its period: its samples still count.
+    let period = if s == Sampler::Off && why != Why::SignalTaken {
         0
     } else {
         period_ns(a.config.sample_hz)
@@ -58,13 +60,19 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
 /// Chooses and starts a sampler. Runs after the address table is published.
 pub fn start(a: &'static Agent) {
     PID.store(std::process::id(), Ordering::Relaxed);
+    choose(a, Why::Default);
+}
+
+/// perf events, else CPU-time timers, as configured; `default_why` is what
+/// the report says when the first choice works.
+fn choose(a: &'static Agent, default_why: Why) {
     let hz = a.config.sample_hz;
     let choice = a.config.sampler;
     if hz == 0 || choice == SamplerChoice::Off {
         return record(a, Sampler::Off, Why::SwitchedOff, 0);
     }
     let asked = if choice == SamplerChoice::Auto {
-        Why::Default
+        default_why
     } else {
         Why::Requested
     };
@@ -87,26 +95,41 @@ pub fn start(a: &'static Agent) {
     }
 }
 
+fn drain_now(wait: bool) -> usize {
+    crate::agent().map_or(0, |a| drain(a, wait))
+}
+
+fn start_drainer(a: &Agent) -> Result<(), i32> {
+    drainer::start(
+        perf::sleep_ms(a.config.sample_hz),
+        void_stripe(a),
+        drain_now,
+    )
+}
+
 fn start_perf(a: &'static Agent) -> Result<(), perf::Failure> {
-    let rings = perf::open(a.config.sample_hz)?;
-    let rings = Box::into_raw(Box::new(rings));
-    RINGS.store(rings, Ordering::Release);
-    let sleep = std::time::Duration::from_millis(perf::sleep_ms(a.config.sample_hz));
-    let void = void_stripe(a);
-    if let Err(e) = crate::threads::spawn_unprofiled(Box::new(move || drain_loop(a, sleep, void))) {
-        RINGS.store(std::ptr::null_mut(), Ordering::Release);
-        let rings = unsafe { Box::from_raw(rings) };
-        for r in rings.iter() {
-            unsafe { libc::munmap(r.base() as *mut libc::c_void, r.map_len()) };
+    // The drain thread first: started before the events exist, it does not
+    // inherit them, and its own CPU time is not sampled as the program's.
+    start_drainer(a).map_err(|e| (Why::NoDrainThread, e))?;
+    let rings = match perf::open(a.config.sample_hz) {
+        Ok(r) => r,
+        Err(f) => {
+            drainer::stop();
+            return Err(f);
         }
-        return Err((Why::NoDrainThread, e));
-    }
+    };
+    RINGS.store(Box::into_raw(Box::new(rings)), Ordering::Release);
     Ok(())
 }
 
 /// Private memory the drain thread counts into, so that its own calls of
 /// instrumented library functions never show in the program's counts.
 fn void_stripe(a: &Agent) -> usize {
+    static VOID: AtomicU64 = AtomicU64::new(0);
+    let have = VOID.load(Ordering::Acquire);
+    if have != 0 {
+        return have as usize;
+    }
     let len = a.segment.writer.layout().stripe_bytes as usize;
     let p = unsafe {
         libc::mmap(
@@ -119,49 +142,74 @@ fn void_stripe(a: &Agent) -> usize {
         )
     };
     if p == libc::MAP_FAILED {
-        0
-    } else {
-        p as usize
+        return 0;
+    }
+    VOID.store(p as u64, Ordering::Release);
+    p as usize
+}
+
+/// The program's last thread has ended (see `threads`).
+pub fn program_threads_gone() {
+    drainer::program_gone();
+}
+
+/// Before this process image ends without exit handlers (`_exit`, exec):
+/// the samples still in the rings. Not in a vfork child (another pid
+/// sharing our memory).
+pub fn image_ending() {
+    if PID.load(Ordering::Relaxed) == std::process::id() {
+        if let Some(a) = crate::agent() {
+            drain(a, true);
+        }
     }
 }
 
-fn drain_loop(a: &'static Agent, sleep: std::time::Duration, void: usize) {
-    if void != 0 {
-        crate::threads::set_stripe(void as *mut u64);
-    }
-    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"rtprof-drain".as_ptr()) };
-    loop {
-        std::thread::sleep(sleep);
-        drain(a, false);
+/// Stops the drain thread (a process must be single-threaded to enter a
+/// user namespace); returns whether to [`resume_drain`] afterwards.
+pub fn pause_drain() -> bool {
+    drainer::stop()
+}
+
+pub fn resume_drain() {
+    if let Some(a) = crate::agent() {
+        if let Err(e) = start_drainer(a) {
+            vlog!(
+                "drain thread not restarted: {}",
+                std::io::Error::from_raw_os_error(e)
+            );
+        }
     }
 }
 
-/// Reads every ring once. With `wait`, waits for a drain in progress
-/// (the exit path wants the last samples); otherwise skips if one is.
-pub fn drain(a: &Agent, wait: bool) {
+/// Reads every ring once; returns the records read. With `wait`, waits
+/// for a drain in progress (the exit path wants the last samples);
+/// otherwise skips if one is.
+pub fn drain(a: &Agent, wait: bool) -> usize {
     let rings = RINGS.load(Ordering::Acquire);
     if rings.is_null() {
-        return;
+        return 0;
     }
     while DRAINING
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
     {
         if !wait {
-            return;
+            return 0;
         }
         std::thread::yield_now();
     }
     let pid = PID.load(Ordering::Relaxed);
-    drain_rings(unsafe { &*rings }, pid, a.segment.writer.samples_lost());
+    let n = drain_rings(unsafe { &*rings }, pid, a.segment.writer.samples_lost());
     DRAINING.store(false, Ordering::Release);
+    n
 }
 
 /// The drain itself: samples of this process are attributed, lost-record
 /// notices counted. Allocation-free (a unit test holds it to that).
-fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64) {
+fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64) -> usize {
+    let mut n = 0;
     for r in rings {
-        r.drain(|ty, body| match ty {
+        n += r.drain(|ty, body| match ty {
             // Body: ip (u64), pid (u32), tid (u32).
             PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
                 addrmap::count(field_u64(body, 0), 1)
@@ -173,6 +221,7 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64) {
             _ => {}
         });
     }
+    n
 }
 
 fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
@@ -209,6 +258,7 @@ pub fn at_exit(a: &Agent) {
 /// rings are not mapped here, its drain thread and timers do not exist.
 pub fn forget_parent_in_child() {
     RINGS.store(std::ptr::null_mut(), Ordering::Relaxed);
+    drainer::forget_in_child();
     DRAINING.store(false, Ordering::Relaxed);
     addrmap::reset_readers_in_child();
     timer::forget_in_child();
@@ -219,12 +269,11 @@ pub fn forget_parent_in_child() {
 pub fn restart_in_child() {
     let Some(a) = crate::agent() else { return };
     PID.store(std::process::id(), Ordering::Relaxed);
+    crate::threads::mark_program_thread();
     match Sampler::from_code(KIND.load(Ordering::Acquire)) {
+        // Off by configuration, or the program took SIGPROF over.
         Sampler::Off => {}
-        Sampler::Perf => match start_perf(a) {
-            Ok(()) => record(a, Sampler::Perf, Why::Default, 0),
-            Err((why, e)) => record(a, Sampler::Off, why, e),
-        },
+        Sampler::Perf => choose(a, Why::Default),
         Sampler::Timer => match timer::arm_current_thread() {
             Ok(()) => record(a, Sampler::Timer, Why::Default, 0),
             Err(e) => record(a, Sampler::Off, Why::TimerFailed, e),
@@ -293,7 +342,7 @@ mod tests {
             }
             f.lost(3);
             let before = allocs();
-            drain_rings(&rings, 1, &lost);
+            assert_eq!(drain_rings(&rings, 1, &lost), 101);
             during += allocs() - before;
         }
         assert_eq!(during, 0, "allocations while draining");
@@ -303,7 +352,7 @@ mod tests {
         assert_eq!(w.module_samples(0).load(Ordering::Relaxed), 1000);
         assert_eq!(w.samples_unknown().load(Ordering::Relaxed), 1000);
         assert_eq!(lost.load(Ordering::Relaxed), 150);
-        // The published table now points into the fixture, freed at the end
-        // of this test: no other unit test counts through it.
+        // The table points into the fixture, freed with this test.
+        addrmap::clear_for_test();
     }
 }

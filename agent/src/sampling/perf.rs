@@ -57,12 +57,12 @@ fn online_cpus() -> Vec<usize> {
     cpus
 }
 
-fn open_one(cpu: usize, period_ns: u64, inherit_thread: bool) -> std::io::Result<i32> {
+fn open_one(cpu: usize, period_ns: u64) -> std::io::Result<i32> {
     let mut b = Builder::new(Software::CPU_CLOCK);
     b.observe_self()
         .one_cpu(cpu)
         .inherit(true)
-        .inherit_thread(inherit_thread)
+        .inherit_thread(true)
         .sample_period(period_ns)
         .sample(SampleFlag::IP | SampleFlag::TID)
         .exclude_kernel(true)
@@ -91,17 +91,10 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
         Err(f)
     };
     // Threads only, not child processes: a forked child opens its own.
-    // Kernels before 5.13 lack inherit_thread; samples are then filtered
-    // by pid.
-    let mut inherit_thread = true;
+    // Kernels before 5.13 lack inherit_thread (EINVAL); there every
+    // descendant would write into our rings, so the timers serve instead.
     for &cpu in &cpus {
-        let fd = match open_one(cpu, period_ns, inherit_thread) {
-            Err(e) if inherit_thread && errno(&e) == libc::EINVAL => {
-                inherit_thread = false;
-                open_one(cpu, period_ns, false)
-            }
-            r => r,
-        };
+        let fd = open_one(cpu, period_ns);
         let fd = match fd {
             Ok(fd) => fd,
             // Listed online but gone (hot-unplugged): nothing runs there.

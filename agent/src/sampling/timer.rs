@@ -16,6 +16,9 @@ const MAX_TIMERS: usize = 4096;
 const FREE: i32 = -1;
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// SIGPROF's disposition as the program set it (before ours): what a
+/// program asking `sigaction` sees while our handler is installed.
+static PROGRAM_VIEW: AtomicUsize = AtomicUsize::new(0);
 static PERIOD_NS: AtomicU64 = AtomicU64::new(0);
 static TIMERS: [AtomicI32; MAX_TIMERS] = [const { AtomicI32::new(FREE) }; MAX_TIMERS];
 /// Key whose value (table index + 1) deletes a thread's timer at its exit.
@@ -59,6 +62,7 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
 /// Installs the handler, unless the program handles SIGPROF itself.
 pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     use rtprof_shared::sampling::Why;
+    real_signal();
     let Some(real) = real_sigaction() else {
         return Err((Why::TimerFailed, libc::ENOSYS));
     };
@@ -67,10 +71,13 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != on_signal as *const () as usize {
         return Err((Why::SignalInUse, 0));
     }
+    PROGRAM_VIEW.store(old.sa_sigaction, Ordering::Relaxed);
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
     sa.sa_sigaction = on_signal as *const () as usize;
     sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+    // Nothing interrupts the handler (a program handler that longjmps out
+    // would leave the address table's reader count raised).
+    unsafe { libc::sigfillset(&mut sa.sa_mask) };
     if unsafe { real(SIGNAL, &sa, std::ptr::null_mut()) } != 0 {
         return Err((Why::TimerFailed, errno()));
     }
@@ -104,10 +111,23 @@ struct ITimerSpec {
     value: libc::timespec,
 }
 
+/// Whether the calling thread blocks SIGPROF (a timer's signals would
+/// stay pending: the thread is left unsampled instead).
+fn blocked_here() -> bool {
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set) == 0
+            && libc::sigismember(&set, SIGNAL) == 1
+    }
+}
+
 /// Starts a CPU-time timer for the calling thread. Allocation-free.
 pub fn arm_current_thread() -> Result<(), i32> {
     if !active() {
         return Ok(());
+    }
+    if blocked_here() {
+        return Err(libc::EWOULDBLOCK);
     }
     let Some(slot) = TIMERS.iter().position(|t| {
         t.compare_exchange(FREE, 0, Ordering::AcqRel, Ordering::Relaxed)
@@ -161,6 +181,11 @@ pub fn arm_current_thread() -> Result<(), i32> {
         release(slot);
         return Err(e);
     }
+    // A stop that ran meanwhile may have passed this slot by.
+    if !ACTIVE.load(Ordering::SeqCst) {
+        release(slot);
+        return Ok(());
+    }
     let key = KEY.load(Ordering::Acquire);
     if key != usize::MAX {
         unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, (slot + 1) as *const _) };
@@ -185,7 +210,7 @@ unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
 
 /// Stops sampling in every thread.
 pub fn stop_all() {
-    ACTIVE.store(false, Ordering::Release);
+    ACTIVE.store(false, Ordering::SeqCst);
     for slot in 0..MAX_TIMERS {
         release(slot);
     }
@@ -196,6 +221,12 @@ pub fn stop_all() {
 pub fn forget_in_child() {
     for t in &TIMERS {
         t.store(FREE, Ordering::Relaxed);
+    }
+    // The forking thread's slot number is its parent's: forget it too
+    // (keys created early live in the thread itself: no allocation).
+    let key = KEY.load(Ordering::Acquire);
+    if key != usize::MAX {
+        unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, std::ptr::null()) };
     }
 }
 
@@ -209,7 +240,8 @@ pub fn program_takes_signal(sig: i32, handler: usize) {
 }
 
 /// `sigaction(2)` as the program sees it: unchanged, except that taking
-/// SIGPROF over stops our timers first.
+/// SIGPROF over stops our timers first, and that while they run the
+/// program sees its own disposition, not our handler.
 ///
 /// # Safety
 /// Same contract as `sigaction(2)`.
@@ -219,16 +251,21 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
+    let ours = sig == SIGNAL && active();
     if !act.is_null() {
         program_takes_signal(sig, (*act).sa_sigaction);
     }
-    match real_sigaction() {
-        Some(real) => real(sig, act, old),
-        None => {
-            *libc::__errno_location() = libc::ENOSYS;
-            -1
-        }
+    let Some(real) = real_sigaction() else {
+        *libc::__errno_location() = libc::ENOSYS;
+        return -1;
+    };
+    let rc = real(sig, act, old);
+    if ours && rc == 0 && !old.is_null() {
+        (*old).sa_sigaction = PROGRAM_VIEW.load(Ordering::Relaxed);
+        (*old).sa_flags = 0;
+        libc::sigemptyset(&mut (*old).sa_mask);
     }
+    rc
 }
 
 /// `signal(3)`: glibc's calls its internal sigaction directly, so it is
@@ -242,10 +279,26 @@ pub unsafe extern "C" fn signal(
     handler: libc::sighandler_t,
 ) -> libc::sighandler_t {
     type SignalFn = unsafe extern "C" fn(libc::c_int, libc::sighandler_t) -> libc::sighandler_t;
+    let ours = sig == SIGNAL && active();
     program_takes_signal(sig, handler);
-    let f = libc::dlsym(libc::RTLD_NEXT, c"signal".as_ptr());
-    if f.is_null() {
+    let f = real_signal();
+    if f == 0 {
         return libc::SIG_ERR;
     }
-    std::mem::transmute::<*mut libc::c_void, SignalFn>(f)(sig, handler)
+    let old = std::mem::transmute::<usize, SignalFn>(f)(sig, handler);
+    if ours && old != libc::SIG_ERR {
+        PROGRAM_VIEW.load(Ordering::Relaxed)
+    } else {
+        old
+    }
+}
+
+fn real_signal() -> usize {
+    static F: AtomicUsize = AtomicUsize::new(0);
+    let mut f = F.load(Ordering::Acquire);
+    if f == 0 {
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"signal".as_ptr()) } as usize;
+        F.store(f, Ordering::Release);
+    }
+    f
 }
