@@ -7,9 +7,11 @@
 //!    profiled R times by rtprof (sampling only, 1 kHz) and R times by
 //!    `perf record -e cpu-clock:u -c 1000000` (the same event and period).
 //!    For perf's top five functions, the median sample share of each tool.
-//! 2. Overhead: run time of `mix` alone, under the agent with sampling only
-//!    (no entry patched), and under the agent with sampling and counting,
-//!    alternating, R runs each: medians and ratios to the plain run.
+//! 2. Overhead: wall and CPU time of `mix` alone, under the agent sampling
+//!    only (no entry patched) at 1 kHz and 100 Hz, counting only, both, and
+//!    under `perf record` at the same event and rate (the cost of kernel
+//!    sampling itself on this machine); R runs each, the order rotated
+//!    every round: medians and ratios to the plain run.
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -103,16 +105,40 @@ fn rtprof_share(p: &Value, module: &str, addr: u64) -> Option<(String, f64)> {
     })
 }
 
-fn timed(bin: &Path, scale: &str, env: &[(&str, String)]) -> f64 {
-    let mut c = Command::new(bin);
-    c.arg(scale).stdout(std::process::Stdio::null());
-    for (k, v) in env {
+/// CPU seconds (user + system) of the children reaped so far.
+fn children_cpu() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// (wall seconds, CPU seconds) of one run.
+/// `PERF` in a configuration's environment: run the workload under
+/// `perf record` at the same event and period instead of the agent.
+const PERF: &str = "PERF";
+
+fn timed(bin: &Path, scale: &str, env: &[(&str, String)], dir: &Path) -> (f64, f64) {
+    let mut c = if env.iter().any(|(k, _)| *k == PERF) {
+        let mut c = Command::new("perf");
+        c.args(["record", "-q", "-e", "cpu-clock:u", "-c", "1000000", "-o"])
+            .arg(dir.join("overhead.data"))
+            .arg("--")
+            .arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    c.arg(scale)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for (k, v) in env.iter().filter(|(k, _)| *k != PERF) {
         c.env(k, v);
     }
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), children_cpu());
     let st = c.status().expect("mix runs");
     assert!(st.success());
-    t.elapsed().as_secs_f64()
+    (t.elapsed().as_secs_f64(), children_cpu() - cpu)
 }
 
 fn main() {
@@ -179,13 +205,21 @@ fn main() {
 
     // Overhead, alternating the configurations run by run.
     let preload = agent.to_string_lossy().into_owned();
-    let configs: Vec<(&str, Vec<(&str, String)>)> = vec![
+    let mut configs: Vec<(&str, Vec<(&str, String)>)> = vec![
         ("plain", vec![]),
         (
             "sampling only (1 kHz)",
             vec![
                 ("LD_PRELOAD", preload.clone()),
                 ("RTPROF_INSTRUMENT", "0".into()),
+            ],
+        ),
+        (
+            "sampling only (100 Hz)",
+            vec![
+                ("LD_PRELOAD", preload.clone()),
+                ("RTPROF_INSTRUMENT", "0".into()),
+                ("RTPROF_SAMPLE_HZ", "100".into()),
             ],
         ),
         (
@@ -197,30 +231,37 @@ fn main() {
         ),
         ("counting + sampling", vec![("LD_PRELOAD", preload.clone())]),
     ];
-    let mut times: HashMap<&str, Vec<f64>> = HashMap::new();
-    timed(&bin, &scale, &[]); // warm the page cache
-    for _ in 0..runs {
-        for (name, env) in &configs {
-            times
-                .entry(name)
-                .or_default()
-                .push(timed(&bin, &scale, env));
+    if have_perf {
+        configs.push(("perf record (1 kHz)", vec![(PERF, String::new())]));
+    }
+    let mut wall: HashMap<&str, Vec<f64>> = HashMap::new();
+    let mut cpu: HashMap<&str, Vec<f64>> = HashMap::new();
+    timed(&bin, &scale, &[], &dir); // warm the page cache
+    for round in 0..runs {
+        // Each round starts with another configuration: none always runs
+        // first or after the same neighbour.
+        for k in 0..configs.len() {
+            let (name, env) = &configs[(round + k) % configs.len()];
+            let (w, c) = timed(&bin, &scale, env, &dir);
+            wall.entry(name).or_default().push(w);
+            cpu.entry(name).or_default().push(c);
         }
     }
-    let base = median(times["plain"].clone());
-    println!("\nrun time of mix {scale}: median of {runs} alternating runs");
+    println!("\nmix {scale}: median of {runs} runs per configuration, order rotated each round");
     println!(
-        "{:<24} {:>9} {:>9} {:>9} {:>8}",
-        "configuration", "median s", "min s", "max s", "ratio"
+        "{:<24} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7}",
+        "configuration", "wall s", "min", "max", "ratio", "CPU s", "ratio"
     );
+    let (base_w, base_c) = (median(wall["plain"].clone()), median(cpu["plain"].clone()));
     for (name, _) in &configs {
-        let v = &times[name];
+        let v = &wall[name];
         let min = v.iter().cloned().fold(f64::MAX, f64::min);
         let max = v.iter().cloned().fold(0.0, f64::max);
-        let m = median(v.clone());
+        let (m, c) = (median(v.clone()), median(cpu[name].clone()));
         println!(
-            "{name:<24} {m:>9.4} {min:>9.4} {max:>9.4} {:>8.4}",
-            m / base
+            "{name:<24} {m:>8.3} {min:>8.3} {max:>8.3} {:>7.4} {c:>8.3} {:>7.4}",
+            m / base_w,
+            c / base_c
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
