@@ -3,6 +3,7 @@
 
 pub mod json;
 pub mod layout;
+pub mod present;
 pub mod reader;
 pub mod refusal;
 pub mod report;

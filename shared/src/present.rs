@@ -1,0 +1,832 @@
+//! The presentation segment: what `rtprofd` publishes every tick for
+//! schedulers to read. Two buffers and a generation counter: the daemon
+//! writes the buffer readers are not using, then flips the generation, so
+//! a reader never waits and never sees a half-written table; each buffer
+//! also carries a sequence number (odd while written) so a reader that was
+//! lapped by two publishes notices and retries.
+//!
+//! ```text
+//! [PresentHeader][buffer 0][buffer 1]
+//! buffer: [BufferHeader][ProcEntry x procs][Row x rows][u32 x hash_cap][strings]
+//! ```
+//!
+//! Rows of each process are contiguous (`ProcEntry::first_row`); after them
+//! come the global rows (same executable and function merged across
+//! processes), indexed by an open-addressing hash of (executable, name).
+//! Little-endian, fixed widths; readers check every offset and count.
+
+use std::mem::size_of;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+pub const MAGIC: [u8; 8] = *b"RTPROFP\0";
+pub const VERSION: u32 = 1;
+const EMPTY: u32 = u32::MAX;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PresentHeader {
+    pub magic: [u8; 8],
+    pub version: u32,
+    pub header_size: u32,
+    pub total_size: u64,
+    /// Publishes so far; buffer `generation & 1` is the current one.
+    pub generation: u64,
+    pub buffer_off: [u64; 2],
+    pub buffer_len: u64,
+    pub tick_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BufferHeader {
+    /// Odd while the daemon writes this buffer.
+    pub seq: u64,
+    /// CLOCK_REALTIME at the end of the span, and its nominal length.
+    pub span_end_ns: u64,
+    pub span_ns: u64,
+    pub proc_count: u32,
+    pub row_count: u32,
+    pub global_first: u32,
+    pub global_count: u32,
+    pub hash_cap: u32,
+    pub strings_len: u32,
+    pub procs_off: u32,
+    pub rows_off: u32,
+    pub hash_off: u32,
+    pub strings_off: u32,
+}
+
+/// `ProcEntry::flags`: the process ended; these are its last counts.
+pub const PROC_ENDED: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: u32,
+    pub flags: u32,
+    pub exe_off: u32,
+    pub exe_len: u32,
+    pub first_row: u32,
+    pub row_count: u32,
+    /// The span this process really covers (shorter if it is younger).
+    pub span_ns: u64,
+    pub samples: u64,
+    pub period_ns: u64,
+    pub lost: u64,
+    pub reserved: u64,
+}
+
+/// `Row::flags`: calls are counted (the function is instrumented).
+pub const ROW_COUNTED: u32 = 1;
+/// `Row::flags`: a global row (its `proc_index` names the first process
+/// of its executable).
+pub const ROW_GLOBAL: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Row {
+    pub name_off: u32,
+    pub name_len: u32,
+    pub module_off: u32,
+    pub module_len: u32,
+    /// Index of the process (of the first process of the executable, in a
+    /// global row).
+    pub proc_index: u32,
+    pub flags: u32,
+    /// Over the span.
+    pub calls: u64,
+    pub samples: u64,
+    pub time_ns: u64,
+    /// Since the process started (summed over processes in a global row).
+    pub total_calls: u64,
+    /// Checksum of the fields above: a torn row cannot pass.
+    pub check: u64,
+}
+
+const _: () = assert!(size_of::<PresentHeader>() == 64);
+const _: () = assert!(size_of::<BufferHeader>() == 64);
+const _: () = assert!(size_of::<ProcEntry>() == 64);
+const _: () = assert!(size_of::<Row>() == 64);
+
+impl Row {
+    pub fn checksum(&self) -> u64 {
+        let words = [
+            self.name_off as u64 | (self.name_len as u64) << 32,
+            self.module_off as u64 | (self.module_len as u64) << 32,
+            self.proc_index as u64 | (self.flags as u64) << 32,
+            self.calls,
+            self.samples,
+            self.time_ns,
+            self.total_calls,
+        ];
+        words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
+            (h ^ w).wrapping_mul(0x100_0000_01b3).rotate_left(17)
+        })
+    }
+}
+
+/// FNV-1a over executable, a zero byte, and function name.
+pub fn key_hash(exe: &str, name: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in exe.bytes().chain([0]).chain(name.bytes()) {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Bytes a buffer needs for `procs` processes, `rows` rows (global ones
+/// included) and `strings` bytes of names.
+pub fn buffer_bytes(procs: usize, rows: usize, globals: usize, strings: usize) -> u64 {
+    let hash = hash_cap(globals) as u64 * 4;
+    (size_of::<BufferHeader>() + (procs + rows) * 64) as u64 + hash + strings as u64
+}
+
+fn hash_cap(globals: usize) -> u32 {
+    (globals * 2).next_power_of_two().max(8) as u32
+}
+
+/// What the daemon publishes for one process.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcTable {
+    pub pid: u32,
+    pub exe: String,
+    pub ended: bool,
+    pub span_ns: u64,
+    pub samples: u64,
+    pub period_ns: u64,
+    pub lost: u64,
+    pub rows: Vec<RowIn>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowIn {
+    pub name: String,
+    pub module: String,
+    pub counted: bool,
+    pub calls: u64,
+    pub samples: u64,
+    pub time_ns: u64,
+    pub total_calls: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresentError {
+    TooShort,
+    BadMagic,
+    UnsupportedVersion(u32),
+    BadRegion(&'static str),
+    /// The daemon kept rewriting the buffer while we read (retries exhausted).
+    Busy,
+    /// The table does not fit in a buffer of this segment.
+    TooLarge { need: u64, have: u64 },
+    NotPublished,
+}
+
+impl std::fmt::Display for PresentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PresentError::TooShort => f.write_str("presentation segment truncated"),
+            PresentError::BadMagic => f.write_str("not an rtprof presentation segment"),
+            PresentError::UnsupportedVersion(v) => write!(f, "unsupported version {v}"),
+            PresentError::BadRegion(r) => write!(f, "{r} out of bounds"),
+            PresentError::Busy => f.write_str("segment rewritten during every read attempt"),
+            PresentError::TooLarge { need, have } => {
+                write!(f, "table needs {need} bytes, buffers have {have}")
+            }
+            PresentError::NotPublished => f.write_str("nothing published yet"),
+        }
+    }
+}
+
+impl std::error::Error for PresentError {}
+
+/// Total segment size for buffers of `buffer_len` bytes.
+pub fn segment_bytes(buffer_len: u64) -> u64 {
+    64 + 2 * buffer_len.next_multiple_of(64)
+}
+
+/// The daemon's side.
+pub struct PresentWriter {
+    base: *mut u8,
+    header: PresentHeader,
+}
+
+unsafe impl Send for PresentWriter {}
+
+impl PresentWriter {
+    /// Initialises a segment of `len` bytes at `base` (zeroed, 8-aligned).
+    ///
+    /// # Safety
+    /// `base` must point to `len` writable bytes that outlive the writer.
+    pub unsafe fn init(base: *mut u8, len: u64, tick_ns: u64) -> PresentWriter {
+        let buffer_len = ((len.saturating_sub(64)) / 2) / 64 * 64;
+        let header = PresentHeader {
+            magic: MAGIC,
+            version: VERSION,
+            header_size: 64,
+            total_size: len,
+            generation: 0,
+            buffer_off: [64, 64 + buffer_len],
+            buffer_len,
+            tick_ns,
+        };
+        std::ptr::write_volatile(base as *mut PresentHeader, header);
+        PresentWriter { base, header }
+    }
+
+    fn word(&self, off: u64) -> &AtomicU64 {
+        unsafe { &*(self.base.add(off as usize) as *const AtomicU64) }
+    }
+
+    /// Publishes a span's table: written into the idle buffer, then made
+    /// current.
+    pub fn publish(
+        &mut self,
+        span_end_ns: u64,
+        span_ns: u64,
+        procs: &[ProcTable],
+    ) -> Result<(), PresentError> {
+        let gen_off = std::mem::offset_of!(PresentHeader, generation) as u64;
+        let gen = self.word(gen_off).load(Ordering::Relaxed);
+        let b = ((gen + 1) & 1) as usize;
+        let boff = self.header.buffer_off[b];
+        let built = build(span_end_ns, span_ns, procs);
+        if built.len() as u64 > self.header.buffer_len {
+            return Err(PresentError::TooLarge {
+                need: built.len() as u64,
+                have: self.header.buffer_len,
+            });
+        }
+        let seq = self.word(boff);
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        // Everything after the sequence word.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                built.as_ptr().add(8),
+                self.base.add(boff as usize + 8),
+                built.len() - 8,
+            )
+        };
+        seq.store((s | 1) + 1, Ordering::Release);
+        self.word(gen_off).store(gen + 1, Ordering::Release);
+        Ok(())
+    }
+}
+
+fn put<T: Copy>(buf: &mut [u8], off: usize, v: &T) {
+    let bytes = unsafe { std::slice::from_raw_parts(v as *const T as *const u8, size_of::<T>()) };
+    buf[off..off + bytes.len()].copy_from_slice(bytes);
+}
+
+/// One buffer's bytes (sequence word left 0).
+fn build(span_end_ns: u64, span_ns: u64, procs: &[ProcTable]) -> Vec<u8> {
+    let mut strings: Vec<u8> = Vec::new();
+    let mut intern = std::collections::HashMap::<String, (u32, u32)>::new();
+    let mut add = |s: &str| -> (u32, u32) {
+        *intern.entry(s.to_string()).or_insert_with(|| {
+            let off = strings.len() as u32;
+            strings.extend_from_slice(s.as_bytes());
+            (off, s.len() as u32)
+        })
+    };
+    let mut entries = Vec::with_capacity(procs.len());
+    let mut rows: Vec<Row> = Vec::new();
+    // Global rows: (exe, name) -> index into `globals`.
+    let mut global_ix = std::collections::HashMap::<(String, String), usize>::new();
+    let mut globals: Vec<(String, String, Row)> = Vec::new();
+    for (pi, p) in procs.iter().enumerate() {
+        let (exe_off, exe_len) = add(&p.exe);
+        entries.push(ProcEntry {
+            pid: p.pid,
+            flags: if p.ended { PROC_ENDED } else { 0 },
+            exe_off,
+            exe_len,
+            first_row: rows.len() as u32,
+            row_count: p.rows.len() as u32,
+            span_ns: p.span_ns,
+            samples: p.samples,
+            period_ns: p.period_ns,
+            lost: p.lost,
+            reserved: 0,
+        });
+        for r in &p.rows {
+            let (name_off, name_len) = add(&r.name);
+            let (module_off, module_len) = add(&r.module);
+            let row = Row {
+                name_off,
+                name_len,
+                module_off,
+                module_len,
+                proc_index: pi as u32,
+                flags: if r.counted { ROW_COUNTED } else { 0 },
+                calls: r.calls,
+                samples: r.samples,
+                time_ns: r.time_ns,
+                total_calls: r.total_calls,
+                check: 0,
+            };
+            rows.push(row);
+            let k = (p.exe.clone(), r.name.clone());
+            let gi = *global_ix.entry(k).or_insert_with(|| {
+                let zero = Row {
+                    flags: ROW_GLOBAL,
+                    calls: 0,
+                    samples: 0,
+                    time_ns: 0,
+                    total_calls: 0,
+                    ..row
+                };
+                globals.push((p.exe.clone(), r.name.clone(), zero));
+                globals.len() - 1
+            });
+            let g = &mut globals[gi].2;
+            g.calls += row.calls;
+            g.samples += row.samples;
+            g.time_ns += row.time_ns;
+            g.total_calls += row.total_calls;
+            g.flags |= row.flags;
+        }
+    }
+    let global_first = rows.len() as u32;
+    let cap = hash_cap(globals.len());
+    let mut hash = vec![EMPTY; cap as usize];
+    for (i, (exe, name, row)) in globals.iter().enumerate() {
+        let mut h = key_hash(exe, name) & (cap - 1);
+        while hash[h as usize] != EMPTY {
+            h = (h + 1) & (cap - 1);
+        }
+        hash[h as usize] = global_first + i as u32;
+        rows.push(*row);
+    }
+    for r in &mut rows {
+        r.check = r.checksum();
+    }
+    let procs_off = size_of::<BufferHeader>();
+    let rows_off = procs_off + entries.len() * 64;
+    let hash_off = rows_off + rows.len() * 64;
+    let strings_off = hash_off + hash.len() * 4;
+    let mut buf = vec![0u8; strings_off + strings.len()];
+    let hdr = BufferHeader {
+        seq: 0,
+        span_end_ns,
+        span_ns,
+        proc_count: entries.len() as u32,
+        row_count: rows.len() as u32,
+        global_first,
+        global_count: globals.len() as u32,
+        hash_cap: cap,
+        strings_len: strings.len() as u32,
+        procs_off: procs_off as u32,
+        rows_off: rows_off as u32,
+        hash_off: hash_off as u32,
+        strings_off: strings_off as u32,
+    };
+    put(&mut buf, 0, &hdr);
+    for (i, e) in entries.iter().enumerate() {
+        put(&mut buf, procs_off + i * 64, e);
+    }
+    for (i, r) in rows.iter().enumerate() {
+        put(&mut buf, rows_off + i * 64, r);
+    }
+    for (i, h) in hash.iter().enumerate() {
+        put(&mut buf, hash_off + i * 4, h);
+    }
+    buf[strings_off..].copy_from_slice(&strings);
+    buf
+}
+
+/// A row as a reader sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowView {
+    pub name: String,
+    pub module: String,
+    /// Index into [`View::procs`]; `None` for a global row.
+    pub proc_index: Option<usize>,
+    /// Calls are counted (instrumented); otherwise only sampled.
+    pub counted: bool,
+    pub calls: u64,
+    pub samples: u64,
+    pub time_ns: u64,
+    pub total_calls: u64,
+}
+
+impl RowView {
+    /// Estimated time per call over the span.
+    pub fn ns_per_call(&self) -> Option<f64> {
+        (self.counted && self.calls > 0 && self.samples > 0)
+            .then(|| self.time_ns as f64 / self.calls as f64)
+    }
+    /// Calls per second over a span of `span_ns`.
+    pub fn calls_per_s(&self, span_ns: u64) -> f64 {
+        if span_ns == 0 {
+            0.0
+        } else {
+            self.calls as f64 * 1e9 / span_ns as f64
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcView {
+    pub pid: u32,
+    pub exe: String,
+    pub ended: bool,
+    pub span_ns: u64,
+    pub samples: u64,
+    pub period_ns: u64,
+    pub lost: u64,
+    /// Its rows in [`View::rows`].
+    pub rows: std::ops::Range<usize>,
+}
+
+/// One consistent span table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub generation: u64,
+    pub span_end_ns: u64,
+    pub span_ns: u64,
+    pub procs: Vec<ProcView>,
+    /// Per-process rows, then the global rows (`global`).
+    pub rows: Vec<RowView>,
+    pub global: std::ops::Range<usize>,
+}
+
+impl View {
+    pub fn process(&self, pid: u32) -> Option<(&ProcView, &[RowView])> {
+        let p = self.procs.iter().find(|p| p.pid == pid)?;
+        Some((p, &self.rows[p.rows.clone()]))
+    }
+    pub fn global_rows(&self) -> &[RowView] {
+        &self.rows[self.global.clone()]
+    }
+}
+
+fn get<T: Copy + Default>(b: &[u8], off: usize) -> Result<T, PresentError> {
+    let end = off
+        .checked_add(size_of::<T>())
+        .ok_or(PresentError::BadRegion("record"))?;
+    let s = b.get(off..end).ok_or(PresentError::BadRegion("record"))?;
+    Ok(unsafe { std::ptr::read_unaligned(s.as_ptr() as *const T) })
+}
+
+/// Validated access to one buffer's bytes (which may change under us: the
+/// caller checks the sequence afterwards and discards what was read).
+struct Buffer<'a> {
+    b: &'a [u8],
+    h: BufferHeader,
+}
+
+impl<'a> Buffer<'a> {
+    fn new(b: &'a [u8]) -> Result<Buffer<'a>, PresentError> {
+        let h: BufferHeader = get(b, 0)?;
+        let len = b.len() as u64;
+        let within = |off: u32, n: u64, what| {
+            (off as u64)
+                .checked_add(n)
+                .filter(|&e| e <= len)
+                .map(|_| ())
+                .ok_or(PresentError::BadRegion(what))
+        };
+        within(h.procs_off, h.proc_count as u64 * 64, "processes")?;
+        within(h.rows_off, h.row_count as u64 * 64, "rows")?;
+        within(h.hash_off, h.hash_cap as u64 * 4, "hash index")?;
+        within(h.strings_off, h.strings_len as u64, "strings")?;
+        if h.global_first.checked_add(h.global_count) != Some(h.row_count)
+            || !h.hash_cap.is_power_of_two()
+        {
+            return Err(PresentError::BadRegion("global rows"));
+        }
+        Ok(Buffer { b, h })
+    }
+    fn string(&self, off: u32, len: u32) -> Result<String, PresentError> {
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= self.h.strings_len)
+            .ok_or(PresentError::BadRegion("string"))?;
+        let base = self.h.strings_off as usize;
+        Ok(String::from_utf8_lossy(&self.b[base + off as usize..base + end as usize]).into_owned())
+    }
+    fn proc(&self, i: u32) -> Result<ProcView, PresentError> {
+        let e: ProcEntry = get(self.b, self.h.procs_off as usize + i as usize * 64)?;
+        let end = e.first_row.checked_add(e.row_count);
+        if end.is_none_or(|e| e > self.h.global_first) {
+            return Err(PresentError::BadRegion("process rows"));
+        }
+        Ok(ProcView {
+            pid: e.pid,
+            exe: self.string(e.exe_off, e.exe_len)?,
+            ended: e.flags & PROC_ENDED != 0,
+            span_ns: e.span_ns,
+            samples: e.samples,
+            period_ns: e.period_ns,
+            lost: e.lost,
+            rows: e.first_row as usize..(e.first_row + e.row_count) as usize,
+        })
+    }
+    fn row(&self, i: u32) -> Result<RowView, PresentError> {
+        if i >= self.h.row_count {
+            return Err(PresentError::BadRegion("row index"));
+        }
+        let r: Row = get(self.b, self.h.rows_off as usize + i as usize * 64)?;
+        if r.check != r.checksum() {
+            return Err(PresentError::BadRegion("row checksum"));
+        }
+        Ok(RowView {
+            name: self.string(r.name_off, r.name_len)?,
+            module: self.string(r.module_off, r.module_len)?,
+            proc_index: (r.flags & ROW_GLOBAL == 0).then_some(r.proc_index as usize),
+            counted: r.flags & ROW_COUNTED != 0,
+            calls: r.calls,
+            samples: r.samples,
+            time_ns: r.time_ns,
+            total_calls: r.total_calls,
+        })
+    }
+}
+
+fn header(bytes: &[u8]) -> Result<PresentHeader, PresentError> {
+    if bytes.len() < 64 {
+        return Err(PresentError::TooShort);
+    }
+    let h: PresentHeader = get(bytes, 0)?;
+    if h.magic != MAGIC {
+        return Err(PresentError::BadMagic);
+    }
+    if h.version != VERSION {
+        return Err(PresentError::UnsupportedVersion(h.version));
+    }
+    for off in h.buffer_off {
+        if off % 8 != 0
+            || off
+                .checked_add(h.buffer_len)
+                .is_none_or(|e| e > bytes.len() as u64)
+            || off < 64
+        {
+            return Err(PresentError::BadRegion("buffer"));
+        }
+    }
+    Ok(h)
+}
+
+/// Runs `f` on the current buffer until it ran on one the daemon did not
+/// touch meanwhile.
+fn consistent<T>(
+    bytes: &[u8],
+    f: impl Fn(&Buffer, u64) -> Result<T, PresentError>,
+) -> Result<T, PresentError> {
+    let h = header(bytes)?;
+    let word = |off: u64| unsafe { &*(bytes.as_ptr().add(off as usize) as *const AtomicU64) };
+    let gen_word = word(std::mem::offset_of!(PresentHeader, generation) as u64);
+    for _ in 0..1000 {
+        let gen = gen_word.load(Ordering::Acquire);
+        if gen == 0 {
+            return Err(PresentError::NotPublished);
+        }
+        let off = h.buffer_off[(gen & 1) as usize];
+        let seq = word(off);
+        let s1 = seq.load(Ordering::Acquire);
+        if s1 % 2 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let buf = &bytes[off as usize..(off + h.buffer_len) as usize];
+        let r = Buffer::new(buf).and_then(|b| f(&b, gen));
+        fence(Ordering::Acquire);
+        if seq.load(Ordering::Relaxed) == s1 {
+            return r;
+        }
+    }
+    Err(PresentError::Busy)
+}
+
+/// The whole current table.
+pub fn read_view(bytes: &[u8]) -> Result<View, PresentError> {
+    consistent(bytes, |b, generation| {
+        let procs = (0..b.h.proc_count)
+            .map(|i| b.proc(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = (0..b.h.row_count)
+            .map(|i| b.row(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(View {
+            generation,
+            span_end_ns: b.h.span_end_ns,
+            span_ns: b.h.span_ns,
+            procs,
+            rows,
+            global: b.h.global_first as usize..b.h.row_count as usize,
+        })
+    })
+}
+
+/// One process's rows from the current table, without reading the rest.
+pub fn read_process(bytes: &[u8], pid: u32) -> Result<Option<(ProcView, Vec<RowView>)>, PresentError> {
+    consistent(bytes, |b, _| {
+        for i in 0..b.h.proc_count {
+            let e: ProcEntry = get(b.b, b.h.procs_off as usize + i as usize * 64)?;
+            if e.pid != pid {
+                continue;
+            }
+            let p = b.proc(i)?;
+            let rows = p
+                .rows
+                .clone()
+                .map(|r| b.row(r as u32))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(Some((p, rows)));
+        }
+        Ok(None)
+    })
+}
+
+/// The global row of `name` in executable `exe`, through the hash index.
+pub fn lookup(bytes: &[u8], exe: &str, name: &str) -> Result<Option<RowView>, PresentError> {
+    consistent(bytes, |b, _| {
+        let cap = b.h.hash_cap;
+        let mut h = key_hash(exe, name) & (cap - 1);
+        for _ in 0..cap {
+            let ix: u32 = get(b.b, b.h.hash_off as usize + h as usize * 4)?;
+            if ix == EMPTY {
+                return Ok(None);
+            }
+            if ix < b.h.global_first {
+                return Err(PresentError::BadRegion("hash entry"));
+            }
+            let r0: Row = get(b.b, b.h.rows_off as usize + ix as usize * 64)?;
+            if r0.proc_index >= b.h.proc_count {
+                return Err(PresentError::BadRegion("global row process"));
+            }
+            let e: ProcEntry = get(b.b, b.h.procs_off as usize + r0.proc_index as usize * 64)?;
+            if b.string(r0.name_off, r0.name_len)? == name && b.string(e.exe_off, e.exe_len)? == exe {
+                return b.row(ix).map(Some);
+            }
+            h = (h + 1) & (cap - 1);
+        }
+        Ok(None)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(k: u64) -> Vec<ProcTable> {
+        let rows = |names: &[&str]| {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| RowIn {
+                    name: n.to_string(),
+                    module: "app".into(),
+                    counted: i != 2,
+                    calls: k * (i as u64 + 1),
+                    samples: k,
+                    time_ns: k * 1_000_000,
+                    total_calls: k * 10,
+                })
+                .collect()
+        };
+        vec![
+            ProcTable {
+                pid: 10,
+                exe: "/bin/app".into(),
+                span_ns: 5_000_000_000,
+                samples: 3 * k,
+                period_ns: 1_000_000,
+                rows: rows(&["main", "hot", "memcpy"]),
+                ..Default::default()
+            },
+            ProcTable {
+                pid: 11,
+                exe: "/bin/app".into(),
+                ended: true,
+                span_ns: 2_000_000_000,
+                rows: rows(&["main", "hot"]),
+                ..Default::default()
+            },
+            ProcTable {
+                pid: 12,
+                exe: "/bin/other".into(),
+                rows: rows(&["hot"]),
+                ..Default::default()
+            },
+        ]
+    }
+
+    fn segment(len: u64) -> (Vec<u64>, PresentWriter) {
+        let mut mem = vec![0u64; (len / 8) as usize];
+        let w = unsafe { PresentWriter::init(mem.as_mut_ptr() as *mut u8, len, 1_000_000_000) };
+        (mem, w)
+    }
+
+    fn bytes(mem: &[u64]) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(mem.as_ptr() as *const u8, mem.len() * 8) }
+    }
+
+    #[test]
+    fn publish_read_lookup() {
+        let (mem, mut w) = segment(64 * 1024);
+        assert_eq!(read_view(bytes(&mem)), Err(PresentError::NotPublished));
+        w.publish(99, 5_000_000_000, &table(1)).unwrap();
+        w.publish(100, 5_000_000_000, &table(2)).unwrap();
+        let v = read_view(bytes(&mem)).unwrap();
+        assert_eq!((v.generation, v.span_end_ns), (2, 100));
+        assert_eq!(v.procs.len(), 3);
+        let (p, rows) = v.process(11).unwrap();
+        assert!(p.ended && p.exe == "/bin/app");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1].name, "hot");
+        assert_eq!(rows[1].calls, 4);
+        // Global: /bin/app's hot merges pids 10 and 11; /bin/other's stays apart.
+        let g = lookup(bytes(&mem), "/bin/app", "hot").unwrap().unwrap();
+        assert_eq!((g.calls, g.samples, g.total_calls), (8, 4, 40));
+        assert_eq!(g.proc_index, None);
+        let o = lookup(bytes(&mem), "/bin/other", "hot").unwrap().unwrap();
+        assert_eq!(o.calls, 2);
+        assert_eq!(lookup(bytes(&mem), "/bin/app", "nope").unwrap(), None);
+        assert_eq!(v.global_rows().len(), 4);
+        let memcpy = &v.process(10).unwrap().1[2];
+        assert!(!memcpy.counted && memcpy.ns_per_call().is_none());
+        assert_eq!(v.process(10).unwrap().1[1].ns_per_call(), Some(500_000.0));
+        assert_eq!(rows[1].calls_per_s(2_000_000_000), 2.0);
+        let (p, rows) = read_process(bytes(&mem), 12).unwrap().unwrap();
+        assert_eq!((p.pid, rows.len(), rows[0].calls), (12, 1, 2));
+        assert_eq!(read_process(bytes(&mem), 7).unwrap(), None);
+    }
+
+    #[test]
+    fn too_large_is_an_error() {
+        let (_mem, mut w) = segment(1024);
+        assert!(matches!(
+            w.publish(1, 1, &table(1)),
+            Err(PresentError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn hostile_bytes_never_panic() {
+        let (mem, mut w) = segment(16 * 1024);
+        w.publish(1, 1, &table(3)).unwrap();
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..3000 {
+            let mut m = mem.clone();
+            let b = unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
+            for _ in 0..3 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Mostly the header and the current buffer's first part.
+                let pos = (x as usize) % 2048;
+                b[pos] = (x >> 40) as u8;
+            }
+            let _ = read_view(b);
+            let _ = lookup(b, "/bin/app", "hot");
+            let _ = read_process(b, 10);
+        }
+        for len in [0, 10, 63, 64, 100, 5000] {
+            let _ = read_view(&bytes(&mem)[..len]);
+        }
+    }
+
+    /// A reader hammering the segment while the daemon publishes never sees
+    /// a mixed table: in every view, every row says the same publish.
+    #[test]
+    fn readers_never_see_a_torn_table() {
+        let (mem, mut w) = segment(64 * 1024);
+        w.publish(0, 1, &table(1)).unwrap();
+        let addr = mem.as_ptr() as usize;
+        let len = mem.len() * 8;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let done = done.clone();
+                std::thread::spawn(move || {
+                    let b = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+                    let mut seen = 0u64;
+                    while !done.load(Ordering::Relaxed) {
+                        let v = read_view(b).unwrap();
+                        let k = v.span_end_ns;
+                        for (p, rows) in v.procs.iter().map(|p| (p, &v.rows[p.rows.clone()])) {
+                            for (i, r) in rows.iter().enumerate() {
+                                assert_eq!(r.calls, k * (i as u64 + 1), "pid {}", p.pid);
+                                assert_eq!(r.samples, k);
+                            }
+                        }
+                        seen += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for k in 1..20_000u64 {
+            w.publish(k, 1, &table(k)).unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0);
+        }
+        drop(mem);
+    }
+}
