@@ -33,6 +33,8 @@ pub struct Config {
     pub sampler: SamplerChoice,
     /// Patch function entries (`RTPROF_INSTRUMENT=0`: sampling only).
     pub instrument: bool,
+    /// Where rtprofd listens (empty: do not register).
+    pub daemon_socket: String,
 }
 
 impl Default for Config {
@@ -49,6 +51,7 @@ impl Default for Config {
             sample_hz: 1000,
             sampler: SamplerChoice::Auto,
             instrument: true,
+            daemon_socket: crate::register::DEFAULT_SOCKET.to_string(),
         }
     }
 }
@@ -84,6 +87,9 @@ impl Config {
         if let Some(n) = s("RTPROF_SAMPLE_HZ").and_then(|v| v.trim().parse::<u32>().ok()) {
             // Above 10 kHz the timer's own cost dominates what it measures.
             c.sample_hz = n.min(10_000);
+        }
+        if let Some(v) = s("RTPROF_DAEMON_SOCKET") {
+            c.daemon_socket = v;
         }
         c.instrument = s("RTPROF_INSTRUMENT").is_none_or(|v| truthy(&v));
         if let Some(v) = s("RTPROF_SAMPLER") {

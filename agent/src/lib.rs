@@ -16,6 +16,7 @@ pub mod log;
 pub mod maps;
 pub mod modules;
 mod records;
+pub mod register;
 pub mod sampling;
 pub mod segment;
 mod startup;

@@ -208,6 +208,7 @@ impl Segment {
                 return Err(e);
             }
         };
+        crate::register::offer(fd);
         unsafe { libc::close(fd) };
         let writer = unsafe { SegmentWriter::init(base, layout, pid, ppid, start_ns) };
         Ok(Segment { writer, run_dir })
@@ -277,6 +278,9 @@ impl Segment {
                 return Err(SegmentError::Reserve(e));
             }
             let mapped = map(l.total_size, fd, base.cast());
+            if mapped.is_ok() {
+                crate::register::offer(fd);
+            }
             unsafe { libc::close(fd) };
             mapped.map(|_| ())
         })();

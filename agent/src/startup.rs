@@ -159,6 +159,7 @@ pub(crate) fn start() {
         })
         .unwrap_or_default();
     let caps = capacities(&cfg, &plans, &exe);
+    crate::register::set_socket(&cfg.daemon_socket);
     let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
     let created = Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
         if cfg.run_dir.is_none() {

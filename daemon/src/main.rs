@@ -1,5 +1,6 @@
 //! `rtprof`: the command-line front end.
 
+mod report;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -21,12 +22,15 @@ struct Cli {
 enum Command {
     /// Run a program with the agent preloaded and report when it ends.
     Run(run::RunArgs),
+    /// Print the last span published by a running rtprofd.
+    Report(report::ReportArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Report(args) => report::run(args),
     }
 }
 

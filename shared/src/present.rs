@@ -178,7 +178,10 @@ pub enum PresentError {
     /// The daemon kept rewriting the buffer while we read (retries exhausted).
     Busy,
     /// The table does not fit in a buffer of this segment.
-    TooLarge { need: u64, have: u64 },
+    TooLarge {
+        need: u64,
+        have: u64,
+    },
     NotPublished,
 }
 
@@ -622,7 +625,10 @@ pub fn read_view(bytes: &[u8]) -> Result<View, PresentError> {
 }
 
 /// One process's rows from the current table, without reading the rest.
-pub fn read_process(bytes: &[u8], pid: u32) -> Result<Option<(ProcView, Vec<RowView>)>, PresentError> {
+pub fn read_process(
+    bytes: &[u8],
+    pid: u32,
+) -> Result<Option<(ProcView, Vec<RowView>)>, PresentError> {
     consistent(bytes, |b, _| {
         for i in 0..b.h.proc_count {
             let e: ProcEntry = get(b.b, b.h.procs_off as usize + i as usize * 64)?;
@@ -659,7 +665,8 @@ pub fn lookup(bytes: &[u8], exe: &str, name: &str) -> Result<Option<RowView>, Pr
                 return Err(PresentError::BadRegion("global row process"));
             }
             let e: ProcEntry = get(b.b, b.h.procs_off as usize + r0.proc_index as usize * 64)?;
-            if b.string(r0.name_off, r0.name_len)? == name && b.string(e.exe_off, e.exe_len)? == exe {
+            if b.string(r0.name_off, r0.name_len)? == name && b.string(e.exe_off, e.exe_len)? == exe
+            {
                 return b.row(ix).map(Some);
             }
             h = (h + 1) & (cap - 1);
@@ -772,7 +779,8 @@ mod tests {
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
         for _ in 0..3000 {
             let mut m = mem.clone();
-            let b = unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
+            let b =
+                unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
             for _ in 0..3 {
                 x ^= x << 13;
                 x ^= x >> 7;

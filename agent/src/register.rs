@@ -1,0 +1,103 @@
+//! Telling `rtprofd` about this process's counter segment: the segment's
+//! descriptor is passed over the daemon's Unix socket (SCM_RIGHTS) just
+//! before the agent closes it. The daemon learns the sender from the
+//! socket's credentials, so a process can only register itself.
+//!
+//! Nothing here may disturb the host: the socket is non-blocking, any
+//! failure (no daemon, a full backlog) is silent, and a daemon that is
+//! neither root nor this user is never sent anything. Allocation-free (a
+//! forked child registers from its fork handler).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Where `rtprofd` listens unless `RTPROF_DAEMON_SOCKET` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/rtprof/rtprofd.sock";
+/// First bytes of a registration message.
+pub const HELLO: &[u8; 8] = b"RTPROF1\0";
+
+static mut PATH: [u8; 108] = [0; 108];
+static SET: AtomicBool = AtomicBool::new(false);
+
+/// Sets the socket path (start-up, single-threaded). Too long: no daemon.
+pub fn set_socket(path: &str) {
+    let b = path.as_bytes();
+    if b.is_empty() || b.len() >= 108 || b.contains(&0) {
+        return;
+    }
+    unsafe {
+        let p = &mut *std::ptr::addr_of_mut!(PATH);
+        p[..b.len()].copy_from_slice(b);
+        p[b.len()] = 0;
+    }
+    SET.store(true, Ordering::Release);
+}
+
+/// Offers `fd` (the segment) to the daemon, if one listens and may have it.
+pub fn offer(fd: libc::c_int) {
+    if !SET.load(Ordering::Acquire) {
+        return;
+    }
+    unsafe {
+        let s = libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        );
+        if s < 0 {
+            return;
+        }
+        if connect_and_send(s, fd).is_err() {
+            // Nobody listens, or not someone we trust: nothing happened.
+        }
+        libc::close(s);
+    }
+}
+
+unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), ()> {
+    let mut addr: libc::sockaddr_un = std::mem::zeroed();
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let path = &*std::ptr::addr_of!(PATH);
+    for (d, s) in addr.sun_path.iter_mut().zip(path.iter()) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    if libc::connect(s, &addr as *const _ as *const libc::sockaddr, len) != 0 {
+        return Err(());
+    }
+    // The listener must be root or ourselves: anyone else could have put a
+    // socket there to collect other users' counters.
+    let mut cred: libc::ucred = std::mem::zeroed();
+    let mut clen = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    if libc::getsockopt(
+        s,
+        libc::SOL_SOCKET,
+        libc::SO_PEERCRED,
+        &mut cred as *mut _ as *mut libc::c_void,
+        &mut clen,
+    ) != 0
+        || (cred.uid != 0 && cred.uid != libc::geteuid())
+    {
+        return Err(());
+    }
+    let mut payload = *HELLO;
+    let mut iov = libc::iovec {
+        iov_base: payload.as_mut_ptr() as *mut libc::c_void,
+        iov_len: payload.len(),
+    };
+    // Room for one descriptor, aligned as cmsghdr wants.
+    let mut control = [0u64; 4];
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
+    let c = libc::CMSG_FIRSTHDR(&msg);
+    (*c).cmsg_level = libc::SOL_SOCKET;
+    (*c).cmsg_type = libc::SCM_RIGHTS;
+    (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as usize;
+    std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd);
+    if libc::sendmsg(s, &msg, libc::MSG_NOSIGNAL) < 0 {
+        return Err(());
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `rtprof report`: the last span from a running `rtprofd`, once.
+
+use clap::Args;
+use rtprof_shared::json::JsonWriter;
+use rtprof_shared::present::{read_view, ProcView, RowView, View};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// The daemon's presentation segment.
+    #[arg(long, default_value = "/run/rtprof/present")]
+    present: PathBuf,
+    /// Only this process.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// JSON on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Rows per process (0: all).
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+}
+
+pub fn open(path: &PathBuf) -> Result<memmap2::Mmap, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {
+    w.begin_object();
+    w.string_field("name", &r.name);
+    w.string_field("module", &r.module);
+    w.key("counted");
+    w.bool(r.counted);
+    w.uint_field("calls", r.calls);
+    w.uint_field("samples", r.samples);
+    w.uint_field("time_ns", r.time_ns);
+    w.uint_field("total_calls", r.total_calls);
+    w.key("calls_per_s");
+    w.float(r.calls_per_s(span_ns));
+    if let Some(n) = r.ns_per_call() {
+        w.key("ns_per_call");
+        w.float(n);
+    }
+    w.end_object();
+}
+
+fn json(v: &View, procs: &[&ProcView]) -> String {
+    let mut w = JsonWriter::new();
+    w.begin_object();
+    w.uint_field("generation", v.generation);
+    w.uint_field("span_end_ns", v.span_end_ns);
+    w.uint_field("span_ns", v.span_ns);
+    w.key("processes");
+    w.begin_array();
+    for p in procs {
+        w.begin_object();
+        w.uint_field("pid", p.pid as u64);
+        w.string_field("exe", &p.exe);
+        w.key("ended");
+        w.bool(p.ended);
+        w.uint_field("span_ns", p.span_ns);
+        w.uint_field("samples", p.samples);
+        w.uint_field("period_ns", p.period_ns);
+        w.uint_field("lost", p.lost);
+        w.key("functions");
+        w.begin_array();
+        for r in &v.rows[p.rows.clone()] {
+            row_json(&mut w, r, p.span_ns);
+        }
+        w.end_array();
+        w.end_object();
+    }
+    w.end_array();
+    w.end_object();
+    w.finish()
+}
+
+pub fn text(v: &View, procs: &[&ProcView], top: usize) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "span of {:.1} s, {} process(es)",
+        v.span_ns as f64 / 1e9,
+        procs.len()
+    );
+    for p in procs {
+        let _ = writeln!(
+            out,
+            "pid {} {}{}: {} samples over {:.1} s",
+            p.pid,
+            p.exe,
+            if p.ended { " (ended)" } else { "" },
+            p.samples,
+            p.span_ns as f64 / 1e9
+        );
+        let rows = &v.rows[p.rows.clone()];
+        let n = if top == 0 {
+            rows.len()
+        } else {
+            top.min(rows.len())
+        };
+        for r in &rows[..n] {
+            let per_call = r.ns_per_call().map_or("-".into(), |x| format!("{x:.1}"));
+            let _ = writeln!(
+                out,
+                "  {:>12.1} calls/s {:>9.1} ms {:>10} ns/call  {}  {}",
+                r.calls_per_s(p.span_ns),
+                r.time_ns as f64 / 1e6,
+                per_call,
+                r.name,
+                r.module
+            );
+        }
+    }
+    out
+}
+
+pub fn run(a: ReportArgs) -> ExitCode {
+    let map = match open(&a.present) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("rtprof: {e} (is rtprofd running?)");
+            return ExitCode::from(1);
+        }
+    };
+    let v = match read_view(&map) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("rtprof: {}: {e}", a.present.display());
+            return ExitCode::from(1);
+        }
+    };
+    let procs: Vec<&ProcView> = v
+        .procs
+        .iter()
+        .filter(|p| a.pid.is_none_or(|pid| p.pid == pid))
+        .collect();
+    if a.json {
+        println!("{}", json(&v, &procs));
+    } else {
+        print!("{}", text(&v, &procs, a.top));
+    }
+    ExitCode::SUCCESS
+}
