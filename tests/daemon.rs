@@ -277,3 +277,32 @@ fn hostile_segments_are_rejected() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A program profiled before the daemon started is found and followed.
+#[test]
+fn agents_running_before_the_daemon_are_found() {
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test needs root (/proc/PID/map_files)");
+    }
+    let dir = scratch("daemon-discover");
+    let bin = compile_o2("rate.c", &[], &dir);
+    let early = Command::new(&bin)
+        .arg("3")
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_DAEMON_SOCKET", dir.join("sock"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = early.id();
+    std::thread::sleep(Duration::from_millis(300));
+    let d = Daemon::start(&dir);
+    let (_, rows) = d.wait_for("the early program", |m| {
+        let (p, rows) = process_rows(m, pid)?;
+        tick_row(&rows).is_some().then_some((p, rows))
+    });
+    assert!(tick_row(&rows).unwrap().calls > 0);
+    let n = exact_count(early);
+    assert_eq!(n, 3_000_000);
+    d.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

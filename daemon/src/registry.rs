@@ -170,3 +170,49 @@ pub fn read(fd: &OwnedFd) -> Result<Read, String> {
     }
     read_snapshot(&buf).map(Read::Ok).map_err(|e| e.to_string())
 }
+
+/// Agents that were running before the daemon: their segments are memfds
+/// named `rtprof`, still mapped in their processes. Opened through
+/// `/proc/PID/map_files` (which needs root), with the pid of the process
+/// they were found in as the only acceptable owner.
+pub fn discover(known: &dyn Fn(u32) -> bool) -> Vec<Registered> {
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in procs.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if known(pid) || pid == std::process::id() {
+            continue;
+        }
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
+        // The first mapping of the segment starts at its offset 0.
+        let Some(range) = maps
+            .lines()
+            .find(|l| {
+                l.ends_with("/memfd:rtprof (deleted)")
+                    && l.split_whitespace().nth(2) == Some("00000000")
+            })
+            .and_then(|l| l.split_whitespace().next())
+        else {
+            continue;
+        };
+        let path = format!("/proc/{pid}/map_files/{range}");
+        let Ok(f) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let uid = std::fs::metadata(format!("/proc/{pid}"))
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .unwrap_or(u32::MAX);
+        out.push(Registered {
+            fd: f.into(),
+            pid,
+            uid,
+        });
+    }
+    out
+}

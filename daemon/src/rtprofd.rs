@@ -117,6 +117,17 @@ fn main() -> std::process::ExitCode {
         span_ns / 1_000_000
     );
     let mut entries: Vec<Entry> = Vec::new();
+    // Agents that started before us (root only: others' map_files are closed).
+    for reg in registry::discover(&|_| false) {
+        entries.push(Entry {
+            reg,
+            tracked: None,
+            pending: 0,
+        });
+    }
+    if !entries.is_empty() {
+        eprintln!("rtprofd: found {} running agent(s)", entries.len());
+    }
     loop {
         let started = Instant::now();
         // New registrations.
