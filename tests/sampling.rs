@@ -246,3 +246,24 @@ fn user_namespace_can_be_entered() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The C API adds calls and time to a function by name and by address
+/// (an accelerated kernel keeps counting); the program runs the same
+/// without the agent.
+#[test]
+fn c_api_adds_calls_and_time() {
+    let dir = scratch("addcalls");
+    let include = root().join("shared/include");
+    let inc = format!("-I{}", include.display());
+    let bin = compile_o2("addcalls.c", &[&inc], &dir);
+    let plain = run_plain(&bin, &[]);
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "0 0 -1\n");
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("addcalls", &plain, &prof.output);
+    let k = function_named(&prof.report["processes"][0], "kernel");
+    assert_eq!(k["calls"], 1100, "10 calls, 1000 by name, 90 by address");
+    // 5 ms at the 1 ms period (a real sample of 10 tiny calls is unlikely).
+    let samples = k["samples"].as_u64().unwrap();
+    assert!((5..=6).contains(&samples), "{samples} samples");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,6 +6,7 @@
 //! leaves the function, module or process unpatched and running.
 
 pub mod analysis;
+pub mod api;
 pub mod arch;
 pub mod config;
 mod fork;

@@ -480,6 +480,18 @@ impl SegmentWriter {
         unsafe { std::ptr::read_volatile(self.func_ptr(slot)) }
     }
 
+    /// The name of function `slot` (the agent's own, trusted memory).
+    pub fn function_name(&self, slot: u32) -> &[u8] {
+        let f = self.function(slot);
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base
+                    .add((self.layout.strings_off + f.name_off as u64) as usize),
+                f.name_len as usize,
+            )
+        }
+    }
+
     /// A copy of module record `idx`.
     pub fn module(&self, idx: u32) -> ModuleRecord {
         assert!(idx < self.module_count.load(Ordering::Relaxed));

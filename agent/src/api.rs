@@ -1,0 +1,77 @@
+//! The agent's C API (declared in `shared/include/rtprof.h`): a program
+//! adds calls and time to one of its functions, by name or by address, as
+//! when a kernel runs on an accelerator instead of in software.
+
+use crate::agent;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Adds to function `slot`: calls to the shared stripe, time as samples.
+fn add(slot: u32, calls: u64, time_ns: u64) -> i32 {
+    let Some(a) = agent() else { return -1 };
+    let w = &a.segment.writer;
+    let counter = unsafe { &*(w.stripe_ptr(0).add(slot as usize) as *const AtomicU64) };
+    counter.fetch_add(calls, Ordering::Relaxed);
+    // Time counts in samples of the configured period (1 ms by default).
+    let hz = if a.config.sample_hz == 0 {
+        1000
+    } else {
+        a.config.sample_hz
+    };
+    let period = 1_000_000_000 / hz as u64;
+    let samples = (time_ns + period / 2) / period;
+    if samples > 0 {
+        w.function_samples(slot)
+            .fetch_add(samples, Ordering::Relaxed);
+        w.samples_total().fetch_add(samples, Ordering::Relaxed);
+    }
+    0
+}
+
+fn find(pred: impl Fn(u32) -> bool) -> Option<u32> {
+    let a = agent()?;
+    (0..a.segment.writer.func_count()).find(|&slot| pred(slot))
+}
+
+/// # Safety
+/// `function` must be a NUL-terminated string (or null).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_add_calls(
+    function: *const c_char,
+    calls: u64,
+    time_ns: u64,
+) -> i32 {
+    if function.is_null() {
+        return -1;
+    }
+    let name = CStr::from_ptr(function).to_bytes();
+    std::panic::catch_unwind(|| {
+        let w = &agent()?.segment.writer;
+        find(|slot| w.function_name(slot) == name)
+    })
+    .ok()
+    .flatten()
+    .map_or(-1, |slot| add(slot, calls, time_ns))
+}
+
+/// # Safety
+/// Any address may be passed; only the agent's own tables are read.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_add_calls_at(
+    address: *const c_void,
+    calls: u64,
+    time_ns: u64,
+) -> i32 {
+    let addr = address as u64;
+    std::panic::catch_unwind(|| {
+        let w = &agent()?.segment.writer;
+        find(|slot| {
+            let f = w.function(slot);
+            let start = w.module(f.module).base.wrapping_add(f.vaddr);
+            addr >= start && addr < start.wrapping_add(f.size as u64)
+        })
+    })
+    .ok()
+    .flatten()
+    .map_or(-1, |slot| add(slot, calls, time_ns))
+}
