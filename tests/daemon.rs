@@ -306,3 +306,53 @@ fn agents_running_before_the_daemon_are_found() {
     d.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The scheduler examples, in C (through the C reader) and in Rust, read
+/// the live daemon's spans and name the hot function with a decision.
+#[test]
+fn c_and_rust_schedulers_read_the_spans() {
+    let dir = scratch("daemon-sched");
+    let bin = compile_o2("rate.c", &[], &dir);
+    let sched_c = dir.join("scheduler");
+    let o = Command::new("gcc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&sched_c)
+        .arg(format!("-I{}", root().join("shared/include").display()))
+        .arg(root().join("examples/scheduler.c"))
+        .arg(root().join("shared/c/rtprof_present.c"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let d = Daemon::start(&dir);
+    let prog = d.profiled(&bin, &["3"]);
+    let pid = prog.id();
+    d.wait_for("a full span", |m| {
+        let (p, rows) = process_rows(m, pid)?;
+        (p.span_ns >= 900_000_000 && tick_row(&rows).is_some()).then_some(())
+    });
+    let rust = rtprof().with_file_name("scheduler");
+    for s in [&sched_c, &rust] {
+        let out = Command::new(s)
+            .arg("--present")
+            .arg(&d.present)
+            .arg("--once")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}: {text}", s.display());
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("tick "))
+            .unwrap_or_else(|| panic!("{}: no tick in\n{text}", s.display()));
+        let rate: f64 = line
+            .split_whitespace()
+            .nth(2)
+            .and_then(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!((2e5..=1.05e6).contains(&rate), "{line}");
+        assert!(line.ends_with("keep") || line.ends_with("MOVE"), "{line}");
+    }
+    let _ = exact_count(prog);
+    d.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

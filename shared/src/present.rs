@@ -407,6 +407,9 @@ pub struct RowView {
     pub module: String,
     /// Index into [`View::procs`]; `None` for a global row.
     pub proc_index: Option<usize>,
+    /// The process it belongs to; for a global row, the first process of
+    /// its executable.
+    pub owner: usize,
     /// Calls are counted (instrumented); otherwise only sampled.
     pub counted: bool,
     pub calls: u64,
@@ -463,6 +466,10 @@ impl View {
     }
     pub fn global_rows(&self) -> &[RowView] {
         &self.rows[self.global.clone()]
+    }
+    /// The executable a row belongs to.
+    pub fn exe_of(&self, r: &RowView) -> Option<&str> {
+        self.procs.get(r.owner).map(|p| p.exe.as_str())
     }
 }
 
@@ -536,10 +543,14 @@ impl<'a> Buffer<'a> {
         if r.check != r.checksum() {
             return Err(PresentError::BadRegion("row checksum"));
         }
+        if r.proc_index >= self.h.proc_count {
+            return Err(PresentError::BadRegion("row process"));
+        }
         Ok(RowView {
             name: self.string(r.name_off, r.name_len)?,
             module: self.string(r.module_off, r.module_len)?,
             proc_index: (r.flags & ROW_GLOBAL == 0).then_some(r.proc_index as usize),
+            owner: r.proc_index as usize,
             counted: r.flags & ROW_COUNTED != 0,
             calls: r.calls,
             samples: r.samples,
@@ -750,6 +761,8 @@ mod tests {
         let g = lookup(bytes(&mem), "/bin/app", "hot").unwrap().unwrap();
         assert_eq!((g.calls, g.samples, g.total_calls), (8, 4, 40));
         assert_eq!(g.proc_index, None);
+        let v2 = read_view(bytes(&mem)).unwrap();
+        assert_eq!(v2.exe_of(&g), Some("/bin/app"));
         let o = lookup(bytes(&mem), "/bin/other", "hot").unwrap().unwrap();
         assert_eq!(o.calls, 2);
         assert_eq!(lookup(bytes(&mem), "/bin/app", "nope").unwrap(), None);
