@@ -308,7 +308,8 @@ fn agents_running_before_the_daemon_are_found() {
 }
 
 /// The scheduler examples, in C (through the C reader) and in Rust, read
-/// the live daemon's spans and name the hot function with a decision.
+/// the live daemon's spans and name the hot function with a decision;
+/// `rtprof top` and `rtprof report --json` show it too.
 #[test]
 fn c_and_rust_schedulers_read_the_spans() {
     let dir = scratch("daemon-sched");
@@ -352,6 +353,26 @@ fn c_and_rust_schedulers_read_the_spans() {
         assert!((2e5..=1.05e6).contains(&rate), "{line}");
         assert!(line.ends_with("keep") || line.ends_with("MOVE"), "{line}");
     }
+    // The command-line views read the same spans.
+    let pid_s = pid.to_string();
+    let top = Command::new(rtprof())
+        .args(["top", "--iterations", "2", "--pid", &pid_s, "--present"])
+        .arg(&d.present)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success() && text.contains(&format!("pid {pid} ")), "{text}");
+    assert!(text.lines().any(|l| l.contains(" tick (")), "{text}");
+    let report = Command::new(rtprof())
+        .args(["report", "--json", "--pid", &pid_s, "--present"])
+        .arg(&d.present)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&report.stdout).expect("JSON");
+    let p = &v["processes"][0];
+    assert_eq!(p["pid"], pid);
+    let tick = function_named(p, "tick");
+    assert!(tick["calls_per_s"].as_f64().unwrap() > 2e5, "{tick}");
     let _ = exact_count(prog);
     d.stop();
     let _ = std::fs::remove_dir_all(&dir);

@@ -2,6 +2,7 @@
 
 mod report;
 mod run;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -24,6 +25,8 @@ enum Command {
     Run(run::RunArgs),
     /// Print the last span published by a running rtprofd.
     Report(report::ReportArgs),
+    /// A live view of a running rtprofd's spans.
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Report(args) => report::run(args),
+        Command::Top(args) => top::run(args),
     }
 }
 
