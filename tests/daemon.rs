@@ -361,7 +361,10 @@ fn c_and_rust_schedulers_read_the_spans() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&top.stdout);
-    assert!(top.status.success() && text.contains(&format!("pid {pid} ")), "{text}");
+    assert!(
+        top.status.success() && text.contains(&format!("pid {pid} ")),
+        "{text}"
+    );
     assert!(text.lines().any(|l| l.contains(" tick (")), "{text}");
     let report = Command::new(rtprof())
         .args(["report", "--json", "--pid", &pid_s, "--present"])

@@ -85,8 +85,8 @@ fn frame(a: &TopArgs, v: &View, history: &mut HashMap<(u32, String), VecDeque<u6
             continue;
         }
         match a.sort {
-            TopSort::Time => rows.sort_by(|x, y| y.time_ns.cmp(&x.time_ns)),
-            TopSort::Calls => rows.sort_by(|x, y| y.calls.cmp(&x.calls)),
+            TopSort::Time => rows.sort_by_key(|r| std::cmp::Reverse(r.time_ns)),
+            TopSort::Calls => rows.sort_by_key(|r| std::cmp::Reverse(r.calls)),
             TopSort::PerCall => rows.sort_by(|x, y| {
                 let k = |r: &RowView| r.ns_per_call().unwrap_or(-1.0);
                 k(y).total_cmp(&k(x))
