@@ -380,3 +380,60 @@ fn c_and_rust_schedulers_read_the_spans() {
     d.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn fds_and_rss(pid: u32) -> (usize, u64) {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    (fds, rss)
+}
+
+/// 1,000 short-lived profiled processes come and go: the daemon's
+/// descriptors return to where they were and its memory stays flat.
+#[test]
+fn short_lived_processes_leave_nothing_behind() {
+    let dir = scratch("daemon-churn");
+    let bin = compile_o2("rate.c", &[], &dir);
+    let d = Daemon::start(&dir);
+    let daemon_pid = d.child.id();
+    let batch = |n: usize| {
+        for _ in 0..n {
+            let st = Command::new(&bin)
+                .arg("0")
+                .env("LD_PRELOAD", agent())
+                .env("RTPROF_DAEMON_SOCKET", &d.socket)
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        // Two ticks: every registration read, every ended process dropped.
+        std::thread::sleep(Duration::from_millis(600));
+    };
+    let (fds0, _) = fds_and_rss(daemon_pid);
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        batch(200);
+        seen.push(fds_and_rss(daemon_pid));
+    }
+    eprintln!("fds/rss after each 200: {seen:?}");
+    assert!(
+        seen.iter().all(|s| s.0 == fds0),
+        "descriptors held: {fds0} then {seen:?}"
+    );
+    // The allocator settles during the first batches; after that, flat.
+    let (settled, last) = (seen[2].1, seen[4].1);
+    assert!(
+        last <= settled + 1024,
+        "RSS grew from {settled} KiB to {last} KiB: {seen:?}"
+    );
+    let log = d.stop();
+    assert!(!log.contains("rejected"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
