@@ -416,7 +416,6 @@ fn short_lived_processes_leave_nothing_behind() {
         // Two ticks: every registration read, every ended process dropped.
         std::thread::sleep(Duration::from_millis(600));
     };
-    let (fds0, _) = fds_and_rss(daemon_pid);
     let mut seen = Vec::new();
     for _ in 0..5 {
         batch(200);
