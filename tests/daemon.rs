@@ -381,6 +381,7 @@ fn c_and_rust_schedulers_read_the_spans() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// (open descriptors, private resident KiB) of a process.
 fn fds_and_rss(pid: u32) -> (usize, u64) {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -388,7 +389,7 @@ fn fds_and_rss(pid: u32) -> (usize, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let rss = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix("RssAnon:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap();
     (fds, rss)
@@ -428,11 +429,14 @@ fn short_lived_processes_leave_nothing_behind() {
         seen.iter().all(|s| s.0 == seen[0].0),
         "descriptors held: {seen:?}"
     );
-    // The allocator settles during the first batches; after that, flat.
-    let (settled, last) = (seen[2].1, seen[4].1);
+    // Private memory (the published segment's pages are not counted): what
+    // 800 more processes left must be within allocator noise (a few MiB
+    // here). A leaked function table alone would be over 100 KiB each.
+    let early = seen[0].1.max(seen[1].1);
+    let last = seen[4].1;
     assert!(
-        last <= settled + 1024,
-        "RSS grew from {settled} KiB to {last} KiB: {seen:?}"
+        last <= early + 8 * 1024,
+        "private memory grew from {early} KiB to {last} KiB: {seen:?}"
     );
     let log = d.stop();
     assert!(!log.contains("rejected"), "{log}");
