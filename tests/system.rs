@@ -1,8 +1,9 @@
 //! Machine-wide controls, which need root: the kill switch in /etc/rtprof,
-//! and set-user-ID programs, whose environment must not steer the agent.
-//! The tests change /etc/rtprof and a standard library directory, and put
-//! everything back (also when they fail). They run in one test function so
-//! nothing else runs beside them in this binary; cargo runs test binaries
+//! set-user-ID programs, whose environment must not steer the agent, and
+//! segments other users must not read. The tests change /etc/rtprof and a
+//! standard library directory, and put everything back (also when they
+//! fail). They take one lock, so no two run at once in this binary (the
+//! kill switch would silence the other's agents); cargo runs test binaries
 //! one after another.
 
 use rtprof_e2e::*;
@@ -15,6 +16,9 @@ const ETC: &str = "/etc/rtprof";
 /// file with the set-user-ID bit, named without a slash.
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 const LIB_NAME: &str = "librtprof-systemtest.so";
+
+/// Held by every test here for its whole run.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Files the test created, removed again when it ends.
 struct Cleanup(Vec<PathBuf>);
@@ -60,6 +64,7 @@ fn as_nobody(bin: &Path, env: &[(&str, &str)]) -> std::process::Output {
 
 #[test]
 fn kill_switch_and_setuid_programs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(
         unsafe { libc::geteuid() },
         0,
@@ -156,5 +161,89 @@ fn kill_switch_and_setuid_programs() {
         "ordinary processes read RTPROF_*"
     );
     drop(cleanup);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs a shell command as nobody; true if it succeeded.
+fn nobody_can(cmd: &str) -> bool {
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "/bin/sh",
+            "-c",
+            cmd,
+        ])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .status()
+        .expect("setpriv runs")
+        .success()
+}
+
+/// A process's counters are readable by its owner and root only: another
+/// user can neither open its memfd segment through /proc nor the segment
+/// file `rtprof run` collects, while root can (so the check is not empty).
+#[test]
+fn another_user_cannot_read_a_segment() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("segment-owner");
+    let bin = compile_o2("rate.c", &[], &dir);
+    let run_dir = dir.join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let start = |env: &[(&str, &Path)]| {
+        let mut c = Command::new(&bin);
+        c.args(["1", "hold"])
+            .env("LD_PRELOAD", agent())
+            .stdout(std::process::Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().unwrap();
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        child
+    };
+    let mut in_memory = start(&[]);
+    let mut in_file = start(&[("RTPROF_RUN_DIR", &run_dir)]);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", in_memory.id())).unwrap();
+    let range = maps
+        .lines()
+        .find(|l| l.ends_with("/memfd:rtprof (deleted)"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("segment mapping");
+    let memfd = format!("/proc/{}/map_files/{range}", in_memory.id());
+    let file = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains(&in_file.id().to_string()))
+        .expect("segment file");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().mode() & 0o077,
+        0,
+        "file mode"
+    );
+    for path in [memfd.as_str(), &file.to_string_lossy()] {
+        assert!(
+            std::fs::read(path).is_ok_and(|b| b.starts_with(b"RTPROFC")),
+            "root reads {path}"
+        );
+        assert!(
+            !nobody_can(&format!("head -c 8 '{path}' > /dev/null")),
+            "nobody read {path}"
+        );
+    }
+    for c in [&mut in_memory, &mut in_file] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
