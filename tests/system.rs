@@ -45,7 +45,11 @@ fn put(cleanup: &mut Cleanup, path: &str, text: &str) {
 /// that switch user, which would otherwise load the agent themselves).
 fn as_nobody(bin: &Path, env: &[(&str, &str)]) -> std::process::Output {
     let assignments: Vec<String> = env.iter().map(|(k, v)| format!("{k}='{v}'")).collect();
-    let script = format!("{} exec {}", assignments.join(" "), bin.display());
+    as_nobody_sh(&format!("{} exec {}", assignments.join(" "), bin.display()))
+}
+
+/// Runs `script` with /bin/sh as nobody, with a minimal environment.
+fn as_nobody_sh(script: &str) -> std::process::Output {
     Command::new("setpriv")
         .args([
             "--reuid=65534",
@@ -166,21 +170,7 @@ fn kill_switch_and_setuid_programs() {
 
 /// Runs a shell command as nobody; true if it succeeded.
 fn nobody_can(cmd: &str) -> bool {
-    Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-            "/bin/sh",
-            "-c",
-            cmd,
-        ])
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .status()
-        .expect("setpriv runs")
-        .success()
+    as_nobody_sh(cmd).status.success()
 }
 
 /// A process's counters are readable by its owner and root only: another

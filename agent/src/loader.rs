@@ -184,40 +184,55 @@ fn update(a: &Agent, known: &mut Known) {
 /// Records a newly loaded module: instrumented if selected, otherwise with
 /// its symbols for sample attribution only (while enough spare slots are
 /// left for instrumented modules).
-fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
+/// Whether a library that is only sampled may still take a module record:
+/// the last ones are kept for libraries to instrument (a sampled-only one
+/// beyond that leaves its samples to `[unknown]`).
+fn room_for_sampled(a: &Agent) -> bool {
     let w = &a.segment.writer;
-    let sampled_only = |m: &Module, funcs: &[symbols::FuncSym]| {
-        // Room is kept for libraries to instrument: a sampled-only one
-        // beyond that leaves its samples to `[unknown]`.
-        let modules_left = w.layout().caps.modules - w.module_count();
-        if modules_left <= crate::startup::INSTRUMENTED_RESERVE {
+    w.layout().caps.modules - w.module_count() > crate::startup::INSTRUMENTED_RESERVE
+}
+
+/// Records a library that is only sampled, with `funcs` named if half the
+/// spare counter slots stay free for instrumented ones.
+fn add_sampled(
+    a: &Agent,
+    m: &Module,
+    funcs: &[symbols::FuncSym],
+) -> (Option<StubArea>, Option<Present>) {
+    let w = &a.segment.writer;
+    if !room_for_sampled(a) {
+        return (None, None);
+    }
+    let left = w.layout().caps.functions - w.func_count();
+    let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
+    (
+        None,
+        records::record_sampled(w, m, if fits { funcs } else { &[] }),
+    )
+}
+
+/// Records a newly loaded module: instrumented if selected, otherwise with
+/// its symbols for sample attribution only.
+fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
+    if !a.config.instrument || modules::skip_reason(&m, &|n| a.config.selects(n)).is_some() {
+        if !room_for_sampled(a) {
             return (None, None);
         }
-        let left = w.layout().caps.functions - w.func_count();
-        let reserve = a.config.spare_functions / 2;
-        let funcs = if (funcs.len() as u32).saturating_add(reserve) <= left {
-            funcs
-        } else {
-            &[]
-        };
-        (None, records::record_sampled(w, m, funcs))
-    };
-    if !a.config.instrument || modules::skip_reason(&m, &|n| a.config.selects(n)).is_some() {
         let funcs = symbols::read_for_sampling(&m.file);
-        return sampled_only(&m, &funcs);
+        return add_sampled(a, &m, &funcs);
     }
     let list = match symbols::read_file(&m.file) {
         Ok(l) => l,
         Err(e) => {
             vlog!("{}: {e}; left unpatched", m.path);
-            return sampled_only(&m, &[]);
+            return add_sampled(a, &m, &[]);
         }
     };
     // Not relocated yet: the loader would write text relocations over the
     // patched entries afterwards.
     if list.text_relocations {
         vlog!("{}: has text relocations; left unpatched", m.path);
-        return sampled_only(&m, &list.funcs);
+        return add_sampled(a, &m, &list.funcs);
     }
     // A full segment leaves the module out entirely.
     instrument(a, m, list).unwrap_or_default()

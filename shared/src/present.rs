@@ -134,13 +134,6 @@ pub fn key_hash(exe: &str, name: &str) -> u32 {
     h
 }
 
-/// Bytes a buffer needs for `procs` processes, `rows` rows (global ones
-/// included) and `strings` bytes of names.
-pub fn buffer_bytes(procs: usize, rows: usize, globals: usize, strings: usize) -> u64 {
-    let hash = hash_cap(globals) as u64 * 4;
-    (size_of::<BufferHeader>() + (procs + rows) * 64) as u64 + hash + strings as u64
-}
-
 fn hash_cap(globals: usize) -> u32 {
     (globals * 2).next_power_of_two().max(8) as u32
 }
