@@ -199,6 +199,21 @@ fn killed_program_has_its_final_counts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A memfd holding `bytes`, sealed against shrinking as the agent's is.
+fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    unsafe {
+        let fd = libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_ALLOW_SEALING);
+        assert!(fd >= 0);
+        assert_eq!(
+            libc::write(fd, bytes.as_ptr().cast(), bytes.len()),
+            bytes.len() as isize
+        );
+        assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    }
+}
+
 /// Sends `fd` as a registration, as an agent would.
 fn register(socket: &Path, fd: i32) {
     let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
@@ -245,20 +260,40 @@ fn hostile_segments_are_rejected() {
     out_of_range[64..72].copy_from_slice(&(1u64 << 40).to_le_bytes());
     let mut huge = header.clone();
     huge[16..24].copy_from_slice(&(1u64 << 50).to_le_bytes());
+    // A real segment whose function count is far beyond its capacity.
+    let layout = rtprof_shared::Layout::new(rtprof_shared::Capacities {
+        modules: 1,
+        functions: 4,
+        strings: 64,
+        stripes: 1,
+    });
+    let mut huge_count = vec![0u64; layout.total_size as usize / 8];
+    let w = unsafe {
+        rtprof_shared::SegmentWriter::init(huge_count.as_mut_ptr().cast(), layout, 1, 1, 1)
+    };
+    w.set_exe(b"/bin/x").unwrap();
+    let mut huge_count: Vec<u8> = huge_count.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let at = std::mem::offset_of!(rtprof_shared::layout::Header, func_count);
+    huge_count[at..at + 4].copy_from_slice(&(1u32 << 30).to_le_bytes());
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"not a segment at all, just bytes".repeat(20)),
         ("truncated", header[..100].to_vec()),
         ("offsets out of range", out_of_range),
         ("huge size", huge),
+        ("huge count", huge_count),
     ];
     let mut files = Vec::new();
-    for (name, bytes) in &cases {
-        let p = dir.join(name.replace(' ', "-"));
-        std::fs::write(&p, bytes).unwrap();
-        let f = std::fs::File::open(&p).unwrap();
-        register(&d.socket, f.as_raw_fd());
-        files.push(f);
+    for (_, bytes) in &cases {
+        let fd = sealed_memfd(bytes);
+        register(&d.socket, fd.as_raw_fd());
+        files.push(fd);
     }
+    // A plain file could be shrunk under the daemon's mapping: refused.
+    let plain = dir.join("plain");
+    std::fs::write(&plain, &header).unwrap();
+    let f = std::fs::File::open(&plain).unwrap();
+    register(&d.socket, f.as_raw_fd());
+    files.push(f.into());
     // Still serving: the real program's spans keep coming.
     let gen0 = d.wait_for("a view", |m| read_view(m).ok().map(|v| v.generation));
     d.wait_for("later spans", |m| {
@@ -268,13 +303,16 @@ fn hostile_segments_are_rejected() {
     let n = exact_count(real);
     assert!(n > 0);
     let log = d.stop();
-    for word in ["rejected", "segment claims"] {
-        assert!(log.contains(word), "{log}");
+    for word in [
+        "bad magic",
+        "segment truncated",
+        "out of bounds",
+        "exceeds capacity",
+        "not a memfd sealed",
+    ] {
+        assert!(log.contains(word), "{word}: {log}");
     }
-    assert!(
-        log.matches("rejected").count() + log.matches("never filled").count() >= 3,
-        "{log}"
-    );
+    assert_eq!(log.matches("rejected").count(), cases.len() + 1, "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

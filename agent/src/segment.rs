@@ -147,7 +147,12 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
     let fd = match run_dir {
         Some(d) => create_in_dir(d)?,
         None => {
-            let fd = unsafe { libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_CLOEXEC) };
+            let fd = unsafe {
+                libc::memfd_create(
+                    c"rtprof".as_ptr(),
+                    libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+                )
+            };
             if fd < 0 {
                 return Err(SegmentError::Create(last_err()));
             }
@@ -165,6 +170,15 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
     }
     if let Err(e) = reserve(fd, 0, layout.stripe_off(1)) {
         return fail(SegmentError::Reserve(e));
+    }
+    if run_dir.is_none() {
+        // Its size is final: sealed, the daemon can map it without fearing
+        // a later shrink (SIGBUS). Best effort: unsealed, the daemon
+        // refuses it, and profiling here goes on.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+            vlog!("cannot seal the counter segment: {}", last_err());
+        }
     }
     Ok(fd)
 }
@@ -277,12 +291,13 @@ impl Segment {
                 unsafe { libc::close(fd) };
                 return Err(SegmentError::Reserve(e));
             }
-            let mapped = map(l.total_size, fd, base.cast());
-            if mapped.is_ok() {
-                crate::register::offer(fd);
+            match map(l.total_size, fd, base.cast()) {
+                Ok(_) => Ok(fd),
+                Err(e) => {
+                    unsafe { libc::close(fd) };
+                    Err(e)
+                }
             }
-            unsafe { libc::close(fd) };
-            mapped.map(|_| ())
         })();
         if result.is_err() {
             // Anonymous shared memory: the stubs keep working, the parent
@@ -300,10 +315,15 @@ impl Segment {
             if p == libc::MAP_FAILED {
                 vlog!("cannot detach from the parent's counters: {}", last_err());
             }
-            return result;
+            return result.map(|_| ());
         }
         self.writer.reset_for_child(keep, pid, ppid, start_ns);
-        result
+        // Offered once it names the child: the daemon checks the pid.
+        if let Ok(fd) = result {
+            crate::register::offer(fd);
+            unsafe { libc::close(fd) };
+        }
+        Ok(())
     }
 
     /// The whole segment, for building a report of this process.

@@ -2,20 +2,22 @@
 //!
 //! Agents send their segment's descriptor over a Unix socket; the kernel
 //! tells us who sent it (SO_PEERCRED), and a segment is accepted only if it
-//! names that process. Segments are never mapped: a process could shrink
-//! its file under a mapping and kill the daemon with SIGBUS. Each tick the
-//! parts that matter (metadata, stripes in use) are copied with `pread`
-//! into a buffer laid out like the segment, and validated from there.
+//! names that process. A segment is mapped read-only only if its memfd is
+//! sealed against shrinking (a process shrinking its file under our
+//! mapping would otherwise kill the daemon with SIGBUS); its bytes are
+//! treated as hostile and validated on every read.
 
-use rtprof_shared::layout::{stripe_state, Header};
-use rtprof_shared::{read_header, read_snapshot, Snapshot};
+use rtprof_shared::layout::Header;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 
-/// Larger segments are refused (a hostile size would make us reserve it).
+/// Larger segments are refused.
 const MAX_SEGMENT: u64 = 64 << 30;
+/// Metadata plus counters in use, read every tick: 256 MiB is 64 threads'
+/// counters of half a million functions.
+const MAX_READ: u64 = 256 << 20;
 
 pub struct Registered {
     pub fd: OwnedFd,
@@ -96,79 +98,55 @@ pub fn receive(conn: &std::os::unix::net::UnixStream) -> io::Result<Registered> 
     })
 }
 
-fn pread_into(fd: &OwnedFd, buf: &mut [u8], off: u64) -> io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let n = unsafe {
-            libc::pread(
-                fd.as_raw_fd(),
-                buf[done..].as_mut_ptr() as *mut libc::c_void,
-                buf.len() - done,
-                (off + done as u64) as libc::off_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
+/// A registered segment, mapped read-only.
+pub struct Mapped {
+    map: memmap2::Mmap,
+}
+
+impl Mapped {
+    /// Maps the segment behind `fd` if it can never shrink: the agent seals
+    /// its memfd (F_SEAL_SHRINK), so reading the mapping cannot fault
+    /// (SIGBUS) whatever the process does later. Anything else is refused.
+    pub fn open(fd: &OwnedFd) -> Result<Mapped, String> {
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err("segment is not a memfd sealed against shrinking".into());
         }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "segment shrank",
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error().to_string());
+        }
+        let len = st.st_size as u64;
+        if len < std::mem::size_of::<Header>() as u64 {
+            // An agent sizes its file before it sends it.
+            return Err(format!("segment truncated: {len} bytes"));
+        }
+        if len > MAX_SEGMENT {
+            return Err(format!(
+                "segment of {len} bytes is larger than {MAX_SEGMENT}"
             ));
         }
-        done += n as usize;
+        let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
+            .map_err(|e| format!("cannot map segment: {e}"))?;
+        Ok(Mapped { map })
     }
-    Ok(())
-}
 
-/// What reading a segment found.
-pub enum Read {
-    Ok(Snapshot),
-    /// Nothing written yet (an agent still starting): try again later.
-    NotYet,
-}
+    /// The segment's bytes; `None` while the agent has not written its
+    /// header yet.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        (self.map[..8] != [0; 8]).then_some(&self.map[..])
+    }
 
-/// Copies and validates the segment behind `fd`.
-pub fn read(fd: &OwnedFd) -> Result<Read, String> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error().to_string());
-    }
-    let file_len = st.st_size as u64;
-    let mut head = vec![0u8; std::mem::size_of::<Header>()];
-    if file_len < head.len() as u64 {
-        // An agent sizes its file before it sends it.
-        return Err(format!("segment truncated: {file_len} bytes"));
-    }
-    pread_into(fd, &mut head, 0).map_err(|e| e.to_string())?;
-    if head[..8] == [0; 8] {
-        return Ok(Read::NotYet);
-    }
-    let total = {
-        let h: Header = unsafe { std::ptr::read_unaligned(head.as_ptr() as *const Header) };
-        h.total_size
-    };
-    if total > file_len || total > MAX_SEGMENT {
-        return Err(format!("segment claims {total} bytes, file has {file_len}"));
-    }
-    // Laid out like the segment; pages never written stay unallocated.
-    let mut buf = vec![0u8; total as usize];
-    buf[..head.len()].copy_from_slice(&head);
-    let h = read_header(&buf).map_err(|e| e.to_string())?;
-    pread_into(fd, &mut buf[..h.stripes_off as usize], 0).map_err(|e| e.to_string())?;
-    let h = read_header(&buf).map_err(|e| e.to_string())?;
-    let used = h.func_count as u64 * 8;
-    for s in 0..h.stripe_count as u64 {
-        let slot = (h.stripe_table_off + s * 8) as usize;
-        let state = u32::from_le_bytes(buf[slot..slot + 4].try_into().unwrap());
-        if state == stripe_state::FREE {
-            continue;
+    /// Refuses a segment that asks for more reading each tick than any
+    /// real process needs (pages never written would be allocated to us).
+    pub fn check_size(&self, h: &Header) -> Result<(), String> {
+        let live = (h.func_count as u64 * 8).saturating_mul(h.stripe_count as u64 + 1);
+        let read = h.stripes_off.saturating_add(live);
+        if read > MAX_READ {
+            return Err(format!("segment asks for {read} bytes read per tick"));
         }
-        let off = h.stripes_off + s * h.stripe_bytes;
-        pread_into(fd, &mut buf[off as usize..(off + used) as usize], off)
-            .map_err(|e| e.to_string())?;
+        Ok(())
     }
-    read_snapshot(&buf).map(Read::Ok).map_err(|e| e.to_string())
 }
 
 /// Agents that were running before the daemon: their segments are memfds
@@ -190,12 +168,15 @@ pub fn discover(known: &dyn Fn(u32) -> bool) -> Vec<Registered> {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             continue;
         };
-        // The first mapping of the segment starts at its offset 0.
+        // The agent's own mapping: writable, shared, from offset 0 (a
+        // daemon's read-only mappings of other processes' segments are not).
         let Some(range) = maps
             .lines()
             .find(|l| {
+                let mut f = l.split_whitespace();
                 l.ends_with("/memfd:rtprof (deleted)")
-                    && l.split_whitespace().nth(2) == Some("00000000")
+                    && f.nth(1) == Some("rw-s")
+                    && f.next() == Some("00000000")
             })
             .and_then(|l| l.split_whitespace().next())
         else {

@@ -6,7 +6,7 @@ mod registry;
 mod spans;
 
 use clap::Parser;
-use registry::{Read, Registered};
+use registry::{Mapped, Registered};
 use rtprof_shared::present::{segment_bytes, PresentWriter};
 use spans::Tracked;
 use std::collections::HashMap;
@@ -50,9 +50,52 @@ fn now_ns() -> u64 {
 /// A segment being followed.
 struct Entry {
     reg: Registered,
+    map: Option<Mapped>,
     tracked: Option<Tracked>,
     /// Ticks it has stayed unreadable (an agent still starting).
     pending: u32,
+}
+
+impl Entry {
+    fn new(reg: Registered) -> Entry {
+        Entry {
+            reg,
+            map: None,
+            tracked: None,
+            pending: 0,
+        }
+    }
+
+    /// Reads the segment at `now`: `Ok(None)` while the agent is still
+    /// filling it in.
+    fn observe(&mut self, now: u64, span_ns: u64) -> Result<Option<spans::Seen>, String> {
+        if self.map.is_none() {
+            self.map = Some(Mapped::open(&self.reg.fd)?);
+        }
+        let map = self.map.as_ref().unwrap();
+        let Some(bytes) = map.bytes() else {
+            return Ok(None);
+        };
+        let h = rtprof_shared::read_header(bytes).map_err(|e| e.to_string())?;
+        map.check_size(&h)?;
+        let seen = match &mut self.tracked {
+            Some(t) => t.observe(bytes, now, span_ns),
+            None => Tracked::new(bytes, now, span_ns).map(|(t, seen)| {
+                self.tracked = Some(t);
+                seen
+            }),
+        };
+        match seen {
+            Ok(s) => Ok(Some(s)),
+            // Still starting: filled in but not yet consistent.
+            Err(_)
+                if self.tracked.is_none() && h.state == rtprof_shared::layout::state::STARTING =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 fn alive(pid: u32) -> bool {
@@ -90,6 +133,12 @@ fn create_present(a: &Args) -> Result<(memmap2::MmapMut, PresentWriter), String>
 
 fn main() -> std::process::ExitCode {
     let a = Args::parse();
+    // Every tick builds tables of about the same size: keep freed memory
+    // rather than giving it back to the kernel and faulting it in again.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
     let tick = Duration::from_millis(a.tick.max(50));
     let span_ns = a.span.max(a.tick) * 1_000_000;
     if let Some(dir) = a.socket.parent() {
@@ -118,13 +167,7 @@ fn main() -> std::process::ExitCode {
     );
     let mut entries: Vec<Entry> = Vec::new();
     // Agents that started before us (root only: others' map_files are closed).
-    for reg in registry::discover(&|_| false) {
-        entries.push(Entry {
-            reg,
-            tracked: None,
-            pending: 0,
-        });
-    }
+    entries.extend(registry::discover(&|_| false).into_iter().map(Entry::new));
     if !entries.is_empty() {
         eprintln!("rtprofd: found {} running agent(s)", entries.len());
     }
@@ -135,11 +178,7 @@ fn main() -> std::process::ExitCode {
             let _ = conn.set_nonblocking(false);
             let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
             match registry::receive(&conn) {
-                Ok(reg) => entries.push(Entry {
-                    reg,
-                    tracked: None,
-                    pending: 0,
-                }),
+                Ok(reg) => entries.push(Entry::new(reg)),
                 Err(e) => eprintln!("rtprofd: registration refused: {e}"),
             }
         }
@@ -147,13 +186,13 @@ fn main() -> std::process::ExitCode {
         // Snapshot everyone; note who ended.
         let mut newest_start: HashMap<u32, u64> = HashMap::new();
         entries.retain_mut(|e| {
-            let snap = match registry::read(&e.reg.fd) {
-                Ok(Read::Ok(s)) => s,
-                Ok(Read::NotYet) if e.pending < 50 => {
+            let seen = match e.observe(now, span_ns) {
+                Ok(Some(s)) => s,
+                Ok(None) if e.pending < 50 => {
                     e.pending += 1;
                     return true;
                 }
-                Ok(Read::NotYet) => {
+                Ok(None) => {
                     eprintln!(
                         "rtprofd: pid {}: segment never filled in; dropped",
                         e.reg.pid
@@ -169,21 +208,19 @@ fn main() -> std::process::ExitCode {
                 }
             };
             // A process may only speak for itself.
-            if snap.pid != e.reg.pid {
+            if seen.pid != e.reg.pid {
                 eprintln!(
-                    "rtprofd: pid {} registered a segment of pid {}; rejected",
-                    e.reg.pid, snap.pid
+                    "rtprofd: pid {} registered a segment of pid {} ({}); rejected",
+                    e.reg.pid,
+                    seen.pid,
+                    e.tracked.as_ref().map_or("?", |t| t.exe.as_str())
                 );
                 return false;
             }
-            let ns = newest_start.entry(snap.pid).or_default();
-            *ns = (*ns).max(snap.start_ns);
-            match &mut e.tracked {
-                Some(t) => t.push(&snap, now, span_ns),
-                None => e.tracked = Some(Tracked::new(&snap, now, span_ns)),
-            }
+            let ns = newest_start.entry(seen.pid).or_default();
+            *ns = (*ns).max(seen.start_ns);
             let t = e.tracked.as_mut().unwrap();
-            if snap.state == rtprof_shared::layout::state::EXITED || !alive(snap.pid) {
+            if seen.state == rtprof_shared::layout::state::EXITED || !alive(seen.pid) {
                 t.ended = true;
             }
             true

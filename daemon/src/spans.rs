@@ -1,49 +1,102 @@
-//! Span statistics for one process: a ring of its snapshots over the last
-//! span, and the deltas between the oldest and the newest.
+//! Span statistics for one process. The names are read once (again only
+//! when the process adds functions); every tick only the counters are
+//! read, and what changed since the previous tick is kept as a sparse
+//! delta. The span's totals are kept as running sums: a new delta is added,
+//! one that falls out of the span is subtracted.
 
-use rtprof_shared::present::{ProcTable, RowIn};
-use rtprof_shared::Snapshot;
+use rtprof_shared::layout::Header;
+use rtprof_shared::present::{key_hash, ProcTable, RowIn};
+use rtprof_shared::reader::{read_samples, sum_calls};
+use rtprof_shared::{read_header, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
-/// Counts of one process at one moment (index = function slot).
-struct Point {
-    at_ns: u64,
+/// What a process's segment names, read when it changes.
+#[derive(Default)]
+struct Meta {
+    func_count: u32,
+    module_count: u32,
+    strings_len: u32,
+    /// Function names, end to end; `ends[i]` is where name `i` ends.
+    names: String,
+    ends: Vec<u32>,
+    module_of: Vec<u32>,
+    counted: Vec<bool>,
+    /// `key_hash(exe, name)`, for the global rows.
+    keys: Vec<u32>,
+    /// Module file names, and their bucket rows' names (`[libc.so.6]`).
+    modules: Vec<String>,
+    buckets: Vec<String>,
+}
+
+impl Meta {
+    fn of(s: &Snapshot, h: &Header) -> Meta {
+        let mut m = Meta {
+            func_count: s.functions.len() as u32,
+            module_count: s.modules.len() as u32,
+            strings_len: h.strings_len,
+            ..Meta::default()
+        };
+        for f in &s.functions {
+            m.names.push_str(&f.name);
+            m.ends.push(m.names.len() as u32);
+            m.module_of.push(f.module);
+            m.counted.push(f.instrumented);
+            m.keys.push(key_hash(&s.exe, &f.name));
+        }
+        for md in &s.modules {
+            m.modules.push(md.name().to_string());
+            m.buckets.push(format!("[{}]", md.name()));
+        }
+        m
+    }
+
+    fn name(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.names[start..self.ends[i] as usize]
+    }
+
+    fn stale(&self, h: &Header) -> bool {
+        (h.func_count, h.module_count, h.strings_len)
+            != (self.func_count, self.module_count, self.strings_len)
+    }
+}
+
+/// Counters of one process (or sums of changes), indexed by slot.
+#[derive(Default, Clone)]
+struct Counts {
     calls: Vec<u64>,
     samples: Vec<u64>,
     /// Samples in modules outside named functions, per module.
     buckets: Vec<u64>,
     unknown: u64,
-    samples_total: u64,
+    total: u64,
     lost: u64,
 }
 
-impl Point {
-    fn of(s: &Snapshot, at_ns: u64) -> Point {
-        Point {
-            at_ns,
-            calls: s.functions.iter().map(|f| f.calls).collect(),
-            samples: s.functions.iter().map(|f| f.samples).collect(),
-            buckets: s.modules.iter().map(|m| m.samples).collect(),
-            unknown: s.samples_unknown,
-            samples_total: s.samples_total,
-            lost: s.samples_lost,
-        }
-    }
-    fn zero(at_ns: u64) -> Point {
-        Point {
-            at_ns,
-            calls: Vec::new(),
-            samples: Vec::new(),
-            buckets: Vec::new(),
-            unknown: 0,
-            samples_total: 0,
-            lost: 0,
-        }
+impl Counts {
+    fn resize(&mut self, funcs: usize, modules: usize) {
+        self.calls.resize(funcs, 0);
+        self.samples.resize(funcs, 0);
+        self.buckets.resize(modules, 0);
     }
 }
 
-fn at(v: &[u64], i: usize) -> u64 {
-    v.get(i).copied().unwrap_or(0)
+/// What changed over one tick, ending at `at_ns`.
+struct Delta {
+    at_ns: u64,
+    /// (slot, calls, samples), for slots that changed.
+    funcs: Vec<(u32, u64, u64)>,
+    buckets: Vec<(u32, u64)>,
+    unknown: u64,
+    total: u64,
+    lost: u64,
+}
+
+/// What the daemon needs to know of a process each tick.
+pub struct Seen {
+    pub pid: u32,
+    pub start_ns: u64,
+    pub state: u32,
 }
 
 /// One process as the daemon follows it.
@@ -53,107 +106,233 @@ pub struct Tracked {
     pub start_ns: u64,
     pub ended: bool,
     period_ns: u64,
-    /// (function name, module name, instrumented) per slot.
-    names: Vec<(String, String, bool)>,
-    modules: Vec<String>,
-    ring: VecDeque<Point>,
+    meta: Meta,
+    /// Counters at the newest tick, and a buffer for the next read.
+    newest: Counts,
+    scratch: Counts,
+    newest_ns: u64,
+    /// The span: changes since `base_ns`, and their sums.
+    ring: VecDeque<Delta>,
+    sums: Counts,
+    /// Slots whose sums may be non-zero (and a flag per slot), so a table
+    /// costs what the span touched, not every function.
+    active: Vec<u32>,
+    is_active: Vec<bool>,
+    base_ns: u64,
+}
+
+fn seen(h: &Header) -> Seen {
+    Seen {
+        pid: h.pid,
+        start_ns: h.start_ns,
+        state: h.state,
+    }
 }
 
 impl Tracked {
-    /// Starts following a process. If it started within the span, its
-    /// first span counts from its start (zero); otherwise from now.
-    pub fn new(s: &Snapshot, now_ns: u64, span_ns: u64) -> Tracked {
+    /// Starts following the process whose segment is `bytes`. If it
+    /// started within the span, its first span counts from its start
+    /// (zero); otherwise from now.
+    pub fn new(bytes: &[u8], now_ns: u64, span_ns: u64) -> Result<(Tracked, Seen), SegmentError> {
+        let s = read_snapshot(bytes)?;
+        let h = read_header(bytes)?;
+        let young = s.start_ns + span_ns >= now_ns;
         let mut t = Tracked {
             pid: s.pid,
             exe: s.exe.clone(),
             start_ns: s.start_ns,
             ended: false,
             period_ns: s.sample_period_ns,
-            names: Vec::new(),
-            modules: Vec::new(),
+            meta: Meta::of(&s, &h),
+            newest: Counts::default(),
+            scratch: Counts::default(),
+            newest_ns: now_ns,
             ring: VecDeque::new(),
+            sums: Counts::default(),
+            active: Vec::new(),
+            is_active: Vec::new(),
+            base_ns: if young {
+                s.start_ns.min(now_ns)
+            } else {
+                now_ns
+            },
         };
-        if s.start_ns + span_ns >= now_ns {
-            t.ring.push_back(Point::zero(s.start_ns.min(now_ns)));
+        let (f, m) = (s.functions.len(), s.modules.len());
+        t.sums.resize(f, m);
+        t.is_active.resize(f, false);
+        t.scratch = Counts {
+            calls: s.functions.iter().map(|f| f.calls).collect(),
+            samples: s.functions.iter().map(|f| f.samples).collect(),
+            buckets: s.modules.iter().map(|m| m.samples).collect(),
+            unknown: s.samples_unknown,
+            total: s.samples_total,
+            lost: s.samples_lost,
+        };
+        if young {
+            t.newest.resize(f, m);
+            t.record(now_ns, span_ns);
+        } else {
+            std::mem::swap(&mut t.newest, &mut t.scratch);
         }
-        t.push(s, now_ns, span_ns);
-        t
+        Ok((t, seen(&h)))
     }
 
-    /// Adds a snapshot taken at `now_ns`; forgets points no longer needed
-    /// (one at or before the span's start stays, as the baseline).
-    pub fn push(&mut self, s: &Snapshot, now_ns: u64, span_ns: u64) {
-        if s.functions.len() > self.names.len() {
-            for f in &s.functions[self.names.len()..] {
-                let module = s
-                    .modules
-                    .get(f.module as usize)
-                    .map_or("?", |m| m.name())
-                    .to_string();
-                self.names.push((f.name.clone(), module, f.instrumented));
+    /// Reads the segment again at `now_ns`: names only if the process
+    /// added functions or modules, counters always.
+    pub fn observe(
+        &mut self,
+        bytes: &[u8],
+        now_ns: u64,
+        span_ns: u64,
+    ) -> Result<Seen, SegmentError> {
+        let h = read_header(bytes)?;
+        if self.meta.stale(&h) {
+            // Validates everything again; slots only ever get added.
+            let s = read_snapshot(bytes)?;
+            self.meta = Meta::of(&s, &h);
+        }
+        let (f, m) = (
+            self.meta.func_count as usize,
+            self.meta.module_count as usize,
+        );
+        self.newest.resize(f, m);
+        self.sums.resize(f, m);
+        self.is_active.resize(f, false);
+        self.scratch.resize(f, m);
+        sum_calls(bytes, &h, &mut self.scratch.calls);
+        read_samples(
+            bytes,
+            &h,
+            &mut self.scratch.samples,
+            &mut self.scratch.buckets,
+        );
+        self.scratch.unknown = h.samples_unknown;
+        self.scratch.total = h.samples_total;
+        self.scratch.lost = h.samples_lost;
+        self.period_ns = h.sample_period_ns;
+        self.record(now_ns, span_ns);
+        Ok(seen(&h))
+    }
+
+    /// Turns `scratch` (just read) into the newest point: its changes
+    /// become a delta, and deltas older than the span are let go.
+    fn record(&mut self, now_ns: u64, span_ns: u64) {
+        let (new, old) = (&self.scratch, &self.newest);
+        let mut d = Delta {
+            at_ns: now_ns,
+            funcs: Vec::new(),
+            buckets: Vec::new(),
+            unknown: new.unknown.saturating_sub(old.unknown),
+            total: new.total.saturating_sub(old.total),
+            lost: new.lost.saturating_sub(old.lost),
+        };
+        for i in 0..new.calls.len() {
+            let c = new.calls[i].saturating_sub(old.calls[i]);
+            let s = new.samples[i].saturating_sub(old.samples[i]);
+            if c | s != 0 {
+                d.funcs.push((i as u32, c, s));
             }
         }
-        if s.modules.len() > self.modules.len() {
-            for m in &s.modules[self.modules.len()..] {
-                self.modules.push(format!("[{}]", m.name()));
+        for (i, (n, o)) in new.buckets.iter().zip(&old.buckets).enumerate() {
+            if n > o {
+                d.buckets.push((i as u32, n - o));
             }
         }
-        self.period_ns = s.sample_period_ns;
-        self.ring.push_back(Point::of(s, now_ns));
+        self.apply(&d, true);
+        self.ring.push_back(d);
+        std::mem::swap(&mut self.newest, &mut self.scratch);
+        self.newest_ns = now_ns;
         let start = now_ns.saturating_sub(span_ns);
-        while self.ring.len() > 2 && self.ring[1].at_ns <= start {
-            self.ring.pop_front();
+        while self.ring.len() > 1 && self.ring[0].at_ns <= start {
+            let d = self.ring.pop_front().unwrap();
+            self.apply(&d, false);
+            self.base_ns = d.at_ns;
         }
+        let (sums, flags) = (&self.sums, &mut self.is_active);
+        self.active.retain(|&i| {
+            let keep = sums.calls[i as usize] | sums.samples[i as usize] != 0;
+            flags[i as usize] = keep;
+            keep
+        });
     }
 
-    /// The span's table: deltas from the baseline to the newest point.
-    pub fn table(&self) -> ProcTable {
-        let (Some(old), Some(new)) = (self.ring.front(), self.ring.back()) else {
-            return ProcTable::default();
+    fn apply(&mut self, d: &Delta, add: bool) {
+        let op = |a: &mut u64, b: u64| {
+            *a = if add {
+                a.wrapping_add(b)
+            } else {
+                a.wrapping_sub(b)
+            }
         };
-        let mut rows = Vec::new();
-        for (i, (name, module, counted)) in self.names.iter().enumerate() {
-            let calls = at(&new.calls, i).saturating_sub(at(&old.calls, i));
-            let samples = at(&new.samples, i).saturating_sub(at(&old.samples, i));
-            if calls == 0 && samples == 0 {
+        let s = &mut self.sums;
+        for &(i, c, n) in &d.funcs {
+            op(&mut s.calls[i as usize], c);
+            op(&mut s.samples[i as usize], n);
+            if add && !self.is_active[i as usize] {
+                self.is_active[i as usize] = true;
+                self.active.push(i);
+            }
+        }
+        for &(i, n) in &d.buckets {
+            op(&mut s.buckets[i as usize], n);
+        }
+        op(&mut s.unknown, d.unknown);
+        op(&mut s.total, d.total);
+        op(&mut s.lost, d.lost);
+    }
+
+    /// The span's table, hottest first.
+    pub fn table(&self) -> ProcTable<'_> {
+        let (s, m) = (&self.sums, &self.meta);
+        let time = |samples: u64| samples.saturating_mul(self.period_ns);
+        let mut rows = Vec::with_capacity(self.active.len() + m.buckets.len() + 1);
+        for &i in &self.active {
+            let i = i as usize;
+            let (calls, samples) = (s.calls[i], s.samples[i]);
+            if calls | samples == 0 {
                 continue;
             }
+            let counted = m.counted[i];
             rows.push(RowIn {
-                name: name.clone(),
-                module: module.clone(),
-                counted: *counted,
-                calls: if *counted { calls } else { 0 },
+                name: m.name(i),
+                module: m.modules.get(m.module_of[i] as usize).map_or("?", |s| s),
+                key: Some(m.keys[i]),
+                counted,
+                calls: if counted { calls } else { 0 },
                 samples,
-                time_ns: samples.saturating_mul(self.period_ns),
-                total_calls: at(&new.calls, i),
+                time_ns: time(samples),
+                total_calls: self.newest.calls[i],
             });
         }
-        let mut bucket = |name: &str, samples: u64| {
+        for (i, &samples) in s.buckets.iter().enumerate() {
             if samples > 0 {
                 rows.push(RowIn {
-                    name: name.to_string(),
-                    module: name.trim_matches(['[', ']']).to_string(),
-                    counted: false,
-                    calls: 0,
+                    name: &m.buckets[i],
+                    module: &m.modules[i],
                     samples,
-                    time_ns: samples.saturating_mul(self.period_ns),
-                    total_calls: 0,
+                    time_ns: time(samples),
+                    ..RowIn::default()
                 });
             }
-        };
-        for (i, m) in self.modules.iter().enumerate() {
-            bucket(m, at(&new.buckets, i).saturating_sub(at(&old.buckets, i)));
         }
-        bucket("[unknown]", new.unknown.saturating_sub(old.unknown));
-        rows.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then(b.calls.cmp(&a.calls)));
+        if s.unknown > 0 {
+            rows.push(RowIn {
+                name: "[unknown]",
+                module: "unknown",
+                samples: s.unknown,
+                time_ns: time(s.unknown),
+                ..RowIn::default()
+            });
+        }
+        rows.sort_unstable_by(|a, b| b.time_ns.cmp(&a.time_ns).then(b.calls.cmp(&a.calls)));
         ProcTable {
             pid: self.pid,
-            exe: self.exe.clone(),
+            exe: &self.exe,
             ended: self.ended,
-            span_ns: new.at_ns.saturating_sub(old.at_ns),
-            samples: new.samples_total.saturating_sub(old.samples_total),
+            span_ns: self.newest_ns.saturating_sub(self.base_ns),
+            samples: s.total,
             period_ns: self.period_ns,
-            lost: new.lost.saturating_sub(old.lost),
+            lost: s.lost,
             rows,
         }
     }
@@ -162,76 +341,123 @@ impl Tracked {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rtprof_shared::sampling::{Sampler, Why};
-    use rtprof_shared::{FunctionStats, ModuleStats};
-
-    fn snap(calls: u64, samples: u64) -> Snapshot {
-        Snapshot {
-            pid: 5,
-            ppid: 1,
-            exe: "/bin/app".into(),
-            state: 1,
-            exit_status: 0,
-            start_ns: 1_000,
-            end_ns: 0,
-            sample_period_ns: 1_000_000,
-            samples_total: samples,
-            samples_lost: 0,
-            samples_unknown: 0,
-            sampler: Sampler::Perf,
-            sampler_why: Why::Default,
-            sampler_errno: 0,
-            setup_ns: 1,
-            replaced_by_exec: false,
-            stripes: 1,
-            modules: vec![ModuleStats {
-                path: "/bin/app".into(),
-                base: 0,
-                functions: 2,
-                patched: 2,
-                refused: vec![],
-                sampled_only: false,
-                samples: 0,
-            }],
-            functions: ["hot", "cold"]
-                .iter()
-                .map(|n| FunctionStats {
-                    name: n.to_string(),
-                    module: 0,
-                    vaddr: 0,
-                    size: 1,
-                    refused: None,
-                    instrumented: true,
-                    calls: if *n == "hot" { calls } else { 0 },
-                    samples: if *n == "hot" { samples } else { 0 },
-                })
-                .collect(),
-        }
-    }
+    use rtprof_shared::layout::{state, Capacities, Layout};
+    use rtprof_shared::SegmentWriter;
 
     const S: u64 = 1_000_000_000;
 
+    /// A segment of pid 5 started at 1 µs, with `hot` and `cold` in /bin/app
+    /// and a sampled-only libc.
+    struct Seg {
+        mem: Vec<u64>,
+        w: SegmentWriter,
+    }
+
+    impl Seg {
+        fn new() -> Seg {
+            let layout = Layout::new(Capacities {
+                modules: 3,
+                functions: 8,
+                strings: 256,
+                stripes: 3,
+            });
+            let mut mem = vec![0u64; (layout.total_size / 8) as usize];
+            let w =
+                unsafe { SegmentWriter::init(mem.as_mut_ptr() as *mut u8, layout, 5, 1, 1_000) };
+            w.set_exe(b"/bin/app").unwrap();
+            w.add_module(b"/bin/app", 0).unwrap();
+            for n in ["hot", "cold"] {
+                let f = w.add_function(n.as_bytes(), 0, 1).unwrap();
+                w.set_status(f, None);
+            }
+            w.add_sampled_module(b"/lib/libc.so.6", 0).unwrap();
+            w.set_sampler(1, 0, 0, 1_000_000);
+            w.set_state(state::RUNNING);
+            assert_eq!(w.alloc_stripe(9), Some(1));
+            Seg { mem, w }
+        }
+        fn bytes(&self) -> &[u8] {
+            unsafe {
+                std::slice::from_raw_parts(self.mem.as_ptr() as *const u8, self.mem.len() * 8)
+            }
+        }
+        /// Sets `hot`'s calls (split over two stripes) and samples.
+        fn set(&self, calls: u64, samples: u64, libc: u64) {
+            unsafe {
+                *self.w.stripe_ptr(0) = calls / 2;
+                *self.w.stripe_ptr(1) = calls - calls / 2;
+                *self.w.samples_ptr() = samples;
+            }
+            self.w
+                .module_samples(1)
+                .store(libc, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     #[test]
     fn deltas_over_the_span() {
+        let seg = Seg::new();
+        seg.set(1000, 10, 0);
         // Seen long after it started: the first span counts from then.
-        let mut t = Tracked::new(&snap(1000, 10), 100 * S, 5 * S);
+        let (mut t, seen) = Tracked::new(seg.bytes(), 100 * S, 5 * S).unwrap();
+        assert_eq!((seen.pid, seen.state), (5, state::RUNNING));
         assert!(t.table().rows.is_empty());
         for k in 1..=10u64 {
-            t.push(&snap(1000 + k * 100, 10 + k), (100 + k) * S, 5 * S);
+            seg.set(1000 + k * 100, 10 + k, k);
+            t.observe(seg.bytes(), (100 + k) * S, 5 * S).unwrap();
         }
         let tab = t.table();
         assert_eq!(tab.span_ns, 5 * S);
-        assert_eq!(tab.rows.len(), 1);
+        assert_eq!(tab.rows.len(), 2, "{:?}", tab.rows);
         let hot = &tab.rows[0];
+        assert_eq!(hot.name, "hot");
         assert_eq!((hot.calls, hot.samples, hot.total_calls), (500, 5, 2000));
         assert_eq!(hot.time_ns, 5_000_000);
+        assert_eq!(hot.key, Some(key_hash("/bin/app", "hot")));
+        let libc = &tab.rows[1];
+        assert_eq!(
+            (libc.name, libc.module, libc.samples),
+            ("[libc.so.6]", "libc.so.6", 5)
+        );
     }
 
     #[test]
     fn young_process_counts_from_its_start() {
-        let t = Tracked::new(&snap(300, 3), 2 * S, 5 * S);
+        let seg = Seg::new();
+        seg.set(300, 3, 0);
+        let (t, _) = Tracked::new(seg.bytes(), 2 * S, 5 * S).unwrap();
         let tab = t.table();
         assert_eq!(tab.rows[0].calls, 300);
         assert_eq!(tab.span_ns, 2 * S - 1_000);
+    }
+
+    #[test]
+    fn functions_added_later_are_named_and_counted() {
+        let seg = Seg::new();
+        let (mut t, _) = Tracked::new(seg.bytes(), 100 * S, 5 * S).unwrap();
+        seg.w.add_module(b"/lib/late.so", 0).unwrap();
+        let f = seg.w.add_function(b"late", 0, 1).unwrap();
+        seg.w.set_status(f, None);
+        unsafe { *seg.w.stripe_ptr(0).add(f as usize) = 7 };
+        t.observe(seg.bytes(), 101 * S, 5 * S).unwrap();
+        let tab = t.table();
+        let r = &tab.rows[0];
+        assert_eq!(
+            (r.name, r.module, r.calls, r.counted),
+            ("late", "late.so", 7, true)
+        );
+    }
+
+    #[test]
+    fn counters_that_go_backwards_count_nothing() {
+        let seg = Seg::new();
+        seg.set(1000, 0, 0);
+        let (mut t, _) = Tracked::new(seg.bytes(), 100 * S, 5 * S).unwrap();
+        seg.set(10, 0, 0);
+        t.observe(seg.bytes(), 101 * S, 5 * S).unwrap();
+        assert!(t.table().rows.is_empty());
+        seg.set(20, 0, 0);
+        t.observe(seg.bytes(), 102 * S, 5 * S).unwrap();
+        assert_eq!(t.table().rows[0].calls, 10);
     }
 }

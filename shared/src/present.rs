@@ -138,23 +138,27 @@ fn hash_cap(globals: usize) -> u32 {
     (globals * 2).next_power_of_two().max(8) as u32
 }
 
-/// What the daemon publishes for one process.
+/// What the daemon publishes for one process. Borrows its strings: the
+/// daemon builds these every tick from names it already holds.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ProcTable {
+pub struct ProcTable<'a> {
     pub pid: u32,
-    pub exe: String,
+    pub exe: &'a str,
     pub ended: bool,
     pub span_ns: u64,
     pub samples: u64,
     pub period_ns: u64,
     pub lost: u64,
-    pub rows: Vec<RowIn>,
+    pub rows: Vec<RowIn<'a>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RowIn {
-    pub name: String,
-    pub module: String,
+pub struct RowIn<'a> {
+    pub name: &'a str,
+    pub module: &'a str,
+    /// `key_hash(exe, name)`, when the caller has it at hand; `None`:
+    /// computed here.
+    pub key: Option<u32>,
     pub counted: bool,
     pub calls: u64,
     pub samples: u64,
@@ -205,6 +209,18 @@ pub fn segment_bytes(buffer_len: u64) -> u64 {
 pub struct PresentWriter {
     base: *mut u8,
     header: PresentHeader,
+    /// Kept between publishes: a tick allocates nothing once these grew.
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    strings: Vec<u8>,
+    entries: Vec<ProcEntry>,
+    rows: Vec<Row>,
+    globals: Vec<Row>,
+    global_exe: Vec<u32>,
+    hash: Vec<u32>,
 }
 
 unsafe impl Send for PresentWriter {}
@@ -227,7 +243,11 @@ impl PresentWriter {
             tick_ns,
         };
         std::ptr::write_volatile(base as *mut PresentHeader, header);
-        PresentWriter { base, header }
+        PresentWriter {
+            base,
+            header,
+            scratch: Scratch::default(),
+        }
     }
 
     fn word(&self, off: u64) -> &AtomicU64 {
@@ -246,10 +266,10 @@ impl PresentWriter {
         let gen = self.word(gen_off).load(Ordering::Relaxed);
         let b = ((gen + 1) & 1) as usize;
         let boff = self.header.buffer_off[b];
-        let built = build(span_end_ns, span_ns, procs);
-        if built.len() as u64 > self.header.buffer_len {
+        let (hdr, need) = build(&mut self.scratch, span_end_ns, span_ns, procs);
+        if need > self.header.buffer_len {
             return Err(PresentError::TooLarge {
-                need: built.len() as u64,
+                need,
                 have: self.header.buffer_len,
             });
         }
@@ -257,43 +277,71 @@ impl PresentWriter {
         let s = seq.load(Ordering::Relaxed);
         seq.store(s | 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        // Everything after the sequence word.
+        // Straight into the idle buffer: header after the sequence word,
+        // then each region in one copy.
+        let sc = &self.scratch;
+        let at = |off: u32| unsafe { self.base.add(boff as usize + off as usize) };
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                built.as_ptr().add(8),
-                self.base.add(boff as usize + 8),
-                built.len() - 8,
-            )
-        };
+            let h = as_bytes(std::slice::from_ref(&hdr));
+            std::ptr::copy_nonoverlapping(h.as_ptr().add(8), at(8), h.len() - 8);
+            for (off, bytes) in [
+                (hdr.procs_off, as_bytes(&sc.entries)),
+                (hdr.rows_off, as_bytes(&sc.rows)),
+                (hdr.hash_off, as_bytes(&sc.hash)),
+                (hdr.strings_off, &sc.strings[..]),
+            ] {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(off), bytes.len());
+            }
+        }
         seq.store((s | 1) + 1, Ordering::Release);
         self.word(gen_off).store(gen + 1, Ordering::Release);
         Ok(())
     }
 }
 
-fn put<T: Copy>(buf: &mut [u8], off: usize, v: &T) {
-    let bytes = unsafe { std::slice::from_raw_parts(v as *const T as *const u8, size_of::<T>()) };
-    buf[off..off + bytes.len()].copy_from_slice(bytes);
+/// The bytes of plain `repr(C)` records.
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
-/// One buffer's bytes (sequence word left 0).
-fn build(span_end_ns: u64, span_ns: u64, procs: &[ProcTable]) -> Vec<u8> {
-    let mut strings: Vec<u8> = Vec::new();
-    let mut intern = std::collections::HashMap::<String, (u32, u32)>::new();
-    let mut add = |s: &str| -> (u32, u32) {
-        *intern.entry(s.to_string()).or_insert_with(|| {
-            let off = strings.len() as u32;
-            strings.extend_from_slice(s.as_bytes());
-            (off, s.len() as u32)
-        })
+/// One buffer's regions, in `sc`, and the header that places them.
+///
+/// Global rows are merged while the process rows are written: a
+/// (executable, name) key is looked up in the very hash index that is
+/// published, sized for the worst case of every row being distinct.
+/// Executables and modules are interned; function names are written once
+/// per process row and shared by the global row.
+fn build<'a>(
+    sc: &mut Scratch,
+    span_end_ns: u64,
+    span_ns: u64,
+    procs: &[ProcTable<'a>],
+) -> (BufferHeader, u64) {
+    let Scratch {
+        strings,
+        entries,
+        rows,
+        globals,
+        global_exe,
+        hash,
+    } = sc;
+    strings.clear();
+    entries.clear();
+    rows.clear();
+    globals.clear();
+    // Executable string offset of each global row, to tell keys apart.
+    global_exe.clear();
+    let mut interned = std::collections::HashMap::<&str, (u32, u32)>::new();
+    let mut intern = |strings: &mut Vec<u8>, s: &'a str| -> (u32, u32) {
+        *interned.entry(s).or_insert_with(|| push_str(strings, s))
     };
-    let mut entries = Vec::with_capacity(procs.len());
-    let mut rows: Vec<Row> = Vec::new();
-    // Global rows: (exe, name) -> index into `globals`.
-    let mut global_ix = std::collections::HashMap::<(String, String), usize>::new();
-    let mut globals: Vec<(String, String, Row)> = Vec::new();
+    let total_rows: usize = procs.iter().map(|p| p.rows.len()).sum();
+    let global_first = total_rows as u32;
+    let cap = hash_cap(total_rows);
+    hash.clear();
+    hash.resize(cap as usize, EMPTY);
     for (pi, p) in procs.iter().enumerate() {
-        let (exe_off, exe_len) = add(&p.exe);
+        let (exe_off, exe_len) = intern(strings, p.exe);
         entries.push(ProcEntry {
             pid: p.pid,
             flags: if p.ended { PROC_ENDED } else { 0 },
@@ -307,9 +355,33 @@ fn build(span_end_ns: u64, span_ns: u64, procs: &[ProcTable]) -> Vec<u8> {
             lost: p.lost,
             reserved: 0,
         });
+        // Rows of a process mostly share a few modules: skip the lookup.
+        let mut last_module: (&str, (u32, u32)) = ("", (0, 0));
         for r in &p.rows {
-            let (name_off, name_len) = add(&r.name);
-            let (module_off, module_len) = add(&r.module);
+            if !std::ptr::eq(r.module, last_module.0) {
+                last_module = (r.module, intern(strings, r.module));
+            }
+            let (module_off, module_len) = last_module.1;
+            let key = r.key.unwrap_or_else(|| key_hash(p.exe, r.name));
+            // Find the global row of (exe, name), or claim an empty slot.
+            let mut h = key & (cap - 1);
+            let found = loop {
+                let ix = hash[h as usize];
+                if ix == EMPTY {
+                    break None;
+                }
+                let g = &globals[(ix - global_first) as usize];
+                let gname = &strings[g.name_off as usize..(g.name_off + g.name_len) as usize];
+                if global_exe[(ix - global_first) as usize] == exe_off && gname == r.name.as_bytes()
+                {
+                    break Some(ix - global_first);
+                }
+                h = (h + 1) & (cap - 1);
+            };
+            let (name_off, name_len) = match found {
+                Some(gi) => (globals[gi as usize].name_off, globals[gi as usize].name_len),
+                None => push_str(strings, r.name),
+            };
             let row = Row {
                 name_off,
                 name_len,
@@ -324,20 +396,22 @@ fn build(span_end_ns: u64, span_ns: u64, procs: &[ProcTable]) -> Vec<u8> {
                 check: 0,
             };
             rows.push(row);
-            let k = (p.exe.clone(), r.name.clone());
-            let gi = *global_ix.entry(k).or_insert_with(|| {
-                let zero = Row {
-                    flags: ROW_GLOBAL,
-                    calls: 0,
-                    samples: 0,
-                    time_ns: 0,
-                    total_calls: 0,
-                    ..row
-                };
-                globals.push((p.exe.clone(), r.name.clone(), zero));
-                globals.len() - 1
-            });
-            let g = &mut globals[gi].2;
+            let g = match found {
+                Some(gi) => &mut globals[gi as usize],
+                None => {
+                    hash[h as usize] = global_first + globals.len() as u32;
+                    global_exe.push(exe_off);
+                    globals.push(Row {
+                        flags: ROW_GLOBAL,
+                        calls: 0,
+                        samples: 0,
+                        time_ns: 0,
+                        total_calls: 0,
+                        ..row
+                    });
+                    globals.last_mut().unwrap()
+                }
+            };
             g.calls += row.calls;
             g.samples += row.samples;
             g.time_ns += row.time_ns;
@@ -345,33 +419,30 @@ fn build(span_end_ns: u64, span_ns: u64, procs: &[ProcTable]) -> Vec<u8> {
             g.flags |= row.flags;
         }
     }
-    let global_first = rows.len() as u32;
-    let cap = hash_cap(globals.len());
-    let mut hash = vec![EMPTY; cap as usize];
-    for (i, (exe, name, row)) in globals.iter().enumerate() {
-        let mut h = key_hash(exe, name) & (cap - 1);
-        while hash[h as usize] != EMPTY {
-            h = (h + 1) & (cap - 1);
-        }
-        hash[h as usize] = global_first + i as u32;
-        rows.push(*row);
-    }
-    for r in &mut rows {
-        r.check = r.checksum();
-    }
+    let global_count = globals.len() as u32;
+    rows.append(globals);
     let procs_off = size_of::<BufferHeader>();
     let rows_off = procs_off + entries.len() * 64;
     let hash_off = rows_off + rows.len() * 64;
     let strings_off = hash_off + hash.len() * 4;
-    let mut buf = vec![0u8; strings_off + strings.len()];
-    let hdr = BufferHeader {
+    for r in rows.iter_mut() {
+        r.check = r.checksum();
+    }
+    // Offsets are 32-bit: a larger table cannot be published at all.
+    let need = (strings_off + strings.len()) as u64;
+    let need = if need > u32::MAX as u64 {
+        u64::MAX
+    } else {
+        need
+    };
+    let h = BufferHeader {
         seq: 0,
         span_end_ns,
         span_ns,
         proc_count: entries.len() as u32,
         row_count: rows.len() as u32,
         global_first,
-        global_count: globals.len() as u32,
+        global_count,
         hash_cap: cap,
         strings_len: strings.len() as u32,
         procs_off: procs_off as u32,
@@ -379,18 +450,13 @@ fn build(span_end_ns: u64, span_ns: u64, procs: &[ProcTable]) -> Vec<u8> {
         hash_off: hash_off as u32,
         strings_off: strings_off as u32,
     };
-    put(&mut buf, 0, &hdr);
-    for (i, e) in entries.iter().enumerate() {
-        put(&mut buf, procs_off + i * 64, e);
-    }
-    for (i, r) in rows.iter().enumerate() {
-        put(&mut buf, rows_off + i * 64, r);
-    }
-    for (i, h) in hash.iter().enumerate() {
-        put(&mut buf, hash_off + i * 4, h);
-    }
-    buf[strings_off..].copy_from_slice(&strings);
-    buf
+    (h, need)
+}
+
+fn push_str(strings: &mut Vec<u8>, s: &str) -> (u32, u32) {
+    let off = strings.len() as u32;
+    strings.extend_from_slice(s.as_bytes());
+    (off, s.len() as u32)
 }
 
 /// A row as a reader sees it.
@@ -581,7 +647,7 @@ fn header(bytes: &[u8]) -> Result<PresentHeader, PresentError> {
 /// touch meanwhile.
 fn consistent<T>(
     bytes: &[u8],
-    f: impl Fn(&Buffer, u64) -> Result<T, PresentError>,
+    mut f: impl FnMut(&Buffer, u64) -> Result<T, PresentError>,
 ) -> Result<T, PresentError> {
     let h = header(bytes)?;
     let word = |off: u64| unsafe { &*(bytes.as_ptr().add(off as usize) as *const AtomicU64) };
@@ -651,6 +717,114 @@ pub fn read_process(
     })
 }
 
+/// One process's rows, copied out of the current table into buffers that
+/// are reused from one read to the next: a scheduler polling a process
+/// every tick allocates nothing once they have grown.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessRows {
+    pub pid: u32,
+    pub ended: bool,
+    pub span_ns: u64,
+    pub samples: u64,
+    pub period_ns: u64,
+    pub lost: u64,
+    exe: (u32, u32),
+    /// Rows with name and module offsets into `strings`.
+    rows: Vec<Row>,
+    strings: Vec<u8>,
+}
+
+/// A row of [`ProcessRows`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowRef<'a> {
+    pub name: &'a str,
+    pub module: &'a str,
+    pub counted: bool,
+    pub calls: u64,
+    pub samples: u64,
+    pub time_ns: u64,
+    pub total_calls: u64,
+}
+
+impl ProcessRows {
+    fn text(&self, (off, len): (u32, u32)) -> &str {
+        std::str::from_utf8(&self.strings[off as usize..(off + len) as usize]).unwrap_or("?")
+    }
+    pub fn exe(&self) -> &str {
+        self.text(self.exe)
+    }
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+    /// Rows by estimated time, hottest first (as published).
+    pub fn rows(&self) -> impl Iterator<Item = RowRef<'_>> {
+        self.rows.iter().map(|r| RowRef {
+            name: self.text((r.name_off, r.name_len)),
+            module: self.text((r.module_off, r.module_len)),
+            counted: r.flags & ROW_COUNTED != 0,
+            calls: r.calls,
+            samples: r.samples,
+            time_ns: r.time_ns,
+            total_calls: r.total_calls,
+        })
+    }
+}
+
+/// Reads the rows of process `pid` from the current table into `out`;
+/// `false` if the table has no such process.
+pub fn read_process_into(
+    bytes: &[u8],
+    pid: u32,
+    out: &mut ProcessRows,
+) -> Result<bool, PresentError> {
+    consistent(bytes, |b, _| {
+        out.rows.clear();
+        out.strings.clear();
+        let Some(i) = (0..b.h.proc_count).find(|&i| {
+            get::<u32>(b.b, b.h.procs_off as usize + i as usize * 64).is_ok_and(|p| p == pid)
+        }) else {
+            return Ok(false);
+        };
+        let e: ProcEntry = get(b.b, b.h.procs_off as usize + i as usize * 64)?;
+        if e.first_row
+            .checked_add(e.row_count)
+            .is_none_or(|end| end > b.h.global_first)
+        {
+            return Err(PresentError::BadRegion("process rows"));
+        }
+        let copy = |strings: &mut Vec<u8>, off: u32, len: u32| {
+            let end = off
+                .checked_add(len)
+                .filter(|&e| e <= b.h.strings_len)
+                .ok_or(PresentError::BadRegion("string"))?;
+            let base = b.h.strings_off as usize;
+            let at = strings.len() as u32;
+            strings.extend_from_slice(&b.b[base + off as usize..base + end as usize]);
+            Ok::<_, PresentError>((at, len))
+        };
+        out.exe = copy(&mut out.strings, e.exe_off, e.exe_len)?;
+        for ix in e.first_row..e.first_row + e.row_count {
+            let mut r: Row = get(b.b, b.h.rows_off as usize + ix as usize * 64)?;
+            if r.check != r.checksum() {
+                return Err(PresentError::BadRegion("row checksum"));
+            }
+            (r.name_off, r.name_len) = copy(&mut out.strings, r.name_off, r.name_len)?;
+            (r.module_off, r.module_len) = copy(&mut out.strings, r.module_off, r.module_len)?;
+            out.rows.push(r);
+        }
+        out.pid = e.pid;
+        out.ended = e.flags & PROC_ENDED != 0;
+        out.span_ns = e.span_ns;
+        out.samples = e.samples;
+        out.period_ns = e.period_ns;
+        out.lost = e.lost;
+        Ok(true)
+    })
+}
+
 /// The global row of `name` in executable `exe`, through the hash index.
 pub fn lookup(bytes: &[u8], exe: &str, name: &str) -> Result<Option<RowView>, PresentError> {
     consistent(bytes, |b, _| {
@@ -683,14 +857,15 @@ pub fn lookup(bytes: &[u8], exe: &str, name: &str) -> Result<Option<RowView>, Pr
 mod tests {
     use super::*;
 
-    fn table(k: u64) -> Vec<ProcTable> {
-        let rows = |names: &[&str]| {
+    fn table(k: u64) -> Vec<ProcTable<'static>> {
+        let rows = |names: &[&'static str]| {
             names
                 .iter()
                 .enumerate()
                 .map(|(i, n)| RowIn {
-                    name: n.to_string(),
-                    module: "app".into(),
+                    name: n,
+                    module: "app",
+                    key: None,
                     counted: i != 2,
                     calls: k * (i as u64 + 1),
                     samples: k,
@@ -702,7 +877,7 @@ mod tests {
         vec![
             ProcTable {
                 pid: 10,
-                exe: "/bin/app".into(),
+                exe: "/bin/app",
                 span_ns: 5_000_000_000,
                 samples: 3 * k,
                 period_ns: 1_000_000,
@@ -711,7 +886,7 @@ mod tests {
             },
             ProcTable {
                 pid: 11,
-                exe: "/bin/app".into(),
+                exe: "/bin/app",
                 ended: true,
                 span_ns: 2_000_000_000,
                 rows: rows(&["main", "hot"]),
@@ -719,7 +894,7 @@ mod tests {
             },
             ProcTable {
                 pid: 12,
-                exe: "/bin/other".into(),
+                exe: "/bin/other",
                 rows: rows(&["hot"]),
                 ..Default::default()
             },
@@ -767,6 +942,16 @@ mod tests {
         let (p, rows) = read_process(bytes(&mem), 12).unwrap().unwrap();
         assert_eq!((p.pid, rows.len(), rows[0].calls), (12, 1, 2));
         assert_eq!(read_process(bytes(&mem), 7).unwrap(), None);
+        let mut pr = ProcessRows::default();
+        assert!(read_process_into(bytes(&mem), 10, &mut pr).unwrap());
+        assert_eq!(
+            (pr.pid, pr.exe(), pr.len(), pr.samples),
+            (10, "/bin/app", 3, 6)
+        );
+        let r: Vec<_> = pr.rows().collect();
+        assert_eq!((r[1].name, r[1].module, r[1].calls), ("hot", "app", 4));
+        assert!(!r[2].counted && r[0].counted);
+        assert!(!read_process_into(bytes(&mem), 7, &mut pr).unwrap());
     }
 
     #[test]
@@ -798,6 +983,7 @@ mod tests {
             let _ = read_view(b);
             let _ = lookup(b, "/bin/app", "hot");
             let _ = read_process(b, 10);
+            let _ = read_process_into(b, 10, &mut ProcessRows::default());
         }
         for len in [0, 10, 63, 64, 100, 5000] {
             let _ = read_view(&bytes(&mem)[..len]);
@@ -809,7 +995,7 @@ mod tests {
     #[test]
     fn readers_never_see_a_torn_table() {
         let (mem, mut w) = segment(64 * 1024);
-        w.publish(0, 1, &table(1)).unwrap();
+        w.publish(1, 1, &table(1)).unwrap();
         let addr = mem.as_ptr() as usize;
         let len = mem.len() * 8;
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

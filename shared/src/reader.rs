@@ -228,6 +228,53 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
     Ok(h)
 }
 
+/// Sums each function's calls over the stripes in use (the shared one and
+/// every one handed to a thread), as of one moment: retried while an exited
+/// thread's stripe is being folded into the shared one (`fold_seq` odd or
+/// changed). `h` must come from [`read_header`] over the same `bytes`;
+/// `calls` covers the first `calls.len()` functions (at most `func_count`).
+pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) {
+    let b = Bytes(bytes);
+    let n = calls.len().min(h.func_count as usize);
+    let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
+    for _ in 0..1000 {
+        let before = b.counter(seq_off);
+        calls.iter_mut().for_each(|c| *c = 0);
+        for s in 0..h.stripe_count as u64 {
+            if b.u32(h.stripe_table_off + s * 8) == stripe_state::FREE {
+                continue;
+            }
+            let base = h.stripes_off + s * h.stripe_bytes;
+            for (i, c) in calls[..n].iter_mut().enumerate() {
+                *c = c.wrapping_add(b.counter(base + i as u64 * 8));
+            }
+        }
+        if before % 2 == 0 && b.counter(seq_off) == before {
+            break;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Each function's samples (the first `out.len()`, at most `func_count`)
+/// and each module's samples outside its functions (the first
+/// `modules.len()`, at most `module_count`). `h` as for [`sum_calls`].
+pub fn read_samples(bytes: &[u8], h: &Header, out: &mut [u64], modules: &mut [u64]) {
+    let b = Bytes(bytes);
+    let n = out.len().min(h.func_count as usize);
+    for (i, v) in out[..n].iter_mut().enumerate() {
+        *v = b.counter(h.samples_off + i as u64 * 8);
+    }
+    let m = modules.len().min(h.module_count as usize);
+    for (i, v) in modules[..m].iter_mut().enumerate() {
+        *v = b.counter(
+            h.modules_off
+                + i as u64 * size_of::<ModuleRecord>() as u64
+                + std::mem::offset_of!(ModuleRecord, samples) as u64,
+        );
+    }
+}
+
 /// Validates `bytes` as a counter segment and sums its stripes. A live
 /// segment whose state is still STARTING is being filled in and may fail
 /// validation for a moment; a reader retries it later.
@@ -277,28 +324,8 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         });
     }
 
-    // Sums over the stripes in use (the shared one and every one handed to
-    // a thread), as of one moment: retried while an exited thread's stripe
-    // is being folded into the shared one (`fold_seq` odd or changed).
-    let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
     let mut calls = vec![0u64; h.func_count as usize];
-    for _ in 0..1000 {
-        let before = b.counter(seq_off);
-        calls.iter_mut().for_each(|c| *c = 0);
-        for s in 0..h.stripe_count as u64 {
-            if b.u32(h.stripe_table_off + s * 8) == stripe_state::FREE {
-                continue;
-            }
-            let base = h.stripes_off + s * h.stripe_bytes;
-            for (i, c) in calls.iter_mut().enumerate() {
-                *c = c.wrapping_add(b.counter(base + i as u64 * 8));
-            }
-        }
-        if before % 2 == 0 && b.counter(seq_off) == before {
-            break;
-        }
-        std::thread::yield_now();
-    }
+    sum_calls(bytes, &h, &mut calls);
 
     let mut functions = Vec::with_capacity(h.func_count as usize);
     for i in 0..h.func_count as u64 {

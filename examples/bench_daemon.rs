@@ -1,0 +1,310 @@
+//! Benchmark: `rtprofd` following many processes.
+//!
+//! usage: bench-daemon [--procs 500] [--funcs 2000] [--exes 50]
+//!                     [--active 0.1] [--threads 2] [--tick-ms 1000]
+//!                     [--ticks 20] [--reads 20000]
+//! (build first: cargo build --release --workspace)
+//!
+//! Starts the real `rtprofd` on a private socket, then `--procs` simulated
+//! processes (forked from this one), each with a real counter segment of
+//! `--funcs` functions registered the way the agent registers it. Every
+//! 100 ms each process adds calls (and now and then a sample) to each of
+//! its hot functions, a random `--active` share of all, in `--threads`
+//! stripes. Once the daemon publishes all
+//! of them, it measures over `--ticks` ticks: the daemon's CPU time per
+//! tick and as a share of one core (from /proc/PID/schedstat), its memory
+//! (VmRSS, VmHWM), and a scheduler's reads of the presentation segment
+//! (one process's table, one function by the hash index, the whole view).
+
+#[path = "common.rs"]
+mod common;
+
+use common::{arg, here, median};
+use rtprof_shared::layout::{state, Capacities, Layout};
+use rtprof_shared::present::{lookup, read_process_into, read_view, ProcessRows};
+use rtprof_shared::writer::SegmentWriter;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Sends a segment's descriptor to the daemon, as the agent does.
+fn register(socket: &Path, fd: i32) -> bool {
+    let Ok(s) = std::os::unix::net::UnixStream::connect(socket) else {
+        return false;
+    };
+    let mut payload = *b"RTPROF1\0";
+    let mut iov = libc::iovec {
+        iov_base: payload.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 8,
+    };
+    let mut control = [0u64; 4];
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd);
+        libc::sendmsg(s.as_raw_fd(), &msg, 0) > 0
+    }
+}
+
+fn exe_name(k: usize) -> String {
+    format!("/usr/bin/simulated-{k}")
+}
+
+fn func_name(exe: usize, i: usize) -> String {
+    // Name lengths vary like real symbols do.
+    let tail = ["", "_impl", "_slow_path", "_with_context_and_flags"][i % 4];
+    format!("sim{exe}_function_{i}{tail}")
+}
+
+/// A simulated profiled process: never returns.
+fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, parent: i32) -> ! {
+    let layout = Layout::new(Capacities {
+        modules: 4,
+        functions: funcs,
+        strings: funcs * 48 + 256,
+        stripes: threads + 2,
+    });
+    let pid = std::process::id();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    unsafe {
+        let fd = libc::memfd_create(
+            c"rtprof".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        assert!(fd >= 0 && libc::ftruncate(fd, layout.total_size as i64) == 0);
+        assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            layout.total_size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert!(base != libc::MAP_FAILED);
+        let w = SegmentWriter::init(base as *mut u8, layout, pid, parent as u32, now);
+        w.set_exe(exe_name(exe).as_bytes()).unwrap();
+        w.add_module(exe_name(exe).as_bytes(), 0x400000).unwrap();
+        for i in 0..funcs as usize {
+            let f = w
+                .add_function(func_name(exe, i).as_bytes(), 0x1000 + i as u64 * 64, 64)
+                .unwrap();
+            w.set_status(f, None);
+        }
+        let stripes: Vec<u32> = (0..threads.saturating_sub(1))
+            .map(|t| w.alloc_stripe(pid + t).unwrap())
+            .chain([0])
+            .collect();
+        w.set_sampler(1, 0, 0, 1_000_000);
+        w.set_state(state::RUNNING);
+        if !register(socket, fd) {
+            libc::_exit(3);
+        }
+        let mut x = (pid as u64) << 17 | 1;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // The functions this process calls: a fixed random share.
+        let hot: Vec<usize> = (0..funcs as usize)
+            .filter(|_| (rand() % 1_000_000) as f64 / 1e6 < active)
+            .collect();
+        loop {
+            for &f in &hot {
+                let s = stripes[(rand() % stripes.len() as u64) as usize];
+                *w.stripe_ptr(s).add(f) += 1 + rand() % 1000;
+                if rand() % 4 == 0 {
+                    *w.samples_ptr().add(f) += 1;
+                    w.samples_total()
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            libc::usleep(100_000);
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+        }
+    }
+}
+
+/// Nanoseconds `pid` has run on a CPU.
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn status_kb(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Median nanoseconds of `f` over `n` calls, in batches of 100.
+fn time_ns(n: usize, mut f: impl FnMut()) -> f64 {
+    let batches = (n / 100).max(3);
+    let per = (0..batches)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..100 {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / 100.0
+        })
+        .collect();
+    median(per)
+}
+
+fn main() {
+    let procs = arg("--procs", 500.0) as usize;
+    let funcs = arg("--funcs", 2000.0) as u32;
+    let exes = (arg("--exes", 50.0) as usize).clamp(1, procs.max(1));
+    let active = arg("--active", 0.1);
+    let threads = (arg("--threads", 2.0) as u32).max(1);
+    let tick_ms = arg("--tick-ms", 1000.0) as u64;
+    let ticks = arg("--ticks", 20.0) as u64;
+    let reads = arg("--reads", 20000.0) as usize;
+    let daemon_bin = here().join("rtprofd");
+    assert!(
+        daemon_bin.exists(),
+        "build first: cargo build --release --workspace"
+    );
+
+    let dir = std::env::temp_dir().join(format!("rtprof-bench-daemon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("sock");
+    let present = dir.join("present");
+    let mut daemon = Command::new(&daemon_bin)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--present")
+        .arg(&present)
+        .args(["--tick", &tick_ms.to_string(), "--span", "5000"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rtprofd starts");
+    let dpid = daemon.id();
+    let t0 = Instant::now();
+    while !present.exists() || !socket.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "rtprofd did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Forked before any thread of ours exists.
+    let parent = std::process::id() as i32;
+    let mut children = Vec::new();
+    for p in 0..procs {
+        match unsafe { libc::fork() } {
+            0 => simulate(&socket, p % exes, funcs, active, threads, parent),
+            -1 => panic!("fork failed"),
+            c => children.push(c),
+        }
+    }
+    println!(
+        "rtprofd following {procs} simulated processes x {funcs} functions \
+         ({exes} executables, {:.0}% of functions hot, {threads} stripes each), \
+         tick {tick_ms} ms, span 5 s",
+        active * 100.0
+    );
+
+    let file = std::fs::File::open(&present).unwrap();
+    let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
+    let t0 = Instant::now();
+    loop {
+        let v = read_view(&map);
+        if v.is_ok_and(|v| v.procs.len() >= procs) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "rtprofd never published every process"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // One more span so every process is past its first snapshots.
+    std::thread::sleep(Duration::from_millis(tick_ms * 2));
+
+    let (cpu0, wall0) = (cpu_ns(dpid), Instant::now());
+    std::thread::sleep(Duration::from_millis(tick_ms * ticks));
+    let (cpu1, wall) = (cpu_ns(dpid), wall0.elapsed());
+    let cpu_per_tick_ms = (cpu1 - cpu0) as f64 / ticks as f64 / 1e6;
+    let share = (cpu1 - cpu0) as f64 / wall.as_nanos() as f64 * 100.0;
+    let rss = status_kb(dpid, "VmRSS:");
+    let hwm = status_kb(dpid, "VmHWM:");
+    let anon = status_kb(dpid, "RssAnon:");
+    let shmem = status_kb(dpid, "RssShmem:");
+
+    let view = read_view(&map).unwrap();
+    let rows = view.rows.len() - view.global.len();
+    let p = &view.procs[view.procs.len() / 2];
+    let (pid, exe) = (p.pid, p.exe.clone());
+    let p_rows = p.rows.len();
+    let hot = view.rows[p.rows.clone()][0].name.clone();
+    // As a polling scheduler would: into buffers reused between reads.
+    let mut rows_buf = ProcessRows::default();
+    let one = time_ns(reads, || {
+        assert!(read_process_into(&map, pid, &mut rows_buf).unwrap());
+        std::hint::black_box(rows_buf.rows().map(|r| r.time_ns).sum::<u64>());
+    });
+    let found = time_ns(reads, || {
+        std::hint::black_box(lookup(&map, &exe, &hot).unwrap().unwrap());
+    });
+    let whole = time_ns(20, || {
+        std::hint::black_box(read_view(&map).unwrap());
+    });
+
+    println!(
+        "published: {} processes, {rows} process rows, {} global rows",
+        view.procs.len(),
+        view.global.len()
+    );
+    println!(
+        "daemon CPU: {cpu_per_tick_ms:.2} ms per tick, {share:.2}% of one core \
+         (over {ticks} ticks; target < 2%)"
+    );
+    println!(
+        "daemon memory: VmRSS {:.1} MiB (peak {:.1}): private {:.1} MiB, \
+         shared segments {:.1} MiB (the agents' counters and the presentation segment)",
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0,
+        anon as f64 / 1024.0,
+        shmem as f64 / 1024.0
+    );
+    println!(
+        "scheduler reads (median): one process's table ({p_rows} rows) {:.2} us \
+         (target < 10 us); one function by hash {:.2} us; whole view {:.2} ms",
+        one / 1e3,
+        found / 1e3,
+        whole / 1e6
+    );
+
+    for c in &children {
+        unsafe { libc::kill(*c, libc::SIGKILL) };
+    }
+    for c in &children {
+        unsafe { libc::waitpid(*c, std::ptr::null_mut(), 0) };
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
