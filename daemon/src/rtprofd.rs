@@ -79,8 +79,8 @@ impl Entry {
         let h = rtprof_shared::read_header(bytes).map_err(|e| e.to_string())?;
         map.check_size(&h)?;
         let seen = match &mut self.tracked {
-            Some(t) => t.observe(bytes, now, span_ns),
-            None => Tracked::new(bytes, now, span_ns).map(|(t, seen)| {
+            Some(t) => t.observe(bytes, &h, now, span_ns),
+            None => Tracked::new(bytes, &h, now, span_ns).map(|(t, seen)| {
                 self.tracked = Some(t);
                 seen
             }),

@@ -7,7 +7,7 @@
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{key_hash, ProcTable, RowIn};
 use rtprof_shared::reader::{read_samples, sum_calls};
-use rtprof_shared::{read_header, read_snapshot, SegmentError, Snapshot};
+use rtprof_shared::{read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
 /// What a process's segment names, read when it changes.
@@ -133,9 +133,14 @@ impl Tracked {
     /// Starts following the process whose segment is `bytes`. If it
     /// started within the span, its first span counts from its start
     /// (zero); otherwise from now.
-    pub fn new(bytes: &[u8], now_ns: u64, span_ns: u64) -> Result<(Tracked, Seen), SegmentError> {
+    /// `h` is the segment's header as the caller read and checked it.
+    pub fn new(
+        bytes: &[u8],
+        h: &Header,
+        now_ns: u64,
+        span_ns: u64,
+    ) -> Result<(Tracked, Seen), SegmentError> {
         let s = read_snapshot(bytes)?;
-        let h = read_header(bytes)?;
         let young = s.start_ns + span_ns >= now_ns;
         let mut t = Tracked {
             pid: s.pid,
@@ -143,7 +148,7 @@ impl Tracked {
             start_ns: s.start_ns,
             ended: false,
             period_ns: s.sample_period_ns,
-            meta: Meta::of(&s, &h),
+            meta: Meta::of(&s, h),
             newest: Counts::default(),
             scratch: Counts::default(),
             newest_ns: now_ns,
@@ -174,7 +179,7 @@ impl Tracked {
         } else {
             std::mem::swap(&mut t.newest, &mut t.scratch);
         }
-        Ok((t, seen(&h)))
+        Ok((t, seen(h)))
     }
 
     /// Reads the segment again at `now_ns`: names only if the process
@@ -182,14 +187,14 @@ impl Tracked {
     pub fn observe(
         &mut self,
         bytes: &[u8],
+        h: &Header,
         now_ns: u64,
         span_ns: u64,
     ) -> Result<Seen, SegmentError> {
-        let h = read_header(bytes)?;
-        if self.meta.stale(&h) {
+        if self.meta.stale(h) {
             // Validates everything again; slots only ever get added.
             let s = read_snapshot(bytes)?;
-            self.meta = Meta::of(&s, &h);
+            self.meta = Meta::of(&s, h);
         }
         let (f, m) = (
             self.meta.func_count as usize,
@@ -199,10 +204,10 @@ impl Tracked {
         self.sums.resize(f, m);
         self.is_active.resize(f, false);
         self.scratch.resize(f, m);
-        sum_calls(bytes, &h, &mut self.scratch.calls);
+        sum_calls(bytes, h, &mut self.scratch.calls);
         read_samples(
             bytes,
-            &h,
+            h,
             &mut self.scratch.samples,
             &mut self.scratch.buckets,
         );
@@ -211,7 +216,7 @@ impl Tracked {
         self.scratch.lost = h.samples_lost;
         self.period_ns = h.sample_period_ns;
         self.record(now_ns, span_ns);
-        Ok(seen(&h))
+        Ok(seen(h))
     }
 
     /// Turns `scratch` (just read) into the newest point: its changes
@@ -342,7 +347,7 @@ impl Tracked {
 mod tests {
     use super::*;
     use rtprof_shared::layout::{state, Capacities, Layout};
-    use rtprof_shared::SegmentWriter;
+    use rtprof_shared::{read_header, SegmentWriter};
 
     const S: u64 = 1_000_000_000;
 
@@ -376,6 +381,9 @@ mod tests {
             assert_eq!(w.alloc_stripe(9), Some(1));
             Seg { mem, w }
         }
+        fn header(&self) -> Header {
+            read_header(self.bytes()).unwrap()
+        }
         fn bytes(&self) -> &[u8] {
             unsafe {
                 std::slice::from_raw_parts(self.mem.as_ptr() as *const u8, self.mem.len() * 8)
@@ -399,12 +407,13 @@ mod tests {
         let seg = Seg::new();
         seg.set(1000, 10, 0);
         // Seen long after it started: the first span counts from then.
-        let (mut t, seen) = Tracked::new(seg.bytes(), 100 * S, 5 * S).unwrap();
+        let (mut t, seen) = Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S).unwrap();
         assert_eq!((seen.pid, seen.state), (5, state::RUNNING));
         assert!(t.table().rows.is_empty());
         for k in 1..=10u64 {
             seg.set(1000 + k * 100, 10 + k, k);
-            t.observe(seg.bytes(), (100 + k) * S, 5 * S).unwrap();
+            t.observe(seg.bytes(), &seg.header(), (100 + k) * S, 5 * S)
+                .unwrap();
         }
         let tab = t.table();
         assert_eq!(tab.span_ns, 5 * S);
@@ -425,7 +434,7 @@ mod tests {
     fn young_process_counts_from_its_start() {
         let seg = Seg::new();
         seg.set(300, 3, 0);
-        let (t, _) = Tracked::new(seg.bytes(), 2 * S, 5 * S).unwrap();
+        let (t, _) = Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S).unwrap();
         let tab = t.table();
         assert_eq!(tab.rows[0].calls, 300);
         assert_eq!(tab.span_ns, 2 * S - 1_000);
@@ -434,12 +443,13 @@ mod tests {
     #[test]
     fn functions_added_later_are_named_and_counted() {
         let seg = Seg::new();
-        let (mut t, _) = Tracked::new(seg.bytes(), 100 * S, 5 * S).unwrap();
+        let (mut t, _) = Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S).unwrap();
         seg.w.add_module(b"/lib/late.so", 0).unwrap();
         let f = seg.w.add_function(b"late", 0, 1).unwrap();
         seg.w.set_status(f, None);
         unsafe { *seg.w.stripe_ptr(0).add(f as usize) = 7 };
-        t.observe(seg.bytes(), 101 * S, 5 * S).unwrap();
+        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S)
+            .unwrap();
         let tab = t.table();
         let r = &tab.rows[0];
         assert_eq!(
@@ -452,12 +462,14 @@ mod tests {
     fn counters_that_go_backwards_count_nothing() {
         let seg = Seg::new();
         seg.set(1000, 0, 0);
-        let (mut t, _) = Tracked::new(seg.bytes(), 100 * S, 5 * S).unwrap();
+        let (mut t, _) = Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S).unwrap();
         seg.set(10, 0, 0);
-        t.observe(seg.bytes(), 101 * S, 5 * S).unwrap();
+        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S)
+            .unwrap();
         assert!(t.table().rows.is_empty());
         seg.set(20, 0, 0);
-        t.observe(seg.bytes(), 102 * S, 5 * S).unwrap();
+        t.observe(seg.bytes(), &seg.header(), 102 * S, 5 * S)
+            .unwrap();
         assert_eq!(t.table().rows[0].calls, 10);
     }
 }

@@ -280,10 +280,12 @@ pub fn read_samples(bytes: &[u8], h: &Header, out: &mut [u64], modules: &mut [u6
 /// validation for a moment; a reader retries it later.
 pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     let h = read_header(bytes)?;
-    let b = Bytes(bytes);
     let strings = &bytes[h.strings_off as usize..(h.strings_off + h.strings_len as u64) as usize];
     let exe = string("exe", strings, h.exe_off, h.exe_len)?;
 
+    let mut module_samples = vec![0u64; h.module_count as usize];
+    let mut samples = vec![0u64; h.func_count as usize];
+    read_samples(bytes, &h, &mut samples, &mut module_samples);
     let mut modules = Vec::with_capacity(h.module_count as usize);
     let mut module_funcs = Vec::with_capacity(h.module_count as usize);
     for i in 0..h.module_count as u64 {
@@ -310,9 +312,6 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             .collect::<Result<Vec<_>, _>>()?;
         let sampled_only = m.flags & module_flags::SAMPLED_ONLY != 0;
         module_funcs.push((m.first_func, m.func_count, sampled_only));
-        let samples_off = h.modules_off
-            + i * size_of::<ModuleRecord>() as u64
-            + std::mem::offset_of!(ModuleRecord, samples) as u64;
         modules.push(ModuleStats {
             path,
             base: m.base,
@@ -320,7 +319,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             patched: m.patched,
             refused,
             sampled_only,
-            samples: b.counter(samples_off),
+            samples: module_samples[i as usize],
         });
     }
 
@@ -358,7 +357,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             refused,
             instrumented: !sampled_only,
             calls: calls[i as usize],
-            samples: b.counter(h.samples_off + i * 8),
+            samples: samples[i as usize],
         });
     }
 
