@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rtprof next to gprof, uftrace, perf, callgrind and gperftools.
 
-usage: python3 examples/bench/compare.py [--quick] [--runs N] [--out DIR]
+usage: python3 examples/bench/compare.py [--quick] [--runs N] [--out DIR] [--only NAME]
 
 Builds the workloads (multiply; the Lua 5.4 interpreter and SQLite from
 their real sources, fetched from crates.io, with gcc -O2 -g; Debian's
@@ -89,11 +89,15 @@ def gcc(out, sources, extra=(), pg=False):
 
 class Workload:
     def __init__(self, name, argv, plain, pg=None, modules=None, stripped=False,
-                 stdin=None, calls=None):
+                 calls=None, env=None, uftrace="."):
         self.name, self.argv, self.plain, self.pg = name, argv, plain, pg
-        self.modules, self.stripped, self.stdin = modules, stripped, stdin
+        self.modules, self.stripped = modules, stripped
         # Calls of the measured function, when the program says (multiply).
         self.calls = calls
+        # Environment every configuration gets (fixed hash seeds).
+        self.env = env or {}
+        # What `uftrace record -P` patches; None: uftrace cannot (no symbols).
+        self.uftrace = None if stripped else uftrace
 
 
 def build_workloads(work, quick):
@@ -110,7 +114,9 @@ def build_workloads(work, quick):
     lua_dir, sqlite_dir = fetch_sources(work)
     lua_src = sorted(p for p in lua_dir.glob("*.c") if p.name not in ("lua.c", "luac.c"))
     lua_src.append(HERE / "lua_main.c")
-    lua_extra = ["-DLUA_USE_LINUX", f"-I{lua_dir}", "-lm", "-ldl"]
+    # A fixed string-hash seed (Lua mixes time and addresses into it) makes
+    # every run execute the same calls, so counts can be compared.
+    lua_extra = ["-DLUA_USE_LINUX", "-Dluai_makeseed(L)=0x5eedu", f"-I{lua_dir}", "-lm", "-ldl"]
     log("building Lua")
     lua = gcc(work / "lua", lua_src, lua_extra)
     lua_pg = gcc(work / "lua-pg", lua_src, lua_extra, pg=True)
@@ -124,10 +130,11 @@ def build_workloads(work, quick):
         sq_pg = gcc(work / "sqlite-pg", sq_src, sq_extra, pg=True)
         out.append(Workload("SQLite 3 (in-memory inserts, index, queries)",
                             ["{exe}", "200000"], sq, sq_pg))
+    out.append(cpython_workload(work, quick))
     # Stripped distribution binary and library: functions from .eh_frame.
     data = work / "xz-input"
     words = [("w%x" % (i * 2654435761 % 4093)).encode() for i in range(4096)]
-    size = (4 if quick else 8) << 20
+    size = (2 if quick else 4) << 20
     with open(data, "wb") as f:
         x, n = 1, 0
         while n < size:
@@ -141,31 +148,68 @@ def build_workloads(work, quick):
     return out
 
 
+PYPERFORMANCE = "pyperformance==1.14.0"
+PY_BENCHMARKS = ["richards", "json_dumps", "deltablue", "regex_v8", "float", "hexiom"]
+PY_BENCHMARKS_QUICK = ["richards", "json_dumps", "deltablue"]
+
+
+def cpython_workload(work, quick):
+    """This machine's CPython (built with --enable-shared) running scripts of
+    the pyperformance suite, installed from PyPI; libpython instrumented."""
+    probe = subprocess.run(
+        ["python3", "-c", "import sys, sysconfig; print(sys.executable); "
+         "print(sysconfig.get_config_var('INSTSONAME') or ''); "
+         "print(sysconfig.get_config_var('Py_ENABLE_SHARED')); "
+         "import platform; print(platform.python_version())"],
+        check=True, capture_output=True, text=True).stdout.split("\n")
+    exe, soname, shared, version = Path(os.path.realpath(probe[0])), *probe[1:4]
+    if shared != "1" or not soname:
+        sys.exit(f"{exe}: CPython without a shared libpython; the CPython workload "
+                 "needs one (configure --enable-shared)")
+    target = work / "pyperformance"
+    log("installing", PYPERFORMANCE)
+    run([str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+         "--target", str(target), PYPERFORMANCE],
+        env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
+    bench = target / "pyperformance" / "data-files" / "benchmarks"
+    names = PY_BENCHMARKS_QUICK if quick else PY_BENCHMARKS
+    scripts = [str(bench / f"bm_{n}" / "run_benchmark.py") for n in names]
+    return Workload(f"CPython {version} (pyperformance: {', '.join(names)})",
+                    ["{exe}", str(HERE / "pyperf_runner.py"), "1", *scripts], exe,
+                    modules=soname.split(".so")[0] + "*", env={"PYTHONHASHSEED": "0"},
+                    uftrace=f".@{soname}")
+
+
 def configs():
-    """name -> function(workload, scratch dir) -> (argv prefix, exe, env) or None."""
+    """name -> function(workload, scratch dir, run tag) -> (argv prefix, exe,
+    env) or None when the tool cannot run the workload. Every tool writes
+    its data, one file per run, as it would for a user."""
     def agent(extra):
-        def f(w, d):
-            env = {"LD_PRELOAD": str(AGENT), **extra}
+        def f(w, d, tag):
+            env = {"LD_PRELOAD": str(AGENT), "RTPROF_REPORT": str(d / f"rtprof-{tag}.json"),
+                   **extra}
             if w.modules:
                 env["RTPROF_MODULES"] = w.modules
             return [], w.plain, env
         return f
     return {
-        "baseline": lambda w, d: ([], w.plain, {}),
+        "baseline": lambda w, d, tag: ([], w.plain, {}),
         "rtprof calls": agent({"RTPROF_SAMPLE_HZ": "0"}),
         "rtprof samples": agent({"RTPROF_INSTRUMENT": "0", "RTPROF_SAMPLE_HZ": "1000"}),
         "rtprof both": agent({"RTPROF_SAMPLE_HZ": "1000"}),
-        "gprof (-pg)": lambda w, d: ([], w.pg, {}) if w.pg else None,
-        "uftrace -P": lambda w, d: (
-            ["uftrace", "record", "-P", ".", "-d", str(d / "uftrace.data")], w.plain, {})
-        if not w.stripped else None,
-        "perf record": lambda w, d: (
+        # gmon.<pid> per run; gprof sums them.
+        "gprof (-pg)": lambda w, d, tag: (
+            [], w.pg, {"GMON_OUT_PREFIX": str(d / "gmon")}) if w.pg else None,
+        "uftrace -P": lambda w, d, tag: (
+            ["uftrace", "record", "-P", w.uftrace, "-d", str(d / f"uftrace-{tag}.data")],
+            w.plain, {}) if w.uftrace else None,
+        "perf record": lambda w, d, tag: (
             ["perf", "record", "-q", "-e", "cpu-clock:u", "-c", "1000000",
-             "-o", str(d / "perf.data"), "--"], w.plain, {}),
-        "gperftools": lambda w, d: (
-            [], w.plain, {"LD_PRELOAD": PROFILER_LIB, "CPUPROFILE": str(d / "gperf.prof"),
+             "-o", str(d / f"perf-{tag}.data"), "--"], w.plain, {}),
+        "gperftools": lambda w, d, tag: (
+            [], w.plain, {"LD_PRELOAD": PROFILER_LIB, "CPUPROFILE": str(d / f"gperf-{tag}.prof"),
                           "CPUPROFILE_FREQUENCY": "1000"}),
-        "callgrind": lambda w, d: (
+        "callgrind": lambda w, d, tag: (
             ["valgrind", "-q", "--tool=callgrind",
              f"--callgrind-out-file={d / 'callgrind.out'}"], w.plain, {}),
     }
@@ -174,86 +218,157 @@ def configs():
 PEAKRSS = None
 
 
-def execute(w, cfg, d, extra_env=None):
+def execute(w, cfg, d, tag):
     """Runs one configuration; returns wall seconds, peak RSS KiB, stdout."""
-    made = configs()[cfg](w, d)
+    made = configs()[cfg](w, d, tag)
     if made is None:
         return None
     prefix, exe, env = made
-    settings = [f"{k}={v}" for k, v in {**env, **(extra_env or {})}.items()]
+    settings = [f"{k}={v}" for k, v in {**w.env, **env}.items()]
     argv = [str(PEAKRSS), str(d / "peakrss"), *settings, "--"] + prefix + [
         str(exe) if a == "{exe}" else a for a in w.argv]
-    full_env = dict(os.environ)
     with open(d / "stdout", "wb") as so, open(d / "stderr", "wb") as se:
         t = time.perf_counter()
-        p = subprocess.Popen(argv, env=full_env, cwd=d, stdout=so, stderr=se)
-        _, status, ru = os.wait4(p.pid, 0)
+        p = subprocess.Popen(argv, cwd=d, stdout=so, stderr=se)
+        _, status, _ = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
         err = (d / "stderr").read_text(errors="replace")[-500:]
-        raise RuntimeError(f"{w.name} / {cfg} exited {p.returncode}: {err}")
+        raise RuntimeError(f"{w.name} / {cfg} exited {code}: {err}")
     return wall, int((d / "peakrss").read_text()), (d / "stdout").read_bytes()
 
 
 def callgrind_calls(path):
-    """Calls per called function name, summed over every call site."""
-    names, calls, current = {}, {}, None
-    pat = re.compile(r"^(c?fn)=\((\d+)\)(?: (.*))?$")
+    """Calls per (object file name, function), summed over every call site,
+    and those of them made by the dynamic loader (initialisers). Functions
+    without a symbol valgrind could read are named by their address in the
+    object ("0x...12b0")."""
+    names, objs, calls, loader = {}, {}, {}, {}
+    ob = cob = cfn = None
+    pat = re.compile(r"^(c?fn|c?ob)=\((\d+)\)(?: (.*))?$")
     for line in open(path, errors="replace"):
         m = pat.match(line.rstrip("\n"))
         if m:
             kind, ident, name = m.groups()
+            table = objs if kind.endswith("ob") else names
             if name:
-                names[ident] = name
-            if kind == "cfn":
-                current = names.get(ident)
+                table[ident] = name
+            value = table.get(ident)
+            if kind == "ob":
+                ob = value
+            elif kind == "cob":
+                cob = value
+            elif kind == "cfn":
+                cfn = value
             continue
-        if line.startswith("calls=") and current:
-            # Recursion levels are named f'2, f'3...: one function.
-            base = re.sub(r"'\d+$", "", current)
-            calls[base] = calls.get(base, 0) + int(line[6:].split()[0])
-    return calls
+        if line.startswith("calls=") and cfn:
+            # The callee's object is the caller's unless cob= said otherwise
+            # for this call; recursion levels are named f'2, f'3...
+            key = (Path(cob or ob or "?").name, re.sub(r"'\d+$", "", cfn))
+            n = int(line[6:].split()[0])
+            calls[key] = calls.get(key, 0) + n
+            if Path(ob or "").name.startswith("ld-linux"):
+                loader[key] = loader.get(key, 0) + n
+            cob = None
+    return calls, loader
 
 
-def perf_shares(data):
-    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-q",
-                          "--sort", "sym"], capture_output=True, text=True).stdout
-    shares = {}
-    for line in out.splitlines():
-        m = re.match(r"^\s*([\d.]+)%\s+\[[.k]\]\s+(\S+)", line)
-        if m:
-            shares[m.group(2)] = shares.get(m.group(2), 0) + float(m.group(1))
-    return shares
+class Functions:
+    """rtprof's functions of one report, keyed (module file name, function),
+    and found by address for tools that only name addresses."""
+
+    def __init__(self, rep):
+        # rtprof names a module as loaded (liblzma.so.5), tools by the file.
+        self.real = {Path(m["path"]).name: Path(os.path.realpath(m["path"])).name
+                     for m in rep["modules"]}
+        self.paths = {Path(os.path.realpath(m["path"])).name: os.path.realpath(m["path"])
+                      for m in rep["modules"]}
+        self.ranges = {}
+        for f in rep["functions"]:
+            self.ranges.setdefault(self.key(f)[0], []).append(
+                (f["vaddr"], f["vaddr"] + f["size"], f["name"]))
+
+    def key(self, f):
+        return (self.real.get(f["module"], f["module"]), f["name"])
+
+    def name(self, obj, sym):
+        """A tool's symbol, or its address, as rtprof's function name."""
+        if not sym.startswith("0x"):
+            return sym
+        addr = int(sym, 16)
+        return next((n for lo, hi, n in self.ranges.get(obj, []) if lo <= addr < hi), sym)
 
 
-def perf_shares_by_address(data, rep):
-    """For stripped code perf names addresses: sums them into the functions
-    rtprof found (from .eh_frame), by module-relative address."""
-    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-q",
+def tail_jump_targets(fns, obj):
+    """Functions of one object that another function enters with a jump
+    (a tail call): rtprof counts every entry, callgrind only executed call
+    instructions."""
+    starts = {lo: (lo, hi, name) for lo, hi, name in fns.ranges.get(obj, [])}
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", fns.paths[obj]],
+                         capture_output=True, text=True).stdout
+    found = set()
+    for m in re.finditer(r"^\s*([0-9a-f]+):\s+j[a-z]+\s+([0-9a-f]+)\b", out, re.M):
+        src, dst = int(m.group(1), 16), int(m.group(2), 16)
+        f = starts.get(dst)
+        if f and not f[0] <= src < f[1]:
+            found.add(f[2])
+    return found
+
+
+UPROBES = 40
+
+
+def uprobe_counts(w, d, fns, keys):
+    """Entries of the given functions counted by kernel uprobes (perf probe)
+    in a native run without rtprof: a third, independent exact count.
+    Returns {} where uprobes are not available (not root, no kernel support)."""
+    group = "rtprofbench"
+    subprocess.run(["perf", "probe", "-q", "-d", f"{group}:*"], capture_output=True)
+    addrs = {(obj, name): lo for obj, rs in fns.ranges.items() for lo, _, name in rs}
+    probes = {}
+    for i, k in enumerate(keys[:UPROBES]):
+        if k in addrs and k[0] in fns.paths:
+            r = subprocess.run(["perf", "probe", "-q", "-x", fns.paths[k[0]],
+                                "-a", f"{group}:f{i}={addrs[k]:#x}"], capture_output=True)
+            if r.returncode == 0:
+                probes[f"{group}:f{i}"] = k
+    if not probes:
+        log(f"  {w.name}: uprobes unavailable, differences left unchecked")
+        return {}
+    try:
+        out = d / "uprobes.csv"
+        argv = [str(a) if a != "{exe}" else str(w.plain) for a in w.argv]
+        subprocess.run(["perf", "stat", "-x,", "-o", str(out), "-e", f"{group}:*", "--", *argv],
+                       env={**os.environ, **w.env}, cwd=d, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        counts = {}
+        for line in out.read_text().splitlines():
+            f = line.split(",")
+            if len(f) > 2 and f[2] in probes and f[0].isdigit():
+                counts[probes[f[2]]] = int(f[0])
+        return counts
+    finally:
+        subprocess.run(["perf", "probe", "-q", "-d", f"{group}:*"], capture_output=True)
+
+
+def perf_samples(data, fns):
+    """Samples per (module, function) in one perf.data; addresses (stripped
+    code) are summed into the functions rtprof found."""
+    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-q", "-n",
                           "--sort", "dso,sym"], capture_output=True, text=True).stdout
-    # perf names the file (liblzma.so.5.4.1), rtprof the path as loaded.
-    real = {Path(m["path"]).name: Path(os.path.realpath(m["path"])).name for m in rep["modules"]}
-    ranges = {}
-    for f in rep["functions"]:
-        dso = real.get(f["module"], f["module"])
-        ranges.setdefault(dso, []).append((f["vaddr"], f["vaddr"] + f["size"], f["name"]))
-    shares = {}
+    samples = {}
     for line in out.splitlines():
-        m = re.match(r"^\s*([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(\S+)", line)
-        if not m:
-            continue
-        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3)
-        name = sym
-        if sym.startswith("0x"):
-            addr = int(sym, 16)
-            name = next((n for lo, hi, n in ranges.get(dso, []) if lo <= addr < hi), sym)
-        shares[name] = shares.get(name, 0) + pct
-    return shares
+        m = re.match(r"^\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[[.k]\]\s+(\S+)", line)
+        if m:
+            n, dso, sym = int(m.group(1)), m.group(2), m.group(3)
+            key = (dso, fns.name(dso, sym))
+            samples[key] = samples.get(key, 0) + n
+    return samples
 
 
-def gprof_shares(exe, gmon):
-    out = subprocess.run(["gprof", "-b", "-p", str(exe), str(gmon)],
+def gprof_shares(exe, gmons):
+    out = subprocess.run(["gprof", "-b", "-p", str(exe), *map(str, gmons)],
                          capture_output=True, text=True).stdout
     shares = {}
     for line in out.splitlines():
@@ -261,12 +376,6 @@ def gprof_shares(exe, gmon):
         if len(f) >= 4 and re.match(r"^[\d.]+$", f[0]) and re.match(r"^[\d.]+$", f[1]):
             shares[f[-1]] = float(f[0])
     return shares
-
-
-def rtprof_report(w, d, cfg):
-    path = d / "rtprof.json"
-    execute(w, cfg, d, {"RTPROF_REPORT": str(path)})
-    return json.load(open(path))["processes"][0]
 
 
 def stats(v):
@@ -281,10 +390,18 @@ def machine():
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)}
 
 
+def tag(cfg, r):
+    return f"{re.sub(r'[^a-z]+', '-', cfg.lower()).strip('-')}-{r}"
+
+
+def load_report(d, cfg, r):
+    return json.load(open(d / f"rtprof-{tag(cfg, r)}.json"))["processes"][0]
+
+
 def measure(w, runs, work):
-    d = work / re.sub(r"\W+", "-", w.name).strip("-")
+    d = work / re.sub(r"\W+", "-", w.name).strip("-")[:40]
     d.mkdir(exist_ok=True)
-    names = [c for c in configs() if c != "callgrind" and configs()[c](w, d) is not None]
+    names = [c for c in configs() if c != "callgrind" and configs()[c](w, d, "") is not None]
     walls = {c: [] for c in names}
     loops = {c: [] for c in names}
     rss = {c: [] for c in names}
@@ -292,7 +409,7 @@ def measure(w, runs, work):
     for r in range(runs):
         order = names[r % len(names):] + names[:r % len(names)]
         for c in order:
-            wall, peak, out = execute(w, c, d)
+            wall, peak, out = execute(w, c, d, tag(c, r))
             walls[c].append(wall)
             rss[c].append(peak)
             if w.calls:
@@ -302,7 +419,7 @@ def measure(w, runs, work):
             elif out != expected:
                 raise RuntimeError(f"{w.name} / {c}: output differs from the other runs")
     log(f"  {w.name}: callgrind")
-    cg_wall, _, _ = execute(w, "callgrind", d)
+    cg_wall, _, _ = execute(w, "callgrind", d, "callgrind")
     res = {"workload": w.name, "configs": {}}
     base = statistics.median(walls["baseline"])
     for c in names:
@@ -313,55 +430,132 @@ def measure(w, runs, work):
                                 - statistics.median(loops["baseline"])) / w.calls
         res["configs"][c] = e
     res["configs"]["callgrind"] = {"wall_s": stats([cg_wall]), "ratio": cg_wall / base}
+    res["extra_rss_mib"] = (res["configs"]["rtprof calls"]["max_rss_kib"]
+                            - res["configs"]["baseline"]["max_rss_kib"]) / 1024
+    counts_and_coverage(w, d, runs, names, walls, base, res)
+    shares(w, d, runs, res)
+    return res
 
-    # Accuracy and coverage.
-    # Counts and coverage from counting alone; shares from sampling alone,
-    # the same program perf and gprof sample.
-    rep = rtprof_report(w, d, "rtprof calls")
+
+def counts_and_coverage(w, d, runs, names, walls, base, res):
+    """Counts and coverage from the counting runs, checked against each
+    other (every run of a deterministic program counts the same) and
+    against callgrind."""
+    # Every run that counted: the counting-only and the counting+sampling ones.
+    reps = [load_report(d, c, r) for c in ("rtprof calls", "rtprof both") for r in range(runs)]
+    rep = reps[runs - 1]
+    fns = Functions(rep)
     res["setup_ms"] = rep["setup_ns"] / 1e6
     res["modules"] = [{k: m[k] for k in ("path", "functions", "patched", "refused")}
                       for m in rep["modules"] if not m["sampled_only"]]
-    fns = [f for f in rep["functions"] if f["instrumented"]]
-    total_calls = sum(f["calls"] for f in fns)
-    res["calls_counted"] = total_calls
-    if total_calls and not w.calls:
+    mine = {}
+    for f in rep["functions"]:
+        if f["instrumented"] and f["patched"]:
+            mine[fns.key(f)] = mine.get(fns.key(f), 0) + f["calls"]
+    res["calls_counted"] = sum(mine.values())
+    # Functions whose count is not the same in every run: the program's
+    # own behaviour varies (CPython's caches hash object addresses).
+    seen = {}
+    for other in reps:
+        for g in other["functions"]:
+            if g["instrumented"] and g["patched"]:
+                seen.setdefault(fns.key(g), set()).add(g["calls"])
+    varies = {k for k, v in seen.items() if len(v) > 1}
+    res["counts_repeat"] = not varies
+    if res["calls_counted"] and not w.calls:
         for c in names:
             extra = statistics.median(walls[c]) - base
-            res["configs"][c]["ns_per_call"] = extra * 1e9 / total_calls
-    cg = callgrind_calls(d / "callgrind.out")
-    if not w.stripped:
-        called = [f for f in fns if f["patched"] and (f["calls"] or cg.get(f["name"]))]
-        exact = [f for f in called if f["calls"] == cg.get(f["name"], 0)]
-        worst = max(called, default=None,
-                    key=lambda f: abs(f["calls"] - cg.get(f["name"], 0)) / max(1, cg.get(f["name"], 0)))
-        res["counts"] = {
-            "functions": len(called), "exact": len(exact),
-            "differ": [{"name": f["name"], "rtprof": f["calls"], "callgrind": cg.get(f["name"], 0)}
-                       for f in called if f not in exact][:8],
-        }
-        if worst is not None:
-            cgw = cg.get(worst["name"], 0)
-            res["counts"]["worst_relative_error"] = abs(worst["calls"] - cgw) / max(1, cgw)
-    rep = rtprof_report(w, d, "rtprof samples")
-    total = sum(f["samples"] for f in rep["functions"]) + sum(m["samples"] for m in rep["modules"])
-    if total:
-        mine = sorted(rep["functions"], key=lambda f: -f["samples"])[:10]
-        perf = (perf_shares_by_address(d / "perf.data", rep) if w.stripped
-                else perf_shares(d / "perf.data"))
-        rows = []
-        for f in mine:
-            rows.append({"name": f["name"], "rtprof": 100.0 * f["samples"] / total,
-                         "perf": perf.get(f["name"], 0.0)})
-        res["shares"] = rows
-        if w.pg and (d / "gmon.out").exists():
-            gp = gprof_shares(w.pg, d / "gmon.out")
-            own = [f for f in rep["functions"] if f["module"] == Path(w.plain).name]
-            own_total = sum(f["samples"] for f in own) or 1
-            res["gprof_shares"] = [
-                {"name": f["name"], "rtprof_own": 100.0 * f["samples"] / own_total,
-                 "gprof": gp.get(f["name"], 0.0)}
-                for f in sorted(own, key=lambda f: -f["samples"])[:10]]
-    return res
+            res["configs"][c]["ns_per_call"] = extra * 1e9 / res["calls_counted"]
+    cg, by_loader = {}, {}
+    cg_calls, cg_loader = callgrind_calls(d / "callgrind.out")
+    for (obj, name), n in cg_calls.items():
+        key = (obj, fns.name(obj, name))
+        cg[key] = cg.get(key, 0) + n
+    for (obj, name), n in cg_loader.items():
+        key = (obj, fns.name(obj, name))
+        by_loader[key] = by_loader.get(key, 0) + n
+    called = [k for k, n in mine.items() if n or cg.get(k)]
+    differ = [k for k in called if mine[k] != cg.get(k, 0)]
+    jumped = {}
+    for obj in {k[0] for k in differ}:
+        jumped[obj] = tail_jump_targets(fns, obj)
+    def known(k):
+        if mine[k] > cg.get(k, 0) and k[1] in jumped[k[0]]:
+            return "tail-jump target"
+        if mine[k] + by_loader.get(k, 0) == cg.get(k, 0):
+            return "run by the loader before the agent"
+        return None
+    # The rest are counted a third way, natively.
+    rest = sorted((k for k in differ if not known(k)), key=lambda k: -abs(mine[k] - cg.get(k, 0)))
+    probed = uprobe_counts(w, d, fns, rest) if rest else {}
+    res["uprobes"] = [{"module": k[0], "name": k[1], "rtprof": mine[k], "uprobes": n,
+                       "callgrind": cg.get(k, 0)} for k, n in probed.items()]
+
+    def why(k):
+        """Why a count differs where the tools define a call differently
+        or the program itself differs between runs; None if unexplained."""
+        if known(k):
+            return known(k)
+        if probed.get(k) == mine[k]:
+            return "uprobes agree with rtprof"
+        if k in varies:
+            return "varies between runs"
+        return None
+    reasons = {k: why(k) for k in differ}
+    res["counts"] = {
+        "functions": len(called), "exact": len(called) - len(differ),
+        "explained": {r: sum(1 for v in reasons.values() if v == r) for r in
+                      ("tail-jump target", "run by the loader before the agent",
+                       "uprobes agree with rtprof", "varies between runs")},
+        "differ": [{"module": k[0], "name": k[1], "rtprof": mine[k], "callgrind": cg.get(k, 0),
+                    "why": reasons[k]}
+                   for k in sorted(differ, key=lambda k: -abs(mine[k] - cg.get(k, 0)))],
+        "worst_relative_error": max(
+            (abs(mine[k] - cg.get(k, 0)) / max(1, cg.get(k, 0)) for k in differ), default=0.0),
+        "worst_unexplained": max(
+            (abs(mine[k] - cg.get(k, 0)) / max(1, cg.get(k, 0)) for k in differ
+             if not reasons[k]), default=0.0),
+    }
+
+
+def shares(w, d, runs, res):
+    """Top-ten sample shares of the sampling-only runs against perf's runs
+    (the same program, the same 1 kHz), each summed over all runs, with the
+    binomial noise of the difference; and against gprof for the program's
+    own code."""
+    mine, total, fns = {}, 0, None
+    for r in range(runs):
+        rep = load_report(d, "rtprof samples", r)
+        fns = fns or Functions(rep)
+        for f in rep["functions"]:
+            if f["samples"]:
+                mine[fns.key(f)] = mine.get(fns.key(f), 0) + f["samples"]
+        total += sum(f["samples"] for f in rep["functions"]) + sum(
+            m["samples"] for m in rep["modules"])
+    perf = {}
+    for r in range(runs):
+        for k, n in perf_samples(d / f"perf-{tag('perf record', r)}.data", fns).items():
+            perf[k] = perf.get(k, 0) + n
+    perf_total = sum(perf.values())
+    if not total or not perf_total:
+        raise RuntimeError(f"{w.name}: no samples (rtprof {total}, perf {perf_total})")
+    res["samples"] = {"rtprof": total, "perf": perf_total}
+    rows = []
+    for k in sorted(mine, key=lambda k: -mine[k])[:10]:
+        a, b = mine[k] / total, perf.get(k, 0) / perf_total
+        q = (a + b) / 2
+        rows.append({"module": k[0], "name": k[1], "rtprof": 100 * a, "perf": 100 * b,
+                     "noise_2sigma": 200 * (q * (1 - q) * (1 / total + 1 / perf_total)) ** 0.5})
+    res["shares"] = rows
+    gmons = sorted(d.glob("gmon.*"))
+    if w.pg and gmons:
+        gp = gprof_shares(w.pg, gmons)
+        exe = Path(w.plain).name
+        own = {k: n for k, n in mine.items() if k[0] == exe}
+        own_total = sum(own.values()) or 1
+        res["gprof_shares"] = [
+            {"name": k[1], "rtprof_own": 100 * own[k] / own_total, "gprof": gp.get(k[1], 0.0)}
+            for k in sorted(own, key=lambda k: -own[k])[:10]]
 
 
 def fmt_ms(s):
@@ -394,47 +588,81 @@ def markdown(results, mach, runs, quick):
             L += [f"Calls counted by rtprof: {r['calls_counted']:,} (ns per call = extra wall "
                   "time / these calls" + (", from the loop time the program reports" if "multiply" in r["workload"] else "") + ").", ""]
     L += ["## Call counts against callgrind", "",
-          "| workload | functions called | equal counts | worst relative error |",
-          "|---|---|---|---|"]
+          "Every function rtprof patched that either tool saw called, matched by module and "
+          "name (by address where callgrind has no symbol: the crt helpers it reads no name "
+          "for, every function of stripped code). `repeatable`: every counting run of rtprof "
+          "gave the same counts for every function (counting-only and counting+sampling runs). A difference is "
+          "explained when the two tools define the event differently or the program itself "
+          "differs between runs: *tail-jump target* (another function enters it with a jump, "
+          "objdump shows the jump: rtprof counts every entry into a function, callgrind only "
+          "executed call instructions); *run by the loader before the agent* (a library's "
+          "initialiser that ld.so ran before the preloaded agent's constructor; callgrind "
+          "counts exactly the loader's calls more); *uprobes agree with rtprof* (the "
+          "remaining differences are counted a third way, natively, with kernel uprobes "
+          "(`perf probe` at each function's entry, `perf stat`): where that count equals "
+          "rtprof's, callgrind either watched a different execution (the program behaves "
+          "differently under valgrind) or missed entries it does not see as calls, such as "
+          "indirect tail jumps through function pointers); *varies between runs* (rtprof's own "
+          "runs disagree, so the program does not repeat itself: CPython's type-method cache "
+          "hashes object addresses). `equal where defined alike` leaves explained differences "
+          "out.", "",
+          "| workload | functions called | equal counts | explained differences | "
+          "equal where defined alike | worst relative error (all, unexplained) | repeatable |",
+          "|---|---|---|---|---|---|---|"]
     for r in results:
-        c = r.get("counts")
-        if c:
-            L.append(f"| {r['workload']} | {c['functions']} | {c['exact']} "
-                     f"({100.0 * c['exact'] / max(1, c['functions']):.1f}%) | "
-                     f"{c.get('worst_relative_error', 0):.3g} |")
-        else:
-            L.append(f"| {r['workload']} | (stripped: callgrind names addresses, rtprof sub_<addr>; not matched) | | |")
+        c = r["counts"]
+        explained = sum(c["explained"].values())
+        same = c["functions"] - explained
+        why = ", ".join(f"{k}: {v}" for k, v in c["explained"].items() if v) or "none"
+        L.append(f"| {r['workload']} | {c['functions']} | {c['exact']} "
+                 f"({100.0 * c['exact'] / max(1, c['functions']):.1f}%) | {why} | "
+                 f"{c['exact']} of {same} ({100.0 * c['exact'] / max(1, same):.1f}%) | "
+                 f"{c['worst_relative_error']:.3g}, {c['worst_unexplained']:.3g} | "
+                 f"{'yes' if r['counts_repeat'] else 'no'} |")
     L.append("")
     for r in results:
-        c = r.get("counts")
-        if c and c["differ"]:
-            L += [f"Differences, {r['workload']}: " + "; ".join(
-                f"`{d['name']}` {d['rtprof']:,} vs {d['callgrind']:,}" for d in c["differ"]), ""]
-    L += ["## Sample shares, top ten", ""]
+        c = r["counts"]
+        if c["differ"]:
+            more = len(c["differ"]) - 10
+            L += [f"Differences, {r['workload']} (rtprof vs callgrind): " + "; ".join(
+                f"`{x['name']}` {x['rtprof']:,} vs {x['callgrind']:,}"
+                + (f" ({x['why']})" if x["why"] else " (unexplained)") for x in c["differ"][:10])
+                + (f"; {more} more in results.json" if more > 0 else ""), ""]
+    L += ["## Sample shares, top ten", "",
+          "rtprof's sampling-only runs against perf's runs of the same program at the same "
+          "rate, each summed over all runs. `2σ`: twice the binomial standard deviation of the "
+          "difference between two independent sample sets of these sizes; differences inside "
+          "it are sampling noise. gprof is compared with rtprof's shares of the program's own "
+          "code (gprof sees nothing else).", ""]
     for r in results:
-        if "shares" not in r:
-            continue
-        worst = max(abs(s["rtprof"] - s["perf"]) for s in r["shares"])
-        L += [f"### {r['workload']} (largest difference from perf: {worst:.2f} points)", "",
-              "| function | rtprof % | perf % |" + (" rtprof % of own code | gprof % |" if "gprof_shares" in r else ""),
-              "|---|---|---|" + ("---|---|" if "gprof_shares" in r else "")]
+        worst = max(abs(x["rtprof"] - x["perf"]) for x in r["shares"])
+        n = r["samples"]
         gp = {g["name"]: g for g in r.get("gprof_shares", [])}
-        for s in r["shares"]:
-            row = f"| `{s['name']}` | {s['rtprof']:.2f} | {s['perf']:.2f} |"
+        L += [f"### {r['workload']}", "",
+              f"{n['rtprof']:,} rtprof samples, {n['perf']:,} perf samples; largest difference "
+              f"from perf: {worst:.2f} points.", "",
+              "| function | rtprof % | perf % | 2σ |" + (" rtprof % of own code | gprof % |" if gp else ""),
+              "|---|---|---|---|" + ("---|---|" if gp else "")]
+        for x in r["shares"]:
+            row = f"| `{x['name']}` | {x['rtprof']:.2f} | {x['perf']:.2f} | {x['noise_2sigma']:.2f} |"
             if gp:
-                g = gp.get(s["name"])
+                g = gp.get(x["name"])
                 row += f" {g['rtprof_own']:.2f} | {g['gprof']:.2f} |" if g else " | |"
             L.append(row)
         L.append("")
     L += ["## Coverage", "",
-          "| workload | module | functions | patched | refused (reason: count) | start-up ms |",
-          "|---|---|---|---|---|---|"]
+          "Functions found in each instrumented module (symbol tables, or .eh_frame when "
+          "stripped), patched, and refused by reason; the agent's start-up (find, analyse, "
+          "patch, map) and the extra peak resident memory of the counting run over the "
+          "uninstrumented one.", "",
+          "| workload | module | functions | patched | refused (reason: count) | start-up ms | extra RSS MiB |",
+          "|---|---|---|---|---|---|---|"]
     for r in results:
-        for m in r.get("modules", []):
+        for m in r["modules"]:
             ref = ", ".join(f"{k}: {v}" for k, v in sorted(m["refused"].items())) or "none"
             L.append(f"| {r['workload']} | `{Path(m['path']).name}` | {m['functions']} | "
                      f"{m['patched']} ({100.0 * m['patched'] / max(1, m['functions']):.1f}%) | "
-                     f"{ref} | {r['setup_ms']:.1f} |")
+                     f"{ref} | {r['setup_ms']:.1f} | {r['extra_rss_mib']:.1f} |")
     L.append("")
     return "\n".join(L)
 
@@ -444,6 +672,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--only", help="run only workloads whose name contains this")
     a = ap.parse_args()
     runs = a.runs or (1 if a.quick else 5)
     out = a.out or (ROOT / "target" / "bench-quick" if a.quick else HERE)
@@ -453,7 +682,8 @@ def main():
     work = ROOT / "target" / "bench-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    workloads = build_workloads(work, a.quick)
+    workloads = [w for w in build_workloads(work, a.quick)
+                 if not a.only or a.only.lower() in w.name.lower()]
     results = []
     for w in workloads:
         log(f"measuring {w.name}")
