@@ -371,17 +371,33 @@ def uprobe_counts(w, d, fns, keys, expected):
 
 
 def perf_samples(data, fns):
-    """Samples per (module, function) in one perf.data; addresses (stripped
-    code) are summed into the functions rtprof found."""
-    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-q", "-n",
-                          "--sort", "dso,sym"], capture_output=True, text=True).stdout
-    samples = {}
+    """Samples per (module, function) in one perf.data, every sample's
+    address placed in the function rtprof knows at that address (so names
+    never need to agree: stripped code, a libc perf finds symbols for)."""
+    out = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,dso",
+                          "--show-mmap-events"], capture_output=True, text=True).stdout
+    maps, samples = [], {}
+    mmap = re.compile(r"PERF_RECORD_MMAP2? .*\[0x([0-9a-f]+)\((0x[0-9a-f]+)\) @ (0x[0-9a-f]+|0) "
+                      r".*\]: [r-][w-]x\S* (/\S+)$")
+    sample = re.compile(r"^\s*([0-9a-f]+) \((.*)\)$")
     for line in out.splitlines():
-        m = re.match(r"^\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[[.k]\]\s+(\S+)", line)
+        m = mmap.search(line)
         if m:
-            n, dso, sym = int(m.group(1)), m.group(2), m.group(3)
-            key = (dso, fns.name(dso, sym))
-            samples[key] = samples.get(key, 0) + n
+            start, length, off = int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16)
+            maps.append((start, start + length, off, Path(os.path.realpath(m.group(4))).name))
+            continue
+        m = sample.match(line)
+        if not m:
+            continue
+        ip = int(m.group(1), 16)
+        # Text segments map file offset = address in the file (GNU ld).
+        hit = next(((lo, off, obj) for lo, hi, off, obj in reversed(maps) if lo <= ip < hi), None)
+        if hit:
+            lo, off, obj = hit
+            key = (obj, fns.name(obj, hex(ip - lo + off)))
+        else:
+            key = ("?", m.group(2))
+        samples[key] = samples.get(key, 0) + 1
     return samples
 
 
@@ -559,15 +575,21 @@ def shares(w, d, runs, res):
     (the same program, the same 1 kHz), each summed over all runs, with the
     binomial noise of the difference; and against gprof for the program's
     own code."""
-    mine, total, fns = {}, 0, None
+    mine, total, own, fns = {}, 0, 0, None
     for r in range(runs):
         rep = load_report(d, "rtprof samples", r)
         fns = fns or Functions(rep)
         for f in rep["functions"]:
             if f["samples"]:
                 mine[fns.key(f)] = mine.get(fns.key(f), 0) + f["samples"]
+        # The agent's own time (loader events) is not the program's: perf,
+        # a separate process, does not see its own either.
+        agent = [m for m in rep["modules"] if Path(m["path"]).name == AGENT.name]
+        own += sum(m["samples"] for m in agent) + sum(
+            f["samples"] for f in rep["functions"] if f["module"] == AGENT.name)
         total += sum(f["samples"] for f in rep["functions"]) + sum(
             m["samples"] for m in rep["modules"])
+    total -= own
     perf = {}
     for r in range(runs):
         for k, n in perf_samples(d / f"perf-{tag('perf record', r)}.data", fns).items():
@@ -575,7 +597,7 @@ def shares(w, d, runs, res):
     perf_total = sum(perf.values())
     if not total or not perf_total:
         raise RuntimeError(f"{w.name}: no samples (rtprof {total}, perf {perf_total})")
-    res["samples"] = {"rtprof": total, "perf": perf_total}
+    res["samples"] = {"rtprof": total, "perf": perf_total, "rtprof_agent": own}
     rows = []
     for k in sorted(mine, key=lambda k: -mine[k])[:10]:
         a, b = mine[k] / total, perf.get(k, 0) / perf_total
@@ -667,7 +689,8 @@ def markdown(results, mach, runs, quick):
                 + (f"; {more} more in results.json" if more > 0 else ""), ""]
     L += ["## Sample shares, top ten", "",
           "rtprof's sampling-only runs against perf's runs of the same program at the same "
-          "rate, each summed over all runs. `2σ`: twice the binomial standard deviation of the "
+          "rate, each summed over all runs; perf's samples are placed by address into the "
+          "functions rtprof knows, so names need not agree (stripped code, libc). `2σ`: twice the binomial standard deviation of the "
           "difference between two independent sample sets of these sizes; differences inside "
           "it are sampling noise. gprof is compared with rtprof's shares of the program's own "
           "code (gprof sees nothing else).", ""]
@@ -676,7 +699,8 @@ def markdown(results, mach, runs, quick):
         n = r["samples"]
         gp = {g["name"]: g for g in r.get("gprof_shares", [])}
         L += [f"### {r['workload']}", "",
-              f"{n['rtprof']:,} rtprof samples, {n['perf']:,} perf samples; largest difference "
+              f"{n['rtprof']:,} rtprof samples (and {n['rtprof_agent']:,} in the agent itself, left "
+              f"out), {n['perf']:,} perf samples; largest difference "
               f"from perf: {worst:.2f} points.", "",
               "| function | rtprof % | perf % | 2σ |" + (" rtprof % of own code | gprof % |" if gp else ""),
               "|---|---|---|---|" + ("---|---|" if gp else "")]
