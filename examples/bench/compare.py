@@ -225,6 +225,15 @@ def configs():
 PEAKRSS = None
 
 
+def command(w, exe, calls):
+    """The workload's command line with `exe` as its program (and
+    multiply's call count in argv[1])."""
+    args = [str(exe) if a == "{exe}" else str(a) for a in w.argv]
+    if w.calls:
+        args[1] = str(calls)
+    return args
+
+
 def execute(w, cfg, d, tag, calls=None):
     """Runs one configuration; returns wall seconds, peak RSS KiB, stdout.
     `calls`: multiply's call count, if not the configuration's own."""
@@ -233,11 +242,8 @@ def execute(w, cfg, d, tag, calls=None):
         return None
     prefix, exe, env = made
     settings = [f"{k}={v}" for k, v in {**w.env, **env}.items()]
-    args = list(w.argv)
-    if w.calls:
-        args[1] = str(calls or calls_for(w, cfg))
-    argv = [str(PEAKRSS), str(d / "peakrss"), *settings, "--"] + prefix + [
-        str(exe) if a == "{exe}" else a for a in args]
+    argv = [str(PEAKRSS), str(d / "peakrss"), *settings, "--"] + prefix + command(
+        w, exe, calls or calls_for(w, cfg))
     with open(d / "stdout", "wb") as so, open(d / "stderr", "wb") as se:
         t = time.perf_counter()
         p = subprocess.Popen(argv, cwd=d, stdout=so, stderr=se)
@@ -354,9 +360,7 @@ def uprobe_counts(w, d, fns, keys, expected):
         return {}
     try:
         out = d / "uprobes.csv"
-        argv = [str(a) if a != "{exe}" else str(w.plain) for a in w.argv]
-        if w.calls:
-            argv[1] = str(calls_for(w, "callgrind"))
+        argv = command(w, w.plain, calls_for(w, "callgrind"))
         subprocess.run(["perf", "stat", "-x,", "-o", str(out), "-e", f"{group}:*", "--", *argv],
                        env={**os.environ, **w.env}, cwd=d, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -425,7 +429,8 @@ def machine():
 
 
 def calls_for(w, cfg):
-    return min(w.calls, SLOW_CALLS) if cfg in SLOW else w.calls
+    """multiply's call count under `cfg`; None for other workloads."""
+    return min(w.calls, SLOW_CALLS) if w.calls and cfg in SLOW else w.calls
 
 
 def tag(cfg, r):
@@ -505,9 +510,8 @@ def counts_and_coverage(w, d, runs, names, walls, base, res):
     # own behaviour varies (CPython's caches hash object addresses).
     seen = {}
     for other in reps:
-        for g in other["functions"]:
-            if g["instrumented"] and g["patched"]:
-                seen.setdefault(fns.key(g), set()).add(g["calls"])
+        for k, n in counted(other).items():
+            seen.setdefault(k, set()).add(n)
     varies = {k for k, v in seen.items() if len(v) > 1}
     res["counts_repeat"] = not varies
     if res["calls_counted"] and not w.calls:
@@ -518,14 +522,14 @@ def counts_and_coverage(w, d, runs, names, walls, base, res):
         # callgrind ran multiply with fewer calls: so does this count.
         execute(w, "rtprof calls", d, "cg", calls=calls_for(w, "callgrind"))
         mine = counted(json.load(open(d / "rtprof-cg.json"))["processes"][0])
-    cg, by_loader = {}, {}
-    cg_calls, cg_loader = callgrind_calls(d / "callgrind.out")
-    for (obj, name), n in cg_calls.items():
-        key = (obj, fns.name(obj, name))
-        cg[key] = cg.get(key, 0) + n
-    for (obj, name), n in cg_loader.items():
-        key = (obj, fns.name(obj, name))
-        by_loader[key] = by_loader.get(key, 0) + n
+    def by_rtprof_name(calls):
+        """callgrind's (object, name or address) as rtprof's functions."""
+        out = {}
+        for (obj, name), n in calls.items():
+            key = (obj, fns.name(obj, name))
+            out[key] = out.get(key, 0) + n
+        return out
+    cg, by_loader = map(by_rtprof_name, callgrind_calls(d / "callgrind.out"))
     called = [k for k, n in mine.items() if n or cg.get(k)]
     differ = [k for k in called if mine[k] != cg.get(k, 0)]
     jumped = {}
@@ -546,8 +550,8 @@ def counts_and_coverage(w, d, runs, names, walls, base, res):
     def why(k):
         """Why a count differs where the tools define a call differently
         or the program itself differs between runs; None if unexplained."""
-        if known(k):
-            return known(k)
+        if reason := known(k):
+            return reason
         if probed.get(k) == mine[k]:
             return "uprobes agree with rtprof"
         if k in varies:
