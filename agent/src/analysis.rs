@@ -3,6 +3,7 @@
 //! jump table or other function's entry lands inside the overwritten bytes.
 
 use crate::arch::{jump_table_targets, plan_window, scan_function, FunctionScan, Plan};
+use crate::fileimage::FileImage;
 use crate::maps::Maps;
 use crate::modules::Module;
 use crate::symbols::FunctionList;
@@ -67,6 +68,10 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
         .map(|l| (m.bias + l.vaddr, m.bias + l.vaddr + l.memsz))
         .collect();
     let in_text = |a: u64| text.iter().any(|&(lo, hi)| a >= lo && a < hi);
+    // Code is decoded as the file has it: a debugger may already have
+    // written breakpoints into the mapped copy.
+    let file = FileImage::open(&m);
+    let code_at = |a: u64, len: u64| maps.readable(a, len).then(|| file.bytes(a, len)).flatten();
 
     // Per function: code (with trailing alignment fill) or why not.
     let mut code: Vec<Code> = Vec::with_capacity(n);
@@ -85,7 +90,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
         let next = starts.get(i + 1).copied().unwrap_or(u64::MAX).min(load_end);
         let pad = next.saturating_sub(end).min(MAX_PAD);
         // The fill is optional: without it the function may still do.
-        match mem(maps, start, f.size + pad).or_else(|| mem(maps, start, f.size)) {
+        match code_at(start, f.size + pad).or_else(|| code_at(start, f.size)) {
             Some(c) => code.push(Ok((c, f.size, c.len() as u64 - f.size))),
             None => code.push(Err(Refusal::OutsideText)),
         }
@@ -109,27 +114,36 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
     };
     let mut calls: Vec<u64> = Vec::new();
     let mut jumps: Vec<u64> = Vec::new();
-    let mut cond_jumps: Vec<u64> = Vec::new();
     for (i, s) in scans.iter().enumerate() {
         let Some(s) = s else { continue };
         let outside = |t: &&u64| !(starts[i]..ends[i]).contains(*t);
         calls.extend_from_slice(&s.call_targets);
         jumps.extend(s.branch_targets.iter().filter(outside));
-        cond_jumps.extend(s.cond_targets.iter().filter(outside));
     }
-    for v in [&mut calls, &mut jumps, &mut cond_jumps] {
+    for v in [&mut calls, &mut jumps] {
         v.sort_unstable();
     }
 
-    // Without a name, code that other functions jump to but nobody calls is
-    // a split-off part of a function (a cold path) when it is reached by a
-    // conditional jump, starts with a frame already set up, or jumps back
-    // into the middle of another function. Entered with live flags and red
-    // zone, it is no function to count. (A function reached only by an
-    // unconditional tail jump is none of these.)
+    // Code that other functions jump to but nobody calls may be a split-off
+    // part of a function (a cold or BOLT-split path), entered with live
+    // flags, frame and red zone: no function to count. Without a name,
+    // being only a jump target is enough (a static function reached only by
+    // tail jumps is lost; a fragment counted as a function would be wrong);
+    // a named one must also jump back into the middle of another function,
+    // since exported functions are called from other modules too.
     let fragment: Vec<bool> = (0..n)
         .map(|i| {
-            let (f, start) = (&funcs[i], starts[i]);
+            let start = starts[i];
+            if contains(&calls, start) {
+                return false;
+            }
+            // Its unwind entry starts with a frame already set up.
+            if funcs[i].mid_function_cfi {
+                return true;
+            }
+            if !contains(&jumps, start) {
+                return false;
+            }
             let jumps_back = || {
                 scans[i].as_ref().is_some_and(|s| {
                     s.branch_targets
@@ -137,10 +151,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
                         .any(|&t| holder(t).is_some_and(|j| j != i && t != starts[j]))
                 })
             };
-            f.unnamed
-                && contains(&jumps, start)
-                && !contains(&calls, start)
-                && (contains(&cond_jumps, start) || f.mid_function_cfi || jumps_back())
+            funcs[i].unnamed || jumps_back()
         })
         .collect();
 
@@ -201,6 +212,12 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
             }
             if any_in(&tables, lo, hi) {
                 return Err(Refusal::JumpTableIntoWindow);
+            }
+            // What will be overwritten and moved must be what the file has.
+            let end = plan.resume_at.max(plan.patch_at + plan.window as u64);
+            let want = bytes.get(..(end - start) as usize);
+            if want.is_none() || mem(maps, start, end - start) != want {
+                return Err(Refusal::ModifiedInMemory);
             }
             Ok(plan)
         });

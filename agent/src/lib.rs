@@ -9,6 +9,7 @@ pub mod analysis;
 pub mod api;
 pub mod arch;
 pub mod config;
+pub mod fileimage;
 mod fork;
 pub mod install;
 mod lifecycle;

@@ -7,6 +7,9 @@ use std::ffi::CStr;
 pub struct Load {
     pub vaddr: u64,
     pub memsz: u64,
+    /// Where the segment's bytes are in the file, and how many of them.
+    pub offset: u64,
+    pub filesz: u64,
     pub flags: u32,
 }
 
@@ -90,6 +93,8 @@ unsafe extern "C" fn collect(
         .map(|p| Load {
             vaddr: p.p_vaddr,
             memsz: p.p_memsz,
+            offset: p.p_offset,
+            filesz: p.p_filesz,
             flags: p.p_flags,
         })
         .collect();

@@ -160,16 +160,23 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
         }
     };
     let fail = |e: SegmentError| {
-        // A run-dir file that failed here is unreadable; rtprof skips it.
-        unsafe { libc::close(fd) };
+        // Left empty, a run-dir file is skipped by rtprof; a file with
+        // holes would make its reader allocate pages on a full tmpfs
+        // (SIGBUS in the reader).
+        unsafe {
+            libc::ftruncate(fd, 0);
+            libc::close(fd)
+        };
         Err(e)
     };
-    // Sparse file: stripes are reserved one at a time as threads start.
-    if unsafe { libc::ftruncate(fd, layout.total_size as libc::off_t) } != 0 {
-        return fail(SegmentError::Reserve(last_err()));
-    }
+    // Metadata and the shared stripe are reserved before the file grows:
+    // a failed fallocate leaves it as it was. The rest stays sparse:
+    // stripes are reserved one at a time as threads start.
     if let Err(e) = reserve(fd, 0, layout.stripe_off(1)) {
         return fail(SegmentError::Reserve(e));
+    }
+    if unsafe { libc::ftruncate(fd, layout.total_size as libc::off_t) } != 0 {
+        return fail(SegmentError::Reserve(last_err()));
     }
     if run_dir.is_none() {
         // Its size is final: sealed, the daemon can map it without fearing

@@ -28,6 +28,18 @@ fn thread_count() -> Option<usize> {
     Some(std::fs::read_dir("/proc/self/task").ok()?.count())
 }
 
+/// The pid of a debugger (or other ptrace tracer) attached now, if any.
+fn tracer() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let pid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (pid != 0).then_some(pid)
+}
+
 /// What start-up does with each loaded module.
 enum Planned {
     Instrument(ModulePlan),
@@ -138,6 +150,14 @@ pub(crate) fn start() {
     };
     log::set_verbose(cfg.verbose);
     if cfg.disabled {
+        return;
+    }
+    // A debugger has already written breakpoints where entries would be
+    // rewritten, places later ones after a function's prologue (inside a
+    // rewritten entry) and steps through code it expects to find there:
+    // the program is debugged exactly as without the agent.
+    if let Some(pid) = tracer() {
+        vlog!("traced by pid {pid} (a debugger?) at start-up; process left unprofiled");
         return;
     }
     // Five bytes written over code another thread may be running is

@@ -49,10 +49,15 @@ const NOT_CALLED: &[&str] = &[
     "__libc_csu_init",
     "__libc_csu_fini",
 ];
-/// GCC's split-off cold paths (`foo.cold`, `foo.cold.3`) are entered by a
-/// jump from their function, not called: not functions.
+/// Split-off parts of a function are entered by a jump from it, with its
+/// frame, flags and red zone live: not functions. GCC and LLVM name their
+/// cold paths `foo.cold` (`foo.cold.3`), BOLT its hot/cold splits
+/// `foo.warm` and `foo.cold.N`. A suffix component anywhere after the
+/// first (`foo.isra.0.cold`) counts; `foo.coldstart` does not.
 fn is_fragment(name: &str) -> bool {
-    name.ends_with(".cold") || name.contains(".cold.")
+    name.split('.')
+        .skip(1)
+        .any(|part| matches!(part, "cold" | "warm"))
 }
 
 /// Sections whose code is not a function's body (loader stubs, init arrays).
@@ -318,8 +323,13 @@ mod tests {
     fn cold_fragments_are_not_functions() {
         assert!(is_fragment("foo.cold"));
         assert!(is_fragment("foo.cold.12"));
+        assert!(is_fragment("XXH3_hashLong_64b.warm"));
+        assert!(is_fragment("foo.isra.0.cold"));
         assert!(!is_fragment("foo.constprop.0"));
+        assert!(!is_fragment("foo.part.0"));
         assert!(!is_fragment("coldstart"));
+        assert!(!is_fragment("foo.coldstart"));
+        assert!(!is_fragment("cold"));
     }
 
     #[test]

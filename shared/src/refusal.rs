@@ -33,10 +33,13 @@ pub enum Refusal {
     /// Not decided yet: the process ended while its module was being
     /// instrumented (recorded before the decision is made).
     NotAttempted = 13,
+    /// The bytes at the entry differ from the file: a debugger's breakpoint
+    /// or another tool's patch is there, and must stay as it is.
+    ModifiedInMemory = 14,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 13] = [
+    pub const ALL: [Refusal; 14] = [
         Refusal::TooSmall,
         Refusal::BranchIntoWindow,
         Refusal::JumpTableIntoWindow,
@@ -50,6 +53,7 @@ impl Refusal {
         Refusal::OutsideText,
         Refusal::NoCounterSpace,
         Refusal::NotAttempted,
+        Refusal::ModifiedInMemory,
     ];
 
     pub fn code(self) -> u32 {
@@ -76,6 +80,7 @@ impl Refusal {
             Refusal::OutsideText => "outside_text",
             Refusal::NoCounterSpace => "no_counter_space",
             Refusal::NotAttempted => "not_attempted",
+            Refusal::ModifiedInMemory => "modified_in_memory",
         }
     }
 }

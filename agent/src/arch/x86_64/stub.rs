@@ -4,23 +4,29 @@
 //! encoder, which rewrites relative branches and rip-relative operands.
 //!
 //! ```text
-//! entry:   push rcx                      ; the only register touched
+//! entry:   lea  rsp, [rsp-128]           ; step over the red zone
+//!          push rcx                      ; the only register touched
 //!          mov  rcx, fs:[tls]            ; this thread's stripe, or 0
 //!          jrcxz shared
 //!          inc  qword [rcx + slot*8]     ; own stripe: no atomic needed
-//!          pop  rcx
+//! done:    pop  rcx
+//!          lea  rsp, [rsp+128]
 //! moved:   <moved instructions>          ; a call becomes push ret; jmp
 //!          jmp  resume                   ; back into the function
 //! shared:  mov  rcx, &stripe0[slot]      ; thread without a stripe yet
 //!          lock inc qword [rcx]
-//!          pop  rcx
-//!          jmp  moved
+//!          jmp  done
 //! ```
 //!
-//! Only arithmetic flags change; the SysV ABI leaves them undefined at a
-//! function's entry, and DF is untouched. The increment is one `inc` on
-//! memory, not load/add/store: a signal handler that calls the same function
-//! between a load and a store would have its count overwritten.
+//! The 128 bytes below `rsp` (the SysV red zone) may hold live data where
+//! an entry is reached by a jump rather than a call (a split-off part of a
+//! function that the symbol table names like a function), so the stub
+//! writes nothing there: it moves `rsp` past them first, with `lea`, which
+//! leaves the flags alone. Only arithmetic flags change (the `inc`); the
+//! SysV ABI leaves them undefined at a function's entry, and DF is
+//! untouched. The increment is one `inc` on memory, not load/add/store: a
+//! signal handler that calls the same function between a load and a store
+//! would have its count overwritten.
 
 use super::window::Plan;
 use iced_x86::{
@@ -40,9 +46,16 @@ pub struct CounterRef {
     pub shared_counter: u64,
 }
 
-const PROLOGUE_LEN: usize = 20;
-const JRCXZ_END: usize = 12;
-const SHARED_LEN: usize = 20;
+/// Bytes of the counting prologue, up to the moved instructions.
+const PROLOGUE_LEN: usize = 33;
+/// Offset just past the `jrcxz` (its rel8 counts from there).
+const JRCXZ_END: usize = 17;
+/// Offset of `pop rcx`, where the shared path rejoins.
+const DONE_AT: usize = 24;
+/// Bytes of the shared-stripe path after the moved code.
+const SHARED_LEN: usize = 19;
+/// The SysV red zone below `rsp`.
+const RED_ZONE: i32 = 128;
 
 /// Upper bound on the bytes [`emit_stub`] produces for `plan`.
 pub fn max_stub_len(plan: &Plan) -> usize {
@@ -152,21 +165,25 @@ pub fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef) -> Result<Vec<u8>, 
     }
 
     let mut s = Vec::with_capacity(PROLOGUE_LEN + moved_len + SHARED_LEN);
+    s.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
     s.push(0x51); // push rcx
     s.extend_from_slice(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
     s.extend_from_slice(&counter.tls_offset.to_le_bytes());
+    debug_assert_eq!(s.len() + 2, JRCXZ_END);
     s.extend_from_slice(&[0xe3, to_shared as u8]); // jrcxz shared
     s.extend_from_slice(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
     s.extend_from_slice(&slot_disp.to_le_bytes());
+    debug_assert_eq!(s.len(), DONE_AT);
     s.push(0x59); // pop rcx
+    s.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
+    s.extend_from_slice(&RED_ZONE.to_le_bytes());
     debug_assert_eq!(s.len(), PROLOGUE_LEN);
     s.extend_from_slice(&enc.code_buffer);
     s.extend_from_slice(&[0x48, 0xb9]); // mov rcx, imm64
     s.extend_from_slice(&counter.shared_counter.to_le_bytes());
     s.extend_from_slice(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
-    s.push(0x59); // pop rcx
-    let back = PROLOGUE_LEN as i64 - (s.len() as i64 + 5);
-    s.push(0xe9); // jmp moved
+    let back = DONE_AT as i64 - (s.len() as i64 + 5);
+    s.push(0xe9); // jmp done
     s.extend_from_slice(&(back as i32).to_le_bytes());
     Ok(s)
 }
@@ -197,6 +214,9 @@ mod tests {
         v
     }
 
+    /// Instructions in the counting prologue: moved code follows them.
+    const P: usize = 7;
+
     const COUNTER: CounterRef = CounterRef {
         tls_offset: -64,
         slot: 3,
@@ -212,28 +232,39 @@ mod tests {
         let stub = emit_stub(&plan, at, &COUNTER).unwrap();
         assert!(stub.len() <= max_stub_len(&plan));
         let ins = decode_all(&stub, at);
-        assert_eq!(ins[0].mnemonic(), Mnemonic::Push);
-        assert_eq!(ins[1].memory_segment(), Register::FS);
-        assert_eq!(ins[1].memory_displacement64() as i64, -64);
-        assert_eq!(ins[2].mnemonic(), Mnemonic::Jrcxz);
-        assert_eq!(ins[3].mnemonic(), Mnemonic::Inc);
+        // The red zone is stepped over before anything is pushed.
+        assert_eq!(ins[0].mnemonic(), Mnemonic::Lea);
+        assert_eq!(ins[0].op0_register(), Register::RSP);
+        assert_eq!(ins[0].memory_base(), Register::RSP);
+        assert_eq!(ins[0].memory_displacement64() as i64, -128);
+        assert_eq!(ins[1].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[2].memory_segment(), Register::FS);
+        assert_eq!(ins[2].memory_displacement64() as i64, -64);
+        assert_eq!(ins[3].mnemonic(), Mnemonic::Jrcxz);
+        assert_eq!(ins[4].mnemonic(), Mnemonic::Inc);
         assert_eq!(
-            (ins[3].memory_base(), ins[3].memory_displacement64()),
+            (ins[4].memory_base(), ins[4].memory_displacement64()),
             (Register::RCX, 24)
         );
-        assert_eq!(ins[4].mnemonic(), Mnemonic::Pop);
+        assert_eq!(ins[5].mnemonic(), Mnemonic::Pop);
+        assert_eq!(ins[5].ip(), at + DONE_AT as u64);
+        assert_eq!(ins[6].mnemonic(), Mnemonic::Lea);
+        assert_eq!(ins[6].memory_displacement64(), 128);
+        assert_eq!(ins[7].ip(), at + PROLOGUE_LEN as u64);
         // moved: push rbp; mov rbp,rsp; pop rbp; then jmp back to 0x400005
-        assert_eq!(ins[5].mnemonic(), Mnemonic::Push);
-        assert_eq!(ins[6].mnemonic(), Mnemonic::Mov);
-        assert_eq!(ins[7].mnemonic(), Mnemonic::Pop);
-        assert_eq!(ins[8].mnemonic(), Mnemonic::Jmp);
-        assert_eq!(ins[8].near_branch_target(), 0x40_0005);
-        // shared path
-        let shared = ins[2].near_branch_target();
-        assert_eq!(shared, ins[9].ip());
-        assert_eq!(ins[9].immediate64(), COUNTER.shared_counter);
-        assert!(ins[10].has_lock_prefix());
-        assert_eq!(ins[12].near_branch_target(), at + PROLOGUE_LEN as u64);
+        assert_eq!(ins[7].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[8].mnemonic(), Mnemonic::Mov);
+        assert_eq!(ins[9].mnemonic(), Mnemonic::Pop);
+        assert_eq!(ins[10].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[10].near_branch_target(), 0x40_0005);
+        // shared path: counts atomically, then rejoins at `pop rcx` so the
+        // stack is restored the same way.
+        let shared = ins[3].near_branch_target();
+        assert_eq!(shared, ins[11].ip());
+        assert_eq!(ins[11].immediate64(), COUNTER.shared_counter);
+        assert!(ins[12].has_lock_prefix());
+        assert_eq!(ins[13].near_branch_target(), at + DONE_AT as u64);
+        assert_eq!(ins.len(), 14);
     }
 
     /// An instruction's absolute branch target and rip-relative memory target.
@@ -270,9 +301,9 @@ mod tests {
                 let ins = decode_all(&stub, at);
                 // Moved instructions follow the 5-instruction prologue; a
                 // short jcc may have become near, but targets must match.
-                let got: Vec<_> = ins[5..5 + want.len()].iter().map(targets).collect();
+                let got: Vec<_> = ins[P..P + want.len()].iter().map(targets).collect();
                 assert_eq!(got, want, "code {code:02x?} at {at:#x}");
-                let back = &ins[5 + want.len()];
+                let back = &ins[P + want.len()];
                 assert_eq!(back.near_branch_target(), plan.resume_at);
             }
         }
@@ -287,19 +318,19 @@ mod tests {
         let at = orig + 0x1000_0000;
         let ins = decode_all(&emit_stub(&plan, at, &COUNTER).unwrap(), at);
         // lea rsp,[rsp-8]; mov dword [rsp],lo; mov dword [rsp+4],hi; jmp target
-        assert_eq!(ins[5].mnemonic(), Mnemonic::Lea);
-        let lo = ins[6].immediate32() as u64;
-        let hi = ins[7].immediate32() as u64;
+        assert_eq!(ins[P].mnemonic(), Mnemonic::Lea);
+        let lo = ins[P + 1].immediate32() as u64;
+        let hi = ins[P + 2].immediate32() as u64;
         assert_eq!(hi << 32 | lo, orig + 5);
-        assert_eq!(ins[8].mnemonic(), Mnemonic::Jmp);
-        assert_eq!(ins[8].near_branch_target(), orig + 5 + 0x100);
+        assert_eq!(ins[P + 3].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[P + 3].near_branch_target(), orig + 5 + 0x100);
 
         // Low addresses (non-PIE) use push imm32.
         let plan = plan_window(&code, 0x40_1000, code.len(), 0).unwrap();
         let ins = decode_all(&emit_stub(&plan, 0x50_0000, &COUNTER).unwrap(), 0x50_0000);
-        assert_eq!(ins[5].mnemonic(), Mnemonic::Push);
-        assert_eq!(ins[5].immediate32to64() as u64, 0x40_1005);
-        assert_eq!(ins[6].near_branch_target(), 0x40_1105);
+        assert_eq!(ins[P].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[P].immediate32to64() as u64, 0x40_1005);
+        assert_eq!(ins[P + 1].near_branch_target(), 0x40_1105);
     }
 
     #[test]
@@ -310,7 +341,7 @@ mod tests {
         let plan = plan_window(&code, orig, code.len(), 0).unwrap();
         let at = orig - 0x10_0000;
         let ins = decode_all(&emit_stub(&plan, at, &COUNTER).unwrap(), at);
-        let j = &ins[8];
+        let j = &ins[P + 3];
         assert_eq!(j.mnemonic(), Mnemonic::Jmp);
         assert_eq!(j.ip_rel_memory_address(), orig + 6 + 0x2000);
     }
