@@ -46,7 +46,7 @@ impl Default for Config {
             report: None,
             run_dir: None,
             max_threads: 1024,
-            spare_functions: 16384,
+            spare_functions: 1 << 18,
             disabled: false,
             sample_hz: 1000,
             sampler: SamplerChoice::Auto,

@@ -207,7 +207,7 @@ fn add_sampled(
     let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
     (
         None,
-        records::record_sampled(w, m, if fits { funcs } else { &[] }),
+        records::record_sampled(&a.segment, m, if fits { funcs } else { &[] }),
     )
 }
 
@@ -246,19 +246,10 @@ fn instrument(
 ) -> Result<(Option<StubArea>, Option<Present>), records::Full> {
     let plan = analysis::analyze(m, list, &Maps::current());
     let w = &a.segment.writer;
-    let old_count = w.func_count();
-    let (present, first) = records::record_module(w, &plan)?;
+    let (present, first) = records::record_module(&a.segment, &plan)?;
     let Some(first) = first else {
         return Ok((None, Some(present)));
     };
-    if !a.segment.back_new_functions(old_count) {
-        records::refuse_from(w, first);
-        vlog!(
-            "{}: no memory for its counters; left unpatched",
-            plan.module.path
-        );
-        return Ok((None, Some(present)));
-    }
     let shared = w.stripe_ptr(0) as u64;
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, a.stubs());
     let patched = records::record_outcomes(w, first, &outcomes);

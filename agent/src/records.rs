@@ -6,6 +6,7 @@ use crate::install::Outcomes;
 use crate::log::vlog;
 use crate::modules::Module;
 use crate::sampling::addrmap::Present;
+use crate::segment::Segment;
 use crate::symbols::FuncSym;
 use rtprof_shared::{Refusal, SegmentWriter};
 
@@ -25,14 +26,56 @@ pub fn exec_ranges(m: &Module) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Reserves memory for a module record named `path` and, if they fit, for
+/// `funcs` more functions whose names take `names` bytes: `Some(true)` with
+/// the functions, `Some(false)` for the module record alone, `None` for
+/// nothing.
+fn reserve(seg: &Segment, path: &str, funcs: usize, names: usize) -> Option<bool> {
+    let w = &seg.writer;
+    let count = w.func_count() as usize;
+    let strings = w.strings_len() as usize + path.len();
+    let fits = |funcs: usize, strings: usize| {
+        let (Ok(funcs), Ok(strings)) = (u32::try_from(funcs), u32::try_from(strings)) else {
+            return false;
+        };
+        seg.reserve_records(funcs, strings)
+    };
+    if fits(count + funcs, strings + names) {
+        Some(true)
+    } else if fits(count, strings) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// Adds the module and one record per function (slot = function index).
 /// Returns the module's place for sample attribution and its first slot
-/// (`None` for a module without functions).
-pub fn record_module(w: &SegmentWriter, p: &ModulePlan) -> Result<(Present, Option<u32>), Full> {
-    let Ok(record) = w.add_module(p.module.path.as_bytes(), p.module.bias) else {
-        vlog!("{}: module table full; left unpatched", p.module.path);
+/// (`None` for a module without functions, or whose functions found no
+/// room: then they count as refused `no_counter_space`, and its samples
+/// still count for the module).
+pub fn record_module(seg: &Segment, p: &ModulePlan) -> Result<(Present, Option<u32>), Full> {
+    let w = &seg.writer;
+    let path = p.module.path.as_str();
+    let names = p.funcs.iter().map(|c| c.name.len()).sum();
+    let Some(with_functions) = reserve(seg, path, p.funcs.len(), names) else {
+        vlog!("{path}: no room in the counter segment; left unpatched");
         return Err(Full);
     };
+    let Ok(record) = w.add_module(path.as_bytes(), p.module.bias) else {
+        vlog!("{path}: module table full; left unpatched");
+        return Err(Full);
+    };
+    let present = Present {
+        record,
+        exec: exec_ranges(&p.module),
+    };
+    if !with_functions {
+        let n = u32::try_from(p.funcs.len()).unwrap_or(u32::MAX);
+        w.note_unrecorded(Refusal::NoCounterSpace, n);
+        vlog!("{path}: no room for its {n} functions in the counter segment; left unpatched");
+        return Ok((present, None));
+    }
     let mut first = None;
     for c in &p.funcs {
         let size = c.size.min(u32::MAX as u64) as u32;
@@ -42,30 +85,34 @@ pub fn record_module(w: &SegmentWriter, p: &ModulePlan) -> Result<(Present, Opti
             }
             Err(_) => {
                 refuse_from(w, first.unwrap_or(w.func_count()));
-                vlog!("{}: counter segment full; left unpatched", p.module.path);
+                vlog!("{path}: counter segment full; left unpatched");
                 return Err(Full);
             }
         }
     }
-    let present = Present {
-        record,
-        exec: exec_ranges(&p.module),
-    };
     Ok((present, first))
 }
 
 /// Adds a module that is not instrumented, with `funcs` listed so samples
-/// in it are attributed by name. Functions that do not fit are left out
-/// (their samples count for the module).
-pub fn record_sampled(w: &SegmentWriter, m: &Module, funcs: &[FuncSym]) -> Option<Present> {
+/// in it are attributed by name. If they do not fit, the module is listed
+/// alone (its samples count for it).
+pub fn record_sampled(seg: &Segment, m: &Module, funcs: &[FuncSym]) -> Option<Present> {
+    let w = &seg.writer;
     let path = if m.path.is_empty() { "[vdso]" } else { &m.path };
+    let funcs: Vec<&FuncSym> = funcs.iter().filter(|f| f.size > 0).collect();
+    let names = funcs.iter().map(|f| f.name.len()).sum();
+    let with_functions = reserve(seg, path, funcs.len(), names)?;
     let record = w.add_sampled_module(path.as_bytes(), m.bias).ok()?;
-    for f in funcs.iter().filter(|f| f.size > 0) {
-        let size = f.size.min(u32::MAX as u64) as u32;
-        if w.add_function(f.name.as_bytes(), f.vaddr, size).is_err() {
-            vlog!("{path}: counter segment full; some functions unnamed in samples");
-            break;
+    if with_functions {
+        for f in funcs {
+            let size = f.size.min(u32::MAX as u64) as u32;
+            if w.add_function(f.name.as_bytes(), f.vaddr, size).is_err() {
+                vlog!("{path}: counter segment full; some functions unnamed in samples");
+                break;
+            }
         }
+    } else {
+        vlog!("{path}: no room for its function names; its samples count for the module");
     }
     Some(Present {
         record,

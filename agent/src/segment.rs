@@ -11,6 +11,7 @@ use rtprof_shared::{Capacities, Layout, SegmentWriter};
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 #[derive(Debug)]
 pub enum SegmentError {
@@ -35,6 +36,10 @@ pub struct Segment {
     pub writer: SegmentWriter,
     /// The run directory (if any), for the segment of a forked child.
     run_dir: Option<CString>,
+    /// Functions whose counters every stripe must have memory for: raised
+    /// before records are added, so a thread that takes a stripe meanwhile
+    /// backs them too.
+    reserved_funcs: AtomicU32,
 }
 
 fn last_err() -> io::Error {
@@ -141,8 +146,46 @@ fn reserve(fd: libc::c_int, off: u64, len: u64) -> io::Result<()> {
     }
 }
 
-/// A new backing file of `layout.total_size` bytes whose metadata and shared
-/// stripe are reserved.
+/// The parts of a segment whose size does not depend on how many functions
+/// it holds: header and module table, stripe table. (offset, length)
+fn fixed_ranges(l: &Layout) -> [(u64, u64); 2] {
+    [
+        (0, l.funcs_off),
+        (l.stripe_table_off, l.stripes_off - l.stripe_table_off),
+    ]
+}
+
+/// The parts that hold the first `funcs` functions and `strings` bytes of
+/// names: function records, names, sample counters, the shared stripe.
+fn record_ranges(l: &Layout, funcs: u32, strings: u32) -> [(u64, u64); 4] {
+    let (funcs, strings) = (funcs as u64, strings as u64);
+    let record = std::mem::size_of::<rtprof_shared::layout::FunctionRecord>() as u64;
+    [
+        (l.funcs_off, funcs * record),
+        (l.strings_off, strings),
+        (l.samples_off, funcs * 8),
+        (l.stripes_off, funcs * 8),
+    ]
+}
+
+/// Bytes of a stripe that hold the counters of `funcs` functions, in whole
+/// pages.
+fn stripe_bytes_for(l: &Layout, funcs: u32) -> u64 {
+    (funcs as u64 * 8)
+        .div_ceil(PAGE)
+        .max(1)
+        .saturating_mul(PAGE)
+        .min(l.stripe_bytes)
+}
+
+/// `(off, len)` widened to whole pages.
+fn pages(off: u64, len: u64) -> (u64, u64) {
+    let lo = off / PAGE * PAGE;
+    (lo, (off + len).div_ceil(PAGE) * PAGE - lo)
+}
+
+/// A new backing file of `layout.total_size` bytes whose fixed parts are
+/// reserved.
 fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, SegmentError> {
     let fd = match run_dir {
         Some(d) => create_in_dir(d)?,
@@ -169,11 +212,15 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
         };
         Err(e)
     };
-    // Metadata and the shared stripe are reserved before the file grows:
-    // a failed fallocate leaves it as it was. The rest stays sparse:
-    // stripes are reserved one at a time as threads start.
-    if let Err(e) = reserve(fd, 0, layout.stripe_off(1)) {
-        return fail(SegmentError::Reserve(e));
+    // The fixed parts (header, module table, stripe table) are reserved
+    // before the file grows: a failed fallocate leaves it as it was. The
+    // rest stays sparse and is reserved as it is used: function records,
+    // names, sample counters and the shared stripe as functions are added
+    // ([`Segment::reserve_records`]), a thread's stripe as it starts.
+    for (off, len) in fixed_ranges(layout) {
+        if let Err(e) = reserve(fd, off, len) {
+            return fail(SegmentError::Reserve(e));
+        }
     }
     if unsafe { libc::ftruncate(fd, layout.total_size as libc::off_t) } != 0 {
         return fail(SegmentError::Reserve(last_err()));
@@ -232,41 +279,70 @@ impl Segment {
         crate::register::offer(fd);
         unsafe { libc::close(fd) };
         let writer = unsafe { SegmentWriter::init(base, layout, pid, ppid, start_ns) };
-        Ok(Segment { writer, run_dir })
-    }
-
-    /// Bytes of a stripe that hold the counters of existing functions; the
-    /// spare slots stay unreserved until functions are added.
-    fn stripe_used_bytes(&self) -> u64 {
-        let l = self.writer.layout();
-        (self.writer.func_count() as u64 * 8)
-            .div_ceil(PAGE)
-            .max(1)
-            .saturating_mul(PAGE)
-            .min(l.stripe_bytes)
-    }
-
-    /// After functions were added (up from `old_count`): backs the new
-    /// counters of every stripe threads hold, before any stub uses them.
-    /// Threads that take a stripe from now on back it in full themselves.
-    pub fn back_new_functions(&self, old_count: u32) -> bool {
-        let from = (old_count as u64 * 8) / PAGE * PAGE;
-        let to = self.stripe_used_bytes();
-        if to <= from {
-            return true;
-        }
-        self.writer.stripes_in_use().into_iter().all(|i| {
-            let p = unsafe { (self.writer.stripe_ptr(i) as *mut u8).add(from as usize) };
-            populate(p as *mut u64, to - from).is_ok()
+        Ok(Segment {
+            writer,
+            run_dir,
+            reserved_funcs: AtomicU32::new(0),
         })
+    }
+
+    /// Backs the records of functions up to `funcs` in all and names up to
+    /// `strings` bytes (and their sample counters and shared-stripe
+    /// counters) with memory before they are written: `false` if the
+    /// capacity or the memory is not there (a full tmpfs), and nothing may
+    /// be added.
+    pub fn reserve_records(&self, funcs: u32, strings: u32) -> bool {
+        let l = self.writer.layout();
+        if funcs > l.caps.functions || strings > l.caps.strings {
+            return false;
+        }
+        let base = self.writer.base();
+        let metadata = record_ranges(l, funcs, strings)
+            .into_iter()
+            .filter(|&(_, len)| len > 0)
+            .all(|(off, len)| {
+                let (off, len) = pages(off, len);
+                // SAFETY: the range lies inside the mapping (checked against
+                // the capacities above, which the layout is made from).
+                let p = unsafe { base.add(off as usize) };
+                populate(p.cast(), len).is_ok()
+            });
+        if !metadata {
+            return false;
+        }
+        // Every stripe a thread holds gets the new counters; a thread that
+        // takes a stripe after this store backs them itself (SeqCst on both
+        // sides: either it sees the new count or this sees its stripe).
+        let from = stripe_bytes_for(l, self.funcs_to_back()) / PAGE * PAGE;
+        self.reserved_funcs.fetch_max(funcs, Ordering::SeqCst);
+        let to = stripe_bytes_for(l, funcs);
+        to <= from
+            || self.writer.stripes_in_use().into_iter().all(|i| {
+                // SAFETY: [from, to) lies inside stripe i (to <= stripe_bytes).
+                let p = unsafe { (self.writer.stripe_ptr(i) as *mut u8).add(from as usize) };
+                populate(p.cast(), to - from).is_ok()
+            })
+    }
+
+    /// Bytes of a stripe that hold the counters of existing (and reserved)
+    /// functions; the spare slots stay unreserved until functions are added.
+    fn stripe_used_bytes(&self) -> u64 {
+        stripe_bytes_for(self.writer.layout(), self.funcs_to_back())
+    }
+
+    fn funcs_to_back(&self) -> u32 {
+        self.writer
+            .func_count()
+            .max(self.reserved_funcs.load(Ordering::SeqCst))
     }
 
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
         let idx = self.writer.alloc_stripe(tid)?;
         if populate(self.writer.stripe_ptr(idx), self.stripe_used_bytes()).is_err() {
-            // Nothing was counted in it: hand it back.
-            self.writer.fold_stripe(idx);
+            // Nothing was counted in it: hand it back unread (folding would
+            // read pages the full tmpfs could not supply: SIGBUS).
+            self.writer.release_unused_stripe(idx);
             return None;
         }
         Some(idx)
@@ -288,14 +364,36 @@ impl Segment {
         let base = self.writer.base();
         let result = (|| {
             let fd = new_backing(&l, self.run_dir.as_deref())?;
-            let meta = unsafe { std::slice::from_raw_parts(base, l.metadata_len() as usize) };
-            let copied = unsafe { libc::pwrite(fd, meta.as_ptr().cast(), meta.len(), 0) }
-                == meta.len() as isize;
+            let w = &self.writer;
+            let used = record_ranges(&l, w.func_count(), w.strings_len());
+            // Metadata in use is copied (the counters start from zero);
+            // what the child will write is reserved.
+            let copy = fixed_ranges(&l)
+                .into_iter()
+                .chain(used[..2].iter().copied());
+            let copied = copy.filter(|&(_, len)| len > 0).all(|(off, len)| {
+                // SAFETY: a range of the parent's mapping that is in use,
+                // hence backed.
+                let src = unsafe { base.add(off as usize) };
+                let n = unsafe { libc::pwrite(fd, src.cast(), len as usize, off as libc::off_t) };
+                n == len as isize
+            });
+            let reserved = used[2..]
+                .iter()
+                .filter(|&&(_, len)| len > 0)
+                .all(|&(off, len)| {
+                    let (off, len) = pages(off, len);
+                    reserve(fd, off, len).is_ok()
+                });
             let kept =
                 keep.is_none_or(|k| reserve(fd, l.stripe_off(k), self.stripe_used_bytes()).is_ok());
-            if !copied || !kept {
+            if !copied || !reserved || !kept {
                 let e = last_err();
-                unsafe { libc::close(fd) };
+                // Empty, the file is skipped by its reader (see new_backing).
+                unsafe {
+                    libc::ftruncate(fd, 0);
+                    libc::close(fd)
+                };
                 return Err(SegmentError::Reserve(e));
             }
             match map(l.total_size, fd, base.cast()) {

@@ -10,7 +10,7 @@ use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
 use crate::maps::Maps;
 use crate::modules::Module;
-use crate::segment::Segment;
+use crate::segment::{Segment, SegmentError};
 use crate::symbols::FuncSym;
 use crate::{
     agent, fork, loader, modules, now_ns, records, symbols, system, threads, Agent, AGENT,
@@ -115,6 +115,16 @@ pub(crate) const SPARE_MODULES: u32 = 512;
 /// Of those, kept for instrumented libraries only.
 pub(crate) const INSTRUMENTED_RESERVE: u32 = 64;
 
+/// Spare function slots and stripes of the smaller segment tried when the
+/// full one cannot be mapped.
+const SMALL_SPARE: u32 = 8192;
+const SMALL_STRIPES: u32 = 65;
+
+/// The spare function slots `caps` holds beyond start-up's functions.
+fn spare_used(cfg: &Config, caps: Capacities) -> u32 {
+    cfg.spare_functions.min(caps.functions)
+}
+
 fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
     let funcs: usize = plans.iter().map(|p| p.functions().count()).sum();
     let names: usize = plans
@@ -181,12 +191,29 @@ pub(crate) fn start() {
     let caps = capacities(&cfg, &plans, &exe);
     crate::register::set_socket(&cfg.daemon_socket);
     let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
-    let created = Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
-        if cfg.run_dir.is_none() {
+    let create = |caps| {
+        Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
+            if cfg.run_dir.is_none() || matches!(e, SegmentError::Map(_)) {
+                return Err(e);
+            }
+            vlog!("{e}; counting in anonymous memory instead");
+            Segment::create(caps, None, pid, ppid, now_ns())
+        })
+    };
+    let created = create(caps).or_else(|e| {
+        // Under an address-space limit (ulimit -v): room for fewer threads
+        // and fewer functions loaded later, rather than none at all.
+        let SegmentError::Map(_) = e else {
             return Err(e);
-        }
-        vlog!("{e}; counting in anonymous memory instead");
-        Segment::create(caps, None, pid, ppid, now_ns())
+        };
+        let spare = spare_used(&cfg, caps);
+        let small = Capacities {
+            functions: caps.functions - spare + spare.min(SMALL_SPARE),
+            stripes: caps.stripes.min(SMALL_STRIPES),
+            ..caps
+        };
+        vlog!("{e}; trying a smaller counter segment");
+        create(small)
     });
     let segment = match created {
         Ok(s) => s,
@@ -206,11 +233,11 @@ pub(crate) fn start() {
     let mut recorded = Vec::with_capacity(plans.len());
     for p in &plans {
         let r = match p {
-            Planned::Instrument(plan) => match records::record_module(&segment.writer, plan) {
+            Planned::Instrument(plan) => match records::record_module(&segment, plan) {
                 Ok((present, first)) => (Some(present), first),
                 Err(records::Full) => break,
             },
-            Planned::Sample(m, funcs) => (records::record_sampled(&segment.writer, m, funcs), None),
+            Planned::Sample(m, funcs) => (records::record_sampled(&segment, m, funcs), None),
         };
         recorded.push(r);
     }

@@ -110,6 +110,26 @@ impl SegmentWriter {
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
+    /// Bytes of the string table in use.
+    pub fn strings_len(&self) -> u32 {
+        self.strings_len.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` functions of the most recent module that got no record
+    /// (no room for them) as refused for `reason`, so the module says why
+    /// it lists fewer functions than it has.
+    pub fn note_unrecorded(&self, reason: crate::Refusal, n: u32) {
+        let modules = self.module_count.load(Ordering::Relaxed);
+        if modules == 0 {
+            return;
+        }
+        unsafe {
+            let m = &mut *self.module_ptr(modules - 1);
+            let slot = &mut m.refused[reason.code() as usize];
+            *slot = slot.saturating_add(n);
+        }
+    }
+
     /// Appends bytes to the string table; returns (offset, length).
     pub fn add_string(&self, s: &[u8]) -> Result<(u32, u32), WriteError> {
         let len = u32::try_from(s.len()).map_err(|_| WriteError::Full)?;
@@ -367,6 +387,17 @@ impl SegmentWriter {
         lock.store(0, Ordering::Release);
     }
 
+    /// Hands back a stripe nothing was counted in (its memory could not be
+    /// reserved): freed without reading it, since its pages may have no
+    /// memory behind them.
+    pub fn release_unused_stripe(&self, i: u32) {
+        if i != 0 && i < self.layout.caps.stripes {
+            self.stripe_slot(i)
+                .0
+                .store(stripe_state::FREE, Ordering::Release);
+        }
+    }
+
     /// Stripes other than the shared one that live threads hold now.
     pub fn stripes_in_use(&self) -> Vec<u32> {
         let count = self
@@ -403,7 +434,9 @@ impl SegmentWriter {
             }
         }
         unsafe {
-            std::ptr::write_bytes(self.samples_ptr(), 0, self.layout.caps.functions as usize)
+            // Only the slots in use: the rest of the capacity may have no
+            // memory behind it.
+            std::ptr::write_bytes(self.samples_ptr(), 0, self.func_count() as usize)
         };
         self.header_u64(offset_of!(Header, end_ns))
             .store(0, Ordering::Relaxed);

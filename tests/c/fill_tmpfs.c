@@ -1,0 +1,49 @@
+/* Fills the file system of $FILL while running, then starts threads that
+ * call a counted function: the agent must find no memory for their
+ * counter stripes and count them in the shared one, exactly, without
+ * faulting. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define THREADS 8
+#define CALLS 10000
+
+__attribute__((noinline)) long work(long x) {
+    __asm__ volatile("");
+    return x * 3 + 1;
+}
+
+static void *run(void *arg) {
+    long s = 0;
+    for (long i = 0; i < CALLS; i++) s += work(i);
+    *(long *)arg = s;
+    return NULL;
+}
+
+static void fill(const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) { perror("fill"); exit(2); }
+    static char block[65536];
+    while (fwrite(block, 1, sizeof block, f) == sizeof block && fflush(f) == 0) {
+    }
+    fclose(f);
+}
+
+int main(void) {
+    long before = 0;
+    for (long i = 0; i < CALLS; i++) before += work(i);
+    const char *path = getenv("FILL");
+    if (path) fill(path);
+    pthread_t t[THREADS];
+    long sums[THREADS];
+    for (int i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, run, &sums[i]);
+    long total = before;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        total += sums[i];
+    }
+    printf("total %ld\n", total);
+    printf("EXPECT work %d\n", CALLS * (THREADS + 1));
+    return 0;
+}
