@@ -131,6 +131,29 @@ fn forked_child_reports_its_own_samples() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A child forked while every signal is blocked (as perl forks) starts its
+/// timer once it unblocks SIGPROF, and is sampled like any other.
+#[test]
+fn child_forked_with_signals_blocked_is_sampled() {
+    let dir = scratch("blocked-fork");
+    let bin = compile_o2("blocked_fork.c", &[], &dir);
+    let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", "timer")], &dir);
+    assert!(prof.output.status.success(), "{:?}", prof.output);
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "parent and child");
+    let child = &procs[1];
+    assert_eq!(child["ppid"], procs[0]["pid"]);
+    assert_eq!(child["sampler"]["name"], "timer", "{}", child["sampler"]);
+    // 0.4 s of CPU at 1 kHz: about 400 samples, nearly all in spin.
+    let spin = samples(child, "spin");
+    let total = child["sampler"]["samples"].as_u64().unwrap() as f64;
+    assert!(
+        total >= 100.0 && spin >= 0.8 * total,
+        "child sampled: spin {spin} of {total}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// With perf_event_open denied by a seccomp filter (a sandbox), the agent
 /// falls back to CPU-time timers by itself, says why, and still measures
 /// the same split.

@@ -114,32 +114,31 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
     };
     let mut calls: Vec<u64> = Vec::new();
     let mut jumps: Vec<u64> = Vec::new();
+    let mut cond_jumps: Vec<u64> = Vec::new();
     for (i, s) in scans.iter().enumerate() {
         let Some(s) = s else { continue };
         let outside = |t: &&u64| !(starts[i]..ends[i]).contains(*t);
         calls.extend_from_slice(&s.call_targets);
         jumps.extend(s.branch_targets.iter().filter(outside));
+        cond_jumps.extend(s.cond_targets.iter().filter(outside));
     }
-    for v in [&mut calls, &mut jumps] {
+    for v in [&mut calls, &mut jumps, &mut cond_jumps] {
         v.sort_unstable();
     }
 
     // Code that other functions jump to but nobody calls may be a split-off
     // part of a function (a cold or BOLT-split path), entered with live
-    // flags, frame and red zone: no function to count. Without a name,
-    // being only a jump target is enough (a static function reached only by
-    // tail jumps is lost; a fragment counted as a function would be wrong);
-    // a named one must also jump back into the middle of another function,
-    // since exported functions are called from other modules too.
+    // flags and frame: no function to count. It is one if it jumps back
+    // into the middle of another function, or, without a name, if it is
+    // reached by a conditional jump or its unwind entry starts mid-frame.
+    // (An unnamed function reached only by unconditional tail jumps, like
+    // a static function in a stripped binary, is still counted; named
+    // fragments are recognised by their suffix, see `symbols`.)
     let fragment: Vec<bool> = (0..n)
         .map(|i| {
             let start = starts[i];
             if contains(&calls, start) {
                 return false;
-            }
-            // Its unwind entry starts with a frame already set up.
-            if funcs[i].mid_function_cfi {
-                return true;
             }
             if !contains(&jumps, start) {
                 return false;
@@ -151,7 +150,8 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
                         .any(|&t| holder(t).is_some_and(|j| j != i && t != starts[j]))
                 })
             };
-            funcs[i].unnamed || jumps_back()
+            jumps_back()
+                || (funcs[i].unnamed && (contains(&cond_jumps, start) || funcs[i].mid_function_cfi))
         })
         .collect();
 

@@ -226,14 +226,14 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64) -> usize {
 
 fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
     timer::install(period_ns(a.config.sample_hz))?;
-    timer::arm_current_thread().map_err(|e| (Why::TimerFailed, e))
+    timer::arm_or_wait().map_err(|e| (Why::TimerFailed, e))
 }
 
 /// A new thread of the program: with the timer sampler, it gets a timer.
 /// (perf events reach it by inheritance.)
 pub fn thread_started() {
     if timer::active() {
-        if let Err(e) = timer::arm_current_thread() {
+        if let Err(e) = timer::arm_or_wait() {
             vlog!(
                 "thread left unsampled: {}",
                 std::io::Error::from_raw_os_error(e)
@@ -274,7 +274,7 @@ pub fn restart_in_child() {
         // Off by configuration, or the program took SIGPROF over.
         Sampler::Off => {}
         Sampler::Perf => choose(a, Why::Default),
-        Sampler::Timer => match timer::arm_current_thread() {
+        Sampler::Timer => match timer::arm_or_wait() {
             Ok(()) => record(a, Sampler::Timer, Why::Default, 0),
             Err(e) => record(a, Sampler::Off, Why::TimerFailed, e),
         },

@@ -8,6 +8,7 @@
 //! them can be stopped at once if the program takes SIGPROF over.
 
 use super::addrmap;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 pub const SIGNAL: i32 = libc::SIGPROF;
@@ -23,6 +24,12 @@ static PERIOD_NS: AtomicU64 = AtomicU64::new(0);
 static TIMERS: [AtomicI32; MAX_TIMERS] = [const { AtomicI32::new(FREE) }; MAX_TIMERS];
 /// Key whose value (table index + 1) deletes a thread's timer at its exit.
 static KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+thread_local! {
+    /// This thread blocked SIGPROF when its timer was due to start: the
+    /// timer starts when the program unblocks the signal.
+    static WAITING: Cell<bool> = const { Cell::new(false) };
+}
 
 pub fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
@@ -119,6 +126,86 @@ fn blocked_here() -> bool {
         libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set) == 0
             && libc::sigismember(&set, SIGNAL) == 1
     }
+}
+
+/// Starts a CPU-time timer for the calling thread, or, if the thread
+/// blocks SIGPROF now (a child forked while all signals were blocked, as
+/// perl forks), as soon as it unblocks it. A thread that never does (one
+/// that takes signals with `sigwait`) is never sent one. Allocation-free.
+pub fn arm_or_wait() -> Result<(), i32> {
+    match arm_current_thread() {
+        Err(libc::EWOULDBLOCK) => {
+            let _ = WAITING.try_with(|w| w.set(true));
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// After the program changed this thread's signal mask: starts the timer
+/// that waited for SIGPROF to be unblocked.
+fn mask_changed() {
+    if WAITING.try_with(|w| w.get()).unwrap_or(false) && active() && !blocked_here() {
+        let _ = WAITING.try_with(|w| w.set(false));
+        let _ = arm_current_thread();
+    }
+}
+
+type MaskFn =
+    unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
+
+fn real_mask_fn(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<MaskFn> {
+    let mut f = cache.load(Ordering::Acquire);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds libc's.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        cache.store(f, Ordering::Release);
+    }
+    // SAFETY: the symbol is libc's function of exactly this signature.
+    (f != 0).then(|| unsafe { std::mem::transmute::<usize, MaskFn>(f) })
+}
+
+/// `sigprocmask(2)`, unchanged, then a waiting timer may start.
+///
+/// # Safety
+/// Same contract as `sigprocmask(2)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sigprocmask(
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    static F: AtomicUsize = AtomicUsize::new(0);
+    let Some(real) = real_mask_fn(c"sigprocmask", &F) else {
+        *libc::__errno_location() = libc::ENOSYS;
+        return -1;
+    };
+    let rc = real(how, set, old);
+    if rc == 0 && !set.is_null() {
+        mask_changed();
+    }
+    rc
+}
+
+/// `pthread_sigmask(3)`, unchanged, then a waiting timer may start.
+///
+/// # Safety
+/// Same contract as `pthread_sigmask(3)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn pthread_sigmask(
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    static F: AtomicUsize = AtomicUsize::new(0);
+    let Some(real) = real_mask_fn(c"pthread_sigmask", &F) else {
+        return libc::ENOSYS;
+    };
+    let rc = real(how, set, old);
+    if rc == 0 && !set.is_null() {
+        mask_changed();
+    }
+    rc
 }
 
 /// Starts a CPU-time timer for the calling thread. Allocation-free.

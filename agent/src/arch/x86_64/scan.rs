@@ -7,6 +7,8 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Regist
 pub struct FunctionScan {
     /// Targets of direct jmp/jcc/loop/jrcxz (not calls).
     pub branch_targets: Vec<u64>,
+    /// The conditional ones among them (jcc/loop/jrcxz).
+    pub cond_targets: Vec<u64>,
     /// Targets of direct calls.
     pub call_targets: Vec<u64>,
     /// Addresses loaded with `lea reg, [rip+X]`: candidate bases of
@@ -31,10 +33,12 @@ pub fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
             break;
         }
         match ins.flow_control() {
-            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
-                if ins.op0_kind() == OpKind::NearBranch64 =>
-            {
+            FlowControl::UnconditionalBranch if ins.op0_kind() == OpKind::NearBranch64 => {
                 s.branch_targets.push(ins.near_branch_target())
+            }
+            FlowControl::ConditionalBranch if ins.op0_kind() == OpKind::NearBranch64 => {
+                s.branch_targets.push(ins.near_branch_target());
+                s.cond_targets.push(ins.near_branch_target());
             }
             FlowControl::Call if ins.op0_kind() == OpKind::NearBranch64 => {
                 s.call_targets.push(ins.near_branch_target())
@@ -123,6 +127,7 @@ mod tests {
         ];
         let s = scan_function(&code, 0x1000);
         assert_eq!(s.branch_targets, vec![0x1000]);
+        assert_eq!(s.cond_targets, vec![0x1000]);
         assert_eq!(s.call_targets, vec![0x2000]);
         assert_eq!(s.rel_table_bases, vec![0x100e + 0x100]);
         assert_eq!(s.abs_tables, vec![0x5000]);
