@@ -143,7 +143,9 @@ pub fn arm_or_wait() -> Result<(), i32> {
 }
 
 /// After the program changed this thread's signal mask: starts the timer
-/// that waited for SIGPROF to be unblocked.
+/// that waited for SIGPROF to be unblocked. (The interposers below are
+/// exported only outside unit tests.)
+#[cfg_attr(test, allow(dead_code))]
 fn mask_changed() {
     if WAITING.try_with(|w| w.get()).unwrap_or(false) && active() && !blocked_here() {
         let _ = WAITING.try_with(|w| w.set(false));
@@ -151,9 +153,11 @@ fn mask_changed() {
     }
 }
 
+#[cfg_attr(test, allow(dead_code))]
 type MaskFn =
     unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
 
+#[cfg_attr(test, allow(dead_code))]
 fn real_mask_fn(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<MaskFn> {
     let mut f = cache.load(Ordering::Acquire);
     if f == 0 {
@@ -170,6 +174,7 @@ fn real_mask_fn(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<MaskFn> {
 /// # Safety
 /// Same contract as `sigprocmask(2)`.
 #[cfg_attr(not(test), no_mangle)]
+#[cfg_attr(test, allow(dead_code))]
 pub unsafe extern "C" fn sigprocmask(
     how: libc::c_int,
     set: *const libc::sigset_t,
@@ -192,6 +197,7 @@ pub unsafe extern "C" fn sigprocmask(
 /// # Safety
 /// Same contract as `pthread_sigmask(3)`.
 #[cfg_attr(not(test), no_mangle)]
+#[cfg_attr(test, allow(dead_code))]
 pub unsafe extern "C" fn pthread_sigmask(
     how: libc::c_int,
     set: *const libc::sigset_t,
