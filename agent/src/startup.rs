@@ -162,6 +162,9 @@ pub(crate) fn start() {
     if cfg.disabled {
         return;
     }
+    if let Some(template) = &cfg.report {
+        check_report_path(template);
+    }
     // A debugger has already written breakpoints where entries would be
     // rewritten, places later ones after a function's prologue (inside a
     // rewritten entry) and steps through code it expects to find there:
@@ -343,21 +346,53 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
     });
 }
 
+/// `RTPROF_REPORT` with `%p` replaced by this process's pid.
+fn report_path(template: &str) -> String {
+    template.replace("%p", &std::process::id().to_string())
+}
+
+/// Whether the report can be written where asked: checked at start-up, when
+/// stderr is still open to say so (a program may close it before exit).
+fn check_report_path(template: &str) {
+    let path = report_path(template);
+    let p = std::path::Path::new(&path);
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let Ok(cdir) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::access(cdir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        log::alert!(
+            "RTPROF_REPORT: cannot write a report into {}: {e}",
+            dir.display()
+        );
+    }
+}
+
+/// Writes the report next to its final name, then renames it: a reader
+/// never finds a truncated report.
 fn write_report(a: &Agent, path: &str) {
     let snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
         Ok(s) => s,
         Err(e) => {
-            vlog!("cannot read own counters: {e}");
+            log::alert!("cannot read own counters for the report: {e}");
             return;
         }
     };
-    let path = path.replace("%p", &std::process::id().to_string());
+    let path = report_path(path);
     let text = if path.ends_with(".json") {
         report::json(std::slice::from_ref(&snap))
     } else {
         report::text(std::slice::from_ref(&snap), report::TextOptions::default())
     };
-    if let Err(e) = std::fs::write(&path, text) {
-        vlog!("cannot write report {path}: {e}");
+    let tmp = format!("{path}.{}.tmp", std::process::id());
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        log::alert!("cannot write report {path}: {e}");
     }
 }
