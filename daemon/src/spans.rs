@@ -95,7 +95,6 @@ struct Delta {
 /// What the daemon needs to know of a process each tick.
 pub struct Seen {
     pub pid: u32,
-    pub start_ns: u64,
     pub state: u32,
 }
 
@@ -124,7 +123,6 @@ pub struct Tracked {
 fn seen(h: &Header) -> Seen {
     Seen {
         pid: h.pid,
-        start_ns: h.start_ns,
         state: h.state,
     }
 }
