@@ -86,6 +86,8 @@ impl Daemon {
     /// Waits until `pick` finds something in a published view.
     fn wait_for<T>(&self, what: &str, pick: impl Fn(&[u8]) -> Option<T>) -> T {
         let f = std::fs::File::open(&self.present).unwrap();
+        // SAFETY: the daemon only ever writes the file (never truncates it), and every read of it
+        // is validated.
         let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
         let t = Instant::now();
         loop {
@@ -207,6 +209,7 @@ fn killed_program_has_its_final_counts() {
         .unwrap();
     let n: u64 = line.trim().strip_prefix("calls ").unwrap().parse().unwrap();
     d.wait_for("the span", |m| process_rows(m, pid).map(|_| ()));
+    // SAFETY: signalling our own child, not yet reaped.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let _ = c.wait();
     let last = d.wait_for("the final span", |m| {
@@ -222,6 +225,7 @@ fn killed_program_has_its_final_counts() {
 /// A memfd holding `bytes`, sealed against shrinking as the agent's is.
 fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
     use std::os::fd::FromRawFd;
+    // SAFETY: plain system calls on a descriptor created here and then owned.
     unsafe {
         let fd = libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_ALLOW_SEALING);
         assert!(fd >= 0);
@@ -243,6 +247,8 @@ fn register(socket: &Path, fd: i32) {
         iov_len: 8,
     };
     let mut control = [0u64; 4];
+    // SAFETY: `msg` points at `iov` and `control`, which outlive the call; the control message fits
+    // the buffer.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
@@ -288,6 +294,7 @@ fn hostile_segments_are_rejected() {
         stripes: 1,
     });
     let mut huge_count = vec![0u64; layout.total_size as usize / 8];
+    // SAFETY: `huge_count` is the layout's size, 8-aligned, and outlives `w`.
     let w = unsafe {
         rtprof_shared::SegmentWriter::init(huge_count.as_mut_ptr().cast(), layout, 1, 1, 1)
     };
@@ -339,6 +346,7 @@ fn hostile_segments_are_rejected() {
 /// A program profiled before the daemon started is found and followed.
 #[test]
 fn agents_running_before_the_daemon_are_found() {
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         panic!("this test needs root (/proc/PID/map_files)");
     }
@@ -568,6 +576,7 @@ impl Holder {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
+            // SAFETY: this is the new child; `stats` is the shared mapping made above.
             unsafe { hold(&addr, count.min(128), uid, &*stats) }
         }
         Holder { pid, stats }
@@ -677,6 +686,7 @@ fn suppressed(log: &str, uid: u32) -> u64 {
 #[test]
 fn idle_connections_do_not_stall_publishing() {
     assert_eq!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
         0,
         "this test needs root (it connects as nobody too)"
@@ -805,6 +815,8 @@ fn registration_flood_is_bounded() {
         .unwrap();
     assert_eq!(line.trim(), "calls 0");
     let f = std::fs::File::open(&d.present).unwrap();
+    // SAFETY: the daemon only ever writes the file (never truncates it), and every read of it is
+    // validated.
     let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
     let g0 = generation(&map).unwrap();
     let t = Instant::now();
@@ -824,6 +836,7 @@ fn registration_flood_is_bounded() {
         "listed {} publications later",
         listed - g0
     );
+    // SAFETY: signalling our own child, not yet reaped.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let _ = prog.wait();
     wait_until("a summary of the flood", || {
