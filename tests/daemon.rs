@@ -7,28 +7,32 @@ use rtprof_shared::present::{read_process, read_view, ProcView, RowView};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 struct Daemon {
     child: Child,
     socket: PathBuf,
     present: PathBuf,
+    /// Everything the daemon wrote to stderr so far, read as it comes (a
+    /// pipe nobody reads would block a chatty daemon).
+    log: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
+        Daemon::start_ticking(dir, 200)
+    }
+
+    /// A daemon publishing every `tick_ms` over spans of five ticks.
+    fn start_ticking(dir: &Path, tick_ms: u64) -> Daemon {
         let socket = dir.join("sock");
         let present = dir.join("present");
-        let child = Command::new(rtprof().with_file_name("rtprofd"))
-            .args([
-                "--tick",
-                "200",
-                "--span",
-                "1000",
-                "--buffer-mib",
-                "4",
-                "--socket",
-            ])
+        let mut child = Command::new(rtprof().with_file_name("rtprofd"))
+            .args(["--tick", &tick_ms.to_string()])
+            .args(["--span", &(5 * tick_ms).to_string()])
+            .args(["--buffer-mib", "4", "--log-interval", "2", "--socket"])
             .arg(&socket)
             .arg("--present")
             .arg(&present)
@@ -36,6 +40,18 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .expect("rtprofd starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        let reader = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
         let t = Instant::now();
         while !(socket.exists() && present.exists()) {
             assert!(
@@ -48,7 +64,13 @@ impl Daemon {
             child,
             socket,
             present,
+            log,
+            reader: Some(reader),
         }
+    }
+
+    fn log_so_far(&self) -> String {
+        self.log.lock().unwrap().clone()
     }
 
     fn profiled(&self, bin: &Path, args: &[&str]) -> Child {
@@ -64,6 +86,8 @@ impl Daemon {
     /// Waits until `pick` finds something in a published view.
     fn wait_for<T>(&self, what: &str, pick: impl Fn(&[u8]) -> Option<T>) -> T {
         let f = std::fs::File::open(&self.present).unwrap();
+        // SAFETY: the daemon only ever writes the file (never truncates it), and every read of it
+        // is validated.
         let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
         let t = Instant::now();
         loop {
@@ -82,12 +106,10 @@ impl Daemon {
     fn stop(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let mut log = String::new();
-        use std::io::Read;
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut log);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
         }
-        log
+        self.log_so_far()
     }
 }
 
@@ -187,6 +209,7 @@ fn killed_program_has_its_final_counts() {
         .unwrap();
     let n: u64 = line.trim().strip_prefix("calls ").unwrap().parse().unwrap();
     d.wait_for("the span", |m| process_rows(m, pid).map(|_| ()));
+    // SAFETY: signalling our own child, not yet reaped.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let _ = c.wait();
     let last = d.wait_for("the final span", |m| {
@@ -202,6 +225,7 @@ fn killed_program_has_its_final_counts() {
 /// A memfd holding `bytes`, sealed against shrinking as the agent's is.
 fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
     use std::os::fd::FromRawFd;
+    // SAFETY: plain system calls on a descriptor created here and then owned.
     unsafe {
         let fd = libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_ALLOW_SEALING);
         assert!(fd >= 0);
@@ -223,6 +247,8 @@ fn register(socket: &Path, fd: i32) {
         iov_len: 8,
     };
     let mut control = [0u64; 4];
+    // SAFETY: `msg` points at `iov` and `control`, which outlive the call; the control message fits
+    // the buffer.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
@@ -268,6 +294,7 @@ fn hostile_segments_are_rejected() {
         stripes: 1,
     });
     let mut huge_count = vec![0u64; layout.total_size as usize / 8];
+    // SAFETY: `huge_count` is the layout's size, 8-aligned, and outlives `w`.
     let w = unsafe {
         rtprof_shared::SegmentWriter::init(huge_count.as_mut_ptr().cast(), layout, 1, 1, 1)
     };
@@ -319,6 +346,7 @@ fn hostile_segments_are_rejected() {
 /// A program profiled before the daemon started is found and followed.
 #[test]
 fn agents_running_before_the_daemon_are_found() {
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         panic!("this test needs root (/proc/PID/map_files)");
     }
@@ -478,5 +506,351 @@ fn short_lived_processes_leave_nothing_behind() {
     );
     let log = d.stop();
     assert!(!log.contains("rejected"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The generation of the view published last.
+fn generation(b: &[u8]) -> Option<u64> {
+    read_view(b).ok().map(|v| v.generation)
+}
+
+/// Waits until `ready`, for at most a minute.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !ready() {
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Connections counted by a [`Holder`], in memory it shares with it.
+#[repr(C)]
+struct HolderStats {
+    connects: std::sync::atomic::AtomicU64,
+    failures: std::sync::atomic::AtomicU64,
+}
+
+/// A forked process holding up to 128 connections to the daemon's socket
+/// open without ever sending on them, as `uid` if given. Each connection
+/// the daemon closes is made again at once, as an attacker would. Killed
+/// when dropped.
+struct Holder {
+    pid: libc::pid_t,
+    stats: *const HolderStats,
+}
+
+impl Holder {
+    fn start(socket: &Path, count: usize, uid: Option<u32>) -> Holder {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: all-zero is a valid sockaddr_un.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let path = socket.as_os_str().as_bytes();
+        assert!(path.len() < addr.sun_path.len());
+        for (d, s) in addr.sun_path.iter_mut().zip(path) {
+            *d = *s as libc::c_char;
+        }
+        // SAFETY: a fresh anonymous shared mapping, checked below; zeroed
+        // memory is two atomics at zero.
+        let stats = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(stats, libc::MAP_FAILED);
+        let stats = stats as *const HolderStats;
+        // SAFETY: the child only makes system calls and touches the shared
+        // counters and its own stack (no allocation, no locks: other test
+        // threads may hold them at the fork), and never returns.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: this is the new child; `stats` is the shared mapping made above.
+            unsafe { hold(&addr, count.min(128), uid, &*stats) }
+        }
+        Holder { pid, stats }
+    }
+
+    fn stats(&self) -> &HolderStats {
+        // SAFETY: mapped in `start` and never unmapped while `self` lives.
+        unsafe { &*self.stats }
+    }
+
+    fn connects(&self) -> u64 {
+        self.stats()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn failures(&self) -> u64 {
+        self.stats()
+            .failures
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn running(&self) -> bool {
+        // SAFETY: a non-blocking wait on our own child.
+        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) == 0 }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // SAFETY: our own child, reaped once; the mapping is ours.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            libc::munmap(self.stats as *mut libc::c_void, 4096);
+        }
+    }
+}
+
+/// The body of a [`Holder`]'s process.
+///
+/// # Safety
+/// Only in a freshly forked child: it switches user and never returns.
+unsafe fn hold(addr: &libc::sockaddr_un, n: usize, uid: Option<u32>, stats: &HolderStats) -> ! {
+    use std::sync::atomic::Ordering::Relaxed;
+    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    if let Some(u) = uid {
+        if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(u) != 0 || libc::setuid(u) != 0
+        {
+            libc::_exit(2);
+        }
+    }
+    let mut fds = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 128];
+    loop {
+        for p in &mut fds[..n] {
+            if p.fd >= 0 {
+                continue;
+            }
+            let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            if s >= 0 && libc::connect(s, (addr as *const libc::sockaddr_un).cast(), len) == 0 {
+                p.fd = s;
+                stats.connects.fetch_add(1, Relaxed);
+            } else {
+                if s >= 0 {
+                    libc::close(s);
+                }
+                stats.failures.fetch_add(1, Relaxed);
+            }
+        }
+        // Closed by the daemon (end of file or hang-up): made again after
+        // a pause (the attack needs no more, and the machine is shared).
+        libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 100);
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 20_000_000,
+        };
+        libc::nanosleep(&pause, std::ptr::null_mut());
+        for p in &mut fds[..n] {
+            if p.fd >= 0 && p.revents != 0 {
+                libc::close(p.fd);
+                p.fd = -1;
+            }
+            p.revents = 0;
+        }
+    }
+}
+
+/// Sums the K of every "suppressed K" summary line about `uid`.
+fn suppressed(log: &str, uid: u32) -> u64 {
+    let tag = format!("uid {uid}: suppressed ");
+    log.lines()
+        .filter_map(|l| l.split_once(&tag))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A hundred connections that never send anything, held by another user,
+/// and a hundred held by the daemon's own user, each made again whenever
+/// the daemon closes it: the daemon keeps publishing every tick, follows a
+/// program started meanwhile, and logs the idle connections in a few
+/// rate-limited lines.
+#[test]
+fn idle_connections_do_not_stall_publishing() {
+    assert_eq!(
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root (it connects as nobody too)"
+    );
+    let dir = scratch("daemon-idle");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // nobody must reach the socket.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let bin = compile_o2("rate.c", &[], &dir);
+    let d = Daemon::start(&dir);
+    d.wait_for("a first span", generation);
+    let other = Holder::start(&d.socket, 100, Some(65534));
+    let own = Holder::start(&d.socket, 100, None);
+    wait_until("every connection made once", || {
+        other.connects() >= 100 && own.connects() >= 100
+    });
+    let made = || other.connects() + own.connects();
+    let (c0, g0) = (made(), d.wait_for("a span", generation));
+    let t0 = Instant::now();
+    let g1 = d.wait_for("15 more spans", |m| generation(m).filter(|&g| g >= g0 + 15));
+    let c1 = made();
+    // (The time is reported, not asserted: the machine may be busy.)
+    eprintln!(
+        "{} spans published in {:.1} s (one per 0.2 s) while the holders made {} connections ({} failed)",
+        g1 - g0,
+        t0.elapsed().as_secs_f64(),
+        c1 - c0,
+        other.failures() + own.failures()
+    );
+    // The spans came while the attack went on: the holders were still
+    // there, connecting again as the daemon closed their connections.
+    assert!(other.running() && own.running());
+    assert!(c1 - c0 >= 100, "{} connections made meanwhile", c1 - c0);
+    // A program started under attack registers and is followed.
+    let prog = d.profiled(&bin, &["1"]);
+    let pid = prog.id();
+    d.wait_for("the program", |m| process_rows(m, pid).map(|_| ()));
+    assert_eq!(exact_count(prog), 1_000_000);
+    wait_until("summaries for both users", || {
+        let log = d.log_so_far();
+        suppressed(&log, 0) > 0 && suppressed(&log, 65534) > 0
+    });
+    let total = made();
+    drop((other, own));
+    let log = d.stop();
+    // Every closed connection is accounted for, but few are printed.
+    let printed = log
+        .lines()
+        .filter(|l| l.contains("connection") && !l.contains("suppressed"))
+        .count() as u64;
+    let quiet = suppressed(&log, 0) + suppressed(&log, 65534);
+    eprintln!("{printed} lines printed, {quiet} suppressed, {total} connections");
+    assert!(printed * 20 <= quiet, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A complete segment of `pid` started at `start_ns`, with no functions.
+fn segment_of(pid: u32, start_ns: u64, exe: &[u8]) -> Vec<u8> {
+    let layout = rtprof_shared::Layout::new(rtprof_shared::Capacities {
+        modules: 1,
+        functions: 4,
+        strings: 64,
+        stripes: 1,
+    });
+    let mut mem = vec![0u64; layout.total_size as usize / 8];
+    // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
+    let w = unsafe {
+        rtprof_shared::SegmentWriter::init(mem.as_mut_ptr().cast(), layout, pid, 1, start_ns)
+    };
+    w.set_exe(exe).unwrap();
+    w.set_state(rtprof_shared::layout::state::RUNNING);
+    mem.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// One process registers thousands of sealed memfds under its own pid, as
+/// an agent sends them (half not yet filled in, half complete segments
+/// each claiming a newer image): the daemon's descriptors stay bounded
+/// throughout, the next profiled program is listed within two
+/// publications of its start, and the flood takes a bounded number of log
+/// lines, with the rest counted as suppressed.
+#[test]
+fn registration_flood_is_bounded() {
+    const FLOOD: u64 = 5000;
+    let dir = scratch("daemon-flood");
+    let bin = compile_o2("rate.c", &[], &dir);
+    let d = Daemon::start_ticking(&dir, 500);
+    let daemon = d.child.id();
+    d.wait_for("a first span", generation);
+    let before = open_fds(daemon);
+    let me = std::process::id();
+    let mut most = before;
+    for i in 0..FLOOD {
+        let bytes = if i % 2 == 0 {
+            vec![0; 4096]
+        } else {
+            segment_of(me, 1 + i, b"/flood/image")
+        };
+        let fd = sealed_memfd(&bytes);
+        register(&d.socket, fd.as_raw_fd());
+        if i % 25 == 0 {
+            most = most.max(open_fds(daemon));
+        }
+    }
+    // Read in order: once the last one is followed, so was the flood.
+    let probe = sealed_memfd(&segment_of(me, 1 + FLOOD, b"/flood/probe"));
+    register(&d.socket, probe.as_raw_fd());
+    d.wait_for("the end of the flood", |m| {
+        let v = read_view(m).ok()?;
+        v.process(me)
+            .filter(|(p, _)| p.exe == "/flood/probe")
+            .map(|_| ())
+    });
+    most = most.max(open_fds(daemon));
+    eprintln!("daemon descriptors: {before} before, at most {most} during the flood");
+    // Beside what it held before, at most one user's connections waiting
+    // to be read (8) and a batch of registrations being taken (16); a
+    // descriptor kept per registration would be thousands.
+    assert!(most <= before + 40, "{most} descriptors (from {before})");
+    // The next program registered before its main() printed: it is listed
+    // in one of the next two publications.
+    let mut prog = d.profiled(&bin, &["0", "hold"]);
+    let pid = prog.id();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(prog.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "calls 0");
+    let f = std::fs::File::open(&d.present).unwrap();
+    // SAFETY: the daemon only ever writes the file (never truncates it), and every read of it is
+    // validated.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    let g0 = generation(&map).unwrap();
+    let t = Instant::now();
+    let listed = loop {
+        if let Some(v) = read_view(&map).ok().filter(|v| v.process(pid).is_some()) {
+            break v.generation;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "never listed");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    eprintln!(
+        "listed in publication {listed}, {} after its start",
+        listed - g0
+    );
+    assert!(
+        listed <= g0 + 2,
+        "listed {} publications later",
+        listed - g0
+    );
+    // SAFETY: signalling our own child, not yet reaped.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = prog.wait();
+    wait_until("a summary of the flood", || {
+        suppressed(&d.log_so_far(), 0) > 0
+    });
+    drop(probe);
+    let log = d.stop();
+    let lines = log.lines().count();
+    let quiet = suppressed(&log, 0);
+    eprintln!("{lines} log lines, {quiet} messages suppressed");
+    assert!(lines <= 60, "{lines} lines:\n{log}");
+    assert!(quiet >= FLOOD / 2, "{quiet} suppressed:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }

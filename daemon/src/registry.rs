@@ -9,7 +9,7 @@
 
 use rtprof_shared::layout::Header;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 
@@ -26,7 +26,38 @@ pub struct Registered {
     pub uid: u32,
 }
 
-/// Listens at `path` (replacing a stale socket); anyone may connect.
+/// Who is at the other end of a connection (the kernel says, at connect).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer {
+    pub pid: u32,
+    pub uid: u32,
+}
+
+/// Why no registration was read from a connection.
+#[derive(Debug)]
+pub enum RecvError {
+    /// Nothing sent yet: try again when it is readable.
+    WouldBlock,
+    /// The peer hung up without sending anything.
+    Closed,
+    /// Something other than a greeting with a descriptor.
+    NotRegistration,
+    Io(io::Error),
+}
+
+impl std::fmt::Display for RecvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecvError::WouldBlock => f.write_str("nothing sent yet"),
+            RecvError::Closed => f.write_str("closed without sending a registration"),
+            RecvError::NotRegistration => f.write_str("not a registration"),
+            RecvError::Io(e) => write!(f, "cannot read: {e}"),
+        }
+    }
+}
+
+/// Listens at `path` (replacing a stale socket), non-blocking; anyone may
+/// connect.
 pub fn listen(path: &Path) -> io::Result<UnixListener> {
     if path.exists() {
         std::fs::remove_file(path)?;
@@ -38,63 +69,93 @@ pub fn listen(path: &Path) -> io::Result<UnixListener> {
     Ok(l)
 }
 
-/// Receives one registration from a connected agent.
-pub fn receive(conn: &std::os::unix::net::UnixStream) -> io::Result<Registered> {
-    let s = conn.as_raw_fd();
+/// The credentials of the process that connected `conn`.
+pub fn peer(conn: BorrowedFd<'_>) -> io::Result<Peer> {
+    // SAFETY: ucred is plain integers; all-zero is valid.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut clen = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    if unsafe {
+    // SAFETY: `cred` and `clen` are valid for writes of the sizes given.
+    let r = unsafe {
         libc::getsockopt(
-            s,
+            conn.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_PEERCRED,
             &mut cred as *mut _ as *mut libc::c_void,
             &mut clen,
         )
-    } != 0
-    {
+    };
+    if r != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(Peer {
+        pid: cred.pid as u32,
+        uid: cred.uid,
+    })
+}
+
+/// Reads one registration from `conn` without waiting: an 8-byte greeting
+/// with the segment's descriptor attached.
+pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Registered, RecvError> {
     let mut payload = [0u8; 16];
     let mut iov = libc::iovec {
         iov_base: payload.as_mut_ptr() as *mut libc::c_void,
         iov_len: payload.len(),
     };
-    let mut control = [0u64; 8];
+    // Room for one descriptor (padding makes it two): the kernel closes
+    // any more a sender attaches instead of adding them to our table.
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    let n = unsafe { libc::recvmsg(s, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as usize;
+    // SAFETY: `msg` points at `iov` and `control`, which outlive the call
+    // and are as large as it says.
+    let n = unsafe {
+        libc::recvmsg(
+            conn.as_raw_fd(),
+            &mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
     if n < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        return Err(match e.kind() {
+            io::ErrorKind::WouldBlock => RecvError::WouldBlock,
+            _ => RecvError::Io(e),
+        });
     }
     // Take every descriptor passed (so none leaks), keep the first.
     let mut fds = Vec::new();
-    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !c.is_null() {
-        let h = unsafe { &*c };
-        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
-            let data = unsafe { libc::CMSG_DATA(c) } as *const libc::c_int;
-            let count = (h.cmsg_len - unsafe { libc::CMSG_LEN(0) } as usize) / 4;
-            for i in 0..count {
-                let fd = unsafe { std::ptr::read_unaligned(data.add(i)) };
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    // SAFETY: `msg` was filled in by recvmsg; the CMSG macros walk only
+    // within its control buffer, and every descriptor in an SCM_RIGHTS
+    // message is ours now, so owning (and closing) it is right.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let h = &*c;
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const libc::c_int;
+                let count = (h.cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
             }
+            c = libc::CMSG_NXTHDR(&msg, c);
         }
-        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+    }
+    if n == 0 && fds.is_empty() {
+        return Err(RecvError::Closed);
     }
     if n < 8 || &payload[..8] != b"RTPROF1\0" || fds.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a registration",
-        ));
+        return Err(RecvError::NotRegistration);
     }
     Ok(Registered {
         fd: fds.swap_remove(0),
-        pid: cred.pid as u32,
-        uid: cred.uid,
+        pid: from.pid,
+        uid: from.uid,
     })
 }
 
@@ -107,12 +168,16 @@ impl Mapped {
     /// Maps the segment behind `fd` if it can never shrink: the agent seals
     /// its memfd (F_SEAL_SHRINK), so reading the mapping cannot fault
     /// (SIGBUS) whatever the process does later. Anything else is refused.
+    /// The mapping keeps the file alive: the caller may close `fd`.
     pub fn open(fd: &OwnedFd) -> Result<Mapped, String> {
+        // SAFETY: F_GET_SEALS on a descriptor we own reads nothing of ours.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
             return Err("segment is not a memfd sealed against shrinking".into());
         }
+        // SAFETY: stat is plain data; all-zero is valid.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is valid for writes.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(io::Error::last_os_error().to_string());
         }
@@ -126,6 +191,9 @@ impl Mapped {
                 "segment of {len} bytes is larger than {MAX_SEGMENT}"
             ));
         }
+        // SAFETY: the file can never shrink below `len` (the seal checked
+        // above), so no page of the mapping can fault; its bytes change
+        // under us, which every reader of them allows for.
         let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
             .map_err(|e| format!("cannot map segment: {e}"))?;
         Ok(Mapped { map })

@@ -2,17 +2,30 @@
 //! per-span statistics in the presentation segment that schedulers read.
 //! It only aggregates: agents count and sample.
 
+mod accept;
+mod log;
 mod registry;
 mod spans;
+mod table;
 
+use accept::{Acceptor, Outcome};
 use clap::Parser;
-use registry::{Mapped, Registered};
+use log::{Kind, Limiter};
+use registry::Registered;
 use rtprof_shared::present::{segment_bytes, PresentWriter};
-use spans::Tracked;
-use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use table::{Refusal, Table};
+
+/// Connections of one user that may wait for their registration at once.
+const WAITING_PER_USER: usize = 8;
+/// Connections that may wait in all.
+const WAITING_TOTAL: usize = 64;
+/// How long a connection may stay silent; agents send at once.
+const WAITING_DEADLINE: Duration = Duration::from_secs(1);
+/// Log lines per user and kind of message per interval.
+const LOG_LINES: u32 = 10;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +52,16 @@ struct Args {
     /// Size of each of the segment's two buffers, in MiB.
     #[arg(long, default_value_t = 64)]
     buffer_mib: u64,
+    /// Segments followed at most, in all.
+    #[arg(long, default_value_t = 16384)]
+    max_segments: usize,
+    /// Segments followed at most per user (at most half of --max-segments).
+    #[arg(long, default_value_t = 4096)]
+    max_segments_per_user: usize,
+    /// Seconds over which each user's refusals of one kind are logged at
+    /// most ten times; the rest are counted in one summary line.
+    #[arg(long, default_value_t = 10)]
+    log_interval: u64,
 }
 
 fn now_ns() -> u64 {
@@ -47,63 +70,10 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// A segment being followed.
-struct Entry {
-    reg: Registered,
-    map: Option<Mapped>,
-    tracked: Option<Tracked>,
-    /// Ticks it has stayed unreadable (an agent still starting).
-    pending: u32,
-}
-
-impl Entry {
-    fn new(reg: Registered) -> Entry {
-        Entry {
-            reg,
-            map: None,
-            tracked: None,
-            pending: 0,
-        }
-    }
-
-    /// Reads the segment at `now`: `Ok(None)` while the agent is still
-    /// filling it in.
-    fn observe(&mut self, now: u64, span_ns: u64) -> Result<Option<spans::Seen>, String> {
-        if self.map.is_none() {
-            self.map = Some(Mapped::open(&self.reg.fd)?);
-        }
-        let map = self.map.as_ref().unwrap();
-        let Some(bytes) = map.bytes() else {
-            return Ok(None);
-        };
-        let h = rtprof_shared::read_header(bytes).map_err(|e| e.to_string())?;
-        map.check_size(&h)?;
-        let seen = match &mut self.tracked {
-            Some(t) => t.observe(bytes, &h, now, span_ns),
-            None => Tracked::new(bytes, &h, now, span_ns).map(|(t, seen)| {
-                self.tracked = Some(t);
-                seen
-            }),
-        };
-        match seen {
-            Ok(s) => Ok(Some(s)),
-            // Still starting: filled in but not yet consistent.
-            Err(_)
-                if self.tracked.is_none() && h.state == rtprof_shared::layout::state::STARTING =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e.to_string()),
-        }
-    }
-}
-
-fn alive(pid: u32) -> bool {
-    unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
-}
-
 fn group_id(name: &str) -> Option<u32> {
     let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: `c` is NUL-terminated; the result, if not null, points at
+    // libc's static entry, read at once (single-threaded start-up).
     let g = unsafe { libc::getgrnam(c.as_ptr()) };
     (!g.is_null()).then(|| unsafe { (*g).gr_gid })
 }
@@ -124,23 +94,81 @@ fn create_present(a: &Args) -> Result<(memmap2::MmapMut, PresentWriter), String>
         std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(|e| e.to_string())?;
     }
     f.set_len(len).map_err(|e| e.to_string())?;
+    // SAFETY: a file only we write (readers map it read-only), of `len`
+    // bytes, which nobody truncates while we run.
     let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(|e| e.to_string())?;
+    // SAFETY: `map` is `len` bytes, writable, and outlives the writer
+    // (main keeps both to the end).
     let w = unsafe { PresentWriter::init(map.as_mut_ptr(), len, a.tick * 1_000_000) };
     // Readers find a complete header or the previous segment, never half.
     std::fs::rename(&tmp, &a.present).map_err(|e| e.to_string())?;
     Ok((map, w))
 }
 
+/// Raises the soft limit on descriptors to the hard one (connections wait
+/// in descriptors of their own); returns the limit in force.
+fn raise_descriptor_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is valid for writes; setrlimit only reads it.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                ..r
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r = raised;
+            }
+        }
+    }
+    r.rlim_cur
+}
+
+/// Follows `reg` if the table takes it, saying why not (rate-limited).
+fn admit(table: &mut Table, reg: Registered, log: &mut Limiter) {
+    let (pid, uid) = (reg.pid, reg.uid);
+    let now = Instant::now();
+    match table.admit(reg) {
+        Ok(a) if a.replaced => log.log(Some(uid), Kind::Replaced, now, || {
+            format!(
+                "rtprofd: pid {pid} (uid {uid}): more than {} registrations of one pid; the oldest is dropped",
+                table::PER_PID
+            )
+        }),
+        Ok(_) => {}
+        Err(r) => {
+            let kind = match r {
+                Refusal::Segment(_) => Kind::Segment,
+                Refusal::UserCap { .. } | Refusal::Full { .. } => Kind::Cap,
+            };
+            log.log(Some(uid), kind, now, || {
+                format!("rtprofd: pid {pid} (uid {uid}): {r}")
+            });
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let a = Args::parse();
     // Every tick builds tables of about the same size: keep freed memory
     // rather than giving it back to the kernel and faulting it in again.
+    // SAFETY: tuning malloc before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
     let tick = Duration::from_millis(a.tick.max(50));
     let span_ns = a.span.max(a.tick) * 1_000_000;
+    // Followed segments hold no descriptor; waiting connections do, and a
+    // few are needed besides (the present file, /proc while discovering).
+    let fds = raise_descriptor_limit();
+    let waiting_total = WAITING_TOTAL.min((fds.saturating_sub(32) / 2) as usize);
     if let Some(dir) = a.socket.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -165,83 +193,61 @@ fn main() -> std::process::ExitCode {
         tick.as_millis(),
         span_ns / 1_000_000
     );
-    let mut entries: Vec<Entry> = Vec::new();
+    let mut log = Limiter::to_stderr(LOG_LINES, Duration::from_secs(a.log_interval.max(1)));
+    let mut table = Table::new(table::Caps {
+        per_user: a.max_segments_per_user,
+        total: a.max_segments,
+    });
+    let mut acceptor = Acceptor::new(
+        listener,
+        accept::Limits {
+            per_user: WAITING_PER_USER,
+            total: waiting_total,
+            deadline: WAITING_DEADLINE,
+        },
+    );
     // Agents that started before us (root only: others' map_files are closed).
-    entries.extend(registry::discover(&|_| false).into_iter().map(Entry::new));
-    if !entries.is_empty() {
-        eprintln!("rtprofd: found {} running agent(s)", entries.len());
+    for reg in registry::discover(&|_| false) {
+        admit(&mut table, reg, &mut log);
     }
+    if table.len() > 0 {
+        eprintln!("rtprofd: found {} running agent(s)", table.len());
+    }
+    let mut outcomes = Vec::new();
+    let mut due = Instant::now();
     loop {
-        let started = Instant::now();
-        // New registrations.
-        while let Ok((conn, _)) = listener.accept() {
-            let _ = conn.set_nonblocking(false);
-            let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
-            match registry::receive(&conn) {
-                Ok(reg) => entries.push(Entry::new(reg)),
-                Err(e) => eprintln!("rtprofd: registration refused: {e}"),
+        // Registrations until the tick is due: the acceptor never blocks
+        // past it, whatever connections do.
+        loop {
+            acceptor.wait(due, &mut outcomes);
+            let now = Instant::now();
+            for o in outcomes.drain(..) {
+                match o {
+                    Outcome::Registered(reg) => admit(&mut table, reg, &mut log),
+                    Outcome::Closed { peer, why } => {
+                        log.log(Some(peer.uid), Kind::Connection, now, || {
+                            format!("rtprofd: pid {} (uid {}): {why}", peer.pid, peer.uid)
+                        })
+                    }
+                    Outcome::Starved(e) => log.log(None, Kind::Cap, now, || {
+                        format!("rtprofd: cannot accept connections: {e}")
+                    }),
+                }
+            }
+            if now >= due {
+                break;
             }
         }
         let now = now_ns();
-        // Snapshot everyone; note who ended.
-        let mut newest_start: HashMap<u32, u64> = HashMap::new();
-        entries.retain_mut(|e| {
-            let seen = match e.observe(now, span_ns) {
-                Ok(Some(s)) => s,
-                Ok(None) if e.pending < 50 => {
-                    e.pending += 1;
-                    return true;
-                }
-                Ok(None) => {
-                    eprintln!(
-                        "rtprofd: pid {}: segment never filled in; dropped",
-                        e.reg.pid
-                    );
-                    return false;
-                }
-                Err(err) => {
-                    eprintln!(
-                        "rtprofd: pid {} (uid {}): segment rejected: {err}",
-                        e.reg.pid, e.reg.uid
-                    );
-                    return false;
-                }
-            };
-            // A process may only speak for itself.
-            if seen.pid != e.reg.pid {
-                eprintln!(
-                    "rtprofd: pid {} registered a segment of pid {} ({}); rejected",
-                    e.reg.pid,
-                    seen.pid,
-                    e.tracked.as_ref().map_or("?", |t| t.exe.as_str())
-                );
-                return false;
-            }
-            let ns = newest_start.entry(seen.pid).or_default();
-            *ns = (*ns).max(seen.start_ns);
-            let t = e.tracked.as_mut().unwrap();
-            if seen.state == rtprof_shared::layout::state::EXITED || !alive(seen.pid) {
-                t.ended = true;
-            }
-            true
-        });
-        // An image replaced by exec: the same pid registered again, later.
-        for e in &mut entries {
-            if let Some(t) = &mut e.tracked {
-                if newest_start.get(&t.pid).is_some_and(|&s| s > t.start_ns) {
-                    t.ended = true;
-                }
-            }
-        }
-        let tables: Vec<_> = entries
-            .iter()
-            .filter_map(|e| e.tracked.as_ref().map(Tracked::table))
-            .collect();
-        if let Err(e) = writer.publish(now, span_ns, &tables) {
+        table.observe(now, span_ns, &mut log);
+        if let Err(e) = writer.publish(now, span_ns, &table.tables()) {
             eprintln!("rtprofd: cannot publish: {e}");
         }
         // Ended processes were published once more, with their last counts.
-        entries.retain(|e| !e.tracked.as_ref().is_some_and(|t| t.ended));
-        std::thread::sleep(tick.saturating_sub(started.elapsed()));
+        table.drop_ended();
+        log.flush(Instant::now());
+        // The next tick a period after this one was due; at once if late,
+        // but never several at once to catch up.
+        due = (due + tick).max(Instant::now());
     }
 }

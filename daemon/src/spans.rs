@@ -95,7 +95,6 @@ struct Delta {
 /// What the daemon needs to know of a process each tick.
 pub struct Seen {
     pub pid: u32,
-    pub start_ns: u64,
     pub state: u32,
 }
 
@@ -124,7 +123,6 @@ pub struct Tracked {
 fn seen(h: &Header) -> Seen {
     Seen {
         pid: h.pid,
-        start_ns: h.start_ns,
         state: h.state,
     }
 }
@@ -367,6 +365,8 @@ mod tests {
                 stripes: 3,
             });
             let mut mem = vec![0u64; (layout.total_size / 8) as usize];
+            // SAFETY: `mem` is the layout's size, 8-aligned, and lives as
+            // long as `w` (both in `Seg`).
             let w =
                 unsafe { SegmentWriter::init(mem.as_mut_ptr() as *mut u8, layout, 5, 1, 1_000) };
             w.set_exe(b"/bin/app").unwrap();
@@ -385,12 +385,15 @@ mod tests {
             read_header(self.bytes()).unwrap()
         }
         fn bytes(&self) -> &[u8] {
+            // SAFETY: `mem` is a live allocation of `len * 8` bytes.
             unsafe {
                 std::slice::from_raw_parts(self.mem.as_ptr() as *const u8, self.mem.len() * 8)
             }
         }
         /// Sets `hot`'s calls (split over two stripes) and samples.
         fn set(&self, calls: u64, samples: u64, libc: u64) {
+            // SAFETY: the stripes and sample counters lie within `mem`, which nothing else accesses
+            // meanwhile.
             unsafe {
                 *self.w.stripe_ptr(0) = calls / 2;
                 *self.w.stripe_ptr(1) = calls - calls / 2;
@@ -447,6 +450,7 @@ mod tests {
         seg.w.add_module(b"/lib/late.so", 0).unwrap();
         let f = seg.w.add_function(b"late", 0, 1).unwrap();
         seg.w.set_status(f, None);
+        // SAFETY: slot `f` of stripe 0 lies within the segment's memory.
         unsafe { *seg.w.stripe_ptr(0).add(f as usize) = 7 };
         t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S)
             .unwrap();

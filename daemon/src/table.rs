@@ -1,0 +1,477 @@
+//! The segments the daemon follows, and how many any sender may hold. A
+//! process image has one segment: a pid that registers again replaces its
+//! earlier registration, except that an image replaced by exec keeps its
+//! segment for one last span. A few registrations per pid are kept until
+//! a tick sorts them out; beyond that the oldest goes at once. Each user
+//! may hold a share of the table, never all of it, so there is always room
+//! for other users' new processes.
+
+use crate::log::{Kind, Limiter};
+use crate::registry::{Mapped, Registered};
+use crate::spans::{self, Tracked};
+use rtprof_shared::layout::state;
+use rtprof_shared::present::ProcTable;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+/// Registrations kept per pid until a tick settles which image each is:
+/// the live one and images replaced by exec within one tick.
+pub const PER_PID: usize = 8;
+/// Ticks a segment may stay unwritten (an agent still starting).
+const UNFILLED_TICKS: u32 = 50;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Caps {
+    pub per_user: usize,
+    pub total: usize,
+}
+
+/// Why a registration was not taken.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Its user holds as many segments as a user may.
+    UserCap { held: usize },
+    /// The daemon follows as many segments as it may.
+    Full { held: usize },
+    /// The segment itself cannot be followed.
+    Segment(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::UserCap { held } => write!(
+                f,
+                "registration refused: this user already has {held} segments followed (the limit)"
+            ),
+            Refusal::Full { held } => write!(
+                f,
+                "registration refused: {held} segments followed in all (the limit)"
+            ),
+            Refusal::Segment(e) => write!(f, "segment rejected: {e}"),
+        }
+    }
+}
+
+/// A registration taken, and whether it pushed out an earlier one of its
+/// pid (the pid had [`PER_PID`]).
+#[derive(Debug)]
+pub struct Admitted {
+    pub replaced: bool,
+}
+
+/// A segment being followed.
+struct Entry {
+    /// The sender, from the socket's credentials.
+    pid: u32,
+    uid: u32,
+    map: Mapped,
+    tracked: Option<Tracked>,
+    /// Ticks it has stayed unreadable (an agent still starting).
+    unfilled: u32,
+}
+
+impl Entry {
+    /// Reads the segment at `now`: `Ok(None)` while the agent is still
+    /// filling it in.
+    fn observe(&mut self, now: u64, span_ns: u64) -> Result<Option<spans::Seen>, String> {
+        let Some(bytes) = self.map.bytes() else {
+            return Ok(None);
+        };
+        let h = rtprof_shared::read_header(bytes).map_err(|e| e.to_string())?;
+        self.map.check_size(&h)?;
+        let seen = match &mut self.tracked {
+            Some(t) => t.observe(bytes, &h, now, span_ns),
+            None => Tracked::new(bytes, &h, now, span_ns).map(|(t, seen)| {
+                self.tracked = Some(t);
+                seen
+            }),
+        };
+        match seen {
+            Ok(s) => Ok(Some(s)),
+            // Still starting: filled in but not yet consistent.
+            Err(_) if self.tracked.is_none() && h.state == state::STARTING => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn start_ns(&self) -> Option<u64> {
+        self.tracked.as_ref().map(|t| t.start_ns)
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only asks whether the process exists; errno is
+    // this thread's.
+    unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+pub struct Table {
+    caps: Caps,
+    /// By admission order.
+    entries: BTreeMap<u64, Entry>,
+    next: u64,
+    /// Each sender pid's entries, oldest first.
+    by_pid: HashMap<u32, Vec<u64>>,
+    by_uid: HashMap<u32, usize>,
+}
+
+impl Table {
+    pub fn new(caps: Caps) -> Table {
+        Table {
+            caps: Caps {
+                // One user never fills the table.
+                per_user: caps.per_user.min(caps.total / 2).max(1),
+                total: caps.total.max(2),
+            },
+            entries: BTreeMap::new(),
+            next: 0,
+            by_pid: HashMap::new(),
+            by_uid: HashMap::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Takes a registration if its user and the table have room (a pid at
+    /// [`PER_PID`] makes room by dropping its oldest), mapping its segment
+    /// and closing its descriptor: a followed segment holds no descriptor.
+    pub fn admit(&mut self, reg: Registered) -> Result<Admitted, Refusal> {
+        let victim = self.by_pid.get(&reg.pid).and_then(|seqs| {
+            (seqs.len() >= PER_PID).then(|| {
+                // Never read is least likely to be the live image.
+                *seqs
+                    .iter()
+                    .find(|s| self.entries[s].tracked.is_none())
+                    .unwrap_or(&seqs[0])
+            })
+        });
+        let frees_own = victim.is_some_and(|v| self.entries[&v].uid == reg.uid);
+        let held = self.by_uid.get(&reg.uid).copied().unwrap_or(0) - frees_own as usize;
+        if held >= self.caps.per_user {
+            return Err(Refusal::UserCap { held });
+        }
+        if victim.is_none() && self.entries.len() >= self.caps.total {
+            return Err(Refusal::Full {
+                held: self.entries.len(),
+            });
+        }
+        let map = Mapped::open(&reg.fd).map_err(Refusal::Segment)?;
+        if let Some(v) = victim {
+            self.remove(v);
+        }
+        let seq = self.next;
+        self.next += 1;
+        self.entries.insert(
+            seq,
+            Entry {
+                pid: reg.pid,
+                uid: reg.uid,
+                map,
+                tracked: None,
+                unfilled: 0,
+            },
+        );
+        self.by_pid.entry(reg.pid).or_default().push(seq);
+        *self.by_uid.entry(reg.uid).or_default() += 1;
+        Ok(Admitted {
+            replaced: victim.is_some(),
+        })
+    }
+
+    fn remove(&mut self, seq: u64) -> Option<Entry> {
+        let e = self.entries.remove(&seq)?;
+        if let Some(seqs) = self.by_pid.get_mut(&e.pid) {
+            seqs.retain(|&s| s != seq);
+            if seqs.is_empty() {
+                self.by_pid.remove(&e.pid);
+            }
+        }
+        if let Some(n) = self.by_uid.get_mut(&e.uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_uid.remove(&e.uid);
+            }
+        }
+        Some(e)
+    }
+
+    /// Reads every segment at `now` (wall-clock ns), drops the bad ones,
+    /// and settles each pid's registrations: one per image, and images
+    /// replaced by exec marked ended.
+    pub fn observe(&mut self, now: u64, span_ns: u64, log: &mut Limiter) {
+        let t = Instant::now();
+        let mut gone = Vec::new();
+        for (&seq, e) in &mut self.entries {
+            let seen = match e.observe(now, span_ns) {
+                Ok(Some(s)) => s,
+                Ok(None) if e.unfilled < UNFILLED_TICKS => {
+                    e.unfilled += 1;
+                    continue;
+                }
+                Ok(None) => {
+                    log.log(Some(e.uid), Kind::Segment, t, || {
+                        format!(
+                            "rtprofd: pid {} (uid {}): segment never filled in; dropped",
+                            e.pid, e.uid
+                        )
+                    });
+                    gone.push(seq);
+                    continue;
+                }
+                Err(err) => {
+                    log.log(Some(e.uid), Kind::Segment, t, || {
+                        format!(
+                            "rtprofd: pid {} (uid {}): segment rejected: {err}",
+                            e.pid, e.uid
+                        )
+                    });
+                    gone.push(seq);
+                    continue;
+                }
+            };
+            // A process may only speak for itself.
+            if seen.pid != e.pid {
+                log.log(Some(e.uid), Kind::Segment, t, || {
+                    format!(
+                        "rtprofd: pid {} registered a segment of pid {} ({}); rejected",
+                        e.pid,
+                        seen.pid,
+                        e.tracked.as_ref().map_or("?", |t| t.exe.as_str())
+                    )
+                });
+                gone.push(seq);
+                continue;
+            }
+            let tr = e.tracked.as_mut().unwrap();
+            if seen.state == state::EXITED || !alive(seen.pid) {
+                tr.ended = true;
+            }
+        }
+        for seq in gone {
+            self.remove(seq);
+        }
+        self.settle(log, t);
+    }
+
+    /// One registration per image: of a pid's registrations, an image older
+    /// than its newest has been replaced by exec (ended, so published once
+    /// more); a registration superseded by a later one of the same image,
+    /// or never filled in while a later one came, is dropped.
+    fn settle(&mut self, log: &mut Limiter, t: Instant) {
+        let (mut superseded, mut replaced_by_exec) = (Vec::new(), Vec::new());
+        for seqs in self.by_pid.values().filter(|s| s.len() > 1) {
+            let newest = seqs.iter().filter_map(|s| self.entries[s].start_ns()).max();
+            for (k, s) in seqs.iter().enumerate() {
+                let later = &seqs[k + 1..];
+                match self.entries[s].start_ns() {
+                    None if !later.is_empty() => superseded.push(*s),
+                    None => {}
+                    Some(start)
+                        if later
+                            .iter()
+                            .any(|l| self.entries[l].start_ns() == Some(start)) =>
+                    {
+                        superseded.push(*s)
+                    }
+                    Some(start) if Some(start) < newest => replaced_by_exec.push(*s),
+                    Some(_) => {}
+                }
+            }
+        }
+        for s in replaced_by_exec {
+            if let Some(t) = self.entries.get_mut(&s).and_then(|e| e.tracked.as_mut()) {
+                t.ended = true;
+            }
+        }
+        for s in superseded {
+            if let Some(e) = self.remove(s) {
+                log.log(Some(e.uid), Kind::Replaced, t, || {
+                    format!(
+                        "rtprofd: pid {} (uid {}): registered again; the earlier registration is dropped",
+                        e.pid, e.uid
+                    )
+                });
+            }
+        }
+    }
+
+    /// Each followed process's table for the span.
+    pub fn tables(&self) -> Vec<ProcTable<'_>> {
+        self.entries
+            .values()
+            .filter_map(|e| e.tracked.as_ref().map(Tracked::table))
+            .collect()
+    }
+
+    /// Drops the processes that ended (published once more since).
+    pub fn drop_ended(&mut self) {
+        let ended: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.tracked.as_ref().is_some_and(|t| t.ended))
+            .map(|(&s, _)| s)
+            .collect();
+        for s in ended {
+            self.remove(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtprof_shared::layout::{Capacities, Layout};
+    use rtprof_shared::SegmentWriter;
+    use std::cell::RefCell;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    /// A memfd holding `bytes`, sealed against shrinking if `seal`.
+    fn memfd(bytes: &[u8], seal: bool) -> OwnedFd {
+        // SAFETY: plain system calls on a descriptor we create and own.
+        unsafe {
+            let fd = libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_ALLOW_SEALING);
+            assert!(fd >= 0);
+            let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+            assert_eq!(n, bytes.len() as isize);
+            if seal {
+                assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+            }
+            OwnedFd::from_raw_fd(fd)
+        }
+    }
+
+    /// A complete, running segment of `pid` started at `start_ns`.
+    fn segment(pid: u32, start_ns: u64) -> Vec<u8> {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 4,
+            strings: 64,
+            stripes: 1,
+        });
+        let mut mem = vec![0u64; layout.total_size as usize / 8];
+        // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
+        let w = unsafe { SegmentWriter::init(mem.as_mut_ptr().cast(), layout, pid, 1, start_ns) };
+        w.set_exe(b"/bin/app").unwrap();
+        w.set_state(state::RUNNING);
+        mem.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    fn reg(bytes: &[u8], pid: u32, uid: u32) -> Registered {
+        Registered {
+            fd: memfd(bytes, true),
+            pid,
+            uid,
+        }
+    }
+
+    fn quiet() -> (Limiter, Rc<RefCell<Vec<String>>>) {
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let sink = seen.clone();
+        let l = Limiter::new(
+            100,
+            Duration::from_secs(10),
+            Box::new(move |l| sink.borrow_mut().push(l.to_string())),
+        );
+        (l, seen)
+    }
+
+    const CAPS: Caps = Caps {
+        per_user: 100,
+        total: 1000,
+    };
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_pid_keeps_a_few_registrations_then_one() {
+        let mut t = Table::new(CAPS);
+        let me = std::process::id();
+        let mut replaced = 0;
+        for _ in 0..50 {
+            replaced += t.admit(reg(&[0; 4096], me, 0)).unwrap().replaced as usize;
+        }
+        assert_eq!((t.len(), replaced), (PER_PID, 50 - PER_PID));
+        // The newest is complete: every earlier one of the pid goes.
+        t.admit(reg(&segment(me, 5), me, 0)).unwrap();
+        let (mut log, seen) = quiet();
+        t.observe(100 * S, 5 * S, &mut log);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.tables().len(), 1);
+        assert_eq!(seen.borrow().len(), PER_PID - 1, "{:?}", seen.borrow());
+        assert!(seen.borrow()[0].contains("registered again"));
+    }
+
+    #[test]
+    fn an_image_replaced_by_exec_has_one_last_span() {
+        let mut t = Table::new(CAPS);
+        let me = std::process::id();
+        let (mut log, _) = quiet();
+        t.admit(reg(&segment(me, 5), me, 0)).unwrap();
+        t.observe(100 * S, 5 * S, &mut log);
+        // The same image again replaces it; a later image ends it.
+        t.admit(reg(&segment(me, 5), me, 0)).unwrap();
+        t.observe(101 * S, 5 * S, &mut log);
+        assert_eq!(t.len(), 1);
+        t.admit(reg(&segment(me, 9), me, 0)).unwrap();
+        t.observe(102 * S, 5 * S, &mut log);
+        let ended: Vec<bool> = t.tables().iter().map(|p| p.ended).collect();
+        assert_eq!(ended, [true, false]);
+        t.drop_ended();
+        assert_eq!(t.len(), 1);
+        assert!(!t.tables()[0].ended);
+    }
+
+    #[test]
+    fn each_user_holds_at_most_its_share() {
+        // Asked for all 10: a user gets half.
+        let mut t = Table::new(Caps {
+            per_user: 10,
+            total: 10,
+        });
+        for pid in 1..=5 {
+            t.admit(reg(&[0; 4096], pid, 7)).unwrap();
+        }
+        let r = t.admit(reg(&[0; 4096], 6, 7));
+        assert!(matches!(r, Err(Refusal::UserCap { held: 5 })), "{r:?}");
+        // Not even from a pid it already has.
+        t.admit(reg(&[0; 4096], 1, 7)).unwrap_err();
+        for pid in 11..=15 {
+            t.admit(reg(&[0; 4096], pid, 8)).unwrap();
+        }
+        let r = t.admit(reg(&[0; 4096], 16, 9));
+        assert!(matches!(r, Err(Refusal::Full { held: 10 })), "{r:?}");
+    }
+
+    #[test]
+    fn a_pid_at_its_limit_replaces_its_own_even_at_the_users_cap() {
+        let mut t = Table::new(Caps {
+            per_user: PER_PID,
+            total: 1000,
+        });
+        for _ in 0..PER_PID {
+            t.admit(reg(&[0; 4096], 1, 7)).unwrap();
+        }
+        assert!(t.admit(reg(&[0; 4096], 2, 7)).is_err());
+        assert!(t.admit(reg(&[0; 4096], 1, 7)).unwrap().replaced);
+        assert_eq!(t.len(), PER_PID);
+    }
+
+    #[test]
+    fn an_unsealed_file_is_refused_and_costs_no_room() {
+        let mut t = Table::new(CAPS);
+        let r = t.admit(Registered {
+            fd: memfd(&[0; 4096], false),
+            pid: 1,
+            uid: 0,
+        });
+        assert!(
+            matches!(&r, Err(Refusal::Segment(e)) if e.contains("not a memfd sealed")),
+            "{r:?}"
+        );
+        assert_eq!(t.len(), 0);
+    }
+}
