@@ -369,6 +369,19 @@ fn check_report(case: &Case, mode: Mode, report: &Value, plain: &Output) {
                     p["pid"]
                 );
             }
+            // A process killed while a library it had just loaded was being
+            // instrumented (a pool worker terminated at shutdown) leaves its
+            // functions `not_attempted`, as documented.
+            let unfinished = m["refused"]["not_attempted"].as_u64().unwrap_or(0);
+            if unfinished > 0 {
+                assert_eq!(
+                    p["ended"], "abrupt",
+                    "{what}: pid {} ({exe}): {path}: functions not attempted, \
+                     but the process ended normally: {m}",
+                    p["pid"]
+                );
+                continue;
+            }
             // A real program's entries are nearly all patchable; a stub
             // library's one or two may all be too small.
             let at_least = if i == 0 { 1 } else { functions.div_ceil(2) };
@@ -915,32 +928,51 @@ fn gdb_compare(
     Ok(())
 }
 
-/// The agent really ran in the debugged program: its report lists the
-/// program with functions patched (and libc with `all`).
+/// The agent really was loaded into the debugged program, saw the
+/// debugger, and stayed inert: a debugger writes breakpoints where entries
+/// would be rewritten, places later ones after a function's prologue and
+/// steps through code it expects to find there, so the program is debugged
+/// exactly as without the agent.
 fn check_debugged_report(dir: &Path, bin: &Path, opt: &str, modules: &str) {
-    let want = canonical(bin);
-    let prefix = format!("report{opt}-");
-    let found = std::fs::read_dir(dir)
+    let reports = dir.join(format!("inert{opt}-%p.json"));
+    let mut cmd = Command::new(program("gdb", "gdb"));
+    cmd.args(["-batch", "-nx"])
+        .arg("-ex")
+        .arg(format!("set environment LD_PRELOAD {}", agent().display()))
+        .arg("-ex")
+        .arg("set environment RTPROF_VERBOSE 1")
+        .arg("-ex")
+        .arg(format!("set environment RTPROF_MODULES {modules}"))
+        .arg("-ex")
+        .arg(format!(
+            "set environment RTPROF_REPORT {}",
+            reports.display()
+        ))
+        .arg("-ex")
+        .arg("run")
+        .arg(bin)
+        .env("PATH", SYSTEM_PATH)
+        .env("LC_ALL", "C");
+    let out = run_bounded("gdb", cmd, b"");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("(a debugger?) at start-up; process left unprofiled"),
+        "the agent did not say it stayed inert under gdb:\n{text}"
+    );
+    assert!(
+        text.contains("prog: end"),
+        "the program did not run to its end:\n{text}"
+    );
+    let left = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .filter_map(|e| {
-            serde_json::from_str::<Value>(&std::fs::read_to_string(e.path()).ok()?).ok()
-        })
-        .flat_map(|v| v["processes"].as_array().cloned().unwrap_or_default())
-        .find(|p| p["exe"].as_str().map(Path::new) == Some(want.as_path()))
-        .unwrap_or_else(|| panic!("no agent report for {} under gdb", want.display()));
-    let mods = found["modules"].as_array().unwrap();
-    assert!(uint(&mods[0], "patched") > 0, "{}", found["modules"]);
-    if modules == "all" {
-        assert!(
-            mods.iter()
-                .any(|m| m["path"].as_str().unwrap().ends_with("/libc.so.6")
-                    && uint(m, "patched") > 0),
-            "libc instrumented: {}",
-            found["modules"]
-        );
-    }
+        .filter(|e| e.file_name().to_string_lossy().starts_with("inert"))
+        .count();
+    assert_eq!(left, 0, "an inert agent wrote a report");
 }
 
 /// gdb writes its breakpoint before the agent's constructor runs.
@@ -963,7 +995,7 @@ fn gdb_libc_breakpoint_set_before_run() {
     );
 }
 
-/// A breakpoint in a function the agent has already patched.
+/// A breakpoint in a function set once the program runs.
 #[test]
 fn gdb_breakpoint_set_after_startup() {
     gdb_same(
@@ -981,7 +1013,8 @@ fn gdb_breakpoint_set_after_startup() {
     );
 }
 
-/// A breakpoint on the exact entry of a patched libc function.
+/// A breakpoint on the exact entry of a libc function, set once the
+/// program runs.
 #[test]
 fn gdb_libc_entry_breakpoint_set_after_startup() {
     gdb_same(
@@ -999,9 +1032,10 @@ fn gdb_libc_entry_breakpoint_set_after_startup() {
     );
 }
 
-/// `step` from main into a patched function, then `finish` back out.
+/// `step` from main into a function the agent would patch, then `finish`
+/// back out.
 #[test]
-fn gdb_step_into_patched_function_and_finish() {
+fn gdb_step_into_function_and_finish() {
     gdb_same(
         "step-finish",
         &[
