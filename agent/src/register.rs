@@ -4,7 +4,7 @@
 //! socket's credentials, so a process can only register itself.
 //!
 //! Nothing here may disturb the host: the socket is non-blocking, any
-//! failure (no daemon, a full backlog) is silent, and a daemon that is
+//! failure (no daemon, a backlog still full after 15 ms) is silent, and a daemon that is
 //! neither root nor this user is never sent anything. Allocation-free (a
 //! forked child registers from its fork handler).
 
@@ -61,8 +61,20 @@ unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), ()> {
         *d = *s as libc::c_char;
     }
     let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    if libc::connect(s, &addr as *const _ as *const libc::sockaddr, len) != 0 {
-        return Err(());
+    // A full backlog (the daemon busy, or someone flooding it) answers
+    // EAGAIN: a few short waits, 15 ms at most, then the process goes on
+    // unregistered.
+    let mut wait_ms = 1;
+    while libc::connect(s, &addr as *const _ as *const libc::sockaddr, len) != 0 {
+        if *libc::__errno_location() != libc::EAGAIN || wait_ms > 8 {
+            return Err(());
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: wait_ms * 1_000_000,
+        };
+        libc::nanosleep(&ts, std::ptr::null_mut());
+        wait_ms *= 2;
     }
     // The listener must be root or ourselves: anyone else could have put a
     // socket there to collect other users' counters.
