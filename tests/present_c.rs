@@ -125,7 +125,8 @@ fn put(b: &mut [u8], at: usize, v: &[u8]) {
 
 /// Offset of the current buffer.
 fn current(b: &[u8]) -> usize {
-    let gen = u64::from_le_bytes(b[16..24].try_into().unwrap());
+    let at = offset_of!(PresentHeader, generation);
+    let gen = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     let at = offset_of!(PresentHeader, buffer_off) + 8 * (gen & 1) as usize;
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize
 }

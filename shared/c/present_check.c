@@ -104,8 +104,8 @@ int main(int argc, char **argv) {
          * sane: a broken one is fuzzed as it is). */
         uint64_t gen = 0, off[2] = {0, 0};
         if (len >= 64) {
-            memcpy(&gen, orig + 16, 8);
-            memcpy(off, orig + 24, 16);
+            memcpy(&gen, orig + 24, 8); /* generation */
+            memcpy(off, orig + 32, 16); /* buffer_off */
         }
         size_t boff = off[gen & 1] < len ? (size_t)off[gen & 1] : 0;
         size_t window = len - boff < 4096 ? len - boff : 4096;
