@@ -560,6 +560,21 @@ fn json_report_is_written_whole_or_not_at_all() {
         .unwrap_or_else(|| panic!("{stdout}"));
     let v: Value = serde_json::from_str(report).unwrap();
     assert_eq!(work_calls(&v), 77);
+    // ... and after the program's own output when stdout is a file.
+    let file = dir.join("stdout.txt");
+    let st = Command::new(rtprof())
+        .args(["run", "--json", "/dev/stdout", "--"])
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&file).unwrap())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let all = std::fs::read_to_string(&file).unwrap();
+    let report = all
+        .strip_prefix("s=5929\n")
+        .unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(work_calls(&serde_json::from_str(report).unwrap()), 77);
 
     // On a full filesystem (a small tmpfs in a mount namespace of its
     // own), the old report stays as it was.

@@ -183,8 +183,8 @@ enum JsonOut {
         path: PathBuf,
         mode: Option<std::fs::Permissions>,
     },
-    /// A FIFO, terminal or device (`/dev/stdout`, a process substitution):
-    /// opened now, written in place.
+    /// A FIFO, terminal or device, or a descriptor's name (`/dev/stdout`,
+    /// a process substitution): opened now, written in place.
     Stream(std::fs::File),
 }
 
@@ -217,11 +217,18 @@ impl JsonOut {
     /// sentence.
     fn prepare(path: &Path) -> Result<JsonOut, String> {
         use std::os::unix::fs::OpenOptionsExt;
+        // /dev/stdout and the like name a descriptor: when it is a file
+        // (stdout redirected), the report goes after what the program
+        // wrote there, not over it.
+        let descriptor = ["/dev/stdout", "/dev/stderr", "/dev/fd", "/proc/self/fd"]
+            .iter()
+            .any(|d| path.starts_with(d));
         match std::fs::metadata(path) {
             Ok(m) if m.is_dir() => Err("is a directory".into()),
-            Ok(m) if !m.is_file() => {
+            Ok(m) if !m.is_file() || descriptor => {
                 // Non-blocking: a FIFO nobody reads is an error, not a hang.
                 let f = std::fs::OpenOptions::new()
+                    .append(m.is_file())
                     .write(true)
                     .custom_flags(libc::O_NONBLOCK)
                     .open(path)
