@@ -290,7 +290,7 @@ pub fn open_file(path: &Path) -> Result<std::fs::File, OpenError> {
     } else if t.is_block_device() {
         Some("a block device")
     } else {
-        Some("not a regular file")
+        Some("something other than a regular file")
     };
     if let Some(k) = kind {
         return Err(OpenError::NotRegular(k));
