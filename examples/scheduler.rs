@@ -4,59 +4,134 @@
 //! costs a transfer per call; a function moves if the saving is larger.
 //!
 //! usage: scheduler [--present PATH] [--once] [--speedup S] [--transfer-ns T]
+//!
+//! Exit status: 0 after `--once`; 1 when the segment cannot be read
+//! (missing, not a segment, malformed, never published, or rewritten under
+//! every read for five seconds); 2 for a bad argument.
 
-use rtprof_shared::present::{read_view, RowView};
+use rtprof_shared::present::{now_ns, open_file, read_view, OpenError, PresentError, RowView};
+use rtprof_shared::report::escape_text;
+use std::process::ExitCode;
 
-fn main() {
+const USAGE: &str = "usage: scheduler [--present PATH] [--once] [--speedup S] [--transfer-ns T]";
+/// Polls (100 ms apart) that may find the segment busy, or not yet
+/// published by a daemon that just started, before giving up.
+const RETRIES: u32 = 50;
+
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let opt = |name: &str| {
         args.iter()
             .position(|a| a == name)
-            .and_then(|i| args.get(i + 1).cloned())
+            .map(|i| {
+                args.get(i + 1)
+                    .cloned()
+                    .ok_or(format!("{name} needs a value"))
+            })
+            .transpose()
     };
-    let path = opt("--present").unwrap_or_else(|| "/run/rtprof/present".into());
-    let speedup: f64 = opt("--speedup").map_or(10.0, |v| v.parse().expect("number"));
-    let transfer_ns: f64 = opt("--transfer-ns").map_or(5000.0, |v| v.parse().expect("number"));
+    let number = |name: &str, default: f64| -> Result<f64, String> {
+        opt(name)?.map_or(Ok(default), |v| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or(format!("{name} {v}: not a positive number"))
+        })
+    };
+    let parsed = (|| {
+        let path = opt("--present")?.unwrap_or_else(|| "/run/rtprof/present".into());
+        Ok::<_, String>((
+            path,
+            number("--speedup", 10.0)?,
+            number("--transfer-ns", 5000.0)?,
+        ))
+    })();
+    let (path, speedup, transfer_ns) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("scheduler: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
     let once = args.iter().any(|a| a == "--once");
-    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let map = unsafe { memmap2::Mmap::map(&file) }.expect("map");
-    let mut last = 0;
+    let shown = escape_text(&path).into_owned();
+    let file = match open_file(std::path::Path::new(&path)) {
+        Ok(f) => f,
+        Err(e) => {
+            let hint = match &e {
+                OpenError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                    " (is rtprofd running?)"
+                }
+                _ => "",
+            };
+            eprintln!("scheduler: {shown}: {e}{hint}");
+            return ExitCode::from(1);
+        }
+    };
+    // SAFETY: a read-only shared mapping; rtprofd never shrinks the file
+    // it publishes in, and read_view validates every byte it uses.
+    let map = match unsafe { memmap2::Mmap::map(&file) } {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("scheduler: {shown}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (mut last, mut retries, mut warned) = (0, 0, false);
     loop {
         match read_view(&map) {
-            Ok(v) if v.generation != last => {
-                last = v.generation;
-                let mut hot: Vec<&RowView> = v.global_rows().iter().collect();
-                hot.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then(b.calls.cmp(&a.calls)));
-                println!(
-                    "span {:.1} s, {} process(es)",
-                    v.span_ns as f64 / 1e9,
-                    v.procs.len()
-                );
-                for r in hot.iter().take(5) {
-                    let exe = v.exe_of(r).unwrap_or("?");
-                    let saved = r.time_ns as f64 * (1.0 - 1.0 / speedup);
-                    let cost = r.calls as f64 * transfer_ns;
-                    let decision = if !r.counted {
-                        "keep (calls unknown)"
-                    } else if saved > cost {
-                        "MOVE"
-                    } else {
-                        "keep"
-                    };
-                    println!(
-                        "  {:<24} {:<28} {:>12.0} calls/s {:>9.1} ms {decision}",
-                        r.name,
-                        exe,
-                        r.calls_per_s(v.span_ns),
-                        r.time_ns as f64 / 1e6
+            Ok(v) => {
+                retries = 0;
+                let (age, stale) = v.age(now_ns());
+                if stale && !warned {
+                    eprintln!(
+                        "scheduler: {shown}: nothing new for {:.1} s: rtprofd has stopped or is stuck",
+                        age as f64 / 1e9
                     );
                 }
+                warned = stale;
+                if v.generation != last {
+                    last = v.generation;
+                    let mut hot: Vec<&RowView> = v.global_rows().iter().collect();
+                    hot.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then(b.calls.cmp(&a.calls)));
+                    println!(
+                        "span {:.1} s, {} process(es)",
+                        v.span_ns as f64 / 1e9,
+                        v.procs.len()
+                    );
+                    for r in hot.iter().take(5) {
+                        let exe = v.exe_of(r).unwrap_or("?");
+                        let saved = r.time_ns as f64 * (1.0 - 1.0 / speedup);
+                        let cost = r.calls as f64 * transfer_ns;
+                        let decision = if !r.counted {
+                            "keep (calls unknown)"
+                        } else if saved > cost {
+                            "MOVE"
+                        } else {
+                            "keep"
+                        };
+                        println!(
+                            "  {:<24} {:<28} {:>12.0} calls/s {:>9.1} ms {decision}",
+                            escape_text(&r.name),
+                            escape_text(exe),
+                            r.calls_per_s(v.span_ns),
+                            r.time_ns as f64 / 1e6
+                        );
+                    }
+                }
                 if once {
-                    return;
+                    return ExitCode::SUCCESS;
                 }
             }
-            Ok(_) => {}
-            Err(e) => eprintln!("{path}: {e}"),
+            // Passing states: a daemon mid-publish, or one that has not
+            // published its first span yet. Not for ever.
+            Err(PresentError::Busy | PresentError::NotPublished) if retries < RETRIES => {
+                retries += 1
+            }
+            Err(e) => {
+                eprintln!("scheduler: {shown}: {e}");
+                return ExitCode::from(1);
+            }
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }

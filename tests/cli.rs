@@ -451,3 +451,285 @@ fn raw_fork_child_counts_separately() {
     assert_eq!(calls_of(&procs[1], "f"), 500);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `sh -c 'touch MARKER'` under `rtprof run` with `args` before `--`:
+/// (exit code, stderr, whether the program ran).
+fn run_marking(args: &[&str], dir: &Path) -> (Option<i32>, String, bool) {
+    let marker = dir.join("ran");
+    let _ = std::fs::remove_file(&marker);
+    let out = Command::new(rtprof())
+        .arg("run")
+        .args(args)
+        .args(["--", "sh", "-c", "touch \"$0\""])
+        .arg(&marker)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        marker.exists(),
+    )
+}
+
+/// A `--json` path that cannot be written is found before the program
+/// runs: one message, exit status 2, the program not started.
+#[test]
+fn json_path_is_checked_before_the_program_runs() {
+    let dir = scratch("json-path");
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let missing_dir = dir.join("no/such/dir/r.json");
+    for (path, why) in [
+        (missing_dir.to_str().unwrap(), "cannot be created"),
+        (dir.to_str().unwrap(), "is a directory"),
+        (fifo.to_str().unwrap(), "is a FIFO that nobody reads"),
+        // procfs takes no new files, not even from root.
+        ("/proc/rtprof-report.json", "cannot be created"),
+    ] {
+        let (code, err, ran) = run_marking(&["--json", path], &dir);
+        assert_eq!(code, Some(2), "{path}: {err}");
+        assert!(!ran, "{path}: the program must not run");
+        assert_eq!(err.lines().count(), 1, "{path}: {err}");
+        assert!(
+            err.starts_with(&format!("rtprof: --json {path}: {why}"))
+                && err.contains("the program was not run"),
+            "{path}: {err}"
+        );
+    }
+    // A writable path: the program runs and the report is there.
+    let (code, err, ran) = run_marking(&["--json", dir.join("ok.json").to_str().unwrap()], &dir);
+    assert!(code == Some(0) && ran, "{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("ok.json")).unwrap())
+        .expect("a whole report");
+    assert!(!v["processes"].as_array().unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The report replaces an existing file whole (keeping its mode), goes to
+/// a device as it is, and when it cannot be written (a full filesystem)
+/// the old file is left untouched and no partial file remains.
+#[test]
+fn json_report_is_written_whole_or_not_at_all() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("json-whole");
+    let bin = build(&dir);
+    let json = dir.join("r.json");
+    std::fs::write(&json, "previous").unwrap();
+    std::fs::set_permissions(&json, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let out = Command::new(rtprof())
+        .arg("run")
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(work_calls(&v), 77);
+    let meta = std::fs::metadata(&json).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains(".rtprof-")),
+        "no temporary file left: {names:?}"
+    );
+
+    // To a device, in place.
+    let out = Command::new(rtprof())
+        .args(["run", "--json", "/dev/stdout", "--"])
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = stdout
+        .strip_prefix("s=5929\n")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let v: Value = serde_json::from_str(report).unwrap();
+    assert_eq!(work_calls(&v), 77);
+    // ... and after the program's own output when stdout is a file.
+    let file = dir.join("stdout.txt");
+    let st = Command::new(rtprof())
+        .args(["run", "--json", "/dev/stdout", "--"])
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&file).unwrap())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let all = std::fs::read_to_string(&file).unwrap();
+    let report = all
+        .strip_prefix("s=5929\n")
+        .unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(work_calls(&serde_json::from_str(report).unwrap()), 77);
+
+    // On a full filesystem (a small tmpfs in a mount namespace of its
+    // own), the old report stays as it was.
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let script = r#"
+        mount -t tmpfs -o size=1M tmpfs "$MNT" || exit 99
+        printf previous > "$MNT/r.json"
+        dd if=/dev/zero of="$MNT/fill" bs=64k 2>/dev/null
+        "$RTPROF" run --json "$MNT/r.json" -- "$BIN" </dev/null
+        echo "status $?"
+        echo "json $(cat "$MNT/r.json")"
+        ls -A "$MNT"
+    "#;
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", script])
+        .env("MNT", &mnt)
+        .env("RTPROF", rtprof())
+        .env("BIN", &bin)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("s=5929\nstatus 0\njson previous\n"),
+        "program ran, old report kept: {stdout} {stderr}"
+    );
+    let listing: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("json "))
+        .skip(1)
+        .collect();
+    assert_eq!(listing, ["fill", "r.json"], "no partial file: {stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "rtprof: cannot write the report to {}/r.json: No space left on device",
+            mnt.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--modules` globs the agent would never match (paths, bracket or brace
+/// patterns, globs separated by spaces, nothing at all) are refused before
+/// the program runs; good ones pass.
+#[test]
+fn invalid_module_globs_are_refused() {
+    let dir = scratch("modules");
+    for (spec, why) in [
+        ("/usr/lib/libpython*", "not its path (try 'libpython*')"),
+        (
+            "libc[0-9]*",
+            "only * and ? are wildcards, '[' would be matched as it is",
+        ),
+        (
+            "lib{a,b}.so",
+            "only * and ? are wildcards, '{' would be matched as it is",
+        ),
+        ("libfoo* libbar*", "separate globs with commas, not spaces"),
+        ("", "no glob given"),
+        (" , ", "no glob given"),
+        ("libx\x1b[2J*", "only * and ? are wildcards"),
+    ] {
+        let (code, err, ran) = run_marking(&["--modules", spec], &dir);
+        assert_eq!(code, Some(2), "{spec:?}: {err}");
+        assert!(!ran, "{spec:?}");
+        assert_eq!(err.lines().count(), 1, "{spec:?}: {err}");
+        assert!(
+            err.starts_with("rtprof: --modules: ") && err.contains(why),
+            "{spec:?}: {err}"
+        );
+        assert!(!err.contains('\x1b'), "{err:?}");
+    }
+    for spec in ["libpython*", "all", "main, libc.so.6,lib?.so", "*"] {
+        let (code, err, ran) = run_marking(&["--modules", spec], &dir);
+        assert!(code == Some(0) && ran, "{spec}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A full TMPDIR (a small tmpfs in a mount namespace of its own) is named
+/// at start-up and the program still runs, unprofiled, with its output and
+/// exit status; TMPDIR filling up during the run is named at the end
+/// instead of the generic "no profile" guess.
+#[test]
+fn full_tmpdir_is_named_and_the_program_still_runs() {
+    let dir = scratch("tmpdir-full");
+    let bin = build(&dir);
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    // `vars`: assignments for rtprof run's environment, e.g. RTPROF_DISABLE=1.
+    let run = |vars: &str, fill: &str, command: &str| {
+        let script = format!(
+            r#"
+            mount -t tmpfs -o size=4M tmpfs "$MNT" || exit 99
+            {fill}
+            TMPDIR="$MNT" env $VARS "$RTPROF" run -- {command} </dev/null
+            echo "status $?"
+            "#
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "sh", "-c", &script])
+            .env("MNT", &mnt)
+            .env("RTPROF", rtprof())
+            .env("BIN", &bin)
+            .env("VARS", vars)
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let m = mnt.display();
+    // Completely full.
+    let (out, err) = run(
+        "",
+        r#"dd if=/dev/zero of="$MNT/fill" bs=64k 2>/dev/null"#,
+        r#""$BIN" exit 3"#,
+    );
+    assert_eq!(out, "s=5929\nstatus 3\n", "{err}");
+    assert_eq!(
+        err,
+        format!("rtprof: TMPDIR ({m}) is full: no free space; the program runs unprofiled\n")
+    );
+    // Space left, but less than a counter segment needs.
+    let (out, err) = run(
+        "",
+        r#"dd if=/dev/zero of="$MNT/fill" bs=1M count=3 2>/dev/null"#,
+        r#""$BIN" exit 3"#,
+    );
+    assert_eq!(out, "s=5929\nstatus 3\n", "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "rtprof: TMPDIR ({m}) is full: 1024 KiB free, a counter segment needs at least "
+        )) && err.ends_with(" KiB; the program runs unprofiled\n")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    // Filled by the program itself (a shell the agent leaves alone fills
+    // it, then starts the profiled program): named when the run ends.
+    let (out, err) = run(
+        "RTPROF_DISABLE=1",
+        "",
+        r#"sh -c 'dd if=/dev/zero of="$MNT/fill" bs=64k 2>/dev/null; exec env -u RTPROF_DISABLE "$BIN" exit 3'"#,
+    );
+    assert_eq!(out, "s=5929\nstatus 3\n", "{err}");
+    assert_eq!(
+        err,
+        format!("rtprof: no profile was recorded: TMPDIR ({m}) is full: no free space\n")
+    );
+    // With room, the same program is profiled.
+    let (out, err) = run("", "", r#""$BIN" exit 3"#);
+    assert_eq!(out, "s=5929\nstatus 3\n", "{err}");
+    assert!(err.contains(" work "), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,8 +2,9 @@
 
 use clap::Args;
 use rtprof_shared::json::JsonWriter;
-use rtprof_shared::present::{read_view, ProcView, RowView, View};
-use std::path::PathBuf;
+use rtprof_shared::present::{now_ns, open_file, read_view, OpenError, ProcView, RowView, View};
+use rtprof_shared::report::escape_text;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Args)]
@@ -22,9 +23,60 @@ pub struct ReportArgs {
     top: usize,
 }
 
-pub fn open(path: &PathBuf) -> Result<memmap2::Mmap, String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))
+/// A mapped presentation segment and the file it came from.
+pub struct Segment {
+    pub map: memmap2::Mmap,
+    /// (device, inode): a restarted daemon publishes into a new file.
+    pub id: (u64, u64),
+}
+
+/// Maps the presentation segment at `path`; the error is one sentence.
+pub fn open(path: &Path) -> Result<Segment, String> {
+    use std::os::unix::fs::MetadataExt;
+    let f = open_file(path).map_err(|e| {
+        let hint = match &e {
+            OpenError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                " (is rtprofd running?)"
+            }
+            _ => "",
+        };
+        format!("{}: {e}{hint}", path.display())
+    })?;
+    let m = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: a read-only shared mapping; rtprofd never shrinks a segment
+    // it publishes in (it replaces the file instead), and the readers
+    // validate every byte they use.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Segment {
+        map,
+        id: (m.dev(), m.ino()),
+    })
+}
+
+/// "0.4 s", "12.0 s", "3 min 5 s", "2.5 h".
+pub fn age_text(ns: u64) -> String {
+    let s = ns as f64 / 1e9;
+    if s < 60.0 {
+        format!("{s:.1} s")
+    } else if s < 3600.0 {
+        format!("{} min {} s", ns / 60_000_000_000, ns / 1_000_000_000 % 60)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
+}
+
+/// The line that says a table is stale, or `None` while it is current.
+pub fn stale_text(v: &View, now: u64) -> Option<String> {
+    let (age, stale) = v.age(now);
+    stale.then(|| {
+        format!(
+            "STALE: nothing new for {} (rtprofd publishes every {}): it has stopped or is stuck, these are its last numbers",
+            age_text(age),
+            age_text(v.tick_ns)
+        )
+    })
 }
 
 fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {
@@ -46,12 +98,18 @@ fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {
     w.end_object();
 }
 
-fn json(v: &View, procs: &[&ProcView]) -> String {
+fn json(v: &View, procs: &[&ProcView], now: u64) -> String {
+    let (age, stale) = v.age(now);
     let mut w = JsonWriter::new();
     w.begin_object();
     w.uint_field("generation", v.generation);
     w.uint_field("span_end_ns", v.span_end_ns);
     w.uint_field("span_ns", v.span_ns);
+    w.uint_field("publish_ns", v.publish_ns);
+    w.uint_field("age_ns", age);
+    w.uint_field("tick_ns", v.tick_ns);
+    w.key("stale");
+    w.bool(stale);
     w.key("processes");
     w.begin_array();
     for p in procs {
@@ -77,21 +135,25 @@ fn json(v: &View, procs: &[&ProcView]) -> String {
     w.finish()
 }
 
-pub fn text(v: &View, procs: &[&ProcView], top: usize) -> String {
+pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "span of {:.1} s, {} process(es)",
+        "span of {:.1} s, {} process(es), published {} ago",
         v.span_ns as f64 / 1e9,
-        procs.len()
+        procs.len(),
+        age_text(v.age(now).0)
     );
+    if let Some(s) = stale_text(v, now) {
+        let _ = writeln!(out, "{s}");
+    }
     for p in procs {
         let _ = writeln!(
             out,
             "pid {} {}{}: {} samples over {:.1} s",
             p.pid,
-            p.exe,
+            escape_text(&p.exe),
             if p.ended { " (ended)" } else { "" },
             p.samples,
             p.span_ns as f64 / 1e9
@@ -110,8 +172,8 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize) -> String {
                 r.calls_per_s(p.span_ns),
                 r.time_ns as f64 / 1e6,
                 per_call,
-                r.name,
-                r.module
+                escape_text(&r.name),
+                escape_text(&r.module)
             );
         }
     }
@@ -119,29 +181,34 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize) -> String {
 }
 
 pub fn run(a: ReportArgs) -> ExitCode {
-    let map = match open(&a.present) {
+    let seg = match open(&a.present) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("rtprof: {e} (is rtprofd running?)");
+            eprintln!("rtprof: {e}");
             return ExitCode::from(1);
         }
     };
-    let v = match read_view(&map) {
+    let v = match read_view(&seg.map) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("rtprof: {}: {e}", a.present.display());
             return ExitCode::from(1);
         }
     };
+    let now = now_ns();
+    // The text says so itself; JSON on a pipe should not go unnoticed.
+    if let Some(s) = stale_text(&v, now).filter(|_| a.json) {
+        eprintln!("rtprof: {}: {s}", a.present.display());
+    }
     let procs: Vec<&ProcView> = v
         .procs
         .iter()
         .filter(|p| a.pid.is_none_or(|pid| p.pid == pid))
         .collect();
     if a.json {
-        println!("{}", json(&v, &procs));
+        println!("{}", json(&v, &procs, now));
     } else {
-        print!("{}", text(&v, &procs, a.top));
+        print!("{}", text(&v, &procs, a.top, now));
     }
     ExitCode::SUCCESS
 }

@@ -1,14 +1,18 @@
 //! `rtprof top`: a live view of a running rtprofd's spans, redrawn every
 //! span: processes and their functions by time, calls per second, time per
-//! call, and a sparkline of each function's time over recent spans.
+//! call, and a sparkline of each function's time over recent spans. When
+//! the daemon stops publishing the view says how old it is; when it
+//! restarts (a new segment file at the same path) the view follows it.
 
-use crate::report::open;
+use crate::report::{age_text, open, stale_text, Segment};
 use clap::Args;
-use rtprof_shared::present::{read_view, RowView, View};
+use rtprof_shared::present::{now_ns, read_view, PresentError, RowView, View};
+use rtprof_shared::report::escape_text;
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct TopArgs {
@@ -27,7 +31,8 @@ pub struct TopArgs {
     /// Functions shown per process.
     #[arg(long, default_value_t = 10)]
     rows: usize,
-    /// Stop after this many spans (0: run until interrupted).
+    /// Stop after this many screens (0: run until interrupted). A screen is
+    /// drawn for every new span, and once a second while the spans are stale.
     #[arg(long, default_value_t = 0)]
     iterations: u64,
 }
@@ -56,15 +61,46 @@ fn matches(a: &TopArgs, exe: &str, r: &RowView) -> bool {
         .is_none_or(|n| exe.contains(n.as_str()) || r.name.contains(n.as_str()))
 }
 
-fn frame(a: &TopArgs, v: &View, history: &mut HashMap<(u32, String), VecDeque<u64>>) -> String {
+type History = HashMap<(u32, String), VecDeque<u64>>;
+
+/// Adds a new span's times to the sparklines.
+fn record(a: &TopArgs, v: &View, history: &mut History) {
+    for p in v
+        .procs
+        .iter()
+        .filter(|p| a.pid.is_none_or(|pid| p.pid == pid))
+    {
+        for r in v.rows[p.rows.clone()]
+            .iter()
+            .filter(|r| matches(a, &p.exe, r))
+        {
+            let h = history.entry((p.pid, r.name.clone())).or_default();
+            h.push_back(r.time_ns);
+            if h.len() > HISTORY {
+                h.pop_front();
+            }
+        }
+    }
+    // Forget processes that left.
+    history.retain(|(pid, _), _| v.procs.iter().any(|p| p.pid == *pid));
+}
+
+fn frame(a: &TopArgs, v: &View, history: &History, now: u64, notice: Option<&str>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "rtprof top: {} process(es), span {:.1} s, generation {}",
+        "rtprof top: {} process(es), span {:.1} s, generation {}, published {} ago",
         v.procs.len(),
         v.span_ns as f64 / 1e9,
-        v.generation
+        v.generation,
+        age_text(v.age(now).0)
     );
+    if let Some(n) = notice {
+        let _ = writeln!(out, "{n}");
+    }
+    if let Some(s) = stale_text(v, now) {
+        let _ = writeln!(out, "{s}");
+    }
     for p in v
         .procs
         .iter()
@@ -74,13 +110,6 @@ fn frame(a: &TopArgs, v: &View, history: &mut HashMap<(u32, String), VecDeque<u6
             .iter()
             .filter(|r| matches(a, &p.exe, r))
             .collect();
-        for r in &rows {
-            let h = history.entry((p.pid, r.name.clone())).or_default();
-            h.push_back(r.time_ns);
-            if h.len() > HISTORY {
-                h.pop_front();
-            }
-        }
         if rows.is_empty() {
             continue;
         }
@@ -96,7 +125,7 @@ fn frame(a: &TopArgs, v: &View, history: &mut HashMap<(u32, String), VecDeque<u6
             out,
             "\npid {} {}{}  {} samples",
             p.pid,
-            p.exe,
+            escape_text(&p.exe),
             if p.ended { " (ended)" } else { "" },
             p.samples
         );
@@ -118,46 +147,96 @@ fn frame(a: &TopArgs, v: &View, history: &mut HashMap<(u32, String), VecDeque<u6
                 r.calls_per_s(p.span_ns),
                 per_call,
                 spark,
-                r.name,
-                r.module
+                escape_text(&r.name),
+                escape_text(&r.module)
             );
         }
     }
-    // Forget processes that left.
-    history.retain(|(pid, _), _| v.procs.iter().any(|p| p.pid == *pid));
     out
 }
 
+/// The segment now at `path`, if it is another file than `current` and
+/// already published: a restarted daemon. A new daemon's segment that has
+/// nothing in it yet is left for the next look.
+fn replaced(path: &Path, current: &Segment) -> Option<Segment> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    if (m.dev(), m.ino()) == current.id {
+        return None;
+    }
+    let s = open(path).ok()?;
+    read_view(&s.map).is_ok().then_some(s)
+}
+
+/// Consecutive `Busy` reads (100 ms apart) before giving up.
+const BUSY_LIMIT: u32 = 50;
+
 pub fn run(a: TopArgs) -> ExitCode {
-    let map = match open(&a.present) {
+    let mut seg = match open(&a.present) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("rtprof: {e} (is rtprofd running?)");
+            eprintln!("rtprof: {e}");
             return ExitCode::from(1);
         }
     };
-    let mut history = HashMap::new();
-    let (mut last, mut shown) = (0, 0);
+    let mut history = History::new();
+    let (mut last, mut shown, mut busy) = (0, 0, 0);
+    let mut drawn: Option<Instant> = None;
+    let mut notice: Option<String> = None;
     loop {
-        match read_view(&map) {
-            Ok(v) if v.generation != last => {
-                last = v.generation;
-                // Clear the screen and draw from the top.
-                print!("\x1b[H\x1b[2J{}", frame(&a, &v, &mut history));
-                use std::io::Write;
-                let _ = std::io::stdout().flush();
-                shown += 1;
-                if a.iterations != 0 && shown >= a.iterations {
-                    return ExitCode::SUCCESS;
+        if let Some(s) = replaced(&a.present, &seg) {
+            seg = s;
+            history.clear();
+            last = 0;
+            notice = Some(format!(
+                "rtprofd restarted: re-opened {}",
+                escape_text(&a.present.to_string_lossy())
+            ));
+        }
+        match read_view(&seg.map) {
+            Ok(v) => {
+                busy = 0;
+                let now = now_ns();
+                let new_span = v.generation != last;
+                if v.generation < last {
+                    // The segment was re-initialised in place.
+                    history.clear();
+                }
+                if new_span {
+                    record(&a, &v, &mut history);
+                }
+                // A stale view is redrawn every second, so its age counts up.
+                let stale = v.age(now).1;
+                if new_span
+                    || (stale && drawn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)))
+                {
+                    last = v.generation;
+                    // Clear the screen and draw from the top.
+                    print!(
+                        "\x1b[H\x1b[2J{}",
+                        frame(&a, &v, &history, now, notice.as_deref())
+                    );
+                    use std::io::Write;
+                    let _ = std::io::stdout().flush();
+                    drawn = Some(Instant::now());
+                    if new_span {
+                        notice = None;
+                    }
+                    shown += 1;
+                    if a.iterations != 0 && shown >= a.iterations {
+                        return ExitCode::SUCCESS;
+                    }
                 }
             }
-            Ok(_) => {}
+            // The daemon rewrote the buffer under every attempt: try again
+            // at the next poll, but not for ever.
+            Err(PresentError::Busy) if busy < BUSY_LIMIT => busy += 1,
             Err(e) => {
                 eprintln!("rtprof: {}: {e}", a.present.display());
                 return ExitCode::from(1);
             }
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -1,4 +1,7 @@
-/* A small reader of rtprofd's presentation segment (see rtprof_present.h). */
+/* A small reader of rtprofd's presentation segment (see rtprof_present.h).
+ * The segment is written by another process and may be anything: every
+ * size is checked before anything is copied, and the copy is checked again
+ * on its own before a view is handed out. */
 #include "rtprof_present.h"
 
 #include <errno.h>
@@ -7,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -16,74 +20,201 @@ typedef struct {
 } seg_header;
 
 typedef struct {
-    uint64_t seq, span_end_ns, span_ns;
+    uint64_t seq, span_end_ns, span_ns, publish_ns;
     uint32_t proc_count, row_count, global_first, global_count, hash_cap, strings_len;
     uint32_t procs_off, rows_off, hash_off, strings_off;
+    uint64_t reserved[7];
 } buf_header;
 
+_Static_assert(sizeof(seg_header) == 64, "segment header is 64 bytes");
+_Static_assert(sizeof(buf_header) == 128, "buffer header is 128 bytes");
+_Static_assert(sizeof(rtprof_proc) == 64, "process entry is 64 bytes");
+_Static_assert(sizeof(rtprof_row) == 64, "row is 64 bytes");
+
 int rtprof_open(rtprof_segment *s, const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
+    s->map = NULL;
+    s->len = 0;
+    /* Non-blocking: opening a FIFO must not wait for a writer. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return RTPROF_ERR_SYSTEM;
     struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(seg_header)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        errno = EINVAL;
-        return -1;
+        errno = e;
+        return RTPROF_ERR_SYSTEM;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return RTPROF_ERR_NOT_REGULAR;
+    }
+    if ((uint64_t)st.st_size < sizeof(seg_header)) {
+        close(fd);
+        return RTPROF_ERR_TRUNCATED;
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
     close(fd);
-    if (p == MAP_FAILED) return -1;
+    if (p == MAP_FAILED) {
+        errno = e;
+        return RTPROF_ERR_SYSTEM;
+    }
     s->map = p;
     s->len = (size_t)st.st_size;
-    return 0;
+    return RTPROF_OK;
 }
 
 void rtprof_close(rtprof_segment *s) {
     if (s->map) munmap((void *)s->map, s->len);
     s->map = NULL;
+    s->len = 0;
+}
+
+const char *rtprof_strerror(int rc) {
+    switch (rc) {
+    case RTPROF_OK: return "no error";
+    case RTPROF_ERR_SYSTEM: return strerror(errno);
+    case RTPROF_ERR_BUSY: return "segment rewritten during every read attempt";
+    case RTPROF_ERR_UNPUBLISHED: return "nothing published yet";
+    case RTPROF_ERR_NOT_REGULAR: return "not a regular file (rtprofd writes its segment as one)";
+    case RTPROF_ERR_TRUNCATED: return "presentation segment truncated";
+    case RTPROF_ERR_MAGIC: return "not an rtprof presentation segment";
+    case RTPROF_ERR_VERSION: return "presentation segment of another version (rtprofd and this reader come from different rtprof builds)";
+    case RTPROF_ERR_BOUNDS: return "presentation segment malformed: a size, offset or count is out of bounds";
+    case RTPROF_ERR_CHECKSUM: return "presentation segment corrupted: a row does not match its checksum";
+    default: return "unknown rtprof error";
+    }
 }
 
 static int within(uint64_t off, uint64_t n, uint64_t len) { return off <= len && n <= len - off; }
 
+/* The same checksum as Row::checksum in shared/src/present.rs. */
+static uint64_t row_checksum(const rtprof_row *r) {
+    uint64_t w[7] = {
+        r->name_off | (uint64_t)r->name_len << 32,
+        r->module_off | (uint64_t)r->module_len << 32,
+        r->proc_index | (uint64_t)r->flags << 32,
+        r->calls, r->samples, r->time_ns, r->total_calls,
+    };
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < 7; i++) {
+        h = (h ^ w[i]) * 0x100000001b3ull;
+        h = h << 17 | h >> 47;
+    }
+    return h;
+}
+
+/* Checks that a buffer header's regions lie in `len` bytes and are aligned
+ * for their records; sets *end to the end of the last one. */
+static int regions(const buf_header *bh, uint64_t len, uint64_t *end) {
+    if (len < sizeof *bh ||
+        !within(bh->procs_off, (uint64_t)bh->proc_count * sizeof(rtprof_proc), len) ||
+        !within(bh->rows_off, (uint64_t)bh->row_count * sizeof(rtprof_row), len) ||
+        !within(bh->hash_off, (uint64_t)bh->hash_cap * 4, len) ||
+        !within(bh->strings_off, bh->strings_len, len) ||
+        bh->procs_off % 8 || bh->rows_off % 8 || bh->hash_off % 4 ||
+        (uint64_t)bh->global_first + bh->global_count != bh->row_count ||
+        bh->hash_cap == 0 || (bh->hash_cap & (bh->hash_cap - 1)))
+        return RTPROF_ERR_BOUNDS;
+    uint64_t e = sizeof *bh, x;
+    if ((x = bh->procs_off + (uint64_t)bh->proc_count * sizeof(rtprof_proc)) > e) e = x;
+    if ((x = bh->rows_off + (uint64_t)bh->row_count * sizeof(rtprof_row)) > e) e = x;
+    if ((x = bh->hash_off + (uint64_t)bh->hash_cap * 4) > e) e = x;
+    if ((x = (uint64_t)bh->strings_off + bh->strings_len) > e) e = x;
+    *end = e;
+    return RTPROF_OK;
+}
+
+/* Checks every process, row and hash entry of a private copy of `len`
+ * bytes, so users of the view need no checks of their own. */
+static int contents(const uint8_t *copy, uint64_t len, buf_header *bh) {
+    uint64_t end;
+    memcpy(bh, copy, sizeof *bh);
+    int rc = regions(bh, len, &end);
+    if (rc) return rc;
+    const rtprof_proc *procs = (const rtprof_proc *)(copy + bh->procs_off);
+    const rtprof_row *rows = (const rtprof_row *)(copy + bh->rows_off);
+    const uint32_t *hash = (const uint32_t *)(copy + bh->hash_off);
+    for (uint32_t i = 0; i < bh->proc_count; i++) {
+        const rtprof_proc *p = &procs[i];
+        if ((uint64_t)p->first_row + p->row_count > bh->global_first ||
+            !within(p->exe_off, p->exe_len, bh->strings_len))
+            return RTPROF_ERR_BOUNDS;
+    }
+    for (uint32_t i = 0; i < bh->row_count; i++) {
+        const rtprof_row *r = &rows[i];
+        if (r->check != row_checksum(r)) return RTPROF_ERR_CHECKSUM;
+        if (r->proc_index >= bh->proc_count ||
+            !within(r->name_off, r->name_len, bh->strings_len) ||
+            !within(r->module_off, r->module_len, bh->strings_len))
+            return RTPROF_ERR_BOUNDS;
+    }
+    for (uint32_t i = 0; i < bh->hash_cap; i++)
+        if (hash[i] != UINT32_MAX && (hash[i] < bh->global_first || hash[i] >= bh->row_count))
+            return RTPROF_ERR_BOUNDS;
+    return RTPROF_OK;
+}
+
 int rtprof_take(const rtprof_segment *s, rtprof_view *v) {
     memset(v, 0, sizeof *v);
+    if (!s->map || s->len < sizeof(seg_header)) return RTPROF_ERR_TRUNCATED;
+    /* The generation and sequence words are read as atomics. */
+    if ((uintptr_t)s->map % 8) return RTPROF_ERR_BOUNDS;
     seg_header h;
     memcpy(&h, s->map, sizeof h);
-    if (memcmp(h.magic, "RTPROFP", 8) != 0 || h.version != RTPROF_PRESENT_VERSION) return -1;
+    if (memcmp(h.magic, "RTPROFP", 8) != 0) return RTPROF_ERR_MAGIC;
+    if (h.version != RTPROF_PRESENT_VERSION) return RTPROF_ERR_VERSION;
+    if (h.buffer_len < sizeof(buf_header)) return RTPROF_ERR_BOUNDS;
     for (int i = 0; i < 2; i++)
-        if (h.buffer_off[i] < 64 || !within(h.buffer_off[i], h.buffer_len, s->len)) return -1;
+        if (h.buffer_off[i] < sizeof h || h.buffer_off[i] % 8 || !within(h.buffer_off[i], h.buffer_len, s->len))
+            return RTPROF_ERR_BOUNDS;
     const volatile uint64_t *gen_word = (const volatile uint64_t *)(s->map + offsetof(seg_header, generation));
-    uint8_t *copy = malloc(h.buffer_len ? h.buffer_len : 1);
-    if (!copy) return -1;
+    uint8_t *copy = NULL;
+    uint64_t cap = 0;
+    int rc = RTPROF_ERR_BUSY;
     for (int attempt = 0; attempt < 1000; attempt++) {
         uint64_t gen = __atomic_load_n(gen_word, __ATOMIC_ACQUIRE);
-        if (gen == 0) break;
+        if (gen == 0) {
+            rc = RTPROF_ERR_UNPUBLISHED;
+            break;
+        }
         const uint8_t *b = s->map + h.buffer_off[gen & 1];
         const volatile uint64_t *seq = (const volatile uint64_t *)b;
         uint64_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
-        if (s1 & 1) continue;
-        memcpy(copy, b, h.buffer_len);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(seq, __ATOMIC_RELAXED) != s1) continue;
-        buf_header bh;
-        memcpy(&bh, copy, sizeof bh);
-        uint64_t len = h.buffer_len;
-        if (!within(bh.procs_off, (uint64_t)bh.proc_count * 64, len) ||
-            !within(bh.rows_off, (uint64_t)bh.row_count * 64, len) ||
-            !within(bh.hash_off, (uint64_t)bh.hash_cap * 4, len) ||
-            !within(bh.strings_off, bh.strings_len, len) ||
-            (uint64_t)bh.global_first + bh.global_count != bh.row_count ||
-            bh.hash_cap == 0 || (bh.hash_cap & (bh.hash_cap - 1)) ||
-            bh.procs_off % 8 || bh.rows_off % 8 || bh.hash_off % 4)
-            break;
-        for (uint32_t i = 0; i < bh.proc_count; i++) {
-            const rtprof_proc *p = (const rtprof_proc *)(copy + bh.procs_off) + i;
-            if ((uint64_t)p->first_row + p->row_count > bh.global_first) goto bad;
+        if (s1 & 1) {
+            rc = RTPROF_ERR_BUSY;
+            continue;
         }
+        /* Copy only the part of the buffer the table uses; the header that
+         * says how much may be mid-rewrite, so it is checked first, and
+         * the copy is checked again on its own below. */
+        buf_header bh;
+        memcpy(&bh, b, sizeof bh);
+        uint64_t used = 0;
+        rc = regions(&bh, h.buffer_len, &used);
+        if (rc == RTPROF_OK) {
+            if (used > cap) {
+                free(copy);
+                copy = malloc(used);
+                cap = copy ? used : 0;
+                if (!copy) return RTPROF_ERR_SYSTEM;
+            }
+            memcpy(copy, b, used);
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(seq, __ATOMIC_RELAXED) != s1) {
+            rc = RTPROF_ERR_BUSY;
+            continue;
+        }
+        if (rc != RTPROF_OK) break;
+        rc = contents(copy, used, &bh);
+        if (rc != RTPROF_OK) break;
         v->buf = copy;
         v->generation = gen;
         v->span_end_ns = bh.span_end_ns;
         v->span_ns = bh.span_ns;
+        v->publish_ns = bh.publish_ns;
+        v->tick_ns = h.tick_ns;
         v->proc_count = bh.proc_count;
         v->row_count = bh.row_count;
         v->global_first = bh.global_first;
@@ -94,13 +225,10 @@ int rtprof_take(const rtprof_segment *s, rtprof_view *v) {
         v->hash_cap = bh.hash_cap;
         v->strings = (const char *)(copy + bh.strings_off);
         v->strings_len = bh.strings_len;
-        return 0;
+        return RTPROF_OK;
     }
     free(copy);
-    return __atomic_load_n(gen_word, __ATOMIC_ACQUIRE) == 0 ? -1 : -2;
-bad:
-    free(copy);
-    return -1;
+    return rc;
 }
 
 void rtprof_release(rtprof_view *v) {
@@ -108,20 +236,32 @@ void rtprof_release(rtprof_view *v) {
     memset(v, 0, sizeof *v);
 }
 
+uint64_t rtprof_age_ns(const rtprof_view *v) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return now > v->publish_ns ? now - v->publish_ns : 0;
+}
+
+int rtprof_is_stale(const rtprof_view *v) {
+    return rtprof_age_ns(v) > v->tick_ns * RTPROF_STALE_TICKS + 1000000000ull;
+}
+
 char *rtprof_string(const rtprof_view *v, uint32_t off, uint32_t len, char *out, size_t size) {
     if (size == 0) return out;
-    if ((uint64_t)off + len > v->strings_len) len = 0, off = 0;
+    if (!within(off, len, v->strings_len)) len = 0, off = 0;
     size_t n = len < size - 1 ? len : size - 1;
-    memcpy(out, v->strings + off, n);
+    if (n) memcpy(out, v->strings + off, n);
     out[n] = 0;
     return out;
 }
 
 static int equals(const rtprof_view *v, uint32_t off, uint32_t len, const char *s) {
-    return (uint64_t)off + len <= v->strings_len && strlen(s) == len && memcmp(v->strings + off, s, len) == 0;
+    return within(off, len, v->strings_len) && strlen(s) == len && memcmp(v->strings + off, s, len) == 0;
 }
 
 const rtprof_row *rtprof_lookup(const rtprof_view *v, const char *exe, const char *name) {
+    if (v->hash_cap == 0) return NULL;
     uint32_t h = 0x811c9dc5u;
     for (const char *c = exe; *c; c++) h = (h ^ (uint8_t)*c) * 0x01000193u;
     h = (h ^ 0) * 0x01000193u;

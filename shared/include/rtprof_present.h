@@ -4,24 +4,30 @@
  * last span for every profiled process: calls, samples, estimated time per
  * function. Layout: a 64-byte header, then two buffers; the header's
  * generation says which buffer is current (generation & 1). Each buffer:
- * a 64-byte buffer header, process entries, rows (per-process rows, then
- * global rows merged by executable and function), a hash index, strings.
- * All little-endian; see shared/src/present.rs for the writer.
+ * a 128-byte buffer header (with the time it was published), process
+ * entries, rows (per-process rows, then global rows merged by executable
+ * and function), a hash index, strings. All little-endian; see
+ * shared/src/present.rs for the writer.
  *
  * Usage:
  *     rtprof_segment seg;
- *     if (rtprof_open(&seg, "/run/rtprof/present") == 0) {
+ *     int rc = rtprof_open(&seg, "/run/rtprof/present");
+ *     if (rc == 0) {
  *         rtprof_view v;
- *         if (rtprof_take(&seg, &v) == 0) {
+ *         if ((rc = rtprof_take(&seg, &v)) == 0) {
+ *             if (rtprof_is_stale(&v)) ...the daemon stopped publishing...
  *             for (uint32_t i = 0; i < v.proc_count; i++) ...v.procs[i]...
  *             const rtprof_row *r = rtprof_lookup(&v, "/usr/bin/app", "matmul");
  *             rtprof_release(&v);
  *         }
  *         rtprof_close(&seg);
  *     }
+ *     if (rc != 0) fprintf(stderr, "%s\n", rtprof_strerror(rc));
  * rtprof_take copies the current buffer and checks the daemon did not
  * rewrite it meanwhile, so a view is always one consistent span; it never
- * blocks the daemon. Every offset is checked before use.
+ * blocks the daemon. Every offset, count and row checksum is checked before
+ * rtprof_take returns 0: a view's rows, processes and strings can be used
+ * as they are.
  */
 #ifndef RTPROF_PRESENT_H
 #define RTPROF_PRESENT_H
@@ -33,10 +39,28 @@
 extern "C" {
 #endif
 
-#define RTPROF_PRESENT_VERSION 1
+#define RTPROF_PRESENT_VERSION 2
 #define RTPROF_PROC_ENDED 1u   /* rtprof_proc.flags: the process ended */
 #define RTPROF_ROW_COUNTED 1u  /* rtprof_row.flags: calls are counted */
 #define RTPROF_ROW_GLOBAL 2u   /* rtprof_row.flags: merged across processes */
+
+/* A view is stale when it is older than this many ticks (plus a second of
+ * slack): the daemon that published it has stopped. */
+#define RTPROF_STALE_TICKS 3
+
+/* Results of rtprof_open and rtprof_take. */
+enum {
+    RTPROF_OK = 0,
+    RTPROF_ERR_SYSTEM = -1,      /* a system call failed: errno says why */
+    RTPROF_ERR_BUSY = -2,        /* the daemon kept rewriting the buffer */
+    RTPROF_ERR_UNPUBLISHED = -3, /* nothing published yet */
+    RTPROF_ERR_NOT_REGULAR = -4, /* not a regular file (a FIFO, a directory, ...) */
+    RTPROF_ERR_TRUNCATED = -5,   /* smaller than the segment header */
+    RTPROF_ERR_MAGIC = -6,       /* not a presentation segment */
+    RTPROF_ERR_VERSION = -7,     /* another layout version */
+    RTPROF_ERR_BOUNDS = -8,      /* a size, offset or count out of bounds */
+    RTPROF_ERR_CHECKSUM = -9     /* a row does not match its checksum */
+};
 
 typedef struct {
     uint32_t pid, flags, exe_off, exe_len, first_row, row_count;
@@ -56,6 +80,8 @@ typedef struct {
 typedef struct {
     uint8_t *buf; /* private copy of the buffer */
     uint64_t generation, span_end_ns, span_ns;
+    uint64_t publish_ns; /* CLOCK_REALTIME when the daemon published it */
+    uint64_t tick_ns;    /* the daemon's tick */
     uint32_t proc_count, row_count, global_first, global_count;
     const rtprof_proc *procs;
     const rtprof_row *rows;
@@ -65,12 +91,20 @@ typedef struct {
     uint32_t strings_len;
 } rtprof_view;
 
-/* 0, or -1 with errno set. */
+/* Maps the segment at path: RTPROF_OK, RTPROF_ERR_SYSTEM (errno set),
+ * RTPROF_ERR_NOT_REGULAR or RTPROF_ERR_TRUNCATED. Never blocks (a FIFO is
+ * refused, not waited on). */
 int rtprof_open(rtprof_segment *s, const char *path);
 void rtprof_close(rtprof_segment *s);
-/* 0; -1 malformed or never published; -2 the daemon kept rewriting. */
+/* RTPROF_OK, or one of the errors above (the view is then empty). */
 int rtprof_take(const rtprof_segment *s, rtprof_view *v);
 void rtprof_release(rtprof_view *v);
+/* A sentence for a result of rtprof_open or rtprof_take. */
+const char *rtprof_strerror(int rc);
+/* Nanoseconds since the view was published (0 if the clock went back). */
+uint64_t rtprof_age_ns(const rtprof_view *v);
+/* Whether the view is older than RTPROF_STALE_TICKS ticks plus a second. */
+int rtprof_is_stale(const rtprof_view *v);
 /* Copies string (off, len) of the view into out (NUL-terminated, cut to
  * size); returns out. */
 char *rtprof_string(const rtprof_view *v, uint32_t off, uint32_t len, char *out, size_t size);

@@ -14,13 +14,28 @@
 //! come the global rows (same executable and function merged across
 //! processes), indexed by an open-addressing hash of (executable, name).
 //! Little-endian, fixed widths; readers check every offset and count.
+//!
+//! Each buffer carries the time it was published (`publish_ns`), so a
+//! reader can tell a live daemon's table from the last one of a daemon that
+//! died: the file stays behind with its last span in it.
+//!
+//! Version 2 added `BufferHeader::publish_ns` (the buffer header grew from
+//! 64 to 128 bytes). `shared/c/rtprof_present.c` is the C reader of the
+//! same layout: change both together.
 
 use std::mem::size_of;
+use std::path::Path;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 pub const MAGIC: [u8; 8] = *b"RTPROFP\0";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const EMPTY: u32 = u32::MAX;
+
+/// A table is stale once it is older than this many ticks (plus
+/// [`STALE_SLACK_NS`]): the daemon has stopped publishing.
+pub const STALE_TICKS: u64 = 3;
+/// Slack for a daemon delayed by a busy machine.
+pub const STALE_SLACK_NS: u64 = 1_000_000_000;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -44,6 +59,9 @@ pub struct BufferHeader {
     /// CLOCK_REALTIME at the end of the span, and its nominal length.
     pub span_end_ns: u64,
     pub span_ns: u64,
+    /// CLOCK_REALTIME when the writer published this buffer (stamped by
+    /// [`PresentWriter::publish`] itself).
+    pub publish_ns: u64,
     pub proc_count: u32,
     pub row_count: u32,
     pub global_first: u32,
@@ -54,6 +72,7 @@ pub struct BufferHeader {
     pub rows_off: u32,
     pub hash_off: u32,
     pub strings_off: u32,
+    pub reserved: [u64; 7],
 }
 
 /// `ProcEntry::flags`: the process ended; these are its last counts.
@@ -104,7 +123,7 @@ pub struct Row {
 }
 
 const _: () = assert!(size_of::<PresentHeader>() == 64);
-const _: () = assert!(size_of::<BufferHeader>() == 64);
+const _: () = assert!(size_of::<BufferHeader>() == 128);
 const _: () = assert!(size_of::<ProcEntry>() == 64);
 const _: () = assert!(size_of::<Row>() == 64);
 
@@ -172,6 +191,12 @@ pub enum PresentError {
     BadMagic,
     UnsupportedVersion(u32),
     BadRegion(&'static str),
+    /// Row `row` of the current buffer does not match its checksum: the
+    /// segment was corrupted (a torn write cannot reach a reader, the
+    /// buffer's sequence number rules that out).
+    BadChecksum {
+        row: u32,
+    },
     /// The daemon kept rewriting the buffer while we read (retries exhausted).
     Busy,
     /// The table does not fit in a buffer of this segment.
@@ -187,8 +212,18 @@ impl std::fmt::Display for PresentError {
         match self {
             PresentError::TooShort => f.write_str("presentation segment truncated"),
             PresentError::BadMagic => f.write_str("not an rtprof presentation segment"),
-            PresentError::UnsupportedVersion(v) => write!(f, "unsupported version {v}"),
+            PresentError::UnsupportedVersion(v) => write!(
+                f,
+                "presentation segment version {v}, this reader knows version {VERSION} \
+                 (rtprofd and its readers come from different rtprof builds)"
+            ),
             PresentError::BadRegion(r) => write!(f, "{r} out of bounds"),
+            PresentError::BadChecksum { row } => {
+                write!(
+                    f,
+                    "row {row} does not match its checksum (corrupted segment)"
+                )
+            }
             PresentError::Busy => f.write_str("segment rewritten during every read attempt"),
             PresentError::TooLarge { need, have } => {
                 write!(f, "table needs {need} bytes, buffers have {have}")
@@ -199,6 +234,90 @@ impl std::fmt::Display for PresentError {
 }
 
 impl std::error::Error for PresentError {}
+
+/// Why a presentation segment file cannot be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    Io(std::io::Error),
+    /// Not a regular file: "a directory", "a FIFO", ...
+    NotRegular(&'static str),
+    /// Smaller than the segment's header.
+    TooSmall(u64),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Io(e) => e.fmt(f),
+            OpenError::NotRegular(kind) => write!(
+                f,
+                "is {kind}, not a presentation segment (rtprofd writes a regular file)"
+            ),
+            OpenError::TooSmall(n) => {
+                write!(f, "{n} bytes, too small to be a presentation segment")
+            }
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// Opens a presentation segment file for reading, to be mapped by the
+/// caller. Refuses what is not a regular file: a FIFO would block the open
+/// (it is opened non-blocking, then checked) and a directory or device
+/// cannot be mapped as a segment.
+pub fn open_file(path: &Path) -> Result<std::fs::File, OpenError> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    // O_NONBLOCK (Linux): opening a FIFO must not wait for a writer.
+    const O_NONBLOCK: i32 = 0o4000;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NONBLOCK)
+        .open(path)
+        .map_err(OpenError::Io)?;
+    let m = f.metadata().map_err(OpenError::Io)?;
+    let t = m.file_type();
+    let kind = if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_block_device() {
+        Some("a block device")
+    } else {
+        Some("something other than a regular file")
+    };
+    if let Some(k) = kind {
+        return Err(OpenError::NotRegular(k));
+    }
+    if m.len() < size_of::<PresentHeader>() as u64 {
+        return Err(OpenError::TooSmall(m.len()));
+    }
+    Ok(f)
+}
+
+/// CLOCK_REALTIME in nanoseconds, the clock `publish_ns` is stamped with.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// How old a table published at `publish_ns` is at `now_ns` (0 if the
+/// clock went back), and whether that is more than a few ticks of
+/// `tick_ns`: the daemon stopped publishing.
+pub fn age(publish_ns: u64, tick_ns: u64, now_ns: u64) -> (u64, bool) {
+    let age = now_ns.saturating_sub(publish_ns);
+    let limit = tick_ns
+        .saturating_mul(STALE_TICKS)
+        .saturating_add(STALE_SLACK_NS);
+    (age, age > limit)
+}
 
 /// Total segment size for buffers of `buffer_len` bytes.
 pub fn segment_bytes(buffer_len: u64) -> u64 {
@@ -223,6 +342,9 @@ struct Scratch {
     hash: Vec<u32>,
 }
 
+// SAFETY: the writer is the segment's only writer and owns its scratch;
+// `base` stays valid for its life (`init`'s contract), whichever thread
+// holds it.
 unsafe impl Send for PresentWriter {}
 
 impl PresentWriter {
@@ -242,6 +364,9 @@ impl PresentWriter {
             buffer_len,
             tick_ns,
         };
+        // SAFETY: the caller gives `len` writable, 8-aligned bytes; the
+        // header is the first 64 (a shorter segment gets buffers of length
+        // 0, which every publish then refuses as too large).
         std::ptr::write_volatile(base as *mut PresentHeader, header);
         PresentWriter {
             base,
@@ -251,6 +376,8 @@ impl PresentWriter {
     }
 
     fn word(&self, off: u64) -> &AtomicU64 {
+        // SAFETY: callers pass the generation word or a buffer's first
+        // word: 8-aligned offsets inside the segment `init` was given.
         unsafe { &*(self.base.add(off as usize) as *const AtomicU64) }
     }
 
@@ -266,7 +393,10 @@ impl PresentWriter {
         let gen = self.word(gen_off).load(Ordering::Relaxed);
         let b = ((gen + 1) & 1) as usize;
         let boff = self.header.buffer_off[b];
-        let (hdr, need) = build(&mut self.scratch, span_end_ns, span_ns, procs);
+        let (mut hdr, need) = build(&mut self.scratch, span_end_ns, span_ns, procs);
+        // Stamped here, not by the caller: the time readers judge the
+        // daemon's liveness by is when the table really became current.
+        hdr.publish_ns = now_ns();
         if need > self.header.buffer_len {
             return Err(PresentError::TooLarge {
                 need,
@@ -280,7 +410,10 @@ impl PresentWriter {
         // Straight into the idle buffer: header after the sequence word,
         // then each region in one copy.
         let sc = &self.scratch;
+        // SAFETY: `need` (the end of the last region) fits in the buffer,
+        // checked above, so every region starts and ends inside it.
         let at = |off: u32| unsafe { self.base.add(boff as usize + off as usize) };
+        // SAFETY: as above; the scratch vectors do not overlap the segment.
         unsafe {
             let h = as_bytes(std::slice::from_ref(&hdr));
             std::ptr::copy_nonoverlapping(h.as_ptr().add(8), at(8), h.len() - 8);
@@ -301,6 +434,8 @@ impl PresentWriter {
 
 /// The bytes of plain `repr(C)` records.
 fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: `T` is one of this module's `repr(C)` records of integers,
+    // with no padding (their sizes are asserted above).
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
@@ -439,6 +574,7 @@ fn build<'a>(
         seq: 0,
         span_end_ns,
         span_ns,
+        publish_ns: 0,
         proc_count: entries.len() as u32,
         row_count: rows.len() as u32,
         global_first,
@@ -449,6 +585,7 @@ fn build<'a>(
         rows_off: rows_off as u32,
         hash_off: hash_off as u32,
         strings_off: strings_off as u32,
+        reserved: [0; 7],
     };
     (h, need)
 }
@@ -512,6 +649,10 @@ pub struct View {
     pub generation: u64,
     pub span_end_ns: u64,
     pub span_ns: u64,
+    /// CLOCK_REALTIME when the daemon published this table.
+    pub publish_ns: u64,
+    /// The daemon's tick (from the segment header).
+    pub tick_ns: u64,
     pub procs: Vec<ProcView>,
     /// Per-process rows, then the global rows (`global`).
     pub rows: Vec<RowView>,
@@ -530,6 +671,12 @@ impl View {
     pub fn exe_of(&self, r: &RowView) -> Option<&str> {
         self.procs.get(r.owner).map(|p| p.exe.as_str())
     }
+    /// How old the table is at `now_ns` (CLOCK_REALTIME, see [`now_ns`]),
+    /// and whether it is stale (older than a few ticks: the daemon that
+    /// published it is gone or stuck).
+    pub fn age(&self, now_ns: u64) -> (u64, bool) {
+        age(self.publish_ns, self.tick_ns, now_ns)
+    }
 }
 
 fn get<T: Copy + Default>(b: &[u8], off: usize) -> Result<T, PresentError> {
@@ -537,6 +684,8 @@ fn get<T: Copy + Default>(b: &[u8], off: usize) -> Result<T, PresentError> {
         .checked_add(size_of::<T>())
         .ok_or(PresentError::BadRegion("record"))?;
     let s = b.get(off..end).ok_or(PresentError::BadRegion("record"))?;
+    // SAFETY: `s` holds exactly `size_of::<T>()` bytes, and every `T` read
+    // here is a record of plain integers, valid for any bit pattern.
     Ok(unsafe { std::ptr::read_unaligned(s.as_ptr() as *const T) })
 }
 
@@ -600,7 +749,7 @@ impl<'a> Buffer<'a> {
         }
         let r: Row = get(self.b, self.h.rows_off as usize + i as usize * 64)?;
         if r.check != r.checksum() {
-            return Err(PresentError::BadRegion("row checksum"));
+            return Err(PresentError::BadChecksum { row: i });
         }
         if r.proc_index >= self.h.proc_count {
             return Err(PresentError::BadRegion("row process"));
@@ -623,12 +772,19 @@ fn header(bytes: &[u8]) -> Result<PresentHeader, PresentError> {
     if bytes.len() < 64 {
         return Err(PresentError::TooShort);
     }
+    // The generation and sequence words are read as atomics.
+    if !(bytes.as_ptr() as usize).is_multiple_of(8) {
+        return Err(PresentError::BadRegion("segment alignment"));
+    }
     let h: PresentHeader = get(bytes, 0)?;
     if h.magic != MAGIC {
         return Err(PresentError::BadMagic);
     }
     if h.version != VERSION {
         return Err(PresentError::UnsupportedVersion(h.version));
+    }
+    if h.buffer_len < size_of::<BufferHeader>() as u64 {
+        return Err(PresentError::BadRegion("buffer length"));
     }
     for off in h.buffer_off {
         if off % 8 != 0
@@ -647,9 +803,12 @@ fn header(bytes: &[u8]) -> Result<PresentHeader, PresentError> {
 /// touch meanwhile.
 fn consistent<T>(
     bytes: &[u8],
-    mut f: impl FnMut(&Buffer, u64) -> Result<T, PresentError>,
+    mut f: impl FnMut(&Buffer, u64, &PresentHeader) -> Result<T, PresentError>,
 ) -> Result<T, PresentError> {
     let h = header(bytes)?;
+    // SAFETY: `header` checked that `bytes` is 8-aligned and that the
+    // generation word and both buffers (whose first word is the sequence
+    // number, at 8-aligned offsets) lie inside it.
     let word = |off: u64| unsafe { &*(bytes.as_ptr().add(off as usize) as *const AtomicU64) };
     let gen_word = word(std::mem::offset_of!(PresentHeader, generation) as u64);
     for _ in 0..1000 {
@@ -665,7 +824,7 @@ fn consistent<T>(
             continue;
         }
         let buf = &bytes[off as usize..(off + h.buffer_len) as usize];
-        let r = Buffer::new(buf).and_then(|b| f(&b, gen));
+        let r = Buffer::new(buf).and_then(|b| f(&b, gen, &h));
         fence(Ordering::Acquire);
         if seq.load(Ordering::Relaxed) == s1 {
             return r;
@@ -676,7 +835,7 @@ fn consistent<T>(
 
 /// The whole current table.
 pub fn read_view(bytes: &[u8]) -> Result<View, PresentError> {
-    consistent(bytes, |b, generation| {
+    consistent(bytes, |b, generation, h| {
         let procs = (0..b.h.proc_count)
             .map(|i| b.proc(i))
             .collect::<Result<Vec<_>, _>>()?;
@@ -687,6 +846,8 @@ pub fn read_view(bytes: &[u8]) -> Result<View, PresentError> {
             generation,
             span_end_ns: b.h.span_end_ns,
             span_ns: b.h.span_ns,
+            publish_ns: b.h.publish_ns,
+            tick_ns: h.tick_ns,
             procs,
             rows,
             global: b.h.global_first as usize..b.h.row_count as usize,
@@ -699,7 +860,7 @@ pub fn read_process(
     bytes: &[u8],
     pid: u32,
 ) -> Result<Option<(ProcView, Vec<RowView>)>, PresentError> {
-    consistent(bytes, |b, _| {
+    consistent(bytes, |b, _, _| {
         for i in 0..b.h.proc_count {
             let e: ProcEntry = get(b.b, b.h.procs_off as usize + i as usize * 64)?;
             if e.pid != pid {
@@ -722,6 +883,10 @@ pub fn read_process(
 /// every tick allocates nothing once they have grown.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessRows {
+    /// The publish it was read from, when, and the daemon's tick.
+    pub generation: u64,
+    pub publish_ns: u64,
+    pub tick_ns: u64,
     pub pid: u32,
     pub ended: bool,
     pub span_ns: u64,
@@ -753,6 +918,10 @@ impl ProcessRows {
     pub fn exe(&self) -> &str {
         self.text(self.exe)
     }
+    /// Age and staleness at `now_ns`, as [`View::age`].
+    pub fn age(&self, now_ns: u64) -> (u64, bool) {
+        age(self.publish_ns, self.tick_ns, now_ns)
+    }
     pub fn len(&self) -> usize {
         self.rows.len()
     }
@@ -780,7 +949,7 @@ pub fn read_process_into(
     pid: u32,
     out: &mut ProcessRows,
 ) -> Result<bool, PresentError> {
-    consistent(bytes, |b, _| {
+    consistent(bytes, |b, generation, h| {
         out.rows.clear();
         out.strings.clear();
         let Some(i) = (0..b.h.proc_count).find(|&i| {
@@ -809,12 +978,15 @@ pub fn read_process_into(
         for ix in e.first_row..e.first_row + e.row_count {
             let mut r: Row = get(b.b, b.h.rows_off as usize + ix as usize * 64)?;
             if r.check != r.checksum() {
-                return Err(PresentError::BadRegion("row checksum"));
+                return Err(PresentError::BadChecksum { row: ix });
             }
             (r.name_off, r.name_len) = copy(&mut out.strings, r.name_off, r.name_len)?;
             (r.module_off, r.module_len) = copy(&mut out.strings, r.module_off, r.module_len)?;
             out.rows.push(r);
         }
+        out.generation = generation;
+        out.publish_ns = b.h.publish_ns;
+        out.tick_ns = h.tick_ns;
         out.pid = e.pid;
         out.ended = e.flags & PROC_ENDED != 0;
         out.span_ns = e.span_ns;
@@ -827,7 +999,7 @@ pub fn read_process_into(
 
 /// The global row of `name` in executable `exe`, through the hash index.
 pub fn lookup(bytes: &[u8], exe: &str, name: &str) -> Result<Option<RowView>, PresentError> {
-    consistent(bytes, |b, _| {
+    consistent(bytes, |b, _, _| {
         let cap = b.h.hash_cap;
         let mut h = key_hash(exe, name) & (cap - 1);
         for _ in 0..cap {
@@ -954,6 +1126,118 @@ mod tests {
         assert!(!read_process_into(bytes(&mem), 7, &mut pr).unwrap());
     }
 
+    /// The current buffer's offset and header.
+    fn current(b: &[u8]) -> (usize, BufferHeader) {
+        let h: PresentHeader = get(b, 0).unwrap();
+        let off = h.buffer_off[(h.generation & 1) as usize] as usize;
+        (off, get(b, off).unwrap())
+    }
+
+    fn bytes_mut(mem: &mut [u64]) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr() as *mut u8, mem.len() * 8) }
+    }
+
+    #[test]
+    fn publish_time_says_how_old_a_table_is() {
+        let (mem, mut w) = segment(64 * 1024);
+        let before = now_ns();
+        w.publish(1, 1, &table(1)).unwrap();
+        let v = read_view(bytes(&mem)).unwrap();
+        assert!(v.publish_ns >= before && v.publish_ns <= now_ns());
+        assert_eq!(v.tick_ns, 1_000_000_000);
+        assert_eq!(v.age(v.publish_ns + 500_000_000), (500_000_000, false));
+        // Three ticks and the slack: still current; a moment more: stale.
+        let limit = 3 * v.tick_ns + STALE_SLACK_NS;
+        assert_eq!(v.age(v.publish_ns + limit), (limit, false));
+        assert_eq!(v.age(v.publish_ns + limit + 1), (limit + 1, true));
+        // A clock set back reads as age 0, not as a huge age.
+        assert_eq!(v.age(v.publish_ns - 5), (0, false));
+        let mut pr = ProcessRows::default();
+        assert!(read_process_into(bytes(&mem), 10, &mut pr).unwrap());
+        assert_eq!(
+            (pr.generation, pr.publish_ns, pr.tick_ns),
+            (1, v.publish_ns, v.tick_ns)
+        );
+        assert!(pr.age(v.publish_ns + 10 * v.tick_ns).1);
+    }
+
+    #[test]
+    fn malformed_segments_get_their_own_errors() {
+        let (mem, mut w) = segment(16 * 1024);
+        w.publish(1, 1, &table(1)).unwrap();
+        let (off, bh) = current(bytes(&mem));
+        let at = |field: usize| off + bh.rows_off as usize + 64 + field;
+        // A row whose counts changed after its checksum was computed.
+        let mut m = mem.clone();
+        bytes_mut(&mut m)[at(std::mem::offset_of!(Row, calls))] ^= 1;
+        let want = PresentError::BadChecksum { row: 1 };
+        assert_eq!(read_view(bytes(&m)).unwrap_err(), want);
+        assert_eq!(read_process(bytes(&m), 10).unwrap_err(), want);
+        let mut pr = ProcessRows::default();
+        assert_eq!(read_process_into(bytes(&m), 10, &mut pr).unwrap_err(), want);
+        assert!(want.to_string().contains("checksum"));
+        let set = |field: usize, v: &[u8]| {
+            let mut m = mem.clone();
+            bytes_mut(&mut m)[field..field + v.len()].copy_from_slice(v);
+            read_view(bytes(&m))
+        };
+        let hdr = |name: &str| match name {
+            "version" => std::mem::offset_of!(PresentHeader, version),
+            "buffer_len" => std::mem::offset_of!(PresentHeader, buffer_len),
+            "buffer_off" => std::mem::offset_of!(PresentHeader, buffer_off) + 8,
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            set(hdr("version"), &1u32.to_le_bytes()),
+            Err(PresentError::UnsupportedVersion(1))
+        );
+        // Buffers shorter than their own header.
+        assert_eq!(
+            set(hdr("buffer_len"), &8u64.to_le_bytes()),
+            Err(PresentError::BadRegion("buffer length"))
+        );
+        // The current buffer placed past the end of the segment.
+        assert_eq!(
+            set(hdr("buffer_off"), &(1u64 << 40).to_le_bytes()),
+            Err(PresentError::BadRegion("buffer"))
+        );
+        assert_eq!(set(0, b"RTPROFX\0"), Err(PresentError::BadMagic));
+        // Strings past the end of the buffer.
+        let strings = off + std::mem::offset_of!(BufferHeader, strings_len);
+        assert_eq!(
+            set(strings, &u32::MAX.to_le_bytes()),
+            Err(PresentError::BadRegion("strings"))
+        );
+        assert_eq!(read_view(&bytes(&mem)[..40]), Err(PresentError::TooShort));
+    }
+
+    #[test]
+    fn open_file_refuses_what_is_not_a_regular_file() {
+        let dir = std::env::temp_dir().join(format!("rtprof-present-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        // Would block in open(2) if it were opened for reading as is.
+        let e = open_file(&fifo).unwrap_err();
+        assert!(matches!(e, OpenError::NotRegular("a FIFO")), "{e}");
+        assert!(e.to_string().contains("is a FIFO"), "{e}");
+        let e = open_file(&dir).unwrap_err();
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        let small = dir.join("small");
+        std::fs::write(&small, [0u8; 8]).unwrap();
+        assert!(matches!(open_file(&small), Err(OpenError::TooSmall(8))));
+        let e = open_file(&dir.join("missing")).unwrap_err();
+        assert!(matches!(&e, OpenError::Io(io) if io.kind() == std::io::ErrorKind::NotFound));
+        let ok = dir.join("ok");
+        std::fs::write(&ok, [0u8; 64]).unwrap();
+        assert!(open_file(&ok).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn too_large_is_an_error() {
         let (_mem, mut w) = segment(1024);
@@ -999,14 +1283,20 @@ mod tests {
         let addr = mem.as_ptr() as usize;
         let len = mem.len() * 8;
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Complete views each reader has checked so far.
+        let seen: std::sync::Arc<[AtomicU64; 2]> = Default::default();
         let readers: Vec<_> = (0..2)
-            .map(|_| {
-                let done = done.clone();
+            .map(|i| {
+                let (done, seen) = (done.clone(), seen.clone());
                 std::thread::spawn(move || {
                     let b = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-                    let mut seen = 0u64;
                     while !done.load(Ordering::Relaxed) {
-                        let v = read_view(b).unwrap();
+                        // Lapped a thousand times by a writer publishing
+                        // back to back: a correct answer, not a torn one.
+                        let v = match read_view(b) {
+                            Err(PresentError::Busy) => continue,
+                            v => v.unwrap(),
+                        };
                         let k = v.span_end_ns;
                         for (p, rows) in v.procs.iter().map(|p| (p, &v.rows[p.rows.clone()])) {
                             for (i, r) in rows.iter().enumerate() {
@@ -1014,18 +1304,23 @@ mod tests {
                                 assert_eq!(r.samples, k);
                             }
                         }
-                        seen += 1;
+                        seen[i].fetch_add(1, Ordering::Relaxed);
                     }
-                    seen
                 })
             })
             .collect();
-        for k in 1..20_000u64 {
+        // At least 20,000 publishes, and on until both readers have checked
+        // views taken while the writer was busy (a minute at most).
+        let t = std::time::Instant::now();
+        let mut k = 1u64;
+        while k < 20_000 || seen.iter().any(|s| s.load(Ordering::Relaxed) < 10) {
+            k += 1;
             w.publish(k, 1, &table(k)).unwrap();
+            assert!(t.elapsed().as_secs() < 60, "readers made no progress");
         }
         done.store(true, Ordering::Relaxed);
         for r in readers {
-            assert!(r.join().unwrap() > 0);
+            r.join().unwrap();
         }
         drop(mem);
     }

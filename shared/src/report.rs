@@ -4,7 +4,44 @@
 use crate::json::JsonWriter;
 use crate::layout::state;
 use crate::{FunctionStats, Snapshot};
+use std::borrow::Cow;
 use std::fmt::Write as _;
+
+/// `s` made safe to print on a terminal. Function, module and executable
+/// names come from binaries and segments anyone can make, and whoever
+/// reads a report (root included) must not have their terminal driven by
+/// them: control characters (C0, DEL, C1) become `\n`, `\t`, `\r`,
+/// `\xHH` or `\u{HHHH}`, and so do the Unicode bidirectional controls
+/// that reorder what is shown; a backslash becomes `\\`, so an escape
+/// cannot be forged. Every text report of rtprof goes through this (JSON
+/// has its own escaping).
+pub fn escape_text(s: &str) -> Cow<'_, str> {
+    fn special(c: char) -> bool {
+        c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !s.contains(special) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x80 && special(c) => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if special(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// Order of the function rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -158,7 +195,7 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
             "rtprof: pid {} (parent {}) {}: {}",
             s.pid,
             s.ppid,
-            s.exe,
+            escape_text(&s.exe),
             state_text(s)
         );
         if let Some(d) = duration_s(s) {
@@ -193,8 +230,8 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
                     r.time_ns(s) as f64 / 1e6,
                     r.share(s),
                     per_call,
-                    r.name,
-                    r.module
+                    escape_text(&r.name),
+                    escape_text(r.module)
                 );
             }
             if shown < rows.len() {
@@ -219,7 +256,7 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
                 let _ = write!(
                     out,
                     "    {}: {} functions, {} patched ({:.1}%)",
-                    m.path,
+                    escape_text(&m.path),
                     m.functions,
                     m.patched,
                     percent(m.patched, m.functions)
@@ -464,6 +501,44 @@ mod tests {
         assert!((r[0].share(&s) - 70.0).abs() < 1e-9);
         assert_eq!((r[1].calls, r[1].samples), (None, 2));
         assert!(t.contains("1400000.0"), "{t}");
+    }
+
+    #[test]
+    fn names_cannot_drive_the_terminal() {
+        assert!(matches!(escape_text("plain name"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape_text("\u{e9}t\u{e9} \u{65e5}"),
+            "\u{e9}t\u{e9} \u{65e5}"
+        );
+        assert_eq!(
+            escape_text("a\x1b[2Jb\x07\x08\x7f\0\t\n\r\\x1b"),
+            "a\\x1b[2Jb\\x07\\x08\\x7f\\x00\\t\\n\\r\\\\x1b"
+        );
+        // C1 controls (CSI) and bidirectional overrides.
+        assert_eq!(
+            escape_text("x\u{9b}31m\u{85}\u{202e}cod\u{2066}"),
+            "x\\u{9b}31m\\u{85}\\u{202e}cod\\u{2066}"
+        );
+        let mut s = snap();
+        s.exe = "/bin/\x1b]0;title\x07".into();
+        s.modules[0].path = "/lib/\x1b[31m.so".into();
+        s.functions[0].name = "lo\x1b[2J\u{9b}H".into();
+        let t = text(
+            &[s],
+            TextOptions {
+                top: 0,
+                stats: true,
+                sort: Sort::Time,
+            },
+        );
+        assert!(!t.contains(['\x1b', '\x07', '\u{9b}']), "{t:?}");
+        for want in [
+            "/bin/\\x1b]0;title\\x07:",
+            "lo\\x1b[2J\\u{9b}H ",
+            "/lib/\\x1b[31m.so:",
+        ] {
+            assert!(t.contains(want), "{want} in {t}");
+        }
     }
 
     #[test]
