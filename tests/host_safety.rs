@@ -143,3 +143,53 @@ fn tmpfs_filling_while_threads_start() {
     // shared one: every call is there.
     assert_counts("fill tmpfs", &plain.stdout, process(&report, &bin));
 }
+
+/// A library loaded with `dlopen` that finds no room in the counter segment
+/// is still listed, says why, and its samples still count for it; every
+/// module without functions says why.
+#[test]
+fn library_without_room_is_listed_with_its_reason() {
+    let dir = scratch("no-room");
+    let python = Path::new("/usr/bin/python3");
+    assert!(python.exists(), "apt-get install python3");
+    let script = [
+        "-c",
+        "import hashlib; print(hashlib.sha256(b'x').hexdigest())",
+    ];
+    let plain = run_plain(python, &script);
+    let env = [("RTPROF_SPARE_FUNCTIONS", "100")];
+    for modules in ["all", ""] {
+        let mut env = env.to_vec();
+        if !modules.is_empty() {
+            env.push(("RTPROF_MODULES", modules));
+        }
+        let prof = run_profiled(python, &script, &env, &dir);
+        assert_same_behaviour("python with no room", &plain, &prof.output);
+        let p = &prof.report["processes"][0];
+        let mods = p["modules"].as_array().unwrap();
+        let crypto = mods
+            .iter()
+            .find(|m| m["path"].as_str().unwrap().contains("libcrypto.so"))
+            .unwrap_or_else(|| panic!("libcrypto listed: {}", p["modules"]));
+        assert_eq!(crypto["functions"], 0, "{crypto}");
+        if modules == "all" {
+            let refused = crypto["refused"]["no_counter_space"].as_u64().unwrap_or(0);
+            assert!(
+                refused > 1000,
+                "its functions refused for want of room: {crypto}"
+            );
+        } else {
+            assert_eq!(
+                crypto["note"], "no room for its function names in the counter segment",
+                "{crypto}"
+            );
+        }
+        for m in mods {
+            let empty = m["functions"] == 0 && m["refused"].as_object().unwrap().is_empty();
+            assert!(
+                !empty || m["note"].is_string(),
+                "says why it has no functions: {m}"
+            );
+        }
+    }
+}

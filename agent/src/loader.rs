@@ -19,6 +19,7 @@ use crate::sampling::addrmap::Present;
 use crate::stubmem::StubArea;
 use crate::{agent, records, symbols, Agent};
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use rtprof_shared::layout::module_why;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 #[repr(C)]
@@ -198,6 +199,7 @@ fn add_sampled(
     a: &Agent,
     m: &Module,
     funcs: &[symbols::FuncSym],
+    why: u32,
 ) -> (Option<StubArea>, Option<Present>) {
     let w = &a.segment.writer;
     if !room_for_sampled(a) {
@@ -205,34 +207,37 @@ fn add_sampled(
     }
     let left = w.layout().caps.functions - w.func_count();
     let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
-    (
-        None,
-        records::record_sampled(&a.segment, m, if fits { funcs } else { &[] }),
-    )
+    let (funcs, why) = match fits {
+        true => (funcs, why),
+        false => (&[][..], module_why::NO_ROOM),
+    };
+    (None, records::record_sampled(&a.segment, m, funcs, why))
 }
 
 /// Records a newly loaded module: instrumented if selected, otherwise with
 /// its symbols for sample attribution only.
 fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
-    if !a.config.instrument || modules::skip_reason(&m, &|n| a.config.selects(n)).is_some() {
+    let skip = modules::skip_reason(&m, &|n| a.config.selects(n));
+    if !a.config.instrument || skip.is_some() {
         if !room_for_sampled(a) {
             return (None, None);
         }
         let funcs = symbols::read_for_sampling(&m.file);
-        return add_sampled(a, &m, &funcs);
+        let why = skip.map_or(module_why::NONE, modules::Skip::why_code);
+        return add_sampled(a, &m, &funcs, why);
     }
     let list = match symbols::read_file(&m.file) {
         Ok(l) => l,
         Err(e) => {
             vlog!("{}: {e}; left unpatched", m.path);
-            return add_sampled(a, &m, &[]);
+            return add_sampled(a, &m, &[], module_why::UNREADABLE);
         }
     };
     // Not relocated yet: the loader would write text relocations over the
     // patched entries afterwards.
     if list.text_relocations {
         vlog!("{}: has text relocations; left unpatched", m.path);
-        return add_sampled(a, &m, &list.funcs);
+        return add_sampled(a, &m, &list.funcs, module_why::TEXT_RELOCATIONS);
     }
     // A full segment leaves the module out entirely.
     instrument(a, m, list).unwrap_or_default()

@@ -42,6 +42,19 @@ pub enum Skip {
     NotSelected,
 }
 
+impl Skip {
+    /// What a report says of a module skipped for this reason.
+    pub fn why_code(self) -> u32 {
+        use rtprof_shared::layout::module_why;
+        match self {
+            Skip::Agent => module_why::OWN_CODE,
+            Skip::Loader => module_why::LOADER,
+            Skip::Vdso => module_why::VDSO,
+            Skip::NotSelected => module_why::NONE,
+        }
+    }
+}
+
 impl Module {
     pub fn name(&self) -> &str {
         self.path.rsplit('/').next().unwrap_or(&self.path)

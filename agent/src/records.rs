@@ -8,6 +8,7 @@ use crate::modules::Module;
 use crate::sampling::addrmap::Present;
 use crate::segment::Segment;
 use crate::symbols::FuncSym;
+use rtprof_shared::layout::module_why;
 use rtprof_shared::{Refusal, SegmentWriter};
 
 /// The segment has no room for the module: it is recorded as far as it
@@ -96,13 +97,14 @@ pub fn record_module(seg: &Segment, p: &ModulePlan) -> Result<(Present, Option<u
 /// Adds a module that is not instrumented, with `funcs` listed so samples
 /// in it are attributed by name. If they do not fit, the module is listed
 /// alone (its samples count for it).
-pub fn record_sampled(seg: &Segment, m: &Module, funcs: &[FuncSym]) -> Option<Present> {
+pub fn record_sampled(seg: &Segment, m: &Module, funcs: &[FuncSym], why: u32) -> Option<Present> {
     let w = &seg.writer;
     let path = if m.path.is_empty() { "[vdso]" } else { &m.path };
     let funcs: Vec<&FuncSym> = funcs.iter().filter(|f| f.size > 0).collect();
     let names = funcs.iter().map(|f| f.name.len()).sum();
     let with_functions = reserve(seg, path, funcs.len(), names)?;
     let record = w.add_sampled_module(path.as_bytes(), m.bias).ok()?;
+    w.set_module_why(record, why);
     if with_functions {
         for f in funcs {
             let size = f.size.min(u32::MAX as u64) as u32;
@@ -112,6 +114,7 @@ pub fn record_sampled(seg: &Segment, m: &Module, funcs: &[FuncSym]) -> Option<Pr
             }
         }
     } else {
+        w.set_module_why(record, module_why::NO_ROOM);
         vlog!("{path}: no room for its function names; its samples count for the module");
     }
     Some(Present {

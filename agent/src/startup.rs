@@ -15,6 +15,7 @@ use crate::symbols::FuncSym;
 use crate::{
     agent, fork, loader, modules, now_ns, records, symbols, system, threads, Agent, AGENT,
 };
+use rtprof_shared::layout::module_why;
 use rtprof_shared::{report, Capacities};
 use std::time::Instant;
 
@@ -43,21 +44,22 @@ fn tracer() -> Option<u32> {
 /// What start-up does with each loaded module.
 enum Planned {
     Instrument(ModulePlan),
-    /// Not instrumented; its functions are listed for sample attribution.
-    Sample(Module, Vec<FuncSym>),
+    /// Not instrumented; its functions are listed for sample attribution,
+    /// with why (a `module_why` code).
+    Sample(Module, Vec<FuncSym>, u32),
 }
 
 impl Planned {
     fn module(&self) -> &Module {
         match self {
             Planned::Instrument(p) => &p.module,
-            Planned::Sample(m, _) => m,
+            Planned::Sample(m, ..) => m,
         }
     }
     fn functions(&self) -> impl Iterator<Item = &str> {
         let (a, b) = match self {
             Planned::Instrument(p) => (Some(p.funcs.iter().map(|c| c.name.as_str())), None),
-            Planned::Sample(_, f) => (None, Some(f.iter().map(|f| f.name.as_str()))),
+            Planned::Sample(_, f, _) => (None, Some(f.iter().map(|f| f.name.as_str()))),
         };
         a.into_iter().flatten().chain(b.into_iter().flatten())
     }
@@ -69,8 +71,8 @@ fn plan_modules(cfg: &Config) -> Vec<Planned> {
     for m in modules::loaded() {
         match modules::skip_reason(&m, &|n| cfg.selects(n)) {
             // Our own code and the vDSO: samples there count per module.
-            Some(modules::Skip::Agent | modules::Skip::Vdso) => {
-                plans.push(Planned::Sample(m, Vec::new()));
+            Some(why @ (modules::Skip::Agent | modules::Skip::Vdso)) => {
+                plans.push(Planned::Sample(m, Vec::new(), why.why_code()));
                 continue;
             }
             Some(why) => {
@@ -78,12 +80,12 @@ fn plan_modules(cfg: &Config) -> Vec<Planned> {
                     vlog!("{}: not instrumented ({why:?})", m.path);
                 }
                 let funcs = symbols::read_for_sampling(&m.file);
-                plans.push(Planned::Sample(m, funcs));
+                plans.push(Planned::Sample(m, funcs, why.why_code()));
                 continue;
             }
             None if !cfg.instrument => {
                 let funcs = symbols::read_for_sampling(&m.file);
-                plans.push(Planned::Sample(m, funcs));
+                plans.push(Planned::Sample(m, funcs, module_why::NONE));
                 continue;
             }
             None => {}
@@ -103,7 +105,7 @@ fn plan_modules(cfg: &Config) -> Vec<Planned> {
             }
             Err(e) => {
                 vlog!("{}: {e}; left unpatched", m.path);
-                plans.push(Planned::Sample(m, Vec::new()));
+                plans.push(Planned::Sample(m, Vec::new(), module_why::UNREADABLE));
             }
         }
     }
@@ -240,7 +242,9 @@ pub(crate) fn start() {
                 Ok((present, first)) => (Some(present), first),
                 Err(records::Full) => break,
             },
-            Planned::Sample(m, funcs) => (records::record_sampled(&segment, m, funcs), None),
+            Planned::Sample(m, funcs, why) => {
+                (records::record_sampled(&segment, m, funcs, *why), None)
+            }
         };
         recorded.push(r);
     }

@@ -97,6 +97,38 @@ pub struct Header {
     pub reserved: [u64; 3],
 }
 
+/// Why a module is not instrumented, or lists no functions: a code in bits
+/// 8..16 of [`ModuleRecord::flags`], so every module in a report can say so.
+pub mod module_why {
+    pub const SHIFT: u32 = 8;
+    pub const MASK: u32 = 0xff << SHIFT;
+    pub const NONE: u32 = 0;
+    /// rtprof's own code.
+    pub const OWN_CODE: u32 = 1;
+    pub const VDSO: u32 = 2;
+    /// The dynamic loader, which runs before the agent and under it.
+    pub const LOADER: u32 = 3;
+    /// Its ELF file could not be read.
+    pub const UNREADABLE: u32 = 4;
+    /// The loader writes into its code (DT_TEXTREL).
+    pub const TEXT_RELOCATIONS: u32 = 5;
+    /// No room in the counter segment for its function names.
+    pub const NO_ROOM: u32 = 6;
+
+    /// The reason as a report says it.
+    pub fn text(code: u32) -> Option<&'static str> {
+        Some(match code {
+            OWN_CODE => "rtprof's own code",
+            VDSO => "the kernel's vDSO",
+            LOADER => "the dynamic loader",
+            UNREADABLE => "its ELF file could not be read",
+            TEXT_RELOCATIONS => "it has text relocations",
+            NO_ROOM => "no room for its function names in the counter segment",
+            _ => return None,
+        })
+    }
+}
+
 /// Bits of [`ModuleRecord::flags`].
 pub mod module_flags {
     /// Not instrumented: its functions are listed so that samples can be

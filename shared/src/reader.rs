@@ -58,6 +58,9 @@ pub struct ModuleStats {
     pub sampled_only: bool,
     /// Samples in the module's code outside its listed functions.
     pub samples: u64,
+    /// Why it is not instrumented or lists no functions, where a report
+    /// should say so.
+    pub note: Option<&'static str>,
 }
 
 impl ModuleStats {
@@ -312,7 +315,11 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             .collect::<Result<Vec<_>, _>>()?;
         let sampled_only = m.flags & module_flags::SAMPLED_ONLY != 0;
         module_funcs.push((m.first_func, m.func_count, sampled_only));
+        let why = (m.flags & module_why::MASK) >> module_why::SHIFT;
+        let note = module_why::text(why)
+            .or((m.func_count == 0 && refused.is_empty()).then_some("its file names no functions"));
         modules.push(ModuleStats {
+            note,
             path,
             base: m.base,
             functions: m.func_count,

@@ -267,7 +267,19 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
                         let _ = write!(out, " {r} {n}");
                     }
                 }
+                if let Some(note) = m.note {
+                    let _ = write!(out, " ({note})");
+                }
                 out.push('\n');
+            }
+            for m in s.modules.iter().filter(|m| m.sampled_only) {
+                if let Some(note) = m.note {
+                    let _ = writeln!(
+                        out,
+                        "    {}: not instrumented: {note}",
+                        escape_text(&m.path)
+                    );
+                }
             }
         }
     }
@@ -399,6 +411,10 @@ pub fn json(procs: &[Snapshot]) -> String {
                 w.uint(*n as u64);
             }
             w.end_object();
+            if let Some(note) = m.note {
+                w.key("note");
+                w.string(note);
+            }
             w.end_object();
         }
         w.end_array();
@@ -441,6 +457,7 @@ mod tests {
                 refused: vec![(Refusal::TooSmall, 1)],
                 sampled_only: false,
                 samples: 2,
+                note: None,
             }],
             functions: ["lo", "hi", "zero"]
                 .iter()

@@ -110,6 +110,20 @@ impl SegmentWriter {
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
+    /// Records why module `idx` is not instrumented or lists no functions
+    /// (a [`crate::layout::module_why`] code).
+    pub fn set_module_why(&self, idx: u32, why: u32) {
+        use crate::layout::module_why;
+        if idx >= self.module_count.load(Ordering::Relaxed) {
+            return;
+        }
+        unsafe {
+            let m = &mut *self.module_ptr(idx);
+            m.flags =
+                (m.flags & !module_why::MASK) | ((why << module_why::SHIFT) & module_why::MASK);
+        }
+    }
+
     /// Bytes of the string table in use.
     pub fn strings_len(&self) -> u32 {
         self.strings_len.load(Ordering::Relaxed)
