@@ -16,6 +16,8 @@ pub struct Candidate {
     pub name: String,
     pub vaddr: u64,
     pub size: u64,
+    /// Alignment fill after the function that its window may use.
+    pub pad: u64,
     pub outcome: Result<Plan, Refusal>,
 }
 
@@ -23,6 +25,8 @@ pub struct ModulePlan {
     pub module: Module,
     pub funcs: Vec<Candidate>,
     pub source: &'static str,
+    /// The loader writes into this file's code (DT_TEXTREL).
+    pub text_relocations: bool,
 }
 
 impl ModulePlan {
@@ -57,7 +61,10 @@ struct Own {
     decode_error: bool,
 }
 
-pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
+/// Decides every function of `m` from its file's bytes alone: the result
+/// depends on nothing else, and may be cached (see [`check_live`] for what
+/// must be checked in each process).
+pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> ModulePlan {
     let funcs = list.funcs;
     let n = funcs.len();
     let starts: Vec<u64> = funcs.iter().map(|f| m.bias.wrapping_add(f.vaddr)).collect();
@@ -70,7 +77,6 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
     let in_text = |a: u64| text.iter().any(|&(lo, hi)| a >= lo && a < hi);
     // Code is decoded as the file has it: a debugger may already have
     // written breakpoints into the mapped copy.
-    let file = FileImage::open(&m);
     let code_at = |a: u64, len: u64| maps.readable(a, len).then(|| file.bytes(a, len)).flatten();
 
     // Per function: code (with trailing alignment fill) or why not.
@@ -193,6 +199,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
             continue;
         }
         let own = &own[i];
+        let pad = c.as_ref().map_or(0, |&(_, _, pad)| pad);
         let outcome = c.and_then(|(bytes, size, pad)| {
             let plan = plan_window(bytes, start, size as usize, pad as usize)?;
             if own.decode_error {
@@ -213,18 +220,13 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
             if any_in(&tables, lo, hi) {
                 return Err(Refusal::JumpTableIntoWindow);
             }
-            // What will be overwritten and moved must be what the file has.
-            let end = plan.resume_at.max(plan.patch_at + plan.window as u64);
-            let want = bytes.get(..(end - start) as usize);
-            if want.is_none() || mem(maps, start, end - start) != want {
-                return Err(Refusal::ModifiedInMemory);
-            }
             Ok(plan)
         });
         out.push(Candidate {
             name: f.name,
             vaddr: f.vaddr,
             size: f.size,
+            pad,
             outcome,
         });
     }
@@ -232,6 +234,34 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps) -> ModulePlan {
         module: m,
         funcs: out,
         source: list.source,
+        text_relocations: list.text_relocations,
+    }
+}
+
+/// Rebuilds the plans of functions an earlier analysis of the same file
+/// found patchable (`outcome` None): the window is chosen again from the
+/// file's bytes, which the analysis's module-wide checks already cleared.
+/// `None` if a window no longer comes out (then the entry is not to be
+/// trusted).
+pub fn replan(m: &Module, file: &FileImage, c: &mut Candidate) -> Option<()> {
+    let start = m.bias.wrapping_add(c.vaddr);
+    let bytes = file.bytes(start, c.size + c.pad)?;
+    c.outcome = Ok(plan_window(bytes, start, c.size as usize, c.pad as usize).ok()?);
+    Some(())
+}
+
+/// What every process must check for itself: the bytes to be overwritten
+/// and moved are, in memory, what the file has (not a debugger's
+/// breakpoint, not another tool's patch).
+pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) {
+    for c in &mut p.funcs {
+        let Ok(plan) = &c.outcome else { continue };
+        let start = plan.start;
+        let end = plan.resume_at.max(plan.patch_at + plan.window as u64);
+        let want = file.bytes(start, end - start);
+        if want.is_none() || mem(maps, start, end - start) != want {
+            c.outcome = Err(Refusal::ModifiedInMemory);
+        }
     }
 }
 

@@ -35,6 +35,12 @@ pub struct Config {
     pub instrument: bool,
     /// Where rtprofd listens (empty: do not register).
     pub daemon_socket: String,
+    /// `RTPROF_CACHE`: `off`, `user`, `system` or a directory (unset: the
+    /// user's cache, then root's).
+    pub cache: Option<String>,
+    /// `RTPROF_WARM=1` (set by `rtprof cache warm`): fill the cache, then
+    /// end the process before `main`.
+    pub warm_only: bool,
 }
 
 impl Default for Config {
@@ -52,6 +58,8 @@ impl Default for Config {
             sampler: SamplerChoice::Auto,
             instrument: true,
             daemon_socket: crate::register::DEFAULT_SOCKET.to_string(),
+            cache: None,
+            warm_only: false,
         }
     }
 }
@@ -92,6 +100,10 @@ impl Config {
             c.daemon_socket = v;
         }
         c.instrument = s("RTPROF_INSTRUMENT").is_none_or(|v| truthy(&v));
+        c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
+        c.cache = s("RTPROF_CACHE")
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty());
         if let Some(v) = s("RTPROF_SAMPLER") {
             c.sampler = match v.trim() {
                 "perf" => SamplerChoice::Perf,

@@ -1,44 +1,80 @@
 //! A module's file as the loader mapped it: the bytes its code had before
 //! anything in the process wrote over them. Plans are made from these, and
 //! an entry whose live bytes differ (a debugger's `int3`, another tool's
-//! patch) is left alone.
+//! patch) is left alone. The file is the mapped one: a path that names
+//! another file by now (a package upgraded while the program starts) gives
+//! no image.
 
+use crate::maps::Maps;
 use crate::modules::{Load, Module};
+use std::os::unix::fs::MetadataExt;
+
+/// What identifies a file's contents without reading them: a file changed
+/// in place gets a new change time, a replaced one a new inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
 
 pub struct FileImage {
-    map: Option<memmap2::Mmap>,
+    map: memmap2::Mmap,
     bias: u64,
     loads: Vec<Load>,
+    pub identity: Identity,
 }
 
 impl FileImage {
-    /// Maps `m`'s file read-only; an unreadable file gives an image with no
-    /// bytes, so every lookup fails and nothing is patched from guesses.
-    pub fn open(m: &Module) -> FileImage {
-        let map = std::fs::File::open(&m.file)
-            .ok()
-            // SAFETY: a private read-only mapping; the file is the one the
-            // loader mapped, which a running program's files are not
-            // truncated under (if it were, the program itself would fault
-            // first). Bytes are only compared and decoded, never trusted.
-            .and_then(|f| unsafe { memmap2::Mmap::map(&f) }.ok());
-        FileImage {
+    /// Maps `m`'s file read-only if it is the file the loader mapped for
+    /// `m` (same device and inode as the mapping of its first segment).
+    pub fn open(m: &Module, maps: &Maps) -> Result<FileImage, String> {
+        let f = std::fs::File::open(&m.file).map_err(|e| format!("cannot open: {e}"))?;
+        let st = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+        let first = m.loads.first().ok_or("no loaded segment")?;
+        let mapped = maps
+            .at(m.bias.wrapping_add(first.vaddr))
+            .ok_or("its first segment is not mapped")?;
+        let dev = st.dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        if mapped.inode != st.ino() || mapped.dev != (major, minor) {
+            return Err("the file at its path is not the one mapped (replaced since?)".into());
+        }
+        // SAFETY: a private read-only mapping of the file the loader mapped;
+        // a running program's files are not truncated under it (if one
+        // were, the program itself would fault first). The bytes are only
+        // compared and decoded, never trusted.
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("cannot map: {e}"))?;
+        Ok(FileImage {
             map,
             bias: m.bias,
             loads: m.loads.clone(),
-        }
+            identity: Identity {
+                dev,
+                ino: st.ino(),
+                size: st.size(),
+                mtime_ns: st.mtime() * 1_000_000_000 + st.mtime_nsec(),
+                ctime_ns: st.ctime() * 1_000_000_000 + st.ctime_nsec(),
+            },
+        })
+    }
+
+    /// The whole file.
+    pub fn data(&self) -> &[u8] {
+        &self.map
     }
 
     /// The file's bytes for runtime range `[addr, addr + len)`, if a loaded
     /// segment holds all of them in the file.
     pub fn bytes(&self, addr: u64, len: u64) -> Option<&[u8]> {
-        let map = self.map.as_ref()?;
         let v = addr.wrapping_sub(self.bias);
         let l = self.loads.iter().find(|l| {
             v >= l.vaddr && v.checked_add(len).is_some_and(|e| e <= l.vaddr + l.filesz)
         })?;
         let off = usize::try_from(l.offset + (v - l.vaddr)).ok()?;
-        map.get(off..off.checked_add(len as usize)?)
+        self.map.get(off..off.checked_add(len as usize)?)
     }
 }
 
@@ -50,7 +86,7 @@ mod tests {
     fn own_code_matches_its_file() {
         let mods = crate::modules::loaded();
         let main = &mods[0];
-        let img = FileImage::open(main);
+        let img = FileImage::open(main, &Maps::current()).unwrap();
         let here = own_code_matches_its_file as *const () as u64;
         // SAFETY: 16 bytes of this function's own code, mapped executable
         // and readable.
@@ -60,5 +96,13 @@ mod tests {
         assert_eq!(img.bytes(8, 16), None);
         let (_, hi) = main.span();
         assert_eq!(img.bytes(hi - 4, 16), None);
+        assert!(img.identity.size > 0 && img.identity.ino != 0);
+    }
+
+    #[test]
+    fn another_file_at_the_path_is_refused() {
+        let mut m = crate::modules::loaded().remove(0);
+        m.file = "/bin/sh".into();
+        assert!(FileImage::open(&m, &Maps::current()).is_err());
     }
 }

@@ -8,6 +8,7 @@
 pub mod analysis;
 pub mod api;
 pub mod arch;
+pub mod cache;
 pub mod config;
 pub mod fileimage;
 mod fork;
@@ -17,6 +18,7 @@ mod loader;
 pub mod log;
 pub mod maps;
 pub mod modules;
+mod pipeline;
 mod records;
 pub mod register;
 pub mod sampling;

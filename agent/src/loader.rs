@@ -17,7 +17,7 @@ use crate::maps::Maps;
 use crate::modules::{self, Module};
 use crate::sampling::addrmap::Present;
 use crate::stubmem::StubArea;
-use crate::{agent, records, symbols, Agent};
+use crate::{agent, pipeline, records, symbols, Agent};
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use rtprof_shared::layout::module_why;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
@@ -226,8 +226,8 @@ fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
         let why = skip.map_or(module_why::NONE, modules::Skip::why_code);
         return add_sampled(a, &m, &funcs, why);
     }
-    let list = match symbols::read_file(&m.file) {
-        Ok(l) => l,
+    let plan = match pipeline::plan_module(m.clone(), &Maps::current()) {
+        Ok(p) => p,
         Err(e) => {
             vlog!("{}: {e}; left unpatched", m.path);
             return add_sampled(a, &m, &[], module_why::UNREADABLE);
@@ -235,21 +235,30 @@ fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
     };
     // Not relocated yet: the loader would write text relocations over the
     // patched entries afterwards.
-    if list.text_relocations {
+    if plan.text_relocations {
         vlog!("{}: has text relocations; left unpatched", m.path);
-        return add_sampled(a, &m, &list.funcs, module_why::TEXT_RELOCATIONS);
+        let funcs: Vec<symbols::FuncSym> = plan
+            .funcs
+            .iter()
+            .map(|c| symbols::FuncSym {
+                name: c.name.clone(),
+                vaddr: c.vaddr,
+                size: c.size,
+                unnamed: false,
+                mid_function_cfi: false,
+            })
+            .collect();
+        return add_sampled(a, &m, &funcs, module_why::TEXT_RELOCATIONS);
     }
     // A full segment leaves the module out entirely.
-    instrument(a, m, list).unwrap_or_default()
+    instrument(a, plan).unwrap_or_default()
 }
 
 /// Analyses and patches one newly loaded, selected module.
 fn instrument(
     a: &Agent,
-    m: Module,
-    list: symbols::FunctionList,
+    plan: analysis::ModulePlan,
 ) -> Result<(Option<StubArea>, Option<Present>), records::Full> {
-    let plan = analysis::analyze(m, list, &Maps::current());
     let w = &a.segment.writer;
     let (present, first) = records::record_module(&a.segment, &plan)?;
     let Some(first) = first else {

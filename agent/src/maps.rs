@@ -7,6 +7,10 @@ pub struct Mapping {
     pub start: u64,
     pub end: u64,
     pub read: bool,
+    /// The mapped file's device (major, minor) and inode; 0 for anonymous
+    /// memory.
+    pub dev: (u32, u32),
+    pub inode: u64,
 }
 
 #[derive(Debug, Default)]
@@ -23,10 +27,17 @@ impl Maps {
                 let mut w = l.split_whitespace();
                 let (a, b) = w.next()?.split_once('-')?;
                 let perms = w.next()?;
+                let _offset = w.next()?;
+                let (major, minor) = w.next()?.split_once(':')?;
                 Some(Mapping {
                     start: u64::from_str_radix(a, 16).ok()?,
                     end: u64::from_str_radix(b, 16).ok()?,
                     read: perms.starts_with('r'),
+                    dev: (
+                        u32::from_str_radix(major, 16).ok()?,
+                        u32::from_str_radix(minor, 16).ok()?,
+                    ),
+                    inode: w.next()?.parse().ok()?,
                 })
             })
             .collect();
@@ -55,6 +66,12 @@ impl Maps {
             }
         }
         true
+    }
+
+    /// The mapping that holds `addr`.
+    pub fn at(&self, addr: u64) -> Option<&Mapping> {
+        let i = self.mappings.partition_point(|m| m.end <= addr);
+        self.mappings.get(i).filter(|m| m.start <= addr)
     }
 
     /// Unmapped ranges from `lowest` up to `limit`.
@@ -94,6 +111,10 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
         assert!(!m.readable(0x403000, 1), "unmapped");
         assert!(m.readable(0x500000, 0x100000));
         assert!(!m.readable(u64::MAX - 1, 4));
+        let x = m.at(0x401234).unwrap();
+        assert_eq!((x.dev, x.inode), ((8, 1), 1));
+        assert_eq!(m.at(0x500000).unwrap().inode, 0);
+        assert!(m.at(0x403000).is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 // Only the constructor calls into this module, and unit tests build none.
 #![cfg_attr(test, allow(dead_code))]
 
-use crate::analysis::{self, ModulePlan};
+use crate::analysis::ModulePlan;
 use crate::config::Config;
 use crate::install::{self, StubMap};
 use crate::log::{self, vlog};
@@ -13,7 +13,7 @@ use crate::modules::Module;
 use crate::segment::{Segment, SegmentError};
 use crate::symbols::FuncSym;
 use crate::{
-    agent, fork, loader, modules, now_ns, records, symbols, system, threads, Agent, AGENT,
+    agent, fork, loader, modules, now_ns, pipeline, records, symbols, system, threads, Agent, AGENT,
 };
 use rtprof_shared::layout::module_why;
 use rtprof_shared::{report, Capacities};
@@ -90,19 +90,8 @@ fn plan_modules(cfg: &Config) -> Vec<Planned> {
             }
             None => {}
         }
-        let t = Instant::now();
-        match symbols::read_file(&m.file) {
-            Ok(list) => {
-                let t1 = t.elapsed();
-                let path = m.path.clone();
-                plans.push(Planned::Instrument(analysis::analyze(m, list, &maps)));
-                vlog!(
-                    "{}: symbols {:.1} ms, analysis {:.1} ms",
-                    path,
-                    t1.as_secs_f64() * 1e3,
-                    (t.elapsed() - t1).as_secs_f64() * 1e3
-                );
-            }
+        match pipeline::plan_module(m.clone(), &maps) {
+            Ok(plan) => plans.push(Planned::Instrument(plan)),
             Err(e) => {
                 vlog!("{}: {e}; left unpatched", m.path);
                 plans.push(Planned::Sample(m, Vec::new(), module_why::UNREADABLE));
@@ -182,7 +171,14 @@ pub(crate) fn start() {
         vlog!("{threads:?} threads already running at start-up; process left unprofiled");
         return;
     }
+    crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), secure_mode()));
     let plans = plan_modules(&cfg);
+    if cfg.warm_only {
+        // `rtprof cache warm`: the entries are written; the program's own
+        // code never runs.
+        // SAFETY: ends the process; nothing of ours is pending.
+        unsafe { libc::_exit(0) };
+    }
     let exe = plans
         .iter()
         .find(|p| p.module().is_main)

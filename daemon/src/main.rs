@@ -1,5 +1,6 @@
 //! `rtprof`: the command-line front end.
 
+mod cache;
 mod report;
 mod run;
 mod top;
@@ -27,6 +28,8 @@ enum Command {
     Report(report::ReportArgs),
     /// A live view of a running rtprofd's spans.
     Top(top::TopArgs),
+    /// The agent's cache of analysed programs and libraries.
+    Cache(cache::CacheArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Report(args) => report::run(args),
         Command::Top(args) => top::run(args),
+        Command::Cache(args) => cache::run(args),
     }
 }
 

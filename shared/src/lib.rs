@@ -1,6 +1,7 @@
 //! The ABI shared by the rtprof agent and its readers: the counter segment's
 //! layout, a writer for the agent, a validating reader, and reports.
 
+pub mod cachedir;
 pub mod json;
 pub mod layout;
 pub mod present;

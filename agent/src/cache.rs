@@ -1,0 +1,551 @@
+//! A persistent cache of what a module's file alone decides: its functions
+//! and, for each, whether its entry can be patched (or why not). A later
+//! process that maps the same file takes these decisions from the cache
+//! instead of reading symbols and decoding every function again; it still
+//! chooses each window anew from the file's bytes and checks the bytes in
+//! memory (`analysis::replan`, `analysis::check_live`).
+//!
+//! Trust: an entry decides what becomes code in the process, so it is read
+//! only from a directory (and ancestors) and a file owned by this user or
+//! root and writable by no one else, and it is validated like the counter
+//! segment (magic, format, the agent build that wrote it, the file's
+//! identity, lengths, a checksum, every record). Any doubt is a miss, said
+//! under `RTPROF_VERBOSE`; the process is then profiled as without a cache.
+//!
+//! Entries are written by the process that analysed the module, to a
+//! temporary file renamed into place, so processes racing on an empty cache
+//! each write a whole entry and readers never see a partial one.
+
+use crate::analysis::{Candidate, ModulePlan};
+use crate::fileimage::Identity;
+use crate::log::vlog;
+use crate::modules::Module;
+use rtprof_shared::cachedir::ENTRY_SUFFIX;
+use rtprof_shared::Refusal;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const MAGIC: [u8; 8] = *b"RTPRCACH";
+/// Bumped whenever the entry layout or what the analysis decides changes.
+const FORMAT: u32 = 1;
+const HEADER: usize = 88;
+const RECORD: usize = 32;
+/// The cache directory is trimmed to three quarters of this when a write
+/// takes it over.
+const MAX_BYTES: u64 = 256 << 20;
+const SOURCES: [&str; 4] = ["symtab", "dynsym", "eh_frame", "dynsym+eh_frame"];
+
+/// Where entries are looked up (in order) and written.
+#[derive(Debug, Default, Clone)]
+pub struct Places {
+    pub read: Vec<PathBuf>,
+    pub write: Option<PathBuf>,
+}
+
+static PLACES: OnceLock<Places> = OnceLock::new();
+
+pub use rtprof_shared::cachedir::{user_dir, SYSTEM_DIR};
+
+/// What `RTPROF_CACHE` (`off`, `user`, `system` or a directory) selects.
+/// Unset: the user's cache, then root's. In secure-execution mode the
+/// environment is not consulted: root's cache only, written only by root.
+pub fn places(setting: Option<&str>, secure: bool) -> Places {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let system = PathBuf::from(SYSTEM_DIR);
+    let system_write = root.then(|| system.clone());
+    if secure {
+        return Places {
+            read: vec![system],
+            write: system_write,
+        };
+    }
+    match setting {
+        Some("off") => Places::default(),
+        Some("system") => Places {
+            read: vec![system],
+            write: system_write,
+        },
+        Some(p) if p.starts_with('/') => Places {
+            read: vec![PathBuf::from(p)],
+            write: Some(PathBuf::from(p)),
+        },
+        _ => {
+            let user = user_dir();
+            Places {
+                read: user.iter().cloned().chain([system]).collect(),
+                write: user,
+            }
+        }
+    }
+}
+
+pub fn configure(p: Places) {
+    let _ = PLACES.set(p);
+}
+
+fn configured() -> &'static Places {
+    PLACES.get_or_init(Places::default)
+}
+
+/// FNV-1a: a checksum against torn or flipped bytes, not a defence against
+/// someone who may write the entry (the ownership checks are).
+fn fnv(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The agent build that writes and reads entries: a rebuilt agent may
+/// decide differently, so its entries are its own.
+fn fingerprint() -> u64 {
+    static F: OnceLock<u64> = OnceLock::new();
+    *F.get_or_init(|| {
+        let mut h = fnv(env!("CARGO_PKG_VERSION").as_bytes(), FNV_START);
+        h = fnv(&FORMAT.to_le_bytes(), h);
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        let here = fingerprint as *const () as *const libc::c_void;
+        // SAFETY: dladdr fills `info` for an address of this library.
+        if unsafe { libc::dladdr(here, &mut info) } != 0 && !info.dli_fname.is_null() {
+            // SAFETY: a NUL-terminated path owned by the loader.
+            let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+            if let Ok(st) = std::fs::metadata(std::ffi::OsStr::from_bytes(path.to_bytes())) {
+                h = fnv(&st.size().to_le_bytes(), h);
+                h = fnv(&st.mtime().to_le_bytes(), h);
+                h = fnv(&st.mtime_nsec().to_le_bytes(), h);
+                h = fnv(&st.ino().to_le_bytes(), h);
+            }
+        }
+        h
+    })
+}
+
+fn key_bytes(id: &Identity) -> [u8; 40] {
+    let mut k = [0u8; 40];
+    k[0..8].copy_from_slice(&id.dev.to_le_bytes());
+    k[8..16].copy_from_slice(&id.ino.to_le_bytes());
+    k[16..24].copy_from_slice(&id.size.to_le_bytes());
+    k[24..32].copy_from_slice(&id.mtime_ns.to_le_bytes());
+    k[32..40].copy_from_slice(&id.ctime_ns.to_le_bytes());
+    k
+}
+
+/// The entry's file name: the module's name (for people) and a hash of the
+/// key and the agent build.
+pub fn entry_name(module_path: &str, id: &Identity) -> String {
+    let base: String = module_path
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+'))
+        .take(64)
+        .collect();
+    let h = fnv(&key_bytes(id), fnv(&fingerprint().to_le_bytes(), FNV_START));
+    format!("{base}-{h:016x}{ENTRY_SUFFIX}")
+}
+
+/// Whether `meta` belongs to this user or root and no one else may write it.
+fn trusted(meta: &std::fs::Metadata, euid: u32) -> bool {
+    (meta.uid() == euid || meta.uid() == 0) && meta.mode() & 0o022 == 0
+}
+
+/// `dir` and every directory above it: owned by this user or root and
+/// writable by no one else (a sticky directory such as /tmp may be shared:
+/// no one else can rename what is ours inside it).
+fn trusted_dir(dir: &Path, euid: u32) -> Result<(), String> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || !trusted(&meta, euid) {
+        return Err(format!(
+            "{}: not a directory owned by this user or root and writable only by them",
+            dir.display()
+        ));
+    }
+    let mut up = dir.parent();
+    while let Some(d) = up {
+        let m = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let sticky = m.mode() & 0o1000 != 0;
+        if !(m.uid() == euid || m.uid() == 0) || (m.mode() & 0o022 != 0 && !sticky) {
+            return Err(format!("{}: writable by other users", d.display()));
+        }
+        up = d.parent();
+    }
+    Ok(())
+}
+
+/// A cached decision for one function.
+pub struct Cached {
+    pub name: String,
+    pub vaddr: u64,
+    pub size: u64,
+    pub pad: u64,
+    /// `None`: patchable (the window is chosen again from the file).
+    pub refused: Option<Refusal>,
+}
+
+pub struct Entry {
+    pub source: &'static str,
+    pub text_relocations: bool,
+    pub funcs: Vec<Cached>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// The entry's bytes, checked: `Err` says why they are not to be used.
+pub fn decode(b: &[u8], id: &Identity) -> Result<Entry, &'static str> {
+    if b.len() < HEADER || b[..8] != MAGIC {
+        return Err("not a cache entry");
+    }
+    if u32_at(b, 8) != FORMAT || u64_at(b, 16) != fingerprint() {
+        return Err("written by another agent build");
+    }
+    if b[24..64] != key_bytes(id) {
+        return Err("made for another file");
+    }
+    let source = *SOURCES
+        .get(u32_at(b, 64) as usize)
+        .ok_or("bad symbol source")?;
+    let n = u32_at(b, 68) as usize;
+    let strings_len = u32_at(b, 72) as usize;
+    let records_end = n
+        .checked_mul(RECORD)
+        .and_then(|r| r.checked_add(HEADER))
+        .ok_or("bad length")?;
+    if records_end.checked_add(strings_len) != Some(b.len()) {
+        return Err("truncated or padded");
+    }
+    if fnv(&b[HEADER..], FNV_START) != u64_at(b, 80) {
+        return Err("checksum mismatch");
+    }
+    let strings = &b[records_end..];
+    let mut funcs = Vec::with_capacity(n);
+    let mut last = None;
+    for i in 0..n {
+        let r = HEADER + i * RECORD;
+        let (vaddr, size) = (u64_at(b, r), u64_at(b, r + 8));
+        let (pad, outcome) = (u32_at(b, r + 16), u32_at(b, r + 20));
+        let (off, len) = (u32_at(b, r + 24) as usize, u32_at(b, r + 28) as usize);
+        let name = off
+            .checked_add(len)
+            .and_then(|end| strings.get(off..end))
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .ok_or("bad name")?;
+        let refused = match outcome {
+            0 => None,
+            c => Some(Refusal::from_code(c).ok_or("bad outcome")?),
+        };
+        // Per-process facts are never cached.
+        if refused == Some(Refusal::ModifiedInMemory) || pad > 64 || last >= Some(vaddr) {
+            return Err("bad record");
+        }
+        last = Some(vaddr);
+        funcs.push(Cached {
+            name: name.to_string(),
+            vaddr,
+            size,
+            pad: pad as u64,
+            refused,
+        });
+    }
+    Ok(Entry {
+        source,
+        text_relocations: u32_at(b, 12) & 1 != 0,
+        funcs,
+    })
+}
+
+/// The entry for `p` (its decisions before any per-process check).
+pub fn encode(p: &ModulePlan, decided: &[Option<Refusal>], id: &Identity) -> Vec<u8> {
+    let mut strings = Vec::new();
+    let mut records = Vec::with_capacity(p.funcs.len() * RECORD);
+    for (c, d) in p.funcs.iter().zip(decided) {
+        records.extend_from_slice(&c.vaddr.to_le_bytes());
+        records.extend_from_slice(&c.size.to_le_bytes());
+        records.extend_from_slice(&(c.pad.min(64) as u32).to_le_bytes());
+        records.extend_from_slice(&d.map_or(0, |r| r.code()).to_le_bytes());
+        records.extend_from_slice(&(strings.len() as u32).to_le_bytes());
+        records.extend_from_slice(&(c.name.len() as u32).to_le_bytes());
+        strings.extend_from_slice(c.name.as_bytes());
+    }
+    let mut b = Vec::with_capacity(HEADER + records.len() + strings.len());
+    b.extend_from_slice(&MAGIC);
+    b.extend_from_slice(&FORMAT.to_le_bytes());
+    b.extend_from_slice(&(p.text_relocations as u32).to_le_bytes());
+    b.extend_from_slice(&fingerprint().to_le_bytes());
+    b.extend_from_slice(&key_bytes(id));
+    let source = SOURCES.iter().position(|s| *s == p.source).unwrap_or(0);
+    b.extend_from_slice(&(source as u32).to_le_bytes());
+    b.extend_from_slice(&(p.funcs.len() as u32).to_le_bytes());
+    b.extend_from_slice(&(strings.len() as u32).to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    let sum_at = b.len();
+    b.extend_from_slice(&0u64.to_le_bytes());
+    debug_assert_eq!(b.len(), HEADER);
+    b.extend_from_slice(&records);
+    b.extend_from_slice(&strings);
+    let sum = fnv(&b[HEADER..], FNV_START);
+    b[sum_at..sum_at + 8].copy_from_slice(&sum.to_le_bytes());
+    b
+}
+
+/// Reads `dir/name` if the directory and the file may be trusted.
+fn read_trusted(dir: &Path, name: &str, euid: u32) -> Result<Option<Vec<u8>>, String> {
+    let path = dir.join(name);
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    trusted_dir(dir, euid)?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() || !trusted(&meta, euid) {
+        return Err(format!(
+            "{}: not owned by this user or root, or writable by others",
+            path.display()
+        ));
+    }
+    if meta.len() > MAX_BYTES {
+        return Err(format!("{}: too large", path.display()));
+    }
+    let mut v = Vec::with_capacity(meta.len() as usize);
+    std::io::Read::read_to_end(&mut { f }, &mut v).map_err(|e| e.to_string())?;
+    Ok(Some(v))
+}
+
+/// The cached decisions for module `m` (file identity `id`), if a trusted,
+/// valid entry exists.
+pub fn lookup(m: &Module, id: &Identity) -> Option<Entry> {
+    let places = configured();
+    if places.read.is_empty() {
+        return None;
+    }
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let name = entry_name(&m.path, id);
+    for dir in &places.read {
+        match read_trusted(dir, &name, euid) {
+            Ok(None) => {}
+            Ok(Some(bytes)) => match decode(&bytes, id) {
+                Ok(e) => return Some(e),
+                Err(why) => vlog!("cache entry {}/{name} not used: {why}", dir.display()),
+            },
+            Err(why) => vlog!("cache not used: {why}"),
+        }
+    }
+    None
+}
+
+/// Writes the entry for `p`, atomically; failures are only reported.
+pub fn store(p: &ModulePlan, decided: &[Option<Refusal>], id: &Identity) {
+    let Some(dir) = &configured().write else {
+        return;
+    };
+    if let Err(e) = write_entry(
+        dir,
+        &entry_name(&p.module.path, id),
+        &encode(p, decided, id),
+    ) {
+        vlog!("cache entry for {} not written: {e}", p.module.path);
+    }
+}
+
+fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let system = dir == Path::new(SYSTEM_DIR);
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(if system { 0o755 } else { 0o700 })
+            .create(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    trusted_dir(dir, euid)?;
+    trim(dir, bytes.len() as u64);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if system { 0o644 } else { 0o600 })
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, bytes))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(name)));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        e.to_string()
+    })
+}
+
+/// Keeps the directory under [`MAX_BYTES`]: oldest entries go first.
+fn trim(dir: &Path, adding: u64) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<(i64, u64, PathBuf)> = rd
+        .flatten()
+        .filter(|e| e.file_name().as_bytes().ends_with(ENTRY_SUFFIX.as_bytes()))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((m.mtime(), m.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = entries.iter().map(|e| e.1).sum::<u64>() + adding;
+    if total <= MAX_BYTES {
+        return;
+    }
+    entries.sort();
+    for (_, len, path) in entries {
+        if total <= MAX_BYTES / 4 * 3 {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= len;
+        }
+    }
+}
+
+/// The plan of module `m` from a cache entry: each function's decision
+/// taken over; the patchable ones get their window chosen again from the
+/// file. `None` if that does not work out for some function (the entry is
+/// then not trusted: analyse afresh).
+pub fn plan_from(m: Module, e: Entry, file: &crate::fileimage::FileImage) -> Option<ModulePlan> {
+    let mut funcs = Vec::with_capacity(e.funcs.len());
+    for c in e.funcs {
+        let mut cand = Candidate {
+            name: c.name,
+            vaddr: c.vaddr,
+            size: c.size,
+            pad: c.pad,
+            outcome: Err(c.refused.unwrap_or(Refusal::NotAttempted)),
+        };
+        if c.refused.is_none() {
+            crate::analysis::replan(&m, file, &mut cand)?;
+        }
+        funcs.push(cand);
+    }
+    Some(ModulePlan {
+        module: m,
+        funcs,
+        source: e.source,
+        text_relocations: e.text_relocations,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> Identity {
+        Identity {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: 4,
+            ctime_ns: 5,
+        }
+    }
+
+    fn plan() -> (ModulePlan, Vec<Option<Refusal>>) {
+        let m = crate::modules::loaded().remove(0);
+        let funcs = ["a", "bb", "ccc"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Candidate {
+                name: n.to_string(),
+                vaddr: 0x1000 + i as u64 * 16,
+                size: 16,
+                pad: i as u64,
+                outcome: Err(Refusal::TooSmall),
+            })
+            .collect();
+        let p = ModulePlan {
+            module: m,
+            funcs,
+            source: "dynsym+eh_frame",
+            text_relocations: true,
+        };
+        (p, vec![None, Some(Refusal::BranchIntoWindow), None])
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        let (p, d) = plan();
+        let e = decode(&encode(&p, &d, &id()), &id()).unwrap();
+        assert_eq!(e.source, "dynsym+eh_frame");
+        assert!(e.text_relocations);
+        let got: Vec<_> = e
+            .funcs
+            .iter()
+            .map(|c| (c.name.as_str(), c.vaddr, c.pad, c.refused))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", 0x1000, 0, None),
+                ("bb", 0x1010, 1, Some(Refusal::BranchIntoWindow)),
+                ("ccc", 0x1020, 2, None)
+            ]
+        );
+    }
+
+    #[test]
+    fn every_damaged_entry_is_refused() {
+        let (p, d) = plan();
+        let good = encode(&p, &d, &id());
+        let other = Identity {
+            ctime_ns: 6,
+            ..id()
+        };
+        assert_eq!(decode(&good, &other).err(), Some("made for another file"));
+        for cut in 0..good.len() {
+            assert!(decode(&good[..cut], &id()).is_err(), "truncated at {cut}");
+        }
+        for i in 0..good.len() {
+            for bit in [0x01u8, 0x80] {
+                let mut b = good.clone();
+                b[i] ^= bit;
+                // The 4 bytes of header padding carry nothing.
+                if (76..80).contains(&i) {
+                    continue;
+                }
+                assert!(decode(&b, &id()).is_err(), "byte {i} bit {bit:#x} flipped");
+            }
+        }
+    }
+
+    #[test]
+    fn only_private_directories_are_trusted() {
+        let dir = std::env::temp_dir().join(format!("rtprof-cache-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let euid = unsafe { libc::geteuid() };
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(trusted_dir(&dir, euid).is_ok());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(trusted_dir(&dir, euid).is_err());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let (p, d) = plan();
+        write_entry(&dir, "x.rtc", &encode(&p, &d, &id())).unwrap();
+        assert!(read_trusted(&dir, "x.rtc", euid).unwrap().is_some());
+        std::fs::set_permissions(dir.join("x.rtc"), std::fs::Permissions::from_mode(0o666))
+            .unwrap();
+        assert!(read_trusted(&dir, "x.rtc", euid).is_err());
+        assert!(read_trusted(&dir, "missing.rtc", euid).unwrap().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,52 @@
+//! One module's way from file to plan, the same at start-up and for a
+//! library loaded later: the file the loader mapped -> cached decisions, or
+//! its functions and their analysis (then cached) -> the per-process check
+//! of the bytes in memory.
+
+use crate::analysis::{self, ModulePlan};
+use crate::cache;
+use crate::fileimage::FileImage;
+use crate::log::vlog;
+use crate::maps::Maps;
+use crate::modules::Module;
+use crate::symbols;
+use std::time::Instant;
+
+/// The plan for instrumenting `m`, or why there is none (its file cannot
+/// be read as the one mapped, or is no ELF file).
+pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, String> {
+    let t = Instant::now();
+    let file = FileImage::open(&m, maps)?;
+    let cached = cache::lookup(&m, &file.identity).and_then(|e| {
+        let p = cache::plan_from(m.clone(), e, &file);
+        if p.is_none() {
+            vlog!(
+                "{}: cache entry does not fit the file; analysed afresh",
+                m.path
+            );
+        }
+        p
+    });
+    let (mut plan, how) = match cached {
+        Some(p) => (p, "cached"),
+        None => {
+            let list = symbols::list_functions(file.data()).map_err(|e| e.to_string())?;
+            let p = analysis::analyze(m, list, maps, &file);
+            let decided: Vec<_> = p
+                .funcs
+                .iter()
+                .map(|c| c.outcome.as_ref().err().copied())
+                .collect();
+            cache::store(&p, &decided, &file.identity);
+            (p, "analysed")
+        }
+    };
+    analysis::check_live(&mut plan, maps, &file);
+    vlog!(
+        "{}: {} in {:.1} ms",
+        plan.module.path,
+        how,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(plan)
+}

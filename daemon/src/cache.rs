@@ -1,0 +1,148 @@
+//! `rtprof cache`: what the agent's plan cache holds, emptying it, and
+//! filling it ahead of time.
+
+use clap::{Args, Subcommand};
+use rtprof_shared::cachedir::{user_dir, ENTRY_SUFFIX, SYSTEM_DIR};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+#[derive(Args)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    action: Action,
+    /// The machine-wide cache (/var/cache/rtprof) instead of the user's.
+    #[arg(long, global = true)]
+    system: bool,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Entries and bytes in the user's and the machine-wide cache.
+    Stats,
+    /// Remove every entry.
+    Clear,
+    /// Analyse programs and libraries now, so that their next start finds
+    /// their plans cached. A program is started with the agent and ends
+    /// before its `main` (its libraries' initialisers do run); a library is
+    /// loaded into /bin/true.
+    Warm {
+        /// The agent to use (default: next to rtprof).
+        #[arg(long, value_name = "PATH")]
+        agent: Option<PathBuf>,
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
+}
+
+fn dir(system: bool) -> Result<PathBuf, String> {
+    if system {
+        return Ok(PathBuf::from(SYSTEM_DIR));
+    }
+    user_dir().ok_or_else(|| "no cache directory: neither XDG_CACHE_HOME nor HOME is set".into())
+}
+
+/// (entries, bytes) in `d`; temporary files count as entries in progress.
+fn usage(d: &Path) -> (usize, u64) {
+    let Ok(rd) = std::fs::read_dir(d) else {
+        return (0, 0);
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(ENTRY_SUFFIX))
+        .filter_map(|e| e.metadata().ok())
+        .fold((0, 0), |(n, b), m| (n + 1, b + m.len()))
+}
+
+fn is_library(p: &Path) -> bool {
+    let name = p.file_name().unwrap_or_default().to_string_lossy();
+    name.ends_with(".so") || name.contains(".so.")
+}
+
+fn warm(paths: &[PathBuf], agent: Option<PathBuf>, system: bool) -> Result<(), String> {
+    let agent = crate::find_agent(agent)?;
+    let cache = if system {
+        "system".to_string()
+    } else {
+        dir(false)?.display().to_string()
+    };
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        // A set-ID program ignores the environment: it would simply run.
+        if meta.permissions().mode() & 0o6000 != 0 {
+            return Err(format!(
+                "{}: set-user-ID or set-group-ID, not started",
+                p.display()
+            ));
+        }
+        let name = p
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let mut c = if is_library(p) {
+            let mut c = Command::new("/bin/true");
+            c.env("LD_PRELOAD", format!("{} {}", agent.display(), p.display()))
+                .env("RTPROF_MODULES", &name);
+            c
+        } else {
+            let mut c = Command::new(p);
+            c.env("LD_PRELOAD", &agent);
+            c
+        };
+        let st = c
+            .env("RTPROF_WARM", "1")
+            .env("RTPROF_CACHE", &cache)
+            .env("RTPROF_DAEMON_SOCKET", "")
+            .status()
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        if !st.success() {
+            return Err(format!("{}: ended with {st} while warming", p.display()));
+        }
+        println!("warmed {}", p.display());
+    }
+    Ok(())
+}
+
+pub fn run(args: CacheArgs) -> ExitCode {
+    let result = match args.action {
+        Action::Stats => {
+            for (what, d) in [("user", user_dir()), ("system", Some(SYSTEM_DIR.into()))] {
+                match d {
+                    Some(d) => {
+                        let (n, bytes) = usage(&d);
+                        println!(
+                            "{what}: {} — {n} entries, {:.1} MiB",
+                            d.display(),
+                            bytes as f64 / (1 << 20) as f64
+                        );
+                    }
+                    None => println!("{what}: none (neither XDG_CACHE_HOME nor HOME is set)"),
+                }
+            }
+            Ok(())
+        }
+        Action::Clear => dir(args.system).and_then(|d| {
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                return Ok(());
+            };
+            let mut n = 0;
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(ENTRY_SUFFIX) || name.ends_with(".tmp") {
+                    std::fs::remove_file(e.path()).map_err(|err| format!("{name}: {err}"))?;
+                    n += 1;
+                }
+            }
+            println!("removed {n} entries from {}", d.display());
+            Ok(())
+        }),
+        Action::Warm { agent, paths } => warm(&paths, agent, args.system),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rtprof cache: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
