@@ -20,6 +20,7 @@ use crate::analysis::{Candidate, ModulePlan};
 use crate::fileimage::Identity;
 use crate::log::vlog;
 use crate::modules::Module;
+use crate::symbols::FuncSym;
 use rtprof_shared::cachedir::ENTRY_SUFFIX;
 use rtprof_shared::Refusal;
 use std::os::unix::ffi::OsStrExt;
@@ -36,6 +37,16 @@ const RECORD: usize = 32;
 /// takes it over.
 const MAX_BYTES: u64 = 256 << 20;
 const SOURCES: [&str; 4] = ["symtab", "dynsym", "eh_frame", "dynsym+eh_frame"];
+
+/// What an entry holds: a module's plan, or the function list of a module
+/// that is only sampled (names and ranges for attributing samples).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Plan = 0,
+    Sampled = 1,
+}
+/// Bit of the header's flags that says the entry is [`Kind::Sampled`].
+const SAMPLED_FLAG: u32 = 2;
 
 /// Where entries are looked up (in order) and written.
 #[derive(Debug, Default, Clone)]
@@ -101,6 +112,12 @@ fn fnv(bytes: &[u8], mut h: u64) -> u64 {
 }
 const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// Over the whole entry but the checksum's own 8 bytes (header flags
+/// included).
+fn checksum(b: &[u8]) -> u64 {
+    fnv(&b[HEADER..], fnv(&b[..80], FNV_START))
+}
+
 /// The agent build that writes and reads entries: a rebuilt agent may
 /// decide differently, so its entries are its own.
 fn fingerprint() -> u64 {
@@ -137,7 +154,7 @@ fn key_bytes(id: &Identity) -> [u8; 40] {
 
 /// The entry's file name: the module's name (for people) and a hash of the
 /// key and the agent build.
-pub fn entry_name(module_path: &str, id: &Identity) -> String {
+pub fn entry_name(module_path: &str, id: &Identity, kind: Kind) -> String {
     let base: String = module_path
         .rsplit('/')
         .next()
@@ -147,6 +164,7 @@ pub fn entry_name(module_path: &str, id: &Identity) -> String {
         .take(64)
         .collect();
     let h = fnv(&key_bytes(id), fnv(&fingerprint().to_le_bytes(), FNV_START));
+    let h = fnv(&[kind as u8], h);
     format!("{base}-{h:016x}{ENTRY_SUFFIX}")
 }
 
@@ -202,9 +220,12 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// The entry's bytes, checked: `Err` says why they are not to be used.
-pub fn decode(b: &[u8], id: &Identity) -> Result<Entry, &'static str> {
+pub fn decode(b: &[u8], id: &Identity, kind: Kind) -> Result<Entry, &'static str> {
     if b.len() < HEADER || b[..8] != MAGIC {
         return Err("not a cache entry");
+    }
+    if (u32_at(b, 12) & SAMPLED_FLAG != 0) != (kind == Kind::Sampled) {
+        return Err("another kind of entry");
     }
     if u32_at(b, 8) != FORMAT || u64_at(b, 16) != fingerprint() {
         return Err("written by another agent build");
@@ -224,7 +245,7 @@ pub fn decode(b: &[u8], id: &Identity) -> Result<Entry, &'static str> {
     if records_end.checked_add(strings_len) != Some(b.len()) {
         return Err("truncated or padded");
     }
-    if fnv(&b[HEADER..], FNV_START) != u64_at(b, 80) {
+    if checksum(b) != u64_at(b, 80) {
         return Err("checksum mismatch");
     }
     let strings = &b[records_end..];
@@ -266,26 +287,55 @@ pub fn decode(b: &[u8], id: &Identity) -> Result<Entry, &'static str> {
 
 /// The entry for `p` (its decisions before any per-process check).
 pub fn encode(p: &ModulePlan, decided: &[Option<Refusal>], id: &Identity) -> Vec<u8> {
+    let funcs = p.funcs.iter().zip(decided).map(|(c, d)| {
+        (
+            c.name.as_str(),
+            c.vaddr,
+            c.size,
+            c.pad,
+            d.map_or(0, |r| r.code()),
+        )
+    });
+    let flags = p.text_relocations as u32;
+    encode_records(funcs, p.funcs.len(), flags, p.source, id)
+}
+
+/// The entry for a sampled module's function list.
+pub fn encode_sampled(funcs: &[FuncSym], id: &Identity) -> Vec<u8> {
+    let recs = funcs
+        .iter()
+        .map(|f| (f.name.as_str(), f.vaddr, f.size, 0, 0));
+    encode_records(recs, funcs.len(), SAMPLED_FLAG, "symtab", id)
+}
+
+/// (name, vaddr, size, pad, outcome) records under a header.
+fn encode_records<'a>(
+    funcs: impl Iterator<Item = (&'a str, u64, u64, u64, u32)>,
+    n: usize,
+    flags: u32,
+    source: &str,
+    id: &Identity,
+) -> Vec<u8> {
     let mut strings = Vec::new();
-    let mut records = Vec::with_capacity(p.funcs.len() * RECORD);
-    for (c, d) in p.funcs.iter().zip(decided) {
-        records.extend_from_slice(&c.vaddr.to_le_bytes());
-        records.extend_from_slice(&c.size.to_le_bytes());
-        records.extend_from_slice(&(c.pad.min(64) as u32).to_le_bytes());
-        records.extend_from_slice(&d.map_or(0, |r| r.code()).to_le_bytes());
+    let mut records = Vec::with_capacity(n * RECORD);
+    for (name, vaddr, size, pad, outcome) in funcs {
+        records.extend_from_slice(&vaddr.to_le_bytes());
+        records.extend_from_slice(&size.to_le_bytes());
+        records.extend_from_slice(&(pad.min(64) as u32).to_le_bytes());
+        records.extend_from_slice(&outcome.to_le_bytes());
         records.extend_from_slice(&(strings.len() as u32).to_le_bytes());
-        records.extend_from_slice(&(c.name.len() as u32).to_le_bytes());
-        strings.extend_from_slice(c.name.as_bytes());
+        records.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        strings.extend_from_slice(name.as_bytes());
     }
     let mut b = Vec::with_capacity(HEADER + records.len() + strings.len());
     b.extend_from_slice(&MAGIC);
     b.extend_from_slice(&FORMAT.to_le_bytes());
-    b.extend_from_slice(&(p.text_relocations as u32).to_le_bytes());
+    b.extend_from_slice(&flags.to_le_bytes());
     b.extend_from_slice(&fingerprint().to_le_bytes());
     b.extend_from_slice(&key_bytes(id));
-    let source = SOURCES.iter().position(|s| *s == p.source).unwrap_or(0);
+    let source = SOURCES.iter().position(|s| *s == source).unwrap_or(0);
     b.extend_from_slice(&(source as u32).to_le_bytes());
-    b.extend_from_slice(&(p.funcs.len() as u32).to_le_bytes());
+    b.extend_from_slice(&(n as u32).to_le_bytes());
     b.extend_from_slice(&(strings.len() as u32).to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     let sum_at = b.len();
@@ -293,7 +343,7 @@ pub fn encode(p: &ModulePlan, decided: &[Option<Refusal>], id: &Identity) -> Vec
     debug_assert_eq!(b.len(), HEADER);
     b.extend_from_slice(&records);
     b.extend_from_slice(&strings);
-    let sum = fnv(&b[HEADER..], FNV_START);
+    let sum = checksum(&b);
     b[sum_at..sum_at + 8].copy_from_slice(&sum.to_le_bytes());
     b
 }
@@ -326,20 +376,20 @@ fn read_trusted(dir: &Path, name: &str, euid: u32) -> Result<Option<Vec<u8>>, St
     Ok(Some(v))
 }
 
-/// The cached decisions for module `m` (file identity `id`), if a trusted,
-/// valid entry exists.
-pub fn lookup(m: &Module, id: &Identity) -> Option<Entry> {
+/// The cached decisions (or function list) for module `m` (file identity
+/// `id`), if a trusted, valid entry exists.
+pub fn lookup(m: &Module, id: &Identity, kind: Kind) -> Option<Entry> {
     let places = configured();
     if places.read.is_empty() {
         return None;
     }
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
-    let name = entry_name(&m.path, id);
+    let name = entry_name(&m.path, id, kind);
     for dir in &places.read {
         match read_trusted(dir, &name, euid) {
             Ok(None) => {}
-            Ok(Some(bytes)) => match decode(&bytes, id) {
+            Ok(Some(bytes)) => match decode(&bytes, id, kind) {
                 Ok(e) => return Some(e),
                 Err(why) => vlog!("cache entry {}/{name} not used: {why}", dir.display()),
             },
@@ -349,17 +399,14 @@ pub fn lookup(m: &Module, id: &Identity) -> Option<Entry> {
     None
 }
 
-/// Writes the entry for `p`, atomically; failures are only reported.
-pub fn store(p: &ModulePlan, decided: &[Option<Refusal>], id: &Identity) {
+/// Writes an entry for module `path`, atomically; failures are only
+/// reported.
+pub fn store(path: &str, id: &Identity, kind: Kind, bytes: &[u8]) {
     let Some(dir) = &configured().write else {
         return;
     };
-    if let Err(e) = write_entry(
-        dir,
-        &entry_name(&p.module.path, id),
-        &encode(p, decided, id),
-    ) {
-        vlog!("cache entry for {} not written: {e}", p.module.path);
+    if let Err(e) = write_entry(dir, &entry_name(path, id, kind), bytes) {
+        vlog!("cache entry for {path} not written: {e}");
     }
 }
 
@@ -485,7 +532,8 @@ mod tests {
     #[test]
     fn entries_round_trip() {
         let (p, d) = plan();
-        let e = decode(&encode(&p, &d, &id()), &id()).unwrap();
+        let e = decode(&encode(&p, &d, &id()), &id(), Kind::Plan).unwrap();
+        assert!(decode(&encode(&p, &d, &id()), &id(), Kind::Sampled).is_err());
         assert_eq!(e.source, "dynsym+eh_frame");
         assert!(e.text_relocations);
         let got: Vec<_> = e
@@ -511,9 +559,15 @@ mod tests {
             ctime_ns: 6,
             ..id()
         };
-        assert_eq!(decode(&good, &other).err(), Some("made for another file"));
+        assert_eq!(
+            decode(&good, &other, Kind::Plan).err(),
+            Some("made for another file")
+        );
         for cut in 0..good.len() {
-            assert!(decode(&good[..cut], &id()).is_err(), "truncated at {cut}");
+            assert!(
+                decode(&good[..cut], &id(), Kind::Plan).is_err(),
+                "truncated at {cut}"
+            );
         }
         for i in 0..good.len() {
             for bit in [0x01u8, 0x80] {
@@ -523,7 +577,10 @@ mod tests {
                 if (76..80).contains(&i) {
                     continue;
                 }
-                assert!(decode(&b, &id()).is_err(), "byte {i} bit {bit:#x} flipped");
+                assert!(
+                    decode(&b, &id(), Kind::Plan).is_err(),
+                    "byte {i} bit {bit:#x} flipped"
+                );
             }
         }
     }

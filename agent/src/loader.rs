@@ -222,7 +222,7 @@ fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
         if !room_for_sampled(a) {
             return (None, None);
         }
-        let funcs = symbols::read_for_sampling(&m.file);
+        let funcs = pipeline::sampled_functions(&m, &Maps::current());
         let why = skip.map_or(module_why::NONE, modules::Skip::why_code);
         return add_sampled(a, &m, &funcs, why);
     }

@@ -4,7 +4,7 @@
 //! of the bytes in memory.
 
 use crate::analysis::{self, ModulePlan};
-use crate::cache;
+use crate::cache::{self, Kind};
 use crate::fileimage::FileImage;
 use crate::log::vlog;
 use crate::maps::Maps;
@@ -17,7 +17,7 @@ use std::time::Instant;
 pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, String> {
     let t = Instant::now();
     let file = FileImage::open(&m, maps)?;
-    let cached = cache::lookup(&m, &file.identity).and_then(|e| {
+    let cached = cache::lookup(&m, &file.identity, Kind::Plan).and_then(|e| {
         let p = cache::plan_from(m.clone(), e, &file);
         if p.is_none() {
             vlog!(
@@ -37,7 +37,8 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, String> {
                 .iter()
                 .map(|c| c.outcome.as_ref().err().copied())
                 .collect();
-            cache::store(&p, &decided, &file.identity);
+            let entry = cache::encode(&p, &decided, &file.identity);
+            cache::store(&p.module.path, &file.identity, Kind::Plan, &entry);
             (p, "analysed")
         }
     };
@@ -49,4 +50,30 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, String> {
         t.elapsed().as_secs_f64() * 1e3
     );
     Ok(plan)
+}
+
+/// The functions of a module that is only sampled (names and ranges for
+/// attributing samples), cached like plans. Empty if its file cannot be
+/// read as the one mapped.
+pub fn sampled_functions(m: &Module, maps: &Maps) -> Vec<symbols::FuncSym> {
+    let Ok(file) = FileImage::open(m, maps) else {
+        return Vec::new();
+    };
+    if let Some(e) = cache::lookup(m, &file.identity, Kind::Sampled) {
+        return e
+            .funcs
+            .into_iter()
+            .map(|c| symbols::FuncSym {
+                name: c.name,
+                vaddr: c.vaddr,
+                size: c.size,
+                unnamed: false,
+                mid_function_cfi: false,
+            })
+            .collect();
+    }
+    let funcs = symbols::list_for_sampling(file.data());
+    let entry = cache::encode_sampled(&funcs, &file.identity);
+    cache::store(&m.path, &file.identity, Kind::Sampled, &entry);
+    funcs
 }

@@ -13,7 +13,7 @@ use crate::modules::Module;
 use crate::segment::{Segment, SegmentError};
 use crate::symbols::FuncSym;
 use crate::{
-    agent, fork, loader, modules, now_ns, pipeline, records, symbols, system, threads, Agent, AGENT,
+    agent, fork, loader, modules, now_ns, pipeline, records, system, threads, Agent, AGENT,
 };
 use rtprof_shared::layout::module_why;
 use rtprof_shared::{report, Capacities};
@@ -79,12 +79,12 @@ fn plan_modules(cfg: &Config) -> Vec<Planned> {
                 if why != modules::Skip::NotSelected {
                     vlog!("{}: not instrumented ({why:?})", m.path);
                 }
-                let funcs = symbols::read_for_sampling(&m.file);
+                let funcs = pipeline::sampled_functions(&m, &maps);
                 plans.push(Planned::Sample(m, funcs, why.why_code()));
                 continue;
             }
             None if !cfg.instrument => {
-                let funcs = symbols::read_for_sampling(&m.file);
+                let funcs = pipeline::sampled_functions(&m, &maps);
                 plans.push(Planned::Sample(m, funcs, module_why::NONE));
                 continue;
             }

@@ -81,14 +81,8 @@ pub fn read_file(path: &str) -> Result<FunctionList, SymbolError> {
 /// The functions of a module that is only sampled: names and ranges
 /// suffice, so unwind entries are not evaluated (that only serves to tell
 /// split-off fragments from functions before patching). Empty on error.
-pub fn read_for_sampling(path: &str) -> Vec<FuncSym> {
-    let Ok(f) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    let Ok(map) = (unsafe { memmap2::Mmap::map(&f) }) else {
-        return Vec::new();
-    };
-    list(&map, false).map(|l| l.funcs).unwrap_or_default()
+pub fn list_for_sampling(data: &[u8]) -> Vec<FuncSym> {
+    list(data, false).map(|l| l.funcs).unwrap_or_default()
 }
 
 /// Which alias names a function: global before weak before local, then
