@@ -26,3 +26,19 @@ pub fn arg(name: &str, default: f64) -> f64 {
         .map(|v| v.parse().expect("number"))
         .unwrap_or(default)
 }
+
+/// The text after `name` on the command line, if any.
+#[allow(dead_code)] // not every benchmark takes text arguments
+pub fn arg_text(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+/// Whether `name` is on the command line.
+#[allow(dead_code)] // not every benchmark takes flags
+pub fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
