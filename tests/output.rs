@@ -163,23 +163,41 @@ fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 /// Runs a command to its end, but never waits for ever on one that would
-/// hang (a FIFO opened for reading, say).
+/// hang (a FIFO opened for reading, say). Its output is read while it runs,
+/// so a long report cannot fill the pipe and stall it.
 fn finish(c: &mut Command) -> Output {
+    use std::io::Read;
     let mut child = c
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
     let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
         if t.elapsed() > Duration::from_secs(60) {
             let _ = child.kill();
             panic!("{c:?} hangs");
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
     }
-    child.wait_with_output().unwrap()
 }
 
 fn text(b: &[u8]) -> String {

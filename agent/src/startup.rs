@@ -320,6 +320,10 @@ pub(crate) fn start() {
         crate::sampling::start(a);
     }
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
+    // Start-up's temporary memory (symbol tables, plans) is free again but
+    // still resident: hand it back, so a small program does not carry it.
+    // SAFETY: glibc's malloc_trim only releases free memory.
+    unsafe { libc::malloc_trim(0) };
 }
 
 extern "C" {

@@ -132,12 +132,6 @@ fn moved_block(plan: &Plan) -> Result<Vec<Instruction>, Refusal> {
                 out.push(i);
             }
         }
-        // A branch back into the moved bytes would bypass the entry.
-        if ins.op0_kind() == OpKind::NearBranch64
-            && (plan.start..plan.resume_at).contains(&ins.near_branch_target())
-        {
-            return Err(Refusal::BranchIntoWindow);
-        }
     }
     let mut back = Instruction::with_branch(Code::Jmp_rel32_64, plan.resume_at).map_err(bad)?;
     back.set_ip(synthetic_ip(&out));
@@ -145,19 +139,52 @@ fn moved_block(plan: &Plan) -> Result<Vec<Instruction>, Refusal> {
     Ok(out)
 }
 
-/// Encodes the stub for `plan` to run at address `at`.
-pub fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef) -> Result<Vec<u8>, Refusal> {
-    let slot_disp =
-        i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
+/// Whether the moved instructions mean the same wherever they run: no
+/// branch, call or rip-relative operand (then their bytes are copied as
+/// they are, which is most functions and much faster than re-encoding).
+fn position_independent(plan: &Plan) -> bool {
+    plan.moved.iter().all(|i| {
+        matches!(i.flow_control(), FlowControl::Next | FlowControl::Return)
+            && !i.is_ip_rel_memory_operand()
+    })
+}
+
+/// The moved code as it runs at `moved_at`, with the jump back.
+fn moved_code(plan: &Plan, moved_at: u64) -> Result<Vec<u8>, Refusal> {
+    if position_independent(plan) {
+        let mut v = Vec::with_capacity(plan.raw.len() + 5);
+        v.extend_from_slice(&plan.raw);
+        let next = moved_at + v.len() as u64 + 5;
+        let rel = i32::try_from(plan.resume_at as i64 - next as i64)
+            .map_err(|_| Refusal::RelocationFailed)?;
+        v.push(0xe9); // jmp resume
+        v.extend_from_slice(&rel.to_le_bytes());
+        return Ok(v);
+    }
     let block = moved_block(plan)?;
-    let moved_at = at + PROLOGUE_LEN as u64;
     let enc = BlockEncoder::encode(
         64,
         InstructionBlock::new(&block, moved_at),
         BlockEncoderOptions::NONE,
     )
     .map_err(|_| Refusal::RelocationFailed)?;
-    let moved_len = enc.code_buffer.len();
+    Ok(enc.code_buffer)
+}
+
+/// Encodes the stub for `plan` to run at address `at`.
+pub fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef) -> Result<Vec<u8>, Refusal> {
+    let slot_disp =
+        i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
+    // A branch back into the moved bytes would bypass the entry.
+    if plan.moved.iter().any(|i| {
+        i.op0_kind() == OpKind::NearBranch64
+            && (plan.start..plan.resume_at).contains(&i.near_branch_target())
+    }) {
+        return Err(Refusal::BranchIntoWindow);
+    }
+    let moved_at = at + PROLOGUE_LEN as u64;
+    let moved = moved_code(plan, moved_at)?;
+    let moved_len = moved.len();
     // jrcxz reaches `shared` with a rel8 across the moved code.
     let to_shared = PROLOGUE_LEN + moved_len - JRCXZ_END;
     if to_shared > 127 {
@@ -178,7 +205,7 @@ pub fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef) -> Result<Vec<u8>, 
     s.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
     s.extend_from_slice(&RED_ZONE.to_le_bytes());
     debug_assert_eq!(s.len(), PROLOGUE_LEN);
-    s.extend_from_slice(&enc.code_buffer);
+    s.extend_from_slice(&moved);
     s.extend_from_slice(&[0x48, 0xb9]); // mov rcx, imm64
     s.extend_from_slice(&counter.shared_counter.to_le_bytes());
     s.extend_from_slice(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
@@ -355,6 +382,29 @@ mod tests {
             emit_stub(&plan, 0x2000, &COUNTER).unwrap_err(),
             Refusal::BranchIntoWindow
         );
+    }
+
+    /// A window of plain instructions is copied byte for byte; one with a
+    /// rip-relative operand is re-encoded.
+    #[test]
+    fn plain_windows_are_copied_and_others_reencoded() {
+        // push rbp; mov rbp,rsp; sub rsp,0x10; ret
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc3];
+        let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
+        let at = 0x50_0000;
+        let stub = emit_stub(&plan, at, &COUNTER).unwrap();
+        let moved = &stub[PROLOGUE_LEN..PROLOGUE_LEN + plan.raw.len()];
+        assert_eq!(moved, &code[..plan.raw.len()]);
+        let back = &decode_all(
+            &stub[PROLOGUE_LEN + plan.raw.len()..],
+            at + (PROLOGUE_LEN + plan.raw.len()) as u64,
+        )[0];
+        assert_eq!(back.near_branch_target(), plan.resume_at);
+        // mov rax,[rip+0x1234]; ret: the displacement must change.
+        let code = [0x48, 0x8b, 0x05, 0x34, 0x12, 0x00, 0x00, 0xc3];
+        let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
+        let stub = emit_stub(&plan, at, &COUNTER).unwrap();
+        assert_ne!(&stub[PROLOGUE_LEN..PROLOGUE_LEN + 7], &code[..7]);
     }
 
     #[test]

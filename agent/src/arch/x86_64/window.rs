@@ -20,6 +20,8 @@ pub struct Plan {
     pub moved: Vec<Instruction>,
     /// Address execution continues at after the moved instructions.
     pub resume_at: u64,
+    /// The moved instructions' bytes, as in the file.
+    pub raw: Vec<u8>,
 }
 
 impl Plan {
@@ -81,6 +83,7 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
                 window: MIN_WINDOW,
                 moved,
                 resume_at: func_end,
+                raw: code[skip..size].to_vec(),
             });
         }
         if !d.can_decode() {
@@ -106,6 +109,7 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
         window: (ip - patch_at) as usize,
         moved,
         resume_at: ip,
+        raw: code[skip..(ip - start) as usize].to_vec(),
     })
 }
 
