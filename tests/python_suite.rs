@@ -257,7 +257,11 @@ fn cpython_regression_tests_pass_with_libpython_instrumented() {
     let samples: u64 = started
         .iter()
         .map(|p| {
-            assert_eq!(p["sampler"]["name"], "perf", "pid {}", p["pid"]);
+            assert_eq!(
+                p["sampler"]["name"], "perf",
+                "pid {} ({}, {}): {}",
+                p["pid"], p["exe"], p["ended"], p["sampler"]
+            );
             p["sampler"]["samples"].as_u64().unwrap()
         })
         .sum();

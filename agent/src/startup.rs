@@ -286,7 +286,6 @@ pub(crate) fn start() {
             .collect(),
     );
     let stripe_bytes = segment.writer.layout().stripe_bytes;
-    segment.writer.set_setup_ns(t0.elapsed().as_nanos() as u64);
     segment
         .writer
         .set_state(rtprof_shared::layout::state::RUNNING);
@@ -318,6 +317,11 @@ pub(crate) fn start() {
     crate::lifecycle::resolve();
     if let Some(a) = agent() {
         crate::sampling::start(a);
+        // Set-up ends with the sampler running: a process that dies before
+        // this shows 0 (it never fully started).
+        a.segment
+            .writer
+            .set_setup_ns(t0.elapsed().as_nanos() as u64);
     }
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
     // Start-up's temporary memory (symbol tables, plans) is free again but
