@@ -1,33 +1,33 @@
 //! librtprof.so, the rtprof agent. Preloaded into a process, it counts every
 //! call of every instrumented function exactly, in a shared counter segment.
 //!
-//! Start-up (before `main`): configuration -> modules -> their functions ->
-//! analysis -> counter segment -> stubs -> entries patched. Every failure
-//! leaves the function, module or process unpatched and running.
+//! Start-up (before `main`): configuration -> modules (`discover`) -> their
+//! plans, cached or analysed (`plan`) -> counter segment (`count`) -> stubs
+//! and entries patched (`patch`) -> sampler (`sampling`); `lifecycle` runs
+//! it and follows dlopen, fork and exit. Every failure leaves the function,
+//! module or process unpatched and running.
 
-pub mod analysis;
-pub mod api;
+// The folders follow the data flow: discover -> plan -> patch -> count,
+// with sampling beside counting and lifecycle driving it all.
 pub mod arch;
-pub mod cache;
 pub mod config;
-pub mod fileimage;
-mod fork;
-pub mod install;
-mod lifecycle;
-mod loader;
+pub mod count;
+pub mod discover;
+pub mod lifecycle;
 pub mod log;
-pub mod maps;
-pub mod modules;
-mod pipeline;
-mod records;
-pub mod register;
+pub mod patch;
+pub mod plan;
 pub mod sampling;
-pub mod segment;
-mod startup;
-pub mod stubmem;
-pub mod symbols;
-pub mod system;
-pub mod threads;
+
+// Each module by its own name, as the rest of the crate uses them.
+pub(crate) use count::records;
+pub use count::{api, register, segment, threads};
+pub use discover::{fileimage, maps, modules, symbols};
+pub use lifecycle::system;
+pub(crate) use lifecycle::{fork, loader, startup};
+pub use patch::{install, stubmem};
+pub(crate) use plan::pipeline;
+pub use plan::{analysis, cache};
 
 use config::Config;
 use install::StubMap;

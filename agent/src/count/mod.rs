@@ -1,0 +1,8 @@
+//! Where calls are counted: the counter segment, each module's records in
+//! it, per-thread stripes, registration with rtprofd, and the C API.
+
+pub mod api;
+pub(crate) mod records;
+pub mod register;
+pub mod segment;
+pub mod threads;

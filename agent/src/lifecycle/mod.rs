@@ -1,0 +1,11 @@
+//! The process's life as the agent follows it: start-up before `main`,
+//! libraries loaded and unloaded, fork, the image ending, and the
+//! machine-wide controls that decide whether the agent acts at all.
+
+pub(crate) mod exits;
+pub(crate) mod fork;
+pub(crate) mod loader;
+pub(crate) mod startup;
+pub mod system;
+
+pub(crate) use exits::resolve;
