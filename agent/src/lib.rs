@@ -84,6 +84,7 @@ fn rtprof_init() {
     std::panic::set_hook(Box::new(|info| {
         log::emit(format_args!("internal error: {info}"))
     }));
+    sampling::timer::resolve_mask_fns();
     if std::panic::catch_unwind(startup::start).is_err() {
         log::emit(format_args!("start-up failed; process left unprofiled"));
     }

@@ -206,6 +206,7 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
         // Left empty, a run-dir file is skipped by rtprof; a file with
         // holes would make its reader allocate pages on a full tmpfs
         // (SIGBUS in the reader).
+        // SAFETY: `fd` is this function's own descriptor, closed once here.
         unsafe {
             libc::ftruncate(fd, 0);
             libc::close(fd)
@@ -375,6 +376,7 @@ impl Segment {
                 // SAFETY: a range of the parent's mapping that is in use,
                 // hence backed.
                 let src = unsafe { base.add(off as usize) };
+                // SAFETY: `src..src+len` is readable (above); `fd` is ours.
                 let n = unsafe { libc::pwrite(fd, src.cast(), len as usize, off as libc::off_t) };
                 n == len as isize
             });
@@ -390,6 +392,7 @@ impl Segment {
             if !copied || !reserved || !kept {
                 let e = last_err();
                 // Empty, the file is skipped by its reader (see new_backing).
+                // SAFETY: `fd` is the child's new descriptor, closed once.
                 unsafe {
                     libc::ftruncate(fd, 0);
                     libc::close(fd)

@@ -125,6 +125,7 @@ fn fingerprint() -> u64 {
     *F.get_or_init(|| {
         let mut h = fnv(env!("CARGO_PKG_VERSION").as_bytes(), FNV_START);
         h = fnv(&FORMAT.to_le_bytes(), h);
+        // SAFETY: Dl_info is plain data; all zeros is a valid value.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         let here = fingerprint as *const () as *const libc::c_void;
         // SAFETY: dladdr fills `info` for an address of this library.
@@ -590,6 +591,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rtprof-cache-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid cannot fail.
         let euid = unsafe { libc::geteuid() };
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(trusted_dir(&dir, euid).is_ok());

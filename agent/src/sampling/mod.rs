@@ -12,7 +12,7 @@ pub mod addrmap;
 mod drainer;
 mod perf;
 pub mod ring;
-mod timer;
+pub(crate) mod timer;
 
 use crate::config::SamplerChoice;
 use crate::log::vlog;

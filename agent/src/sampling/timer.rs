@@ -169,6 +169,18 @@ fn real_mask_fn(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<MaskFn> {
     (f != 0).then(|| unsafe { std::mem::transmute::<usize, MaskFn>(f) })
 }
 
+static REAL_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
+static REAL_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
+
+/// Looks libc's mask functions up once, from the agent's constructor
+/// (whether or not it goes on to profile): a vfork child, which must not
+/// take the loader's locks, then never calls `dlsym` in the wrappers.
+#[cfg_attr(test, allow(dead_code))]
+pub fn resolve_mask_fns() {
+    let _ = real_mask_fn(c"sigprocmask", &REAL_SIGPROCMASK);
+    let _ = real_mask_fn(c"pthread_sigmask", &REAL_PTHREAD_SIGMASK);
+}
+
 /// `sigprocmask(2)`, unchanged, then a waiting timer may start.
 ///
 /// # Safety
@@ -180,8 +192,7 @@ pub unsafe extern "C" fn sigprocmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    static F: AtomicUsize = AtomicUsize::new(0);
-    let Some(real) = real_mask_fn(c"sigprocmask", &F) else {
+    let Some(real) = real_mask_fn(c"sigprocmask", &REAL_SIGPROCMASK) else {
         *libc::__errno_location() = libc::ENOSYS;
         return -1;
     };
@@ -203,8 +214,7 @@ pub unsafe extern "C" fn pthread_sigmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    static F: AtomicUsize = AtomicUsize::new(0);
-    let Some(real) = real_mask_fn(c"pthread_sigmask", &F) else {
+    let Some(real) = real_mask_fn(c"pthread_sigmask", &REAL_PTHREAD_SIGMASK) else {
         return libc::ENOSYS;
     };
     let rc = real(how, set, old);
