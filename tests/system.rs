@@ -26,7 +26,7 @@ struct Cleanup(Vec<PathBuf>);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         for p in self.0.iter().rev() {
-            let _ = std::fs::remove_file(p).or_else(|_| std::fs::remove_dir(p));
+            let _ = std::fs::remove_file(p).or_else(|_| std::fs::remove_dir_all(p));
         }
     }
 }
@@ -113,12 +113,23 @@ fn kill_switch_and_setuid_programs() {
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o4755)).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let report = dir.join("report.txt");
+    // A cache the invoking user controls: a secure process must neither
+    // read nor write it (only root's cache, written by root).
+    let user_cache = dir.join("user-cache");
+    std::fs::create_dir(&user_cache).unwrap();
+    std::fs::set_permissions(&user_cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let system_cache = Path::new("/var/cache/rtprof");
+    if !system_cache.exists() {
+        cleanup.0.push(system_cache.into());
+    }
     let env = [
         ("LD_PRELOAD", LIB_NAME),
         ("RTPROF_VERBOSE", "1"),
         ("RTPROF_MODULES", "all"),
         ("RTPROF_REPORT", report.to_str().unwrap()),
         ("RTPROF_MAX_THREADS", "1"),
+        ("RTPROF_CACHE", user_cache.to_str().unwrap()),
+        ("XDG_CACHE_HOME", user_cache.to_str().unwrap()),
     ];
     let out = as_nobody(&bin, &env);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -138,6 +149,16 @@ fn kill_switch_and_setuid_programs() {
     assert!(!report.exists(), "RTPROF_REPORT ignored");
 
     // Root's policy may profile them, still without reading the environment.
+    let suid_entries = |d: &Path| {
+        std::fs::read_dir(d)
+            .map(|r| {
+                r.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("suid"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let system_before = suid_entries(system_cache);
     put(
         &mut cleanup,
         &format!("{ETC}/rtprof.conf"),
@@ -151,6 +172,19 @@ fn kill_switch_and_setuid_programs() {
     );
     assert!(out.stderr.is_empty(), "RTPROF_VERBOSE still ignored");
     assert!(!report.exists(), "RTPROF_REPORT still ignored");
+    assert!(
+        suid_entries(&user_cache) + suid_entries(&user_cache.join("rtprof")) == 0,
+        "RTPROF_CACHE and XDG_CACHE_HOME ignored"
+    );
+    assert!(
+        suid_entries(system_cache) > system_before,
+        "root's cache used, by a root process"
+    );
+    let out = as_nobody(&bin, &env);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("loaded 1 patched 1 result 17"),
+        "profiled again, from root's cache"
+    );
 
     // Control: the same variables do steer an ordinary process.
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
