@@ -324,10 +324,6 @@ pub(crate) fn start() {
             .set_setup_ns(t0.elapsed().as_nanos() as u64);
     }
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
-    // Start-up's temporary memory (symbol tables, plans) is free again but
-    // still resident: hand it back, so a small program does not carry it.
-    // SAFETY: glibc's malloc_trim only releases free memory.
-    unsafe { libc::malloc_trim(0) };
 }
 
 extern "C" {
