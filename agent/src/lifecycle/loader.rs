@@ -163,12 +163,15 @@ fn update(a: &Agent, known: &mut Known) {
         present
     });
     let mut changed = known.0.len() != before;
+    // One read of the memory map for all the modules of this event: their
+    // mappings do not change while we plan them.
+    let mut maps: Option<Maps> = None;
     for m in now {
         if known.0.iter().any(|k| k.bias == m.bias && k.file == m.file) {
             continue;
         }
         let (bias, file) = (m.bias, m.file.clone());
-        let (area, present) = add_module(a, m);
+        let (area, present) = add_module(a, m, maps.get_or_insert_with(Maps::current));
         known.0.push(KnownModule {
             bias,
             file,
@@ -216,17 +219,17 @@ fn add_sampled(
 
 /// Records a newly loaded module: instrumented if selected, otherwise with
 /// its symbols for sample attribution only.
-fn add_module(a: &Agent, m: Module) -> (Option<StubArea>, Option<Present>) {
+fn add_module(a: &Agent, m: Module, maps: &Maps) -> (Option<StubArea>, Option<Present>) {
     let skip = modules::skip_reason(&m, &|n| a.config.selects(n));
     if !a.config.instrument || skip.is_some() {
         if !room_for_sampled(a) {
             return (None, None);
         }
-        let funcs = pipeline::sampled_functions(&m, &Maps::current());
+        let funcs = pipeline::sampled_functions(&m, maps);
         let why = skip.map_or(module_why::NONE, modules::Skip::why_code);
         return add_sampled(a, &m, &funcs, why);
     }
-    let plan = match pipeline::plan_module(m.clone(), &Maps::current()) {
+    let plan = match pipeline::plan_module(m.clone(), maps) {
         Ok(p) => p,
         Err(e) => {
             vlog!("{}: {e}; left unpatched", m.path);
