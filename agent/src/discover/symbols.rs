@@ -72,12 +72,6 @@ pub struct FunctionList {
     pub text_relocations: bool,
 }
 
-pub fn read_file(path: &str) -> Result<FunctionList, SymbolError> {
-    let f = std::fs::File::open(path).map_err(SymbolError::Open)?;
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(SymbolError::Open)?;
-    list_functions(&map)
-}
-
 /// The functions of a module that is only sampled: names and ranges
 /// suffice, so unwind entries are not evaluated (that only serves to tell
 /// split-off fragments from functions before patching). Empty on error.
@@ -337,7 +331,7 @@ mod tests {
 
     #[test]
     fn own_executable_has_named_functions_without_aliases() {
-        let l = read_file("/proc/self/exe").unwrap();
+        let l = list_functions(&std::fs::read("/proc/self/exe").unwrap()).unwrap();
         assert_eq!(l.source, "symtab");
         assert!(l.funcs.len() > 100);
         assert!(l.funcs.windows(2).all(|w| w[0].vaddr < w[1].vaddr));

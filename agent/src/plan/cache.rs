@@ -26,6 +26,7 @@ use rtprof_shared::Refusal;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 const MAGIC: [u8; 8] = *b"RTPRCACH";
@@ -350,7 +351,14 @@ fn encode_records<'a>(
 }
 
 /// Reads `dir/name` if the directory and the file may be trusted.
-fn read_trusted(dir: &Path, name: &str, euid: u32) -> Result<Option<Vec<u8>>, String> {
+/// `dir_ok`: the directory's ownership was already checked in this
+/// process (each hit would otherwise walk its ancestors again).
+fn read_trusted(
+    dir: &Path,
+    name: &str,
+    euid: u32,
+    dir_ok: &AtomicBool,
+) -> Result<Option<Vec<u8>>, String> {
     let path = dir.join(name);
     let f = match std::fs::OpenOptions::new()
         .read(true)
@@ -361,7 +369,10 @@ fn read_trusted(dir: &Path, name: &str, euid: u32) -> Result<Option<Vec<u8>>, St
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    trusted_dir(dir, euid)?;
+    if !dir_ok.load(Ordering::Relaxed) {
+        trusted_dir(dir, euid)?;
+        dir_ok.store(true, Ordering::Relaxed);
+    }
     let meta = f.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() || !trusted(&meta, euid) {
         return Err(format!(
@@ -387,8 +398,11 @@ pub fn lookup(m: &Module, id: &Identity, kind: Kind) -> Option<Entry> {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
     let name = entry_name(&m.path, id, kind);
-    for dir in &places.read {
-        match read_trusted(dir, &name, euid) {
+    // One verdict per place (there are at most two: the user's, root's).
+    static DIR_OK: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+    let unchecked = AtomicBool::new(false);
+    for (i, dir) in places.read.iter().enumerate() {
+        match read_trusted(dir, &name, euid, DIR_OK.get(i).unwrap_or(&unchecked)) {
             Ok(None) => {}
             Ok(Some(bytes)) => match decode(&bytes, id, kind) {
                 Ok(e) => return Some(e),
@@ -600,11 +614,16 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let (p, d) = plan();
         write_entry(&dir, "x.rtc", &encode(&p, &d, &id())).unwrap();
-        assert!(read_trusted(&dir, "x.rtc", euid).unwrap().is_some());
+        let fresh = || AtomicBool::new(false);
+        assert!(read_trusted(&dir, "x.rtc", euid, &fresh())
+            .unwrap()
+            .is_some());
         std::fs::set_permissions(dir.join("x.rtc"), std::fs::Permissions::from_mode(0o666))
             .unwrap();
-        assert!(read_trusted(&dir, "x.rtc", euid).is_err());
-        assert!(read_trusted(&dir, "missing.rtc", euid).unwrap().is_none());
+        assert!(read_trusted(&dir, "x.rtc", euid, &fresh()).is_err());
+        assert!(read_trusted(&dir, "missing.rtc", euid, &fresh())
+            .unwrap()
+            .is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
