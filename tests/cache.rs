@@ -238,6 +238,15 @@ fn hostile_cache_is_refused_with_its_reason() {
             }),
             "made for another file",
         ),
+        (
+            "a plan whose bytes are not the code's (checksum made right)",
+            Box::new(|_, e| {
+                let mut b = std::fs::read(e).unwrap();
+                tamper_first_plan(&mut b);
+                std::fs::write(e, &b).unwrap()
+            }),
+            "plan not made from this file's bytes",
+        ),
     ];
     for (i, (what, damage, reason)) in cases.into_iter().enumerate() {
         let (c, e) = fresh(&format!("c{i}"));
@@ -253,6 +262,24 @@ fn hostile_cache_is_refused_with_its_reason() {
         );
         check(what, &bin, &plain, &p);
     }
+}
+
+/// Changes the last original byte of the entry's first plan and seals the
+/// entry again, as someone who can write it would (layout: see the agent's
+/// `plan::cache`).
+fn tamper_first_plan(b: &mut [u8]) {
+    let u32_at =
+        |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    let n = u32_at(b, 68);
+    let plans = rtprof_shared::cachedir::ENTRY_HEADER + n * 40;
+    let r = (0..n)
+        .map(|i| rtprof_shared::cachedir::ENTRY_HEADER + i * 40)
+        .find(|&r| u32_at(b, r + 20) == 0 && u32_at(b, r + 36) > 0)
+        .expect("a planned function");
+    let plan = plans + u32_at(b, r + 32);
+    let original_len = b[plan + 3] as usize;
+    b[plan + 6 + original_len - 1] ^= 0x5a;
+    rtprof_shared::cachedir::seal(b);
 }
 
 /// A hundred processes start the same program on an empty cache: each

@@ -35,3 +35,50 @@ macro_rules! alert {
     ($($arg:tt)*) => { $crate::log::emit_always(format_args!($($arg)*)) };
 }
 pub(crate) use alert;
+
+/// Where start-up's time goes, said in one line under `RTPROF_VERBOSE`.
+pub struct Phases {
+    t0: std::time::Instant,
+    last: std::time::Instant,
+    parts: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl Phases {
+    pub fn start() -> Phases {
+        let now = std::time::Instant::now();
+        Phases {
+            t0: now,
+            last: now,
+            parts: Vec::new(),
+        }
+    }
+
+    /// Ends the phase `name` now (a no-op unless verbose).
+    pub fn mark(&mut self, name: &'static str) {
+        if verbose() {
+            let now = std::time::Instant::now();
+            self.parts.push((name, now - self.last));
+            self.last = now;
+        }
+    }
+
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.t0.elapsed()
+    }
+
+    pub fn log(&self) {
+        if !verbose() {
+            return;
+        }
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(n, d)| format!("{n} {:.3}", d.as_secs_f64() * 1e3))
+            .collect();
+        emit(format_args!(
+            "start-up {:.3} ms: {}",
+            self.elapsed().as_secs_f64() * 1e3,
+            parts.join(", ")
+        ));
+    }
+}

@@ -18,7 +18,6 @@ use crate::modules::{self, Module};
 use crate::sampling::addrmap::Present;
 use crate::stubmem::StubArea;
 use crate::{agent, pipeline, records, symbols, Agent};
-use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use rtprof_shared::layout::module_why;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
@@ -98,16 +97,11 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
     }
     let code = unsafe { std::slice::from_raw_parts(brk as *const u8, 32) };
     // Only the expected shape: [endbr64;] ret, then alignment fill.
-    let mut d = Decoder::with_ip(64, code, brk, DecoderOptions::NONE);
-    let ret_end = loop {
-        let ins = d.decode();
-        match ins.flow_control() {
-            FlowControl::Return => break ins.next_ip(),
-            _ if ins.mnemonic() == iced_x86::Mnemonic::Endbr64 => continue,
-            _ => return false,
-        }
+    let size = match code {
+        [0xc3, ..] => 1,
+        [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] => 5,
+        _ => return false,
     };
-    let size = (ret_end - brk) as usize;
     let Ok(plan) = plan_window(code, brk, size, 32 - size) else {
         return false;
     };
@@ -124,7 +118,7 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
         area.release();
         return false;
     };
-    if !area.seal() || !write_entries(ld, &[(plan.patch_at, bytes)])[0] {
+    if !area.seal() || !write_entries(ld, &[(plan.patch_at, &bytes[..plan.window])])[0] {
         return false;
     }
     R_DEBUG.store(rd, Ordering::Release);

@@ -135,7 +135,7 @@ fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
 }
 
 pub(crate) fn start() {
-    let t0 = Instant::now();
+    let mut ph = log::Phases::start();
     if system::kill_switch_on() {
         return;
     }
@@ -172,7 +172,9 @@ pub(crate) fn start() {
         return;
     }
     crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), secure_mode()));
+    ph.mark("checks");
     let plans = plan_modules(&cfg);
+    ph.mark("plans");
     if cfg.warm_only {
         // `rtprof cache warm`: the entries are written; the program's own
         // code never runs.
@@ -223,6 +225,7 @@ pub(crate) fn start() {
             return;
         }
     };
+    ph.mark("segment");
     let Ok(tls_offset) = i32::try_from(threads::tls_offset()) else {
         vlog!("thread-local storage out of reach; process left unprofiled");
         return;
@@ -245,6 +248,7 @@ pub(crate) fn start() {
         recorded.push(r);
     }
 
+    ph.mark("records");
     // The main thread counts in a stripe of its own from the first patch on.
     if let Some(idx) = segment.new_stripe(threads::gettid()) {
         threads::set_stripe(segment.writer.stripe_ptr(idx));
@@ -268,6 +272,7 @@ pub(crate) fn start() {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
+    ph.mark("install");
     let known = loader::Known(
         plans
             .iter()
@@ -295,6 +300,7 @@ pub(crate) fn start() {
         .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
         .cloned();
     crate::sampling::publish_map_at_start(&segment, &known.present(), stubs.ranges());
+    ph.mark("addrmap");
     if AGENT
         .set(Agent {
             config: cfg,
@@ -312,17 +318,21 @@ pub(crate) fn start() {
     if !ld.is_some_and(|ld| loader::install_hook(&ld, &Maps::current())) {
         vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
+    ph.mark("hook");
     threads::init_exit_key();
     fork::install_handlers(stripe_bytes);
     crate::lifecycle::resolve();
+    ph.mark("handlers");
     if let Some(a) = agent() {
         crate::sampling::start(a);
+        ph.mark("sampler");
         // Set-up ends with the sampler running: a process that dies before
         // this shows 0 (it never fully started).
         a.segment
             .writer
-            .set_setup_ns(t0.elapsed().as_nanos() as u64);
+            .set_setup_ns(ph.elapsed().as_nanos() as u64);
     }
+    ph.log();
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
 }
 

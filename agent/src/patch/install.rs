@@ -2,7 +2,7 @@
 //! jump to them. Runs while the process is single-threaded (the constructor).
 
 use crate::analysis::ModulePlan;
-use crate::arch::{emit_stub, entry_patch, max_stub_len, CounterRef};
+use crate::arch::{emit_stub, entry_patch, stub_len, CounterRef, MAX_WINDOW};
 use crate::log::vlog;
 use crate::modules::Module;
 use crate::stubmem::StubArea;
@@ -35,7 +35,10 @@ impl StubMap {
 
     fn add(&mut self, mut v: Vec<(u64, u64, u32)>) {
         self.ranges.append(&mut v);
-        self.ranges.sort_unstable_by_key(|r| r.0);
+        // A module's stubs come in address order: most often nothing to do.
+        if !self.ranges.is_sorted_by_key(|r| r.0) {
+            self.ranges.sort_unstable_by_key(|r| r.0);
+        }
     }
 }
 
@@ -43,7 +46,7 @@ impl StubMap {
 pub type Outcomes = Vec<Option<Refusal>>;
 
 /// Writes `patches` (address, bytes) into the module's code.
-pub(crate) fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool> {
+pub(crate) fn write_entries(m: &Module, patches: &[(u64, &[u8])]) -> Vec<bool> {
     let mut ok = vec![false; patches.len()];
     for load in m.loads.iter().filter(|l| l.executable()) {
         let lo = (m.bias + load.vaddr) / PAGE * PAGE;
@@ -73,7 +76,7 @@ pub(crate) fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool>
         } == 0
         {
             for &i in &mine {
-                let (addr, bytes) = (patches[i].0 as *mut u8, &patches[i].1);
+                let (addr, bytes) = (patches[i].0 as *mut u8, patches[i].1);
                 for (k, b) in bytes.iter().enumerate() {
                     unsafe { std::ptr::write_volatile(addr.add(k), *b) };
                 }
@@ -103,7 +106,7 @@ pub(crate) fn write_entries(m: &Module, patches: &[(u64, Vec<u8>)]) -> Vec<bool>
             };
             use std::os::unix::fs::FileExt;
             for &i in &mine {
-                ok[i] = f.write_all_at(&patches[i].1, patches[i].0).is_ok();
+                ok[i] = f.write_all_at(patches[i].1, patches[i].0).is_ok();
             }
         }
     }
@@ -129,7 +132,7 @@ pub fn install(
         .funcs
         .iter()
         .filter_map(|c| c.outcome.as_ref().ok())
-        .map(|p| max_stub_len(p) as u64 + STUB_ALIGN)
+        .map(|p| stub_len(p) as u64 + STUB_ALIGN)
         .sum();
     if bound == 0 {
         return (outcomes, None);
@@ -149,7 +152,7 @@ pub fn install(
     };
 
     let mut buf: Vec<u8> = Vec::with_capacity(bound as usize);
-    let mut patches: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut entries: Vec<(u64, [u8; MAX_WINDOW], usize)> = Vec::new();
     let mut owners: Vec<usize> = Vec::new();
     let mut ranges = Vec::new();
     for (i, c) in mp.funcs.iter().enumerate() {
@@ -158,26 +161,30 @@ pub fn install(
             buf.len().div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize,
             0xcc,
         );
-        let at = area.addr + buf.len() as u64;
+        let mark = buf.len();
+        let at = area.addr + mark as u64;
         let slot = first_slot + i as u32;
         let counter = CounterRef {
             tls_offset,
             slot,
             shared_counter: shared_stripe + slot as u64 * 8,
         };
-        let stub = emit_stub(plan, at, &counter).and_then(|s| {
-            let e = entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange)?;
-            Ok((s, e))
-        });
+        let stub = emit_stub(plan, at, &counter, &mut buf)
+            .and_then(|()| entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
         match stub {
-            Ok((s, e)) if buf.len() + s.len() <= area.len as usize => {
-                ranges.push((at, at + s.len() as u64, slot));
-                buf.extend_from_slice(&s);
-                patches.push((plan.patch_at, e));
+            Ok(e) if buf.len() <= area.len as usize => {
+                ranges.push((at, area.addr + buf.len() as u64, slot));
+                entries.push((plan.patch_at, e, plan.window));
                 owners.push(i);
             }
-            Ok(_) => outcomes[i] = Some(Refusal::NoMemoryInRange),
-            Err(r) => outcomes[i] = Some(r),
+            Ok(_) => {
+                buf.truncate(mark);
+                outcomes[i] = Some(Refusal::NoMemoryInRange)
+            }
+            Err(r) => {
+                buf.truncate(mark);
+                outcomes[i] = Some(r)
+            }
         }
     }
     unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), area.addr as *mut u8, buf.len()) };
@@ -194,6 +201,7 @@ pub fn install(
         return (outcomes, None);
     }
     // Stubs are complete and executable before any entry jumps to them.
+    let patches: Vec<(u64, &[u8])> = entries.iter().map(|(a, b, n)| (*a, &b[..*n])).collect();
     let written = write_entries(&mp.module, &patches);
     for (k, &i) in owners.iter().enumerate() {
         if !written[k] {

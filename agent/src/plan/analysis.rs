@@ -238,31 +238,25 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
     }
 }
 
-/// Rebuilds the plans of functions an earlier analysis of the same file
-/// found patchable (`outcome` None): the window is chosen again from the
-/// file's bytes, which the analysis's module-wide checks already cleared.
-/// `None` if a window no longer comes out (then the entry is not to be
-/// trusted).
-pub fn replan(m: &Module, file: &FileImage, c: &mut Candidate) -> Option<()> {
-    let start = m.bias.wrapping_add(c.vaddr);
-    let bytes = file.bytes(start, c.size + c.pad)?;
-    c.outcome = Ok(plan_window(bytes, start, c.size as usize, c.pad as usize).ok()?);
-    Some(())
-}
-
 /// What every process must check for itself: the bytes to be overwritten
-/// and moved are, in memory, what the file has (not a debugger's
-/// breakpoint, not another tool's patch).
-pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) {
+/// and moved are, in memory, those the plan was made from (not a
+/// debugger's breakpoint, not another tool's patch); where they are not,
+/// the function is refused. `false` if a plan was not made from `file`'s
+/// bytes at all (a cache entry that cannot be trusted).
+pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) -> bool {
     for c in &mut p.funcs {
         let Ok(plan) = &c.outcome else { continue };
-        let start = plan.start;
-        let end = plan.resume_at.max(plan.patch_at + plan.window as u64);
-        let want = file.bytes(start, end - start);
-        if want.is_none() || mem(maps, start, end - start) != want {
-            c.outcome = Err(Refusal::ModifiedInMemory);
+        let want = plan.original();
+        let len = want.len() as u64;
+        if mem(maps, plan.start, len) == Some(want) {
+            continue;
         }
+        if file.bytes(plan.start, len) != Some(want) {
+            return false;
+        }
+        c.outcome = Err(Refusal::ModifiedInMemory);
     }
+    true
 }
 
 #[cfg(test)]

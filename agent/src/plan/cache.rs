@@ -1,9 +1,10 @@
 //! A persistent cache of what a module's file alone decides: its functions
-//! and, for each, whether its entry can be patched (or why not). A later
-//! process that maps the same file takes these decisions from the cache
-//! instead of reading symbols and decoding every function again; it still
-//! chooses each window anew from the file's bytes and checks the bytes in
-//! memory (`analysis::replan`, `analysis::check_live`).
+//! and, for each, its patch plan (the bytes it was made from, the moved
+//! code as a template with fixups) or why it has none. A later process
+//! that maps the same file takes its plans from the cache instead of
+//! reading symbols and decoding every function again; it only checks that
+//! memory holds the bytes each plan was made from (`analysis::check_live`)
+//! and fills in the template for its own addresses.
 //!
 //! Trust: an entry decides what becomes code in the process, so it is read
 //! only from a directory (and ancestors) and a file owned by this user or
@@ -17,11 +18,12 @@
 //! each write a whole entry and readers never see a partial one.
 
 use crate::analysis::{Candidate, ModulePlan};
+use crate::arch::{FixKind, Fixup, Plan, MAX_FIXUPS};
 use crate::fileimage::Identity;
 use crate::log::vlog;
 use crate::modules::Module;
 use crate::symbols::FuncSym;
-use rtprof_shared::cachedir::ENTRY_SUFFIX;
+use rtprof_shared::cachedir::{self, fnv, ENTRY_HEADER as HEADER, ENTRY_SUFFIX, FNV_START};
 use rtprof_shared::Refusal;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
@@ -31,9 +33,12 @@ use std::sync::OnceLock;
 
 const MAGIC: [u8; 8] = *b"RTPRCACH";
 /// Bumped whenever the entry layout or what the analysis decides changes.
-const FORMAT: u32 = 1;
-const HEADER: usize = 88;
-const RECORD: usize = 32;
+const FORMAT: u32 = 2;
+const RECORD: usize = 40;
+/// A plan's fixed part: skip, window, resume offset and the lengths of its
+/// original bytes, code and fixups.
+const PLAN_HEAD: usize = 6;
+const FIXUP: usize = 8;
 /// The cache directory is trimmed to three quarters of this when a write
 /// takes it over.
 const MAX_BYTES: u64 = 256 << 20;
@@ -100,23 +105,6 @@ pub fn configure(p: Places) {
 
 fn configured() -> &'static Places {
     PLACES.get_or_init(Places::default)
-}
-
-/// FNV-1a: a checksum against torn or flipped bytes, not a defence against
-/// someone who may write the entry (the ownership checks are).
-fn fnv(bytes: &[u8], mut h: u64) -> u64 {
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// Over the whole entry but the checksum's own 8 bytes (header flags
-/// included).
-fn checksum(b: &[u8]) -> u64 {
-    fnv(&b[HEADER..], fnv(&b[..80], FNV_START))
 }
 
 /// The agent build that writes and reads entries: a rebuilt agent may
@@ -198,20 +186,12 @@ fn trusted_dir(dir: &Path, euid: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// A cached decision for one function.
-pub struct Cached {
-    pub name: String,
-    pub vaddr: u64,
-    pub size: u64,
-    pub pad: u64,
-    /// `None`: patchable (the window is chosen again from the file).
-    pub refused: Option<Refusal>,
-}
-
 pub struct Entry {
     pub source: &'static str,
     pub text_relocations: bool,
-    pub funcs: Vec<Cached>,
+    /// Every function with its plan (for the module where it is loaded in
+    /// this process) or why it has none.
+    pub funcs: Vec<Candidate>,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -221,8 +201,64 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
+/// A plan from its bytes in an entry (the function at `start`).
+fn decode_plan(b: &[u8], start: u64) -> Option<Plan> {
+    let head = b.get(..PLAN_HEAD)?;
+    let (orig, code, nfix) = (head[3] as usize, head[4] as usize, head[5] as usize);
+    if nfix > MAX_FIXUPS || b.len() != PLAN_HEAD + orig + code + nfix * FIXUP {
+        return None;
+    }
+    let original = &b[PLAN_HEAD..PLAN_HEAD + orig];
+    let code_bytes = &b[PLAN_HEAD + orig..PLAN_HEAD + orig + code];
+    let mut fixups = [Fixup {
+        at: 0,
+        end: 0,
+        kind: FixKind::Rel32,
+        target: 0,
+    }; MAX_FIXUPS];
+    for (k, f) in fixups.iter_mut().take(nfix).enumerate() {
+        let r = &b[PLAN_HEAD + orig + code + k * FIXUP..][..FIXUP];
+        if r[3] != 0 {
+            return None;
+        }
+        *f = Fixup {
+            at: r[0],
+            end: r[1],
+            kind: FixKind::from_code(r[2])?,
+            target: u32_at(r, 4) as i32,
+        };
+    }
+    Plan::from_parts(
+        start,
+        head[0],
+        head[1],
+        head[2],
+        original,
+        code_bytes,
+        &fixups[..nfix],
+    )
+}
+
+/// Appends plan `p` in entry form.
+fn encode_plan(p: &Plan, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[
+        (p.patch_at - p.start) as u8,
+        p.window as u8,
+        (p.resume_at - p.start) as u8,
+        p.original().len() as u8,
+        p.code().len() as u8,
+        p.fixups().len() as u8,
+    ]);
+    out.extend_from_slice(p.original());
+    out.extend_from_slice(p.code());
+    for f in p.fixups() {
+        out.extend_from_slice(&[f.at, f.end, f.kind as u8, 0]);
+        out.extend_from_slice(&f.target.to_le_bytes());
+    }
+}
+
 /// The entry's bytes, checked: `Err` says why they are not to be used.
-pub fn decode(b: &[u8], id: &Identity, kind: Kind) -> Result<Entry, &'static str> {
+pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, &'static str> {
     if b.len() < HEADER || b[..8] != MAGIC {
         return Err("not a cache entry");
     }
@@ -240,44 +276,54 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind) -> Result<Entry, &'static str
         .ok_or("bad symbol source")?;
     let n = u32_at(b, 68) as usize;
     let strings_len = u32_at(b, 72) as usize;
+    let plans_len = u32_at(b, 76) as usize;
     let records_end = n
         .checked_mul(RECORD)
         .and_then(|r| r.checked_add(HEADER))
         .ok_or("bad length")?;
-    if records_end.checked_add(strings_len) != Some(b.len()) {
+    let plans_end = records_end.checked_add(plans_len).ok_or("bad length")?;
+    if plans_end.checked_add(strings_len) != Some(b.len()) {
         return Err("truncated or padded");
     }
-    if checksum(b) != u64_at(b, 80) {
+    if cachedir::entry_checksum(b) != cachedir::stored_checksum(b) {
         return Err("checksum mismatch");
     }
-    let strings = &b[records_end..];
+    let plans = &b[records_end..plans_end];
+    let strings = &b[plans_end..];
     let mut funcs = Vec::with_capacity(n);
     let mut last = None;
     for i in 0..n {
         let r = HEADER + i * RECORD;
         let (vaddr, size) = (u64_at(b, r), u64_at(b, r + 8));
-        let (pad, outcome) = (u32_at(b, r + 16), u32_at(b, r + 20));
+        let (pad, code) = (u32_at(b, r + 16), u32_at(b, r + 20));
         let (off, len) = (u32_at(b, r + 24) as usize, u32_at(b, r + 28) as usize);
+        let (plan_off, plan_len) = (u32_at(b, r + 32) as usize, u32_at(b, r + 36) as usize);
         let name = off
             .checked_add(len)
             .and_then(|end| strings.get(off..end))
             .and_then(|s| std::str::from_utf8(s).ok())
             .ok_or("bad name")?;
-        let refused = match outcome {
-            0 => None,
-            c => Some(Refusal::from_code(c).ok_or("bad outcome")?),
+        let outcome = match code {
+            0 if kind == Kind::Sampled => Err(Refusal::NotAttempted),
+            0 => plan_off
+                .checked_add(plan_len)
+                .and_then(|end| plans.get(plan_off..end))
+                .and_then(|p| decode_plan(p, bias.wrapping_add(vaddr)))
+                .ok_or("bad plan")
+                .map(Ok)?,
+            c => Err(Refusal::from_code(c).ok_or("bad outcome")?),
         };
         // Per-process facts are never cached.
-        if refused == Some(Refusal::ModifiedInMemory) || pad > 64 || last >= Some(vaddr) {
+        if outcome == Err(Refusal::ModifiedInMemory) || pad > 64 || last >= Some(vaddr) {
             return Err("bad record");
         }
         last = Some(vaddr);
-        funcs.push(Cached {
+        funcs.push(Candidate {
             name: name.to_string(),
             vaddr,
             size,
             pad: pad as u64,
-            refused,
+            outcome,
         });
     }
     Ok(Entry {
@@ -287,16 +333,14 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind) -> Result<Entry, &'static str
     })
 }
 
-/// The entry for `p` (its decisions before any per-process check).
-pub fn encode(p: &ModulePlan, decided: &[Option<Refusal>], id: &Identity) -> Vec<u8> {
-    let funcs = p.funcs.iter().zip(decided).map(|(c, d)| {
-        (
-            c.name.as_str(),
-            c.vaddr,
-            c.size,
-            c.pad,
-            d.map_or(0, |r| r.code()),
-        )
+/// The entry for `p`: its plans before any per-process check.
+pub fn encode(p: &ModulePlan, id: &Identity) -> Vec<u8> {
+    let funcs = p.funcs.iter().map(|c| Rec {
+        name: &c.name,
+        vaddr: c.vaddr,
+        size: c.size,
+        pad: c.pad,
+        outcome: c.outcome.as_ref().map_err(|r| *r),
     });
     let flags = p.text_relocations as u32;
     encode_records(funcs, p.funcs.len(), flags, p.source, id)
@@ -304,32 +348,58 @@ pub fn encode(p: &ModulePlan, decided: &[Option<Refusal>], id: &Identity) -> Vec
 
 /// The entry for a sampled module's function list.
 pub fn encode_sampled(funcs: &[FuncSym], id: &Identity) -> Vec<u8> {
-    let recs = funcs
-        .iter()
-        .map(|f| (f.name.as_str(), f.vaddr, f.size, 0, 0));
+    let recs = funcs.iter().map(|f| Rec {
+        name: &f.name,
+        vaddr: f.vaddr,
+        size: f.size,
+        pad: 0,
+        outcome: Err(Refusal::NotAttempted),
+    });
     encode_records(recs, funcs.len(), SAMPLED_FLAG, "symtab", id)
 }
 
-/// (name, vaddr, size, pad, outcome) records under a header.
+/// One function as an entry records it.
+struct Rec<'a> {
+    name: &'a str,
+    vaddr: u64,
+    size: u64,
+    pad: u64,
+    outcome: Result<&'a Plan, Refusal>,
+}
+
+/// Records under a header, then their plans and names.
 fn encode_records<'a>(
-    funcs: impl Iterator<Item = (&'a str, u64, u64, u64, u32)>,
+    funcs: impl Iterator<Item = Rec<'a>>,
     n: usize,
     flags: u32,
     source: &str,
     id: &Identity,
 ) -> Vec<u8> {
     let mut strings = Vec::new();
+    let mut plans = Vec::new();
     let mut records = Vec::with_capacity(n * RECORD);
-    for (name, vaddr, size, pad, outcome) in funcs {
-        records.extend_from_slice(&vaddr.to_le_bytes());
-        records.extend_from_slice(&size.to_le_bytes());
-        records.extend_from_slice(&(pad.min(64) as u32).to_le_bytes());
-        records.extend_from_slice(&outcome.to_le_bytes());
+    for f in funcs {
+        let plan_off = plans.len();
+        let code = match f.outcome {
+            Ok(p) => {
+                encode_plan(p, &mut plans);
+                0
+            }
+            // A sampled module's functions are listed, not planned.
+            Err(Refusal::NotAttempted) if flags & SAMPLED_FLAG != 0 => 0,
+            Err(r) => r.code(),
+        };
+        records.extend_from_slice(&f.vaddr.to_le_bytes());
+        records.extend_from_slice(&f.size.to_le_bytes());
+        records.extend_from_slice(&(f.pad.min(64) as u32).to_le_bytes());
+        records.extend_from_slice(&code.to_le_bytes());
         records.extend_from_slice(&(strings.len() as u32).to_le_bytes());
-        records.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        strings.extend_from_slice(name.as_bytes());
+        records.extend_from_slice(&(f.name.len() as u32).to_le_bytes());
+        records.extend_from_slice(&(plan_off as u32).to_le_bytes());
+        records.extend_from_slice(&((plans.len() - plan_off) as u32).to_le_bytes());
+        strings.extend_from_slice(f.name.as_bytes());
     }
-    let mut b = Vec::with_capacity(HEADER + records.len() + strings.len());
+    let mut b = Vec::with_capacity(HEADER + records.len() + plans.len() + strings.len());
     b.extend_from_slice(&MAGIC);
     b.extend_from_slice(&FORMAT.to_le_bytes());
     b.extend_from_slice(&flags.to_le_bytes());
@@ -339,14 +409,13 @@ fn encode_records<'a>(
     b.extend_from_slice(&(source as u32).to_le_bytes());
     b.extend_from_slice(&(n as u32).to_le_bytes());
     b.extend_from_slice(&(strings.len() as u32).to_le_bytes());
-    b.extend_from_slice(&0u32.to_le_bytes());
-    let sum_at = b.len();
+    b.extend_from_slice(&(plans.len() as u32).to_le_bytes());
     b.extend_from_slice(&0u64.to_le_bytes());
     debug_assert_eq!(b.len(), HEADER);
     b.extend_from_slice(&records);
+    b.extend_from_slice(&plans);
     b.extend_from_slice(&strings);
-    let sum = checksum(&b);
-    b[sum_at..sum_at + 8].copy_from_slice(&sum.to_le_bytes());
+    cachedir::seal(&mut b);
     b
 }
 
@@ -358,7 +427,7 @@ fn read_trusted(
     name: &str,
     euid: u32,
     dir_ok: &AtomicBool,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<memmap2::Mmap>, String> {
     let path = dir.join(name);
     let f = match std::fs::OpenOptions::new()
         .read(true)
@@ -383,9 +452,11 @@ fn read_trusted(
     if meta.len() > MAX_BYTES {
         return Err(format!("{}: too large", path.display()));
     }
-    let mut v = Vec::with_capacity(meta.len() as usize);
-    std::io::Read::read_to_end(&mut { f }, &mut v).map_err(|e| e.to_string())?;
-    Ok(Some(v))
+    // SAFETY: a private read-only mapping of a file only this user or root
+    // may write; entries are replaced by rename, never rewritten in place.
+    // Its bytes are validated before any is used.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| e.to_string())?;
+    Ok(Some(map))
 }
 
 /// The cached decisions (or function list) for module `m` (file identity
@@ -404,7 +475,7 @@ pub fn lookup(m: &Module, id: &Identity, kind: Kind) -> Option<Entry> {
     for (i, dir) in places.read.iter().enumerate() {
         match read_trusted(dir, &name, euid, DIR_OK.get(i).unwrap_or(&unchecked)) {
             Ok(None) => {}
-            Ok(Some(bytes)) => match decode(&bytes, id, kind) {
+            Ok(Some(bytes)) => match decode(&bytes, id, kind, m.bias) {
                 Ok(e) => return Some(e),
                 Err(why) => vlog!("cache entry {}/{name} not used: {why}", dir.display()),
             },
@@ -481,31 +552,14 @@ fn trim(dir: &Path, adding: u64) {
     }
 }
 
-/// The plan of module `m` from a cache entry: each function's decision
-/// taken over; the patchable ones get their window chosen again from the
-/// file. `None` if that does not work out for some function (the entry is
-/// then not trusted: analyse afresh).
-pub fn plan_from(m: Module, e: Entry, file: &crate::fileimage::FileImage) -> Option<ModulePlan> {
-    let mut funcs = Vec::with_capacity(e.funcs.len());
-    for c in e.funcs {
-        let mut cand = Candidate {
-            name: c.name,
-            vaddr: c.vaddr,
-            size: c.size,
-            pad: c.pad,
-            outcome: Err(c.refused.unwrap_or(Refusal::NotAttempted)),
-        };
-        if c.refused.is_none() {
-            crate::analysis::replan(&m, file, &mut cand)?;
-        }
-        funcs.push(cand);
-    }
-    Some(ModulePlan {
+/// The plan of module `m` from its cache entry.
+pub fn plan_from(m: Module, e: Entry) -> ModulePlan {
+    ModulePlan {
         module: m,
-        funcs,
+        funcs: e.funcs,
         source: e.source,
         text_relocations: e.text_relocations,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -522,65 +576,93 @@ mod tests {
         }
     }
 
-    fn plan() -> (ModulePlan, Vec<Option<Refusal>>) {
-        let m = crate::modules::loaded().remove(0);
+    /// A module plan for a module at `bias`: two functions planned (one
+    /// with fixups), one refused.
+    fn plan_at(bias: u64) -> ModulePlan {
+        let mut m = crate::modules::loaded().remove(0);
+        m.bias = bias;
+        // push rbp; mov rbp,rsp; ret  |  lea rax,[rip+0x10]; call +0x20; ret
+        let codes: [&[u8]; 3] = [
+            &[0x55, 0x48, 0x89, 0xe5, 0xc3],
+            &[],
+            &[0x48, 0x8d, 0x05, 0x10, 0, 0, 0, 0xe8, 0x20, 0, 0, 0, 0xc3],
+        ];
         let funcs = ["a", "bb", "ccc"]
             .iter()
             .enumerate()
-            .map(|(i, n)| Candidate {
-                name: n.to_string(),
-                vaddr: 0x1000 + i as u64 * 16,
-                size: 16,
-                pad: i as u64,
-                outcome: Err(Refusal::TooSmall),
+            .map(|(i, n)| {
+                let vaddr = 0x1000 + i as u64 * 16;
+                let code = codes[i];
+                Candidate {
+                    name: n.to_string(),
+                    vaddr,
+                    size: code.len().max(1) as u64,
+                    pad: i as u64,
+                    outcome: if code.is_empty() {
+                        Err(Refusal::BranchIntoWindow)
+                    } else {
+                        crate::arch::plan_window(code, bias + vaddr, code.len(), 0)
+                    },
+                }
             })
             .collect();
-        let p = ModulePlan {
+        ModulePlan {
             module: m,
             funcs,
             source: "dynsym+eh_frame",
             text_relocations: true,
-        };
-        (p, vec![None, Some(Refusal::BranchIntoWindow), None])
+        }
+    }
+
+    fn plan() -> ModulePlan {
+        plan_at(0x5555_0000_0000)
     }
 
     #[test]
     fn entries_round_trip() {
-        let (p, d) = plan();
-        let e = decode(&encode(&p, &d, &id()), &id(), Kind::Plan).unwrap();
-        assert!(decode(&encode(&p, &d, &id()), &id(), Kind::Sampled).is_err());
+        let p = plan();
+        let bias = p.module.bias;
+        let e = decode(&encode(&p, &id()), &id(), Kind::Plan, bias).unwrap();
+        assert!(decode(&encode(&p, &id()), &id(), Kind::Sampled, bias).is_err());
         assert_eq!(e.source, "dynsym+eh_frame");
         assert!(e.text_relocations);
         let got: Vec<_> = e
             .funcs
             .iter()
-            .map(|c| (c.name.as_str(), c.vaddr, c.pad, c.refused))
+            .map(|c| (c.name.as_str(), c.vaddr, c.pad, c.outcome.as_ref().err()))
             .collect();
         assert_eq!(
             got,
             vec![
                 ("a", 0x1000, 0, None),
-                ("bb", 0x1010, 1, Some(Refusal::BranchIntoWindow)),
+                ("bb", 0x1010, 1, Some(&Refusal::BranchIntoWindow)),
                 ("ccc", 0x1020, 2, None)
             ]
         );
+        // Taken up by a process that has the module elsewhere, the plans
+        // are the ones made there.
+        let elsewhere = plan_at(0x7f12_3456_0000);
+        let e = decode(&encode(&p, &id()), &id(), Kind::Plan, elsewhere.module.bias).unwrap();
+        let back = plan_from(elsewhere.module.clone(), e);
+        for (a, b) in back.funcs.iter().zip(&elsewhere.funcs) {
+            assert_eq!(a.outcome, b.outcome);
+        }
     }
 
     #[test]
     fn every_damaged_entry_is_refused() {
-        let (p, d) = plan();
-        let good = encode(&p, &d, &id());
+        let good = encode(&plan(), &id());
         let other = Identity {
             ctime_ns: 6,
             ..id()
         };
         assert_eq!(
-            decode(&good, &other, Kind::Plan).err(),
+            decode(&good, &other, Kind::Plan, 0).err(),
             Some("made for another file")
         );
         for cut in 0..good.len() {
             assert!(
-                decode(&good[..cut], &id(), Kind::Plan).is_err(),
+                decode(&good[..cut], &id(), Kind::Plan, 0).is_err(),
                 "truncated at {cut}"
             );
         }
@@ -588,12 +670,8 @@ mod tests {
             for bit in [0x01u8, 0x80] {
                 let mut b = good.clone();
                 b[i] ^= bit;
-                // The 4 bytes of header padding carry nothing.
-                if (76..80).contains(&i) {
-                    continue;
-                }
                 assert!(
-                    decode(&b, &id(), Kind::Plan).is_err(),
+                    decode(&b, &id(), Kind::Plan, 0).is_err(),
                     "byte {i} bit {bit:#x} flipped"
                 );
             }
@@ -612,8 +690,7 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(trusted_dir(&dir, euid).is_err());
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let (p, d) = plan();
-        write_entry(&dir, "x.rtc", &encode(&p, &d, &id())).unwrap();
+        write_entry(&dir, "x.rtc", &encode(&plan(), &id())).unwrap();
         let fresh = || AtomicBool::new(false);
         assert!(read_trusted(&dir, "x.rtc", euid, &fresh())
             .unwrap()

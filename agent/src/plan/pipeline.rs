@@ -18,31 +18,28 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, String> {
     let t = Instant::now();
     let file = FileImage::open(&m, maps)?;
     let cached = cache::lookup(&m, &file.identity, Kind::Plan).and_then(|e| {
-        let p = cache::plan_from(m.clone(), e, &file);
-        if p.is_none() {
-            vlog!(
-                "{}: cache entry does not fit the file; analysed afresh",
-                m.path
-            );
+        let mut p = cache::plan_from(m.clone(), e);
+        if analysis::check_live(&mut p, maps, &file) {
+            return Some(p);
         }
-        p
+        vlog!(
+            "{}: cache entry holds a plan not made from this file's bytes; analysed afresh",
+            m.path
+        );
+        None
     });
-    let (mut plan, how) = match cached {
+    let (plan, how) = match cached {
         Some(p) => (p, "cached"),
         None => {
             let list = symbols::list_functions(file.data()).map_err(|e| e.to_string())?;
-            let p = analysis::analyze(m, list, maps, &file);
-            let decided: Vec<_> = p
-                .funcs
-                .iter()
-                .map(|c| c.outcome.as_ref().err().copied())
-                .collect();
-            let entry = cache::encode(&p, &decided, &file.identity);
+            let mut p = analysis::analyze(m, list, maps, &file);
+            let entry = cache::encode(&p, &file.identity);
             cache::store(&p.module.path, &file.identity, Kind::Plan, &entry);
+            // Plans made from the file's bytes: this only finds changed memory.
+            analysis::check_live(&mut p, maps, &file);
             (p, "analysed")
         }
     };
-    analysis::check_live(&mut plan, maps, &file);
     vlog!(
         "{}: {} in {:.1} ms",
         plan.module.path,

@@ -1,7 +1,7 @@
 //! The per-function stub: count the call, run the moved instructions, jump
 //! back. The counting prologue is hand-encoded (it is the hot path, and its
-//! layout is fixed); the moved instructions are re-encoded by iced's block
-//! encoder, which rewrites relative branches and rip-relative operands.
+//! layout is fixed); the moved instructions come from the plan's template
+//! (see `window`), with its fixups applied for the stub's address.
 //!
 //! ```text
 //! entry:   lea  rsp, [rsp-128]           ; step over the red zone
@@ -28,11 +28,7 @@
 //! signal handler that calls the same function between a load and a store
 //! would have its count overwritten.
 
-use super::window::Plan;
-use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
-    MemoryOperand, OpKind, Register,
-};
+use super::window::{FixKind, Plan, MAX_WINDOW};
 use rtprof_shared::Refusal;
 
 /// Where the stub's counter lives.
@@ -57,172 +53,80 @@ const SHARED_LEN: usize = 19;
 /// The SysV red zone below `rsp`.
 const RED_ZONE: i32 = 128;
 
-/// Upper bound on the bytes [`emit_stub`] produces for `plan`.
-pub fn max_stub_len(plan: &Plan) -> usize {
-    // A call expands to at most 4+7+8+14 bytes, a far jcc to 16; the final
-    // jmp to at most 14.
-    PROLOGUE_LEN + SHARED_LEN + plan.moved.len() * 40 + 16
+/// The bytes [`emit_stub`] produces for `plan`.
+pub fn stub_len(plan: &Plan) -> usize {
+    PROLOGUE_LEN + plan.code().len() + SHARED_LEN
 }
 
-/// The block encoder needs distinct addresses for every instruction, and
-/// treats a branch or rip-relative operand that targets one of them as a
-/// reference into the block, which it moves along. Nothing may follow the
-/// moved code (a function taking its own address must still get the
-/// original), so every instruction gets an address no code can have.
-fn synthetic_ip(out: &[Instruction]) -> u64 {
-    0xffff_f000_0000_0000 + out.len() as u64
-}
-
-fn push_return_address(out: &mut Vec<Instruction>, ret: u64) -> Result<(), Refusal> {
-    let bad = |_| Refusal::RelocationFailed;
-    let mut add = |mut i: Instruction| {
-        i.set_ip(synthetic_ip(out));
-        out.push(i);
-    };
-    if ret < 0x8000_0000 {
-        add(Instruction::with1(Code::Pushq_imm32, ret as i32).map_err(bad)?);
-    } else {
-        add(Instruction::with2(
-            Code::Lea_r64_m,
-            Register::RSP,
-            MemoryOperand::with_base_displ(Register::RSP, -8),
-        )
-        .map_err(bad)?);
-        add(Instruction::with2(
-            Code::Mov_rm32_imm32,
-            MemoryOperand::with_base(Register::RSP),
-            ret as u32,
-        )
-        .map_err(bad)?);
-        add(Instruction::with2(
-            Code::Mov_rm32_imm32,
-            MemoryOperand::with_base_displ(Register::RSP, 4),
-            (ret >> 32) as u32,
-        )
-        .map_err(bad)?);
-    }
-    Ok(())
-}
-
-/// The moved instructions as they must run from the stub: calls become
-/// `push <original return address>; jmp <target>` so that the callee returns
-/// into the original function and unwinders see the frames they expect.
-fn moved_block(plan: &Plan) -> Result<Vec<Instruction>, Refusal> {
-    let bad = |_| Refusal::RelocationFailed;
-    let mut out = Vec::with_capacity(plan.moved.len() + 4);
-    for ins in &plan.moved {
-        match ins.flow_control() {
-            FlowControl::Call => {
-                push_return_address(&mut out, ins.next_ip())?;
-                let mut j = Instruction::with_branch(Code::Jmp_rel32_64, ins.near_branch_target())
-                    .map_err(bad)?;
-                j.set_ip(synthetic_ip(&out));
-                out.push(j);
-            }
-            FlowControl::IndirectCall => {
-                push_return_address(&mut out, ins.next_ip())?;
-                let mut j = *ins;
-                j.set_code(Code::Jmp_rm64);
-                j.set_ip(synthetic_ip(&out));
-                out.push(j);
-            }
-            _ => {
-                let mut i = *ins;
-                i.set_ip(synthetic_ip(&out));
-                out.push(i);
-            }
-        }
-    }
-    let mut back = Instruction::with_branch(Code::Jmp_rel32_64, plan.resume_at).map_err(bad)?;
-    back.set_ip(synthetic_ip(&out));
-    out.push(back);
-    Ok(out)
-}
-
-/// Whether the moved instructions mean the same wherever they run: no
-/// branch, call or rip-relative operand (then their bytes are copied as
-/// they are, which is most functions and much faster than re-encoding).
-fn position_independent(plan: &Plan) -> bool {
-    plan.moved.iter().all(|i| {
-        matches!(i.flow_control(), FlowControl::Next | FlowControl::Return)
-            && !i.is_ip_rel_memory_operand()
-    })
-}
-
-/// The moved code as it runs at `moved_at`, with the jump back.
-fn moved_code(plan: &Plan, moved_at: u64) -> Result<Vec<u8>, Refusal> {
-    if position_independent(plan) {
-        let mut v = Vec::with_capacity(plan.raw.len() + 5);
-        v.extend_from_slice(&plan.raw);
-        let next = moved_at + v.len() as u64 + 5;
-        let rel = i32::try_from(plan.resume_at as i64 - next as i64)
-            .map_err(|_| Refusal::RelocationFailed)?;
-        v.push(0xe9); // jmp resume
-        v.extend_from_slice(&rel.to_le_bytes());
-        return Ok(v);
-    }
-    let block = moved_block(plan)?;
-    let enc = BlockEncoder::encode(
-        64,
-        InstructionBlock::new(&block, moved_at),
-        BlockEncoderOptions::NONE,
-    )
-    .map_err(|_| Refusal::RelocationFailed)?;
-    Ok(enc.code_buffer)
-}
-
-/// Encodes the stub for `plan` to run at address `at`.
-pub fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef) -> Result<Vec<u8>, Refusal> {
+/// Appends to `out` the stub for `plan` to run at address `at`.
+pub fn emit_stub(
+    plan: &Plan,
+    at: u64,
+    counter: &CounterRef,
+    out: &mut Vec<u8>,
+) -> Result<(), Refusal> {
     let slot_disp =
         i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
-    // A branch back into the moved bytes would bypass the entry.
-    if plan.moved.iter().any(|i| {
-        i.op0_kind() == OpKind::NearBranch64
-            && (plan.start..plan.resume_at).contains(&i.near_branch_target())
-    }) {
-        return Err(Refusal::BranchIntoWindow);
-    }
-    let moved_at = at + PROLOGUE_LEN as u64;
-    let moved = moved_code(plan, moved_at)?;
-    let moved_len = moved.len();
+    let code = plan.code();
     // jrcxz reaches `shared` with a rel8 across the moved code.
-    let to_shared = PROLOGUE_LEN + moved_len - JRCXZ_END;
+    let to_shared = PROLOGUE_LEN + code.len() - JRCXZ_END;
     if to_shared > 127 {
         return Err(Refusal::RelocationFailed);
     }
+    let moved_at = at + PROLOGUE_LEN as u64;
+    let mut moved = [0u8; super::window::MAX_CODE];
+    let moved = &mut moved[..code.len()];
+    moved.copy_from_slice(code);
+    for f in plan.fixups() {
+        let target = f.target_from(plan.start);
+        let value = match f.kind {
+            FixKind::Rel32 => {
+                let rel = target as i64 - (moved_at + f.end as u64) as i64;
+                i32::try_from(rel).map_err(|_| Refusal::RelocationFailed)? as u32
+            }
+            FixKind::Abs32 => u32::try_from(target)
+                .ok()
+                .filter(|v| *v < 0x8000_0000)
+                .ok_or(Refusal::RelocationFailed)?,
+            FixKind::AbsLo32 => target as u32,
+            FixKind::AbsHi32 => (target >> 32) as u32,
+        };
+        moved[f.at as usize..f.at as usize + 4].copy_from_slice(&value.to_le_bytes());
+    }
 
-    let mut s = Vec::with_capacity(PROLOGUE_LEN + moved_len + SHARED_LEN);
+    let s = out;
+    let base = s.len();
     s.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
     s.push(0x51); // push rcx
     s.extend_from_slice(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
     s.extend_from_slice(&counter.tls_offset.to_le_bytes());
-    debug_assert_eq!(s.len() + 2, JRCXZ_END);
+    debug_assert_eq!(s.len() - base + 2, JRCXZ_END);
     s.extend_from_slice(&[0xe3, to_shared as u8]); // jrcxz shared
     s.extend_from_slice(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
     s.extend_from_slice(&slot_disp.to_le_bytes());
-    debug_assert_eq!(s.len(), DONE_AT);
+    debug_assert_eq!(s.len() - base, DONE_AT);
     s.push(0x59); // pop rcx
     s.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
     s.extend_from_slice(&RED_ZONE.to_le_bytes());
-    debug_assert_eq!(s.len(), PROLOGUE_LEN);
-    s.extend_from_slice(&moved);
+    debug_assert_eq!(s.len() - base, PROLOGUE_LEN);
+    s.extend_from_slice(moved);
     s.extend_from_slice(&[0x48, 0xb9]); // mov rcx, imm64
     s.extend_from_slice(&counter.shared_counter.to_le_bytes());
     s.extend_from_slice(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
-    let back = DONE_AT as i64 - (s.len() as i64 + 5);
+    let back = DONE_AT as i64 - (s.len() - base + 5) as i64;
     s.push(0xe9); // jmp done
     s.extend_from_slice(&(back as i32).to_le_bytes());
-    Ok(s)
+    Ok(())
 }
 
-/// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then nops.
-pub fn entry_patch(plan: &Plan, stub: u64) -> Option<Vec<u8>> {
+/// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then
+/// nops (the first `plan.window` bytes of the array).
+pub fn entry_patch(plan: &Plan, stub: u64) -> Option<[u8; MAX_WINDOW]> {
     let rel = stub as i64 - (plan.patch_at as i64 + 5);
     let rel = i32::try_from(rel).ok()?;
-    let mut b = Vec::with_capacity(plan.window);
-    b.push(0xe9);
-    b.extend_from_slice(&rel.to_le_bytes());
-    b.resize(plan.window, 0x90);
+    let mut b = [0x90; MAX_WINDOW];
+    b[0] = 0xe9;
+    b[1..5].copy_from_slice(&rel.to_le_bytes());
     Some(b)
 }
 
@@ -230,7 +134,14 @@ pub fn entry_patch(plan: &Plan, stub: u64) -> Option<Vec<u8>> {
 mod tests {
     use super::super::window::plan_window;
     use super::*;
-    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+
+    fn stub(plan: &Plan, at: u64, c: &CounterRef) -> Result<Vec<u8>, Refusal> {
+        let mut v = Vec::new();
+        emit_stub(plan, at, c, &mut v)?;
+        assert_eq!(v.len(), stub_len(plan));
+        Ok(v)
+    }
 
     fn decode_all(code: &[u8], ip: u64) -> Vec<Instruction> {
         let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
@@ -256,9 +167,8 @@ mod tests {
         let code = [0x55, 0x48, 0x89, 0xe5, 0x5d, 0xc3];
         let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
         let at = 0x40_1000;
-        let stub = emit_stub(&plan, at, &COUNTER).unwrap();
-        assert!(stub.len() <= max_stub_len(&plan));
-        let ins = decode_all(&stub, at);
+        let code = stub(&plan, at, &COUNTER).unwrap();
+        let ins = decode_all(&code, at);
         // The red zone is stepped over before anything is pushed.
         assert_eq!(ins[0].mnemonic(), Mnemonic::Lea);
         assert_eq!(ins[0].op0_register(), Register::RSP);
@@ -318,14 +228,23 @@ mod tests {
             &[0x80, 0x3d, 0x10, 0x00, 0x00, 0x00, 0x00, 0x75, 0x05, 0xc3],
             // push r15; lea rax,[rip-9] (the function's own address); ret
             &[0x41, 0x57, 0x48, 0x8d, 0x05, 0xf7, 0xff, 0xff, 0xff, 0xc3],
+            // jmp qword [rip+0x100] (a tail call through the GOT)
+            &[0xff, 0x25, 0x00, 0x01, 0x00, 0x00],
+            // xor eax,eax; jmp -0x80 (a tail call backwards)
+            &[0x31, 0xc0, 0xeb, 0x80, 0xc3],
+            // sub rsp,8; js +0x40 (rel32 jcc)
+            &[0x48, 0x83, 0xec, 0x08, 0x0f, 0x88, 0x40, 0, 0, 0, 0xc3],
         ];
         let orig = 0x5555_5555_0000u64;
         for &code in cases {
             let plan = plan_window(code, orig, code.len(), 0).unwrap();
-            let want: Vec<_> = plan.moved.iter().map(targets).collect();
+            let want: Vec<_> = decode_all(&code[..plan.resume_at as usize - orig as usize], orig)
+                .iter()
+                .map(targets)
+                .collect();
             for at in [orig + 0x7000_0000, orig - 0x7000_0000] {
-                let stub = emit_stub(&plan, at, &COUNTER).unwrap();
-                let ins = decode_all(&stub, at);
+                let code = stub(&plan, at, &COUNTER).unwrap();
+                let ins = decode_all(&code, at);
                 // Moved instructions follow the 5-instruction prologue; a
                 // short jcc may have become near, but targets must match.
                 let got: Vec<_> = ins[P..P + want.len()].iter().map(targets).collect();
@@ -343,7 +262,7 @@ mod tests {
         let orig = 0x7f12_3456_0000u64;
         let plan = plan_window(&code, orig, code.len(), 0).unwrap();
         let at = orig + 0x1000_0000;
-        let ins = decode_all(&emit_stub(&plan, at, &COUNTER).unwrap(), at);
+        let ins = decode_all(&stub(&plan, at, &COUNTER).unwrap(), at);
         // lea rsp,[rsp-8]; mov dword [rsp],lo; mov dword [rsp+4],hi; jmp target
         assert_eq!(ins[P].mnemonic(), Mnemonic::Lea);
         let lo = ins[P + 1].immediate32() as u64;
@@ -354,7 +273,7 @@ mod tests {
 
         // Low addresses (non-PIE) use push imm32.
         let plan = plan_window(&code, 0x40_1000, code.len(), 0).unwrap();
-        let ins = decode_all(&emit_stub(&plan, 0x50_0000, &COUNTER).unwrap(), 0x50_0000);
+        let ins = decode_all(&stub(&plan, 0x50_0000, &COUNTER).unwrap(), 0x50_0000);
         assert_eq!(ins[P].mnemonic(), Mnemonic::Push);
         assert_eq!(ins[P].immediate32to64() as u64, 0x40_1005);
         assert_eq!(ins[P + 1].near_branch_target(), 0x40_1105);
@@ -367,19 +286,82 @@ mod tests {
         let orig = 0x7f00_0000_1000u64;
         let plan = plan_window(&code, orig, code.len(), 0).unwrap();
         let at = orig - 0x10_0000;
-        let ins = decode_all(&emit_stub(&plan, at, &COUNTER).unwrap(), at);
+        let ins = decode_all(&stub(&plan, at, &COUNTER).unwrap(), at);
         let j = &ins[P + 3];
         assert_eq!(j.mnemonic(), Mnemonic::Jmp);
         assert_eq!(j.ip_rel_memory_address(), orig + 6 + 0x2000);
     }
 
     #[test]
+    fn indirect_calls_become_jumps_after_the_return_address() {
+        // notrack call rax, after 3 pushes: the call ends the window.
+        let code = [0x55, 0x41, 0x54, 0x3e, 0xff, 0xd0, 0xc3];
+        let orig = 0x40_2000;
+        let plan = plan_window(&code, orig, code.len(), 0).unwrap();
+        let ins = decode_all(&stub(&plan, 0x50_0000, &COUNTER).unwrap(), 0x50_0000);
+        assert_eq!(ins[P + 1].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[P + 2].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[P + 2].immediate32to64() as u64, orig + 6);
+        assert_eq!(ins[P + 3].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[P + 3].op0_register(), Register::RAX);
+        assert_eq!(ins[P + 4].near_branch_target(), plan.resume_at);
+    }
+
+    /// A plan taken apart (as a cache entry holds it) and put together for
+    /// the module loaded elsewhere gives the stub a fresh plan would.
+    #[test]
+    fn a_plan_from_its_parts_moves_with_its_module() {
+        // endbr64; mov rax,[rip+0x1234]; call +0x40 (window ends at the call)
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x05, 0x34, 0x12, 0, 0, 0xe8, 0x40, 0, 0, 0, 0xc3,
+        ];
+        let (a, b) = (0x5555_0000_1000u64, 0x7f00_0000_1000u64);
+        let pa = plan_window(&code, a, code.len(), 0).unwrap();
+        let pb = plan_window(&code, b, code.len(), 0).unwrap();
+        let skip = (pa.patch_at - a) as u8;
+        let resume = (pa.resume_at - a) as u8;
+        let parts = Plan::from_parts(
+            a,
+            skip,
+            pa.window as u8,
+            resume,
+            pa.original(),
+            pa.code(),
+            pa.fixups(),
+        )
+        .unwrap();
+        assert_eq!(parts, pa);
+        assert_eq!(parts.moved_by(b - a), pb);
+        let at = b + 0x10_0000;
+        assert_eq!(
+            stub(&pa.moved_by(b - a), at, &COUNTER).unwrap(),
+            stub(&pb, at, &COUNTER).unwrap()
+        );
+        // Inconsistent parts are refused.
+        let bad_window = Plan::from_parts(a, skip, 3, resume, pa.original(), pa.code(), &[]);
+        assert!(bad_window.is_none());
+        let mut fix = pa.fixups().to_vec();
+        fix[0].at = pa.code().len() as u8 - 2;
+        let bad_fix = Plan::from_parts(
+            a,
+            skip,
+            pa.window as u8,
+            resume,
+            pa.original(),
+            pa.code(),
+            &fix,
+        );
+        assert!(bad_fix.is_none());
+        let bad_skip = Plan::from_parts(a, 4, pa.window as u8, resume, &[0; 16], pa.code(), &[]);
+        assert!(bad_skip.is_none());
+    }
+
+    #[test]
     fn self_branch_in_window_is_refused() {
         // jmp . (infinite loop at entry), padded
         let code = [0xeb, 0xfe, 0x90, 0x90, 0x90, 0x90];
-        let plan = plan_window(&code, 0x1000, 2, 4).unwrap();
         assert_eq!(
-            emit_stub(&plan, 0x2000, &COUNTER).unwrap_err(),
+            plan_window(&code, 0x1000, 2, 4).unwrap_err(),
             Refusal::BranchIntoWindow
         );
     }
@@ -392,19 +374,17 @@ mod tests {
         let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc3];
         let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
         let at = 0x50_0000;
-        let stub = emit_stub(&plan, at, &COUNTER).unwrap();
-        let moved = &stub[PROLOGUE_LEN..PROLOGUE_LEN + plan.raw.len()];
-        assert_eq!(moved, &code[..plan.raw.len()]);
-        let back = &decode_all(
-            &stub[PROLOGUE_LEN + plan.raw.len()..],
-            at + (PROLOGUE_LEN + plan.raw.len()) as u64,
-        )[0];
+        let n = plan.window;
+        let s = stub(&plan, at, &COUNTER).unwrap();
+        let moved = &s[PROLOGUE_LEN..PROLOGUE_LEN + n];
+        assert_eq!(moved, &code[..n]);
+        let back = &decode_all(&s[PROLOGUE_LEN + n..], at + (PROLOGUE_LEN + n) as u64)[0];
         assert_eq!(back.near_branch_target(), plan.resume_at);
         // mov rax,[rip+0x1234]; ret: the displacement must change.
         let code = [0x48, 0x8b, 0x05, 0x34, 0x12, 0x00, 0x00, 0xc3];
         let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
-        let stub = emit_stub(&plan, at, &COUNTER).unwrap();
-        assert_ne!(&stub[PROLOGUE_LEN..PROLOGUE_LEN + 7], &code[..7]);
+        let s = stub(&plan, at, &COUNTER).unwrap();
+        assert_ne!(&s[PROLOGUE_LEN..PROLOGUE_LEN + 7], &code[..7]);
     }
 
     #[test]
@@ -412,8 +392,7 @@ mod tests {
         let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc3];
         let plan = plan_window(&code, 0x1000, code.len(), 0).unwrap();
         let b = entry_patch(&plan, 0x3000).unwrap();
-        assert_eq!(b.len(), plan.window);
-        let ins = decode_all(&b, 0x1000);
+        let ins = decode_all(&b[..plan.window], 0x1000);
         assert_eq!(ins[0].near_branch_target(), 0x3000);
         assert!(ins[1..].iter().all(|i| i.mnemonic() == Mnemonic::Nop));
         assert!(entry_patch(&plan, 0x1_0000_0000_0000).is_none());

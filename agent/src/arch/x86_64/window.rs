@@ -1,14 +1,86 @@
 //! Choosing the window: the instructions at a function's entry that move
-//! into the stub so that a `jmp rel32` can take their place.
+//! into the stub so that a `jmp rel32` can take their place; and the moved
+//! code as a template (bytes plus fixups) that runs wherever the stub goes,
+//! so that a cached plan is installed without decoding anything again.
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
+use iced_x86::{
+    ConditionCode, ConstantOffsets, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic,
+    OpKind,
+};
 use rtprof_shared::Refusal;
 
 /// Bytes of a `jmp rel32`.
 pub const MIN_WINDOW: usize = 5;
+/// Longest window: an instruction (at most 15 bytes) starting 4 bytes in.
+pub const MAX_WINDOW: usize = 20;
+/// Longest moved-code template: every moved instruction may grow (a call
+/// becomes 24 bytes), plus the jump back.
+pub const MAX_CODE: usize = 64;
+/// At most one fixup per moved instruction, plus two for a return address
+/// and one for the jump back.
+pub const MAX_FIXUPS: usize = 8;
+/// The function's first bytes up to the end of what is overwritten or
+/// moved (with an `endbr64` in front and alignment fill behind).
+pub const MAX_ORIGINAL: usize = 24;
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
-#[derive(Debug, Clone)]
+/// What a fixup writes into the template once the stub's address is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FixKind {
+    /// `target - (the template's address in the stub + end)`: a rel32
+    /// field whose instruction ends at `end`.
+    Rel32 = 0,
+    /// `target` as a sign-extended imm32 (it must lie below 2 GiB).
+    Abs32 = 1,
+    /// The low half of `target` as an imm32.
+    AbsLo32 = 2,
+    /// The high half of `target` as an imm32.
+    AbsHi32 = 3,
+}
+
+impl FixKind {
+    pub fn from_code(c: u8) -> Option<FixKind> {
+        [
+            FixKind::Rel32,
+            FixKind::Abs32,
+            FixKind::AbsLo32,
+            FixKind::AbsHi32,
+        ]
+        .get(c as usize)
+        .copied()
+    }
+}
+
+/// A 4-byte field of the template at `at` that depends on where the stub
+/// and the module are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fixup {
+    pub at: u8,
+    pub end: u8,
+    pub kind: FixKind,
+    /// The address it refers to, from the function's first byte (it is in
+    /// the module, within reach of a rel32 from the entry).
+    pub target: i32,
+}
+
+const NO_FIXUP: Fixup = Fixup {
+    at: 0,
+    end: 0,
+    kind: FixKind::Rel32,
+    target: 0,
+};
+
+impl Fixup {
+    /// The absolute address referred to, for the function at `start`.
+    pub fn target_from(&self, start: u64) -> u64 {
+        start.wrapping_add(self.target as i64 as u64)
+    }
+}
+
+/// How one function's entry is patched. Plain data of fixed size: plans for
+/// tens of thousands of functions are made, cached and installed without
+/// a heap allocation each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// First byte of the function.
     pub start: u64,
@@ -16,12 +88,14 @@ pub struct Plan {
     pub patch_at: u64,
     /// Bytes overwritten at `patch_at` (at least [`MIN_WINDOW`]).
     pub window: usize,
-    /// The instructions moved into the stub, decoded at their original addresses.
-    pub moved: Vec<Instruction>,
     /// Address execution continues at after the moved instructions.
     pub resume_at: u64,
-    /// The moved instructions' bytes, as in the file.
-    pub raw: Vec<u8>,
+    code: [u8; MAX_CODE],
+    code_len: u8,
+    fixups: [Fixup; MAX_FIXUPS],
+    fix_len: u8,
+    original: [u8; MAX_ORIGINAL],
+    original_len: u8,
 }
 
 impl Plan {
@@ -29,6 +103,228 @@ impl Plan {
     pub fn strictly_inside(&self, t: u64) -> bool {
         t > self.patch_at && t < self.patch_at + self.window as u64
     }
+
+    /// The moved instructions as they run from a stub, ending with the
+    /// jump back, before [`Plan::fixups`] are applied.
+    pub fn code(&self) -> &[u8] {
+        &self.code[..self.code_len as usize]
+    }
+
+    pub fn fixups(&self) -> &[Fixup] {
+        &self.fixups[..self.fix_len as usize]
+    }
+
+    /// The bytes from `start` that the plan was made from and that patching
+    /// overwrites or moves: memory must still hold them.
+    pub fn original(&self) -> &[u8] {
+        &self.original[..self.original_len as usize]
+    }
+
+    /// A plan from its parts (a cache entry's), checked for consistency:
+    /// `None` if they cannot have come from [`plan_window`].
+    pub fn from_parts(
+        start: u64,
+        skip: u8,
+        window: u8,
+        resume_off: u8,
+        original: &[u8],
+        code: &[u8],
+        fixups: &[Fixup],
+    ) -> Option<Plan> {
+        let (skip, window, resume_off) = (skip as usize, window as usize, resume_off as usize);
+        let ok = (skip == 0 || (skip == ENDBR64.len() && original.starts_with(&ENDBR64)))
+            && (MIN_WINDOW..=MAX_WINDOW).contains(&window)
+            && resume_off > skip
+            && original.len() == resume_off.max(skip + window)
+            && original.len() <= MAX_ORIGINAL
+            && !code.is_empty()
+            && code.len() <= MAX_CODE
+            && fixups.len() <= MAX_FIXUPS
+            && fixups.iter().all(|f| {
+                f.at as usize + 4 <= code.len()
+                    && f.end as usize <= code.len()
+                    && (f.kind != FixKind::Rel32 || f.end >= f.at + 4)
+            });
+        if !ok {
+            return None;
+        }
+        let mut p = Plan::empty(start, start + skip as u64);
+        p.window = window;
+        p.resume_at = start + resume_off as u64;
+        p.code[..code.len()].copy_from_slice(code);
+        p.code_len = code.len() as u8;
+        p.fixups[..fixups.len()].copy_from_slice(fixups);
+        p.fix_len = fixups.len() as u8;
+        p.original[..original.len()].copy_from_slice(original);
+        p.original_len = original.len() as u8;
+        Some(p)
+    }
+
+    /// The same plan for the module loaded `delta` bytes further up.
+    pub fn moved_by(&self, delta: u64) -> Plan {
+        let mut p = *self;
+        p.start = p.start.wrapping_add(delta);
+        p.patch_at = p.patch_at.wrapping_add(delta);
+        p.resume_at = p.resume_at.wrapping_add(delta);
+        p
+    }
+
+    fn empty(start: u64, patch_at: u64) -> Plan {
+        Plan {
+            start,
+            patch_at,
+            window: 0,
+            resume_at: 0,
+            code: [0; MAX_CODE],
+            code_len: 0,
+            fixups: [NO_FIXUP; MAX_FIXUPS],
+            fix_len: 0,
+            original: [0; MAX_ORIGINAL],
+            original_len: 0,
+        }
+    }
+
+    fn emit(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
+        let at = self.code_len as usize;
+        let end = at + bytes.len();
+        if end > MAX_CODE {
+            return Err(Refusal::RelocationFailed);
+        }
+        self.code[at..end].copy_from_slice(bytes);
+        self.code_len = end as u8;
+        Ok(at)
+    }
+
+    fn fix(&mut self, at: usize, end: usize, kind: FixKind, target: u64) -> Result<(), Refusal> {
+        let n = self.fix_len as usize;
+        let target = i32::try_from(target.wrapping_sub(self.start) as i64)
+            .map_err(|_| Refusal::RelocationFailed)?;
+        if n == MAX_FIXUPS {
+            return Err(Refusal::RelocationFailed);
+        }
+        self.fixups[n] = Fixup {
+            at: at as u8,
+            end: end as u8,
+            kind,
+            target,
+        };
+        self.fix_len += 1;
+        Ok(())
+    }
+
+    /// A branch to `target`: `prefix` (jmp or jcc opcode) then a rel32.
+    fn emit_branch(&mut self, prefix: &[u8], target: u64) -> Result<(), Refusal> {
+        let at = self.emit(prefix)? + prefix.len();
+        self.emit(&[0; 4])?;
+        self.fix(at, at + 4, FixKind::Rel32, target)
+    }
+
+    /// Pushes `ret`, the return address a moved call would have pushed, so
+    /// that the callee returns into the original function and unwinders
+    /// see the frames they expect.
+    fn emit_push(&mut self, ret: u64) -> Result<(), Refusal> {
+        if ret < 0x8000_0000 {
+            let at = self.emit(&[0x68, 0, 0, 0, 0])? + 1; // push imm32
+            return self.fix(at, at + 4, FixKind::Abs32, ret);
+        }
+        self.emit(&[0x48, 0x8d, 0x64, 0x24, 0xf8])?; // lea rsp,[rsp-8]
+        let lo = self.emit(&[0xc7, 0x04, 0x24, 0, 0, 0, 0])? + 3; // mov dword [rsp],imm32
+        self.fix(lo, lo + 4, FixKind::AbsLo32, ret)?;
+        let hi = self.emit(&[0xc7, 0x44, 0x24, 0x04, 0, 0, 0, 0])? + 4; // mov dword [rsp+4],imm32
+        self.fix(hi, hi + 4, FixKind::AbsHi32, ret)
+    }
+
+    /// Appends moved instruction `ins` (its bytes `raw`, where its
+    /// displacement and immediate are `off`).
+    fn emit_moved(
+        &mut self,
+        ins: &Instruction,
+        raw: &[u8],
+        off: &ConstantOffsets,
+    ) -> Result<(), Refusal> {
+        // A rip-relative operand keeps its target: its disp32 is a fixup
+        // (the instruction's length does not change).
+        let rip_disp = |p: &mut Plan, at: usize| -> Result<(), Refusal> {
+            if ins.is_ip_rel_memory_operand() {
+                if off.displacement_size() != 4 {
+                    return Err(Refusal::RelocationFailed);
+                }
+                let f = at + off.displacement_offset();
+                p.fix(
+                    f,
+                    at + raw.len(),
+                    FixKind::Rel32,
+                    ins.ip_rel_memory_address(),
+                )?;
+            }
+            Ok(())
+        };
+        match ins.flow_control() {
+            FlowControl::Call => {
+                self.emit_push(ins.next_ip())?;
+                self.emit_branch(&[0xe9], ins.near_branch_target())
+            }
+            FlowControl::IndirectCall => {
+                // `call r/m64` (FF /2) becomes `jmp r/m64` (FF /4) with the
+                // same operand, after the return address is pushed.
+                let op = raw
+                    .iter()
+                    .position(|&b| b == 0xff)
+                    .filter(|&i| raw[..i].iter().all(|&b| is_prefix(b)))
+                    .ok_or(Refusal::RelocationFailed)?;
+                let modrm = *raw.get(op + 1).ok_or(Refusal::RelocationFailed)?;
+                if (modrm >> 3) & 7 != 2 {
+                    return Err(Refusal::RelocationFailed);
+                }
+                self.emit_push(ins.next_ip())?;
+                let at = self.emit(raw)?;
+                self.code[at + op + 1] = (modrm & !0x38) | (4 << 3);
+                rip_disp(self, at)
+            }
+            FlowControl::UnconditionalBranch => self.emit_branch(&[0xe9], ins.near_branch_target()),
+            FlowControl::ConditionalBranch => {
+                // jcc only: loop and jrcxz have no rel32 form.
+                let cc = jcc_code(ins.condition_code()).ok_or(Refusal::UnsupportedInstruction)?;
+                self.emit_branch(&[0x0f, 0x80 | cc], ins.near_branch_target())
+            }
+            _ => {
+                let at = self.emit(raw)?;
+                rip_disp(self, at)
+            }
+        }
+    }
+}
+
+/// Legacy prefixes and REX, which may precede an opcode.
+fn is_prefix(b: u8) -> bool {
+    matches!(
+        b,
+        0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 | 0x64 | 0x65
+    ) || (0x40..=0x4f).contains(&b)
+}
+
+/// The low nibble of `jcc rel32` (0F 8x) for a condition.
+fn jcc_code(c: ConditionCode) -> Option<u8> {
+    use ConditionCode as C;
+    Some(match c {
+        C::o => 0x0,
+        C::no => 0x1,
+        C::b => 0x2,
+        C::ae => 0x3,
+        C::e => 0x4,
+        C::ne => 0x5,
+        C::be => 0x6,
+        C::a => 0x7,
+        C::s => 0x8,
+        C::ns => 0x9,
+        C::p => 0xa,
+        C::np => 0xb,
+        C::l => 0xc,
+        C::ge => 0xd,
+        C::le => 0xe,
+        C::g => 0xf,
+        C::None => return None,
+    })
 }
 
 fn is_padding(ins: &Instruction) -> bool {
@@ -61,14 +357,18 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
     }
 
     let mut d = Decoder::with_ip(64, &code[skip..size + pad], patch_at, DecoderOptions::NONE);
-    let mut moved = Vec::new();
+    // The moved instructions: at most one per byte of a minimal window.
+    let mut moved = [Instruction::default(); MIN_WINDOW];
+    let mut offsets = [ConstantOffsets::default(); MIN_WINDOW];
+    let mut n = 0;
     let mut ins = Instruction::default();
     let mut ip = patch_at;
+    let mut window = None;
     while ip < patch_at + MIN_WINDOW as u64 {
         if ip >= func_end {
             // Past the function's end only alignment fill may be overwritten,
             // and only if execution can never fall through into it.
-            if !moved.last().is_some_and(ends_flow) {
+            if n == 0 || !ends_flow(&moved[n - 1]) {
                 return Err(Refusal::TooSmall);
             }
             while d.can_decode() && d.ip() < patch_at + MIN_WINDOW as u64 {
@@ -77,14 +377,8 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
                     return Err(Refusal::TooSmall);
                 }
             }
-            return Ok(Plan {
-                start,
-                patch_at,
-                window: MIN_WINDOW,
-                moved,
-                resume_at: func_end,
-                raw: code[skip..size].to_vec(),
-            });
+            window = Some((MIN_WINDOW, func_end));
+            break;
         }
         if !d.can_decode() {
             return Err(Refusal::DecodeError);
@@ -95,22 +389,40 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
         }
         check_movable(&ins)?;
         ip = ins.next_ip();
-        moved.push(ins);
+        moved[n] = ins;
+        offsets[n] = d.get_constant_offsets(&ins);
+        n += 1;
     }
+    let (window, resume_at) = window.unwrap_or(((ip - patch_at) as usize, ip));
+    let moved = &moved[..n];
     // A moved call pushes its original return address, which must be the
     // first byte after the window: the original code continues from there.
-    let last = moved.len() - 1;
-    if moved[..last].iter().any(is_call) {
+    if moved[..n - 1].iter().any(is_call) {
         return Err(Refusal::CallInWindow);
     }
-    Ok(Plan {
-        start,
-        patch_at,
-        window: (ip - patch_at) as usize,
-        moved,
-        resume_at: ip,
-        raw: code[skip..(ip - start) as usize].to_vec(),
-    })
+    // A branch back into the moved bytes would bypass the entry.
+    if moved.iter().any(|i| {
+        i.op0_kind() == OpKind::NearBranch64 && (start..resume_at).contains(&i.near_branch_target())
+    }) {
+        return Err(Refusal::BranchIntoWindow);
+    }
+
+    let mut p = Plan::empty(start, patch_at);
+    p.window = window;
+    p.resume_at = resume_at;
+    let original_end = (resume_at - start).max((patch_at - start) + window as u64) as usize;
+    let original = code.get(..original_end).ok_or(Refusal::TooSmall)?;
+    if original.len() > MAX_ORIGINAL || window > MAX_WINDOW {
+        return Err(Refusal::RelocationFailed);
+    }
+    p.original[..original.len()].copy_from_slice(original);
+    p.original_len = original.len() as u8;
+    for (m, o) in moved.iter().zip(&offsets) {
+        let at = (m.ip() - start) as usize;
+        p.emit_moved(m, &code[at..at + m.len()], o)?;
+    }
+    p.emit_branch(&[0xe9], resume_at)?;
+    Ok(p)
 }
 
 fn is_call(ins: &Instruction) -> bool {
@@ -163,7 +475,7 @@ mod tests {
         let p = plan_window(&code, 0x1000, code.len(), 0).unwrap();
         assert_eq!(p.patch_at, 0x1004);
         assert_eq!(p.window, 8);
-        assert_eq!(p.moved.len(), 3);
+        assert_eq!(p.code().len(), 8 + 5);
         assert_eq!(p.resume_at, 0x100c);
     }
 
@@ -173,7 +485,8 @@ mod tests {
         let code = [0x31, 0xc0, 0xc3, 0x90, 0x0f, 0x1f, 0x00, 0xcc];
         let p = plan_window(&code, 0x2000, 3, 5).unwrap();
         assert_eq!(p.window, 5);
-        assert_eq!(p.moved.len(), 2);
+        assert_eq!(p.code(), &[0x31, 0xc0, 0xc3, 0xe9, 0, 0, 0, 0]);
+        assert_eq!(p.original(), &code[..5]);
         // no padding -> too small
         assert_eq!(
             plan_window(&code, 0x2000, 3, 0).unwrap_err(),
@@ -197,7 +510,7 @@ mod tests {
     fn call_must_be_last_in_window() {
         // call rel32; ret -> call is last (5 bytes)
         let code = [0xe8, 0, 0, 0, 0, 0xc3];
-        assert_eq!(plan_window(&code, 0x3000, 6, 0).unwrap().moved.len(), 1);
+        assert_eq!(plan_window(&code, 0x3000, 6, 0).unwrap().window, 5);
         // call rax; nop; nop; nop -> call not last
         let code = [0xff, 0xd0, 0x90, 0x90, 0x90, 0xc3];
         assert_eq!(
