@@ -108,6 +108,26 @@ fn timer_shares_match_four_threads() {
     split_test("split-timer-4", "4", "timer");
 }
 
+/// Nothing instrumented: the program's functions are listed only when its
+/// first sample arrives (the drain thread lists them before attributing
+/// it; the timer sampler has every module listed at start-up), and the
+/// shares still match.
+#[test]
+fn sampled_only_functions_are_named_when_samples_arrive() {
+    for sampler in ["perf", "timer"] {
+        let dir = scratch(&format!("split-ondemand-{sampler}"));
+        let env = [("RTPROF_SAMPLER", sampler), ("RTPROF_INSTRUMENT", "0")];
+        let (prof, truth) = run_split(&dir, "2", &env);
+        let p = &prof.report["processes"][0];
+        check_split(p, &truth, sampler);
+        for name in SPLIT {
+            let f = function_named(p, name);
+            assert_eq!(f["instrumented"], false, "{f}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// A forked child samples itself, with its own events; the parent, which
 /// only waits, has next to nothing.
 #[test]

@@ -134,6 +134,9 @@ pub mod module_flags {
     /// Not instrumented: its functions are listed so that samples can be
     /// attributed to them, and they have no call counts.
     pub const SAMPLED_ONLY: u32 = 1;
+    /// A sampled-only module whose functions are listed when the first
+    /// sample lands in it (until then it lists none).
+    pub const NAMED_ON_DEMAND: u32 = 2;
 }
 
 /// [`FunctionRecord::status`] of a function in a `SAMPLED_ONLY` module.

@@ -316,8 +316,14 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         let sampled_only = m.flags & module_flags::SAMPLED_ONLY != 0;
         module_funcs.push((m.first_func, m.func_count, sampled_only));
         let why = (m.flags & module_why::MASK) >> module_why::SHIFT;
-        let note = module_why::text(why)
-            .or((m.func_count == 0 && refused.is_empty()).then_some("its file names no functions"));
+        let on_demand = m.flags & module_flags::NAMED_ON_DEMAND != 0;
+        let note = module_why::text(why).or((m.func_count == 0 && refused.is_empty()).then_some(
+            if on_demand {
+                "no sample landed in it (its functions are listed when one does)"
+            } else {
+                "its file names no functions"
+            },
+        ));
         modules.push(ModuleStats {
             note,
             path,

@@ -262,6 +262,77 @@ impl SegmentWriter {
         Ok(idx)
     }
 
+    /// Marks sampled-only module `idx` as named on demand (`true`), or as
+    /// named for good.
+    pub fn set_named_on_demand(&self, idx: u32, on: bool) {
+        use crate::layout::module_flags::NAMED_ON_DEMAND;
+        if idx >= self.module_count.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: a module record below module_count, inside the segment.
+        unsafe {
+            let m = &mut *self.module_ptr(idx);
+            m.flags = if on {
+                m.flags | NAMED_ON_DEMAND
+            } else {
+                m.flags & !NAMED_ON_DEMAND
+            };
+        }
+    }
+
+    /// Lists the functions of sampled-only module `idx`, which lists none
+    /// yet, after every function recorded so far: `funcs` are (name,
+    /// vaddr, size). Returns how many fit. The module's range is published
+    /// after its records, so a reader sees all of them or none.
+    pub fn name_module<'a>(
+        &self,
+        idx: u32,
+        funcs: impl Iterator<Item = (&'a [u8], u64, u32)>,
+    ) -> u32 {
+        use crate::layout::module_flags::SAMPLED_ONLY;
+        if idx >= self.module_count.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let m = self.module_ptr(idx);
+        // SAFETY: a module record below module_count, inside the segment.
+        let (flags, count) = unsafe { ((*m).flags, (*m).func_count) };
+        if flags & SAMPLED_ONLY == 0 || count != 0 {
+            return 0;
+        }
+        let first = self.func_count.load(Ordering::Relaxed);
+        let mut n = 0;
+        for (name, vaddr, size) in funcs {
+            let idx_f = first + n;
+            if idx_f >= self.layout.caps.functions {
+                break;
+            }
+            let Ok((name_off, name_len)) = self.add_string(name) else {
+                break;
+            };
+            let rec = FunctionRecord {
+                name_off,
+                name_len,
+                module: idx,
+                status: STATUS_SAMPLED_ONLY,
+                vaddr,
+                size,
+                reserved: 0,
+            };
+            // SAFETY: below the function capacity, not yet visible to readers.
+            unsafe { std::ptr::write_volatile(self.func_ptr(idx_f), rec) };
+            n += 1;
+        }
+        // SAFETY: as above; the range covers only records written.
+        unsafe {
+            (*m).first_func = first;
+            (*m).func_count = n;
+        }
+        self.func_count.store(first + n, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, func_count))
+            .store(first + n, Ordering::Release);
+        n
+    }
+
     /// Records the outcome for function `idx` (once): `None` = patched.
     pub fn set_status(&self, idx: u32, refusal: Option<crate::Refusal>) {
         assert!(idx < self.func_count.load(Ordering::Relaxed));
@@ -609,6 +680,50 @@ mod tests {
             snap.modules[0].refused,
             vec![(crate::Refusal::NotAttempted, 1)]
         );
+    }
+
+    /// A sampled-only module named after others were recorded: its
+    /// functions follow theirs, and a reader sees a consistent segment
+    /// before (with the on-demand note) and after.
+    #[test]
+    fn a_module_named_on_demand_lists_its_functions_last() {
+        let layout = Layout::new(Capacities {
+            modules: 3,
+            functions: 8,
+            strings: 256,
+            stripes: 1,
+        });
+        let mut buf = buffer(&layout);
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let lib = w.add_sampled_module(b"/lib/libc.so.6", 0x7000).unwrap();
+        w.set_named_on_demand(lib, true);
+        w.add_module(b"/app", 0x1000).unwrap();
+        let f = w.add_function(b"main", 0x10, 4).unwrap();
+        w.set_status(f, None);
+        let snap = |buf: &Vec<u64>| {
+            let bytes =
+                unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
+            crate::read_snapshot(bytes).unwrap()
+        };
+        let before = snap(&buf);
+        assert_eq!(before.modules[0].functions, 0);
+        assert!(before.modules[0].note.unwrap().contains("when one does"));
+        let funcs = [(&b"memcpy"[..], 0x100, 16), (&b"strlen"[..], 0x200, 8)];
+        assert_eq!(w.name_module(lib, funcs.into_iter()), 2);
+        w.set_named_on_demand(lib, false);
+        // Named once only; an instrumented module is never named this way.
+        assert_eq!(w.name_module(lib, funcs.into_iter()), 0);
+        assert_eq!(w.name_module(1, funcs.into_iter()), 0);
+        let after = snap(&buf);
+        assert_eq!(after.modules[0].functions, 2);
+        assert_eq!(after.modules[0].note, None);
+        let names: Vec<_> = after
+            .functions
+            .iter()
+            .map(|f| (f.name.as_str(), f.module))
+            .collect();
+        assert_eq!(names, vec![("main", 1), ("memcpy", 0), ("strlen", 0)]);
+        assert!(!after.functions[1].instrumented);
     }
 
     #[test]

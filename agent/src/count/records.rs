@@ -94,12 +94,29 @@ pub fn record_module(seg: &Segment, p: &ModulePlan) -> Result<(Present, Option<u
     Ok((present, first))
 }
 
-/// Adds a module that is not instrumented, with `funcs` listed so samples
-/// in it are attributed by name. If they do not fit, the module is listed
-/// alone (its samples count for it).
-pub fn record_sampled(seg: &Segment, m: &Module, funcs: &[FuncSym], why: u32) -> Option<Present> {
+/// Adds a module that is not instrumented. With `funcs`, they are listed
+/// so samples in it are attributed by name (if they do not fit, the module
+/// is listed alone: its samples count for it); without, it is named on
+/// demand ([`name_sampled`]) when the first sample lands in it.
+pub fn record_sampled(
+    seg: &Segment,
+    m: &Module,
+    funcs: Option<&[FuncSym]>,
+    why: u32,
+) -> Option<Present> {
     let w = &seg.writer;
     let path = if m.path.is_empty() { "[vdso]" } else { &m.path };
+    let present = |record| Present {
+        record,
+        exec: exec_ranges(m),
+    };
+    let Some(funcs) = funcs else {
+        reserve(seg, path, 0, 0)?;
+        let record = w.add_sampled_module(path.as_bytes(), m.bias).ok()?;
+        w.set_module_why(record, why);
+        w.set_named_on_demand(record, true);
+        return Some(present(record));
+    };
     let funcs: Vec<&FuncSym> = funcs.iter().filter(|f| f.size > 0).collect();
     let names = funcs.iter().map(|f| f.name.len()).sum();
     let with_functions = reserve(seg, path, funcs.len(), names)?;
@@ -117,10 +134,33 @@ pub fn record_sampled(seg: &Segment, m: &Module, funcs: &[FuncSym], why: u32) ->
         w.set_module_why(record, module_why::NO_ROOM);
         vlog!("{path}: no room for its function names; its samples count for the module");
     }
-    Some(Present {
-        record,
-        exec: exec_ranges(m),
-    })
+    Some(present(record))
+}
+
+/// Lists `funcs` for module `record`, recorded as named on demand. Either
+/// way it is named for good afterwards (a module whose functions do not
+/// fit counts its samples for itself).
+pub fn name_sampled(seg: &Segment, record: u32, path: &str, funcs: &[FuncSym]) {
+    let w = &seg.writer;
+    let funcs: Vec<&FuncSym> = funcs.iter().filter(|f| f.size > 0).collect();
+    let names = funcs.iter().map(|f| f.name.len()).sum();
+    if reserve(seg, "", funcs.len(), names) == Some(true) {
+        let listed = w.name_module(
+            record,
+            funcs.iter().map(|f| {
+                (
+                    f.name.as_bytes(),
+                    f.vaddr,
+                    f.size.min(u32::MAX as u64) as u32,
+                )
+            }),
+        );
+        vlog!("{path}: {listed} functions named for samples");
+    } else {
+        w.set_module_why(record, module_why::NO_ROOM);
+        vlog!("{path}: no room for its function names; its samples count for the module");
+    }
+    w.set_named_on_demand(record, false);
 }
 
 /// Marks every function recorded from slot `first` on as refused for lack

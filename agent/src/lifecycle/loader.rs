@@ -10,7 +10,7 @@
 //! its stubs are unmapped.
 
 use crate::analysis;
-use crate::arch::{entry_patch, plan_window};
+use crate::arch::{entry_patch, Plan, MIN_WINDOW};
 use crate::install::{self, write_entries};
 use crate::log::vlog;
 use crate::maps::Maps;
@@ -31,6 +31,11 @@ struct RDebug {
 }
 const RT_CONSISTENT: i32 = 0;
 
+extern "C" {
+    /// The loader's `struct r_debug` (link.h).
+    static mut _r_debug: RDebug;
+}
+
 static R_DEBUG: AtomicPtr<RDebug> = AtomicPtr::new(std::ptr::null_mut());
 
 /// A module seen so far.
@@ -41,6 +46,9 @@ pub struct KnownModule {
     pub area: Option<StubArea>,
     /// Its record, for sample attribution (none if the segment was full).
     pub present: Option<Present>,
+    /// A sampled-only module whose functions are listed when a sample
+    /// first lands in it.
+    pub on_demand: Option<Module>,
 }
 
 /// Modules seen so far.
@@ -87,7 +95,9 @@ impl SpinLock {
 
 /// Points `_dl_debug_state` at [`on_loader_event`]. Start-up only.
 pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
-    let rd = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_r_debug".as_ptr()) } as *mut RDebug;
+    // Only the address is taken; the loader defines the symbol, bound
+    // when this library is loaded.
+    let rd = std::ptr::addr_of_mut!(_r_debug);
     if rd.is_null() {
         return false;
     }
@@ -96,13 +106,25 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
         return false;
     }
     let code = unsafe { std::slice::from_raw_parts(brk as *const u8, 32) };
-    // Only the expected shape: [endbr64;] ret, then alignment fill.
-    let size = match code {
-        [0xc3, ..] => 1,
-        [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] => 5,
+    // Only the expected shape: [endbr64;] ret at the start of 16 aligned
+    // bytes, so that the 5 bytes from the `ret` on are the function's own
+    // and its fill, which nothing can reach (decoding them instead would
+    // cost every process the decoder's set-up, half a millisecond).
+    let skip = match code {
+        [0xc3, ..] => 0,
+        [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] => 4,
         _ => return false,
     };
-    let Ok(plan) = plan_window(code, brk, size, 32 - size) else {
+    let plan = Plan::from_parts(
+        brk,
+        skip,
+        MIN_WINDOW as u8,
+        skip + 1,
+        &code[..skip as usize + MIN_WINDOW],
+        &[0xc3],
+        &[],
+    );
+    let Some(plan) = plan.filter(|_| brk % 16 == 0) else {
         return false;
     };
     let (lo, hi) = ld.span();
@@ -165,12 +187,13 @@ fn update(a: &Agent, known: &mut Known) {
             continue;
         }
         let (bias, file) = (m.bias, m.file.clone());
-        let (area, present) = add_module(a, m, maps.get_or_insert_with(Maps::current));
+        let (area, present, on_demand) = add_module(a, m, maps.get_or_insert_with(Maps::current));
         known.0.push(KnownModule {
             bias,
             file,
             area,
             present,
+            on_demand,
         });
         changed = true;
     }
@@ -192,15 +215,10 @@ fn room_for_sampled(a: &Agent) -> bool {
 
 /// Records a library that is only sampled, with `funcs` named if half the
 /// spare counter slots stay free for instrumented ones.
-fn add_sampled(
-    a: &Agent,
-    m: &Module,
-    funcs: &[symbols::FuncSym],
-    why: u32,
-) -> (Option<StubArea>, Option<Present>) {
+fn add_sampled(a: &Agent, m: &Module, funcs: &[symbols::FuncSym], why: u32) -> Added {
     let w = &a.segment.writer;
     if !room_for_sampled(a) {
-        return (None, None);
+        return (None, None, None);
     }
     let left = w.layout().caps.functions - w.func_count();
     let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
@@ -208,19 +226,32 @@ fn add_sampled(
         true => (funcs, why),
         false => (&[][..], module_why::NO_ROOM),
     };
-    (None, records::record_sampled(&a.segment, m, funcs, why))
+    (
+        None,
+        records::record_sampled(&a.segment, m, Some(funcs), why),
+        None,
+    )
 }
 
+/// What recording a new module leaves: its stub area, its place for
+/// samples, and the module itself if it is named on demand.
+type Added = (Option<StubArea>, Option<Present>, Option<Module>);
+
 /// Records a newly loaded module: instrumented if selected, otherwise with
-/// its symbols for sample attribution only.
-fn add_module(a: &Agent, m: Module, maps: &Maps) -> (Option<StubArea>, Option<Present>) {
+/// its symbols for sample attribution only (listed when a sample lands
+/// there, if samples pass through the drain thread).
+fn add_module(a: &Agent, m: Module, maps: &Maps) -> Added {
     let skip = modules::skip_reason(&m, &|n| a.config.selects(n));
     if !a.config.instrument || skip.is_some() {
         if !room_for_sampled(a) {
-            return (None, None);
+            return (None, None, None);
+        }
+        let why = skip.map_or(module_why::NONE, modules::Skip::why_code);
+        if crate::sampling::names_on_demand() {
+            let present = records::record_sampled(&a.segment, &m, None, why);
+            return (None, present, Some(m));
         }
         let funcs = pipeline::sampled_functions(&m, maps);
-        let why = skip.map_or(module_why::NONE, modules::Skip::why_code);
         return add_sampled(a, &m, &funcs, why);
     }
     let plan = match pipeline::plan_module(m.clone(), maps) {
@@ -248,7 +279,57 @@ fn add_module(a: &Agent, m: Module, maps: &Maps) -> (Option<StubArea>, Option<Pr
         return add_sampled(a, &m, &funcs, module_why::TEXT_RELOCATIONS);
     }
     // A full segment leaves the module out entirely.
-    instrument(a, plan).unwrap_or_default()
+    let (area, present) = instrument(a, plan).unwrap_or_default();
+    (area, present, None)
+}
+
+/// Lists the functions of the module recorded as `record` if it is named
+/// on demand: a sample has landed in it (drain thread or exit path, which
+/// may allocate). Republishes the address table. Afterwards the module is
+/// named for good, whatever happened.
+pub fn name_on_demand(a: &Agent, record: u32) {
+    if !a.loader_lock.lock() {
+        a.segment.writer.set_named_on_demand(record, false);
+        return;
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: under the loader lock.
+        let known = unsafe { &mut *a.known.get() };
+        let k = known
+            .0
+            .iter_mut()
+            .find(|k| k.present.as_ref().is_some_and(|p| p.record == record));
+        if let Some(m) = k.and_then(|k| k.on_demand.take()) {
+            let funcs = pipeline::sampled_functions(&m, &Maps::current());
+            records::name_sampled(&a.segment, record, &m.path, &funcs);
+        }
+    }));
+    a.segment.writer.set_named_on_demand(record, false);
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: under the loader lock.
+        let known = unsafe { &*a.known.get() };
+        crate::sampling::publish_map(a, &known.present(), a.stubs().ranges());
+    }));
+    a.loader_lock.unlock();
+}
+
+/// Lists the functions of every module still named on demand (a sampler
+/// without a drain thread attributes samples where they land). Start-up
+/// only.
+pub fn name_all_on_demand(a: &Agent) {
+    let records: Vec<u32> = {
+        // SAFETY: start-up: the only thread.
+        let known = unsafe { &*a.known.get() };
+        known
+            .0
+            .iter()
+            .filter(|k| k.on_demand.is_some())
+            .filter_map(|k| k.present.as_ref().map(|p| p.record))
+            .collect()
+    };
+    for r in records {
+        name_on_demand(a, r);
+    }
 }
 
 /// Analyses and patches one newly loaded, selected module.

@@ -44,9 +44,10 @@ fn tracer() -> Option<u32> {
 /// What start-up does with each loaded module.
 enum Planned {
     Instrument(ModulePlan),
-    /// Not instrumented; its functions are listed for sample attribution,
-    /// with why (a `module_why` code).
-    Sample(Module, Vec<FuncSym>, u32),
+    /// Not instrumented; its functions are listed for sample attribution
+    /// (`None`: when a sample first lands in it), with why (a `module_why`
+    /// code).
+    Sample(Module, Option<Vec<FuncSym>>, u32),
 }
 
 impl Planned {
@@ -59,42 +60,45 @@ impl Planned {
     fn functions(&self) -> impl Iterator<Item = &str> {
         let (a, b) = match self {
             Planned::Instrument(p) => (Some(p.funcs.iter().map(|c| c.name.as_str())), None),
-            Planned::Sample(_, f, _) => (None, Some(f.iter().map(|f| f.name.as_str()))),
+            Planned::Sample(_, f, _) => {
+                (None, f.as_ref().map(|f| f.iter().map(|f| f.name.as_str())))
+            }
         };
         a.into_iter().flatten().chain(b.into_iter().flatten())
     }
 }
 
-fn plan_modules(cfg: &Config) -> Vec<Planned> {
+fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
     let mut plans = Vec::new();
-    let maps = Maps::current();
     for m in modules::loaded() {
         match modules::skip_reason(&m, &|n| cfg.selects(n)) {
             // Our own code and the vDSO: samples there count per module.
             Some(why @ (modules::Skip::Agent | modules::Skip::Vdso)) => {
-                plans.push(Planned::Sample(m, Vec::new(), why.why_code()));
+                plans.push(Planned::Sample(m, Some(Vec::new()), why.why_code()));
                 continue;
             }
+            // Named on demand: most modules of most processes never see a
+            // sample. (`rtprof cache warm` lists them now, for the cache.)
             Some(why) => {
                 if why != modules::Skip::NotSelected {
                     vlog!("{}: not instrumented ({why:?})", m.path);
                 }
-                let funcs = pipeline::sampled_functions(&m, &maps);
+                let funcs = cfg.warm_only.then(|| pipeline::sampled_functions(&m, maps));
                 plans.push(Planned::Sample(m, funcs, why.why_code()));
                 continue;
             }
             None if !cfg.instrument => {
-                let funcs = pipeline::sampled_functions(&m, &maps);
+                let funcs = cfg.warm_only.then(|| pipeline::sampled_functions(&m, maps));
                 plans.push(Planned::Sample(m, funcs, module_why::NONE));
                 continue;
             }
             None => {}
         }
-        match pipeline::plan_module(m.clone(), &maps) {
+        match pipeline::plan_module(m.clone(), maps) {
             Ok(plan) => plans.push(Planned::Instrument(plan)),
             Err(e) => {
                 vlog!("{}: {e}; left unpatched", m.path);
-                plans.push(Planned::Sample(m, Vec::new(), module_why::UNREADABLE));
+                plans.push(Planned::Sample(m, Some(Vec::new()), module_why::UNREADABLE));
             }
         }
     }
@@ -173,7 +177,8 @@ pub(crate) fn start() {
     }
     crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), secure_mode()));
     ph.mark("checks");
-    let plans = plan_modules(&cfg);
+    let maps = Maps::current();
+    let plans = plan_modules(&cfg, &maps);
     ph.mark("plans");
     if cfg.warm_only {
         // `rtprof cache warm`: the entries are written; the program's own
@@ -241,9 +246,10 @@ pub(crate) fn start() {
                 Ok((present, first)) => (Some(present), first),
                 Err(records::Full) => break,
             },
-            Planned::Sample(m, funcs, why) => {
-                (records::record_sampled(&segment, m, funcs, *why), None)
-            }
+            Planned::Sample(m, funcs, why) => (
+                records::record_sampled(&segment, m, funcs.as_deref(), *why),
+                None,
+            ),
         };
         recorded.push(r);
     }
@@ -287,6 +293,10 @@ pub(crate) fn start() {
                 file: p.module().file.clone(),
                 area: None,
                 present: r.and_then(|r| r.0),
+                on_demand: match p {
+                    Planned::Sample(m, None, _) => Some(m.clone()),
+                    _ => None,
+                },
             })
             .collect(),
     );
@@ -315,7 +325,7 @@ pub(crate) fn start() {
         return;
     }
     // Libraries loaded later are instrumented as they arrive.
-    if !ld.is_some_and(|ld| loader::install_hook(&ld, &Maps::current())) {
+    if !ld.is_some_and(|ld| loader::install_hook(&ld, &maps)) {
         vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
     ph.mark("hook");

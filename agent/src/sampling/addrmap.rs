@@ -7,6 +7,7 @@
 //! themselves in a counter; the publisher frees an old table only once no
 //! reader can still hold it. Lookups never allocate or lock.
 
+use rtprof_shared::layout::module_flags;
 use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
@@ -16,6 +17,8 @@ struct Range {
     start: u64,
     end: u64,
     counter: *const AtomicU64,
+    /// For a module named on demand: its record + 1 (else 0).
+    on_demand: u32,
 }
 
 /// A module present in the process: its record in the segment and the
@@ -72,10 +75,16 @@ impl AddrMap {
             }
             let m = w.module(p.record);
             let bucket = w.module_samples(p.record) as *const AtomicU64;
+            let on_demand = if m.flags & module_flags::NAMED_ON_DEMAND != 0 {
+                p.record + 1
+            } else {
+                0
+            };
             modules.extend(p.exec.iter().map(|&(start, end)| Range {
                 start,
                 end,
                 counter: bucket,
+                on_demand,
             }));
             let last = m.first_func.saturating_add(m.func_count).min(func_count);
             for slot in m.first_func..last {
@@ -86,6 +95,7 @@ impl AddrMap {
                         start,
                         end: start.saturating_add(f.size as u64),
                         counter: w.function_samples(slot),
+                        on_demand: 0,
                     });
                 }
             }
@@ -98,6 +108,7 @@ impl AddrMap {
                     start,
                     end,
                     counter: w.function_samples(slot),
+                    on_demand: 0,
                 }),
         );
         normalise(&mut funcs);
@@ -130,6 +141,14 @@ impl AddrMap {
     pub fn functions(&self) -> usize {
         self.funcs.len()
     }
+
+    /// The record of the module named on demand that `ip` lands in.
+    fn on_demand_at(&self, ip: u64) -> Option<u32> {
+        if find(&self.funcs, ip).is_some() {
+            return None;
+        }
+        find(&self.modules, ip)?.on_demand.checked_sub(1)
+    }
 }
 
 static CURRENT: AtomicPtr<AddrMap> = AtomicPtr::new(std::ptr::null_mut());
@@ -146,6 +165,20 @@ pub fn count(ip: u64, n: u64) {
         unsafe { &*m }.count(ip, n);
     }
     READERS.fetch_sub(1, Ordering::Release);
+}
+
+/// The record of the module named on demand (none of its functions listed
+/// yet) that a sample at `ip` lands in.
+pub fn named_on_demand_at(ip: u64) -> Option<u32> {
+    READERS.fetch_add(1, Ordering::SeqCst);
+    let m = CURRENT.load(Ordering::SeqCst);
+    let r = if m.is_null() {
+        None
+    } else {
+        unsafe { &*m }.on_demand_at(ip)
+    };
+    READERS.fetch_sub(1, Ordering::Release);
+    r
 }
 
 /// Makes `map` current. The old table is freed once no reader is inside
@@ -247,6 +280,7 @@ pub(crate) mod tests {
             start,
             end,
             counter: c,
+            on_demand: 0,
         };
         let mut v = vec![r(10, 50), r(0, 20), r(10, 15), r(60, 60)];
         normalise(&mut v);

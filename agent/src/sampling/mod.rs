@@ -38,6 +38,11 @@ fn period_ns(hz: u32) -> u64 {
 
 fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
     KIND.store(s as u32, Ordering::Release);
+    // Timer samples are attributed where they land, in a signal handler:
+    // every module must be named before the first one.
+    if s == Sampler::Timer {
+        crate::loader::name_all_on_demand(a);
+    }
     // A sampler that stopped keeps its period: its samples still count.
     let period = if s == Sampler::Off && why != Why::SignalTaken {
         0
@@ -96,7 +101,14 @@ fn choose(a: &'static Agent, default_why: Why) {
 }
 
 fn drain_now(wait: bool) -> usize {
-    crate::agent().map_or(0, |a| drain(a, wait))
+    crate::agent().map_or(0, |a| drain(a, wait, true))
+}
+
+/// Whether modules only sampled may wait for their first sample to have
+/// their functions listed: samples pass through the drain thread, which
+/// lists them before attributing it.
+pub fn names_on_demand() -> bool {
+    Sampler::from_code(KIND.load(Ordering::Acquire)) != Sampler::Timer
 }
 
 fn start_drainer(a: &Agent) -> Result<(), i32> {
@@ -159,7 +171,8 @@ pub fn program_threads_gone() {
 pub fn image_ending() {
     if PID.load(Ordering::Relaxed) == std::process::id() {
         if let Some(a) = crate::agent() {
-            drain(a, true);
+            // Perhaps from a signal handler: nothing is named (no heap).
+            drain(a, true, false);
         }
     }
 }
@@ -183,8 +196,10 @@ pub fn resume_drain() {
 
 /// Reads every ring once; returns the records read. With `wait`, waits
 /// for a drain in progress (the exit path wants the last samples);
-/// otherwise skips if one is.
-pub fn drain(a: &Agent, wait: bool) -> usize {
+/// otherwise skips if one is. With `name`, a module named on demand is
+/// named when a sample lands in it (which allocates); without, such
+/// samples count for the module.
+pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
     let rings = RINGS.load(Ordering::Acquire);
     if rings.is_null() {
         return 0;
@@ -199,27 +214,58 @@ pub fn drain(a: &Agent, wait: bool) -> usize {
         std::thread::yield_now();
     }
     let pid = PID.load(Ordering::Relaxed);
-    let n = drain_rings(unsafe { &*rings }, pid, a.segment.writer.samples_lost());
+    let namer = |record| crate::loader::name_on_demand(a, record);
+    let rings = unsafe { &*rings };
+    let lost = a.segment.writer.samples_lost();
+    let n = drain_rings(rings, pid, lost, name.then_some(&namer as &dyn Fn(u32)));
     DRAINING.store(false, Ordering::Release);
     n
 }
 
 /// The drain itself: samples of this process are attributed, lost-record
-/// notices counted. Allocation-free (a unit test holds it to that).
-fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64) -> usize {
+/// notices counted. A sample in a module named on demand stops the drain
+/// of its ring until `name` has listed the module's functions (then it is
+/// attributed to one of them). Allocation-free but for `name` (a unit
+/// test holds it to that).
+fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<&dyn Fn(u32)>) -> usize {
+    // Modules named in one drain, at most: a module that stays unnamed
+    // (it cannot be) must not stop the drain for ever.
+    const MAX_NAMED: usize = 64;
+    let mut named = 0;
     let mut n = 0;
     for r in rings {
-        n += r.drain(|ty, body| match ty {
-            // Body: ip (u64), pid (u32), tid (u32).
-            PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
-                addrmap::count(field_u64(body, 0), 1)
+        loop {
+            let mut unnamed = None;
+            let may_name = name.is_some() && named < MAX_NAMED;
+            n += r.drain_while(|ty, body| {
+                match ty {
+                    // Body: ip (u64), pid (u32), tid (u32).
+                    PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
+                        let ip = field_u64(body, 0);
+                        if may_name {
+                            unnamed = addrmap::named_on_demand_at(ip);
+                            if unnamed.is_some() {
+                                return false;
+                            }
+                        }
+                        addrmap::count(ip, 1)
+                    }
+                    // Body: id (u64), lost (u64).
+                    PERF_RECORD_LOST => {
+                        lost.fetch_add(field_u64(body, 8), Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+                true
+            });
+            match (unnamed, name) {
+                (Some(record), Some(name)) => {
+                    named += 1;
+                    name(record)
+                }
+                _ => break,
             }
-            // Body: id (u64), lost (u64).
-            PERF_RECORD_LOST => {
-                lost.fetch_add(field_u64(body, 8), Ordering::Relaxed);
-            }
-            _ => {}
-        });
+        }
     }
     n
 }
@@ -251,7 +297,7 @@ fn timer_taken_over() {
 
 /// The last samples, before the exit report is written.
 pub fn at_exit(a: &Agent) {
-    drain(a, true);
+    drain(a, true, true);
 }
 
 /// In a forked child, from the fork handler (allocation-free): the parent's
@@ -342,7 +388,7 @@ mod tests {
             }
             f.lost(3);
             let before = allocs();
-            assert_eq!(drain_rings(&rings, 1, &lost), 101);
+            assert_eq!(drain_rings(&rings, 1, &lost, None), 101);
             during += allocs() - before;
         }
         assert_eq!(during, 0, "allocations while draining");

@@ -50,6 +50,15 @@ impl Ring {
     /// Hands every complete record to `on(type, body)` and frees its space.
     /// Returns the number of records read. Never allocates.
     pub fn drain(&self, mut on: impl FnMut(u32, &[u8])) -> usize {
+        self.drain_while(|ty, body| {
+            on(ty, body);
+            true
+        })
+    }
+
+    /// As [`Ring::drain`], until `on` returns `false`: that record stays in
+    /// the ring, to be read again.
+    pub fn drain_while(&self, mut on: impl FnMut(u32, &[u8]) -> bool) -> usize {
         let head = self.word(DATA_HEAD).load(Ordering::Acquire);
         let mut tail = self.word(DATA_TAIL).load(Ordering::Relaxed);
         let off = self.word(DATA_OFFSET).load(Ordering::Relaxed) as usize;
@@ -87,7 +96,9 @@ impl Ring {
             if body_len <= MAX_BODY {
                 let mut body = [0u8; MAX_BODY];
                 read(tail + 8, &mut body[..body_len]);
-                on(ty, &body[..body_len]);
+                if !on(ty, &body[..body_len]) {
+                    break;
+                }
             }
             tail += rec_len;
             n += 1;
