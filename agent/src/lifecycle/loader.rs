@@ -124,7 +124,7 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
         &[0xc3],
         &[],
     );
-    let Some(plan) = plan.filter(|_| brk % 16 == 0) else {
+    let Some(plan) = plan.filter(|_| brk.is_multiple_of(16)) else {
         return false;
     };
     let (lo, hi) = ld.span();
