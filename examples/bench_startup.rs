@@ -20,8 +20,11 @@
 //! times around each child, the time added and the ratio. Then, in separate
 //! untimed runs that write `RTPROF_REPORT` (writing reports costs time), the
 //! agent's own set-up time (`setup_ns`, summed over the processes of a run).
-//! For `/bin/sleep` and a sleeping python3, the private memory of the
-//! process (`/proc/PID/smaps_rollup`) while it sleeps.
+//! For `/bin/sleep` and a sleeping python3, the memory of the process
+//! (`/proc/PID/smaps_rollup`) while it sleeps: its own (anonymous and
+//! counter segment: what every process with the agent adds) and all its
+//! private pages (also the agent's code, private only while no other
+//! process maps it).
 
 #[path = "common.rs"]
 mod common;
@@ -153,16 +156,22 @@ impl Bench {
             cwd: self.tmp.clone(),
         };
         run_quiet(&mut self.command(&row(fill), Col::Warm, &cache, None), name);
-        let mut kib: [Vec<f64>; 3] = Default::default();
+        let mut own: [Vec<f64>; 3] = Default::default();
+        let mut all: [Vec<f64>; 3] = Default::default();
         for _ in 0..3 {
             for (i, col) in COLS.into_iter().enumerate() {
-                kib[i].push(private_kib(self.command(&row(argv), col, &cache, None)) as f64);
+                let m = private_kib(self.command(&row(argv), col, &cache, None));
+                own[i].push(m.own as f64);
+                all[i].push(m.private as f64);
             }
         }
-        let [p, a, w] = kib.map(median);
+        let [p, a, w] = own.map(median);
+        let [pp, pa, pw] = all.map(median);
         println!(
-            "memory, {name}: private {p:.0} KiB plain, {a:.0} KiB with the agent (+{:.0}), \
-             {w:.0} KiB warm (+{:.0}); Private_Clean + Private_Dirty, median of 3",
+            "memory, {name}: its own (anonymous + counter segment) {p:.0} KiB plain, \
+             {a:.0} KiB with the agent (+{:.0}), {w:.0} KiB warm (+{:.0}); all private pages \
+             (also the agent's code, shared once other processes map it) {pp:.0} / {pa:.0} / \
+             {pw:.0} KiB; median of 3",
             a - p,
             w - p
         );
@@ -205,9 +214,18 @@ fn setup_ms(dir: &Path) -> (f64, usize) {
     (r.iter().map(|p| p.2).sum::<u64>() as f64 / 1e6, r.len())
 }
 
+/// A sleeping process's memory, KiB.
+struct Memory {
+    /// Pages no other process can share: anonymous (heap, stacks, copied
+    /// code pages) and shared memory only it maps (the counter segment).
+    own: u64,
+    /// Every page only it maps, file pages included.
+    private: u64,
+}
+
 /// Starts `c`, waits until its main thread sleeps (`clock_nanosleep` or
-/// `nanosleep`: start-up is over), reads its private memory, kills it.
-fn private_kib(mut c: Command) -> u64 {
+/// `nanosleep`: start-up is over), reads its memory, kills it.
+fn private_kib(mut c: Command) -> Memory {
     let mut child = c.stdout(Stdio::null()).spawn().expect("sleeper starts");
     let pid = child.id();
     let t = Instant::now();
@@ -231,10 +249,13 @@ fn private_kib(mut c: Command) -> u64 {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} missing from smaps_rollup"))
     };
-    let kib = field("Private_Clean:") + field("Private_Dirty:");
+    let m = Memory {
+        own: field("Pss_Anon:") + field("Pss_Shmem:"),
+        private: field("Private_Clean:") + field("Private_Dirty:"),
+    };
     let _ = child.kill();
     let _ = child.wait();
-    kib
+    m
 }
 
 /// An interpreter linked against a shared libpython, as tests/python_suite.rs

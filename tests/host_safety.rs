@@ -162,6 +162,10 @@ fn library_without_room_is_listed_with_its_reason() {
         let mut env = env.to_vec();
         if !modules.is_empty() {
             env.push(("RTPROF_MODULES", modules));
+        } else {
+            // Sampled only: with perf a library is named when its first
+            // sample lands (none may); the timer sampler names it at once.
+            env.push(("RTPROF_SAMPLER", "timer"));
         }
         let prof = run_profiled(python, &script, &env, &dir);
         assert_same_behaviour("python with no room", &plain, &prof.output);

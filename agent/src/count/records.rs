@@ -137,14 +137,15 @@ pub fn record_sampled(
     Some(present(record))
 }
 
-/// Lists `funcs` for module `record`, recorded as named on demand. Either
-/// way it is named for good afterwards (a module whose functions do not
-/// fit counts its samples for itself).
-pub fn name_sampled(seg: &Segment, record: u32, path: &str, funcs: &[FuncSym]) {
+/// Lists `funcs` for module `record`, recorded as named on demand, if
+/// they may have the room (`room`) and it can be reserved. Either way it is
+/// named for good afterwards (a module whose functions do not fit counts
+/// its samples for itself).
+pub fn name_sampled(seg: &Segment, record: u32, path: &str, funcs: &[FuncSym], room: bool) {
     let w = &seg.writer;
     let funcs: Vec<&FuncSym> = funcs.iter().filter(|f| f.size > 0).collect();
     let names = funcs.iter().map(|f| f.name.len()).sum();
-    if reserve(seg, "", funcs.len(), names) == Some(true) {
+    if room && reserve(seg, "", funcs.len(), names) == Some(true) {
         let listed = w.name_module(
             record,
             funcs.iter().map(|f| {

@@ -301,7 +301,12 @@ pub fn name_on_demand(a: &Agent, record: u32) {
             .find(|k| k.present.as_ref().is_some_and(|p| p.record == record));
         if let Some(m) = k.and_then(|k| k.on_demand.take()) {
             let funcs = pipeline::sampled_functions(&m, &Maps::current());
-            records::name_sampled(&a.segment, record, &m.path, &funcs);
+            // As for a library loaded later: half the spare slots stay
+            // for libraries to instrument.
+            let w = &a.segment.writer;
+            let left = w.layout().caps.functions - w.func_count();
+            let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
+            records::name_sampled(&a.segment, record, &m.path, &funcs, fits);
         }
     }));
     a.segment.writer.set_named_on_demand(record, false);
