@@ -51,7 +51,9 @@ fn find(v: &[Range], ip: u64) -> Option<&Range> {
 /// Sorts and clips ranges so none overlaps the next (a symbol whose size
 /// runs into its successor keeps the part before it).
 fn normalise(v: &mut Vec<Range>) {
-    v.sort_unstable_by_key(|r| (r.start, std::cmp::Reverse(r.end)));
+    // Stable: the input is a few sorted runs (a module's functions, its
+    // stubs), which a merge sort joins in linear time.
+    v.sort_by_key(|r| (r.start, std::cmp::Reverse(r.end)));
     v.dedup_by_key(|r| r.start);
     for i in 1..v.len() {
         let next = v[i].start;
