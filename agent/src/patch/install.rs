@@ -151,43 +151,42 @@ pub fn install(
         return (outcomes, None);
     };
 
-    let mut buf: Vec<u8> = Vec::with_capacity(bound as usize);
+    // SAFETY: the area is freshly mapped read-write, ours alone, and
+    // nothing runs in it until it is sealed below.
+    let code = unsafe { std::slice::from_raw_parts_mut(area.addr as *mut u8, area.len as usize) };
+    let mut used = 0usize;
     let mut entries: Vec<(u64, [u8; MAX_WINDOW], usize)> = Vec::new();
     let mut owners: Vec<usize> = Vec::new();
     let mut ranges = Vec::new();
     for (i, c) in mp.funcs.iter().enumerate() {
         let Ok(plan) = &c.outcome else { continue };
-        buf.resize(
-            buf.len().div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize,
-            0xcc,
-        );
-        let mark = buf.len();
-        let at = area.addr + mark as u64;
+        let start = used.div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize;
+        // Alignment fill: int3.
+        let fill_end = start.min(code.len());
+        code[used..fill_end].fill(0xcc);
+        let Some(room) = code.get_mut(start..) else {
+            outcomes[i] = Some(Refusal::NoMemoryInRange);
+            continue;
+        };
+        let at = area.addr + start as u64;
         let slot = first_slot + i as u32;
         let counter = CounterRef {
             tls_offset,
             slot,
             shared_counter: shared_stripe + slot as u64 * 8,
         };
-        let stub = emit_stub(plan, at, &counter, &mut buf)
+        let stub = emit_stub(plan, at, &counter, room)
             .and_then(|()| entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
         match stub {
-            Ok(e) if buf.len() <= area.len as usize => {
-                ranges.push((at, area.addr + buf.len() as u64, slot));
+            Ok(e) => {
+                used = start + stub_len(plan);
+                ranges.push((at, area.addr + used as u64, slot));
                 entries.push((plan.patch_at, e, plan.window));
                 owners.push(i);
             }
-            Ok(_) => {
-                buf.truncate(mark);
-                outcomes[i] = Some(Refusal::NoMemoryInRange)
-            }
-            Err(r) => {
-                buf.truncate(mark);
-                outcomes[i] = Some(r)
-            }
+            Err(r) => outcomes[i] = Some(r),
         }
     }
-    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), area.addr as *mut u8, buf.len()) };
     if !area.seal() {
         vlog!(
             "{}: cannot make stubs executable: {}",

@@ -58,12 +58,13 @@ pub fn stub_len(plan: &Plan) -> usize {
     PROLOGUE_LEN + plan.code().len() + SHARED_LEN
 }
 
-/// Appends to `out` the stub for `plan` to run at address `at`.
+/// Writes the stub for `plan` to run at address `at` into the first
+/// [`stub_len`] bytes of `out` (shorter: refused).
 pub fn emit_stub(
     plan: &Plan,
     at: u64,
     counter: &CounterRef,
-    out: &mut Vec<u8>,
+    out: &mut [u8],
 ) -> Result<(), Refusal> {
     let slot_disp =
         i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
@@ -94,29 +95,45 @@ pub fn emit_stub(
         moved[f.at as usize..f.at as usize + 4].copy_from_slice(&value.to_le_bytes());
     }
 
-    let s = out;
-    let base = s.len();
-    s.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
-    s.push(0x51); // push rcx
-    s.extend_from_slice(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
-    s.extend_from_slice(&counter.tls_offset.to_le_bytes());
-    debug_assert_eq!(s.len() - base + 2, JRCXZ_END);
-    s.extend_from_slice(&[0xe3, to_shared as u8]); // jrcxz shared
-    s.extend_from_slice(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
-    s.extend_from_slice(&slot_disp.to_le_bytes());
-    debug_assert_eq!(s.len() - base, DONE_AT);
-    s.push(0x59); // pop rcx
-    s.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
-    s.extend_from_slice(&RED_ZONE.to_le_bytes());
-    debug_assert_eq!(s.len() - base, PROLOGUE_LEN);
-    s.extend_from_slice(moved);
-    s.extend_from_slice(&[0x48, 0xb9]); // mov rcx, imm64
-    s.extend_from_slice(&counter.shared_counter.to_le_bytes());
-    s.extend_from_slice(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
-    let back = DONE_AT as i64 - (s.len() - base + 5) as i64;
-    s.push(0xe9); // jmp done
-    s.extend_from_slice(&(back as i32).to_le_bytes());
+    let out = out
+        .get_mut(..stub_len(plan))
+        .ok_or(Refusal::NoMemoryInRange)?;
+    let mut s = Writer { out, at: 0 };
+    s.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
+    s.put(&[0x51]); // push rcx
+    s.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
+    s.put(&counter.tls_offset.to_le_bytes());
+    debug_assert_eq!(s.at + 2, JRCXZ_END);
+    s.put(&[0xe3, to_shared as u8]); // jrcxz shared
+    s.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
+    s.put(&slot_disp.to_le_bytes());
+    debug_assert_eq!(s.at, DONE_AT);
+    s.put(&[0x59]); // pop rcx
+    s.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
+    s.put(&RED_ZONE.to_le_bytes());
+    debug_assert_eq!(s.at, PROLOGUE_LEN);
+    s.put(moved);
+    s.put(&[0x48, 0xb9]); // mov rcx, imm64
+    s.put(&counter.shared_counter.to_le_bytes());
+    s.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+    let back = DONE_AT as i64 - (s.at + 5) as i64;
+    s.put(&[0xe9]); // jmp done
+    s.put(&(back as i32).to_le_bytes());
+    debug_assert_eq!(s.at, s.out.len());
     Ok(())
+}
+
+/// Bytes written one piece after another into a slice of the right length.
+struct Writer<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, b: &[u8]) {
+        self.out[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
 }
 
 /// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then
@@ -137,9 +154,17 @@ mod tests {
     use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
     fn stub(plan: &Plan, at: u64, c: &CounterRef) -> Result<Vec<u8>, Refusal> {
-        let mut v = Vec::new();
+        let mut v = vec![0xcc; stub_len(plan) + 3];
         emit_stub(plan, at, c, &mut v)?;
-        assert_eq!(v.len(), stub_len(plan));
+        assert!(
+            v[stub_len(plan)..].iter().all(|&b| b == 0xcc),
+            "wrote past its end"
+        );
+        v.truncate(stub_len(plan));
+        assert!(
+            emit_stub(plan, at, c, &mut [0; 8]).is_err(),
+            "too short a buffer"
+        );
         Ok(v)
     }
 
