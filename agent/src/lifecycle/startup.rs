@@ -25,20 +25,26 @@ fn secure_mode() -> bool {
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
-fn thread_count() -> Option<usize> {
-    Some(std::fs::read_dir("/proc/self/task").ok()?.count())
+/// What /proc/self/status says about the process now: its threads, and
+/// the pid of a debugger (or other ptrace tracer) attached, if any.
+struct Status {
+    threads: Option<usize>,
+    tracer: Option<u32>,
 }
 
-/// The pid of a debugger (or other ptrace tracer) attached now, if any.
-fn tracer() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let pid: u32 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:"))?
-        .trim()
-        .parse()
-        .ok()?;
-    (pid != 0).then_some(pid)
+fn status() -> Status {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Status {
+        threads: field("Threads:").map(|n| n as usize),
+        tracer: field("TracerPid:").filter(|&p| p != 0).map(|p| p as u32),
+    }
 }
 
 /// What start-up does with each loaded module.
@@ -164,13 +170,14 @@ pub(crate) fn start() {
     // rewritten, places later ones after a function's prologue (inside a
     // rewritten entry) and steps through code it expects to find there:
     // the program is debugged exactly as without the agent.
-    if let Some(pid) = tracer() {
+    let status = status();
+    if let Some(pid) = status.tracer {
         vlog!("traced by pid {pid} (a debugger?) at start-up; process left unprofiled");
         return;
     }
     // Five bytes written over code another thread may be running is
     // undefined: patch only while this is the process's only thread.
-    let threads = thread_count();
+    let threads = status.threads;
     if threads != Some(1) {
         vlog!("{threads:?} threads already running at start-up; process left unprofiled");
         return;
