@@ -283,33 +283,43 @@ fn add_module(a: &Agent, m: Module, maps: &Maps) -> Added {
     (area, present, None)
 }
 
-/// Lists the functions of the module recorded as `record` if it is named
-/// on demand: a sample has landed in it (drain thread or exit path, which
-/// may allocate). Republishes the address table. Afterwards the module is
+/// Lists the functions of the modules recorded as `records` that are named
+/// on demand: a sample has landed in each (drain thread or exit path, which
+/// may allocate). Republishes the address table once. Afterwards they are
 /// named for good, whatever happened.
-pub fn name_on_demand(a: &Agent, record: u32) {
+pub fn name_on_demand(a: &Agent, records: &[u32]) {
+    let w = &a.segment.writer;
     if !a.loader_lock.lock() {
-        a.segment.writer.set_named_on_demand(record, false);
+        for &r in records {
+            w.set_named_on_demand(r, false);
+        }
         return;
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: under the loader lock.
         let known = unsafe { &mut *a.known.get() };
-        let k = known
-            .0
-            .iter_mut()
-            .find(|k| k.present.as_ref().is_some_and(|p| p.record == record));
-        if let Some(m) = k.and_then(|k| k.on_demand.take()) {
-            let funcs = pipeline::sampled_functions(&m, &Maps::current());
+        let mut maps = None;
+        for k in &mut known.0 {
+            let Some(record) = k.present.as_ref().map(|p| p.record) else {
+                continue;
+            };
+            if !records.contains(&record) {
+                continue;
+            }
+            let Some(m) = k.on_demand.take() else {
+                continue;
+            };
+            let funcs = pipeline::sampled_functions(&m, maps.get_or_insert_with(Maps::current));
             // As for a library loaded later: half the spare slots stay
             // for libraries to instrument.
-            let w = &a.segment.writer;
             let left = w.layout().caps.functions - w.func_count();
             let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
             records::name_sampled(&a.segment, record, &m.path, &funcs, fits);
         }
     }));
-    a.segment.writer.set_named_on_demand(record, false);
+    for &r in records {
+        w.set_named_on_demand(r, false);
+    }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: under the loader lock.
         let known = unsafe { &*a.known.get() };
@@ -332,8 +342,8 @@ pub fn name_all_on_demand(a: &Agent) {
             .filter_map(|k| k.present.as_ref().map(|p| p.record))
             .collect()
     };
-    for r in records {
-        name_on_demand(a, r);
+    if !records.is_empty() {
+        name_on_demand(a, &records);
     }
 }
 

@@ -227,7 +227,7 @@ pub(crate) mod tests {
     /// g [0x200,+0x10) and h overlapping g [0x208,+0x100); no-size z.
     pub(crate) fn fixture() -> (Vec<u64>, SegmentWriter) {
         let layout = Layout::new(Capacities {
-            modules: 2,
+            modules: 8,
             functions: 8,
             strings: 256,
             stripes: 2,

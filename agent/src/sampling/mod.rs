@@ -214,29 +214,30 @@ pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
         std::thread::yield_now();
     }
     let pid = PID.load(Ordering::Relaxed);
-    let namer = |record| crate::loader::name_on_demand(a, record);
+    let namer = |records: &[u32]| crate::loader::name_on_demand(a, records);
     let rings = unsafe { &*rings };
     let lost = a.segment.writer.samples_lost();
-    let n = drain_rings(rings, pid, lost, name.then_some(&namer as &dyn Fn(u32)));
+    let n = drain_rings(rings, pid, lost, name.then_some(&namer as &dyn Fn(&[u32])));
     DRAINING.store(false, Ordering::Release);
     n
 }
 
 /// The drain itself: samples of this process are attributed, lost-record
 /// notices counted. A sample in a module named on demand stops the drain
-/// of its ring until `name` has listed the module's functions (then it is
-/// attributed to one of them). Allocation-free but for `name` (a unit
-/// test holds it to that).
-fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<&dyn Fn(u32)>) -> usize {
-    // Modules named in one drain, at most: a module that stays unnamed
+/// of its ring until `name` has listed the functions of that module and of
+/// every other one the samples still waiting land in (then they are
+/// attributed to functions). Allocation-free but for `name` (a unit test
+/// holds it to that).
+fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<&dyn Fn(&[u32])>) -> usize {
+    // Naming rounds in one drain, at most: a module that stays unnamed
     // (it cannot be) must not stop the drain for ever.
-    const MAX_NAMED: usize = 64;
-    let mut named = 0;
+    const MAX_ROUNDS: usize = 16;
+    let mut rounds = 0;
     let mut n = 0;
     for r in rings {
         loop {
             let mut unnamed = None;
-            let may_name = name.is_some() && named < MAX_NAMED;
+            let may_name = name.is_some() && rounds < MAX_ROUNDS;
             n += r.drain_while(|ty, body| {
                 match ty {
                     // Body: ip (u64), pid (u32), tid (u32).
@@ -258,16 +259,50 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<&dyn Fn(
                 }
                 true
             });
-            match (unnamed, name) {
-                (Some(record), Some(name)) => {
-                    named += 1;
-                    name(record)
-                }
-                _ => break,
-            }
+            let (Some(first), Some(name)) = (unnamed, name) else {
+                break;
+            };
+            rounds += 1;
+            name(pending_unnamed(rings, pid, first).as_slice());
         }
     }
     n
+}
+
+/// Modules named on demand that samples waiting in `rings` land in, up to
+/// a few, `first` among them: named together, the table is rebuilt once.
+fn pending_unnamed(rings: &[Ring], pid: u32, first: u32) -> Few {
+    let mut found = Few::default();
+    found.add(first);
+    for r in rings {
+        r.peek(|ty, body| {
+            if ty == PERF_RECORD_SAMPLE && field_u32(body, 8) == pid {
+                if let Some(m) = addrmap::named_on_demand_at(field_u64(body, 0)) {
+                    found.add(m);
+                }
+            }
+        });
+    }
+    found
+}
+
+/// A small set of module records, without the heap.
+#[derive(Default)]
+struct Few {
+    items: [u32; 16],
+    len: usize,
+}
+
+impl Few {
+    fn add(&mut self, v: u32) {
+        if self.len < self.items.len() && !self.as_slice().contains(&v) {
+            self.items[self.len] = v;
+            self.len += 1;
+        }
+    }
+    fn as_slice(&self) -> &[u32] {
+        &self.items[..self.len]
+    }
 }
 
 fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
@@ -370,8 +405,76 @@ mod tests {
         ALLOCS.with(|c| c.get())
     }
 
+    /// Samples in a module named on demand wait in their ring until the
+    /// module is named (with every other one samples wait for, in one
+    /// call), then count for its functions; a module that cannot be named
+    /// does not stop the drain for ever.
+    /// Tests that publish the process-wide address table take turns.
+    static TABLE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn samples_wait_for_their_module_to_be_named() {
+        let _turn = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+        let (_buf, w) = fixture();
+        let lib = w.add_sampled_module(b"/lib/libx.so", 0x50000).unwrap();
+        w.set_named_on_demand(lib, true);
+        let lib2 = w.add_sampled_module(b"/lib/liby.so", 0x60000).unwrap();
+        w.set_named_on_demand(lib2, true);
+        let mut present = present();
+        present.push(addrmap::Present {
+            record: lib,
+            exec: vec![(0x50000, 0x51000)],
+        });
+        present.push(addrmap::Present {
+            record: lib2,
+            exec: vec![(0x60000, 0x61000)],
+        });
+        addrmap::publish(addrmap::AddrMap::build(&w, &present, &[]));
+        let mut f = FakeRing::new(4096);
+        let rings = vec![f.ring()];
+        for ip in [0x10110, 0x50010, 0x10110, 0x50010, 0x60020] {
+            f.sample(ip, 1, 1);
+        }
+        let calls = std::cell::RefCell::new(Vec::new());
+        let name = |records: &[u32]| {
+            calls.borrow_mut().push(records.to_vec());
+            for &r in records {
+                if r == lib {
+                    w.name_module(r, [(&b"x_fn"[..], 0x10, 0x100)].into_iter());
+                }
+                // liby cannot be named: it stays without functions.
+                w.set_named_on_demand(r, false);
+            }
+            addrmap::publish(addrmap::AddrMap::build(&w, &present, &[]));
+        };
+        let lost = AtomicU64::new(0);
+        assert_eq!(drain_rings(&rings, 1, &lost, Some(&name)), 5);
+        assert_eq!(*calls.borrow(), vec![vec![lib, lib2]], "one call for both");
+        let x_fn = w.func_count() - 1;
+        assert_eq!(w.function_samples(x_fn).load(Ordering::Relaxed), 2);
+        assert_eq!(w.module_samples(lib2).load(Ordering::Relaxed), 1);
+        assert_eq!(w.function_samples(0).load(Ordering::Relaxed), 2);
+        assert_eq!(f.tail(), f.head, "all read");
+
+        // A name that never lists anything (the flag stays): the drain
+        // still ends, counting for the module.
+        let lib3 = w.add_sampled_module(b"/lib/libz.so", 0x70000).unwrap();
+        w.set_named_on_demand(lib3, true);
+        present.push(addrmap::Present {
+            record: lib3,
+            exec: vec![(0x70000, 0x71000)],
+        });
+        addrmap::publish(addrmap::AddrMap::build(&w, &present, &[]));
+        f.sample(0x70010, 1, 1);
+        let stuck = |_: &[u32]| {};
+        assert_eq!(drain_rings(&rings, 1, &lost, Some(&stuck)), 1);
+        assert_eq!(w.module_samples(lib3).load(Ordering::Relaxed), 1);
+        addrmap::clear_for_test();
+    }
+
     #[test]
     fn drain_and_attribution_do_not_allocate_per_sample() {
+        let _turn = TABLE.lock().unwrap_or_else(|e| e.into_inner());
         let (_buf, w) = fixture();
         addrmap::publish(addrmap::AddrMap::build(&w, &present(), &[]));
         let mut f = FakeRing::new(4096);

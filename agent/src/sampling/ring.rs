@@ -58,7 +58,21 @@ impl Ring {
 
     /// As [`Ring::drain`], until `on` returns `false`: that record stays in
     /// the ring, to be read again.
-    pub fn drain_while(&self, mut on: impl FnMut(u32, &[u8]) -> bool) -> usize {
+    pub fn drain_while(&self, on: impl FnMut(u32, &[u8]) -> bool) -> usize {
+        self.walk(true, on)
+    }
+
+    /// Hands every complete record to `on` and leaves them all in the ring.
+    pub fn peek(&self, mut on: impl FnMut(u32, &[u8])) {
+        self.walk(false, |ty, body| {
+            on(ty, body);
+            true
+        });
+    }
+
+    /// Reads records until `on` returns `false`; with `consume`, frees the
+    /// space of those read.
+    fn walk(&self, consume: bool, mut on: impl FnMut(u32, &[u8]) -> bool) -> usize {
         let head = self.word(DATA_HEAD).load(Ordering::Acquire);
         let mut tail = self.word(DATA_TAIL).load(Ordering::Relaxed);
         let off = self.word(DATA_OFFSET).load(Ordering::Relaxed) as usize;
@@ -103,7 +117,9 @@ impl Ring {
             tail += rec_len;
             n += 1;
         }
-        self.word(DATA_TAIL).store(tail, Ordering::Release);
+        if consume {
+            self.word(DATA_TAIL).store(tail, Ordering::Release);
+        }
         n
     }
 }
