@@ -217,7 +217,7 @@ pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
     let namer = |records: &[u32]| crate::loader::name_on_demand(a, records);
     let rings = unsafe { &*rings };
     let lost = a.segment.writer.samples_lost();
-    let n = drain_rings(rings, pid, lost, name.then_some(&namer as &dyn Fn(&[u32])));
+    let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer));
     DRAINING.store(false, Ordering::Release);
     n
 }
@@ -228,7 +228,7 @@ pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
 /// every other one the samples still waiting land in (then they are
 /// attributed to functions). Allocation-free but for `name` (a unit test
 /// holds it to that).
-fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<&dyn Fn(&[u32])>) -> usize {
+fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) -> usize {
     // Naming rounds in one drain, at most: a module that stays unnamed
     // (it cannot be) must not stop the drain for ever.
     const MAX_ROUNDS: usize = 16;
@@ -268,6 +268,9 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<&dyn Fn(
     }
     n
 }
+
+/// Lists the functions of the module records it is given.
+type Namer<'a> = &'a dyn Fn(&[u32]);
 
 /// Modules named on demand that samples waiting in `rings` land in, up to
 /// a few, `first` among them: named together, the table is rebuilt once.
