@@ -41,6 +41,12 @@ pub struct Config {
     /// `RTPROF_WARM=1` (set by `rtprof cache warm`): fill the cache, then
     /// end the process before `main`.
     pub warm_only: bool,
+    /// `RTPROF_COUNT`: name globs of the patched functions counted from
+    /// the start (empty: all of them).
+    pub count: Vec<String>,
+    /// `RTPROF_NOCOUNT`: name globs of patched functions not counted from
+    /// the start.
+    pub nocount: Vec<String>,
 }
 
 impl Default for Config {
@@ -60,6 +66,8 @@ impl Default for Config {
             daemon_socket: crate::register::DEFAULT_SOCKET.to_string(),
             cache: None,
             warm_only: false,
+            count: Vec::new(),
+            nocount: Vec::new(),
         }
     }
 }
@@ -100,6 +108,18 @@ impl Config {
             c.daemon_socket = v;
         }
         c.instrument = s("RTPROF_INSTRUMENT").is_none_or(|v| truthy(&v));
+        let globs = |v: Option<String>| -> Vec<String> {
+            v.map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        c.count = globs(s("RTPROF_COUNT"));
+        c.nocount = globs(s("RTPROF_NOCOUNT"));
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")
             .map(|v| v.trim().to_string())
@@ -117,6 +137,13 @@ impl Config {
 
     pub fn from_env() -> Config {
         Config::from_lookup(|k| std::env::var_os(k))
+    }
+
+    /// Whether a patched function named `name` counts from the start
+    /// (`RTPROF_COUNT`, `RTPROF_NOCOUNT`).
+    pub fn counts_from_start(&self, name: &[u8]) -> bool {
+        let any = |globs: &[String]| globs.iter().any(|g| glob_match(g.as_bytes(), name));
+        (self.count.is_empty() || any(&self.count)) && !any(&self.nocount)
     }
 
     /// Whether the module with file name `name` is selected by `RTPROF_MODULES`.
@@ -156,6 +183,33 @@ pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn count_and_nocount_choose_functions() {
+        let get = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        let all = Config::from_lookup(get(&[]));
+        assert!(all.counts_from_start(b"anything"));
+        let c = Config::from_lookup(get(&[("RTPROF_COUNT", "lua_*, luaV_execute")]));
+        assert!(c.counts_from_start(b"lua_gettop"));
+        assert!(c.counts_from_start(b"luaV_execute"));
+        assert!(!c.counts_from_start(b"luaH_get"));
+        let c = Config::from_lookup(get(&[
+            ("RTPROF_COUNT", "lua_*"),
+            ("RTPROF_NOCOUNT", "lua_settop,lua_type"),
+        ]));
+        assert!(c.counts_from_start(b"lua_gettop"));
+        assert!(!c.counts_from_start(b"lua_settop"));
+        let c = Config::from_lookup(get(&[("RTPROF_NOCOUNT", "*alloc*")]));
+        assert!(!c.counts_from_start(b"l_alloc"));
+        assert!(c.counts_from_start(b"main"));
+    }
 
     #[test]
     fn globs() {

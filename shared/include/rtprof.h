@@ -27,6 +27,13 @@ __attribute__((weak)) int rtprof_add_calls(const char *function, uint64_t calls,
 /* The same, for the function whose code contains `address`. */
 __attribute__((weak)) int rtprof_add_calls_at(const void *address, uint64_t calls, uint64_t time_ns);
 
+/* Switches counting of every patched function whose name matches `pattern`
+ * (`*` and `?` globbing) on (`on` != 0) or off, while the program's threads
+ * keep running through them. Off, a call costs a jump over the count.
+ * Returns how many functions matched, or -1 if the agent is not active or
+ * cannot rewrite its stubs. Thread-safe. */
+__attribute__((weak)) int rtprof_set_counting(const char *pattern, int on);
+
 #ifdef __cplusplus
 }
 #endif

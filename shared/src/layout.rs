@@ -139,6 +139,12 @@ pub mod module_flags {
     pub const NAMED_ON_DEMAND: u32 = 2;
 }
 
+/// Bits of [`FunctionRecord::reserved`].
+pub mod function_flags {
+    /// Patched, but its counting is switched off for now.
+    pub const COUNTING_OFF: u32 = 1;
+}
+
 /// [`FunctionRecord::status`] of a function in a `SAMPLED_ONLY` module.
 pub const STATUS_SAMPLED_ONLY: u32 = 255;
 
@@ -171,6 +177,7 @@ pub struct FunctionRecord {
     /// ELF virtual address of the function's first byte.
     pub vaddr: u64,
     pub size: u32,
+    /// [`function_flags`] bits.
     pub reserved: u32,
 }
 

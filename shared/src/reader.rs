@@ -82,6 +82,8 @@ pub struct FunctionStats {
     pub instrumented: bool,
     pub calls: u64,
     pub samples: u64,
+    /// Patched, with counting switched off when the segment was read.
+    pub counting_off: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -371,6 +373,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             instrumented: !sampled_only,
             calls: calls[i as usize],
             samples: samples[i as usize],
+            counting_off: f.reserved & function_flags::COUNTING_OFF != 0,
         });
     }
 

@@ -383,6 +383,10 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.uint(f.size as u64);
             w.key("patched");
             w.bool(f.instrumented && f.refused.is_none());
+            if f.counting_off {
+                w.key("counting");
+                w.string("off");
+            }
             if let Some(r) = f.refused {
                 w.key("refused");
                 w.string(r.name());
@@ -471,6 +475,7 @@ mod tests {
                     instrumented: true,
                     calls: c,
                     samples: if *n == "lo" { 7 } else { 0 },
+                    counting_off: false,
                 })
                 .collect(),
         }

@@ -333,6 +333,26 @@ impl SegmentWriter {
         n
     }
 
+    /// Says whether function `idx`'s counting is switched off now.
+    pub fn set_counting_off(&self, idx: u32, off: bool) {
+        use crate::layout::function_flags::COUNTING_OFF;
+        if idx >= self.func_count.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: a function record below func_count, inside the segment;
+        // its flags word is only written under the agent's loader lock.
+        unsafe {
+            let f = &mut *self.func_ptr(idx);
+            let flags = std::ptr::read_volatile(&f.reserved);
+            let flags = if off {
+                flags | COUNTING_OFF
+            } else {
+                flags & !COUNTING_OFF
+            };
+            std::ptr::write_volatile(&mut f.reserved, flags);
+        }
+    }
+
     /// Records the outcome for function `idx` (once): `None` = patched.
     pub fn set_status(&self, idx: u32, refusal: Option<crate::Refusal>) {
         assert!(idx < self.func_count.load(Ordering::Relaxed));

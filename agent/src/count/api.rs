@@ -1,6 +1,7 @@
 //! The agent's C API (declared in `shared/include/rtprof.h`): a program
 //! adds calls and time to one of its functions, by name or by address, as
-//! when a kernel runs on an accelerator instead of in software.
+//! when a kernel runs on an accelerator instead of in software; and
+//! switches counting of functions on and off while it runs.
 
 use crate::agent;
 use std::ffi::{c_char, c_void, CStr};
@@ -74,4 +75,21 @@ pub unsafe extern "C" fn rtprof_add_calls_at(
     .ok()
     .flatten()
     .map_or(-1, |slot| add(slot, calls, time_ns))
+}
+
+/// # Safety
+/// `pattern` must be a NUL-terminated string (or null).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_set_counting(pattern: *const c_char, on: i32) -> i32 {
+    if pattern.is_null() {
+        return -1;
+    }
+    let glob = CStr::from_ptr(pattern).to_bytes();
+    std::panic::catch_unwind(|| {
+        let a = agent()?;
+        crate::switching::set_by_name(a, glob, on != 0).ok()
+    })
+    .ok()
+    .flatten()
+    .map_or(-1, |n| n.min(i32::MAX as usize) as i32)
 }

@@ -1,8 +1,10 @@
 //! Where calls are counted: the counter segment, each module's records in
-//! it, per-thread stripes, registration with rtprofd, and the C API.
+//! it, per-thread stripes, which functions count now, registration with
+//! rtprofd, and the C API.
 
 pub mod api;
 pub(crate) mod records;
 pub mod register;
 pub mod segment;
+pub mod switching;
 pub mod threads;

@@ -72,7 +72,7 @@ impl SpinLock {
         SpinLock(AtomicU32::new(0))
     }
     /// `false` if this thread holds it already.
-    fn lock(&self) -> bool {
+    pub(crate) fn lock(&self) -> bool {
         let me = crate::threads::gettid();
         loop {
             match self
@@ -85,7 +85,7 @@ impl SpinLock {
             }
         }
     }
-    fn unlock(&self) {
+    pub(crate) fn unlock(&self) {
         self.0.store(0, Ordering::Release);
     }
     pub fn reset(&self) {
@@ -360,6 +360,7 @@ fn instrument(
     let shared = w.stripe_ptr(0) as u64;
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, a.stubs());
     let patched = records::record_outcomes(w, first, &outcomes);
+    crate::switching::apply_config(a, first..first + outcomes.len() as u32);
     vlog!(
         "{}: loaded; {} functions ({}), {} patched",
         plan.module.path,

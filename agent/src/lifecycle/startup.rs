@@ -331,6 +331,9 @@ pub(crate) fn start() {
     {
         return;
     }
+    if let Some(a) = agent() {
+        crate::switching::apply_config(a, 0..a.segment.writer.func_count());
+    }
     // Libraries loaded later are instrumented as they arrive.
     if !ld.is_some_and(|ld| loader::install_hook(&ld, &maps)) {
         vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");

@@ -1,5 +1,6 @@
 //! Carrying plans out: stub memory near each module, the stubs, and the
-//! entries rewritten into jumps to them.
+//! entries rewritten into jumps to them; and counting switched per stub.
 
 pub mod install;
 pub mod stubmem;
+pub mod switch;

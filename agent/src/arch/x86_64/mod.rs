@@ -5,7 +5,7 @@ mod stub;
 mod window;
 
 pub use scan::{jump_table_targets, scan_function, FunctionScan};
-pub use stub::{emit_stub, entry_patch, stub_len, CounterRef};
+pub use stub::{counting_switch, emit_stub, entry_patch, stub_len, CounterRef};
 pub use window::{plan_window, FixKind, Fixup, Plan, MAX_FIXUPS, MAX_WINDOW, MIN_WINDOW};
 
 /// Stubs must be reachable from the entry with a `jmp rel32`.

@@ -53,6 +53,19 @@ const SHARED_LEN: usize = 19;
 /// The SysV red zone below `rsp`.
 const RED_ZONE: i32 = 128;
 
+/// A stub's first two bytes with counting on (the start of its
+/// `lea rsp, [rsp-128]`) or off (`jmp short` over the count, straight to
+/// the moved instructions). Stubs start 16-byte aligned, so the two bytes
+/// are switched with one atomic store while threads run through them:
+/// every thread fetches the old instruction or the new one.
+pub fn counting_switch(on: bool) -> [u8; 2] {
+    if on {
+        [0x48, 0x8d]
+    } else {
+        [0xeb, (PROLOGUE_LEN - 2) as u8]
+    }
+}
+
 /// The bytes [`emit_stub`] produces for `plan`.
 pub fn stub_len(plan: &Plan) -> usize {
     PROLOGUE_LEN + plan.code().len() + SHARED_LEN
@@ -410,6 +423,24 @@ mod tests {
         let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
         let s = stub(&plan, at, &COUNTER).unwrap();
         assert_ne!(&s[PROLOGUE_LEN..PROLOGUE_LEN + 7], &code[..7]);
+    }
+
+    /// Switched off, a stub jumps straight to its moved code; on again, it
+    /// is byte for byte what was emitted.
+    #[test]
+    fn counting_switches_with_its_first_two_bytes() {
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x5d, 0xc3];
+        let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
+        let at = 0x40_1000;
+        let on = stub(&plan, at, &COUNTER).unwrap();
+        assert_eq!(on[..2], counting_switch(true));
+        let mut off = on.clone();
+        off[..2].copy_from_slice(&counting_switch(false));
+        let ins = decode_all(&off, at);
+        assert_eq!(ins[0].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[0].near_branch_target(), at + PROLOGUE_LEN as u64);
+        assert_eq!(ins[0].len(), 2);
+        assert_eq!(off[2..], on[2..]);
     }
 
     #[test]

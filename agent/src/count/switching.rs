@@ -1,0 +1,71 @@
+//! Which patched functions count now: `RTPROF_COUNT` / `RTPROF_NOCOUNT`
+//! at start-up and for libraries loaded later, and the C API's
+//! `rtprof_set_counting` while the program runs. The stubs are switched in
+//! place (`patch::switch`); the segment says which are off.
+
+use crate::config::glob_match;
+use crate::log::vlog;
+use crate::switch::{set_counting, SwitchError};
+use crate::Agent;
+
+/// Switches the patched functions in slots `slots` whose names `select`
+/// (given their name) to `on`; returns how many. The caller holds the
+/// loader lock (or is start-up).
+fn switch_where(
+    a: &Agent,
+    slots: std::ops::Range<u32>,
+    on: bool,
+    select: &dyn Fn(&[u8]) -> bool,
+) -> Result<usize, SwitchError> {
+    let w = &a.segment.writer;
+    let chosen: Vec<u32> = slots
+        .filter(|&slot| {
+            let f = w.function(slot);
+            // Only patched functions have a stub to switch.
+            f.status == 0 && select(w.function_name(slot))
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Ok(0);
+    }
+    // Stubs in address order, for one page protection change per page.
+    let stubs: Vec<u64> = a
+        .stubs()
+        .ranges()
+        .iter()
+        .filter(|r| chosen.binary_search(&r.2).is_ok())
+        .map(|r| r.0)
+        .collect();
+    set_counting(&stubs, on)?;
+    for &slot in &chosen {
+        w.set_counting_off(slot, !on);
+    }
+    Ok(chosen.len())
+}
+
+/// Applies `RTPROF_COUNT` / `RTPROF_NOCOUNT` to the functions in `slots`,
+/// just patched. Start-up, or the loader hook (which holds the lock).
+pub fn apply_config(a: &Agent, slots: std::ops::Range<u32>) {
+    let cfg = &a.config;
+    if cfg.count.is_empty() && cfg.nocount.is_empty() {
+        return;
+    }
+    match switch_where(a, slots, false, &|name| !cfg.counts_from_start(name)) {
+        Ok(0) => {}
+        Ok(n) => vlog!("{n} functions not counted (RTPROF_COUNT, RTPROF_NOCOUNT)"),
+        Err(e) => vlog!("RTPROF_COUNT, RTPROF_NOCOUNT not applied: {e}"),
+    }
+}
+
+/// Switches counting of every patched function whose name matches `glob`
+/// on or off, while the program runs; returns how many.
+pub fn set_by_name(a: &Agent, glob: &[u8], on: bool) -> Result<usize, SwitchError> {
+    if !a.loader_lock.lock() {
+        // Called from inside the loader hook: the stubs may be changing.
+        return Ok(0);
+    }
+    let slots = 0..a.segment.writer.func_count();
+    let r = switch_where(a, slots, on, &|name| glob_match(glob, name));
+    a.loader_lock.unlock();
+    r
+}
