@@ -1,9 +1,92 @@
-//! Instruction-set specifics, behind one interface: scanning a function for
-//! branch targets, choosing the window of instructions to move, encoding the
-//! counting stub, and the bytes written over the entry. A second
-//! architecture is a sibling folder exporting the same items.
+//! Instruction-set specifics, behind one interface: [`InstructionSet`],
+//! which a second architecture implements in a sibling folder (exporting
+//! its own `Plan`, `FunctionScan` and `CounterRef` types). The rest of the
+//! agent reaches them only through [`Native`], this build's implementation.
 
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
-pub use self::x86_64::*;
+pub use self::x86_64::{CounterRef, FunctionScan, Plan, X86_64 as Native};
+
+use rtprof_shared::Refusal;
+
+/// Everything the agent needs to know about the machine's instructions and
+/// ABI: choosing and encoding patches, the stubs and their live switch, the
+/// loader hook's trampoline, the thread pointer, the signal context and the
+/// unwind rule of a function's first byte.
+pub trait InstructionSet {
+    /// How far a patched entry's jump reaches, either way.
+    const BRANCH_RANGE: u64;
+    /// End of the user half of the address space.
+    const USER_END: u64;
+    /// A byte that traps if executed: the fill between stubs.
+    const TRAP: u8;
+    /// Alignment of a stub's first byte (its counting switch is one store).
+    const STUB_ALIGN: u64;
+    /// Bytes an entry patch may overwrite, at most.
+    const MAX_WINDOW: usize;
+
+    /// The patch plan of the function whose code (with `pad` bytes of fill
+    /// after its `size` bytes) starts at `start`, or why there is none.
+    fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<Plan, Refusal>;
+    /// One decode of a function: its branch targets and jump-table clues.
+    fn scan_function(code: &[u8], ip: u64) -> FunctionScan;
+    /// Targets of the function's jump tables (see the x86-64 module).
+    fn jump_table_targets<'m>(
+        scan: &FunctionScan,
+        lo: u64,
+        hi: u64,
+        keep: &dyn Fn(u64) -> bool,
+        read: &dyn Fn(u64, usize) -> Option<&'m [u8]>,
+    ) -> Vec<u64>;
+
+    /// Bytes of `plan`'s stub.
+    fn stub_len(plan: &Plan) -> usize;
+    /// Writes `plan`'s stub, to run at `at`, into `out`.
+    fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef, out: &mut [u8])
+        -> Result<(), Refusal>;
+    /// The bytes written over the entry to send it to `stub`.
+    fn entry_patch(plan: &Plan, stub: u64) -> Option<EntryPatch>;
+    /// A stub's first two bytes with counting on or off.
+    fn counting_switch(on: bool) -> [u8; 2];
+    /// A plan in its cache-entry form, appended to `out`.
+    fn encode_plan(plan: &Plan, out: &mut Vec<u8>);
+    /// A plan from its cache-entry form, for the function at `start`.
+    fn decode_plan(bytes: &[u8], start: u64) -> Option<Plan>;
+
+    /// If `code` is a function that only returns (the loader's
+    /// `_dl_debug_state`), the plan that sends it to a trampoline.
+    fn return_only_plan(code: &[u8], at: u64) -> Option<Plan>;
+    /// A trampoline that jumps to absolute address `target`: (bytes, length).
+    fn absolute_jump(target: u64) -> ([u8; 16], usize);
+
+    /// Offset from the thread pointer of the per-thread stripe pointer.
+    fn stripe_tls_offset() -> i64;
+    /// This thread's word at `offset` from the thread pointer.
+    fn thread_word(offset: i64) -> u64;
+    /// Sets this thread's word at `offset` from the thread pointer.
+    fn set_thread_word(offset: i64, value: u64);
+
+    /// The interrupted instruction's address in a signal handler's context.
+    ///
+    /// # Safety
+    /// `uc` is the `ucontext_t` the kernel passed to an SA_SIGINFO handler.
+    unsafe fn signal_pc(uc: *const libc::ucontext_t) -> u64;
+    /// Whether an unwind row describes a frame as a call leaves it (the
+    /// canonical frame is the stack pointer plus a return address, and
+    /// nothing else is saved): true at a real function's first byte.
+    fn is_call_entry_frame(row: &gimli::UnwindTableRow<usize>) -> bool;
+}
+
+/// What is written over a function's entry.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryPatch {
+    pub bytes: [u8; 32],
+    pub len: usize,
+}
+
+impl EntryPatch {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}

@@ -1,57 +1,24 @@
 //! Per-thread stripes. Each thread's stripe pointer lives in static TLS at a
 //! fixed offset from the thread pointer, so a stub reaches it with one
-//! `mov rcx, fs:[offset]`. New threads get a stripe in a `pthread_create`
+//! load (`arch`). New threads get a stripe in a `pthread_create`
 //! wrapper before their start routine runs; when a thread ends, its counts
 //! are folded into the shared stripe and its stripe is reused.
 
+use crate::arch::{InstructionSet, Native};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-// The stripe pointer is an initial-exec TLS variable: a preloaded library's
-// TLS block sits at a fixed offset from the thread pointer in every thread.
-std::arch::global_asm!(
-    ".pushsection .tbss,\"awT\",@nobits",
-    ".p2align 3",
-    ".hidden rtprof_tls_stripe",
-    ".type rtprof_tls_stripe, @object",
-    ".size rtprof_tls_stripe, 8",
-    "rtprof_tls_stripe:",
-    ".zero 8",
-    ".popsection",
-    ".pushsection .text.rtprof_tls_offset,\"ax\",@progbits",
-    ".globl rtprof_tls_offset",
-    ".hidden rtprof_tls_offset",
-    ".type rtprof_tls_offset, @function",
-    "rtprof_tls_offset:",
-    "mov rax, qword ptr [rip + rtprof_tls_stripe@GOTTPOFF]",
-    "ret",
-    ".size rtprof_tls_offset, . - rtprof_tls_offset",
-    ".popsection",
-);
-
-extern "C" {
-    fn rtprof_tls_offset() -> i64;
-}
-
-/// Offset of the stripe pointer from the thread pointer (negative on x86-64).
+/// Offset of the stripe pointer from the thread pointer.
 pub fn tls_offset() -> i64 {
-    unsafe { rtprof_tls_offset() }
+    Native::stripe_tls_offset()
 }
 
 /// Sets this thread's stripe pointer (null: count in the shared stripe).
 pub fn set_stripe(p: *mut u64) {
-    let off = tls_offset();
-    unsafe {
-        std::arch::asm!("mov qword ptr fs:[{off}], {p}", off = in(reg) off, p = in(reg) p, options(nostack))
-    };
+    Native::set_thread_word(tls_offset(), p as u64);
 }
 
 pub fn stripe() -> *mut u64 {
-    let off = tls_offset();
-    let p: *mut u64;
-    unsafe {
-        std::arch::asm!("mov {p}, qword ptr fs:[{off}]", off = in(reg) off, p = out(reg) p, options(nostack, readonly))
-    };
-    p
+    Native::thread_word(tls_offset()) as *mut u64
 }
 
 pub fn gettid() -> u32 {

@@ -2,9 +2,8 @@
 //! function ranges of `.eh_frame` for code no symbol names (stripped
 //! binaries), named `sub_<hex address>`.
 
-use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection, X86_64,
-};
+use crate::arch::{InstructionSet, Native};
+use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection};
 use goblin::elf::{sym, Elf};
 use std::fmt;
 
@@ -250,8 +249,8 @@ struct Fde {
     len: u64,
     /// A signal-return trampoline ('S' augmentation).
     signal: bool,
-    /// At its first byte the frame is as a call leaves it: CFA = rsp + 8
-    /// and no register saved but the return address.
+    /// At its first byte the frame is as a call leaves it (the canonical
+    /// frame address right above the return address, nothing else saved).
     entry_state: bool,
 }
 
@@ -288,11 +287,7 @@ fn eh_frame_functions(elf: &Elf, data: &[u8], entry_states: bool) -> Vec<Fde> {
         let entry_state = !entry_states
             || fde
                 .unwind_info_for_address(&eh, &bases, &mut ctx, fde.initial_address())
-                .is_ok_and(|row| {
-                    matches!(row.cfa(), CfaRule::RegisterAndOffset { register, offset }
-                        if *register == X86_64::RSP && *offset == 8)
-                        && row.registers().all(|(r, _)| *r == X86_64::RA)
-                });
+                .is_ok_and(Native::is_call_entry_frame);
         out.push(Fde {
             start: fde.initial_address(),
             len: fde.len(),

@@ -10,7 +10,7 @@
 //! its stubs are unmapped.
 
 use crate::analysis;
-use crate::arch::{entry_patch, Plan, MIN_WINDOW};
+use crate::arch::{InstructionSet, Native};
 use crate::install::{self, write_entries};
 use crate::log::vlog;
 use crate::maps::Maps;
@@ -106,41 +106,24 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
         return false;
     }
     let code = unsafe { std::slice::from_raw_parts(brk as *const u8, 32) };
-    // Only the expected shape: [endbr64;] ret at the start of 16 aligned
-    // bytes, so that the 5 bytes from the `ret` on are the function's own
-    // and its fill, which nothing can reach (decoding them instead would
-    // cost every process the decoder's set-up, half a millisecond).
-    let skip = match code {
-        [0xc3, ..] => 0,
-        [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] => 4,
-        _ => return false,
-    };
-    let plan = Plan::from_parts(
-        brk,
-        skip,
-        MIN_WINDOW as u8,
-        skip + 1,
-        &code[..skip as usize + MIN_WINDOW],
-        &[0xc3],
-        &[],
-    );
-    let Some(plan) = plan.filter(|_| brk.is_multiple_of(16)) else {
+    // Only a function that does nothing but return is redirected.
+    let Some(plan) = Native::return_only_plan(code, brk) else {
         return false;
     };
     let (lo, hi) = ld.span();
     let Some(area) = StubArea::near(lo, hi, 16) else {
         return false;
     };
-    // jmp [rip+0]; dq handler: the handler returns to the loader's caller.
-    let handler = on_loader_event as *const () as u64;
-    let mut tramp = vec![0xff, 0x25, 0, 0, 0, 0];
-    tramp.extend_from_slice(&handler.to_le_bytes());
-    unsafe { std::ptr::copy_nonoverlapping(tramp.as_ptr(), area.addr as *mut u8, tramp.len()) };
-    let Some(bytes) = entry_patch(&plan, area.addr) else {
+    // The trampoline jumps to the handler, which returns to the loader's
+    // caller.
+    let (tramp, len) = Native::absolute_jump(on_loader_event as *const () as u64);
+    // SAFETY: the area is freshly mapped, writable and at least a page.
+    unsafe { std::ptr::copy_nonoverlapping(tramp.as_ptr(), area.addr as *mut u8, len) };
+    let Some(entry) = Native::entry_patch(&plan, area.addr) else {
         area.release();
         return false;
     };
-    if !area.seal() || !write_entries(ld, &[(plan.patch_at, &bytes[..plan.window])])[0] {
+    if !area.seal() || !write_entries(ld, &[(plan.patch_at, entry.as_slice())])[0] {
         return false;
     }
     R_DEBUG.store(rd, Ordering::Release);

@@ -2,13 +2,13 @@
 //! jump to them. Runs while the process is single-threaded (the constructor).
 
 use crate::analysis::ModulePlan;
-use crate::arch::{emit_stub, entry_patch, stub_len, CounterRef, MAX_WINDOW};
+use crate::arch::{CounterRef, EntryPatch, InstructionSet, Native};
 use crate::log::vlog;
 use crate::modules::Module;
 use crate::stubmem::StubArea;
 use rtprof_shared::Refusal;
 
-const STUB_ALIGN: u64 = 16;
+const STUB_ALIGN: u64 = Native::STUB_ALIGN;
 const PAGE: u64 = 4096;
 
 /// Maps stub addresses back to functions (samples and unwinds land there).
@@ -132,7 +132,7 @@ pub fn install(
         .funcs
         .iter()
         .filter_map(|c| c.outcome.as_ref().ok())
-        .map(|p| stub_len(p) as u64 + STUB_ALIGN)
+        .map(|p| Native::stub_len(p) as u64 + STUB_ALIGN)
         .sum();
     if bound == 0 {
         return (outcomes, None);
@@ -155,15 +155,15 @@ pub fn install(
     // nothing runs in it until it is sealed below.
     let code = unsafe { std::slice::from_raw_parts_mut(area.addr as *mut u8, area.len as usize) };
     let mut used = 0usize;
-    let mut entries: Vec<(u64, [u8; MAX_WINDOW], usize)> = Vec::new();
+    let mut entries: Vec<(u64, EntryPatch)> = Vec::new();
     let mut owners: Vec<usize> = Vec::new();
     let mut ranges = Vec::new();
     for (i, c) in mp.funcs.iter().enumerate() {
         let Ok(plan) = &c.outcome else { continue };
         let start = used.div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize;
-        // Alignment fill: int3.
+        // Alignment fill that traps.
         let fill_end = start.min(code.len());
-        code[used..fill_end].fill(0xcc);
+        code[used..fill_end].fill(Native::TRAP);
         let Some(room) = code.get_mut(start..) else {
             outcomes[i] = Some(Refusal::NoMemoryInRange);
             continue;
@@ -175,13 +175,13 @@ pub fn install(
             slot,
             shared_counter: shared_stripe + slot as u64 * 8,
         };
-        let stub = emit_stub(plan, at, &counter, room)
-            .and_then(|()| entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
+        let stub = Native::emit_stub(plan, at, &counter, room)
+            .and_then(|()| Native::entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
         match stub {
             Ok(e) => {
-                used = start + stub_len(plan);
+                used = start + Native::stub_len(plan);
                 ranges.push((at, area.addr + used as u64, slot));
-                entries.push((plan.patch_at, e, plan.window));
+                entries.push((plan.patch_at, e));
                 owners.push(i);
             }
             Err(r) => outcomes[i] = Some(r),
@@ -200,7 +200,7 @@ pub fn install(
         return (outcomes, None);
     }
     // Stubs are complete and executable before any entry jumps to them.
-    let patches: Vec<(u64, &[u8])> = entries.iter().map(|(a, b, n)| (*a, &b[..*n])).collect();
+    let patches: Vec<(u64, &[u8])> = entries.iter().map(|(a, e)| (*a, e.as_slice())).collect();
     let written = write_entries(&mp.module, &patches);
     for (k, &i) in owners.iter().enumerate() {
         if !written[k] {

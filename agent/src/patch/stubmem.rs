@@ -1,14 +1,14 @@
 //! Executable memory for stubs within jump range of a module, mapped only
 //! into free address space (never over an existing mapping).
 
-use crate::arch::BRANCH_RANGE;
+use crate::arch::{InstructionSet, Native};
 use crate::maps::Maps;
 
 const PAGE: u64 = 4096;
 /// Stay clear of the lowest pages (mmap_min_addr).
 const LOWEST: u64 = 0x10_0000;
-/// End of the user half of the address space.
-const USER_END: u64 = 0x7fff_ffff_f000;
+const USER_END: u64 = Native::USER_END;
+const BRANCH_RANGE: u64 = Native::BRANCH_RANGE;
 
 /// Candidate addresses for `size` bytes reachable from all of [lo, hi):
 /// below the module, as close as possible; above it, as far as possible

@@ -1,12 +1,12 @@
 //! Counting switched per function while the program's threads run: a
 //! stub's first two bytes become a `jmp` over its count, or go back to the
-//! start of the count (`arch::counting_switch`). Each switch is one aligned
+//! start of the count (`InstructionSet::counting_switch`). Each switch is one aligned
 //! two-byte store, so no thread ever runs a half-written instruction; the
 //! stub's page is made writable for it (still executable: threads keep
 //! running through it) and sealed again, and a `membarrier` then makes
 //! every core serialise its instruction stream before the call returns.
 
-use crate::arch::counting_switch;
+use crate::arch::{InstructionSet, Native};
 use crate::log::vlog;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
@@ -34,7 +34,7 @@ impl std::fmt::Display for SwitchError {
 /// Sets counting on or off for the stubs starting at `stubs` (sorted, each
 /// 2-byte aligned). The caller holds the loader lock: the stubs stay mapped.
 pub fn set_counting(stubs: &[u64], on: bool) -> Result<(), SwitchError> {
-    let bytes = u16::from_le_bytes(counting_switch(on));
+    let bytes = u16::from_le_bytes(Native::counting_switch(on));
     let mut i = 0;
     while i < stubs.len() {
         let page = stubs[i] / PAGE * PAGE;

@@ -2,7 +2,7 @@
 //! patched: the window plan plus the module-wide checks that no branch,
 //! jump table or other function's entry lands inside the overwritten bytes.
 
-use crate::arch::{jump_table_targets, plan_window, scan_function, FunctionScan, Plan};
+use crate::arch::{FunctionScan, InstructionSet, Native, Plan};
 use crate::fileimage::FileImage;
 use crate::maps::Maps;
 use crate::modules::Module;
@@ -109,7 +109,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         .map(|(i, c)| {
             c.as_ref()
                 .ok()
-                .map(|(b, size, _)| scan_function(&b[..*size as usize], starts[i]))
+                .map(|(b, size, _)| Native::scan_function(&b[..*size as usize], starts[i]))
         })
         .collect();
     let ends: Vec<u64> = funcs.iter().zip(&starts).map(|(f, s)| s + f.size).collect();
@@ -177,7 +177,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         };
         let (lo, hi) = (starts[i], ends[i]);
         let keep = |t: u64| in_text(t) && holder(t).is_none_or(|j| j == i || fragment[j]);
-        let jt = jump_table_targets(&s, lo, hi, &keep, &read);
+        let jt = Native::jump_table_targets(&s, lo, hi, &keep, &read);
         direct.extend_from_slice(&s.branch_targets);
         direct.extend_from_slice(&s.call_targets);
         tables.extend_from_slice(&jt);
@@ -201,7 +201,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         let own = &own[i];
         let pad = c.as_ref().map_or(0, |&(_, _, pad)| pad);
         let outcome = c.and_then(|(bytes, size, pad)| {
-            let plan = plan_window(bytes, start, size as usize, pad as usize)?;
+            let plan = Native::plan_window(bytes, start, size as usize, pad as usize)?;
             if own.decode_error {
                 return Err(Refusal::DecodeError);
             }

@@ -18,7 +18,7 @@
 //! each write a whole entry and readers never see a partial one.
 
 use crate::analysis::{Candidate, ModulePlan};
-use crate::arch::{FixKind, Fixup, Plan, MAX_FIXUPS};
+use crate::arch::{InstructionSet, Native, Plan};
 use crate::fileimage::Identity;
 use crate::log::vlog;
 use crate::modules::Module;
@@ -35,10 +35,6 @@ const MAGIC: [u8; 8] = *b"RTPRCACH";
 /// Bumped whenever the entry layout or what the analysis decides changes.
 const FORMAT: u32 = 2;
 const RECORD: usize = 40;
-/// A plan's fixed part: skip, window, resume offset and the lengths of its
-/// original bytes, code and fixups.
-const PLAN_HEAD: usize = 6;
-const FIXUP: usize = 8;
 /// The cache directory is trimmed to three quarters of this when a write
 /// takes it over.
 const MAX_BYTES: u64 = 256 << 20;
@@ -201,62 +197,6 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-/// A plan from its bytes in an entry (the function at `start`).
-fn decode_plan(b: &[u8], start: u64) -> Option<Plan> {
-    let head = b.get(..PLAN_HEAD)?;
-    let (orig, code, nfix) = (head[3] as usize, head[4] as usize, head[5] as usize);
-    if nfix > MAX_FIXUPS || b.len() != PLAN_HEAD + orig + code + nfix * FIXUP {
-        return None;
-    }
-    let original = &b[PLAN_HEAD..PLAN_HEAD + orig];
-    let code_bytes = &b[PLAN_HEAD + orig..PLAN_HEAD + orig + code];
-    let mut fixups = [Fixup {
-        at: 0,
-        end: 0,
-        kind: FixKind::Rel32,
-        target: 0,
-    }; MAX_FIXUPS];
-    for (k, f) in fixups.iter_mut().take(nfix).enumerate() {
-        let r = &b[PLAN_HEAD + orig + code + k * FIXUP..][..FIXUP];
-        if r[3] != 0 {
-            return None;
-        }
-        *f = Fixup {
-            at: r[0],
-            end: r[1],
-            kind: FixKind::from_code(r[2])?,
-            target: u32_at(r, 4) as i32,
-        };
-    }
-    Plan::from_parts(
-        start,
-        head[0],
-        head[1],
-        head[2],
-        original,
-        code_bytes,
-        &fixups[..nfix],
-    )
-}
-
-/// Appends plan `p` in entry form.
-fn encode_plan(p: &Plan, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[
-        (p.patch_at - p.start) as u8,
-        p.window as u8,
-        (p.resume_at - p.start) as u8,
-        p.original().len() as u8,
-        p.code().len() as u8,
-        p.fixups().len() as u8,
-    ]);
-    out.extend_from_slice(p.original());
-    out.extend_from_slice(p.code());
-    for f in p.fixups() {
-        out.extend_from_slice(&[f.at, f.end, f.kind as u8, 0]);
-        out.extend_from_slice(&f.target.to_le_bytes());
-    }
-}
-
 /// The entry's bytes, checked: `Err` says why they are not to be used.
 pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, &'static str> {
     if b.len() < HEADER || b[..8] != MAGIC {
@@ -308,7 +248,7 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, &
             0 => plan_off
                 .checked_add(plan_len)
                 .and_then(|end| plans.get(plan_off..end))
-                .and_then(|p| decode_plan(p, bias.wrapping_add(vaddr)))
+                .and_then(|p| Native::decode_plan(p, bias.wrapping_add(vaddr)))
                 .ok_or("bad plan")
                 .map(Ok)?,
             c => Err(Refusal::from_code(c).ok_or("bad outcome")?),
@@ -382,7 +322,7 @@ fn encode_records<'a>(
         let plan_off = plans.len();
         let code = match f.outcome {
             Ok(p) => {
-                encode_plan(p, &mut plans);
+                Native::encode_plan(p, &mut plans);
                 0
             }
             // A sampled module's functions are listed, not planned.
@@ -601,7 +541,7 @@ mod tests {
                     outcome: if code.is_empty() {
                         Err(Refusal::BranchIntoWindow)
                     } else {
-                        crate::arch::plan_window(code, bias + vaddr, code.len(), 0)
+                        Native::plan_window(code, bias + vaddr, code.len(), 0)
                     },
                 }
             })

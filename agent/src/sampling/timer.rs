@@ -8,6 +8,7 @@
 //! them can be stopped at once if the program takes SIGPROF over.
 
 use super::addrmap;
+use crate::arch::{InstructionSet, Native};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
@@ -54,7 +55,8 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
         // SI_TIMER: one of our timers (not a kill(2) from someone).
         if unsafe { (*info).si_code } == libc::SI_TIMER {
             let uc = uc as *const libc::ucontext_t;
-            let ip = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] } as u64;
+            // SAFETY: the context the kernel passed to this handler.
+            let ip = unsafe { Native::signal_pc(uc) };
             // CPU-time timers are checked at the scheduler tick: several
             // periods may expire per signal (si_overrun, after si_tid in the
             // timer part of siginfo). The interrupted code ran for all of

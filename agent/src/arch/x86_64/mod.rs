@@ -1,12 +1,134 @@
-//! x86-64: decoding and re-encoding with iced-x86.
+//! x86-64: decoding with iced-x86, stubs and patches encoded by hand.
 
+mod plan_bytes;
 mod scan;
 mod stub;
+mod tls;
 mod window;
 
-pub use scan::{jump_table_targets, scan_function, FunctionScan};
-pub use stub::{counting_switch, emit_stub, entry_patch, stub_len, CounterRef};
-pub use window::{plan_window, FixKind, Fixup, Plan, MAX_FIXUPS, MAX_WINDOW, MIN_WINDOW};
+pub use scan::FunctionScan;
+pub use stub::CounterRef;
+pub use window::Plan;
 
-/// Stubs must be reachable from the entry with a `jmp rel32`.
-pub const BRANCH_RANGE: u64 = 0x7FFF_0000;
+use super::{EntryPatch, InstructionSet};
+use rtprof_shared::Refusal;
+
+/// This build's instruction set.
+pub struct X86_64;
+
+impl InstructionSet for X86_64 {
+    /// Stubs must be reachable from the entry with a `jmp rel32`.
+    const BRANCH_RANGE: u64 = 0x7FFF_0000;
+    const USER_END: u64 = 0x7fff_ffff_f000;
+    /// `int3`.
+    const TRAP: u8 = 0xcc;
+    const STUB_ALIGN: u64 = 16;
+    const MAX_WINDOW: usize = window::MAX_WINDOW;
+
+    fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<Plan, Refusal> {
+        window::plan_window(code, start, size, pad)
+    }
+
+    fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
+        scan::scan_function(code, ip)
+    }
+
+    fn jump_table_targets<'m>(
+        s: &FunctionScan,
+        lo: u64,
+        hi: u64,
+        keep: &dyn Fn(u64) -> bool,
+        read: &dyn Fn(u64, usize) -> Option<&'m [u8]>,
+    ) -> Vec<u64> {
+        scan::jump_table_targets(s, lo, hi, keep, read)
+    }
+
+    fn stub_len(plan: &Plan) -> usize {
+        stub::stub_len(plan)
+    }
+
+    fn emit_stub(
+        plan: &Plan,
+        at: u64,
+        counter: &CounterRef,
+        out: &mut [u8],
+    ) -> Result<(), Refusal> {
+        stub::emit_stub(plan, at, counter, out)
+    }
+
+    fn entry_patch(plan: &Plan, to: u64) -> Option<EntryPatch> {
+        let b = stub::entry_patch(plan, to)?;
+        let mut bytes = [0u8; 32];
+        bytes[..b.len()].copy_from_slice(&b);
+        Some(EntryPatch {
+            bytes,
+            len: plan.window,
+        })
+    }
+
+    fn counting_switch(on: bool) -> [u8; 2] {
+        stub::counting_switch(on)
+    }
+
+    fn encode_plan(plan: &Plan, out: &mut Vec<u8>) {
+        plan_bytes::encode(plan, out)
+    }
+
+    fn decode_plan(bytes: &[u8], start: u64) -> Option<Plan> {
+        plan_bytes::decode(bytes, start)
+    }
+
+    /// `[endbr64;] ret` at the start of 16 aligned bytes: the 5 bytes from
+    /// the `ret` on are the function's own and its fill, which nothing can
+    /// reach (decoding them instead would cost every process the decoder's
+    /// set-up, half a millisecond).
+    fn return_only_plan(code: &[u8], at: u64) -> Option<Plan> {
+        let skip = match code {
+            [0xc3, ..] => 0,
+            [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] => 4,
+            _ => return None,
+        };
+        let window = window::MIN_WINDOW;
+        let original = code.get(..skip as usize + window)?;
+        Plan::from_parts(at, skip, window as u8, skip + 1, original, &[0xc3], &[])
+            .filter(|_| at.is_multiple_of(16))
+    }
+
+    /// `jmp [rip+0]; dq target`.
+    fn absolute_jump(target: u64) -> ([u8; 16], usize) {
+        let mut b = [0u8; 16];
+        b[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+        b[6..14].copy_from_slice(&target.to_le_bytes());
+        (b, 14)
+    }
+
+    fn stripe_tls_offset() -> i64 {
+        tls::offset()
+    }
+
+    fn thread_word(offset: i64) -> u64 {
+        tls::load(offset)
+    }
+
+    fn set_thread_word(offset: i64, value: u64) {
+        tls::store(offset, value)
+    }
+
+    unsafe fn signal_pc(uc: *const libc::ucontext_t) -> u64 {
+        (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
+    }
+
+    /// CFA = rsp + 8 and only the return address saved.
+    fn is_call_entry_frame(row: &gimli::UnwindTableRow<usize>) -> bool {
+        use gimli::{CfaRule, X86_64 as R};
+        matches!(row.cfa(), CfaRule::RegisterAndOffset { register, offset }
+            if *register == R::RSP && *offset == 8)
+            && row.registers().all(|(r, _)| *r == R::RA)
+    }
+}
+
+/// The interface is implemented in full, checked when this module builds.
+const _: fn() = || {
+    fn implements<T: InstructionSet>() {}
+    implements::<X86_64>();
+};
