@@ -79,3 +79,30 @@ fn count_and_nocount_at_start() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rtprof run --nocount` passes the globs on to the agent.
+#[test]
+fn rtprof_run_nocount_switches_the_function_off() {
+    let dir = scratch("run-nocount");
+    let bin = compile_o2("calls.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    let (first, _) = expectations(&plain.stdout).counts[0].clone();
+    let json = dir.join("r.json");
+    let out = std::process::Command::new(rtprof())
+        .args(["run", "--nocount", &first, "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert_same_behaviour("rtprof run --nocount", &plain, &out);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let f = function_named(process(&report, &bin), &first);
+    assert_eq!(
+        (&f["calls"], &f["counting"]),
+        (&0.into(), &"off".into()),
+        "{f}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

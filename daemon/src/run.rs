@@ -36,6 +36,12 @@ pub struct RunArgs {
     /// Modules to instrument besides the executable (RTPROF_MODULES), e.g. 'libpython*' or 'all'.
     #[arg(long, value_name = "GLOBS")]
     modules: Option<String>,
+    /// Only these patched functions count from the start (RTPROF_COUNT), e.g. 'lua_*,luaV_*'.
+    #[arg(long, value_name = "GLOBS")]
+    count: Option<String>,
+    /// These patched functions do not count from the start (RTPROF_NOCOUNT).
+    #[arg(long, value_name = "GLOBS")]
+    nocount: Option<String>,
     /// Agent diagnostics on stderr (RTPROF_VERBOSE).
     #[arg(long)]
     verbose: bool,
@@ -514,6 +520,12 @@ pub fn run(args: RunArgs) -> ExitCode {
             .env_remove("RTPROF_REPORT");
         if let Some(m) = &args.modules {
             cmd.env("RTPROF_MODULES", m);
+        }
+        if let Some(c) = &args.count {
+            cmd.env("RTPROF_COUNT", c);
+        }
+        if let Some(c) = &args.nocount {
+            cmd.env("RTPROF_NOCOUNT", c);
         }
         if args.verbose {
             cmd.env("RTPROF_VERBOSE", "1");

@@ -115,7 +115,12 @@ pub fn rows(s: &Snapshot, sort: Sort) -> Vec<Row<'_>> {
         .iter()
         .filter(|f| f.calls > 0 || f.samples > 0)
         .map(|f| Row {
-            name: f.name.as_str().into(),
+            // Its calls stopped being counted at some point: say so.
+            name: if f.counting_off {
+                format!("{} [counting off]", f.name).into()
+            } else {
+                f.name.as_str().into()
+            },
             module: module_name(s, f.module),
             calls: f.instrumented.then_some(f.calls),
             samples: f.samples,
@@ -498,6 +503,19 @@ mod tests {
         assert!(t.contains("exited with status 3"));
         assert!(t.contains("too_small 1"));
         assert!(t.contains("patched 2 of 3"));
+    }
+
+    /// A function whose counting was switched off says so, in text and
+    /// JSON.
+    #[test]
+    fn switched_off_functions_are_marked() {
+        let mut s = snap();
+        s.functions[1].counting_off = true;
+        let t = text(std::slice::from_ref(&s), TextOptions::default());
+        assert!(t.contains("hi [counting off]"), "{t}");
+        assert!(!t.contains("lo [counting off]"), "{t}");
+        let j = json(std::slice::from_ref(&s));
+        assert_eq!(j.matches("\"counting\":\"off\"").count(), 1, "{j}");
     }
 
     #[test]
