@@ -77,6 +77,17 @@ fn count_and_nocount_at_start() {
             }
         }
     }
+    // Nothing counted at all, libc's functions included: stubs are written
+    // switched off, before any call could count.
+    let env = [("RTPROF_MODULES", "all"), ("RTPROF_NOCOUNT", "*")];
+    let prof = run_profiled(&bin, &[], &env, &dir);
+    assert_same_behaviour("all off", &plain, &prof.output);
+    for p in prof.report["processes"].as_array().unwrap() {
+        let fs = p["functions"].as_array().unwrap();
+        let calls: u64 = fs.iter().filter_map(|f| f["calls"].as_u64()).sum();
+        assert_eq!(calls, 0, "{}", p["exe"]);
+        assert!(fs.iter().any(|f| f["counting"] == "off"));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

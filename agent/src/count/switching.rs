@@ -1,12 +1,16 @@
 //! Which patched functions count now: `RTPROF_COUNT` / `RTPROF_NOCOUNT`
-//! at start-up and for libraries loaded later, and the C API's
-//! `rtprof_set_counting` while the program runs. The stubs are switched in
-//! place (`patch::switch`); the segment says which are off.
+//! (stubs written switched off, at start-up and for libraries loaded
+//! later), and the C API's `rtprof_set_counting` while the program runs
+//! (stubs switched in place, `patch::switch`). The segment says which are
+//! off.
 
-use crate::config::glob_match;
+use crate::analysis::ModulePlan;
+use crate::config::{glob_match, Config};
+use crate::install::Outcomes;
 use crate::log::vlog;
 use crate::switch::{set_counting, SwitchError};
 use crate::Agent;
+use rtprof_shared::SegmentWriter;
 
 /// Switches the patched functions in slots `slots` whose names `select`
 /// (given their name) to `on`; returns how many. The caller holds the
@@ -43,17 +47,31 @@ fn switch_where(
     Ok(chosen.len())
 }
 
-/// Applies `RTPROF_COUNT` / `RTPROF_NOCOUNT` to the functions in `slots`,
-/// just patched. Start-up, or the loader hook (which holds the lock).
-pub fn apply_config(a: &Agent, slots: std::ops::Range<u32>) {
-    let cfg = &a.config;
+/// Marks in the segment the functions of `plan` (slots `first..`) that
+/// were patched with their counting off (`RTPROF_COUNT`,
+/// `RTPROF_NOCOUNT`: `install` wrote their stubs switched off).
+pub fn mark_off_from_start(
+    w: &SegmentWriter,
+    cfg: &Config,
+    plan: &ModulePlan,
+    first: u32,
+    outcomes: &Outcomes,
+) {
     if cfg.count.is_empty() && cfg.nocount.is_empty() {
         return;
     }
-    match switch_where(a, slots, false, &|name| !cfg.counts_from_start(name)) {
-        Ok(0) => {}
-        Ok(n) => vlog!("{n} functions not counted (RTPROF_COUNT, RTPROF_NOCOUNT)"),
-        Err(e) => vlog!("RTPROF_COUNT, RTPROF_NOCOUNT not applied: {e}"),
+    let mut n = 0;
+    for (k, (c, o)) in plan.funcs.iter().zip(outcomes).enumerate() {
+        if o.is_none() && !cfg.counts_from_start(c.name.as_bytes()) {
+            w.set_counting_off(first + k as u32, true);
+            n += 1;
+        }
+    }
+    if n > 0 {
+        vlog!(
+            "{}: {n} functions not counted (RTPROF_COUNT, RTPROF_NOCOUNT)",
+            plan.module.path
+        );
     }
 }
 

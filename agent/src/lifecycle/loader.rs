@@ -341,9 +341,11 @@ fn instrument(
         return Ok((None, Some(present)));
     };
     let shared = w.stripe_ptr(0) as u64;
-    let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, a.stubs());
+    let counted = |name: &str| a.config.counts_from_start(name.as_bytes());
+    let (outcomes, area) =
+        install::install(&plan, first, a.tls_offset, shared, a.stubs(), &counted);
     let patched = records::record_outcomes(w, first, &outcomes);
-    crate::switching::apply_config(a, first..first + outcomes.len() as u32);
+    crate::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
     vlog!(
         "{}: loaded; {} functions ({}), {} patched",
         plan.module.path,

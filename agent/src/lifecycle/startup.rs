@@ -274,8 +274,11 @@ pub(crate) fn start() {
         };
         let t = Instant::now();
         // Modules present at start-up stay: their stub areas are kept for good.
-        let (outcomes, _area) = install::install(p, first, tls_offset, shared, &mut stubs);
+        let counted = |name: &str| cfg.counts_from_start(name.as_bytes());
+        let (outcomes, _area) =
+            install::install(p, first, tls_offset, shared, &mut stubs, &counted);
         let patched = records::record_outcomes(&segment.writer, first, &outcomes);
+        crate::switching::mark_off_from_start(&segment.writer, &cfg, p, first, &outcomes);
         vlog!(
             "{}: {} functions ({}), {} patched, {:.1} ms",
             p.module.path,
@@ -330,9 +333,6 @@ pub(crate) fn start() {
         .is_err()
     {
         return;
-    }
-    if let Some(a) = agent() {
-        crate::switching::apply_config(a, 0..a.segment.writer.func_count());
     }
     // Libraries loaded later are instrumented as they arrive.
     if !ld.is_some_and(|ld| loader::install_hook(&ld, &maps)) {

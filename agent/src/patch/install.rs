@@ -114,14 +114,16 @@ pub(crate) fn write_entries(m: &Module, patches: &[(u64, &[u8])]) -> Vec<bool> {
 }
 
 /// Installs the patchable functions of `mp`, whose counters are slots
-/// `first_slot..`. Returns each function's outcome, and the stub area (to
-/// release if the module is unloaded).
+/// `first_slot..`; those whose names `counted` rejects get stubs switched
+/// off from the start. Returns each function's outcome, and the stub area
+/// (to release if the module is unloaded).
 pub fn install(
     mp: &ModulePlan,
     first_slot: u32,
     tls_offset: i32,
     shared_stripe: u64,
     map: &mut StubMap,
+    counted: &dyn Fn(&str) -> bool,
 ) -> (Outcomes, Option<StubArea>) {
     let mut outcomes: Outcomes = mp
         .funcs
@@ -179,6 +181,9 @@ pub fn install(
             .and_then(|()| Native::entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
         match stub {
             Ok(e) => {
+                if !counted(&c.name) {
+                    room[..2].copy_from_slice(&Native::counting_switch(false));
+                }
                 used = start + Native::stub_len(plan);
                 ranges.push((at, area.addr + used as u64, slot));
                 entries.push((plan.patch_at, e));
