@@ -23,8 +23,6 @@ pub trait InstructionSet {
     const TRAP: u8;
     /// Alignment of a stub's first byte (its counting switch is one store).
     const STUB_ALIGN: u64;
-    /// Bytes an entry patch may overwrite, at most.
-    const MAX_WINDOW: usize;
 
     /// The patch plan of the function whose code (with `pad` bytes of fill
     /// after its `size` bytes) starts at `start`, or why there is none.

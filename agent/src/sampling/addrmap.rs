@@ -123,33 +123,43 @@ impl AddrMap {
         }
     }
 
-    /// The counter a sample at `ip` goes to.
+    /// The counter a sample at `ip` goes to, and the record of the module
+    /// named on demand it lands in, if it does (one lookup for both).
     #[inline]
-    fn counter(&self, ip: u64) -> &AtomicU64 {
-        let c = find(&self.funcs, ip)
-            .or_else(|| find(&self.modules, ip))
-            .map_or(self.unknown, |r| r.counter);
-        unsafe { &*c }
+    fn place(&self, ip: u64) -> (&AtomicU64, Option<u32>) {
+        let (c, on_demand) = match find(&self.funcs, ip) {
+            Some(r) => (r.counter, None),
+            None => find(&self.modules, ip).map_or((self.unknown, None), |r| {
+                (r.counter, r.on_demand.checked_sub(1))
+            }),
+        };
+        // SAFETY: counters point into the counter segment, mapped for good.
+        (unsafe { &*c }, on_demand)
     }
 
-    /// Counts `n` samples at `ip`. No allocation, no lock: safe in a
-    /// signal handler.
+    /// Counts `n` samples at `ip`, unless `hold_unnamed` and it lands in a
+    /// module named on demand: then counts nothing and returns its record.
+    /// No allocation, no lock: safe in a signal handler.
+    #[inline]
+    fn count_or_hold(&self, ip: u64, n: u64, hold_unnamed: bool) -> Option<u32> {
+        let (counter, on_demand) = self.place(ip);
+        if hold_unnamed && on_demand.is_some() {
+            return on_demand;
+        }
+        counter.fetch_add(n, Ordering::Relaxed);
+        // SAFETY: as in `place`.
+        unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
+        None
+    }
+
+    /// Counts `n` samples at `ip`.
     #[inline]
     pub fn count(&self, ip: u64, n: u64) {
-        self.counter(ip).fetch_add(n, Ordering::Relaxed);
-        unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
+        self.count_or_hold(ip, n, false);
     }
 
     pub fn functions(&self) -> usize {
         self.funcs.len()
-    }
-
-    /// The record of the module named on demand that `ip` lands in.
-    fn on_demand_at(&self, ip: u64) -> Option<u32> {
-        if find(&self.funcs, ip).is_some() {
-            return None;
-        }
-        find(&self.modules, ip)?.on_demand.checked_sub(1)
     }
 }
 
@@ -157,30 +167,36 @@ static CURRENT: AtomicPtr<AddrMap> = AtomicPtr::new(std::ptr::null_mut());
 /// Readers between announcing themselves and being done with the table.
 static READERS: AtomicUsize = AtomicUsize::new(0);
 
+/// Runs `f` on the current table (none yet: `None`), announced as a reader.
+#[inline]
+fn with_current<R>(f: impl FnOnce(&AddrMap) -> Option<R>) -> Option<R> {
+    READERS.fetch_add(1, Ordering::SeqCst);
+    let m = CURRENT.load(Ordering::SeqCst);
+    // SAFETY: a published table is freed only once no reader is announced.
+    let r = if m.is_null() { None } else { f(unsafe { &*m }) };
+    READERS.fetch_sub(1, Ordering::Release);
+    r
+}
+
 /// Counts `n` samples at `ip` against the current table (dropped if none
 /// yet).
 #[inline]
 pub fn count(ip: u64, n: u64) {
-    READERS.fetch_add(1, Ordering::SeqCst);
-    let m = CURRENT.load(Ordering::SeqCst);
-    if !m.is_null() {
-        unsafe { &*m }.count(ip, n);
-    }
-    READERS.fetch_sub(1, Ordering::Release);
+    with_current(|m| m.count_or_hold(ip, n, false));
 }
 
-/// The record of the module named on demand (none of its functions listed
-/// yet) that a sample at `ip` lands in.
+/// Counts one sample at `ip`, unless it lands in a module named on demand
+/// (none of its functions listed yet): then returns that module's record
+/// and counts nothing, so the sample can wait for the names.
+#[inline]
+pub fn count_unless_unnamed(ip: u64) -> Option<u32> {
+    with_current(|m| m.count_or_hold(ip, 1, true))
+}
+
+/// The record of the module named on demand that a sample at `ip` lands
+/// in, counting nothing.
 pub fn named_on_demand_at(ip: u64) -> Option<u32> {
-    READERS.fetch_add(1, Ordering::SeqCst);
-    let m = CURRENT.load(Ordering::SeqCst);
-    let r = if m.is_null() {
-        None
-    } else {
-        unsafe { &*m }.on_demand_at(ip)
-    };
-    READERS.fetch_sub(1, Ordering::Release);
-    r
+    with_current(|m| m.place(ip).1)
 }
 
 /// Makes `map` current. The old table is freed once no reader is inside

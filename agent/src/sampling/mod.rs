@@ -243,13 +243,12 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
                     // Body: ip (u64), pid (u32), tid (u32).
                     PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
                         let ip = field_u64(body, 0);
-                        if may_name {
-                            unnamed = addrmap::named_on_demand_at(ip);
-                            if unnamed.is_some() {
-                                return false;
-                            }
+                        if !may_name {
+                            addrmap::count(ip, 1);
+                        } else if let Some(record) = addrmap::count_unless_unnamed(ip) {
+                            unnamed = Some(record);
+                            return false;
                         }
-                        addrmap::count(ip, 1)
                     }
                     // Body: id (u64), lost (u64).
                     PERF_RECORD_LOST => {

@@ -23,7 +23,6 @@ impl InstructionSet for X86_64 {
     /// `int3`.
     const TRAP: u8 = 0xcc;
     const STUB_ALIGN: u64 = 16;
-    const MAX_WINDOW: usize = window::MAX_WINDOW;
 
     fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<Plan, Refusal> {
         window::plan_window(code, start, size, pad)
@@ -57,13 +56,7 @@ impl InstructionSet for X86_64 {
     }
 
     fn entry_patch(plan: &Plan, to: u64) -> Option<EntryPatch> {
-        let b = stub::entry_patch(plan, to)?;
-        let mut bytes = [0u8; 32];
-        bytes[..b.len()].copy_from_slice(&b);
-        Some(EntryPatch {
-            bytes,
-            len: plan.window,
-        })
+        stub::entry_patch(plan, to)
     }
 
     fn counting_switch(on: bool) -> [u8; 2] {

@@ -28,7 +28,8 @@
 //! signal handler that calls the same function between a load and a store
 //! would have its count overwritten.
 
-use super::window::{FixKind, Plan, MAX_WINDOW};
+use super::super::EntryPatch;
+use super::window::{FixKind, Plan};
 use rtprof_shared::Refusal;
 
 /// Where the stub's counter lives.
@@ -150,14 +151,17 @@ impl Writer<'_> {
 }
 
 /// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then
-/// nops (the first `plan.window` bytes of the array).
-pub fn entry_patch(plan: &Plan, stub: u64) -> Option<[u8; MAX_WINDOW]> {
+/// nops to the end of the window.
+pub fn entry_patch(plan: &Plan, stub: u64) -> Option<EntryPatch> {
     let rel = stub as i64 - (plan.patch_at as i64 + 5);
     let rel = i32::try_from(rel).ok()?;
-    let mut b = [0x90; MAX_WINDOW];
-    b[0] = 0xe9;
-    b[1..5].copy_from_slice(&rel.to_le_bytes());
-    Some(b)
+    let mut bytes = [0x90; 32];
+    bytes[0] = 0xe9;
+    bytes[1..5].copy_from_slice(&rel.to_le_bytes());
+    Some(EntryPatch {
+        bytes,
+        len: plan.window,
+    })
 }
 
 #[cfg(test)]
@@ -448,7 +452,8 @@ mod tests {
         let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc3];
         let plan = plan_window(&code, 0x1000, code.len(), 0).unwrap();
         let b = entry_patch(&plan, 0x3000).unwrap();
-        let ins = decode_all(&b[..plan.window], 0x1000);
+        assert_eq!(b.as_slice().len(), plan.window);
+        let ins = decode_all(b.as_slice(), 0x1000);
         assert_eq!(ins[0].near_branch_target(), 0x3000);
         assert!(ins[1..].iter().all(|i| i.mnemonic() == Mnemonic::Nop));
         assert!(entry_patch(&plan, 0x1_0000_0000_0000).is_none());

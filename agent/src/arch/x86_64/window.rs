@@ -161,6 +161,7 @@ impl Plan {
     }
 
     /// The same plan for the module loaded `delta` bytes further up.
+    #[cfg(test)]
     pub fn moved_by(&self, delta: u64) -> Plan {
         let mut p = *self;
         p.start = p.start.wrapping_add(delta);
