@@ -258,34 +258,6 @@ fn private_kib(mut c: Command) -> Memory {
     m
 }
 
-/// An interpreter linked against a shared libpython, as tests/python_suite.rs
-/// finds one: `$RTPROF_TEST_PYTHON`, `python3` on PATH, then pyenv's builds.
-fn python() -> Option<PathBuf> {
-    let mut candidates: Vec<String> = std::env::var("RTPROF_TEST_PYTHON").into_iter().collect();
-    candidates.push("python3".into());
-    let pyenv = std::env::var("PYENV_ROOT")
-        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
-    if let Ok(rd) = std::fs::read_dir(format!("{pyenv}/versions")) {
-        let mut v: Vec<String> = rd
-            .flatten()
-            .map(|e| format!("{}/bin/python3", e.path().display()))
-            .collect();
-        v.sort();
-        candidates.extend(v.into_iter().rev());
-    }
-    candidates.into_iter().find_map(|c| {
-        let out = Command::new(&c)
-            .args(["-c", "import sys, sysconfig; print(sys.executable); print(sysconfig.get_config_var('Py_ENABLE_SHARED'))"])
-            .output()
-            .ok()?;
-        let text = String::from_utf8(out.stdout).ok()?;
-        let mut lines = text.lines();
-        // sys.executable: the real binary, not a pyenv shim (a shell script).
-        let exe = PathBuf::from(lines.next()?);
-        (lines.next() == Some("1")).then_some(exe)
-    })
-}
-
 /// Lua 5.4's sources from the `lua-src` crate (as examples/bench/compare.py
 /// fetches them), or None if cargo cannot get them.
 fn lua_sources(tmp: &Path) -> Option<PathBuf> {
@@ -406,14 +378,9 @@ impl Daemon {
             .stderr(std::fs::File::create(dir.join("log")).unwrap())
             .spawn()
             .expect("rtprofd starts");
-        let t = Instant::now();
-        while !(socket.exists() && present.exists()) {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "rtprofd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        rtprof_e2e::wait_until("rtprofd did not start", Duration::from_secs(10), || {
+            socket.exists() && present.exists()
+        });
         Daemon {
             child,
             socket,
@@ -682,7 +649,7 @@ fn main() {
     let c_file = tmp.join("gcc");
     std::fs::create_dir_all(&c_file).unwrap();
     std::fs::write(c_file.join("f.c"), "int f(void){return 1;}\n").unwrap();
-    let py = python();
+    let py = rtprof_e2e::shared_python().ok();
     let mut rows = vec![
         Row {
             name: "/bin/true".into(),

@@ -52,14 +52,9 @@ impl Daemon {
                     .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
-        let t = Instant::now();
-        while !(socket.exists() && present.exists()) {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "rtprofd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until("rtprofd did not start", Duration::from_secs(10), || {
+            socket.exists() && present.exists()
+        });
         Daemon {
             child,
             socket,
@@ -515,12 +510,9 @@ fn generation(b: &[u8]) -> Option<u64> {
 }
 
 /// Waits until `ready`, for at most a minute.
-fn wait_until(what: &str, ready: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !ready() {
-        assert!(t.elapsed() < Duration::from_secs(60), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Polls until `ready()` holds, for a minute at most.
+fn wait_a_minute(what: &str, ready: impl Fn() -> bool) {
+    wait_until(what, Duration::from_secs(60), ready)
 }
 
 fn open_fds(pid: u32) -> usize {
@@ -702,7 +694,7 @@ fn idle_connections_do_not_stall_publishing() {
     d.wait_for("a first span", generation);
     let other = Holder::start(&d.socket, 100, Some(65534));
     let own = Holder::start(&d.socket, 100, None);
-    wait_until("every connection made once", || {
+    wait_a_minute("every connection made once", || {
         other.connects() >= 100 && own.connects() >= 100
     });
     let made = || other.connects() + own.connects();
@@ -727,7 +719,7 @@ fn idle_connections_do_not_stall_publishing() {
     let pid = prog.id();
     d.wait_for("the program", |m| process_rows(m, pid).map(|_| ()));
     assert_eq!(exact_count(prog), 1_000_000);
-    wait_until("summaries for both users", || {
+    wait_a_minute("summaries for both users", || {
         let log = d.log_so_far();
         suppressed(&log, 0) > 0 && suppressed(&log, 65534) > 0
     });
@@ -842,7 +834,7 @@ fn registration_flood_is_bounded() {
     // SAFETY: signalling our own child, not yet reaped.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let _ = prog.wait();
-    wait_until("a summary of the flood", || {
+    wait_a_minute("a summary of the flood", || {
         suppressed(&d.log_so_far(), 0) > 0
     });
     drop(probe);

@@ -295,3 +295,61 @@ pub fn function_named<'a>(proc_: &'a Value, name: &str) -> &'a Value {
         .find(|f| f["name"] == name)
         .unwrap_or_else(|| panic!("no function {name} in {proc_}"))
 }
+
+/// Asks an interpreter for its real binary (not a pyenv shim, a shell
+/// script) and whether libpython is shared.
+fn probe_python(cmd: &str) -> Option<(PathBuf, bool)> {
+    let out = Command::new(cmd)
+        .args(["-c", "import sys, sysconfig; print(sys.executable); print(sysconfig.get_config_var('Py_ENABLE_SHARED'))"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let mut lines = text.lines();
+    Some((PathBuf::from(lines.next()?), lines.next() == Some("1")))
+}
+
+/// An interpreter linked against a shared libpython: `$RTPROF_TEST_PYTHON`,
+/// else `python3` on PATH, else a pyenv installation (newest first); or
+/// what was tried.
+pub fn shared_python() -> Result<PathBuf, Vec<String>> {
+    let mut tried = Vec::new();
+    let mut candidates: Vec<String> = std::env::var("RTPROF_TEST_PYTHON").into_iter().collect();
+    candidates.push("python3".into());
+    let pyenv = std::env::var("PYENV_ROOT")
+        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
+    if let Ok(rd) = std::fs::read_dir(format!("{pyenv}/versions")) {
+        let mut v: Vec<String> = rd
+            .flatten()
+            .map(|e| format!("{}/bin/python3", e.path().display()))
+            .collect();
+        v.sort();
+        candidates.extend(v.into_iter().rev());
+    }
+    for c in candidates {
+        match probe_python(&c) {
+            Some((exe, true)) => return Ok(exe),
+            Some((exe, false)) => tried.push(format!("{c} ({}: static libpython)", exe.display())),
+            None => tried.push(format!("{c} (does not run)")),
+        }
+    }
+    Err(tried)
+}
+
+/// Polls `f` every 20 ms until it gives a value; panics saying `what`
+/// after `limit` (generous: machines may be busy, and nothing polled is
+/// about speed).
+pub fn poll<T>(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(x) = f() {
+            return x;
+        }
+        assert!(t.elapsed() < limit, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Polls until `ready()` holds (see [`poll`]).
+pub fn wait_until(what: &str, limit: std::time::Duration, mut ready: impl FnMut() -> bool) {
+    poll(what, limit, || ready().then_some(()))
+}

@@ -89,18 +89,10 @@ impl Daemon {
             .stderr(Stdio::null())
             .spawn()
             .expect("rtprofd starts");
-        let t = Instant::now();
-        loop {
+        wait_until("rtprofd did not start", Duration::from_secs(20), || {
             let now = std::fs::metadata(&present).ok().map(|m| inode(&m));
-            if socket.exists() && now.is_some() && now != before {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "rtprofd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            socket.exists() && now.is_some() && now != before
+        });
         Daemon {
             child,
             socket,
@@ -120,7 +112,7 @@ impl Daemon {
 
     /// Waits until process `pid` has a row named `name` in a published span.
     fn wait_for_row(&self, pid: u32, name: &str) {
-        wait_until(&format!("pid {pid}'s {name:?}"), || {
+        wait_a_minute(&format!("pid {pid}'s {name:?}"), || {
             let f = std::fs::File::open(&self.present).ok()?;
             // SAFETY: a read-only mapping the reader validates.
             let map = unsafe { memmap2::Mmap::map(&f) }.ok()?;
@@ -146,20 +138,9 @@ fn inode(m: &std::fs::Metadata) -> (u64, u64) {
     (m.dev(), m.ino())
 }
 
-/// Polls `f` until it gives a value (a minute at most: the machine may
-/// be busy, and nothing here is about speed).
-fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(x) = f() {
-            return x;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Polls `f` until it gives a value, for a minute at most.
+fn wait_a_minute<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    poll(what, Duration::from_secs(60), f)
 }
 
 /// Runs a command to its end, but never waits for ever on one that would
@@ -378,7 +359,7 @@ fn a_stopped_daemon_is_flagged_and_top_follows_a_new_one() {
             .arg("--present")
             .arg(&present),
     );
-    wait_until("top's first screen", || {
+    wait_a_minute("top's first screen", || {
         top.text()
             .contains(&format!("pid {} ", a.id()))
             .then_some(())
@@ -386,7 +367,7 @@ fn a_stopped_daemon_is_flagged_and_top_follows_a_new_one() {
 
     d1.kill();
     // Three 200 ms ticks and a second of slack.
-    let stale = wait_until("a stale report", || {
+    let stale = wait_a_minute("a stale report", || {
         Some(report()).filter(|r| r.contains("STALE"))
     });
     assert!(
@@ -413,7 +394,7 @@ fn a_stopped_daemon_is_flagged_and_top_follows_a_new_one() {
         "{}",
         text(&json.stderr)
     );
-    wait_until("top to say it is stale", || {
+    wait_a_minute("top to say it is stale", || {
         top.text().contains("STALE").then_some(())
     });
 
@@ -421,7 +402,7 @@ fn a_stopped_daemon_is_flagged_and_top_follows_a_new_one() {
     let d2 = Daemon::start(&dir);
     let mut b = d2.profiled(&bin, &["600"]);
     d2.wait_for_row(b.id(), "tick");
-    let shown = wait_until("top to show the new daemon's process", || {
+    let shown = wait_a_minute("top to show the new daemon's process", || {
         let t = top.text();
         let restarted = t.rfind("rtprofd restarted: re-opened")?;
         t[restarted..]
@@ -430,7 +411,7 @@ fn a_stopped_daemon_is_flagged_and_top_follows_a_new_one() {
     });
     assert!(shown.contains(&format!("pid {} ", b.id())));
     // Its latest screen is current again.
-    wait_until("a current screen", || {
+    wait_a_minute("a current screen", || {
         let t = top.text();
         let last = t.rsplit("\x1b[H\x1b[2J").next()?.to_string();
         (last.contains(&format!("pid {} ", b.id())) && !last.contains("STALE")).then_some(())

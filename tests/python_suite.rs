@@ -45,44 +45,14 @@ const MODULES: &[&str] = &[
 /// isolated interpreter here finds `threading` already imported).
 const IGNORED: &[&str] = &["test_import_from_another_thread"];
 
-/// Asks an interpreter for its real binary and whether libpython is shared.
-fn probe(cmd: &str) -> Option<(PathBuf, bool)> {
-    let out = Command::new(cmd)
-        .args(["-c", "import sys, sysconfig; print(sys.executable); print(sysconfig.get_config_var('Py_ENABLE_SHARED'))"])
-        .output()
-        .ok()?;
-    let text = String::from_utf8(out.stdout).ok()?;
-    let mut lines = text.lines();
-    Some((PathBuf::from(lines.next()?), lines.next() == Some("1")))
-}
-
-/// An interpreter linked against a shared libpython: `$RTPROF_TEST_PYTHON`,
-/// else `python3` on PATH, else a pyenv installation. Fails loudly if none.
+/// An interpreter linked against a shared libpython. Fails loudly if none.
 fn python() -> PathBuf {
-    let mut tried = Vec::new();
-    let mut candidates: Vec<String> = std::env::var("RTPROF_TEST_PYTHON").into_iter().collect();
-    candidates.push("python3".into());
-    let pyenv = std::env::var("PYENV_ROOT")
-        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
-    if let Ok(rd) = std::fs::read_dir(format!("{pyenv}/versions")) {
-        let mut v: Vec<String> = rd
-            .flatten()
-            .map(|e| format!("{}/bin/python3", e.path().display()))
-            .collect();
-        v.sort();
-        candidates.extend(v.into_iter().rev());
-    }
-    for c in candidates {
-        match probe(&c) {
-            Some((exe, true)) => return exe,
-            Some((exe, false)) => tried.push(format!("{c} ({}: static libpython)", exe.display())),
-            None => tried.push(format!("{c} (does not run)")),
-        }
-    }
-    panic!(
-        "no Python with a shared libpython found; tried: {}. Set RTPROF_TEST_PYTHON.",
-        tried.join(", ")
-    );
+    shared_python().unwrap_or_else(|tried| {
+        panic!(
+            "no Python with a shared libpython found; tried: {}. Set RTPROF_TEST_PYTHON.",
+            tried.join(", ")
+        )
+    })
 }
 
 /// Runs the selected test modules; returns (passed, output).
