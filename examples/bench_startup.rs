@@ -30,10 +30,11 @@
 mod common;
 
 use common::{arg, arg_text, flag, here, median};
+use rtprof_e2e::Rtprofd;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -359,41 +360,13 @@ fn objects(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-/// `rtprofd` on a private socket and presentation segment, stopped on drop.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    present: PathBuf,
-}
-
-impl Daemon {
-    fn start(dir: &Path) -> Daemon {
-        let (socket, present) = (dir.join("sock"), dir.join("present"));
-        let child = clean(here().join("rtprofd"))
-            .args(["--buffer-mib", "8", "--socket"])
-            .arg(&socket)
-            .arg("--present")
-            .arg(&present)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("log")).unwrap())
-            .spawn()
-            .expect("rtprofd starts");
-        rtprof_e2e::wait_until("rtprofd did not start", Duration::from_secs(10), || {
-            socket.exists() && present.exists()
-        });
-        Daemon {
-            child,
-            socket,
-            present,
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `rtprofd` on a private socket and presentation segment, its log in
+/// `dir/log`.
+fn start_daemon(dir: &Path) -> Rtprofd {
+    let mut cmd = clean(here().join("rtprofd"));
+    cmd.args(["--buffer-mib", "8"])
+        .stderr(std::fs::File::create(dir.join("log")).unwrap());
+    Rtprofd::start(cmd, dir)
 }
 
 /// Runs in a private mount namespace: binds `$1` over /etc, exports the
@@ -413,7 +386,7 @@ struct System<'a> {
     etc_plain: PathBuf,
     etc_agent: PathBuf,
     cache: PathBuf,
-    daemon: Daemon,
+    daemon: Rtprofd,
     reference: BTreeMap<String, Vec<u8>>,
     pending: Vec<BTreeMap<String, Vec<u8>>>,
 }
@@ -575,7 +548,7 @@ fn run_system(bench: &Bench, runs: usize) -> Option<(Measured, String)> {
         etc_plain,
         etc_agent,
         cache: bench.fresh_dir("cache-system"),
-        daemon: Daemon::start(&bench.fresh_dir("daemon")),
+        daemon: start_daemon(&bench.fresh_dir("daemon")),
         reference: BTreeMap::new(),
         pending: Vec::new(),
     };

@@ -5,19 +5,24 @@
 use rtprof_e2e::*;
 use rtprof_shared::present::{read_process, read_view, ProcView, RowView};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    present: PathBuf,
+    d: Rtprofd,
     /// Everything the daemon wrote to stderr so far, read as it comes (a
     /// pipe nobody reads would block a chatty daemon).
     log: Arc<Mutex<String>>,
     reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Rtprofd;
+    fn deref(&self) -> &Rtprofd {
+        &self.d
+    }
 }
 
 impl Daemon {
@@ -27,21 +32,14 @@ impl Daemon {
 
     /// A daemon publishing every `tick_ms` over spans of five ticks.
     fn start_ticking(dir: &Path, tick_ms: u64) -> Daemon {
-        let socket = dir.join("sock");
-        let present = dir.join("present");
-        let mut child = Command::new(rtprof().with_file_name("rtprofd"))
-            .args(["--tick", &tick_ms.to_string()])
+        let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+        cmd.args(["--tick", &tick_ms.to_string()])
             .args(["--span", &(5 * tick_ms).to_string()])
-            .args(["--buffer-mib", "4", "--log-interval", "2", "--socket"])
-            .arg(&socket)
-            .arg("--present")
-            .arg(&present)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("rtprofd starts");
+            .args(["--buffer-mib", "4", "--log-interval", "2"])
+            .stderr(Stdio::piped());
+        let mut d = Rtprofd::start(cmd, dir);
         let log = Arc::new(Mutex::new(String::new()));
-        let mut stderr = child.stderr.take().unwrap();
+        let mut stderr = d.child.stderr.take().unwrap();
         let sink = log.clone();
         let reader = std::thread::spawn(move || {
             use std::io::Read;
@@ -52,13 +50,8 @@ impl Daemon {
                     .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
-        wait_until("rtprofd did not start", Duration::from_secs(10), || {
-            socket.exists() && present.exists()
-        });
         Daemon {
-            child,
-            socket,
-            present,
+            d,
             log,
             reader: Some(reader),
         }
@@ -99,19 +92,11 @@ impl Daemon {
 
     /// The daemon's log so far (it is stopped).
     fn stop(mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.d.stop();
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
         self.log_so_far()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -353,3 +353,56 @@ pub fn poll<T>(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> Op
 pub fn wait_until(what: &str, limit: std::time::Duration, mut ready: impl FnMut() -> bool) {
     poll(what, limit, || ready().then_some(()))
 }
+
+/// `rtprofd` on a private socket (`dir/sock`) and presentation segment
+/// (`dir/present`), killed on drop.
+pub struct Rtprofd {
+    pub child: std::process::Child,
+    pub socket: PathBuf,
+    pub present: PathBuf,
+}
+
+impl Rtprofd {
+    /// Starts `cmd` (rtprofd with its other options and its stderr set) on
+    /// `dir`'s socket and segment; returns once the socket is there and the
+    /// segment is a new one (not a previous daemon's).
+    pub fn start(mut cmd: Command, dir: &Path) -> Rtprofd {
+        use std::os::unix::fs::MetadataExt;
+        let (socket, present) = (dir.join("sock"), dir.join("present"));
+        let inode = || std::fs::metadata(&present).ok().map(|m| (m.dev(), m.ino()));
+        let before = inode();
+        let child = cmd
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--present")
+            .arg(&present)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("rtprofd starts");
+        wait_until(
+            "rtprofd did not start",
+            std::time::Duration::from_secs(20),
+            || {
+                let now = inode();
+                socket.exists() && now.is_some() && now != before
+            },
+        );
+        Rtprofd {
+            child,
+            socket,
+            present,
+        }
+    }
+
+    /// Kills the daemon and waits for it.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Rtprofd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

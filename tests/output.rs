@@ -66,38 +66,22 @@ fn raw_controls(out: &[u8]) -> Vec<String> {
     found
 }
 
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    present: PathBuf,
+/// rtprofd on `dir`'s socket and segment, 200 ms ticks.
+struct Daemon(Rtprofd);
+
+impl std::ops::Deref for Daemon {
+    type Target = Rtprofd;
+    fn deref(&self) -> &Rtprofd {
+        &self.0
+    }
 }
 
 impl Daemon {
-    /// rtprofd on `dir`'s socket and segment, 200 ms ticks; waits until a
-    /// segment other than `previous` (if any) is there.
     fn start(dir: &Path) -> Daemon {
-        let socket = dir.join("sock");
-        let present = dir.join("present");
-        let before = std::fs::metadata(&present).ok().map(|m| inode(&m));
-        let child = Command::new(rtprof().with_file_name("rtprofd"))
-            .args(["--tick", "200", "--span", "1000", "--buffer-mib", "4"])
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--present")
-            .arg(&present)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("rtprofd starts");
-        wait_until("rtprofd did not start", Duration::from_secs(20), || {
-            let now = std::fs::metadata(&present).ok().map(|m| inode(&m));
-            socket.exists() && now.is_some() && now != before
-        });
-        Daemon {
-            child,
-            socket,
-            present,
-        }
+        let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+        cmd.args(["--tick", "200", "--span", "1000", "--buffer-mib", "4"])
+            .stderr(Stdio::null());
+        Daemon(Rtprofd::start(cmd, dir))
     }
 
     fn profiled(&self, bin: &Path, args: &[&str]) -> Child {
@@ -122,20 +106,8 @@ impl Daemon {
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.stop();
     }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn inode(m: &std::fs::Metadata) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    (m.dev(), m.ino())
 }
 
 /// Polls `f` until it gives a value, for a minute at most.
