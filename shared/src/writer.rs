@@ -714,6 +714,7 @@ mod tests {
             stripes: 1,
         });
         let mut buf = buffer(&layout);
+        // SAFETY: the buffer is a whole segment of this layout and outlives `w`.
         let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         let lib = w.add_sampled_module(b"/lib/libc.so.6", 0x7000).unwrap();
         w.set_named_on_demand(lib, true);
@@ -721,6 +722,7 @@ mod tests {
         let f = w.add_function(b"main", 0x10, 4).unwrap();
         w.set_status(f, None);
         let snap = |buf: &Vec<u64>| {
+            // SAFETY: the buffer's own bytes, borrowed while it lives.
             let bytes =
                 unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
             crate::read_snapshot(bytes).unwrap()

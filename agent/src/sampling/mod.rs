@@ -215,6 +215,7 @@ pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
     }
     let pid = PID.load(Ordering::Relaxed);
     let namer = |records: &[u32]| crate::loader::name_on_demand(a, records);
+    // SAFETY: the rings are leaked at start and never freed in this process.
     let rings = unsafe { &*rings };
     let lost = a.segment.writer.samples_lost();
     let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer));

@@ -108,6 +108,7 @@ impl InstructionSet for X86_64 {
     }
 
     unsafe fn signal_pc(uc: *const libc::ucontext_t) -> u64 {
+        // SAFETY: the caller passes the kernel's context (see the trait).
         (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
     }
 
