@@ -79,6 +79,7 @@ fn rows(names: &[&'static str], k: u64) -> Vec<RowIn<'static>> {
             module: "app",
             key: None,
             counted: true,
+            estimated: i == 1,
             calls: k * (i as u64 + 1),
             samples: k,
             time_ns: k * 1_000_000,

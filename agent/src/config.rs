@@ -12,7 +12,7 @@ pub enum SamplerChoice {
     Off,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Name globs of extra modules to instrument (the main executable always is).
     pub modules: Vec<String>,
@@ -47,6 +47,10 @@ pub struct Config {
     /// `RTPROF_NOCOUNT`: name globs of patched functions not counted from
     /// the start.
     pub nocount: Vec<String>,
+    /// `RTPROF_BUDGET`: the share of CPU time, in percent, counting may
+    /// cost before the hottest functions are counted in bursts (unset:
+    /// exact counting whatever it costs).
+    pub budget: Option<f64>,
 }
 
 impl Default for Config {
@@ -68,8 +72,15 @@ impl Default for Config {
             warm_only: false,
             count: Vec::new(),
             nocount: Vec::new(),
+            budget: None,
         }
     }
+}
+
+/// A budget in percent (`1`, `0.5%`); `None` for none or nonsense.
+pub fn parse_budget(v: &str) -> Option<f64> {
+    let p: f64 = v.trim().trim_end_matches('%').trim().parse().ok()?;
+    (p.is_finite() && p > 0.0 && p < 100.0).then_some(p)
 }
 
 fn truthy(v: &str) -> bool {
@@ -120,6 +131,7 @@ impl Config {
         };
         c.count = globs(s("RTPROF_COUNT"));
         c.nocount = globs(s("RTPROF_NOCOUNT"));
+        c.budget = s("RTPROF_BUDGET").and_then(|v| parse_budget(&v));
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")
             .map(|v| v.trim().to_string())

@@ -20,12 +20,12 @@ pub mod plan;
 pub mod sampling;
 
 // Each module by its own name, as the rest of the crate uses them.
-pub(crate) use count::records;
 pub use count::{api, register, segment, switching, threads};
+pub(crate) use count::{budget, records};
 pub use discover::{fileimage, maps, modules, symbols};
 pub use lifecycle::system;
 pub(crate) use lifecycle::{fork, loader, startup};
-pub use patch::{install, stubmem, switch};
+pub use patch::{install, stopworld, stubmem, switch};
 pub(crate) use plan::pipeline;
 pub use plan::{analysis, cache};
 

@@ -85,6 +85,10 @@ fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {
     w.string_field("module", &r.module);
     w.key("counted");
     w.bool(r.counted);
+    if r.estimated {
+        w.key("estimated");
+        w.bool(true);
+    }
     w.uint_field("calls", r.calls);
     w.uint_field("samples", r.samples);
     w.uint_field("time_ns", r.time_ns);

@@ -42,6 +42,11 @@ pub struct RunArgs {
     /// These patched functions do not count from the start (RTPROF_NOCOUNT).
     #[arg(long, value_name = "GLOBS")]
     nocount: Option<String>,
+    /// Overhead budget in percent of CPU time (RTPROF_BUDGET): over it,
+    /// the hottest functions are counted in bursts and their calls
+    /// estimated, with an error bound.
+    #[arg(long, value_name = "PERCENT")]
+    budget: Option<f64>,
     /// Agent diagnostics on stderr (RTPROF_VERBOSE).
     #[arg(long)]
     verbose: bool,
@@ -526,6 +531,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
         if let Some(c) = &args.nocount {
             cmd.env("RTPROF_NOCOUNT", c);
+        }
+        if let Some(b) = args.budget {
+            cmd.env("RTPROF_BUDGET", b.to_string());
         }
         if args.verbose {
             cmd.env("RTPROF_VERBOSE", "1");

@@ -4,10 +4,11 @@
 //! delta. The span's totals are kept as running sums: a new delta is added,
 //! one that falls out of the span is subtracted.
 
+use rtprof_shared::layout::function_flags;
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{key_hash, ProcTable, RowIn};
 use rtprof_shared::reader::{read_samples, sum_calls};
-use rtprof_shared::{read_snapshot, SegmentError, Snapshot};
+use rtprof_shared::{read_function_flags, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
 /// What a process's segment names, read when it changes.
@@ -118,6 +119,8 @@ pub struct Tracked {
     active: Vec<u32>,
     is_active: Vec<bool>,
     base_ns: u64,
+    /// Each function's flags at the newest tick (estimated calls).
+    flags: Vec<u32>,
 }
 
 fn seen(h: &Header) -> Seen {
@@ -159,6 +162,17 @@ impl Tracked {
             } else {
                 now_ns
             },
+            flags: s
+                .functions
+                .iter()
+                .map(|f| {
+                    if f.estimated.is_some() {
+                        function_flags::ESTIMATED
+                    } else {
+                        0
+                    }
+                })
+                .collect(),
         };
         let (f, m) = (s.functions.len(), s.modules.len());
         t.sums.resize(f, m);
@@ -203,6 +217,8 @@ impl Tracked {
         self.is_active.resize(f, false);
         self.scratch.resize(f, m);
         sum_calls(bytes, h, &mut self.scratch.calls);
+        self.flags.resize(f, 0);
+        read_function_flags(bytes, h, &mut self.flags);
         read_samples(
             bytes,
             h,
@@ -296,11 +312,13 @@ impl Tracked {
                 continue;
             }
             let counted = m.counted[i];
+            let flags = self.flags.get(i).copied().unwrap_or(0);
             rows.push(RowIn {
                 name: m.name(i),
                 module: m.modules.get(m.module_of[i] as usize).map_or("?", |s| s),
                 key: Some(m.keys[i]),
                 counted,
+                estimated: flags & function_flags::ESTIMATED != 0,
                 calls: if counted { calls } else { 0 },
                 samples,
                 time_ns: time(samples),

@@ -43,6 +43,7 @@ extern "C" {
 #define RTPROF_PROC_ENDED 1u   /* rtprof_proc.flags: the process ended */
 #define RTPROF_ROW_COUNTED 1u  /* rtprof_row.flags: calls are counted */
 #define RTPROF_ROW_GLOBAL 2u   /* rtprof_row.flags: merged across processes */
+#define RTPROF_ROW_ESTIMATED 4u /* rtprof_row.flags: calls estimated under a budget */
 
 /* A view is stale when it is older than this many ticks (plus a second of
  * slack): the daemon that published it has stopped. */

@@ -143,6 +143,12 @@ pub mod module_flags {
 pub mod function_flags {
     /// Patched, but its counting is switched off for now.
     pub const COUNTING_OFF: u32 = 1;
+    /// Counted in bursts under an overhead budget: its calls are exact
+    /// during the bursts and extrapolated between them.
+    pub const ESTIMATED: u32 = 2;
+    /// Bits 16..32 of an estimated function's flags: the bound on the
+    /// estimate's error, in hundredths of a percent of its calls.
+    pub const BOUND_SHIFT: u32 = 16;
 }
 
 /// [`FunctionRecord::status`] of a function in a `SAMPLED_ONLY` module.

@@ -12,6 +12,9 @@ pub mod sampling;
 pub mod writer;
 
 pub use layout::{Capacities, Layout};
-pub use reader::{read_header, read_snapshot, FunctionStats, ModuleStats, SegmentError, Snapshot};
+pub use reader::{
+    read_function_flags, read_header, read_snapshot, FunctionStats, ModuleStats, SegmentError,
+    Snapshot,
+};
 pub use refusal::Refusal;
 pub use writer::{SegmentWriter, WriteError};

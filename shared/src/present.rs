@@ -100,6 +100,9 @@ pub const ROW_COUNTED: u32 = 1;
 /// `Row::flags`: a global row (its `proc_index` names the first process
 /// of its executable).
 pub const ROW_GLOBAL: u32 = 2;
+/// `Row::flags`: its calls are estimated (counted in bursts under an
+/// overhead budget), not exact.
+pub const ROW_ESTIMATED: u32 = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -179,6 +182,8 @@ pub struct RowIn<'a> {
     /// computed here.
     pub key: Option<u32>,
     pub counted: bool,
+    /// Calls estimated under an overhead budget.
+    pub estimated: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -523,7 +528,8 @@ fn build<'a>(
                 module_off,
                 module_len,
                 proc_index: pi as u32,
-                flags: if r.counted { ROW_COUNTED } else { 0 },
+                flags: if r.counted { ROW_COUNTED } else { 0 }
+                    | if r.estimated { ROW_ESTIMATED } else { 0 },
                 calls: r.calls,
                 samples: r.samples,
                 time_ns: r.time_ns,
@@ -608,6 +614,8 @@ pub struct RowView {
     pub owner: usize,
     /// Calls are counted (instrumented); otherwise only sampled.
     pub counted: bool,
+    /// Calls estimated under an overhead budget, not exact.
+    pub estimated: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -760,6 +768,7 @@ impl<'a> Buffer<'a> {
             proc_index: (r.flags & ROW_GLOBAL == 0).then_some(r.proc_index as usize),
             owner: r.proc_index as usize,
             counted: r.flags & ROW_COUNTED != 0,
+            estimated: r.flags & ROW_ESTIMATED != 0,
             calls: r.calls,
             samples: r.samples,
             time_ns: r.time_ns,
@@ -905,6 +914,7 @@ pub struct RowRef<'a> {
     pub name: &'a str,
     pub module: &'a str,
     pub counted: bool,
+    pub estimated: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -934,6 +944,7 @@ impl ProcessRows {
             name: self.text((r.name_off, r.name_len)),
             module: self.text((r.module_off, r.module_len)),
             counted: r.flags & ROW_COUNTED != 0,
+            estimated: r.flags & ROW_ESTIMATED != 0,
             calls: r.calls,
             samples: r.samples,
             time_ns: r.time_ns,
@@ -1039,6 +1050,7 @@ mod tests {
                     module: "app",
                     key: None,
                     counted: i != 2,
+                    estimated: i == 1,
                     calls: k * (i as u64 + 1),
                     samples: k,
                     time_ns: k * 1_000_000,
@@ -1123,6 +1135,9 @@ mod tests {
         let r: Vec<_> = pr.rows().collect();
         assert_eq!((r[1].name, r[1].module, r[1].calls), ("hot", "app", 4));
         assert!(!r[2].counted && r[0].counted);
+        // Row 1 ("hot") is estimated, in both readers and the global row.
+        assert!(r[1].estimated && !r[0].estimated);
+        assert!(v.process(10).unwrap().1[1].estimated && g.estimated);
         assert!(!read_process_into(bytes(&mem), 7, &mut pr).unwrap());
     }
 

@@ -84,6 +84,9 @@ pub struct FunctionStats {
     pub samples: u64,
     /// Patched, with counting switched off when the segment was read.
     pub counting_off: bool,
+    /// Counted in bursts under an overhead budget: `calls` is an estimate,
+    /// within this many hundredths of a percent of the true count.
+    pub estimated: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,6 +264,23 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) {
     }
 }
 
+/// Each function's [`function_flags`] (the first `out.len()`, at most
+/// `func_count`): they change while the process runs (counting switched,
+/// calls estimated). `h` as for [`sum_calls`].
+pub fn read_function_flags(bytes: &[u8], h: &Header, out: &mut [u32]) {
+    let b = Bytes(bytes);
+    let n = out.len().min(h.func_count as usize);
+    let size = std::mem::size_of::<FunctionRecord>() as u64;
+    let at = std::mem::offset_of!(FunctionRecord, reserved) as u64;
+    for (i, f) in out[..n].iter_mut().enumerate() {
+        let o = (h.funcs_off + i as u64 * size + at) as usize;
+        // A header that lies about its regions reads as no flags.
+        *f =
+            b.0.get(o..o + 4)
+                .map_or(0, |v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+    }
+}
+
 /// Each function's samples (the first `out.len()`, at most `func_count`)
 /// and each module's samples outside its functions (the first
 /// `modules.len()`, at most `module_count`). `h` as for [`sum_calls`].
@@ -374,6 +394,8 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             calls: calls[i as usize],
             samples: samples[i as usize],
             counting_off: f.reserved & function_flags::COUNTING_OFF != 0,
+            estimated: (f.reserved & function_flags::ESTIMATED != 0)
+                .then_some((f.reserved >> function_flags::BOUND_SHIFT) as u16),
         });
     }
 

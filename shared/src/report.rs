@@ -108,6 +108,16 @@ impl Row<'_> {
     }
 }
 
+/// An estimate's bound (hundredths of a percent) as text: `0.5%`.
+pub fn bound_text(b: u16) -> String {
+    format!("{}%", b as f64 / 100.0)
+}
+
+/// An estimate's bound in calls, for `calls` estimated.
+pub fn bound_calls(calls: u64, b: u16) -> u64 {
+    (calls as u128 * b as u128).div_ceil(10_000) as u64
+}
+
 /// Every function that was called or sampled, plus sample buckets, sorted.
 pub fn rows(s: &Snapshot, sort: Sort) -> Vec<Row<'_>> {
     let mut v: Vec<Row> = s
@@ -116,10 +126,10 @@ pub fn rows(s: &Snapshot, sort: Sort) -> Vec<Row<'_>> {
         .filter(|f| f.calls > 0 || f.samples > 0)
         .map(|f| Row {
             // Its calls stopped being counted at some point: say so.
-            name: if f.counting_off {
-                format!("{} [counting off]", f.name).into()
-            } else {
-                f.name.as_str().into()
+            name: match (f.counting_off, f.estimated) {
+                (true, _) => format!("{} [counting off]", f.name).into(),
+                (false, Some(b)) => format!("{} [estimated ±{}]", f.name, bound_text(b)).into(),
+                (false, None) => f.name.as_str().into(),
             },
             module: module_name(s, f.module),
             calls: f.instrumented.then_some(f.calls),
@@ -392,6 +402,13 @@ pub fn json(procs: &[Snapshot]) -> String {
                 w.key("counting");
                 w.string("off");
             }
+            if let Some(b) = f.estimated {
+                // Counted in bursts under an overhead budget.
+                w.key("estimated");
+                w.bool(true);
+                w.key("error_bound");
+                w.uint(bound_calls(f.calls, b));
+            }
             if let Some(r) = f.refused {
                 w.key("refused");
                 w.string(r.name());
@@ -481,6 +498,7 @@ mod tests {
                     calls: c,
                     samples: if *n == "lo" { 7 } else { 0 },
                     counting_off: false,
+                    estimated: None,
                 })
                 .collect(),
         }
@@ -516,6 +534,21 @@ mod tests {
         assert!(!t.contains("lo [counting off]"), "{t}");
         let j = json(std::slice::from_ref(&s));
         assert_eq!(j.matches("\"counting\":\"off\"").count(), 1, "{j}");
+    }
+
+    /// A function counted in bursts says so, with its bound, in text and
+    /// JSON (the bound in calls).
+    #[test]
+    fn estimated_functions_show_their_bound() {
+        let mut s = snap();
+        s.functions[1].estimated = Some(250);
+        let t = text(std::slice::from_ref(&s), TextOptions::default());
+        assert!(t.contains("hi [estimated ±2.5%]"), "{t}");
+        assert!(!t.contains("lo [estimated"), "{t}");
+        let j = json(std::slice::from_ref(&s));
+        assert_eq!(j.matches("\"estimated\":true").count(), 1, "{j}");
+        // 2.5% of 50 calls, rounded up.
+        assert!(j.contains("\"error_bound\":2"), "{j}");
     }
 
     #[test]

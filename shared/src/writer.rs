@@ -353,6 +353,48 @@ impl SegmentWriter {
         }
     }
 
+    /// Says whether function `idx`'s calls are estimated (under a budget),
+    /// with the bound on the error in hundredths of a percent.
+    pub fn set_estimated(&self, idx: u32, bound: Option<u16>) {
+        use crate::layout::function_flags::{BOUND_SHIFT, ESTIMATED};
+        if idx >= self.func_count.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: as in `set_counting_off`.
+        unsafe {
+            let f = &mut *self.func_ptr(idx);
+            let flags = std::ptr::read_volatile(&f.reserved) & !(ESTIMATED | 0xffff << BOUND_SHIFT);
+            let flags = match bound {
+                Some(b) => flags | ESTIMATED | (b as u32) << BOUND_SHIFT,
+                None => flags,
+            };
+            std::ptr::write_volatile(&mut f.reserved, flags);
+        }
+    }
+
+    /// Calls of function `idx` counted so far, over every stripe handed
+    /// out. Allocates nothing (callable with other threads stopped).
+    pub fn calls(&self, idx: u32) -> u64 {
+        let used = self
+            .header_u32(offset_of!(Header, stripe_count))
+            .load(Ordering::Acquire)
+            .min(self.layout.caps.stripes);
+        (0..used)
+            // SAFETY: slot `idx` of a stripe handed out, inside the segment.
+            .map(|i| unsafe { std::ptr::read_volatile(self.stripe_ptr(i).add(idx as usize)) })
+            .sum()
+    }
+
+    /// Adds `n` calls to function `idx` in the shared stripe.
+    pub fn add_calls(&self, idx: u32, n: u64) {
+        if idx >= self.func_count.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: slot `idx` of stripe 0, aligned, only updated atomically.
+        let c = unsafe { AtomicU64::from_ptr(self.stripe_ptr(0).add(idx as usize)) };
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Records the outcome for function `idx` (once): `None` = patched.
     pub fn set_status(&self, idx: u32, refusal: Option<crate::Refusal>) {
         assert!(idx < self.func_count.load(Ordering::Relaxed));

@@ -70,6 +70,9 @@ pub trait InstructionSet {
     /// # Safety
     /// `uc` is the `ucontext_t` the kernel passed to an SA_SIGINFO handler.
     unsafe fn signal_pc(uc: *const libc::ucontext_t) -> u64;
+    /// The program counter of thread `tid`, which the caller holds in a
+    /// ptrace stop. Makes one system call and no allocation.
+    fn stopped_pc(tid: i32) -> Option<u64>;
     /// Whether an unwind row describes a frame as a call leaves it (the
     /// canonical frame is the stack pointer plus a return address, and
     /// nothing else is saved): true at a real function's first byte.

@@ -3,6 +3,7 @@
 //! rtprofd, and the C API.
 
 pub mod api;
+pub(crate) mod budget;
 pub(crate) mod records;
 pub mod register;
 pub mod segment;

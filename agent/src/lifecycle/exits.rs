@@ -114,6 +114,7 @@ exec_wrapper!(fexecve, FEXECVE, (fd: libc::c_int, argv: Argv, envp: Argv));
 /// Runs `f` with the drain thread stopped if `needs_one_thread`.
 fn single_threaded(needs_one_thread: bool, f: impl Fn() -> libc::c_int) -> libc::c_int {
     let paused = needs_one_thread && crate::sampling::pause_drain();
+    let budget_paused = needs_one_thread && crate::budget::pause();
     let mut rc = f();
     // A joined thread leaves the kernel's thread group a moment after
     // join returns; until then the kernel still says EINVAL.
@@ -124,9 +125,14 @@ fn single_threaded(needs_one_thread: bool, f: impl Fn() -> libc::c_int) -> libc:
         std::thread::sleep(std::time::Duration::from_micros(50));
         rc = f();
     }
-    if paused {
+    if paused || budget_paused {
         let errno = unsafe { *libc::__errno_location() };
-        let _ = std::panic::catch_unwind(crate::sampling::resume_drain);
+        if paused {
+            let _ = std::panic::catch_unwind(crate::sampling::resume_drain);
+        }
+        if budget_paused {
+            let _ = std::panic::catch_unwind(crate::budget::resume);
+        }
         unsafe { *libc::__errno_location() = errno };
     }
     rc

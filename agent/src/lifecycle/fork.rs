@@ -86,6 +86,7 @@ fn become_child(p: *mut u64) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
         a.reset_loader_lock();
+        crate::budget::forget_in_child(a);
         let w = &a.segment.writer;
         let first = w.stripe_ptr(0) as u64;
         let bytes = w.layout().stripe_bytes;
@@ -157,6 +158,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     if pid == 0 {
         let errno = *libc::__errno_location();
         let _ = std::panic::catch_unwind(crate::sampling::restart_in_child);
+        let _ = std::panic::catch_unwind(crate::budget::resume);
         *libc::__errno_location() = errno;
     }
     pid

@@ -7,5 +7,6 @@ pub(crate) mod fork;
 pub(crate) mod loader;
 pub(crate) mod startup;
 pub mod system;
+pub(crate) mod worker;
 
 pub(crate) use exits::resolve;

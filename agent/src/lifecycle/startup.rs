@@ -149,16 +149,21 @@ pub(crate) fn start() {
     if system::kill_switch_on() {
         return;
     }
-    let cfg = if secure_mode() {
+    let mut system = None;
+    let mut cfg = if secure_mode() {
         // The environment belongs to a less privileged user: only root's
         // policy decides, and nothing of RTPROF_* is read.
-        if !system::SystemConfig::load().profile_secure {
+        let sys = system.insert(system::SystemConfig::load());
+        if !sys.profile_secure {
             return;
         }
         Config::default()
     } else {
         Config::from_env()
     };
+    if cfg.budget.is_none() {
+        cfg.budget = system.unwrap_or_else(system::SystemConfig::load).budget;
+    }
     log::set_verbose(cfg.verbose);
     if cfg.disabled {
         return;
@@ -267,7 +272,10 @@ pub(crate) fn start() {
         threads::set_stripe(segment.writer.stripe_ptr(idx));
     }
     let shared = segment.writer.stripe_ptr(0) as u64;
-    let mut stubs = StubMap::default();
+    let mut stubs = match cfg.budget {
+        Some(_) => StubMap::keeping_entries(),
+        None => StubMap::default(),
+    };
     for (p, (_, first)) in plans.iter().zip(&recorded) {
         let (Planned::Instrument(p), Some(first)) = (p, *first) else {
             continue;
@@ -345,6 +353,7 @@ pub(crate) fn start() {
     ph.mark("handlers");
     if let Some(a) = agent() {
         crate::sampling::start(a);
+        crate::budget::start(a);
         ph.mark("sampler");
         // Set-up ends with the sampler running: a process that dies before
         // this shows 0 (it never fully started).
@@ -373,6 +382,7 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
             return;
         }
         crate::sampling::at_exit(a);
+        crate::budget::at_exit(a);
         a.segment.writer.set_exit(status, now_ns());
         if let Some(path) = &a.config.report {
             write_report(a, path);

@@ -33,10 +33,12 @@ pub fn kill_switch_on() -> bool {
     root_owned(KILL_SWITCH).is_some()
 }
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct SystemConfig {
     /// Profile processes in secure-execution mode (default: no).
     pub profile_secure: bool,
+    /// `budget = PERCENT`: the overhead budget of processes that set none.
+    pub budget: Option<f64>,
 }
 
 impl SystemConfig {
@@ -47,8 +49,12 @@ impl SystemConfig {
             let Some((k, v)) = line.split_once('=') else {
                 continue;
             };
-            if k.trim() == "profile_secure_processes" {
-                c.profile_secure = matches!(v.trim(), "yes" | "on" | "true" | "1");
+            match k.trim() {
+                "profile_secure_processes" => {
+                    c.profile_secure = matches!(v.trim(), "yes" | "on" | "true" | "1")
+                }
+                "budget" => c.budget = crate::config::parse_budget(v),
+                _ => {}
             }
         }
         c
@@ -78,6 +84,16 @@ mod tests {
         );
         assert!(!SystemConfig::parse("profile_secure_processes = no").profile_secure);
         assert!(!SystemConfig::parse("profile_secure_processes").profile_secure);
+    }
+
+    #[test]
+    fn parses_the_budget() {
+        assert_eq!(
+            SystemConfig::parse("budget = 1.5 # percent").budget,
+            Some(1.5)
+        );
+        assert_eq!(SystemConfig::parse("budget = 0").budget, None);
+        assert_eq!(SystemConfig::parse("budget = lots").budget, None);
     }
 
     #[test]

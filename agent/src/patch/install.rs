@@ -6,19 +6,38 @@ use crate::arch::{CounterRef, EntryPatch, InstructionSet, Native};
 use crate::log::vlog;
 use crate::modules::Module;
 use crate::stubmem::StubArea;
+use crate::switch::EntrySwitch;
 use rtprof_shared::Refusal;
 
 const STUB_ALIGN: u64 = Native::STUB_ALIGN;
 const PAGE: u64 = 4096;
 
-/// Maps stub addresses back to functions (samples and unwinds land there).
+/// Maps stub addresses back to functions (samples and unwinds land there),
+/// and, for an overhead budget, keeps each entry's two states.
 #[derive(Default)]
 pub struct StubMap {
     /// (stub start, stub end, counter slot), sorted by start.
     ranges: Vec<(u64, u64, u32)>,
+    /// Entries that can be switched between jump and original, by slot.
+    entries: Option<Vec<EntrySwitch>>,
 }
 
 impl StubMap {
+    /// A map that also keeps every patched entry's original bytes (56
+    /// bytes a function: only when a budget may switch entries).
+    pub fn keeping_entries() -> StubMap {
+        StubMap {
+            ranges: Vec::new(),
+            entries: Some(Vec::new()),
+        }
+    }
+
+    /// The two states of the entry of the function in `slot`, if kept.
+    pub fn entry(&self, slot: u32) -> Option<&EntrySwitch> {
+        let e = self.entries.as_ref()?;
+        e.get(e.binary_search_by_key(&slot, |e| e.slot).ok()?)
+    }
+
     pub fn lookup(&self, addr: u64) -> Option<u32> {
         let i = self.ranges.partition_point(|r| r.0 <= addr);
         let r = self.ranges.get(i.checked_sub(1)?)?;
@@ -31,6 +50,9 @@ impl StubMap {
     /// Forgets the stubs in [lo, hi) (an unloaded module's area).
     pub fn remove(&mut self, lo: u64, hi: u64) {
         self.ranges.retain(|r| r.0 < lo || r.0 >= hi);
+        if let Some(e) = &mut self.entries {
+            e.retain(|e| e.stub < lo || e.stub >= hi);
+        }
     }
 
     fn add(&mut self, mut v: Vec<(u64, u64, u32)>) {
@@ -210,6 +232,21 @@ pub fn install(
     for (k, &i) in owners.iter().enumerate() {
         if !written[k] {
             outcomes[i] = Some(Refusal::WriteFailed);
+        }
+    }
+    if let Some(kept) = &mut map.entries {
+        for (k, &i) in owners.iter().enumerate() {
+            let Ok(plan) = &mp.funcs[i].outcome else {
+                continue;
+            };
+            if written[k] {
+                let (stub, _, slot) = ranges[k];
+                kept.extend(EntrySwitch::new(plan, slot, stub, &entries[k].1));
+            }
+        }
+        // Slots grow with each module loaded: usually nothing to do.
+        if !kept.is_sorted_by_key(|e| e.slot) {
+            kept.sort_unstable_by_key(|e| e.slot);
         }
     }
     map.add(

@@ -5,8 +5,11 @@
 //! stub's page is made writable for it (still executable: threads keep
 //! running through it) and sealed again, and a `membarrier` then makes
 //! every core serialise its instruction stream before the call returns.
+//!
+//! An entry itself (jump to the stub, or the function's own bytes) is
+//! switched only with the other threads stopped: see [`EntrySwitch`].
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{EntryPatch, InstructionSet, Native, Plan};
 use crate::log::vlog;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
@@ -85,4 +88,120 @@ fn serialise_cores() {
         // SAFETY: as above.
         unsafe { libc::syscall(libc::SYS_membarrier, SYNC_CORE, 0, 0) };
     }
+}
+
+/// One patched entry's two states, switched while the program's other
+/// threads are stopped (`stopworld`): the jump to its stub (counted), or
+/// the function's own bytes (no detour at all).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EntrySwitch {
+    pub slot: u32,
+    /// Where the jump is written.
+    pub at: u64,
+    pub stub: u64,
+    len: u8,
+    original: [u8; 24],
+    jump: [u8; 24],
+}
+
+impl EntrySwitch {
+    /// The entry of `plan`'s function, patched with `patch` to reach `stub`.
+    pub fn new(plan: &Plan, slot: u32, stub: u64, patch: &EntryPatch) -> Option<EntrySwitch> {
+        let from = (plan.patch_at - plan.start) as usize;
+        let own = plan.original().get(from..from + plan.window)?;
+        let jump = patch.as_slice();
+        if jump.len() != own.len() || own.len() > 24 {
+            return None;
+        }
+        let mut e = EntrySwitch {
+            slot,
+            at: plan.patch_at,
+            stub,
+            len: own.len() as u8,
+            original: [0; 24],
+            jump: [0; 24],
+        };
+        e.original[..own.len()].copy_from_slice(own);
+        e.jump[..own.len()].copy_from_slice(jump);
+        Some(e)
+    }
+
+    /// The bytes of the entry with counting on (the jump) or off.
+    pub fn bytes(&self, counted: bool) -> &[u8] {
+        let b = if counted { &self.jump } else { &self.original };
+        &b[..self.len as usize]
+    }
+
+    /// Whether a thread stopped at `pc` is part-way through the entry's
+    /// own instructions, and would resume inside a jump written there.
+    pub fn cut_by(&self, pc: u64) -> bool {
+        pc > self.at && pc < self.at + self.len as u64
+    }
+}
+
+/// Writes `entries` (sorted by address) in their `counted` state,
+/// skipping an entry that a stopped thread (at one of `pcs`) is part-way
+/// through when a jump is to be written. Each page is made writable for
+/// its entries and sealed again (one protection change per page, not a
+/// `/proc/self/mem` write per entry); where a policy refuses writable
+/// code, the page's entries go through `mem` (this process's
+/// `/proc/self/mem`). Call with every other thread stopped; allocates
+/// nothing. Marks each entry written in `done`; returns how many.
+pub fn write_entries_stopped(
+    mem: &std::fs::File,
+    entries: &[EntrySwitch],
+    counted: bool,
+    pcs: &[u64],
+    done: &mut [bool],
+) -> usize {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0;
+    let mut i = 0;
+    while i < entries.len() {
+        let page = entries[i].at / PAGE * PAGE;
+        let end = entries[i..].partition_point(|e| e.at / PAGE * PAGE == page) + i;
+        // An entry may run into the next page.
+        let last = entries[end - 1].at + entries[end - 1].len as u64;
+        let span = (last.div_ceil(PAGE) * PAGE - page) as usize;
+        // SAFETY: pages of a loaded module's code; only their protection
+        // changes, and back (code pages are read and execute).
+        let writable = unsafe {
+            libc::mprotect(
+                page as *mut libc::c_void,
+                span,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            )
+        } == 0;
+        for k in i..end {
+            let e = &entries[k];
+            done[k] = false;
+            if counted && pcs.iter().any(|&pc| e.cut_by(pc)) {
+                continue;
+            }
+            let b = e.bytes(counted);
+            done[k] = if writable {
+                for (j, byte) in b.iter().enumerate() {
+                    // SAFETY: inside the entry, on a page made writable above.
+                    unsafe { std::ptr::write_volatile((e.at as *mut u8).add(j), *byte) };
+                }
+                true
+            } else {
+                mem.write_at(b, e.at).is_ok_and(|w| w == b.len())
+            };
+            n += done[k] as usize;
+        }
+        if writable {
+            // SAFETY: as above.
+            unsafe {
+                libc::mprotect(
+                    page as *mut libc::c_void,
+                    span,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                )
+            };
+        }
+        i = end;
+    }
+    serialise_cores();
+    n
 }

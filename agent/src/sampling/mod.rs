@@ -9,12 +9,12 @@
 //! a choice. The header records which ran and why.
 
 pub mod addrmap;
-mod drainer;
 mod perf;
 pub mod ring;
 pub(crate) mod timer;
 
 use crate::config::SamplerChoice;
+use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
 use crate::Agent;
 use ring::{field_u32, field_u64, Ring, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
@@ -31,6 +31,8 @@ static DRAINING: AtomicBool = AtomicBool::new(false);
 /// The sampler this process runs, a [`Sampler`] code.
 static KIND: AtomicU32 = AtomicU32::new(0);
 static PID: AtomicU32 = AtomicU32::new(0);
+/// The thread that drains perf rings.
+static DRAINER: Worker = Worker::new(c"rtprof-drain");
 
 fn period_ns(hz: u32) -> u64 {
     1_000_000_000 / hz.max(1) as u64
@@ -100,8 +102,11 @@ fn choose(a: &'static Agent, default_why: Why) {
     }
 }
 
-fn drain_now(wait: bool) -> usize {
-    crate::agent().map_or(0, |a| drain(a, wait, true))
+fn drain_now(wait: bool) -> Next {
+    match crate::agent().map_or(0, |a| drain(a, wait, true)) {
+        0 => Next::Idle,
+        _ => Next::Busy,
+    }
 }
 
 /// Whether modules only sampled may wait for their first sample to have
@@ -112,7 +117,7 @@ pub fn names_on_demand() -> bool {
 }
 
 fn start_drainer(a: &Agent) -> Result<(), i32> {
-    drainer::start(
+    DRAINER.start(
         perf::sleep_ms(a.config.sample_hz),
         void_stripe(a),
         drain_now,
@@ -126,7 +131,7 @@ fn start_perf(a: &'static Agent) -> Result<(), perf::Failure> {
     let rings = match perf::open(a.config.sample_hz) {
         Ok(r) => r,
         Err(f) => {
-            drainer::stop();
+            DRAINER.stop();
             return Err(f);
         }
     };
@@ -136,7 +141,7 @@ fn start_perf(a: &'static Agent) -> Result<(), perf::Failure> {
 
 /// Private memory the drain thread counts into, so that its own calls of
 /// instrumented library functions never show in the program's counts.
-fn void_stripe(a: &Agent) -> usize {
+pub(crate) fn void_stripe(a: &Agent) -> usize {
     static VOID: AtomicU64 = AtomicU64::new(0);
     let have = VOID.load(Ordering::Acquire);
     if have != 0 {
@@ -162,7 +167,8 @@ fn void_stripe(a: &Agent) -> usize {
 
 /// The program's last thread has ended (see `threads`).
 pub fn program_threads_gone() {
-    drainer::program_gone();
+    DRAINER.program_gone();
+    crate::budget::program_threads_gone();
 }
 
 /// Before this process image ends without exit handlers (`_exit`, exec):
@@ -180,7 +186,7 @@ pub fn image_ending() {
 /// Stops the drain thread (a process must be single-threaded to enter a
 /// user namespace); returns whether to [`resume_drain`] afterwards.
 pub fn pause_drain() -> bool {
-    drainer::stop()
+    DRAINER.stop()
 }
 
 pub fn resume_drain() {
@@ -342,7 +348,7 @@ pub fn at_exit(a: &Agent) {
 /// rings are not mapped here, its drain thread and timers do not exist.
 pub fn forget_parent_in_child() {
     RINGS.store(std::ptr::null_mut(), Ordering::Relaxed);
-    drainer::forget_in_child();
+    DRAINER.forget_in_child();
     DRAINING.store(false, Ordering::Relaxed);
     addrmap::reset_readers_in_child();
     timer::forget_in_child();

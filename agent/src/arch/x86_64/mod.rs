@@ -112,6 +112,21 @@ impl InstructionSet for X86_64 {
         (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
     }
 
+    fn stopped_pc(tid: i32) -> Option<u64> {
+        // SAFETY: all-zero is a valid user_regs_struct, which the kernel fills.
+        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        // SAFETY: the caller holds `tid` stopped; the kernel writes `regs`.
+        let r = unsafe {
+            libc::ptrace(
+                libc::PTRACE_GETREGS,
+                tid,
+                0,
+                &mut regs as *mut libc::user_regs_struct,
+            )
+        };
+        (r == 0).then_some(regs.rip)
+    }
+
     /// CFA = rsp + 8 and only the return address saved.
     fn is_call_entry_frame(row: &gimli::UnwindTableRow<usize>) -> bool {
         use gimli::{CfaRule, X86_64 as R};

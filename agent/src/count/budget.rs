@@ -1,0 +1,790 @@
+//! An overhead budget (`RTPROF_BUDGET=PERCENT`, or `budget = PERCENT` in
+//! root's `/etc/rtprof/rtprof.conf`): counting may cost the process at
+//! most that share of its CPU time.
+//!
+//! The agent estimates its cost as calls counted per CPU second times a
+//! measured cost per call. While exact counting fits, it stays exact. When
+//! it does not, the hottest functions are counted in bursts: their entries
+//! hold the jump to their stubs for a short burst, and their own original
+//! bytes in between (costing nothing, not even the detour), switched with
+//! the program's other threads stopped (`stopworld`). Calls between bursts
+//! are extrapolated from the burst rates (calls per CPU second), added to
+//! the shared stripe, and the function is flagged `estimated` in the
+//! segment with a bound on the error. Where threads cannot be stopped (a
+//! debugger attached, ptrace refused) the bursts switch the stubs' count
+//! instead: the estimates hold, but the detour still costs.
+
+use crate::lifecycle::worker::{Next, Worker};
+use crate::log::vlog;
+use crate::stopworld::{StopError, Stopper};
+use crate::switch::{set_counting, write_entries_stopped, EntrySwitch};
+use crate::Agent;
+use rtprof_shared::layout::function_flags;
+use std::cell::UnsafeCell;
+use std::time::Duration;
+
+/// Nanoseconds counting adds to a call on real code (Lua 1.3, SQLite 1.2,
+/// cc1 2-3.7 on the development machine: see README).
+const COST_PER_CALL_NS: f64 = 2.0;
+/// The most a call's counting was seen to cost (cc1): what bounds the
+/// share of a burst's CPU time that went to counting.
+const MOST_COST_PER_CALL_NS: f64 = 4.0;
+/// A cycle is one burst, then the functions' own code until the next.
+/// Short cycles follow a program's phases closely, but each costs two
+/// stops of the program: cycles are as short as a quarter of the budget
+/// pays for, and no shorter than this.
+const SHORTEST_CYCLE: Duration = Duration::from_millis(20);
+const SHORTEST_BURST: Duration = Duration::from_micros(500);
+/// How long exact counting is watched before the first decision, and
+/// between looks while it fits.
+const FIRST_LOOK: Duration = Duration::from_millis(20);
+const LOOK_AGAIN: Duration = Duration::from_millis(500);
+/// At most this many functions are counted in bursts (each switch writes
+/// every one of them with the program stopped).
+const MOST_ESTIMATED: usize = 4096;
+
+static WORKER: Worker = Worker::new(c"rtprof-budget");
+
+/// One function counted in bursts.
+struct Estimated {
+    entry: EntrySwitch,
+    /// Calls counted (not extrapolated) when its current burst began.
+    at_burst: u64,
+    /// Its rates in the last burst that ended (or the watch before the
+    /// first).
+    last: Option<Rates>,
+    /// Calls this controller added by extrapolation.
+    added: f64,
+    /// The bound on the error of what was added, in calls.
+    error: f64,
+}
+
+/// A function's calls per unit of the program's progress, measured in a
+/// burst, in two units:
+/// - per call of the reference (the hottest functions still counted
+///   exactly): counting slows the program during a burst, but the
+///   reference as much as the estimated functions, so the ratio holds;
+///   used when the reference is called often enough to measure by;
+/// - per nanosecond of process CPU time. Counting's own share of a
+///   burst's CPU time slows the program then, by an amount known only
+///   within limits: the estimate lies between no slowing and the most
+///   counting can cost, and the error covers both.
+#[derive(Clone, Copy, Debug)]
+struct Rates {
+    per_reference: Option<f64>,
+    per_cpu_ns: f64,
+    /// The largest share of the burst's CPU time counting can have taken.
+    most_cost: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// Everything counts exactly; cost is being watched.
+    Watching,
+    /// Estimated functions run their own code.
+    Between,
+    /// A burst: estimated functions count.
+    Burst,
+}
+
+/// The program's progress at one instant.
+#[derive(Clone, Copy, Default, Debug)]
+struct Clock {
+    cpu: u64,
+    reference: u64,
+}
+
+/// Progress between two clocks.
+#[derive(Clone, Copy, Default, Debug)]
+struct Span {
+    cpu: f64,
+    reference: f64,
+}
+
+impl Clock {
+    fn since(&self, from: &Clock) -> Span {
+        Span {
+            cpu: self.cpu.saturating_sub(from.cpu) as f64,
+            reference: self.reference.saturating_sub(from.reference) as f64,
+        }
+    }
+}
+
+/// Fewer reference calls than this in a burst: measure it in CPU time.
+/// (The reference's own noise shows in the spread between bursts, which
+/// the error bound includes.)
+const DENSE_REFERENCE: f64 = 100.0;
+
+impl Rates {
+    /// Rates of a function that made `calls` in `span`, in which the
+    /// estimated functions together made `all` calls.
+    fn measure(calls: u64, all: u64, span: &Span) -> Rates {
+        let cpu = span.cpu.max(1.0);
+        Rates {
+            per_reference: (span.reference >= DENSE_REFERENCE)
+                .then(|| calls as f64 / span.reference),
+            per_cpu_ns: calls as f64 / cpu,
+            most_cost: (all as f64 * MOST_COST_PER_CALL_NS / cpu).min(0.8),
+        }
+    }
+}
+
+/// Calls in a gap of `gap` progress between bursts measured `before`
+/// and `after` (the same when extrapolating past the last burst): the
+/// estimate and its error bound.
+fn interpolate(before: &Rates, after: &Rates, gap: &Span) -> (f64, f64) {
+    let mid = |a: f64, b: f64| ((a + b) / 2.0, (a - b).abs() / 2.0);
+    if let (Some(a), Some(b)) = (before.per_reference, after.per_reference) {
+        if gap.reference > 0.0 {
+            let (r, spread) = mid(a, b);
+            return (r * gap.reference, spread * gap.reference);
+        }
+    }
+    let (r, spread) = mid(before.per_cpu_ns, after.per_cpu_ns);
+    let low = r * gap.cpu;
+    let high = low / (1.0 - before.most_cost.max(after.most_cost));
+    ((low + high) / 2.0, (high - low) / 2.0 + spread * gap.cpu)
+}
+
+struct Controller {
+    /// Budget as a fraction of the process's CPU time.
+    budget: f64,
+    phase: Phase,
+    /// Process CPU time and every function's calls at the last look.
+    look_cpu: u64,
+    look_calls: Vec<u64>,
+    chosen: Vec<Estimated>,
+    /// The reference: slots of the hottest functions counted exactly.
+    reference: Vec<u32>,
+    /// Share of each cycle spent in a burst.
+    duty: f64,
+    burst_from: Clock,
+    gap_from: Clock,
+    /// Progress between the last two bursts, interpolated once the burst
+    /// after it has rates too.
+    pending_gap: Option<Span>,
+    cycles: u32,
+    /// Threads cannot be stopped here: switch the stubs' count instead.
+    stubs_only: bool,
+    /// Kept from one switch to the next.
+    stopper: Option<Stopper>,
+    /// How long one stop of the program takes (wall ns, a running mean).
+    stop_ns: f64,
+    noise: u64,
+}
+
+/// The controller, guarded by the agent's loader lock (which also keeps
+/// the modules, and so the entries, in place while they are switched).
+struct Guarded(UnsafeCell<Option<Controller>>);
+// SAFETY: only touched with the loader lock held.
+unsafe impl Sync for Guarded {}
+static CONTROLLER: Guarded = Guarded(UnsafeCell::new(None));
+
+/// Runs `f` on the controller with the loader lock held.
+fn with_controller<T>(a: &Agent, f: impl FnOnce(&mut Controller) -> T) -> Option<T> {
+    if !a.loader_lock.lock() {
+        return None;
+    }
+    // SAFETY: the loader lock is held.
+    let r = unsafe { (*CONTROLLER.0.get()).as_mut().map(f) };
+    a.loader_lock.unlock();
+    r
+}
+
+/// Process CPU time in nanoseconds (a system call; allocates nothing).
+/// By the process's own clock, not the caller's: the helper that stops
+/// the program reads it too, and is another process.
+fn cpu_ns() -> u64 {
+    // The kernel's process CPU clock id of a pid (MAKE_PROCESS_CPUCLOCK).
+    static CLOCK: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    let mut id = CLOCK.load(std::sync::atomic::Ordering::Relaxed);
+    if id == 0 {
+        // SAFETY: a plain system call; only agent threads of this
+        // process come here first.
+        id = (!unsafe { libc::getpid() } << 3) | 2;
+        CLOCK.store(id, std::sync::atomic::Ordering::Relaxed);
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec on our stack.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Starts the budget's thread if a budget is set. After start-up, and in
+/// a forked child once `fork()` has returned.
+pub fn start(a: &'static Agent) {
+    let Some(percent) = a.config.budget else {
+        return;
+    };
+    if !a.loader_lock.lock() {
+        return;
+    }
+    // SAFETY: the loader lock is held.
+    unsafe { *CONTROLLER.0.get() = Some(Controller::new(percent / 100.0)) };
+    a.loader_lock.unlock();
+    let void = crate::sampling::void_stripe(a);
+    if let Err(e) = WORKER.start(FIRST_LOOK.as_millis() as u64, void, tick) {
+        vlog!(
+            "budget thread not started: {}; counting stays exact",
+            std::io::Error::from_raw_os_error(e)
+        );
+    }
+}
+
+fn tick(gone: bool) -> Next {
+    let Some(a) = crate::agent() else {
+        return Next::Idle;
+    };
+    if gone {
+        return Next::Idle;
+    }
+    with_controller(a, |c| c.step(a)).map_or(Next::In(LOOK_AGAIN), Next::In)
+}
+
+/// At exit: the calls since the last burst are extrapolated and every
+/// estimate gets its final bound. The functions stay as they are.
+pub fn at_exit(a: &Agent) {
+    with_controller(a, |c| c.settle(a));
+}
+
+/// The program's last thread has ended.
+pub fn program_threads_gone() {
+    WORKER.program_gone();
+}
+
+/// Stops the thread (a process entering a user namespace must be
+/// single-threaded); returns whether to [`resume`].
+pub fn pause() -> bool {
+    WORKER.stop()
+}
+
+/// Restarts the thread after [`pause`], or starts the controller of a
+/// forked child (which [`forget_in_child`] left without one).
+pub fn resume() {
+    let Some(a) = crate::agent() else { return };
+    // SAFETY: read under no lock, but only this thread starts a controller.
+    if unsafe { (*CONTROLLER.0.get()).is_none() } {
+        return start(a);
+    }
+    let void = crate::sampling::void_stripe(a);
+    let _ = WORKER.start(FIRST_LOOK.as_millis() as u64, void, tick);
+}
+
+/// In a forked child, from the fork handler (one thread, allocation-free):
+/// every estimated entry jumps to its stub again and counts exactly (the
+/// child's counters start at zero), until the child's own controller
+/// starts when `fork()` returns.
+pub fn forget_in_child(a: &Agent) {
+    WORKER.forget_in_child();
+    // SAFETY: the only thread of the child; the lock was reset with the loader's.
+    let Some(c) = (unsafe { (*CONTROLLER.0.get()).as_mut() }) else {
+        return;
+    };
+    if c.phase == Phase::Between && c.stubs_only {
+        for e in &c.chosen {
+            let _ = set_counting(std::slice::from_ref(&e.entry.stub), true);
+        }
+    } else if c.phase == Phase::Between {
+        // SAFETY: a static path; the descriptor is closed below.
+        let fd =
+            unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            for e in &c.chosen {
+                let b = e.entry.bytes(true);
+                // SAFETY: writes our own code through our descriptor; this
+                // thread is the process's only one.
+                unsafe {
+                    libc::pwrite(
+                        fd,
+                        b.as_ptr() as *const libc::c_void,
+                        b.len(),
+                        e.entry.at as i64,
+                    )
+                };
+            }
+            // SAFETY: our descriptor.
+            unsafe { libc::close(fd) };
+        }
+    }
+    for e in &c.chosen {
+        a.segment.writer.set_estimated(e.entry.slot, None);
+    }
+    // SAFETY: as above.
+    unsafe { *CONTROLLER.0.get() = None };
+}
+
+impl Controller {
+    fn new(budget: f64) -> Controller {
+        Controller {
+            budget,
+            phase: Phase::Watching,
+            look_cpu: cpu_ns(),
+            look_calls: Vec::new(),
+            chosen: Vec::new(),
+            reference: Vec::new(),
+            duty: 1.0,
+            burst_from: Clock::default(),
+            gap_from: Clock::default(),
+            pending_gap: None,
+            cycles: 0,
+            stubs_only: false,
+            stopper: None,
+            stop_ns: 150_000.0,
+            noise: cpu_ns() | 1,
+        }
+    }
+
+    /// One step of the cycle; returns how long until the next.
+    fn step(&mut self, a: &Agent) -> Duration {
+        match self.phase {
+            Phase::Watching => self.watch(a),
+            Phase::Between => {
+                self.begin_burst(a);
+                self.burst_len()
+            }
+            Phase::Burst => {
+                self.end_burst(a);
+                self.cycles += 1;
+                // Exact counting's cost is what grows when the program
+                // moves on to other functions: looked at every cycle.
+                self.choose_more(a);
+                self.gap_len()
+            }
+        }
+    }
+
+    fn cycle(&self) -> Duration {
+        let paid = Duration::from_nanos((2.0 * self.stop_ns / (self.budget / 4.0)) as u64);
+        // A very small duty lengthens the cycle rather than the burst.
+        SHORTEST_CYCLE
+            .max(paid)
+            .max(SHORTEST_BURST.div_f64(self.duty))
+    }
+
+    fn burst_len(&self) -> Duration {
+        self.cycle().mul_f64(self.duty)
+    }
+
+    /// Gaps vary from half to one and a half times their mean, so that
+    /// bursts do not keep landing in the same part of a program's own
+    /// periodic phases.
+    fn gap_len(&mut self) -> Duration {
+        // xorshift64: a few bits of noise, no state worth more.
+        self.noise ^= self.noise << 13;
+        self.noise ^= self.noise >> 7;
+        self.noise ^= self.noise << 17;
+        let jitter = 0.5 + (self.noise >> 11) as f64 / (1u64 << 53) as f64;
+        self.cycle().mul_f64((1.0 - self.duty) * jitter)
+    }
+
+    /// Calls per function since the last look, and the CPU time they took.
+    fn look(&mut self, a: &Agent) -> (Vec<u64>, u64) {
+        let w = &a.segment.writer;
+        let now: Vec<u64> = (0..w.func_count()).map(|s| w.calls(s)).collect();
+        let cpu = cpu_ns();
+        let delta = now
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| n.saturating_sub(self.look_calls.get(i).copied().unwrap_or(0)))
+            .collect();
+        let spent = cpu.saturating_sub(self.look_cpu).max(1);
+        self.look_calls = now;
+        self.look_cpu = cpu;
+        (delta, spent)
+    }
+
+    /// Watching exact counting: does it fit the budget?
+    fn watch(&mut self, a: &Agent) -> Duration {
+        self.choose_more(a);
+        if self.chosen.is_empty() {
+            return LOOK_AGAIN;
+        }
+        self.gap_from = self.switch(a, false);
+        self.phase = Phase::Between;
+        self.gap_len()
+    }
+
+    /// Moves the hottest exactly counted functions to bursts until exact
+    /// counting costs at most half the budget (bursts get a quarter, the
+    /// stops the last), sets the bursts' duty, and the reference.
+    fn choose_more(&mut self, a: &Agent) {
+        let (delta, spent) = self.look(a);
+        let w = &a.segment.writer;
+        let cost = |calls: u64| calls as f64 * COST_PER_CALL_NS / spent as f64;
+        let chosen: std::collections::HashSet<u32> =
+            self.chosen.iter().map(|e| e.entry.slot).collect();
+        let mut exact: Vec<(u32, u64)> = delta
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (s as u32, n))
+            .filter(|&(s, n)| n > 0 && !chosen.contains(&s))
+            .collect();
+        exact.sort_unstable_by_key(|e| std::cmp::Reverse(e.1));
+        let mut exact_cost = cost(exact.iter().map(|e| e.1).sum());
+        let stubs = a.stubs();
+        let mut added = Vec::new();
+        for &(slot, n) in &exact {
+            if exact_cost <= self.budget / 2.0 || self.chosen.len() + added.len() >= MOST_ESTIMATED
+            {
+                break;
+            }
+            let f = w.function(slot);
+            if f.status != 0
+                || f.reserved & function_flags::COUNTING_OFF != 0
+                || self.reference.contains(&slot)
+            {
+                continue;
+            }
+            let Some(entry) = stubs.entry(slot) else {
+                continue;
+            };
+            exact_cost -= cost(n);
+            added.push(*entry);
+        }
+        // Bursts are best measured by calls of functions left exact: if
+        // those are too rare for it, the least hot of the new ones stays
+        // exact instead, as long as exact counting keeps within three
+        // quarters of the budget.
+        let mut left: u64 = exact.iter().map(|e| e.1).sum::<u64>()
+            - added.iter().map(|e| delta[e.slot as usize]).sum::<u64>();
+        while let Some(last) = added.last() {
+            let n = delta[last.slot as usize];
+            let per_burst = left as f64 / spent as f64 * SHORTEST_BURST.as_nanos() as f64;
+            if per_burst >= 2.0 * DENSE_REFERENCE || exact_cost + cost(n) > self.budget * 0.75 {
+                break;
+            }
+            exact_cost += cost(n);
+            left += n;
+            added.pop();
+        }
+        if !added.is_empty() {
+            vlog!(
+                "budget {:.2}%: counting {} more functions in bursts (exact counting would cost {:.1}%)",
+                self.budget * 100.0,
+                added.len(),
+                cost(delta.iter().sum()) * 100.0
+            );
+        }
+        if self.chosen.is_empty() && added.is_empty() {
+            return;
+        }
+        self.choose_reference(a, &exact, &added, &delta, spent);
+        let span = Span {
+            cpu: spent as f64,
+            reference: self
+                .reference
+                .iter()
+                .map(|&s| delta[s as usize])
+                .sum::<u64>() as f64,
+        };
+        let all: u64 = added.iter().map(|e| delta[e.slot as usize]).sum();
+        for e in &added {
+            let rates = Rates::measure(delta[e.slot as usize], all, &span);
+            self.add_chosen(a, e, rates);
+        }
+        // The estimated functions' cost if counted throughout (their calls
+        // since the last look include the extrapolated ones).
+        let chosen_cost: f64 = self
+            .chosen
+            .iter()
+            .map(|e| cost(delta[e.entry.slot as usize]))
+            .sum();
+        // Exact counting takes up to half, the stops a quarter.
+        let room = (self.budget * 0.75 - exact_cost).max(self.budget / 4.0);
+        self.duty = (room / chosen_cost.max(1e-9)).clamp(0.002, 0.5);
+    }
+
+    /// The reference: the hottest functions left exact, kept while they
+    /// are called often enough to measure a burst by. A new reference
+    /// starts its count from now, and rates measured against the old one
+    /// no longer apply.
+    fn choose_reference(
+        &mut self,
+        a: &Agent,
+        exact: &[(u32, u64)],
+        added: &[EntrySwitch],
+        delta: &[u64],
+        spent: u64,
+    ) {
+        const SIZE: usize = 256;
+        let calls: u64 = self.reference.iter().map(|&s| delta[s as usize]).sum();
+        let per_burst = calls as f64 / spent as f64 * SHORTEST_BURST.as_nanos() as f64;
+        if per_burst >= 2.0 * DENSE_REFERENCE {
+            return;
+        }
+        let reference: Vec<u32> = exact
+            .iter()
+            .map(|e| e.0)
+            .filter(|s| !added.iter().any(|e| e.slot == *s))
+            .take(SIZE)
+            .collect();
+        if reference == self.reference {
+            return;
+        }
+        self.reference = reference;
+        self.gap_from.reference = read_clock(a, &self.reference).reference;
+        for e in &mut self.chosen {
+            if let Some(r) = &mut e.last {
+                r.per_reference = None;
+            }
+        }
+    }
+
+    /// Adds `e`, keeping the chosen in address order (entries are
+    /// switched a page at a time).
+    fn add_chosen(&mut self, a: &Agent, e: &EntrySwitch, rates: Rates) {
+        let w = &a.segment.writer;
+        w.set_estimated(e.slot, Some(0));
+        let at = self.chosen.partition_point(|c| c.entry.at < e.at);
+        self.chosen.insert(
+            at,
+            Estimated {
+                entry: *e,
+                // Nothing added yet: every call so far was counted.
+                at_burst: w.calls(e.slot),
+                last: Some(rates),
+                added: 0.0,
+                error: 0.0,
+            },
+        );
+    }
+
+    /// Switches the chosen functions' counting on or off, stopping the
+    /// other threads if possible; returns the program's progress at the
+    /// switch, and notes each function's count then in `at`.
+    fn switch_reading(&mut self, a: &Agent, on: bool, at: &mut [u64]) -> Clock {
+        if !self.stubs_only {
+            match self.switch_entries(a, on, at) {
+                Ok(clock) => return clock,
+                // Nothing was written: every entry still jumps to its stub.
+                Err(e) => {
+                    self.stubs_only = true;
+                    vlog!("budget: threads cannot be stopped ({e}); bursts switch the stubs' count instead, and the detour still costs");
+                }
+            }
+        }
+        let mut stubs: Vec<u64> = self.chosen.iter().map(|e| e.entry.stub).collect();
+        stubs.sort_unstable();
+        if let Err(e) = set_counting(&stubs, on) {
+            vlog!("budget: {e}");
+        }
+        let w = &a.segment.writer;
+        for (e, n) in self.chosen.iter().zip(at.iter_mut()) {
+            *n = w.calls(e.entry.slot);
+        }
+        read_clock(a, &self.reference)
+    }
+
+    /// [`Controller::switch_reading`], noting where each burst starts.
+    fn switch(&mut self, a: &Agent, on: bool) -> Clock {
+        let mut at = vec![0u64; self.chosen.len()];
+        let clock = self.switch_reading(a, on, &mut at);
+        if on {
+            for (e, &n) in self.chosen.iter_mut().zip(&at) {
+                e.at_burst = e.counted(n);
+            }
+        }
+        clock
+    }
+
+    /// Writes every chosen entry with the other threads stopped, and reads
+    /// the counts and the clock while they are. An entry whose original
+    /// instructions a thread is part-way through keeps its own code until
+    /// the next burst.
+    fn switch_entries(&mut self, a: &Agent, on: bool, at: &mut [u64]) -> Result<Clock, StopError> {
+        let mem = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/proc/self/mem")
+            .map_err(|e| StopError::NotPermitted(e.raw_os_error().unwrap_or(0)))?;
+        let entries: Vec<EntrySwitch> = self.chosen.iter().map(|e| e.entry).collect();
+        let mut done = vec![false; entries.len()];
+        let w = &a.segment.writer;
+        let reference = &self.reference;
+        let stopper = match &mut self.stopper {
+            Some(s) => s,
+            None => self.stopper.insert(Stopper::new()?),
+        };
+        let started = std::time::Instant::now();
+        let clock = stopper.run(|pcs| {
+            write_entries_stopped(&mem, &entries, on, pcs, &mut done);
+            for (e, n) in entries.iter().zip(at.iter_mut()) {
+                *n = w.calls(e.slot);
+            }
+            read_clock(a, reference)
+        })?;
+        // A running mean, each stop counted at most twice the mean: the
+        // first stop pays one-time costs (mapping, first writes).
+        let took = started.elapsed().as_nanos() as f64;
+        self.stop_ns = 0.8 * self.stop_ns + 0.2 * took.min(2.0 * self.stop_ns);
+        let skipped = done.iter().filter(|d| !**d).count();
+        if skipped > 0 {
+            vlog!("budget: {skipped} entries not switched (a thread was inside)");
+        }
+        Ok(clock)
+    }
+
+    fn begin_burst(&mut self, a: &Agent) {
+        let clock = self.switch(a, true);
+        self.pending_gap = Some(clock.since(&self.gap_from));
+        self.burst_from = clock;
+        self.phase = Phase::Burst;
+    }
+
+    fn end_burst(&mut self, a: &Agent) {
+        let mut at = vec![0u64; self.chosen.len()];
+        let clock = self.switch_reading(a, false, &mut at);
+        self.close_burst(a, &clock, &at);
+        self.gap_from = clock;
+        self.phase = Phase::Between;
+        self.publish_bounds(a);
+    }
+
+    /// The burst that ends at `clock` (with counts `at`): its rates, and
+    /// the gap before it interpolated between the bursts on either side.
+    fn close_burst(&mut self, a: &Agent, clock: &Clock, at: &[u64]) {
+        let w = &a.segment.writer;
+        let span = clock.since(&self.burst_from);
+        let gap = self.pending_gap.take().unwrap_or_default();
+        let counted: Vec<u64> = self
+            .chosen
+            .iter()
+            .zip(at)
+            .map(|(e, &n)| e.counted(n).saturating_sub(e.at_burst))
+            .collect();
+        let all = counted.iter().sum();
+        for (e, &c) in self.chosen.iter_mut().zip(&counted) {
+            let now = Rates::measure(c, all, &span);
+            let (calls, error) = interpolate(e.last.as_ref().unwrap_or(&now), &now, &gap);
+            extrapolate(w, e, calls, error);
+            e.last = Some(now);
+        }
+    }
+
+    /// The exit: the gap since the last burst (or the burst under way)
+    /// is extrapolated, and every bound published.
+    fn settle(&mut self, a: &Agent) {
+        let w = &a.segment.writer;
+        let at: Vec<u64> = self.chosen.iter().map(|e| w.calls(e.entry.slot)).collect();
+        let clock = read_clock(a, &self.reference);
+        match self.phase {
+            Phase::Watching => return,
+            Phase::Burst => self.close_burst(a, &clock, &at),
+            Phase::Between => {
+                let gap = clock.since(&self.gap_from);
+                for e in &mut self.chosen {
+                    let Some(last) = e.last else { continue };
+                    let (calls, error) = interpolate(&last, &last, &gap);
+                    // Past the last burst no later burst bounds the
+                    // change: as uncertain, relatively, as the gaps so
+                    // far, and at least 2%.
+                    let so_far = if e.added > 0.0 {
+                        e.error / e.added
+                    } else {
+                        0.1
+                    };
+                    extrapolate(w, e, calls, error + calls * so_far.max(0.02));
+                }
+            }
+        }
+        self.gap_from = clock;
+        self.phase = Phase::Between;
+        self.publish_bounds(a);
+        vlog!(
+            "budget: {} functions counted in {} bursts ({:.2}% of the time), stops of {:.0} µs{}",
+            self.chosen.len(),
+            self.cycles,
+            self.duty * 100.0,
+            self.stop_ns / 1e3,
+            if self.stubs_only {
+                " (stubs' count switched)"
+            } else {
+                ""
+            }
+        );
+    }
+
+    /// Each estimate's bound, in hundredths of a percent of the estimate:
+    /// the errors of its gaps, plus 1% of what was extrapolated (for
+    /// change faster than a cycle).
+    fn publish_bounds(&self, a: &Agent) {
+        let w = &a.segment.writer;
+        for e in &self.chosen {
+            let total = w.calls(e.entry.slot) as f64;
+            let bound = e.error + 0.01 * e.added + 1.0;
+            let rel = if total > 0.0 { bound / total } else { 1.0 };
+            let units = (rel * 10_000.0).ceil().clamp(1.0, u16::MAX as f64) as u16;
+            w.set_estimated(e.entry.slot, Some(units));
+        }
+    }
+}
+
+/// The program's progress now; allocates nothing.
+fn read_clock(a: &Agent, reference: &[u32]) -> Clock {
+    let w = &a.segment.writer;
+    Clock {
+        cpu: cpu_ns(),
+        reference: reference.iter().map(|&s| w.calls(s)).sum(),
+    }
+}
+
+impl Estimated {
+    /// The calls actually counted, of `total` read from the segment.
+    fn counted(&self, total: u64) -> u64 {
+        total.saturating_sub(self.added as u64)
+    }
+}
+
+/// Adds `calls` (fractional) to the function's count, carrying fractions,
+/// and `error` to its bound.
+fn extrapolate(w: &rtprof_shared::SegmentWriter, e: &mut Estimated, calls: f64, error: f64) {
+    let before = e.added as u64;
+    e.added += calls.max(0.0);
+    e.error += error;
+    let n = e.added as u64 - before;
+    if n > 0 {
+        w.add_calls(e.entry.slot, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(cpu: f64, reference: f64) -> Span {
+        Span { cpu, reference }
+    }
+
+    #[test]
+    fn steady_reference_ratios_interpolate_exactly() {
+        // 3 calls per reference call in both bursts, however slowed.
+        let a = Rates::measure(3000, 3000, &span(1e6, 1000.0));
+        let b = Rates::measure(6000, 6000, &span(4e6, 2000.0));
+        let (calls, error) = interpolate(&a, &b, &span(1e8, 50_000.0));
+        assert_eq!((calls, error), (150_000.0, 0.0));
+    }
+
+    #[test]
+    fn thin_reference_falls_back_to_cpu_time_between_its_limits() {
+        let a = Rates::measure(1000, 1000, &span(1e6, 10.0));
+        assert!(a.per_reference.is_none());
+        // 1000 calls at most 4 ns each: at most 0.4% of the burst.
+        assert!((a.most_cost - 0.004).abs() < 1e-12);
+        let (calls, error) = interpolate(&a, &a, &span(1e8, 5000.0));
+        let low = 1000.0 / 1e6 * 1e8;
+        let high = low / 0.996;
+        assert!((calls - (low + high) / 2.0).abs() < 1e-6, "{calls}");
+        assert!((error - (high - low) / 2.0).abs() < 1e-6, "{error}");
+    }
+
+    #[test]
+    fn changing_rates_widen_the_error() {
+        let a = Rates::measure(1000, 1000, &span(1e6, 1000.0));
+        let b = Rates::measure(3000, 3000, &span(1e6, 1000.0));
+        let (calls, error) = interpolate(&a, &b, &span(1e8, 10_000.0));
+        assert_eq!(calls, 20_000.0);
+        assert_eq!(error, 10_000.0);
+    }
+}

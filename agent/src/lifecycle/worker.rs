@@ -1,0 +1,185 @@
+//! An agent thread's life: started, woken, paused and ended on request.
+//! Two run this way: the sampler's drain thread and the budget's.
+//!
+//! It sleeps on a futex for as long as its tick asks: a tick that found
+//! work asks for the busy interval, an idle one for twice its last sleep
+//! (up to a limit, so an idle process costs one wake-up a second), or for
+//! an exact time. It can be stopped and joined (a process must be
+//! single-threaded to enter a user namespace), and it ends by itself once
+//! the program's last thread has ended, so that glibc ends the process
+//! exactly as it would without it.
+
+use crate::threads;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+const NONE: u32 = 0;
+const RUNNING: u32 = 1;
+const STOPPING: u32 = 2;
+
+/// What a tick asks of the next sleep.
+pub enum Next {
+    /// Work came: sleep the busy interval.
+    Busy,
+    /// Nothing came: sleep twice as long as last time, up to the limit.
+    Idle,
+    /// Wake after exactly this long.
+    In(Duration),
+}
+
+/// One tick: `gone` says the program's last thread has ended (this is the
+/// last tick).
+pub type Tick = fn(gone: bool) -> Next;
+
+pub struct Worker {
+    name: &'static std::ffi::CStr,
+    state: AtomicU32,
+    /// Futex word: non-zero asks the thread to look at its state now.
+    wake: AtomicU32,
+    /// The program's last thread has ended: tick once more and end.
+    program_gone: AtomicBool,
+    thread: AtomicUsize,
+}
+
+const BUSY_SLEEP_MS: u64 = 100;
+
+impl Worker {
+    pub const fn new(name: &'static std::ffi::CStr) -> Worker {
+        Worker {
+            name,
+            state: AtomicU32::new(NONE),
+            wake: AtomicU32::new(0),
+            program_gone: AtomicBool::new(false),
+            thread: AtomicUsize::new(0),
+        }
+    }
+
+    fn futex_wait(&self, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
+        // SAFETY: our futex word and a timespec on the stack.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.wake.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                0u32,
+                &ts as *const libc::timespec,
+            )
+        };
+    }
+
+    fn wake(&self) {
+        self.wake.store(1, Ordering::Release);
+        // SAFETY: our futex word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.wake.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
+    }
+
+    /// Starts the thread (if not running), ticking with `tick`; an idle
+    /// tick sleeps at most `max_sleep_ms`. `void` is private memory its own
+    /// counted calls go to (0: none).
+    pub fn start(&'static self, max_sleep_ms: u64, void: usize, tick: Tick) -> Result<(), i32> {
+        if self
+            .state
+            .compare_exchange(NONE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Ok(());
+        }
+        self.program_gone.store(false, Ordering::Release);
+        let job = Box::new(move || self.run(max_sleep_ms, void, tick));
+        match threads::spawn_unprofiled(job) {
+            Ok(t) => {
+                self.thread.store(t as usize, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                self.state.store(NONE, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+
+    fn run(&self, max_sleep_ms: u64, void: usize, tick: Tick) {
+        if void != 0 {
+            threads::set_stripe(void as *mut u64);
+        }
+        // SAFETY: names this thread; the name is a static C string.
+        unsafe { libc::pthread_setname_np(libc::pthread_self(), self.name.as_ptr()) };
+        let busy = Duration::from_millis(BUSY_SLEEP_MS.min(max_sleep_ms));
+        let mut sleep = busy;
+        loop {
+            if self.wake.load(Ordering::Acquire) == 0 {
+                self.futex_wait(sleep);
+            }
+            self.wake.store(0, Ordering::Release);
+            let gone = self.program_gone.load(Ordering::Acquire);
+            let next = tick(gone);
+            if gone {
+                // No one will join us: the process ends once we have.
+                if self
+                    .state
+                    .compare_exchange(RUNNING, NONE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    self.thread.store(0, Ordering::Release);
+                    // SAFETY: detaches this very thread.
+                    unsafe { libc::pthread_detach(libc::pthread_self()) };
+                }
+                return;
+            }
+            if self.state.load(Ordering::Acquire) == STOPPING {
+                return;
+            }
+            sleep = match next {
+                Next::Busy => busy,
+                Next::Idle => (sleep * 2).min(Duration::from_millis(max_sleep_ms)),
+                Next::In(d) => d,
+            };
+        }
+    }
+
+    /// Stops and joins the thread (after a last tick). Returns whether one
+    /// was running, to restart it with [`Worker::start`].
+    pub fn stop(&self) -> bool {
+        if self
+            .state
+            .compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.wake();
+        let t = self.thread.swap(0, Ordering::AcqRel);
+        if t != 0 {
+            // SAFETY: the thread we started and nobody else joins.
+            unsafe { libc::pthread_join(t as libc::pthread_t, std::ptr::null_mut()) };
+        }
+        self.state.store(NONE, Ordering::Release);
+        true
+    }
+
+    /// The program's last thread has ended: the thread ticks once more and
+    /// ends, so that glibc, which counts it, ends the process.
+    pub fn program_gone(&self) {
+        self.program_gone.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// In a forked child: the parent's thread does not exist here.
+    pub fn forget_in_child(&self) {
+        self.state.store(NONE, Ordering::Relaxed);
+        self.wake.store(0, Ordering::Relaxed);
+        self.thread.store(0, Ordering::Relaxed);
+        self.program_gone.store(false, Ordering::Relaxed);
+    }
+}
