@@ -56,6 +56,28 @@ fn four_threads_over_budget_are_estimated_within_bounds() {
     budgeted("4", "60000000");
 }
 
+/// A child forked while the hot functions run their own code gets its
+/// jumps back and counts from zero, estimated again under its own budget.
+#[test]
+fn forked_child_counts_its_own_calls() {
+    let dir = scratch("budgetfork");
+    let bin = compile_o2("budget.c", &["-pthread"], &dir);
+    let n = 150_000_000u64;
+    let args = ["150000000", "1", "fork"];
+    let plain = run_plain(&bin, &args);
+    let prof = run_profiled(&bin, &args, &[("RTPROF_BUDGET", "1")], &dir);
+    assert_same_behaviour("budget fork", &plain, &prof.output);
+    let procs = prof.report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "parent and child");
+    for p in procs {
+        let f = function_named(p, "hot1");
+        let calls = f["calls"].as_u64().unwrap();
+        let bound = f["error_bound"].as_u64().unwrap_or(0);
+        assert!(calls.abs_diff(n) <= bound, "pid {}: {f}, exact {n}", p["pid"]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Without a budget, nothing is estimated: the same functions count exactly.
 #[test]
 fn no_budget_counts_exactly() {
