@@ -72,8 +72,11 @@ fn forked_child_counts_its_own_calls() {
     for p in procs {
         let f = function_named(p, "hot1");
         let calls = f["calls"].as_u64().unwrap();
-        let bound = f["error_bound"].as_u64().unwrap_or(0);
-        assert!(calls.abs_diff(n) <= bound, "pid {}: {f}, exact {n}", p["pid"]);
+        let pid = &p["pid"];
+        assert_eq!(f["estimated"], true, "pid {pid}: {f}");
+        let bound = f["error_bound"].as_u64().unwrap();
+        assert!(calls.abs_diff(n) <= bound, "pid {pid}: {f}, exact {n}");
+        assert!(bound * 20 <= n, "pid {pid}: bound {bound} over 5% of {n}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,6 +21,7 @@ use crate::switch::{set_counting, write_entries_stopped, EntrySwitch};
 use crate::Agent;
 use rtprof_shared::layout::function_flags;
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 /// Nanoseconds counting adds to a call on real code (Lua 1.3, SQLite 1.2,
@@ -101,6 +102,15 @@ struct Span {
     reference: f64,
 }
 
+impl Span {
+    fn plus(&self, o: &Span) -> Span {
+        Span {
+            cpu: self.cpu + o.cpu,
+            reference: self.reference + o.reference,
+        }
+    }
+}
+
 impl Clock {
     fn since(&self, from: &Clock) -> Span {
         Span {
@@ -109,6 +119,10 @@ impl Clock {
         }
     }
 }
+
+/// A look at the costs over less CPU time than this (the program waited)
+/// changes nothing.
+const IDLE_LOOK_NS: u64 = 2_000_000;
 
 /// Fewer reference calls than this in a burst: measure it in CPU time.
 /// (The reference's own noise shows in the spread between bursts, which
@@ -191,18 +205,20 @@ fn with_controller<T>(a: &Agent, f: impl FnOnce(&mut Controller) -> T) -> Option
     r
 }
 
+/// The kernel's CPU clock id of this process (MAKE_PROCESS_CPUCLOCK of
+/// its pid), once known; a forked child forgets its parent's.
+static PROCESS_CLOCK: AtomicI32 = AtomicI32::new(0);
+
 /// Process CPU time in nanoseconds (a system call; allocates nothing).
 /// By the process's own clock, not the caller's: the helper that stops
 /// the program reads it too, and is another process.
 fn cpu_ns() -> u64 {
-    // The kernel's process CPU clock id of a pid (MAKE_PROCESS_CPUCLOCK).
-    static CLOCK: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-    let mut id = CLOCK.load(std::sync::atomic::Ordering::Relaxed);
+    let mut id = PROCESS_CLOCK.load(Ordering::Relaxed);
     if id == 0 {
-        // SAFETY: a plain system call; only agent threads of this
-        // process come here first.
+        // SAFETY: a plain system call; an agent thread of this process
+        // (never the helper) comes here first.
         id = (!unsafe { libc::getpid() } << 3) | 2;
-        CLOCK.store(id, std::sync::atomic::Ordering::Relaxed);
+        PROCESS_CLOCK.store(id, Ordering::Relaxed);
     }
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -279,6 +295,7 @@ pub fn resume() {
 /// starts when `fork()` returns.
 pub fn forget_in_child(a: &Agent) {
     WORKER.forget_in_child();
+    PROCESS_CLOCK.store(0, Ordering::Relaxed);
     // SAFETY: the only thread of the child; the lock was reset with the loader's.
     let Some(c) = (unsafe { (*CONTROLLER.0.get()).as_mut() }) else {
         return;
@@ -412,6 +429,11 @@ impl Controller {
     /// stops the last), sets the bursts' duty, and the reference.
     fn choose_more(&mut self, a: &Agent) {
         let (delta, spent) = self.look(a);
+        if spent < IDLE_LOOK_NS {
+            // The program waited: nothing to learn of its costs, and
+            // its reference is not thin, only idle.
+            return;
+        }
         let w = &a.segment.writer;
         let cost = |calls: u64| calls as f64 * COST_PER_CALL_NS / spent as f64;
         let chosen: std::collections::HashSet<u32> =
@@ -628,7 +650,12 @@ impl Controller {
 
     fn begin_burst(&mut self, a: &Agent) {
         let clock = self.switch(a, true);
-        self.pending_gap = Some(clock.since(&self.gap_from));
+        let gap = clock.since(&self.gap_from);
+        // A gap before an idle burst is still waiting for rates.
+        self.pending_gap = Some(match self.pending_gap.take() {
+            Some(g) => g.plus(&gap),
+            None => gap,
+        });
         self.burst_from = clock;
         self.phase = Phase::Burst;
     }
@@ -647,7 +674,6 @@ impl Controller {
     fn close_burst(&mut self, a: &Agent, clock: &Clock, at: &[u64]) {
         let w = &a.segment.writer;
         let span = clock.since(&self.burst_from);
-        let gap = self.pending_gap.take().unwrap_or_default();
         let counted: Vec<u64> = self
             .chosen
             .iter()
@@ -655,6 +681,13 @@ impl Controller {
             .map(|(e, &n)| e.counted(n).saturating_sub(e.at_burst))
             .collect();
         let all = counted.iter().sum();
+        if all == 0 && span.reference < DENSE_REFERENCE {
+            // Nothing estimated or in the reference was called (the
+            // program waited, or the agent's own threads ran): no rates
+            // to learn, and the gap waits for the next burst.
+            return;
+        }
+        let gap = self.pending_gap.take().unwrap_or_default();
         for (e, &c) in self.chosen.iter_mut().zip(&counted) {
             let now = Rates::measure(c, all, &span);
             let (calls, error) = interpolate(e.last.as_ref().unwrap_or(&now), &now, &gap);
@@ -671,22 +704,29 @@ impl Controller {
         let clock = read_clock(a, &self.reference);
         match self.phase {
             Phase::Watching => return,
+            // An idle burst leaves its gap pending.
             Phase::Burst => self.close_burst(a, &clock, &at),
             Phase::Between => {
                 let gap = clock.since(&self.gap_from);
-                for e in &mut self.chosen {
-                    let Some(last) = e.last else { continue };
-                    let (calls, error) = interpolate(&last, &last, &gap);
-                    // Past the last burst no later burst bounds the
-                    // change: as uncertain, relatively, as the gaps so
-                    // far, and at least 2%.
-                    let so_far = if e.added > 0.0 {
-                        e.error / e.added
-                    } else {
-                        0.1
-                    };
-                    extrapolate(w, e, calls, error + calls * so_far.max(0.02));
-                }
+                self.pending_gap = Some(match self.pending_gap.take() {
+                    Some(g) => g.plus(&gap),
+                    None => gap,
+                });
+            }
+        }
+        if let Some(gap) = self.pending_gap.take() {
+            for e in &mut self.chosen {
+                let Some(last) = e.last else { continue };
+                let (calls, error) = interpolate(&last, &last, &gap);
+                // Past the last burst no later burst bounds the change:
+                // as uncertain, relatively, as the gaps so far, and at
+                // least 2%.
+                let so_far = if e.added > 0.0 {
+                    e.error / e.added
+                } else {
+                    0.1
+                };
+                extrapolate(w, e, calls, error + calls * so_far.max(0.02));
             }
         }
         self.gap_from = clock;
