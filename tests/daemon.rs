@@ -202,6 +202,80 @@ fn killed_program_has_its_final_counts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+fn switch(d: &Daemon, pid: u32, pattern: &str, state: &str) -> std::process::Output {
+    Command::new(rtprof())
+        .args(["switch", "--socket"])
+        .arg(&d.socket)
+        .args([&pid.to_string(), pattern, state])
+        .output()
+        .unwrap()
+}
+
+/// `rtprof switch` through rtprofd: counting of `tick` switched off in a
+/// running program stops its calls showing (the process's spans lose the
+/// row while the program keeps calling), switched on again they come back,
+/// and its lifetime total ends below what it called. A request for a pid
+/// rtprofd does not follow, for another user's process, or matching no
+/// function is refused with a reason.
+#[test]
+fn counting_switched_through_rtprofd() {
+    let dir = scratch("daemon-switch");
+    let bin = compile_o2("rate.c", &[], &dir);
+    let d = Daemon::start(&dir);
+    let c = d.profiled(&bin, &["6"]);
+    let pid = c.id();
+    let calls_in_span = |m: &[u8]| {
+        let (p, rows) = process_rows(m, pid)?;
+        (p.span_ns >= 900_000_000).then(|| tick_row(&rows).map_or(0, |r| r.calls))
+    };
+    d.wait_for("tick counted", |m| calls_in_span(m).filter(|&n| n > 0));
+
+    let refused = switch(&d, pid, "no_such_function*", "off");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no instrumented function matches"));
+    let stranger = switch(&d, 1, "tick", "off");
+    assert!(String::from_utf8_lossy(&stranger.stderr).contains("not a process rtprofd follows"));
+    if let Ok(o) = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(rtprof())
+        .args(["switch", "--socket"])
+        .arg(&d.socket)
+        .args([&pid.to_string(), "tick", "off"])
+        .output()
+    {
+        assert_eq!(o.status.code(), Some(1), "{o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("belongs to another user"),
+            "{o:?}"
+        );
+    }
+
+    let off = switch(&d, pid, "tick", "off");
+    assert!(off.status.success(), "{off:?}");
+    assert!(
+        String::from_utf8_lossy(&off.stdout).contains("1 function(s)"),
+        "{off:?}"
+    );
+    // A whole span (1 s) without a counted call, while the program calls on.
+    d.wait_for("a span without tick's calls", |m| {
+        calls_in_span(m).filter(|&n| n == 0)
+    });
+    let on = switch(&d, pid, "tick", "on");
+    assert!(on.status.success(), "{on:?}");
+    d.wait_for("tick counted again", |m| {
+        calls_in_span(m).filter(|&n| n > 0)
+    });
+    let n = exact_count(c);
+    let last = d.wait_for("the final span", |m| {
+        let (p, rows) = process_rows(m, pid)?;
+        p.ended
+            .then(|| tick_row(&rows).map_or(0, |r| r.total_calls))
+    });
+    assert!(last > 0 && last < n, "{last} counted of {n} calls");
+    d.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A memfd holding `bytes`, sealed against shrinking as the agent's is.
 fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
     use std::os::fd::FromRawFd;

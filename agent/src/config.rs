@@ -168,28 +168,7 @@ impl Config {
     }
 }
 
-/// `*` and `?` globbing, as a user would type for a library name.
-pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
-    let (mut p, mut i) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while i < s.len() {
-        if p < pat.len() && (pat[p] == b'?' || pat[p] == s[i]) {
-            p += 1;
-            i += 1;
-        } else if p < pat.len() && pat[p] == b'*' {
-            star = Some(p);
-            mark = i;
-            p += 1;
-        } else if let Some(sp) = star {
-            p = sp + 1;
-            mark += 1;
-            i = mark;
-        } else {
-            return false;
-        }
-    }
-    pat[p..].iter().all(|&c| c == b'*')
-}
+pub use rtprof_shared::glob_match;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 //! may have a few connections waiting: one more closes that user's oldest,
 //! so whoever holds idle connections delays only their own registrations.
 
-use crate::registry::{self, Peer, RecvError, Registered};
+use crate::registry::{self, Message, Peer, RecvError, Registered, SwitchRequest};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -62,6 +62,8 @@ impl std::fmt::Display for Closed {
 
 pub enum Outcome {
     Registered(Registered),
+    /// A switch request, with its connection to answer on.
+    Switch(SwitchRequest, OwnedFd),
     Closed {
         peer: Peer,
         why: Closed,
@@ -191,7 +193,8 @@ impl Acceptor {
             r => {
                 let w = self.waiting.remove(i);
                 out.push(match r {
-                    Ok(reg) => Outcome::Registered(reg),
+                    Ok(Message::Register(reg)) => Outcome::Registered(reg),
+                    Ok(Message::Switch(req)) => Outcome::Switch(req, w.conn),
                     Err(e) => Outcome::Closed {
                         peer: w.peer,
                         why: Closed::Refused(e),
@@ -231,7 +234,8 @@ impl Acceptor {
                 continue;
             };
             match registry::receive(conn.as_fd(), peer) {
-                Ok(reg) => out.push(Outcome::Registered(reg)),
+                Ok(Message::Register(reg)) => out.push(Outcome::Registered(reg)),
+                Ok(Message::Switch(req)) => out.push(Outcome::Switch(req, conn)),
                 Err(RecvError::WouldBlock) => self.park(conn, peer, out),
                 Err(e) => out.push(Outcome::Closed {
                     peer,

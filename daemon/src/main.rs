@@ -3,6 +3,7 @@
 mod cache;
 mod report;
 mod run;
+mod switch;
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,9 @@ enum Command {
     Top(top::TopArgs),
     /// The agent's cache of analysed programs and libraries.
     Cache(cache::CacheArgs),
+    /// Switch counting of a running process's functions on or off,
+    /// through rtprofd.
+    Switch(switch::SwitchArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::run(args),
         Command::Top(args) => top::run(args),
         Command::Cache(args) => cache::run(args),
+        Command::Switch(args) => switch::run(args),
     }
 }
 

@@ -8,6 +8,7 @@
 //! treated as hostile and validated on every read.
 
 use rtprof_shared::layout::Header;
+use rtprof_shared::protocol;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -40,7 +41,7 @@ pub enum RecvError {
     WouldBlock,
     /// The peer hung up without sending anything.
     Closed,
-    /// Something other than a greeting with a descriptor.
+    /// Neither a greeting with a descriptor nor a well-formed switch request.
     NotRegistration,
     Io(io::Error),
 }
@@ -50,7 +51,7 @@ impl std::fmt::Display for RecvError {
         match self {
             RecvError::WouldBlock => f.write_str("nothing sent yet"),
             RecvError::Closed => f.write_str("closed without sending a registration"),
-            RecvError::NotRegistration => f.write_str("not a registration"),
+            RecvError::NotRegistration => f.write_str("not a registration or switch request"),
             RecvError::Io(e) => write!(f, "cannot read: {e}"),
         }
     }
@@ -93,10 +94,28 @@ pub fn peer(conn: BorrowedFd<'_>) -> io::Result<Peer> {
     })
 }
 
-/// Reads one registration from `conn` without waiting: an 8-byte greeting
-/// with the segment's descriptor attached.
-pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Registered, RecvError> {
-    let mut payload = [0u8; 16];
+/// A request to switch counting of the functions of process `pid` whose
+/// names match `pattern`, relayed to its agent (see `Table::switch`).
+#[derive(Debug)]
+pub struct SwitchRequest {
+    /// The sender, from the socket's credentials.
+    pub from: Peer,
+    pub pid: u32,
+    pub on: bool,
+    pub pattern: String,
+}
+
+/// What a connection sent.
+pub enum Message {
+    Register(Registered),
+    Switch(SwitchRequest),
+}
+
+/// Reads one message from `conn` without waiting: a registration (an
+/// 8-byte greeting with the segment's descriptor attached) or a switch
+/// request (no descriptor).
+pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Message, RecvError> {
+    let mut payload = [0u8; 8 + 5 + protocol::MAX_PATTERN + 1];
     let mut iov = libc::iovec {
         iov_base: payload.as_mut_ptr() as *mut libc::c_void,
         iov_len: payload.len(),
@@ -149,19 +168,35 @@ pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Registered, RecvError
     if n == 0 && fds.is_empty() {
         return Err(RecvError::Closed);
     }
-    if n < 8 || &payload[..8] != b"RTPROF1\0" || fds.is_empty() {
+    let n = n as usize;
+    if n >= 8 && &payload[..8] == protocol::SWITCH && fds.is_empty() {
+        let (pid, on, pattern) =
+            protocol::parse_switch(&payload[8..n]).ok_or(RecvError::NotRegistration)?;
+        return Ok(Message::Switch(SwitchRequest {
+            from,
+            pid,
+            on,
+            pattern: pattern.to_string(),
+        }));
+    }
+    if n < 8 || &payload[..8] != protocol::HELLO || fds.is_empty() {
         return Err(RecvError::NotRegistration);
     }
-    Ok(Registered {
+    Ok(Message::Register(Registered {
         fd: fds.swap_remove(0),
         pid: from.pid,
         uid: from.uid,
-    })
+    }))
 }
 
-/// A registered segment, mapped read-only.
+/// The header's page, all a switch request writes.
+const HEADER_PAGE: usize = 4096;
+
+/// A registered segment, mapped read-only, and its header page writable
+/// for the switch requests relayed to its agent.
 pub struct Mapped {
     map: memmap2::Mmap,
+    control: Option<memmap2::MmapMut>,
 }
 
 impl Mapped {
@@ -196,7 +231,48 @@ impl Mapped {
         // under us, which every reader of them allows for.
         let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
             .map_err(|e| format!("cannot map segment: {e}"))?;
-        Ok(Mapped { map })
+        // SAFETY: as above; only the request words are written, with
+        // atomic stores (the agent reads them concurrently). A descriptor
+        // opened read-only gives no relay, nothing else changes.
+        let control = unsafe { memmap2::MmapOptions::new().len(HEADER_PAGE).map_mut(fd) }.ok();
+        Ok(Mapped { map, control })
+    }
+
+    /// Whether this segment takes switch requests: mapped writable, and
+    /// laid out with room for one (`layout::control`).
+    pub fn takes_requests(&self, h: &Header) -> bool {
+        use rtprof_shared::layout::control;
+        self.control.is_some() && h.modules_off >= (control::PATTERN + control::PATTERN_MAX) as u64
+    }
+
+    /// Leaves a request to switch counting of the functions matching
+    /// `pattern` for the agent, if it has answered the last one (and the
+    /// segment takes requests: the caller checked [`Mapped::takes_requests`]).
+    /// False while the last is unanswered.
+    pub fn request(&mut self, on: bool, pattern: &[u8]) -> bool {
+        use rtprof_shared::layout::control;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let Some(page) = &mut self.control else {
+            return false;
+        };
+        let base = page.as_mut_ptr();
+        let word = |off: usize| {
+            // SAFETY: an aligned u32 of the header inside our mapping,
+            // which the agent also accesses only atomically.
+            unsafe { AtomicU32::from_ptr(base.add(off) as *mut u32) }
+        };
+        let seq = word(control::SEQ).load(Ordering::Acquire);
+        if seq != word(control::ACK).load(Ordering::Acquire) {
+            return false;
+        }
+        let len = pattern.len().min(control::PATTERN_MAX);
+        // SAFETY: the pattern area, inside the header page we mapped; the
+        // agent reads it only after seeing the new sequence number.
+        unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), base.add(control::PATTERN), len) };
+        word(control::LEN).store(len as u32, Ordering::Relaxed);
+        word(control::ON).store(on as u32, Ordering::Relaxed);
+        word(control::SEQ).store(seq.wrapping_add(1), Ordering::Release);
+        true
     }
 
     /// The segment's bytes; `None` while the agent has not written its

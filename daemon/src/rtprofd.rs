@@ -131,6 +131,17 @@ fn raise_descriptor_limit() -> u64 {
 }
 
 /// Follows `reg` if the table takes it, saying why not (rate-limited).
+/// Queues a switch request and says how it went, in one line, on its
+/// connection (non-blocking: a requester that does not read loses it).
+fn answer(table: &mut Table, req: &registry::SwitchRequest, conn: std::os::fd::OwnedFd) {
+    let line = match table.switch(req) {
+        Ok(s) => format!("ok: {s}\n"),
+        Err(e) => format!("error: {e}\n"),
+    };
+    let mut f = std::fs::File::from(conn);
+    let _ = std::io::Write::write_all(&mut f, line.as_bytes());
+}
+
 fn admit(table: &mut Table, reg: Registered, log: &mut Limiter) {
     let (pid, uid) = (reg.pid, reg.uid);
     let now = Instant::now();
@@ -224,6 +235,7 @@ fn main() -> std::process::ExitCode {
             for o in outcomes.drain(..) {
                 match o {
                     Outcome::Registered(reg) => admit(&mut table, reg, &mut log),
+                    Outcome::Switch(req, conn) => answer(&mut table, &req, conn),
                     Outcome::Closed { peer, why } => {
                         log.log(Some(peer.uid), Kind::Connection, now, || {
                             format!("rtprofd: pid {} (uid {}): {why}", peer.pid, peer.uid)

@@ -131,6 +131,16 @@ fn seen(h: &Header) -> Seen {
 }
 
 impl Tracked {
+    /// How many instrumented functions have names matching `pattern`.
+    pub fn matching(&self, pattern: &str) -> usize {
+        (0..self.meta.func_count as usize)
+            .filter(|&i| {
+                self.meta.counted[i]
+                    && rtprof_shared::glob_match(pattern.as_bytes(), self.meta.name(i).as_bytes())
+            })
+            .count()
+    }
+
     /// Starts following the process whose segment is `bytes`. If it
     /// started within the span, its first span counts from its start
     /// (zero); otherwise from now.

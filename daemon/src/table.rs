@@ -7,11 +7,11 @@
 //! for other users' new processes.
 
 use crate::log::{Kind, Limiter};
-use crate::registry::{Mapped, Registered};
+use crate::registry::{Mapped, Registered, SwitchRequest};
 use crate::spans::{self, Tracked};
 use rtprof_shared::layout::state;
 use rtprof_shared::present::ProcTable;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 /// Registrations kept per pid until a tick settles which image each is:
@@ -19,6 +19,8 @@ use std::time::Instant;
 pub const PER_PID: usize = 8;
 /// Ticks a segment may stay unwritten (an agent still starting).
 const UNFILLED_TICKS: u32 = 50;
+/// Switch requests waiting for one agent; more are refused.
+const MAX_PENDING: usize = 16;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Caps {
@@ -69,6 +71,8 @@ struct Entry {
     tracked: Option<Tracked>,
     /// Ticks it has stayed unreadable (an agent still starting).
     unfilled: u32,
+    /// Switch requests for its agent, oldest first: (on, pattern).
+    pending: VecDeque<(bool, String)>,
 }
 
 impl Entry {
@@ -87,6 +91,12 @@ impl Entry {
                 seen
             }),
         };
+        // One switch request at a time, once the agent answered the last.
+        if let Some((on, pattern)) = self.pending.front() {
+            if !self.map.takes_requests(&h) || self.map.request(*on, pattern.as_bytes()) {
+                self.pending.pop_front();
+            }
+        }
         match seen {
             Ok(s) => Ok(Some(s)),
             // Still starting: filled in but not yet consistent.
@@ -172,6 +182,7 @@ impl Table {
                 map,
                 tracked: None,
                 unfilled: 0,
+                pending: VecDeque::new(),
             },
         );
         self.by_pid.entry(reg.pid).or_default().push(seq);
@@ -179,6 +190,57 @@ impl Table {
         Ok(Admitted {
             replaced: victim.is_some(),
         })
+    }
+
+    /// Queues a request to switch counting in a followed process, from
+    /// its own user or root: what to tell the requester.
+    pub fn switch(&mut self, req: &SwitchRequest) -> Result<String, String> {
+        let pid = req.pid;
+        // The newest registration of the pid is its running image.
+        let e = self
+            .by_pid
+            .get(&pid)
+            .and_then(|seqs| seqs.last())
+            .and_then(|s| self.entries.get_mut(s))
+            .ok_or_else(|| format!("pid {pid} is not a process rtprofd follows"))?;
+        if req.from.uid != 0 && req.from.uid != e.uid {
+            return Err(format!("pid {pid} belongs to another user"));
+        }
+        let h = e
+            .map
+            .bytes()
+            .and_then(|b| rtprof_shared::read_header(b).ok())
+            .ok_or_else(|| format!("pid {pid}: its agent is still starting"))?;
+        if !e.map.takes_requests(&h) {
+            return Err(format!(
+                "pid {pid}: its agent takes no switch requests (an older rtprof)"
+            ));
+        }
+        let t = e
+            .tracked
+            .as_ref()
+            .ok_or_else(|| format!("pid {pid}: its agent is still starting"))?;
+        if t.ended {
+            return Err(format!("pid {pid} has ended"));
+        }
+        let n = t.matching(&req.pattern);
+        if n == 0 {
+            return Err(format!(
+                "pid {pid}: no instrumented function matches {:?}",
+                req.pattern
+            ));
+        }
+        if e.pending.len() >= MAX_PENDING {
+            return Err(format!(
+                "pid {pid}: {MAX_PENDING} requests are waiting for its agent already"
+            ));
+        }
+        e.pending.push_back((req.on, req.pattern.clone()));
+        Ok(format!(
+            "pid {pid}: counting of {n} function(s) matching {:?} switched {} by its agent within a second (its drain or budget thread applies it)",
+            req.pattern,
+            if req.on { "on" } else { "off" }
+        ))
     }
 
     fn remove(&mut self, seq: u64) -> Option<Entry> {

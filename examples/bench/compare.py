@@ -204,6 +204,9 @@ def configs():
         "rtprof calls": agent({"RTPROF_SAMPLE_HZ": "0"}),
         "rtprof samples": agent({"RTPROF_INSTRUMENT": "0", "RTPROF_SAMPLE_HZ": "1000"}),
         "rtprof both": agent({"RTPROF_SAMPLE_HZ": "1000"}),
+        # Counting under a 1% overhead budget (sampling off: its cost is
+        # `rtprof samples`'s).
+        "rtprof budget 1%": agent({"RTPROF_SAMPLE_HZ": "0", "RTPROF_BUDGET": "1"}),
         # gmon.<pid> per run; gprof sums them.
         "gprof (-pg)": lambda w, d, tag: (
             [], w.pg, {"GMON_OUT_PREFIX": str(d / "gmon")}) if w.pg else None,
@@ -483,8 +486,41 @@ def measure(w, runs, work):
     res["extra_rss_mib"] = (res["configs"]["rtprof calls"]["max_rss_kib"]
                             - res["configs"]["baseline"]["max_rss_kib"]) / 1024
     counts_and_coverage(w, d, runs, names, walls, base, res)
+    budget_accuracy(d, runs, res)
     shares(w, d, runs, res)
     return res
+
+
+def budget_accuracy(d, runs, res):
+    """The budget runs' counts against the exact counts of the counting
+    runs: of the functions carrying 90% of the calls, how many were
+    estimated, how many estimates lie within 5% of exact and within their
+    own stated bound."""
+    exact = {}
+    for f in load_report(d, "rtprof calls", runs - 1)["functions"]:
+        if f.get("calls"):
+            exact[(f["module"], f["name"])] = f["calls"]
+    total = sum(exact.values())
+    top, acc = [], 0
+    for k in sorted(exact, key=lambda k: -exact[k]):
+        if acc >= 0.9 * total:
+            break
+        top.append(k)
+        acc += exact[k]
+    rows = {"functions_90": len(top), "estimated": [], "within_5": [], "within_bound": []}
+    for r in range(runs):
+        got = {(f["module"], f["name"]): f for f in load_report(d, "rtprof budget 1%", r)["functions"]}
+        est = [k for k in top if got.get(k, {}).get("estimated")]
+        near = [k for k in top if abs(got.get(k, {}).get("calls", 0) - exact[k]) <= 0.05 * exact[k]]
+        bounded = [k for k in est
+                   if abs(got[k]["calls"] - exact[k]) <= got[k].get("error_bound", 0)]
+        rows["estimated"].append(len(est))
+        rows["within_5"].append(len(near))
+        rows["within_bound"].append(len(bounded))
+        worst = max(top, key=lambda k: abs(got.get(k, {}).get("calls", 0) - exact[k]) / exact[k])
+        rows.setdefault("worst", []).append(
+            {"name": worst[1], "exact": exact[worst], "estimate": got.get(worst, {}).get("calls", 0)})
+    res["budget"] = rows
 
 
 def counts_and_coverage(w, d, runs, names, walls, base, res):
@@ -691,6 +727,21 @@ def markdown(results, mach, runs, quick):
                 f"`{x['name']}` {x['rtprof']:,} vs {x['callgrind']:,}"
                 + (f" ({x['why']})" if x["why"] else " (unexplained)") for x in c["differ"][:10])
                 + (f"; {more} more in results.json" if more > 0 else ""), ""]
+    L += ["## Counting under a 1% budget", "",
+          "`rtprof budget 1%` counts the hottest functions in bursts and estimates their calls "
+          "in between. Its counts against the exact ones of the `rtprof calls` runs, for the "
+          "functions carrying 90% of the calls; one figure per run.", "",
+          "| workload | functions with 90% of calls | estimated | within 5% of exact | "
+          "estimated and within their stated bound | worst (estimate vs exact) |",
+          "|---|---|---|---|---|---|"]
+    for r in results:
+        b = r.get("budget")
+        if not b:
+            continue
+        worst = "; ".join(f"`{x['name']}` {x['estimate']:,} vs {x['exact']:,}" for x in b["worst"][:2])
+        L.append(f"| {r['workload']} | {b['functions_90']} | {b['estimated']} | {b['within_5']} | "
+                 f"{b['within_bound']} | {worst} |")
+    L.append("")
     L += ["## Sample shares, top ten", "",
           "rtprof's sampling-only runs against perf's runs of the same program at the same "
           "rate, each summed over all runs; perf's samples are placed by address into the "

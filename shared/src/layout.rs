@@ -94,7 +94,33 @@ pub struct Header {
     /// and the errno that decided it, if any.
     pub sampler_why: u32,
     pub sampler_errno: u32,
-    pub reserved: [u64; 3],
+    /// A request to switch counting, relayed by rtprofd: see [`control`].
+    pub control_seq: u32,
+    pub control_ack: u32,
+    pub control_len: u32,
+    pub control_on: u32,
+    pub reserved: u64,
+}
+
+/// rtprofd relays a request to switch counting of the functions whose
+/// names match a glob through the segment itself, one request at a time:
+/// it writes the glob at [`control::PATTERN`] (the bytes between the
+/// header and the module records), its length in `control_len`,
+/// `control_on` (1: count, 0: do not), then `control_seq` one past
+/// `control_ack`. The agent's drain (or budget) thread sees `control_seq
+/// != control_ack`, switches the matching patched functions, and sets
+/// `control_ack` to `control_seq`. A segment whose module records start
+/// before the end of the pattern area takes no requests.
+pub mod control {
+    use super::Header;
+    use std::mem::offset_of;
+    pub const SEQ: usize = offset_of!(Header, control_seq);
+    pub const ACK: usize = offset_of!(Header, control_ack);
+    pub const LEN: usize = offset_of!(Header, control_len);
+    pub const ON: usize = offset_of!(Header, control_on);
+    /// Where the glob is, and its longest.
+    pub const PATTERN: usize = 256;
+    pub const PATTERN_MAX: usize = 256;
 }
 
 /// Why a module is not instrumented, or lists no functions: a code in bits
@@ -195,6 +221,7 @@ pub struct StripeSlot {
 }
 
 const _: () = assert!(size_of::<Header>() == 248);
+const _: () = assert!(control::PATTERN >= size_of::<Header>());
 const _: () = assert!(size_of::<ModuleRecord>() == 104);
 const _: () = assert!(size_of::<FunctionRecord>() == 32);
 const _: () = assert!(size_of::<StripeSlot>() == 8);
@@ -228,7 +255,8 @@ pub fn align_up(v: u64, a: u64) -> u64 {
 
 impl Layout {
     pub fn new(caps: Capacities) -> Layout {
-        let modules_off = align_up(size_of::<Header>() as u64, 64);
+        // The header, then rtprofd's switch requests (`control`).
+        let modules_off = align_up((control::PATTERN + control::PATTERN_MAX) as u64, 64);
         let funcs_off = align_up(
             modules_off + caps.modules as u64 * size_of::<ModuleRecord>() as u64,
             64,

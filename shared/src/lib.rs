@@ -2,15 +2,18 @@
 //! layout, a writer for the agent, a validating reader, and reports.
 
 pub mod cachedir;
+pub mod glob;
 pub mod json;
 pub mod layout;
 pub mod present;
+pub mod protocol;
 pub mod reader;
 pub mod refusal;
 pub mod report;
 pub mod sampling;
 pub mod writer;
 
+pub use glob::glob_match;
 pub use layout::{Capacities, Layout};
 pub use reader::{
     read_function_flags, read_header, read_snapshot, FunctionStats, ModuleStats, SegmentError,

@@ -353,6 +353,36 @@ impl SegmentWriter {
         }
     }
 
+    /// A switch request rtprofd left in the segment (see
+    /// [`crate::layout::control`]) and not yet answered: its sequence
+    /// number, on or off, and the glob copied into `pattern` (its length).
+    pub fn control_request(
+        &self,
+        pattern: &mut [u8; crate::layout::control::PATTERN_MAX],
+    ) -> Option<(u32, bool, usize)> {
+        use crate::layout::control;
+        let seq = self.header_u32(control::SEQ).load(Ordering::Acquire);
+        if seq == self.header_u32(control::ACK).load(Ordering::Relaxed) {
+            return None;
+        }
+        let len = (self.header_u32(control::LEN).load(Ordering::Relaxed) as usize)
+            .min(control::PATTERN_MAX);
+        let on = self.header_u32(control::ON).load(Ordering::Relaxed) != 0;
+        for (i, b) in pattern[..len].iter_mut().enumerate() {
+            // SAFETY: inside the pattern area, between the header and the
+            // module records (Layout::new leaves it there); rtprofd may
+            // write it meanwhile, so each byte is read once, volatile.
+            *b = unsafe { std::ptr::read_volatile(self.base.add(control::PATTERN + i)) };
+        }
+        Some((seq, on, len))
+    }
+
+    /// Answers the switch request `seq`.
+    pub fn control_done(&self, seq: u32) {
+        self.header_u32(crate::layout::control::ACK)
+            .store(seq, Ordering::Release);
+    }
+
     /// Says whether function `idx`'s calls are estimated (under a budget),
     /// with the bound on the error in hundredths of a percent.
     pub fn set_estimated(&self, idx: u32, bound: Option<u16>) {
@@ -600,6 +630,11 @@ impl SegmentWriter {
             self.module_samples(i).store(0, Ordering::Relaxed);
         }
         self.set_sampler(0, 0, 0, 0);
+        // A switch request was for the parent.
+        let seq = self
+            .header_u32(crate::layout::control::SEQ)
+            .load(Ordering::Relaxed);
+        self.control_done(seq);
         // A fold another thread had begun at fork time never ends here.
         self.header_u32(offset_of!(Header, fold_lock))
             .store(0, Ordering::Relaxed);

@@ -56,8 +56,41 @@ struct Estimated {
     last: Option<Rates>,
     /// Calls this controller added by extrapolation.
     added: f64,
-    /// The bound on the error of what was added, in calls.
+    /// The bound on the error of what was added, in calls, from the
+    /// bursts around each gap.
     error: f64,
+    /// Its rates over every burst, in each unit, and the progress of the
+    /// gaps extrapolated in each: how much the rate varies over the run
+    /// bounds how wrong a gap can be that no burst saw.
+    by_reference: Spread,
+    by_cpu: Spread,
+    gaps: Span,
+}
+
+/// A running mean and standard deviation.
+#[derive(Clone, Copy, Debug, Default)]
+struct Spread {
+    n: f64,
+    sum: f64,
+    sum2: f64,
+}
+
+impl Spread {
+    fn add(&mut self, x: f64) {
+        self.n += 1.0;
+        self.sum += x;
+        self.sum2 += x * x;
+    }
+
+    /// The standard deviation; with fewer than two values, as large as
+    /// the mean (one burst says nothing of how the rate varies).
+    fn sd(&self) -> f64 {
+        if self.n < 2.0 {
+            return self.sum / self.n.max(1.0);
+        }
+        let mean = self.sum / self.n;
+        ((self.sum2 / self.n - mean * mean).max(0.0) * self.n / (self.n - 1.0)).sqrt()
+    }
 }
 
 /// A function's calls per unit of the program's progress, measured in a
@@ -96,7 +129,7 @@ struct Clock {
 }
 
 /// Progress between two clocks.
-#[derive(Clone, Copy, Default, Debug)]
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
 struct Span {
     cpu: f64,
     reference: f64,
@@ -146,18 +179,41 @@ impl Rates {
 /// Calls in a gap of `gap` progress between bursts measured `before`
 /// and `after` (the same when extrapolating past the last burst): the
 /// estimate and its error bound.
-fn interpolate(before: &Rates, after: &Rates, gap: &Span) -> (f64, f64) {
+fn interpolate(before: &Rates, after: &Rates, gap: &Span) -> Interpolated {
     let mid = |a: f64, b: f64| ((a + b) / 2.0, (a - b).abs() / 2.0);
     if let (Some(a), Some(b)) = (before.per_reference, after.per_reference) {
         if gap.reference > 0.0 {
             let (r, spread) = mid(a, b);
-            return (r * gap.reference, spread * gap.reference);
+            return Interpolated {
+                calls: r * gap.reference,
+                error: spread * gap.reference,
+                measured_in: Span {
+                    cpu: 0.0,
+                    reference: gap.reference,
+                },
+            };
         }
     }
     let (r, spread) = mid(before.per_cpu_ns, after.per_cpu_ns);
     let low = r * gap.cpu;
     let high = low / (1.0 - before.most_cost.max(after.most_cost));
-    ((low + high) / 2.0, (high - low) / 2.0 + spread * gap.cpu)
+    Interpolated {
+        calls: (low + high) / 2.0,
+        error: (high - low) / 2.0 + spread * gap.cpu,
+        measured_in: Span {
+            cpu: gap.cpu,
+            reference: 0.0,
+        },
+    }
+}
+
+/// A gap's calls as interpolated: the estimate, the error from the bursts
+/// around it, and the gap's progress in the unit it was measured in.
+#[derive(Debug, PartialEq)]
+struct Interpolated {
+    calls: f64,
+    error: f64,
+    measured_in: Span,
 }
 
 struct Controller {
@@ -257,6 +313,7 @@ fn tick(gone: bool) -> Next {
     if gone {
         return Next::Idle;
     }
+    crate::switching::serve_control(a);
     with_controller(a, |c| c.step(a)).map_or(Next::In(LOOK_AGAIN), Next::In)
 }
 
@@ -419,6 +476,7 @@ impl Controller {
         if self.chosen.is_empty() {
             return LOOK_AGAIN;
         }
+        crate::switch::prepare();
         self.gap_from = self.switch(a, false);
         self.phase = Phase::Between;
         self.gap_len()
@@ -561,17 +619,19 @@ impl Controller {
         let w = &a.segment.writer;
         w.set_estimated(e.slot, Some(0));
         let at = self.chosen.partition_point(|c| c.entry.at < e.at);
-        self.chosen.insert(
-            at,
-            Estimated {
-                entry: *e,
-                // Nothing added yet: every call so far was counted.
-                at_burst: w.calls(e.slot),
-                last: Some(rates),
-                added: 0.0,
-                error: 0.0,
-            },
-        );
+        let mut est = Estimated {
+            entry: *e,
+            // Nothing added yet: every call so far was counted.
+            at_burst: w.calls(e.slot),
+            last: None,
+            added: 0.0,
+            error: 0.0,
+            by_reference: Spread::default(),
+            by_cpu: Spread::default(),
+            gaps: Span::default(),
+        };
+        est.learn(&rates);
+        self.chosen.insert(at, est);
     }
 
     /// Switches the chosen functions' counting on or off, stopping the
@@ -690,9 +750,9 @@ impl Controller {
         let gap = self.pending_gap.take().unwrap_or_default();
         for (e, &c) in self.chosen.iter_mut().zip(&counted) {
             let now = Rates::measure(c, all, &span);
-            let (calls, error) = interpolate(e.last.as_ref().unwrap_or(&now), &now, &gap);
-            extrapolate(w, e, calls, error);
-            e.last = Some(now);
+            let i = interpolate(e.last.as_ref().unwrap_or(&now), &now, &gap);
+            extrapolate(w, e, &i, 0.0);
+            e.learn(&now);
         }
     }
 
@@ -717,7 +777,7 @@ impl Controller {
         if let Some(gap) = self.pending_gap.take() {
             for e in &mut self.chosen {
                 let Some(last) = e.last else { continue };
-                let (calls, error) = interpolate(&last, &last, &gap);
+                let i = interpolate(&last, &last, &gap);
                 // Past the last burst no later burst bounds the change:
                 // as uncertain, relatively, as the gaps so far, and at
                 // least 2%.
@@ -726,7 +786,8 @@ impl Controller {
                 } else {
                     0.1
                 };
-                extrapolate(w, e, calls, error + calls * so_far.max(0.02));
+                let more = i.calls * so_far.max(0.02);
+                extrapolate(w, e, &i, more);
             }
         }
         self.gap_from = clock;
@@ -753,7 +814,12 @@ impl Controller {
         let w = &a.segment.writer;
         for e in &self.chosen {
             let total = w.calls(e.entry.slot) as f64;
-            let bound = e.error + 0.01 * e.added + 1.0;
+            // Two standard deviations of the rate over the whole run, for
+            // all the progress no burst saw (a program's phases between
+            // bursts), the bursts' own spread, and 1% of what was added.
+            let unseen =
+                2.0 * e.by_reference.sd() * e.gaps.reference + 2.0 * e.by_cpu.sd() * e.gaps.cpu;
+            let bound = e.error + unseen + 0.01 * e.added + 1.0;
             let rel = if total > 0.0 { bound / total } else { 1.0 };
             let units = (rel * 10_000.0).ceil().clamp(1.0, u16::MAX as f64) as u16;
             w.set_estimated(e.entry.slot, Some(units));
@@ -771,18 +837,28 @@ fn read_clock(a: &Agent, reference: &[u32]) -> Clock {
 }
 
 impl Estimated {
+    /// Takes a burst's rates as the latest and into the run's spread.
+    fn learn(&mut self, r: &Rates) {
+        if let Some(x) = r.per_reference {
+            self.by_reference.add(x);
+        }
+        self.by_cpu.add(r.per_cpu_ns);
+        self.last = Some(*r);
+    }
+
     /// The calls actually counted, of `total` read from the segment.
     fn counted(&self, total: u64) -> u64 {
         total.saturating_sub(self.added as u64)
     }
 }
 
-/// Adds `calls` (fractional) to the function's count, carrying fractions,
-/// and `error` to its bound.
-fn extrapolate(w: &rtprof_shared::SegmentWriter, e: &mut Estimated, calls: f64, error: f64) {
+/// Adds a gap's interpolated calls (fractional) to the function's count,
+/// carrying fractions, and its error (plus `more`) to its bound.
+fn extrapolate(w: &rtprof_shared::SegmentWriter, e: &mut Estimated, i: &Interpolated, more: f64) {
     let before = e.added as u64;
-    e.added += calls.max(0.0);
-    e.error += error;
+    e.added += i.calls.max(0.0);
+    e.error += i.error + more;
+    e.gaps = e.gaps.plus(&i.measured_in);
     let n = e.added as u64 - before;
     if n > 0 {
         w.add_calls(e.entry.slot, n);
@@ -802,8 +878,9 @@ mod tests {
         // 3 calls per reference call in both bursts, however slowed.
         let a = Rates::measure(3000, 3000, &span(1e6, 1000.0));
         let b = Rates::measure(6000, 6000, &span(4e6, 2000.0));
-        let (calls, error) = interpolate(&a, &b, &span(1e8, 50_000.0));
-        assert_eq!((calls, error), (150_000.0, 0.0));
+        let i = interpolate(&a, &b, &span(1e8, 50_000.0));
+        assert_eq!((i.calls, i.error), (150_000.0, 0.0));
+        assert_eq!(i.measured_in, span(0.0, 50_000.0));
     }
 
     #[test]
@@ -812,7 +889,12 @@ mod tests {
         assert!(a.per_reference.is_none());
         // 1000 calls at most 4 ns each: at most 0.4% of the burst.
         assert!((a.most_cost - 0.004).abs() < 1e-12);
-        let (calls, error) = interpolate(&a, &a, &span(1e8, 5000.0));
+        let Interpolated {
+            calls,
+            error,
+            measured_in,
+        } = interpolate(&a, &a, &span(1e8, 5000.0));
+        assert_eq!(measured_in, span(1e8, 0.0));
         let low = 1000.0 / 1e6 * 1e8;
         let high = low / 0.996;
         assert!((calls - (low + high) / 2.0).abs() < 1e-6, "{calls}");
@@ -820,10 +902,19 @@ mod tests {
     }
 
     #[test]
+    fn spread_is_the_sample_deviation_and_the_mean_alone() {
+        let mut s = Spread::default();
+        s.add(4.0);
+        assert_eq!(s.sd(), 4.0, "one value: as uncertain as itself");
+        s.add(6.0);
+        assert!((s.sd() - 2f64.sqrt()).abs() < 1e-12);
+    }
+
+    #[test]
     fn changing_rates_widen_the_error() {
         let a = Rates::measure(1000, 1000, &span(1e6, 1000.0));
         let b = Rates::measure(3000, 3000, &span(1e6, 1000.0));
-        let (calls, error) = interpolate(&a, &b, &span(1e8, 10_000.0));
+        let Interpolated { calls, error, .. } = interpolate(&a, &b, &span(1e8, 10_000.0));
         assert_eq!(calls, 20_000.0);
         assert_eq!(error, 10_000.0);
     }

@@ -12,8 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Where `rtprofd` listens unless `RTPROF_DAEMON_SOCKET` says otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/rtprof/rtprofd.sock";
-/// First bytes of a registration message.
-pub const HELLO: &[u8; 8] = b"RTPROF1\0";
+use rtprof_shared::protocol::HELLO;
 
 static mut PATH: [u8; 108] = [0; 108];
 static SET: AtomicBool = AtomicBool::new(false);

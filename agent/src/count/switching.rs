@@ -75,6 +75,27 @@ pub fn mark_off_from_start(
     }
 }
 
+/// Answers a switch request rtprofd relayed through the segment (see
+/// `rtprof_shared::layout::control`): called by the agent's threads on
+/// every tick; two loads when there is none.
+pub fn serve_control(a: &Agent) {
+    let w = &a.segment.writer;
+    let mut pattern = [0u8; rtprof_shared::layout::control::PATTERN_MAX];
+    let Some((seq, on, len)) = w.control_request(&mut pattern) else {
+        return;
+    };
+    let glob = &pattern[..len];
+    match set_by_name(a, glob, on) {
+        Ok(n) => vlog!(
+            "rtprofd: counting of {n} functions matching {} switched {}",
+            String::from_utf8_lossy(glob),
+            if on { "on" } else { "off" }
+        ),
+        Err(e) => vlog!("rtprofd's switch request: {e}"),
+    }
+    w.control_done(seq);
+}
+
 /// Switches counting of every patched function whose name matches `glob`
 /// on or off, while the program runs; returns how many.
 pub fn set_by_name(a: &Agent, glob: &[u8], on: bool) -> Result<usize, SwitchError> {

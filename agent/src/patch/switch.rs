@@ -68,6 +68,13 @@ fn protect(page: u64, prot: libc::c_int) -> Result<(), SwitchError> {
     }
 }
 
+/// Registers for core serialisation now (it waits for an RCU grace
+/// period, ~10 ms), so that no later switch pays it with the program's
+/// threads stopped.
+pub fn prepare() {
+    serialise_cores();
+}
+
 /// Every core running this process's threads serialises its instruction
 /// fetch (membarrier SYNC_CORE, Linux 4.16+); without it, the two-byte
 /// store is still atomic and is seen within a few instructions.

@@ -103,6 +103,9 @@ fn choose(a: &'static Agent, default_why: Why) {
 }
 
 fn drain_now(wait: bool) -> Next {
+    if let Some(a) = crate::agent() {
+        crate::switching::serve_control(a);
+    }
     match crate::agent().map_or(0, |a| drain(a, wait, true)) {
         0 => Next::Idle,
         _ => Next::Busy,
