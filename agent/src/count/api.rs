@@ -5,14 +5,13 @@
 
 use crate::agent;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Adds to function `slot`: calls to the shared stripe, time as samples.
 fn add(slot: u32, calls: u64, time_ns: u64) -> i32 {
     let Some(a) = agent() else { return -1 };
     let w = &a.segment.writer;
-    let counter = unsafe { &*(w.stripe_ptr(0).add(slot as usize) as *const AtomicU64) };
-    counter.fetch_add(calls, Ordering::Relaxed);
+    w.add_calls(slot, calls);
     // Time counts in samples of the configured period (1 ms by default).
     let hz = if a.config.sample_hz == 0 {
         1000

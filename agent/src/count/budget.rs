@@ -22,7 +22,7 @@ use crate::Agent;
 use rtprof_shared::layout::function_flags;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Nanoseconds counting adds to a call on real code (Lua 1.3, SQLite 1.2,
 /// cc1 2-3.7 on the development machine: see README).
@@ -65,6 +65,9 @@ struct Estimated {
     by_reference: Spread,
     by_cpu: Spread,
     gaps: Span,
+    /// Chosen during a gap: counted exactly until switched off then, so
+    /// its first gap starts there, not where the others' did.
+    joined: Option<Clock>,
 }
 
 /// A running mean and standard deviation.
@@ -240,6 +243,10 @@ struct Controller {
     stopper: Option<Stopper>,
     /// How long one stop of the program takes (wall ns, a running mean).
     stop_ns: f64,
+    /// How long a look at every function's calls takes (ns, likewise).
+    look_ns: f64,
+    /// When the current gap ends.
+    gap_ends: Instant,
     noise: u64,
 }
 
@@ -407,6 +414,8 @@ impl Controller {
             stubs_only: false,
             stopper: None,
             stop_ns: 150_000.0,
+            look_ns: 0.0,
+            gap_ends: Instant::now(),
             noise: cpu_ns() | 1,
         }
     }
@@ -416,6 +425,16 @@ impl Controller {
         match self.phase {
             Phase::Watching => self.watch(a),
             Phase::Between => {
+                // Long gaps are looked into: functions that turned hot
+                // since stop costing now, not a cycle later.
+                let left = self.gap_ends.saturating_duration_since(Instant::now());
+                if left > 2 * self.look_every() {
+                    self.choose_more(a);
+                    return self.look_every();
+                }
+                if !left.is_zero() {
+                    return left;
+                }
                 self.begin_burst(a);
                 self.burst_len()
             }
@@ -425,7 +444,9 @@ impl Controller {
                 // Exact counting's cost is what grows when the program
                 // moves on to other functions: looked at every cycle.
                 self.choose_more(a);
-                self.gap_len()
+                let gap = self.gap_len();
+                self.gap_ends = Instant::now() + gap;
+                gap.min(self.look_every())
             }
         }
     }
@@ -456,6 +477,7 @@ impl Controller {
 
     /// Calls per function since the last look, and the CPU time they took.
     fn look(&mut self, a: &Agent) -> (Vec<u64>, u64) {
+        let started = Instant::now();
         let w = &a.segment.writer;
         let now: Vec<u64> = (0..w.func_count()).map(|s| w.calls(s)).collect();
         let cpu = cpu_ns();
@@ -467,6 +489,7 @@ impl Controller {
         let spent = cpu.saturating_sub(self.look_cpu).max(1);
         self.look_calls = now;
         self.look_cpu = cpu;
+        self.look_ns = 0.8 * self.look_ns + 0.2 * started.elapsed().as_nanos() as f64;
         (delta, spent)
     }
 
@@ -479,7 +502,16 @@ impl Controller {
         crate::switch::prepare();
         self.gap_from = self.switch(a, false);
         self.phase = Phase::Between;
-        self.gap_len()
+        let gap = self.gap_len();
+        self.gap_ends = Instant::now() + gap;
+        gap.min(self.look_every())
+    }
+
+    /// How often a gap is looked into: as often as an eighth of the budget
+    /// pays for a look, and no more than every 50 ms.
+    fn look_every(&self) -> Duration {
+        Duration::from_nanos((self.look_ns / (self.budget / 8.0)) as u64)
+            .max(Duration::from_millis(50))
     }
 
     /// Moves the hottest exactly counted functions to bursts until exact
@@ -542,10 +574,11 @@ impl Controller {
         }
         if !added.is_empty() {
             vlog!(
-                "budget {:.2}%: counting {} more functions in bursts (exact counting would cost {:.1}%)",
+                "budget {:.2}%: counting {} more functions in bursts (the {} exactly counted cost {:.1}%)",
                 self.budget * 100.0,
                 added.len(),
-                cost(delta.iter().sum()) * 100.0
+                exact.len(),
+                cost(exact.iter().map(|e| e.1).sum()) * 100.0
             );
         }
         if self.chosen.is_empty() && added.is_empty() {
@@ -565,12 +598,23 @@ impl Controller {
             let rates = Rates::measure(delta[e.slot as usize], all, &span);
             self.add_chosen(a, e, rates);
         }
-        // The estimated functions' cost if counted throughout (their calls
-        // since the last look include the extrapolated ones).
+        if self.phase == Phase::Between && !added.is_empty() {
+            // Off now, like the others (whose entries are written again,
+            // unchanged); their first gap starts here.
+            let clock = self.switch(a, false);
+            for e in &mut self.chosen {
+                if added.iter().any(|n| n.slot == e.entry.slot) {
+                    e.joined = Some(clock);
+                }
+            }
+        }
+        // The estimated functions' cost if counted throughout, from their
+        // rates in bursts (their calls since the last look include
+        // extrapolated ones, added all at once).
         let chosen_cost: f64 = self
             .chosen
             .iter()
-            .map(|e| cost(delta[e.entry.slot as usize]))
+            .filter_map(|e| e.last.map(|r| r.per_cpu_ns * COST_PER_CALL_NS))
             .sum();
         // Exact counting takes up to half, the stops a quarter.
         let room = (self.budget * 0.75 - exact_cost).max(self.budget / 4.0);
@@ -629,6 +673,7 @@ impl Controller {
             by_reference: Spread::default(),
             by_cpu: Spread::default(),
             gaps: Span::default(),
+            joined: None,
         };
         est.learn(&rates);
         self.chosen.insert(at, est);
@@ -748,8 +793,10 @@ impl Controller {
             return;
         }
         let gap = self.pending_gap.take().unwrap_or_default();
+        let burst_from = self.burst_from;
         for (e, &c) in self.chosen.iter_mut().zip(&counted) {
             let now = Rates::measure(c, all, &span);
+            let gap = e.joined.take().map_or(gap, |j| burst_from.since(&j));
             let i = interpolate(e.last.as_ref().unwrap_or(&now), &now, &gap);
             extrapolate(w, e, &i, 0.0);
             e.learn(&now);
@@ -777,6 +824,7 @@ impl Controller {
         if let Some(gap) = self.pending_gap.take() {
             for e in &mut self.chosen {
                 let Some(last) = e.last else { continue };
+                let gap = e.joined.take().map_or(gap, |j| clock.since(&j));
                 let i = interpolate(&last, &last, &gap);
                 // Past the last burst no later burst bounds the change:
                 // as uncertain, relatively, as the gaps so far, and at
