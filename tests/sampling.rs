@@ -318,5 +318,10 @@ fn c_api_adds_calls_and_time() {
     // 5 ms at the 1 ms period (a real sample of 10 tiny calls is unlikely).
     let samples = k["samples"].as_u64().unwrap();
     assert!((5..=6).contains(&samples), "{samples} samples");
+    // Without sampling the time is kept all the same.
+    let quiet = run_profiled(&bin, &[], &[("RTPROF_SAMPLE_HZ", "0")], &dir);
+    let k = function_named(&quiet.report["processes"][0], "kernel");
+    assert_eq!(k["calls"], 1100, "{k}");
+    assert_eq!(k["time_ns"], 5_000_000, "{k}");
     let _ = std::fs::remove_dir_all(&dir);
 }

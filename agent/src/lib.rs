@@ -94,3 +94,36 @@ fn rtprof_init() {
     // SAFETY: glibc's malloc_trim only releases free memory.
     unsafe { libc::malloc_trim(0) };
 }
+
+/// Unit tests count their own thread's allocations: code that must not
+/// allocate (signal handlers, fork handlers, the stopped world) is
+/// checked, not trusted.
+#[cfg(test)]
+pub(crate) mod test_alloc {
+    use std::cell::Cell;
+
+    struct Counting;
+    thread_local! {
+        static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    }
+    // SAFETY: forwards to the system allocator; the count is a
+    // thread-local cell, touched only if the thread's locals still live.
+    unsafe impl std::alloc::GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            // SAFETY: the caller's layout, as GlobalAlloc requires.
+            unsafe { std::alloc::System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+            // SAFETY: `p` came from `alloc` above with layout `l`.
+            unsafe { std::alloc::System.dealloc(p, l) }
+        }
+    }
+    #[global_allocator]
+    static ALLOC: Counting = Counting;
+
+    /// Allocations this thread made so far.
+    pub fn allocs() -> u64 {
+        ALLOCS.with(|c| c.get())
+    }
+}

@@ -363,10 +363,47 @@ mod tests {
         assert_eq!(
             whys,
             [
-                "connection closed: not a registration",
+                "connection closed: not a registration or switch request",
                 "connection idle for 50 ms without a registration; closed"
             ]
         );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    /// A switch request comes out with its sender and its connection, to
+    /// answer on; a malformed one is refused like any garbage.
+    #[test]
+    fn switch_requests_are_read_with_their_connection() {
+        let limits = Limits {
+            per_user: 8,
+            total: 8,
+            deadline: Duration::from_millis(500),
+        };
+        let (mut a, path) = acceptor("switch", limits);
+        let mut good = UnixStream::connect(&path).unwrap();
+        good.write_all(&rtprof_shared::protocol::switch_request(77, false, "lua_*").unwrap())
+            .unwrap();
+        let mut bad = UnixStream::connect(&path).unwrap();
+        bad.write_all(b"RTPROFS1\x01\0\0\0\x05x").unwrap();
+        let mut out = serve_for(&mut a, Duration::from_millis(200));
+        out.sort_by_key(|o| matches!(o, Outcome::Closed { .. }));
+        match &out[..] {
+            [Outcome::Switch(req, conn), Outcome::Closed { why, .. }] => {
+                assert_eq!(
+                    (req.pid, req.on, req.pattern.as_str()),
+                    (77, false, "lua_*")
+                );
+                assert_eq!(req.from.pid, std::process::id());
+                assert!(why.to_string().contains("not a registration"), "{why}");
+                // The answer reaches the client.
+                let mut f = std::fs::File::from(conn.try_clone().unwrap());
+                f.write_all(b"ok\n").unwrap();
+                let mut line = [0u8; 3];
+                std::io::Read::read_exact(&mut good, &mut line).unwrap();
+                assert_eq!(&line, b"ok\n");
+            }
+            _ => panic!("expected one switch request and one refusal"),
+        }
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }

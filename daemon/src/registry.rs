@@ -312,14 +312,23 @@ pub fn discover(known: &dyn Fn(u32) -> bool) -> Vec<Registered> {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             continue;
         };
-        // The agent's own mapping: writable, shared, from offset 0 (a
-        // daemon's read-only mappings of other processes' segments are not).
+        // The agent's own mapping: writable, shared, from offset 0, the
+        // whole segment (a daemon maps other processes' segments
+        // read-only, and only their header page writable).
         let Some(range) = maps
             .lines()
             .find(|l| {
                 let mut f = l.split_whitespace();
+                let whole = f
+                    .next()
+                    .and_then(|r| r.split_once('-'))
+                    .is_some_and(|(a, b)| {
+                        let (a, b) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16));
+                        matches!((a, b), (Ok(a), Ok(b)) if b > a + HEADER_PAGE as u64)
+                    });
                 l.ends_with("/memfd:rtprof (deleted)")
-                    && f.nth(1) == Some("rw-s")
+                    && whole
+                    && f.next() == Some("rw-s")
                     && f.next() == Some("00000000")
             })
             .and_then(|l| l.split_whitespace().next())

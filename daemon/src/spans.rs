@@ -226,7 +226,10 @@ impl Tracked {
         self.sums.resize(f, m);
         self.is_active.resize(f, false);
         self.scratch.resize(f, m);
-        sum_calls(bytes, h, &mut self.scratch.calls);
+        if !sum_calls(bytes, h, &mut self.scratch.calls) {
+            // No sum of one moment: this tick keeps the last counts.
+            return Err(SegmentError::Busy);
+        }
         self.flags.resize(f, 0);
         read_function_flags(bytes, h, &mut self.flags);
         read_samples(

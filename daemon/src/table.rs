@@ -98,7 +98,13 @@ impl Entry {
             }
         }
         match seen {
-            Ok(s) => Ok(Some(s)),
+            Ok(s) => {
+                self.unfilled = 0;
+                Ok(Some(s))
+            }
+            // Folds kept the counters moving: not this tick. A process
+            // that keeps them so is dropped like one never filled in.
+            Err(rtprof_shared::SegmentError::Busy) => Ok(None),
             // Still starting: filled in but not yet consistent.
             Err(_) if self.tracked.is_none() && h.state == state::STARTING => Ok(None),
             Err(e) => Err(e.to_string()),

@@ -25,6 +25,9 @@ pub enum SegmentError {
     /// A function references a module that does not exist, or a module's
     /// function range is outside the function table.
     BadReference(&'static str),
+    /// The counters kept being folded while read (1,000 tries): no sum of
+    /// one moment. Try again later.
+    Busy,
 }
 
 impl fmt::Display for SegmentError {
@@ -34,6 +37,9 @@ impl fmt::Display for SegmentError {
                 write!(f, "segment truncated: {len} bytes, need {need}")
             }
             SegmentError::BadMagic => f.write_str("not an rtprof counter segment (bad magic)"),
+            SegmentError::Busy => {
+                f.write_str("counters kept changing under a fold; no consistent sum")
+            }
             SegmentError::UnsupportedVersion(v) => write!(f, "unsupported segment version {v}"),
             SegmentError::BadHeaderSize(s) => write!(f, "bad header size {s}"),
             SegmentError::BadRegion(r) => write!(f, "region {r} out of bounds"),
@@ -241,7 +247,10 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
 /// thread's stripe is being folded into the shared one (`fold_seq` odd or
 /// changed). `h` must come from [`read_header`] over the same `bytes`;
 /// `calls` covers the first `calls.len()` functions (at most `func_count`).
-pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) {
+/// False when 1,000 tries saw no quiet moment: `calls` then holds the last
+/// sum, which may be torn.
+#[must_use = "a torn sum is not one moment's"]
+pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     let b = Bytes(bytes);
     let n = calls.len().min(h.func_count as usize);
     let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
@@ -258,10 +267,11 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) {
             }
         }
         if before % 2 == 0 && b.counter(seq_off) == before {
-            break;
+            return true;
         }
         std::thread::yield_now();
     }
+    false
 }
 
 /// Each function's [`function_flags`] (the first `out.len()`, at most
@@ -359,7 +369,9 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     }
 
     let mut calls = vec![0u64; h.func_count as usize];
-    sum_calls(bytes, &h, &mut calls);
+    if !sum_calls(bytes, &h, &mut calls) {
+        return Err(SegmentError::Busy);
+    }
 
     let mut functions = Vec::with_capacity(h.func_count as usize);
     for i in 0..h.func_count as u64 {

@@ -353,6 +353,14 @@ impl SegmentWriter {
         }
     }
 
+    /// Sets the sampling period if none is set (no sampler runs): time
+    /// added as samples of `period_ns` then reads as that time.
+    pub fn set_period_if_unset(&self, period_ns: u64) {
+        let _ = self
+            .header_u64(offset_of!(Header, sample_period_ns))
+            .compare_exchange(0, period_ns, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
     /// A switch request rtprofd left in the segment (see
     /// [`crate::layout::control`]) and not yet answered: its sequence
     /// number, on or off, and the glob copied into `pattern` (its length).
@@ -777,6 +785,40 @@ mod tests {
             snap.modules[0].refused,
             vec![(crate::Refusal::NotAttempted, 1)]
         );
+    }
+
+    /// Counters folded without end (a fold sequence left odd) give no
+    /// sum of one moment: the reader says so instead of a torn sum; the
+    /// added time of a process without a sampler keeps its period.
+    #[test]
+    fn endless_folds_read_as_busy_and_time_keeps_a_period() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 2,
+            strings: 64,
+            stripes: 2,
+        });
+        let mut buf = buffer(&layout);
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        w.add_module(b"m", 0).unwrap();
+        w.add_function(b"a", 0, 1).unwrap();
+        w.set_period_if_unset(1_000_000);
+        w.set_period_if_unset(5);
+        let bytes =
+            || unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
+        assert_eq!(
+            crate::read_snapshot(bytes()).unwrap().sample_period_ns,
+            1_000_000
+        );
+        w.header_u64(offset_of!(Header, fold_seq))
+            .store(1, Ordering::Release);
+        assert_eq!(
+            crate::read_snapshot(bytes()),
+            Err(crate::SegmentError::Busy)
+        );
+        w.header_u64(offset_of!(Header, fold_seq))
+            .store(2, Ordering::Release);
+        assert!(crate::read_snapshot(bytes()).is_ok());
     }
 
     /// A sampled-only module named after others were recorded: its

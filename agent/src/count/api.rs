@@ -21,6 +21,9 @@ fn add(slot: u32, calls: u64, time_ns: u64) -> i32 {
     let period = 1_000_000_000 / hz as u64;
     let samples = (time_ns + period / 2) / period;
     if samples > 0 {
+        // Without a sampler the header's period is 0, and the time would
+        // read as none: it gets the period the time was counted in.
+        w.set_period_if_unset(period);
         w.function_samples(slot)
             .fetch_add(samples, Ordering::Relaxed);
         w.samples_total().fetch_add(samples, Ordering::Relaxed);

@@ -497,7 +497,13 @@ mod tests {
 
     #[test]
     fn segment_names_are_built_without_the_heap() {
+        let before = crate::test_alloc::allocs();
         let n = segment_name(4_294_967_295, 999);
+        assert_eq!(
+            crate::test_alloc::allocs(),
+            before,
+            "segment_name allocated"
+        );
         assert_eq!(
             &n[..n.iter().position(|&b| b == 0).unwrap()],
             b"4294967295-999.seg"

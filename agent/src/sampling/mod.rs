@@ -394,28 +394,7 @@ mod tests {
     use super::addrmap::tests::{fixture, present};
     use super::ring::tests::FakeRing;
     use super::*;
-    use std::cell::Cell;
-
-    /// Counts this thread's allocations (other test threads allocate freely).
-    struct Counting;
-    thread_local! {
-        static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    }
-    unsafe impl std::alloc::GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-            std::alloc::System.alloc(l)
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-            std::alloc::System.dealloc(p, l)
-        }
-    }
-    #[global_allocator]
-    static ALLOC: Counting = Counting;
-
-    fn allocs() -> u64 {
-        ALLOCS.with(|c| c.get())
-    }
+    use crate::test_alloc::allocs;
 
     /// Samples in a module named on demand wait in their ring until the
     /// module is named (with every other one samples wait for, in one
