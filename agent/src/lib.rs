@@ -7,64 +7,51 @@
 //! it and follows dlopen, fork and exit. Every failure leaves the function,
 //! module or process unpatched and running.
 
+// A test build exports no C symbols (the interposers' `no_mangle` is for
+// the real library only), so what only they reach looks unused there;
+// the library build checks dead code.
+#![cfg_attr(test, allow(dead_code))]
+
 // The folders follow the data flow: discover -> plan -> patch -> count,
 // with sampling beside counting and lifecycle driving it all.
-pub mod arch;
-pub mod config;
-pub mod count;
-pub mod discover;
-pub mod lifecycle;
-pub mod log;
-pub mod patch;
-pub mod plan;
-pub mod sampling;
+pub(crate) mod arch;
+pub(crate) mod config;
+pub(crate) mod count;
+pub(crate) mod discover;
+pub(crate) mod lifecycle;
+pub(crate) mod log;
+pub(crate) mod patch;
+pub(crate) mod plan;
+pub(crate) mod sampling;
 
 // Each module by its own name, as the rest of the crate uses them.
-pub use count::{api, register, segment, switching, threads};
 pub(crate) use count::{budget, records};
-pub use discover::{fileimage, maps, modules, symbols};
-pub use lifecycle::system;
+pub(crate) use count::{register, segment, switching, threads};
+pub(crate) use discover::{fileimage, maps, modules, symbols};
+pub(crate) use lifecycle::system;
 pub(crate) use lifecycle::{fork, loader, startup};
-pub use patch::{install, stopworld, stubmem, switch};
+pub(crate) use patch::{install, stopworld, stubmem, switch};
 pub(crate) use plan::pipeline;
-pub use plan::{analysis, cache};
+pub(crate) use plan::{analysis, cache};
 
 use config::Config;
-use install::StubMap;
 use segment::Segment;
 use std::sync::OnceLock;
 
-pub struct Agent {
+pub(crate) struct Agent {
     pub config: Config,
     pub segment: Segment,
     pub tls_offset: i32,
-    /// Guards `stubs` and `known`: changed by the loader hook (dlopen,
-    /// dlclose), whose calls the loader serialises but a fork may cut off.
-    loader_lock: loader::SpinLock,
-    stubs: std::cell::UnsafeCell<StubMap>,
-    known: std::cell::UnsafeCell<loader::Known>,
-}
-
-// `stubs` and `known` are only touched under `loader_lock` (or at start-up).
-unsafe impl Sync for Agent {}
-
-impl Agent {
-    /// The stub map; caller holds `loader_lock`.
-    #[allow(clippy::mut_from_ref)]
-    fn stubs(&self) -> &mut StubMap {
-        unsafe { &mut *self.stubs.get() }
-    }
-
-    /// In a forked child: no other thread exists to hold the lock.
-    fn reset_loader_lock(&self) {
-        self.loader_lock.reset();
-    }
+    /// The stub map, the modules known and the budget: changed by the
+    /// loader hook (dlopen, dlclose), the drain and budget threads and
+    /// counting switches.
+    state: lifecycle::locked::StateLock,
 }
 
 static AGENT: OnceLock<Agent> = OnceLock::new();
 
 /// The running agent, once start-up has completed.
-pub fn agent() -> Option<&'static Agent> {
+pub(crate) fn agent() -> Option<&'static Agent> {
     AGENT.get()
 }
 

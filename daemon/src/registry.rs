@@ -297,7 +297,7 @@ impl Mapped {
 /// named `rtprof`, still mapped in their processes. Opened through
 /// `/proc/PID/map_files` (which needs root), with the pid of the process
 /// they were found in as the only acceptable owner.
-pub fn discover(known: &dyn Fn(u32) -> bool) -> Vec<Registered> {
+pub fn discover() -> Vec<Registered> {
     let mut out = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return out;
@@ -306,7 +306,7 @@ pub fn discover(known: &dyn Fn(u32) -> bool) -> Vec<Registered> {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        if known(pid) || pid == std::process::id() {
+        if pid == std::process::id() {
             continue;
         }
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {

@@ -218,7 +218,7 @@ fn main() -> std::process::ExitCode {
         },
     );
     // Agents that started before us (root only: others' map_files are closed).
-    for reg in registry::discover(&|_| false) {
+    for reg in registry::discover() {
         admit(&mut table, reg, &mut log);
     }
     if table.len() > 0 {

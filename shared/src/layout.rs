@@ -31,8 +31,6 @@ pub mod state {
 pub mod stripe_state {
     pub const FREE: u32 = 0;
     pub const LIVE: u32 = 1;
-    /// The owning thread ended; its counts still belong to the totals.
-    pub const RETIRED: u32 = 2;
     // FREE stripes below `stripe_count` were folded into stripe 0 and are
     // zero: a new thread may take them.
 }

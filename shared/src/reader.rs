@@ -466,7 +466,6 @@ mod tests {
             *w.stripe_ptr(s1).add(h as usize) = 9;
             *w.samples_ptr().add(h as usize) = 2;
         }
-        w.retire_stripe(s1);
         let lc = w.add_sampled_module(b"/lib/libc.so.6", 0x9000).unwrap();
         let mc = w.add_function(b"memcpy", 0x40, 64).unwrap();
         w.set_status(mc, None); // ignored: not instrumented

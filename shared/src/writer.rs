@@ -71,23 +71,6 @@ impl SegmentWriter {
         w
     }
 
-    /// Re-attaches to a segment this process already initialised (for
-    /// example a copy made for a forked child).
-    ///
-    /// # Safety
-    /// As for [`SegmentWriter::init`], and the header must have been written
-    /// by `init` with the same layout.
-    pub unsafe fn attach(base: *mut u8, layout: Layout) -> Self {
-        let h = &*(base as *const Header);
-        SegmentWriter {
-            base,
-            layout,
-            module_count: AtomicU32::new(h.module_count),
-            func_count: AtomicU32::new(h.func_count),
-            strings_len: AtomicU32::new(h.strings_len),
-        }
-    }
-
     /// Function slots in use.
     pub fn func_count(&self) -> u32 {
         self.header_u32(offset_of!(Header, func_count))
@@ -591,15 +574,6 @@ impl SegmentWriter {
         (1..count.min(self.layout.caps.stripes))
             .filter(|&i| self.stripe_slot(i).0.load(Ordering::Acquire) == stripe_state::LIVE)
             .collect()
-    }
-
-    /// Marks a stripe as belonging to a thread that has ended. Its counts stay.
-    pub fn retire_stripe(&self, i: u32) {
-        if i != 0 && i < self.layout.caps.stripes {
-            self.stripe_slot(i)
-                .0
-                .store(stripe_state::RETIRED, Ordering::Release);
-        }
     }
 
     /// Turns a copy of a parent's metadata into a forked child's: new

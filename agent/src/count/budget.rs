@@ -14,13 +14,14 @@
 //! debugger attached, ptrace refused) the bursts switch the stubs' count
 //! instead: the estimates hold, but the detour still costs.
 
+use crate::install::StubMap;
+use crate::lifecycle::locked::Locked;
 use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
 use crate::stopworld::{StopError, Stopper};
 use crate::switch::{set_counting, write_entries_stopped, EntrySwitch};
 use crate::Agent;
 use rtprof_shared::layout::function_flags;
-use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -219,7 +220,7 @@ struct Interpolated {
     measured_in: Span,
 }
 
-struct Controller {
+pub(crate) struct Controller {
     /// Budget as a fraction of the process's CPU time.
     budget: f64,
     phase: Phase,
@@ -250,22 +251,13 @@ struct Controller {
     noise: u64,
 }
 
-/// The controller, guarded by the agent's loader lock (which also keeps
-/// the modules, and so the entries, in place while they are switched).
-struct Guarded(UnsafeCell<Option<Controller>>);
-// SAFETY: only touched with the loader lock held.
-unsafe impl Sync for Guarded {}
-static CONTROLLER: Guarded = Guarded(UnsafeCell::new(None));
-
-/// Runs `f` on the controller with the loader lock held.
-fn with_controller<T>(a: &Agent, f: impl FnOnce(&mut Controller) -> T) -> Option<T> {
-    if !a.loader_lock.lock() {
-        return None;
-    }
-    // SAFETY: the loader lock is held.
-    let r = unsafe { (*CONTROLLER.0.get()).as_mut().map(f) };
-    a.loader_lock.unlock();
-    r
+/// Runs `f` on the controller, with the stub map, under the agent's
+/// state lock (which also keeps the modules, and so the entries, in place
+/// while they are switched).
+fn with_controller<T>(a: &Agent, f: impl FnOnce(&mut Controller, &StubMap) -> T) -> Option<T> {
+    let mut state = a.state.lock()?;
+    let Locked { budget, stubs, .. } = &mut *state;
+    budget.as_mut().map(|c| f(c, stubs))
 }
 
 /// The kernel's CPU clock id of this process (MAKE_PROCESS_CPUCLOCK of
@@ -298,12 +290,11 @@ pub fn start(a: &'static Agent) {
     let Some(percent) = a.config.budget else {
         return;
     };
-    if !a.loader_lock.lock() {
+    let Some(mut state) = a.state.lock() else {
         return;
-    }
-    // SAFETY: the loader lock is held.
-    unsafe { *CONTROLLER.0.get() = Some(Controller::new(percent / 100.0)) };
-    a.loader_lock.unlock();
+    };
+    state.budget = Some(Controller::new(percent / 100.0));
+    drop(state);
     let void = crate::sampling::void_stripe(a);
     if let Err(e) = WORKER.start(FIRST_LOOK.as_millis() as u64, void, tick) {
         vlog!(
@@ -321,13 +312,13 @@ fn tick(gone: bool) -> Next {
         return Next::Idle;
     }
     crate::switching::serve_control(a);
-    with_controller(a, |c| c.step(a)).map_or(Next::In(LOOK_AGAIN), Next::In)
+    with_controller(a, |c, stubs| c.step(a, stubs)).map_or(Next::In(LOOK_AGAIN), Next::In)
 }
 
 /// At exit: the calls since the last burst are extrapolated and every
 /// estimate gets its final bound. The functions stay as they are.
 pub fn at_exit(a: &Agent) {
-    with_controller(a, |c| c.settle(a));
+    with_controller(a, |c, _| c.settle(a));
 }
 
 /// The program's last thread has ended.
@@ -345,8 +336,7 @@ pub fn pause() -> bool {
 /// forked child (which [`forget_in_child`] left without one).
 pub fn resume() {
     let Some(a) = crate::agent() else { return };
-    // SAFETY: read under no lock, but only this thread starts a controller.
-    if unsafe { (*CONTROLLER.0.get()).is_none() } {
+    if a.state.lock().is_some_and(|s| s.budget.is_none()) {
         return start(a);
     }
     let void = crate::sampling::void_stripe(a);
@@ -360,8 +350,11 @@ pub fn resume() {
 pub fn forget_in_child(a: &Agent) {
     WORKER.forget_in_child();
     PROCESS_CLOCK.store(0, Ordering::Relaxed);
-    // SAFETY: the only thread of the child; the lock was reset with the loader's.
-    let Some(c) = (unsafe { (*CONTROLLER.0.get()).as_mut() }) else {
+    // The child's only thread; the lock was reset before.
+    let Some(mut state) = a.state.lock() else {
+        return;
+    };
+    let Some(c) = state.budget.take() else {
         return;
     };
     if c.phase == Phase::Between && c.stubs_only {
@@ -393,8 +386,6 @@ pub fn forget_in_child(a: &Agent) {
     for e in &c.chosen {
         a.segment.writer.set_estimated(e.entry.slot, None);
     }
-    // SAFETY: as above.
-    unsafe { *CONTROLLER.0.get() = None };
 }
 
 impl Controller {
@@ -421,15 +412,15 @@ impl Controller {
     }
 
     /// One step of the cycle; returns how long until the next.
-    fn step(&mut self, a: &Agent) -> Duration {
+    fn step(&mut self, a: &Agent, stubs: &StubMap) -> Duration {
         match self.phase {
-            Phase::Watching => self.watch(a),
+            Phase::Watching => self.watch(a, stubs),
             Phase::Between => {
                 // Long gaps are looked into: functions that turned hot
                 // since stop costing now, not a cycle later.
                 let left = self.gap_ends.saturating_duration_since(Instant::now());
                 if left > 2 * self.look_every() {
-                    self.choose_more(a);
+                    self.choose_more(a, stubs);
                     return self.look_every();
                 }
                 if !left.is_zero() {
@@ -443,7 +434,7 @@ impl Controller {
                 self.cycles += 1;
                 // Exact counting's cost is what grows when the program
                 // moves on to other functions: looked at every cycle.
-                self.choose_more(a);
+                self.choose_more(a, stubs);
                 let gap = self.gap_len();
                 self.gap_ends = Instant::now() + gap;
                 gap.min(self.look_every())
@@ -494,8 +485,8 @@ impl Controller {
     }
 
     /// Watching exact counting: does it fit the budget?
-    fn watch(&mut self, a: &Agent) -> Duration {
-        self.choose_more(a);
+    fn watch(&mut self, a: &Agent, stubs: &StubMap) -> Duration {
+        self.choose_more(a, stubs);
         if self.chosen.is_empty() {
             return LOOK_AGAIN;
         }
@@ -517,7 +508,7 @@ impl Controller {
     /// Moves the hottest exactly counted functions to bursts until exact
     /// counting costs at most half the budget (bursts get a quarter, the
     /// stops the last), sets the bursts' duty, and the reference.
-    fn choose_more(&mut self, a: &Agent) {
+    fn choose_more(&mut self, a: &Agent, stubs: &StubMap) {
         let (delta, spent) = self.look(a);
         if spent < IDLE_LOOK_NS {
             // The program waited: nothing to learn of its costs, and
@@ -536,7 +527,6 @@ impl Controller {
             .collect();
         exact.sort_unstable_by_key(|e| std::cmp::Reverse(e.1));
         let mut exact_cost = cost(exact.iter().map(|e| e.1).sum());
-        let stubs = a.stubs();
         let mut added = Vec::new();
         for &(slot, n) in &exact {
             if exact_cost <= self.budget / 2.0 || self.chosen.len() + added.len() >= MOST_ESTIMATED

@@ -6,17 +6,18 @@
 
 use crate::analysis::ModulePlan;
 use crate::config::{glob_match, Config};
-use crate::install::Outcomes;
+use crate::install::{Outcomes, StubMap};
 use crate::log::vlog;
 use crate::switch::{set_counting, SwitchError};
 use crate::Agent;
 use rtprof_shared::SegmentWriter;
 
 /// Switches the patched functions in slots `slots` whose names `select`
-/// (given their name) to `on`; returns how many. The caller holds the
-/// loader lock (or is start-up).
+/// (given their name) to `on`; returns how many. `map` is the stub map
+/// the caller holds locked.
 fn switch_where(
     a: &Agent,
+    map: &StubMap,
     slots: std::ops::Range<u32>,
     on: bool,
     select: &dyn Fn(&[u8]) -> bool,
@@ -33,8 +34,7 @@ fn switch_where(
         return Ok(0);
     }
     // Stubs in address order, for one page protection change per page.
-    let stubs: Vec<u64> = a
-        .stubs()
+    let stubs: Vec<u64> = map
         .ranges()
         .iter()
         .filter(|r| chosen.binary_search(&r.2).is_ok())
@@ -99,12 +99,10 @@ pub fn serve_control(a: &Agent) {
 /// Switches counting of every patched function whose name matches `glob`
 /// on or off, while the program runs; returns how many.
 pub fn set_by_name(a: &Agent, glob: &[u8], on: bool) -> Result<usize, SwitchError> {
-    if !a.loader_lock.lock() {
+    let Some(state) = a.state.lock() else {
         // Called from inside the loader hook: the stubs may be changing.
         return Ok(0);
-    }
+    };
     let slots = 0..a.segment.writer.func_count();
-    let r = switch_where(a, slots, on, &|name| glob_match(glob, name));
-    a.loader_lock.unlock();
-    r
+    switch_where(a, &state.stubs, slots, on, &|name| glob_match(glob, name))
 }

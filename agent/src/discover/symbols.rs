@@ -24,7 +24,6 @@ pub struct FuncSym {
 
 #[derive(Debug)]
 pub enum SymbolError {
-    Open(std::io::Error),
     Parse(String),
     NotElf64,
 }
@@ -32,7 +31,6 @@ pub enum SymbolError {
 impl fmt::Display for SymbolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SymbolError::Open(e) => write!(f, "cannot read ELF file: {e}"),
             SymbolError::Parse(e) => write!(f, "malformed ELF file: {e}"),
             SymbolError::NotElf64 => f.write_str("not a 64-bit ELF file"),
         }

@@ -85,7 +85,7 @@ extern "C" fn in_child() {
 fn become_child(p: *mut u64) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
-        a.reset_loader_lock();
+        a.state.reset_in_child();
         crate::budget::forget_in_child(a);
         let w = &a.segment.writer;
         let first = w.stripe_ptr(0) as u64;

@@ -11,7 +11,8 @@
 
 use crate::analysis;
 use crate::arch::{InstructionSet, Native};
-use crate::install::{self, write_entries};
+use crate::install::{self, write_entries, StubMap};
+use crate::lifecycle::locked::Locked;
 use crate::log::vlog;
 use crate::maps::Maps;
 use crate::modules::{self, Module};
@@ -19,7 +20,7 @@ use crate::sampling::addrmap::Present;
 use crate::stubmem::StubArea;
 use crate::{agent, pipeline, records, symbols, Agent};
 use rtprof_shared::layout::module_why;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 #[repr(C)]
 struct RDebug {
@@ -58,38 +59,6 @@ impl Known {
     /// The modules samples can be attributed to.
     pub fn present(&self) -> Vec<Present> {
         self.0.iter().filter_map(|k| k.present.clone()).collect()
-    }
-}
-
-/// A lock that a forked child can reset (a thread of the parent may have
-/// held it at fork time), holding the owner's thread id. The loader's own
-/// lock is recursive: a thread that re-enters (a library loaded from inside
-/// our handler) is told so instead of waiting for itself.
-pub struct SpinLock(AtomicU32);
-
-impl SpinLock {
-    pub const fn new() -> SpinLock {
-        SpinLock(AtomicU32::new(0))
-    }
-    /// `false` if this thread holds it already.
-    pub(crate) fn lock(&self) -> bool {
-        let me = crate::threads::gettid();
-        loop {
-            match self
-                .0
-                .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
-            {
-                Ok(_) => return true,
-                Err(owner) if owner == me => return false,
-                Err(_) => std::hint::spin_loop(),
-            }
-        }
-    }
-    pub(crate) fn unlock(&self) {
-        self.0.store(0, Ordering::Release);
-    }
-    pub fn reset(&self) {
-        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -136,17 +105,17 @@ extern "C" fn on_loader_event() {
         return;
     }
     let Some(a) = agent() else { return };
-    if !a.loader_lock.lock() {
+    let Some(mut state) = a.state.lock() else {
         return;
-    }
-    // A panic leaves the new module unpatched, never the lock held.
+    };
+    // A panic leaves the new module unpatched; the guard lets go.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        update(a, unsafe { &mut *a.known.get() });
+        let Locked { stubs, known, .. } = &mut *state;
+        update(a, known, stubs);
     }));
-    a.loader_lock.unlock();
 }
 
-fn update(a: &Agent, known: &mut Known) {
+fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap) {
     let now = modules::loaded();
     let before = known.0.len();
     // Unloaded: their stubs go; their records and counts stay.
@@ -154,7 +123,7 @@ fn update(a: &Agent, known: &mut Known) {
         let present = now.iter().any(|m| m.bias == k.bias && m.file == k.file);
         if !present {
             if let Some(area) = k.area.take() {
-                a.stubs().remove(area.addr, area.addr + area.len);
+                stubs.remove(area.addr, area.addr + area.len);
                 area.release();
             }
             vlog!("{}: unloaded", k.file);
@@ -170,7 +139,8 @@ fn update(a: &Agent, known: &mut Known) {
             continue;
         }
         let (bias, file) = (m.bias, m.file.clone());
-        let (area, present, on_demand) = add_module(a, m, maps.get_or_insert_with(Maps::current));
+        let (area, present, on_demand) =
+            add_module(a, m, maps.get_or_insert_with(Maps::current), stubs);
         known.0.push(KnownModule {
             bias,
             file,
@@ -181,7 +151,7 @@ fn update(a: &Agent, known: &mut Known) {
         changed = true;
     }
     if changed {
-        crate::sampling::publish_map(a, &known.present(), a.stubs().ranges());
+        crate::sampling::publish_map(a, &known.present(), stubs.ranges());
     }
 }
 
@@ -223,7 +193,7 @@ type Added = (Option<StubArea>, Option<Present>, Option<Module>);
 /// Records a newly loaded module: instrumented if selected, otherwise with
 /// its symbols for sample attribution only (listed when a sample lands
 /// there, if samples pass through the drain thread).
-fn add_module(a: &Agent, m: Module, maps: &Maps) -> Added {
+fn add_module(a: &Agent, m: Module, maps: &Maps, stubs: &mut StubMap) -> Added {
     let skip = modules::skip_reason(&m, &|n| a.config.selects(n));
     if !a.config.instrument || skip.is_some() {
         if !room_for_sampled(a) {
@@ -262,7 +232,7 @@ fn add_module(a: &Agent, m: Module, maps: &Maps) -> Added {
         return add_sampled(a, &m, &funcs, module_why::TEXT_RELOCATIONS);
     }
     // A full segment leaves the module out entirely.
-    let (area, present) = instrument(a, plan).unwrap_or_default();
+    let (area, present) = instrument(a, plan, stubs).unwrap_or_default();
     (area, present, None)
 }
 
@@ -272,15 +242,14 @@ fn add_module(a: &Agent, m: Module, maps: &Maps) -> Added {
 /// named for good, whatever happened.
 pub fn name_on_demand(a: &Agent, records: &[u32]) {
     let w = &a.segment.writer;
-    if !a.loader_lock.lock() {
+    let Some(mut state) = a.state.lock() else {
         for &r in records {
             w.set_named_on_demand(r, false);
         }
         return;
-    }
+    };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: under the loader lock.
-        let known = unsafe { &mut *a.known.get() };
+        let known = &mut state.known;
         let mut maps = None;
         for k in &mut known.0 {
             let Some(record) = k.present.as_ref().map(|p| p.record) else {
@@ -304,11 +273,8 @@ pub fn name_on_demand(a: &Agent, records: &[u32]) {
         w.set_named_on_demand(r, false);
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: under the loader lock.
-        let known = unsafe { &*a.known.get() };
-        crate::sampling::publish_map(a, &known.present(), a.stubs().ranges());
+        crate::sampling::publish_map(a, &state.known.present(), state.stubs.ranges());
     }));
-    a.loader_lock.unlock();
 }
 
 /// Lists the functions of every module still named on demand (a sampler
@@ -316,9 +282,11 @@ pub fn name_on_demand(a: &Agent, records: &[u32]) {
 /// only.
 pub fn name_all_on_demand(a: &Agent) {
     let records: Vec<u32> = {
-        // SAFETY: start-up: the only thread.
-        let known = unsafe { &*a.known.get() };
-        known
+        let Some(state) = a.state.lock() else {
+            return;
+        };
+        state
+            .known
             .0
             .iter()
             .filter(|k| k.on_demand.is_some())
@@ -334,6 +302,7 @@ pub fn name_all_on_demand(a: &Agent) {
 fn instrument(
     a: &Agent,
     plan: analysis::ModulePlan,
+    stubs: &mut StubMap,
 ) -> Result<(Option<StubArea>, Option<Present>), records::Full> {
     let w = &a.segment.writer;
     let (present, first) = records::record_module(&a.segment, &plan)?;
@@ -342,8 +311,7 @@ fn instrument(
     };
     let shared = w.stripe_ptr(0) as u64;
     let counted = |name: &str| a.config.counts_from_start(name.as_bytes());
-    let (outcomes, area) =
-        install::install(&plan, first, a.tls_offset, shared, a.stubs(), &counted);
+    let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, stubs, &counted);
     let patched = records::record_outcomes(w, first, &outcomes);
     crate::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
     vlog!(

@@ -5,6 +5,7 @@
 pub(crate) mod exits;
 pub(crate) mod fork;
 pub(crate) mod loader;
+pub(crate) mod locked;
 pub(crate) mod startup;
 pub mod system;
 pub(crate) mod worker;

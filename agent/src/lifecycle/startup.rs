@@ -334,9 +334,11 @@ pub(crate) fn start() {
             config: cfg,
             segment,
             tls_offset,
-            loader_lock: loader::SpinLock::new(),
-            stubs: std::cell::UnsafeCell::new(stubs),
-            known: std::cell::UnsafeCell::new(known),
+            state: crate::lifecycle::locked::StateLock::new(crate::lifecycle::locked::Locked {
+                stubs,
+                known,
+                budget: None,
+            }),
         })
         .is_err()
     {

@@ -38,11 +38,6 @@ impl StubMap {
         e.get(e.binary_search_by_key(&slot, |e| e.slot).ok()?)
     }
 
-    pub fn lookup(&self, addr: u64) -> Option<u32> {
-        let i = self.ranges.partition_point(|r| r.0 <= addr);
-        let r = self.ranges.get(i.checked_sub(1)?)?;
-        (addr < r.1).then_some(r.2)
-    }
     /// (start, end, counter slot) of every stub, sorted.
     pub fn ranges(&self) -> &[(u64, u64, u32)] {
         &self.ranges
@@ -258,20 +253,4 @@ pub fn install(
             .collect(),
     );
     (outcomes, Some(area))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stub_map_lookup() {
-        let mut m = StubMap::default();
-        m.add(vec![(100, 150, 7), (10, 20, 1)]);
-        assert_eq!(m.lookup(10), Some(1));
-        assert_eq!(m.lookup(19), Some(1));
-        assert_eq!(m.lookup(20), None);
-        assert_eq!(m.lookup(149), Some(7));
-        assert_eq!(m.lookup(5), None);
-    }
 }

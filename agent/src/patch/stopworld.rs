@@ -82,13 +82,6 @@ struct Shared {
     dents: [u8; 8192],
 }
 
-/// Runs `work` with every other thread of the process stopped, passing the
-/// program counters they stopped at. `work` must not allocate or take a
-/// lock another thread may hold.
-pub fn with_others_stopped<F: FnOnce(&[u64]) -> R, R>(work: F) -> Result<R, StopError> {
-    Stopper::new()?.run(work)
-}
-
 /// The helper's stack and what it shares with the caller, kept from one
 /// stop to the next by a caller that stops the program often.
 pub struct Stopper {
@@ -123,7 +116,9 @@ impl Stopper {
         Ok(Stopper { stack, shared })
     }
 
-    /// [`with_others_stopped`], with this stopper's memory.
+    /// Runs `work` with every other thread of the process stopped, passing
+    /// the program counters they stopped at. `work` must not allocate or
+    /// take a lock another thread may hold.
     pub fn run<F: FnOnce(&[u64]) -> R, R>(&mut self, work: F) -> Result<R, StopError> {
         let mut job = Job {
             work: Some(work),
@@ -480,18 +475,26 @@ mod tests {
         while ticks.iter().any(|t| t.load(Ordering::Relaxed) == 0) {
             std::thread::yield_now();
         }
-        let r = with_others_stopped(|pcs| {
-            let a: Vec<u64> = ticks.iter().map(|t| t.load(Ordering::Relaxed)).collect();
-            std::thread::sleep(Duration::from_millis(20));
-            let b: Vec<u64> = ticks.iter().map(|t| t.load(Ordering::Relaxed)).collect();
-            (a == b, pcs.len(), pcs.iter().all(|&p| p != 0))
+        // Nothing allocated while the others are stopped (one may hold
+        // malloc's lock): the helper counts in this thread's allocation
+        // count, whose thread-local storage it shares.
+        let r = Stopper::new().and_then(|mut s| {
+            s.run(|pcs| {
+                let before = crate::test_alloc::allocs();
+                let a: [u64; 3] = std::array::from_fn(|i| ticks[i].load(Ordering::Relaxed));
+                std::thread::sleep(Duration::from_millis(20));
+                let b: [u64; 3] = std::array::from_fn(|i| ticks[i].load(Ordering::Relaxed));
+                let allocated = crate::test_alloc::allocs() - before;
+                (a == b, pcs.len(), pcs.iter().all(|&p| p != 0), allocated)
+            })
         });
         stop.store(true, Ordering::Relaxed);
         for h in handles {
             h.join().unwrap();
         }
         let slept = sleeper.join().unwrap();
-        let (still, n, pcs_known) = r.unwrap_or_else(|e| panic!("{e}"));
+        let (still, n, pcs_known, allocated) = r.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(allocated, 0, "allocated with the others stopped");
         assert!(still, "a thread ran while stopped");
         assert!(n >= 4, "stopped {n} threads");
         assert!(pcs_known);
@@ -517,7 +520,7 @@ mod timing {
         }
         let t = std::time::Instant::now();
         for _ in 0..100 {
-            super::with_others_stopped(|_| ()).unwrap();
+            super::Stopper::new().unwrap().run(|_| ()).unwrap();
         }
         eprintln!("one-off stop {:?}", t.elapsed() / 100);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

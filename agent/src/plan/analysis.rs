@@ -29,12 +29,6 @@ pub struct ModulePlan {
     pub text_relocations: bool,
 }
 
-impl ModulePlan {
-    pub fn patchable(&self) -> usize {
-        self.funcs.iter().filter(|c| c.outcome.is_ok()).count()
-    }
-}
-
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
 type Code<'a> = Result<(&'a [u8], u64, u64), Refusal>;
 

@@ -151,16 +151,6 @@ impl AddrMap {
         unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
         None
     }
-
-    /// Counts `n` samples at `ip`.
-    #[inline]
-    pub fn count(&self, ip: u64, n: u64) {
-        self.count_or_hold(ip, n, false);
-    }
-
-    pub fn functions(&self) -> usize {
-        self.funcs.len()
-    }
 }
 
 static CURRENT: AtomicPtr<AddrMap> = AtomicPtr::new(std::ptr::null_mut());
@@ -280,7 +270,7 @@ pub(crate) mod tests {
         for ip in [
             0x10100, 0x1013f, 0x10200, 0x10207, 0x10208, 0x900010, 0x10400, 0x5,
         ] {
-            m.count(ip, 1);
+            m.count_or_hold(ip, 1, false);
         }
         assert_eq!(samples(&w, 0), 2, "f: first and last byte");
         assert_eq!(samples(&w, 1), 3, "g: twice, and once from its stub");

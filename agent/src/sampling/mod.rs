@@ -21,8 +21,6 @@ use ring::{field_u32, field_u64, Ring, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
 use rtprof_shared::sampling::{Sampler, Why};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-pub use timer::{sigaction, signal};
-
 /// The perf rings of this process (leaked: they live as long as it does;
 /// a forked child forgets its parent's, which it does not map).
 static RINGS: AtomicPtr<Vec<Ring>> = AtomicPtr::new(std::ptr::null_mut());

@@ -47,17 +47,9 @@ impl Ring {
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
-    /// Hands every complete record to `on(type, body)` and frees its space.
-    /// Returns the number of records read. Never allocates.
-    pub fn drain(&self, mut on: impl FnMut(u32, &[u8])) -> usize {
-        self.drain_while(|ty, body| {
-            on(ty, body);
-            true
-        })
-    }
-
-    /// As [`Ring::drain`], until `on` returns `false`: that record stays in
-    /// the ring, to be read again.
+    /// Hands every complete record to `on(type, body)` and frees its space,
+    /// until `on` returns `false`: that record stays in the ring, to be
+    /// read again. Returns the number of records read. Never allocates.
     pub fn drain_while(&self, on: impl FnMut(u32, &[u8]) -> bool) -> usize {
         self.walk(true, on)
     }
@@ -212,10 +204,11 @@ pub(crate) mod tests {
             for k in 0..7u64 {
                 f.sample(round * 100 + k, 1, 2);
             }
-            let n = ring.drain(|ty, body| {
+            let n = ring.drain_while(|ty, body| {
                 assert_eq!(ty, PERF_RECORD_SAMPLE);
                 ips.push(field_u64(body, 0));
                 assert_eq!((field_u32(body, 8), field_u32(body, 12)), (1, 2));
+                true
             });
             assert_eq!(n, 7);
             assert_eq!(f.tail(), f.head);
@@ -236,7 +229,10 @@ pub(crate) mod tests {
         let h = f.head;
         f.bytes()[4096 + 24 + 6] = 200;
         let mut seen = 0;
-        ring.drain(|_, _| seen += 1);
+        ring.drain_while(|_, _| {
+            seen += 1;
+            true
+        });
         assert_eq!(seen, 1);
         assert_eq!(f.tail(), h);
     }

@@ -99,11 +99,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Whether `t` lands inside the overwritten bytes, after their first one.
-    pub fn strictly_inside(&self, t: u64) -> bool {
-        t > self.patch_at && t < self.patch_at + self.window as u64
-    }
-
     /// The moved instructions as they run from a stub, ending with the
     /// jump back, before [`Plan::fixups`] are applied.
     pub fn code(&self) -> &[u8] {

@@ -1,0 +1,123 @@
+//! What changes after start-up, behind one lock: the stub map (libraries
+//! loaded and unloaded), the modules known, and the overhead budget's
+//! controller. Held by the loader hook, the drain thread naming modules,
+//! counting switches and the budget; a guard gives `&mut` access and lets
+//! go when dropped (also when unwinding).
+//!
+//! The lock holds its owner's thread id: the loader hook may re-enter (a
+//! library loaded from inside our handler), and is told so instead of
+//! waiting for itself. A forked child resets it (a thread of the parent
+//! may have held it at fork time).
+
+use crate::budget::Controller;
+use crate::install::StubMap;
+use crate::loader::Known;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The state the lock guards.
+pub struct Locked {
+    pub stubs: StubMap,
+    pub known: Known,
+    pub budget: Option<Controller>,
+}
+
+pub struct StateLock {
+    owner: AtomicU32,
+    state: UnsafeCell<Locked>,
+}
+
+// SAFETY: `state` is only reached through a `Guard`, which exists while
+// `owner` holds its thread's id: one thread at a time.
+unsafe impl Sync for StateLock {}
+
+impl StateLock {
+    pub fn new(state: Locked) -> StateLock {
+        StateLock {
+            owner: AtomicU32::new(0),
+            state: UnsafeCell::new(state),
+        }
+    }
+
+    /// Waits for the lock; `None` if this thread holds it already.
+    pub fn lock(&self) -> Option<Guard<'_>> {
+        let me = crate::threads::gettid();
+        loop {
+            match self
+                .owner
+                .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(Guard { lock: self }),
+                Err(owner) if owner == me => return None,
+                Err(_) => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// In a forked child, the only thread: a parent's thread that held the
+    /// lock does not exist here.
+    pub fn reset_in_child(&self) {
+        self.owner.store(0, Ordering::Release);
+    }
+}
+
+pub struct Guard<'a> {
+    lock: &'a StateLock,
+}
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = Locked;
+    fn deref(&self) -> &Locked {
+        // SAFETY: this guard's thread holds the lock (see `StateLock`).
+        unsafe { &*self.lock.state.get() }
+    }
+}
+
+impl std::ops::DerefMut for Guard<'_> {
+    fn deref_mut(&mut self) -> &mut Locked {
+        // SAFETY: as above, and `&mut self` makes this the only borrow.
+        unsafe { &mut *self.lock.state.get() }
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.lock.owner.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock() -> StateLock {
+        StateLock::new(Locked {
+            stubs: StubMap::default(),
+            known: Known(Vec::new()),
+            budget: None,
+        })
+    }
+
+    #[test]
+    fn one_holder_and_no_waiting_for_oneself() {
+        let l = lock();
+        let g = l.lock().expect("free");
+        assert!(
+            l.lock().is_none(),
+            "held by this thread: told, not deadlocked"
+        );
+        drop(g);
+        assert!(l.lock().is_some(), "let go with the guard");
+    }
+
+    #[test]
+    fn a_panic_lets_go() {
+        let l = lock();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _g = l.lock().unwrap();
+            panic!("inside");
+        }));
+        assert!(r.is_err());
+        assert!(l.lock().is_some());
+    }
+}
