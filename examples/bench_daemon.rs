@@ -79,7 +79,7 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
         .as_nanos() as u64;
     unsafe {
         let fd = libc::memfd_create(
-            c"rtprof".as_ptr(),
+            rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
             libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
         );
         assert!(fd >= 0 && libc::ftruncate(fd, layout.total_size as i64) == 0);

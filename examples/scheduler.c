@@ -57,7 +57,7 @@ static int positive(const char *v, double *out) {
 }
 
 int main(int argc, char **argv) {
-    const char *path = "/run/rtprof/present";
+    const char *path = RTPROF_DEFAULT_PRESENT;
     int once = 0, top = 5;
     double speedup = 10, transfer_ns = 5000, t;
     for (int i = 1; i < argc; i++) {

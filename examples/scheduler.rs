@@ -39,7 +39,8 @@ fn main() -> ExitCode {
         })
     };
     let parsed = (|| {
-        let path = opt("--present")?.unwrap_or_else(|| "/run/rtprof/present".into());
+        let path =
+            opt("--present")?.unwrap_or_else(|| rtprof_shared::protocol::DEFAULT_PRESENT.into());
         Ok::<_, String>((
             path,
             number("--speedup", 10.0)?,

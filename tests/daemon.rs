@@ -281,7 +281,10 @@ fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
     use std::os::fd::FromRawFd;
     // SAFETY: plain system calls on a descriptor created here and then owned.
     unsafe {
-        let fd = libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_ALLOW_SEALING);
+        let fd = libc::memfd_create(
+            rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
+            libc::MFD_ALLOW_SEALING,
+        );
         assert!(fd >= 0);
         assert_eq!(
             libc::write(fd, bytes.as_ptr().cast(), bytes.len()),

@@ -326,7 +326,7 @@ pub fn discover() -> Vec<Registered> {
                         let (a, b) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16));
                         matches!((a, b), (Ok(a), Ok(b)) if b > a + HEADER_PAGE as u64)
                     });
-                l.ends_with("/memfd:rtprof (deleted)")
+                l.ends_with(protocol::SEGMENT_MEMFD_MAPPED)
                     && whole
                     && f.next() == Some("rw-s")
                     && f.next() == Some("00000000")

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 #[derive(Args)]
 pub struct ReportArgs {
     /// The daemon's presentation segment.
-    #[arg(long, default_value = "/run/rtprof/present")]
+    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_PRESENT)]
     present: PathBuf,
     /// Only this process.
     #[arg(long)]

@@ -35,10 +35,10 @@ const LOG_LINES: u32 = 10;
 )]
 struct Args {
     /// Unix socket agents register at.
-    #[arg(long, default_value = "/run/rtprof/rtprofd.sock")]
+    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Presentation segment schedulers map.
-    #[arg(long, default_value = "/run/rtprof/present")]
+    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_PRESENT)]
     present: PathBuf,
     /// Milliseconds between snapshots (at least 50).
     #[arg(long, default_value_t = 1000)]
@@ -75,6 +75,7 @@ fn group_id(name: &str) -> Option<u32> {
     // SAFETY: `c` is NUL-terminated; the result, if not null, points at
     // libc's static entry, read at once (single-threaded start-up).
     let g = unsafe { libc::getgrnam(c.as_ptr()) };
+    // SAFETY: as above: a non-null entry, read at once.
     (!g.is_null()).then(|| unsafe { (*g).gr_gid })
 }
 

@@ -54,7 +54,7 @@ fn ask(a: &SwitchArgs) -> Result<String, String> {
     let socket = a.socket.clone().unwrap_or_else(|| {
         std::env::var_os("RTPROF_DAEMON_SOCKET")
             .filter(|v| !v.is_empty())
-            .map_or_else(|| PathBuf::from("/run/rtprof/rtprofd.sock"), PathBuf::from)
+            .map_or_else(|| PathBuf::from(protocol::DEFAULT_SOCKET), PathBuf::from)
     });
     let mut s = UnixStream::connect(&socket)
         .map_err(|e| format!("cannot reach rtprofd at {}: {e}", socket.display()))?;

@@ -402,7 +402,10 @@ mod tests {
     fn memfd(bytes: &[u8], seal: bool) -> OwnedFd {
         // SAFETY: plain system calls on a descriptor we create and own.
         unsafe {
-            let fd = libc::memfd_create(c"rtprof".as_ptr(), libc::MFD_ALLOW_SEALING);
+            let fd = libc::memfd_create(
+                rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
+                libc::MFD_ALLOW_SEALING,
+            );
             assert!(fd >= 0);
             let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
             assert_eq!(n, bytes.len() as isize);

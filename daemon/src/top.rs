@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 #[derive(Args)]
 pub struct TopArgs {
     /// The daemon's presentation segment.
-    #[arg(long, default_value = "/run/rtprof/present")]
+    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_PRESENT)]
     present: PathBuf,
     /// Only this process.
     #[arg(long)]

@@ -40,6 +40,7 @@ extern "C" {
 #endif
 
 #define RTPROF_PRESENT_VERSION 2
+#define RTPROF_DEFAULT_PRESENT "/run/rtprof/present" /* where rtprofd publishes */
 #define RTPROF_PROC_ENDED 1u   /* rtprof_proc.flags: the process ended */
 #define RTPROF_ROW_COUNTED 1u  /* rtprof_row.flags: calls are counted */
 #define RTPROF_ROW_GLOBAL 2u   /* rtprof_row.flags: merged across processes */

@@ -1095,6 +1095,21 @@ mod tests {
         unsafe { std::slice::from_raw_parts(mem.as_ptr() as *const u8, mem.len() * 8) }
     }
 
+    /// A slice that does not start 8-aligned (an mmap never does that,
+    /// a caller's buffer may) is refused, not read through misaligned
+    /// atomics, by every reader.
+    #[test]
+    fn misaligned_segments_are_refused() {
+        let (mem, mut w) = segment(64 * 1024);
+        w.publish(99, 5_000_000_000, &table(1)).unwrap();
+        let off = &bytes(&mem)[1..];
+        let e = PresentError::BadRegion("segment alignment");
+        assert_eq!(read_view(off).err(), Some(e.clone()));
+        assert_eq!(read_process(off, 11).err(), Some(e.clone()));
+        assert_eq!(lookup(off, "/bin/app", "hot").err(), Some(e));
+        assert!(read_view(bytes(&mem)).is_ok());
+    }
+
     #[test]
     fn publish_read_lookup() {
         let (mem, mut w) = segment(64 * 1024);

@@ -3,6 +3,15 @@
 //! counting in a followed process (answered with one line, `ok: ...` or
 //! `error: ...`).
 
+/// Where rtprofd listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/rtprof/rtprofd.sock";
+/// Where rtprofd publishes its spans unless told otherwise.
+pub const DEFAULT_PRESENT: &str = "/run/rtprof/present";
+/// The name of an agent's counter-segment memfd.
+pub const SEGMENT_MEMFD: &std::ffi::CStr = c"rtprof";
+/// How `/proc/PID/maps` names the mapping of such a memfd.
+pub const SEGMENT_MEMFD_MAPPED: &str = "/memfd:rtprof (deleted)";
+
 /// First bytes of a registration; the segment's descriptor comes with them.
 pub const HELLO: &[u8; 8] = b"RTPROF1\0";
 /// First bytes of a switch request.

@@ -136,6 +136,8 @@ impl Bytes<'_> {
         let o = off as usize;
         let s = &self.0[o..o + 8];
         if (s.as_ptr() as usize).is_multiple_of(8) {
+            // SAFETY: 8 bytes inside the slice (indexed above), 8-aligned
+            // (checked): one load, never torn.
             unsafe { std::ptr::read_volatile(s.as_ptr() as *const u64) }
         } else {
             u64::from_le_bytes(s.try_into().unwrap())
@@ -171,6 +173,8 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
         });
     }
     // Copy out first, so later checks and uses see one consistent header.
+    // SAFETY: `bytes` holds at least a Header (checked above), which is
+    // plain integers: any bytes are a valid value.
     let h: Header = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Header) };
     if h.magic != MAGIC {
         return Err(SegmentError::BadMagic);
@@ -324,6 +328,9 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     let mut modules = Vec::with_capacity(h.module_count as usize);
     let mut module_funcs = Vec::with_capacity(h.module_count as usize);
     for i in 0..h.module_count as u64 {
+        // SAFETY: record `i < module_count <= module_cap` of the module
+        // table, which read_header checked lies inside `bytes`; plain
+        // integers.
         let m: ModuleRecord = unsafe {
             std::ptr::read_unaligned(
                 bytes
@@ -375,6 +382,8 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
 
     let mut functions = Vec::with_capacity(h.func_count as usize);
     for i in 0..h.func_count as u64 {
+        // SAFETY: record `i < func_count <= func_cap` of the function table,
+        // which read_header checked lies inside `bytes`; plain integers.
         let f: FunctionRecord = unsafe {
             std::ptr::read_unaligned(
                 bytes.as_ptr().add((h.funcs_off + i * 32) as usize) as *const FunctionRecord
@@ -449,6 +458,8 @@ mod tests {
         });
         let mut buf = vec![0u64; (layout.total_size / 8) as usize];
         let base = buf.as_mut_ptr() as *mut u8;
+        // SAFETY: `buf` is zeroed, 8-aligned, `total_size` long, and
+        // outlives `w` (both returned together).
         let w = unsafe { SegmentWriter::init(base, layout, 42, 1, 5) };
         w.set_exe(b"/bin/app").unwrap();
         w.add_module(b"/bin/app", 0x1000).unwrap();
@@ -460,6 +471,8 @@ mod tests {
         let h = w.add_function(b"helper", 0x300, 20).unwrap();
         w.set_status(h, None);
         let s1 = w.alloc_stripe(100).unwrap();
+        // SAFETY: slots below func_count of stripes handed out, inside
+        // `buf`; no other thread uses it.
         unsafe {
             *w.stripe_ptr(0).add(f as usize) = 3;
             *w.stripe_ptr(s1).add(f as usize) = 4;
@@ -477,6 +490,7 @@ mod tests {
     }
 
     fn as_bytes(buf: &[u64]) -> &[u8] {
+        // SAFETY: the same memory as `buf`, borrowed as long, as bytes.
         unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) }
     }
 
@@ -533,6 +547,7 @@ mod tests {
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         for _ in 0..3000 {
             let mut m = buf.clone();
+            // SAFETY: `m`'s own memory, as bytes, for as long as `m`.
             let bytes =
                 unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
             for _ in 0..4 {
@@ -550,6 +565,7 @@ mod tests {
     fn hostile_fields_are_reported() {
         let (buf, _) = sample_segment();
         let mut m = buf.clone();
+        // SAFETY: `m`'s own memory, as bytes, for as long as `m`.
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u8, m.len() * 8) };
         bytes[0] = b'X';

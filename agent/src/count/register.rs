@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Where `rtprofd` listens unless `RTPROF_DAEMON_SOCKET` says otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/rtprof/rtprofd.sock";
+pub use rtprof_shared::protocol::DEFAULT_SOCKET;
 use rtprof_shared::protocol::HELLO;
 
 static mut PATH: [u8; 108] = [0; 108];
@@ -23,6 +23,8 @@ pub fn set_socket(path: &str) {
     if b.is_empty() || b.len() >= 108 || b.contains(&0) {
         return;
     }
+    // SAFETY: start-up, single-threaded: nothing reads PATH until SET
+    // says it is written (Release below, Acquire in `offer`).
     unsafe {
         let p = &mut *std::ptr::addr_of_mut!(PATH);
         p[..b.len()].copy_from_slice(b);
@@ -36,6 +38,8 @@ pub fn offer(fd: libc::c_int) {
     if !SET.load(Ordering::Acquire) {
         return;
     }
+    // SAFETY: a socket of our own, closed before returning; PATH was
+    // written before SET (checked above) and is never written again.
     unsafe {
         let s = libc::socket(
             libc::AF_UNIX,

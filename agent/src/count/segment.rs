@@ -192,7 +192,7 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
         None => {
             let fd = unsafe {
                 libc::memfd_create(
-                    c"rtprof".as_ptr(),
+                    rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
                     libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
                 )
             };

@@ -22,6 +22,7 @@ pub fn stripe() -> *mut u64 {
 }
 
 pub fn gettid() -> u32 {
+    // SAFETY: a system call without arguments.
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
@@ -59,6 +60,8 @@ unsafe extern "C" fn on_program_thread_exit(_: *mut libc::c_void) {
 pub fn mark_program_thread() {
     let key = LIVE_KEY.load(Ordering::Acquire);
     if key != usize::MAX {
+        // SAFETY: a key pthread_key_create gave us; the value is only a
+        // non-null marker, never dereferenced.
         unsafe {
             libc::pthread_setspecific(
                 key as libc::pthread_key_t,
@@ -76,12 +79,15 @@ pub fn reset_program_threads_in_child() {
 
 pub fn init_exit_key() {
     let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is ours to write; the destructor is an extern "C" fn
+    // that lives as long as the library.
     if unsafe { libc::pthread_key_create(&mut key, Some(on_program_thread_exit)) } == 0 {
         LIVE_KEY.store(key as usize, Ordering::Release);
         // The main thread: its key runs only if it calls pthread_exit.
         mark_program_thread();
     }
     let mut key: libc::pthread_key_t = 0;
+    // SAFETY: as for the program-thread key above.
     if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
         EXIT_KEY.store(key as usize, Ordering::Release);
     }
@@ -97,6 +103,8 @@ pub fn attach_current() {
         set_stripe(a.segment.writer.stripe_ptr(idx));
         let key = EXIT_KEY.load(Ordering::Acquire);
         if key != usize::MAX {
+            // SAFETY: a key we created; the value is the stripe index + 1,
+            // an integer carried as a pointer, never dereferenced.
             unsafe {
                 libc::pthread_setspecific(
                     key as libc::pthread_key_t,
@@ -120,9 +128,12 @@ static REAL_CREATE: AtomicUsize = AtomicUsize::new(0);
 fn real_create() -> Option<CreateFn> {
     let mut f = REAL_CREATE.load(Ordering::Acquire);
     if f == 0 {
+        // SAFETY: a NUL-terminated name; dlsym only looks it up.
         f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
         REAL_CREATE.store(f, Ordering::Release);
     }
+    // SAFETY: the next definition of pthread_create, whose C signature
+    // CreateFn is.
     (f != 0).then(|| unsafe { std::mem::transmute::<usize, CreateFn>(f) })
 }
 
@@ -132,6 +143,8 @@ struct ThreadStart {
 }
 
 extern "C" fn thread_start(p: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `p` is the Box our pthread_create wrapper leaked for this
+    // thread, taken back exactly once, here.
     let ts = unsafe { Box::from_raw(p as *mut ThreadStart) };
     mark_program_thread();
     let _ = std::panic::catch_unwind(|| {
@@ -144,6 +157,8 @@ extern "C" fn thread_start(p: *mut libc::c_void) -> *mut libc::c_void {
 type Job = Box<dyn FnOnce() + Send>;
 
 extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `p` is the Box `spawn_unprofiled` leaked for this thread,
+    // taken back exactly once, here.
     let job = unsafe { Box::from_raw(p as *mut Job) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
     std::ptr::null_mut()
@@ -155,6 +170,9 @@ extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
 pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, i32> {
     let real = real_create().ok_or(libc::ENOSYS)?;
     let boxed = Box::into_raw(Box::new(job));
+    // SAFETY: sigsets and the attribute are initialised by libc before
+    // use; `real` is the next pthread_create; `boxed` goes to the new
+    // thread, or is taken back here if none starts.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();

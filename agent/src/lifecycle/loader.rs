@@ -70,10 +70,14 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
     if rd.is_null() {
         return false;
     }
+    // SAFETY: the loader's own `_r_debug`, non-null (checked), mapped for
+    // the process's life.
     let brk = unsafe { (*rd).r_brk } as u64;
     if brk == 0 || !ld.contains(brk) || !maps.readable(brk, 32) {
         return false;
     }
+    // SAFETY: 32 bytes the memory map says are readable, in the loader,
+    // which is never unloaded.
     let code = unsafe { std::slice::from_raw_parts(brk as *const u8, 32) };
     // Only a function that does nothing but return is redirected.
     let Some(plan) = Native::return_only_plan(code, brk) else {
@@ -101,6 +105,8 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
 
 extern "C" fn on_loader_event() {
     let rd = R_DEBUG.load(Ordering::Acquire);
+    // SAFETY: the loader's `_r_debug` (published before the hook was
+    // installed); the loader writes `r_state` before calling us.
     if rd.is_null() || unsafe { std::ptr::read_volatile(&(*rd).r_state) } != RT_CONSISTENT {
         return;
     }

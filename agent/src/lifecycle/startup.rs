@@ -22,6 +22,7 @@ use std::time::Instant;
 /// In secure-execution mode (set-user-ID and the like) the environment
 /// belongs to a less privileged user and must not steer the agent.
 fn secure_mode() -> bool {
+    // SAFETY: reads the auxiliary vector; no pointers.
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
@@ -210,6 +211,7 @@ pub(crate) fn start() {
         .unwrap_or_default();
     let caps = capacities(&cfg, &plans, &exe);
     crate::register::set_socket(&cfg.daemon_socket);
+    // SAFETY: a system call without arguments.
     let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
     let create = |caps| {
         Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
@@ -364,6 +366,8 @@ pub(crate) fn start() {
             .set_setup_ns(ph.elapsed().as_nanos() as u64);
     }
     ph.log();
+    // SAFETY: registers an extern "C" function that lives as long as the
+    // library (never unloaded: it is preloaded); no argument.
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
 }
 

@@ -15,6 +15,7 @@ fn root_owned(path: &str) -> Option<std::fs::File> {
     use std::os::unix::fs::MetadataExt;
     let c = CString::new(path).ok()?;
     // Non-blocking: a FIFO put there must not stall every process.
+    // SAFETY: a NUL-terminated path.
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
@@ -24,6 +25,7 @@ fn root_owned(path: &str) -> Option<std::fs::File> {
     if fd < 0 {
         return None;
     }
+    // SAFETY: a descriptor just opened, owned by nobody else.
     let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     let m = f.metadata().ok()?;
     (m.is_file() && m.uid() == 0 && m.mode() & 0o022 == 0).then_some(f)
@@ -106,6 +108,7 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(root_owned(p.to_str().unwrap()).is_none(), "world-writable");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // SAFETY: a system call without arguments.
         let owned_by_root = unsafe { libc::geteuid() } == 0;
         assert_eq!(root_owned(p.to_str().unwrap()).is_some(), owned_by_root);
         assert!(root_owned(dir.join("missing").to_str().unwrap()).is_none());

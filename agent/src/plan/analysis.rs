@@ -34,6 +34,9 @@ type Code<'a> = Result<(&'a [u8], u64, u64), Refusal>;
 
 /// Runtime bytes [addr, addr+len) if they are mapped readable now.
 fn mem<'a>(maps: &Maps, addr: u64, len: u64) -> Option<&'a [u8]> {
+    // SAFETY: mapped readable as the memory map said; a loaded module's
+    // code, which stays mapped while it is analysed (start-up, or the
+    // loader hook under the state lock).
     maps.readable(addr, len)
         .then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) })
 }

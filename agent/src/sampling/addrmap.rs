@@ -199,6 +199,9 @@ pub fn publish(map: AddrMap) {
     }
     for i in 0..2000 {
         if READERS.load(Ordering::SeqCst) == 0 {
+            // SAFETY: `old` came from Box::into_raw when published, was
+            // swapped out of CURRENT (no new reader finds it) and no
+            // reader is left that could hold it.
             drop(unsafe { Box::from_raw(old) });
             return;
         }
@@ -214,6 +217,8 @@ pub fn publish(map: AddrMap) {
 pub(crate) fn clear_for_test() {
     let old = CURRENT.swap(std::ptr::null_mut(), Ordering::SeqCst);
     if !old.is_null() {
+        // SAFETY: published with Box::into_raw; the tests that publish
+        // take turns, so no reader holds it.
         drop(unsafe { Box::from_raw(old) });
     }
 }
@@ -239,6 +244,8 @@ pub(crate) mod tests {
             stripes: 2,
         });
         let mut buf = vec![0u64; (layout.total_size / 8) as usize];
+        // SAFETY: `buf` is zeroed, 8-aligned, `total_size` long, and is
+        // returned with `w`, which it outlives.
         let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"/app", 0x10000).unwrap();
         for (n, a, s) in [

@@ -149,6 +149,8 @@ pub(crate) fn void_stripe(a: &Agent) -> usize {
         return have as usize;
     }
     let len = a.segment.writer.layout().stripe_bytes as usize;
+    // SAFETY: a fresh private anonymous mapping, kept for the process's
+    // life.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
