@@ -97,6 +97,11 @@ pub fn places(setting: Option<&str>, secure: bool) -> Places {
 
 pub fn configure(p: Places) {
     let _ = PLACES.set(p);
+    // Now, at start-up: `dladdr` takes the loader's lock, which the loader
+    // holds while it calls our hook; computed later, by the drain thread
+    // naming a module under the agent's state lock, it deadlocked with a
+    // `dlopen` waiting in the hook for that lock.
+    fingerprint();
 }
 
 fn configured() -> &'static Places {
