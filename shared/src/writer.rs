@@ -86,10 +86,15 @@ impl SegmentWriter {
     }
 
     fn header_u32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: callers pass `offset_of!` a u32 field of the Header at
+        // `base`, which `init`'s caller keeps mapped and 8-aligned for as
+        // long as the writer; every access to it is atomic.
         unsafe { &*(self.base.add(off) as *const AtomicU32) }
     }
 
     fn header_u64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: as in `header_u32`, for a u64 field (8-aligned: the
+        // header is laid out with u64 fields on 8-byte offsets).
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
@@ -100,6 +105,8 @@ impl SegmentWriter {
         if idx >= self.module_count.load(Ordering::Relaxed) {
             return;
         }
+        // SAFETY: a written module record (idx < module_count); one
+        // metadata writer at a time, as in `add_function`.
         unsafe {
             let m = &mut *self.module_ptr(idx);
             m.flags =
@@ -120,6 +127,9 @@ impl SegmentWriter {
         if modules == 0 {
             return;
         }
+        // SAFETY: the last written module record; one metadata writer at
+        // a time; the slot index is bounds-checked (codes are below
+        // REASON_SLOTS, which a unit test of `Refusal` asserts).
         unsafe {
             let m = &mut *self.module_ptr(modules - 1);
             let slot = &mut m.refused[reason.code() as usize];
@@ -135,6 +145,9 @@ impl SegmentWriter {
         if end > self.layout.caps.strings {
             return Err(WriteError::Full);
         }
+        // SAFETY: [off, end) lies inside the string table (end <=
+        // strings cap, checked); readers read only up to strings_len,
+        // published after the copy.
         unsafe {
             let dst = self
                 .base
@@ -181,6 +194,8 @@ impl SegmentWriter {
             flags,
             ..ModuleRecord::default()
         };
+        // SAFETY: record `idx < module_cap` (checked above), written
+        // before `module_count` publishes it (Release below).
         unsafe { std::ptr::write_volatile(self.module_ptr(idx), rec) };
         self.module_count.store(idx + 1, Ordering::Relaxed);
         self.header_u32(offset_of!(Header, module_count))
@@ -189,6 +204,8 @@ impl SegmentWriter {
     }
 
     fn module_ptr(&self, idx: u32) -> *mut ModuleRecord {
+        // SAFETY: pointer arithmetic only; callers pass `idx` below
+        // `module_cap`, so it stays inside the module table.
         unsafe {
             self.base
                 .add(self.layout.modules_off as usize + idx as usize * size_of::<ModuleRecord>())
@@ -197,6 +214,8 @@ impl SegmentWriter {
     }
 
     fn func_ptr(&self, idx: u32) -> *mut FunctionRecord {
+        // SAFETY: pointer arithmetic only; callers pass `idx` below
+        // `func_cap`, so it stays inside the function table.
         unsafe {
             self.base
                 .add(self.layout.funcs_off as usize + idx as usize * size_of::<FunctionRecord>())
@@ -213,6 +232,9 @@ impl SegmentWriter {
         }
         let (name_off, name_len) = self.add_string(name)?;
         let module = modules - 1;
+        // SAFETY: a module record already written (below module_count);
+        // metadata has one writer at a time (start-up, or the agent's
+        // state lock).
         let sampled_only =
             unsafe { (*self.module_ptr(module)).flags } & module_flags::SAMPLED_ONLY != 0;
         // Undecided until `set_status`: a process that dies in between
