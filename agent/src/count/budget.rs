@@ -357,35 +357,31 @@ pub fn forget_in_child(a: &Agent) {
     let Some(c) = state.budget.take() else {
         return;
     };
-    if c.phase == Phase::Between && c.stubs_only {
-        for e in &c.chosen {
-            let _ = set_counting(std::slice::from_ref(&e.entry.stub), true);
-        }
-    } else if c.phase == Phase::Between {
-        // SAFETY: a static path; the descriptor is closed below.
+    if c.phase == Phase::Between {
+        // The only thread: nothing else to stop. One entry at a time, and
+        // the file opened by hand: a child made by `_Fork` may not
+        // allocate.
+        // SAFETY: a static path; the descriptor becomes the File's, which
+        // closes it.
         let fd =
             unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-        if fd >= 0 {
-            for e in &c.chosen {
-                let b = e.entry.bytes(true);
-                // SAFETY: writes our own code through our descriptor; this
-                // thread is the process's only one.
-                unsafe {
-                    libc::pwrite(
-                        fd,
-                        b.as_ptr() as *const libc::c_void,
-                        b.len(),
-                        e.entry.at as i64,
-                    )
-                };
+        // SAFETY: a descriptor just opened (or -1, not used).
+        let mem = (fd >= 0)
+            .then(|| unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        for e in &c.chosen {
+            if c.stubs_only {
+                let _ = set_counting(std::slice::from_ref(&e.entry.stub), true);
+            } else if let Some(mem) = &mem {
+                write_entries_stopped(mem, std::slice::from_ref(&e.entry), true, &[], &mut [false]);
             }
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
         }
     }
     for e in &c.chosen {
         a.segment.writer.set_estimated(e.entry.slot, None);
     }
+    // Not freed: `free` is no safer than `malloc` here. The child's own
+    // controller starts afresh.
+    std::mem::forget(c);
 }
 
 impl Controller {
@@ -469,8 +465,12 @@ impl Controller {
     /// Calls per function since the last look, and the CPU time they took.
     fn look(&mut self, a: &Agent) -> (Vec<u64>, u64) {
         let started = Instant::now();
-        let w = &a.segment.writer;
-        let now: Vec<u64> = (0..w.func_count()).map(|s| w.calls(s)).collect();
+        let mut now = vec![0u64; a.segment.writer.func_count() as usize];
+        // Stripe by stripe, as readers sum (a torn sum, while a thread's
+        // stripe is folded, only blurs one look).
+        if let Ok(h) = rtprof_shared::read_header(a.segment.bytes()) {
+            let _ = rtprof_shared::reader::sum_calls(a.segment.bytes(), &h, &mut now);
+        }
         let cpu = cpu_ns();
         let delta = now
             .iter()

@@ -28,12 +28,12 @@ fn secure_mode() -> bool {
 
 /// What /proc/self/status says about the process now: its threads, and
 /// the pid of a debugger (or other ptrace tracer) attached, if any.
-struct Status {
-    threads: Option<usize>,
-    tracer: Option<u32>,
+pub(crate) struct Status {
+    pub threads: Option<usize>,
+    pub tracer: Option<u32>,
 }
 
-fn status() -> Status {
+pub(crate) fn status() -> Status {
     let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| -> Option<u64> {
         text.lines()

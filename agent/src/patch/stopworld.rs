@@ -172,12 +172,7 @@ impl<F: FnOnce(&[u64]) -> R, R> Job<F, R> {
 }
 
 fn traced() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:"))
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .is_some_and(|p| p != 0)
+    crate::startup::status().tracer.is_some()
 }
 
 /// What refuses ptrace for good here, checked once: Yama above 0 lets

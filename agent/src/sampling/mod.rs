@@ -101,10 +101,11 @@ fn choose(a: &'static Agent, default_why: Why) {
 }
 
 fn drain_now(wait: bool) -> Next {
-    if let Some(a) = crate::agent() {
-        crate::switching::serve_control(a);
-    }
-    match crate::agent().map_or(0, |a| drain(a, wait, true)) {
+    let Some(a) = crate::agent() else {
+        return Next::Idle;
+    };
+    crate::switching::serve_control(a);
+    match drain(a, wait, true) {
         0 => Next::Idle,
         _ => Next::Busy,
     }
