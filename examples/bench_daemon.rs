@@ -22,6 +22,7 @@ mod common;
 use common::{arg, here, median};
 use rtprof_shared::layout::{state, Capacities, Layout};
 use rtprof_shared::present::{lookup, read_process_into, read_view, ProcessRows};
+use rtprof_shared::sampling::{Sampler, Why};
 use rtprof_shared::writer::SegmentWriter;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -30,28 +31,8 @@ use std::time::{Duration, Instant};
 
 /// Sends a segment's descriptor to the daemon, as the agent does.
 fn register(socket: &Path, fd: i32) -> bool {
-    let Ok(s) = std::os::unix::net::UnixStream::connect(socket) else {
-        return false;
-    };
-    let mut payload = *b"RTPROF1\0";
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr() as *mut libc::c_void,
-        iov_len: 8,
-    };
-    let mut control = [0u64; 4];
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd);
-        libc::sendmsg(s.as_raw_fd(), &msg, 0) > 0
-    }
+    std::os::unix::net::UnixStream::connect(socket)
+        .is_ok_and(|s| rtprof_shared::protocol::send_registration(s.as_raw_fd(), fd).is_ok())
 }
 
 fn exe_name(k: usize) -> String {
@@ -93,7 +74,7 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
             0,
         );
         assert!(base != libc::MAP_FAILED);
-        let w = SegmentWriter::init(base as *mut u8, layout, pid, parent as u32, now);
+        let mut w = SegmentWriter::init(base as *mut u8, layout, pid, parent as u32, now);
         w.set_exe(exe_name(exe).as_bytes()).unwrap();
         w.add_module(exe_name(exe).as_bytes(), 0x400000).unwrap();
         for i in 0..funcs as usize {
@@ -102,12 +83,13 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
                 .unwrap();
             w.set_status(f, None);
         }
+        let c = *w.counters();
         let stripes: Vec<u32> = (0..threads.saturating_sub(1))
-            .map(|t| w.alloc_stripe(pid + t).unwrap())
+            .map(|t| c.alloc_stripe(pid + t).unwrap())
             .chain([0])
             .collect();
-        w.set_sampler(1, 0, 0, 1_000_000);
-        w.set_state(state::RUNNING);
+        c.set_sampler(Sampler::Perf, Why::Default, 0, 1_000_000);
+        c.set_state(state::RUNNING);
         if !register(socket, fd) {
             libc::_exit(3);
         }
@@ -125,10 +107,11 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
         loop {
             for &f in &hot {
                 let s = stripes[(rand() % stripes.len() as u64) as usize];
-                *w.stripe_ptr(s).add(f) += 1 + rand() % 1000;
+                *c.stripe_ptr(s).add(f) += 1 + rand() % 1000;
                 if rand() % 4 == 0 {
-                    *w.samples_ptr().add(f) += 1;
-                    w.samples_total()
+                    c.function_samples(f as u32)
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    c.samples_total()
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }

@@ -298,27 +298,7 @@ fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
 /// Sends `fd` as a registration, as an agent would.
 fn register(socket: &Path, fd: i32) {
     let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    let mut payload = *b"RTPROF1\0";
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr() as *mut libc::c_void,
-        iov_len: 8,
-    };
-    let mut control = [0u64; 4];
-    // SAFETY: `msg` points at `iov` and `control`, which outlive the call; the control message fits
-    // the buffer.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd);
-        assert!(libc::sendmsg(s.as_raw_fd(), &msg, 0) > 0);
-    }
+    rtprof_shared::protocol::send_registration(s.as_raw_fd(), fd).unwrap();
 }
 
 /// Hostile registrations (garbage, a truncated header, offsets out of
@@ -352,7 +332,7 @@ fn hostile_segments_are_rejected() {
     });
     let mut huge_count = vec![0u64; layout.total_size as usize / 8];
     // SAFETY: `huge_count` is the layout's size, 8-aligned, and outlives `w`.
-    let w = unsafe {
+    let mut w = unsafe {
         rtprof_shared::SegmentWriter::init(huge_count.as_mut_ptr().cast(), layout, 1, 1, 1)
     };
     w.set_exe(b"/bin/x").unwrap();
@@ -809,11 +789,12 @@ fn segment_of(pid: u32, start_ns: u64, exe: &[u8]) -> Vec<u8> {
     });
     let mut mem = vec![0u64; layout.total_size as usize / 8];
     // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
-    let w = unsafe {
+    let mut w = unsafe {
         rtprof_shared::SegmentWriter::init(mem.as_mut_ptr().cast(), layout, pid, 1, start_ns)
     };
     w.set_exe(exe).unwrap();
-    w.set_state(rtprof_shared::layout::state::RUNNING);
+    w.counters()
+        .set_state(rtprof_shared::layout::state::RUNNING);
     mem.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 

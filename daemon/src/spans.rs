@@ -376,6 +376,7 @@ impl Tracked {
 mod tests {
     use super::*;
     use rtprof_shared::layout::{state, Capacities, Layout};
+    use rtprof_shared::sampling::{Sampler, Why};
     use rtprof_shared::{read_header, SegmentWriter};
 
     const S: u64 = 1_000_000_000;
@@ -398,7 +399,7 @@ mod tests {
             let mut mem = vec![0u64; (layout.total_size / 8) as usize];
             // SAFETY: `mem` is the layout's size, 8-aligned, and lives as
             // long as `w` (both in `Seg`).
-            let w =
+            let mut w =
                 unsafe { SegmentWriter::init(mem.as_mut_ptr() as *mut u8, layout, 5, 1, 1_000) };
             w.set_exe(b"/bin/app").unwrap();
             w.add_module(b"/bin/app", 0).unwrap();
@@ -407,9 +408,10 @@ mod tests {
                 w.set_status(f, None);
             }
             w.add_sampled_module(b"/lib/libc.so.6", 0).unwrap();
-            w.set_sampler(1, 0, 0, 1_000_000);
-            w.set_state(state::RUNNING);
-            assert_eq!(w.alloc_stripe(9), Some(1));
+            let c = w.counters();
+            c.set_sampler(Sampler::Perf, Why::Unknown, 0, 1_000_000);
+            c.set_state(state::RUNNING);
+            assert_eq!(c.alloc_stripe(9), Some(1));
             Seg { mem, w }
         }
         fn header(&self) -> Header {
@@ -425,13 +427,14 @@ mod tests {
         fn set(&self, calls: u64, samples: u64, libc: u64) {
             // SAFETY: the stripes and sample counters lie within `mem`, which nothing else accesses
             // meanwhile.
+            let c = self.w.counters();
             unsafe {
-                *self.w.stripe_ptr(0) = calls / 2;
-                *self.w.stripe_ptr(1) = calls - calls / 2;
-                *self.w.samples_ptr() = samples;
+                *c.stripe_ptr(0) = calls / 2;
+                *c.stripe_ptr(1) = calls - calls / 2;
             }
-            self.w
-                .module_samples(1)
+            c.function_samples(0)
+                .store(samples, std::sync::atomic::Ordering::Relaxed);
+            c.module_samples(1)
                 .store(libc, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -476,13 +479,13 @@ mod tests {
 
     #[test]
     fn functions_added_later_are_named_and_counted() {
-        let seg = Seg::new();
+        let mut seg = Seg::new();
         let (mut t, _) = Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S).unwrap();
         seg.w.add_module(b"/lib/late.so", 0).unwrap();
         let f = seg.w.add_function(b"late", 0, 1).unwrap();
         seg.w.set_status(f, None);
         // SAFETY: slot `f` of stripe 0 lies within the segment's memory.
-        unsafe { *seg.w.stripe_ptr(0).add(f as usize) = 7 };
+        unsafe { *seg.w.counters().stripe_ptr(0).add(f as usize) = 7 };
         t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S)
             .unwrap();
         let tab = t.table();

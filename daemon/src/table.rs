@@ -426,9 +426,10 @@ mod tests {
         });
         let mut mem = vec![0u64; layout.total_size as usize / 8];
         // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
-        let w = unsafe { SegmentWriter::init(mem.as_mut_ptr().cast(), layout, pid, 1, start_ns) };
+        let mut w =
+            unsafe { SegmentWriter::init(mem.as_mut_ptr().cast(), layout, pid, 1, start_ns) };
         w.set_exe(b"/bin/app").unwrap();
-        w.set_state(state::RUNNING);
+        w.counters().set_state(state::RUNNING);
         mem.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 

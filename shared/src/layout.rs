@@ -121,35 +121,49 @@ pub mod control {
     pub const PATTERN_MAX: usize = 256;
 }
 
-/// Why a module is not instrumented, or lists no functions: a code in bits
-/// 8..16 of [`ModuleRecord::flags`], so every module in a report can say so.
+/// Where [`ModuleWhy`] sits in [`ModuleRecord::flags`]: bits 8..16.
 pub mod module_why {
     pub const SHIFT: u32 = 8;
     pub const MASK: u32 = 0xff << SHIFT;
-    pub const NONE: u32 = 0;
-    /// rtprof's own code.
-    pub const OWN_CODE: u32 = 1;
-    pub const VDSO: u32 = 2;
-    /// The dynamic loader, which runs before the agent and under it.
-    pub const LOADER: u32 = 3;
-    /// Its ELF file could not be read.
-    pub const UNREADABLE: u32 = 4;
-    /// The loader writes into its code (DT_TEXTREL).
-    pub const TEXT_RELOCATIONS: u32 = 5;
-    /// No room in the counter segment for its function names.
-    pub const NO_ROOM: u32 = 6;
+}
 
+crate::codes::abi_codes! {
+/// Why a module is not instrumented, or lists no functions, so every
+/// module in a report can say so.
+pub enum ModuleWhy {
+    /// Nothing to say (instrumented, or not selected).
+    None = 0,
+    /// rtprof's own code.
+    OwnCode = 1,
+    Vdso = 2,
+    /// The dynamic loader, which runs before the agent and under it.
+    Loader = 3,
+    /// Its ELF file could not be read.
+    Unreadable = 4,
+    /// The loader writes into its code (DT_TEXTREL).
+    TextRelocations = 5,
+    /// No room in the counter segment for its function names.
+    NoRoom = 6,
+}
+}
+
+impl ModuleWhy {
     /// The reason as a report says it.
-    pub fn text(code: u32) -> Option<&'static str> {
-        Some(match code {
-            OWN_CODE => "rtprof's own code",
-            VDSO => "the kernel's vDSO",
-            LOADER => "the dynamic loader",
-            UNREADABLE => "its ELF file could not be read",
-            TEXT_RELOCATIONS => "it has text relocations",
-            NO_ROOM => "no room for its function names in the counter segment",
-            _ => return None,
+    pub fn text(self) -> Option<&'static str> {
+        Some(match self {
+            ModuleWhy::None => return None,
+            ModuleWhy::OwnCode => "rtprof's own code",
+            ModuleWhy::Vdso => "the kernel's vDSO",
+            ModuleWhy::Loader => "the dynamic loader",
+            ModuleWhy::Unreadable => "its ELF file could not be read",
+            ModuleWhy::TextRelocations => "it has text relocations",
+            ModuleWhy::NoRoom => "no room for its function names in the counter segment",
         })
+    }
+
+    /// The reason stored in a module record's flags.
+    pub fn of_flags(flags: u32) -> Option<ModuleWhy> {
+        ModuleWhy::from_code((flags & module_why::MASK) >> module_why::SHIFT)
     }
 }
 

@@ -2,6 +2,7 @@
 //! layout, a writer for the agent, a validating reader, and reports.
 
 pub mod cachedir;
+mod codes;
 pub mod glob;
 pub mod json;
 pub mod layout;

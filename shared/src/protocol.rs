@@ -3,6 +3,8 @@
 //! counting in a followed process (answered with one line, `ok: ...` or
 //! `error: ...`).
 
+use std::os::fd::RawFd;
+
 /// Where rtprofd listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/rtprof/rtprofd.sock";
 /// Where rtprofd publishes its spans unless told otherwise.
@@ -48,6 +50,43 @@ pub fn parse_switch(b: &[u8]) -> Option<(u32, bool, &str)> {
     (!pattern.contains('\0')).then_some((pid, on, pattern))
 }
 
+/// Sends a registration on the connected Unix socket `sock`: the
+/// greeting with the segment's descriptor `segment` attached (SCM_RIGHTS).
+/// Allocates nothing (an agent registers from its start-up and its fork
+/// handler); never raises SIGPIPE.
+pub fn send_registration(sock: RawFd, segment: RawFd) -> std::io::Result<()> {
+    let mut payload = *HELLO;
+    let mut iov = libc::iovec {
+        iov_base: payload.as_mut_ptr().cast(),
+        iov_len: payload.len(),
+    };
+    // Room for one descriptor, aligned as cmsghdr wants.
+    let mut control = [0u64; 4];
+    let fd_len = std::mem::size_of::<libc::c_int>() as u32;
+    // SAFETY: all-zero is a valid msghdr (null pointers, zero lengths).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
+    // SAFETY: `msg` points at `control`, which holds CMSG_SPACE(fd_len)
+    // bytes (32 >= 24), so the first header and its data fit; every
+    // pointer given to sendmsg (iov, payload, control) outlives the call.
+    let sent = unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(fd_len) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), segment);
+        libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +108,57 @@ mod tests {
             "not UTF-8"
         );
         assert_eq!(parse_switch(&m[8..12]), None, "too short");
+    }
+
+    /// A registration arrives as the greeting with a working descriptor.
+    #[test]
+    fn a_registration_carries_the_greeting_and_a_descriptor() {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::unix::net::UnixDatagram;
+        let (a, b) = UnixDatagram::pair().unwrap();
+        let mut file = std::fs::File::from(std::os::fd::OwnedFd::from(
+            std::fs::File::open("/proc/self/exe").unwrap(),
+        ));
+        let _ = file.flush();
+        send_registration(a.as_raw_fd(), file.as_raw_fd()).unwrap();
+        let mut payload = [0u8; 16];
+        let mut iov = libc::iovec {
+            iov_base: payload.as_mut_ptr().cast(),
+            iov_len: payload.len(),
+        };
+        let mut control = [0u64; 4];
+        // SAFETY: all-zero is a valid msghdr.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: `msg` points at buffers that outlive the call.
+        let n = unsafe { libc::recvmsg(b.as_raw_fd(), &mut msg, 0) };
+        assert_eq!(n, HELLO.len() as isize);
+        assert_eq!(&payload[..8], HELLO);
+        // SAFETY: the control buffer was filled by recvmsg; one SCM_RIGHTS
+        // message with one descriptor, now ours.
+        let got = unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            assert!(!c.is_null());
+            assert_eq!(
+                ((*c).cmsg_level, (*c).cmsg_type),
+                (libc::SOL_SOCKET, libc::SCM_RIGHTS)
+            );
+            std::fs::File::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>()))
+        };
+        let mut head = [0u8; 4];
+        let mut got = got;
+        got.rewind().unwrap();
+        got.read_exact(&mut head).unwrap();
+        assert_eq!(
+            &head, b"\x7fELF",
+            "the same file, through the passed descriptor"
+        );
+        // A socket whose peer is gone: an error, not SIGPIPE.
+        drop(b);
+        assert!(send_registration(a.as_raw_fd(), file.as_raw_fd()).is_err());
     }
 }

@@ -354,15 +354,16 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             .collect::<Result<Vec<_>, _>>()?;
         let sampled_only = m.flags & module_flags::SAMPLED_ONLY != 0;
         module_funcs.push((m.first_func, m.func_count, sampled_only));
-        let why = (m.flags & module_why::MASK) >> module_why::SHIFT;
         let on_demand = m.flags & module_flags::NAMED_ON_DEMAND != 0;
-        let note = module_why::text(why).or((m.func_count == 0 && refused.is_empty()).then_some(
-            if on_demand {
-                "no sample landed in it (its functions are listed when one does)"
-            } else {
-                "its file names no functions"
-            },
-        ));
+        let note = ModuleWhy::of_flags(m.flags)
+            .and_then(ModuleWhy::text)
+            .or(
+                (m.func_count == 0 && refused.is_empty()).then_some(if on_demand {
+                    "no sample landed in it (its functions are listed when one does)"
+                } else {
+                    "its file names no functions"
+                }),
+            );
         modules.push(ModuleStats {
             note,
             path,
@@ -432,8 +433,10 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         samples_total: h.samples_total,
         samples_lost: h.samples_lost,
         samples_unknown: h.samples_unknown,
-        sampler: crate::sampling::Sampler::from_code(h.sampler),
-        sampler_why: crate::sampling::Why::from_code(h.sampler_why),
+        sampler: crate::sampling::Sampler::from_code(h.sampler)
+            .unwrap_or(crate::sampling::Sampler::Off),
+        sampler_why: crate::sampling::Why::from_code(h.sampler_why)
+            .unwrap_or(crate::sampling::Why::Unknown),
         sampler_errno: h.sampler_errno,
         setup_ns: h.setup_ns,
         replaced_by_exec: false,
@@ -460,7 +463,7 @@ mod tests {
         let base = buf.as_mut_ptr() as *mut u8;
         // SAFETY: `buf` is zeroed, 8-aligned, `total_size` long, and
         // outlives `w` (both returned together).
-        let w = unsafe { SegmentWriter::init(base, layout, 42, 1, 5) };
+        let mut w = unsafe { SegmentWriter::init(base, layout, 42, 1, 5) };
         w.set_exe(b"/bin/app").unwrap();
         w.add_module(b"/bin/app", 0x1000).unwrap();
         let f = w.add_function(b"main", 0x1100, 10).unwrap();
@@ -470,22 +473,29 @@ mod tests {
         w.add_module(b"/lib/libx.so", 0x7000).unwrap();
         let h = w.add_function(b"helper", 0x300, 20).unwrap();
         w.set_status(h, None);
-        let s1 = w.alloc_stripe(100).unwrap();
+        let s1 = w.counters().alloc_stripe(100).unwrap();
         // SAFETY: slots below func_count of stripes handed out, inside
         // `buf`; no other thread uses it.
         unsafe {
-            *w.stripe_ptr(0).add(f as usize) = 3;
-            *w.stripe_ptr(s1).add(f as usize) = 4;
-            *w.stripe_ptr(s1).add(h as usize) = 9;
-            *w.samples_ptr().add(h as usize) = 2;
+            *w.counters().stripe_ptr(0).add(f as usize) = 3;
+            *w.counters().stripe_ptr(s1).add(f as usize) = 4;
+            *w.counters().stripe_ptr(s1).add(h as usize) = 9;
         }
+        w.counters().function_samples(h).store(2, Ordering::Relaxed);
         let lc = w.add_sampled_module(b"/lib/libc.so.6", 0x9000).unwrap();
         let mc = w.add_function(b"memcpy", 0x40, 64).unwrap();
         w.set_status(mc, None); // ignored: not instrumented
-        w.function_samples(mc).store(5, Ordering::Relaxed);
-        w.module_samples(lc).store(7, Ordering::Relaxed);
-        w.samples_unknown().store(1, Ordering::Relaxed);
-        w.set_sampler(2, 4, 13, 1_000_000);
+        w.counters()
+            .function_samples(mc)
+            .store(5, Ordering::Relaxed);
+        w.counters().module_samples(lc).store(7, Ordering::Relaxed);
+        w.counters().samples_unknown().store(1, Ordering::Relaxed);
+        w.counters().set_sampler(
+            crate::sampling::Sampler::Timer,
+            crate::sampling::Why::PerfRefused,
+            13,
+            1_000_000,
+        );
         (buf, layout)
     }
 

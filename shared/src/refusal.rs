@@ -1,9 +1,9 @@
 //! Why a function was left unpatched. The numeric codes are part of the ABI.
 
+use crate::codes::abi_codes;
 use std::fmt;
 
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+abi_codes! {
 pub enum Refusal {
     /// Fewer than 5 bytes of function and padding after the entry.
     TooSmall = 1,
@@ -37,33 +37,9 @@ pub enum Refusal {
     /// or another tool's patch is there, and must stay as it is.
     ModifiedInMemory = 14,
 }
+}
 
 impl Refusal {
-    pub const ALL: [Refusal; 14] = [
-        Refusal::TooSmall,
-        Refusal::BranchIntoWindow,
-        Refusal::JumpTableIntoWindow,
-        Refusal::UnsupportedInstruction,
-        Refusal::CallInWindow,
-        Refusal::NoMemoryInRange,
-        Refusal::DecodeError,
-        Refusal::UnknownSize,
-        Refusal::RelocationFailed,
-        Refusal::WriteFailed,
-        Refusal::OutsideText,
-        Refusal::NoCounterSpace,
-        Refusal::NotAttempted,
-        Refusal::ModifiedInMemory,
-    ];
-
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-
-    pub fn from_code(code: u32) -> Option<Refusal> {
-        Refusal::ALL.into_iter().find(|r| r.code() == code)
-    }
-
     /// Stable snake_case name used in reports and JSON.
     pub fn name(self) -> &'static str {
         match self {
@@ -98,7 +74,7 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_fit_module_record() {
-        for r in Refusal::ALL {
+        for &r in Refusal::ALL {
             assert_eq!(Refusal::from_code(r.code()), Some(r));
             assert!((r.code() as usize) < REASON_SLOTS);
         }

@@ -1,9 +1,11 @@
 //! Which sampler ran in a process and why: codes stored in the segment
 //! header (`sampler`, `sampler_why`, `sampler_errno`).
 
+use crate::codes::abi_codes;
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+abi_codes! {
+/// The sampler that runs.
 pub enum Sampler {
     Off = 0,
     /// Per-CPU `cpu-clock` perf events, drained by one agent thread.
@@ -11,15 +13,9 @@ pub enum Sampler {
     /// Per-thread CPU-time timers (`timer_create`) and a signal handler.
     Timer = 2,
 }
+}
 
 impl Sampler {
-    pub fn from_code(c: u32) -> Sampler {
-        match c {
-            1 => Sampler::Perf,
-            2 => Sampler::Timer,
-            _ => Sampler::Off,
-        }
-    }
     pub fn name(self) -> &'static str {
         match self {
             Sampler::Off => "off",
@@ -29,8 +25,8 @@ impl Sampler {
     }
 }
 
+abi_codes! {
 /// Why the sampler in the header was chosen (or why none runs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Why {
     /// Not recorded (a process that ended before choosing).
     Unknown = 0,
@@ -57,28 +53,9 @@ pub enum Why {
     /// A child made without `fork()` (for example `_Fork`, `daemon()`).
     ChildWithoutFork = 11,
 }
+}
 
 impl Why {
-    pub fn from_code(c: u32) -> Why {
-        use Why::*;
-        [
-            Unknown,
-            Default,
-            Requested,
-            SwitchedOff,
-            PerfRefused,
-            PerfMapFailed,
-            TooManyCpus,
-            NoDrainThread,
-            TimerFailed,
-            SignalInUse,
-            SignalTaken,
-            ChildWithoutFork,
-        ]
-        .get(c as usize)
-        .copied()
-        .unwrap_or(Unknown)
-    }
     pub fn name(self) -> &'static str {
         match self {
             Why::Unknown => "unknown",
@@ -126,11 +103,11 @@ mod tests {
     #[test]
     fn codes_round_trip() {
         for c in 0..12 {
-            assert_eq!(Why::from_code(c) as u32, c);
+            assert_eq!(Why::from_code(c).map(Why::code), Some(c));
         }
-        assert_eq!(Why::from_code(999), Why::Unknown);
-        for s in [Sampler::Off, Sampler::Perf, Sampler::Timer] {
-            assert_eq!(Sampler::from_code(s as u32), s);
+        assert_eq!(Why::from_code(999), None);
+        for &s in Sampler::ALL {
+            assert_eq!(Sampler::from_code(s.code()), Some(s));
         }
         let d = Described {
             sampler: Sampler::Timer,

@@ -1,9 +1,18 @@
-//! The agent's side of the counter segment: fills in the metadata and hands
-//! out stripes. It writes through a raw pointer because the memory is shared
-//! with other processes that read it concurrently.
+//! The agent's side of the counter segment, in two parts with different
+//! rules. [`SegmentWriter`] writes the metadata (module and function
+//! records, names): one writer, `&mut` for every change, so the agent
+//! keeps it under its state lock. [`Counters`] is a `Copy` handle for what
+//! any thread, signal handler or forked child may do at any time: count,
+//! take and fold stripes, add samples, set the header's state. It only
+//! does atomic operations on the shared memory.
+//!
+//! Both write through raw pointers because the memory is shared with other
+//! processes that read it concurrently (they validate what they read).
 
 use crate::layout::*;
+use crate::sampling::{Sampler, Why};
 use std::mem::{offset_of, size_of};
+use std::ptr::{addr_of, addr_of_mut};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,19 +21,36 @@ pub enum WriteError {
     Full,
 }
 
-/// Writer over a mapped segment of `layout.total_size` bytes.
-pub struct SegmentWriter {
+/// Lock-free access to a mapped segment's counters, stripes, samples and
+/// header state.
+#[derive(Clone, Copy)]
+pub struct Counters {
     base: *mut u8,
     layout: Layout,
-    // Only `add_*` change these, and never concurrently: at start-up, or
-    // under the agent's module lock. Atomics let them take `&self`.
-    module_count: AtomicU32,
-    func_count: AtomicU32,
-    strings_len: AtomicU32,
 }
 
-// The raw pointer refers to a process-wide shared mapping.
+// SAFETY: `base` points to a process-wide shared mapping (see
+// `SegmentWriter::init`), and every access through `Counters` is atomic
+// (or, for `reset_for_child`, made while the process has one thread).
+unsafe impl Send for Counters {}
+// SAFETY: as for `Send`: shared `&Counters` only perform atomic operations.
+unsafe impl Sync for Counters {}
+
+/// The metadata writer over a mapped segment of `layout.total_size` bytes.
+pub struct SegmentWriter {
+    counters: Counters,
+    // Published in the header too (for readers); kept here so the writer
+    // never reads back what others could change.
+    module_count: u32,
+    func_count: u32,
+    strings_len: u32,
+}
+
+// SAFETY: the writer owns the metadata it writes; moving it to another
+// thread (into a lock) moves that ownership. Its `&self` methods only read
+// metadata, which changes only through `&mut self`.
 unsafe impl Send for SegmentWriter {}
+// SAFETY: as above: shared references only read.
 unsafe impl Sync for SegmentWriter {}
 
 impl SegmentWriter {
@@ -32,7 +58,8 @@ impl SegmentWriter {
     ///
     /// # Safety
     /// `base` must point to `layout.total_size` writable, zeroed bytes,
-    /// aligned to 8, that stay mapped for the writer's lifetime.
+    /// aligned to 8, that stay mapped for as long as the writer and every
+    /// [`Counters`] copied from it are used.
     pub unsafe fn init(base: *mut u8, layout: Layout, pid: u32, ppid: u32, start_ns: u64) -> Self {
         let h = Header {
             magic: MAGIC,
@@ -57,26 +84,412 @@ impl SegmentWriter {
             stripe_count: 1,
             ..Header::default()
         };
-        std::ptr::write_volatile(base as *mut Header, h);
-        let w = SegmentWriter {
-            base,
-            layout,
-            module_count: AtomicU32::new(0),
-            func_count: AtomicU32::new(0),
-            strings_len: AtomicU32::new(0),
-        };
-        w.stripe_slot(0)
+        // SAFETY: the caller's contract: `base` is writable, aligned and
+        // holds at least a header; nothing reads it yet.
+        unsafe { std::ptr::write_volatile(base as *mut Header, h) };
+        let counters = Counters { base, layout };
+        counters
+            .stripe_slot(0)
             .0
             .store(stripe_state::LIVE, Ordering::Release);
-        w
+        SegmentWriter {
+            counters,
+            module_count: 0,
+            func_count: 0,
+            strings_len: 0,
+        }
+    }
+
+    /// The lock-free handle on this segment's counters (`Copy`: take one
+    /// for threads that must not wait for the writer).
+    pub fn counters(&self) -> &Counters {
+        &self.counters
     }
 
     /// Function slots in use.
     pub fn func_count(&self) -> u32 {
-        self.header_u32(offset_of!(Header, func_count))
-            .load(Ordering::Acquire)
+        self.func_count
     }
 
+    /// Bytes of the string table in use.
+    pub fn strings_len(&self) -> u32 {
+        self.strings_len
+    }
+
+    pub fn module_count(&self) -> u32 {
+        self.module_count
+    }
+
+    fn module_ptr(&self, idx: u32) -> *mut ModuleRecord {
+        let l = &self.counters.layout;
+        assert!(idx < l.caps.modules);
+        // SAFETY: `idx` is below the module capacity (asserted), so the
+        // record lies inside the module table of the mapping.
+        unsafe {
+            self.counters
+                .base
+                .add(l.modules_off as usize + idx as usize * size_of::<ModuleRecord>())
+                .cast()
+        }
+    }
+
+    fn func_ptr(&self, idx: u32) -> *mut FunctionRecord {
+        let l = &self.counters.layout;
+        assert!(idx < l.caps.functions);
+        // SAFETY: `idx` is below the function capacity (asserted), so the
+        // record lies inside the function table of the mapping.
+        unsafe {
+            self.counters
+                .base
+                .add(l.funcs_off as usize + idx as usize * size_of::<FunctionRecord>())
+                .cast()
+        }
+    }
+
+    /// Records why module `idx` is not instrumented or lists no functions.
+    pub fn set_module_why(&mut self, idx: u32, why: ModuleWhy) {
+        if idx >= self.module_count {
+            return;
+        }
+        let m = self.module_ptr(idx);
+        // SAFETY: a written module record (idx < module_count); `&mut self`
+        // makes this the only metadata write. Only the flags field is
+        // touched: the record's sample counter is updated concurrently.
+        unsafe {
+            let flags = addr_of_mut!((*m).flags);
+            let f = std::ptr::read_volatile(flags);
+            let f =
+                (f & !module_why::MASK) | ((why.code() << module_why::SHIFT) & module_why::MASK);
+            std::ptr::write_volatile(flags, f);
+        }
+    }
+
+    /// Counts `n` functions of the most recent module that got no record
+    /// (no room for them) as refused for `reason`, so the module says why
+    /// it lists fewer functions than it has.
+    pub fn note_unrecorded(&mut self, reason: crate::Refusal, n: u32) {
+        if self.module_count == 0 {
+            return;
+        }
+        let m = self.module_ptr(self.module_count - 1);
+        // SAFETY: the last written module record, one writer (`&mut
+        // self`); the index is in bounds (codes are below REASON_SLOTS,
+        // which a unit test of `Refusal` asserts, and indexing checks).
+        unsafe {
+            let slot = addr_of_mut!((*m).refused[reason.code() as usize]);
+            std::ptr::write_volatile(slot, std::ptr::read_volatile(slot).saturating_add(n));
+        }
+    }
+
+    /// Appends bytes to the string table; returns (offset, length).
+    pub fn add_string(&mut self, s: &[u8]) -> Result<(u32, u32), WriteError> {
+        let len = u32::try_from(s.len()).map_err(|_| WriteError::Full)?;
+        let off = self.strings_len;
+        let end = off.checked_add(len).ok_or(WriteError::Full)?;
+        let l = &self.counters.layout;
+        if end > l.caps.strings {
+            return Err(WriteError::Full);
+        }
+        // SAFETY: [off, end) lies inside the string table (end <=
+        // strings cap, checked); readers read only up to strings_len,
+        // published after the copy.
+        unsafe {
+            let dst = self
+                .counters
+                .base
+                .add((l.strings_off + off as u64) as usize);
+            std::ptr::copy_nonoverlapping(s.as_ptr(), dst, s.len());
+        }
+        self.strings_len = end;
+        self.counters
+            .header_u32(offset_of!(Header, strings_len))
+            .store(end, Ordering::Release);
+        Ok((off, len))
+    }
+
+    pub fn set_exe(&mut self, exe: &[u8]) -> Result<(), WriteError> {
+        let (off, len) = self.add_string(exe)?;
+        self.counters
+            .header_u32(offset_of!(Header, exe_off))
+            .store(off, Ordering::Relaxed);
+        self.counters
+            .header_u32(offset_of!(Header, exe_len))
+            .store(len, Ordering::Release);
+        Ok(())
+    }
+
+    /// Adds a module record; its functions must follow with `add_function`.
+    pub fn add_module(&mut self, path: &[u8], base: u64) -> Result<u32, WriteError> {
+        self.add_module_with(path, base, 0)
+    }
+
+    /// Adds a module that is not instrumented: its functions are listed for
+    /// sample attribution only.
+    pub fn add_sampled_module(&mut self, path: &[u8], base: u64) -> Result<u32, WriteError> {
+        self.add_module_with(path, base, module_flags::SAMPLED_ONLY)
+    }
+
+    fn add_module_with(&mut self, path: &[u8], base: u64, flags: u32) -> Result<u32, WriteError> {
+        let idx = self.module_count;
+        if idx >= self.counters.layout.caps.modules {
+            return Err(WriteError::Full);
+        }
+        let (path_off, path_len) = self.add_string(path)?;
+        let rec = ModuleRecord {
+            path_off,
+            path_len,
+            base,
+            first_func: self.func_count,
+            flags,
+            ..ModuleRecord::default()
+        };
+        // SAFETY: record `idx < module_cap` (checked above), not yet
+        // published: nothing else reads or counts into it until
+        // `module_count` says so (Release below).
+        unsafe { std::ptr::write_volatile(self.module_ptr(idx), rec) };
+        self.module_count = idx + 1;
+        self.counters
+            .header_u32(offset_of!(Header, module_count))
+            .store(idx + 1, Ordering::Release);
+        Ok(idx)
+    }
+
+    /// Adds a function to the most recently added module; returns its slot.
+    pub fn add_function(&mut self, name: &[u8], vaddr: u64, size: u32) -> Result<u32, WriteError> {
+        let modules = self.module_count;
+        let idx = self.func_count;
+        if modules == 0 || idx >= self.counters.layout.caps.functions {
+            return Err(WriteError::Full);
+        }
+        let (name_off, name_len) = self.add_string(name)?;
+        let module = modules - 1;
+        let m = self.module_ptr(module);
+        // SAFETY: a module record already written (below module_count);
+        // `&mut self` makes this the only metadata writer.
+        let sampled_only = unsafe { std::ptr::read_volatile(addr_of!((*m).flags)) }
+            & module_flags::SAMPLED_ONLY
+            != 0;
+        // Undecided until `set_status`: a process that dies in between
+        // must not claim the function was patched.
+        let pending = crate::Refusal::NotAttempted.code();
+        let rec = FunctionRecord {
+            name_off,
+            name_len,
+            module,
+            status: if sampled_only {
+                STATUS_SAMPLED_ONLY
+            } else {
+                pending
+            },
+            vaddr,
+            size,
+            reserved: 0,
+        };
+        // SAFETY: slot `idx` is below the capacity (checked) and not yet
+        // published; the module's fields are written one by one, never as
+        // a whole record (its sample counter is updated concurrently).
+        unsafe {
+            std::ptr::write_volatile(self.func_ptr(idx), rec);
+            let count = addr_of_mut!((*m).func_count);
+            std::ptr::write_volatile(count, std::ptr::read_volatile(count) + 1);
+            if !sampled_only {
+                let r = addr_of_mut!((*m).refused[pending as usize]);
+                std::ptr::write_volatile(r, std::ptr::read_volatile(r) + 1);
+            }
+        }
+        self.func_count = idx + 1;
+        self.counters
+            .header_u32(offset_of!(Header, func_count))
+            .store(idx + 1, Ordering::Release);
+        Ok(idx)
+    }
+
+    /// Marks sampled-only module `idx` as named on demand (`true`), or as
+    /// named for good.
+    pub fn set_named_on_demand(&mut self, idx: u32, on: bool) {
+        use crate::layout::module_flags::NAMED_ON_DEMAND;
+        if idx >= self.module_count {
+            return;
+        }
+        let m = self.module_ptr(idx);
+        // SAFETY: a written module record; one metadata writer (`&mut
+        // self`); only its flags field is touched.
+        unsafe {
+            let flags = addr_of_mut!((*m).flags);
+            let f = std::ptr::read_volatile(flags);
+            let f = if on {
+                f | NAMED_ON_DEMAND
+            } else {
+                f & !NAMED_ON_DEMAND
+            };
+            std::ptr::write_volatile(flags, f);
+        }
+    }
+
+    /// Lists the functions of sampled-only module `idx`, which lists none
+    /// yet, after every function recorded so far: `funcs` are (name,
+    /// vaddr, size). Returns how many fit. The module's range is published
+    /// after its records, so a reader sees all of them or none.
+    pub fn name_module<'a>(
+        &mut self,
+        idx: u32,
+        funcs: impl Iterator<Item = (&'a [u8], u64, u32)>,
+    ) -> u32 {
+        use crate::layout::module_flags::SAMPLED_ONLY;
+        if idx >= self.module_count {
+            return 0;
+        }
+        let m = self.module(idx);
+        if m.flags & SAMPLED_ONLY == 0 || m.func_count != 0 {
+            return 0;
+        }
+        let first = self.func_count;
+        let mut n = 0;
+        for (name, vaddr, size) in funcs {
+            let idx_f = first + n;
+            if idx_f >= self.counters.layout.caps.functions {
+                break;
+            }
+            let Ok((name_off, name_len)) = self.add_string(name) else {
+                break;
+            };
+            let rec = FunctionRecord {
+                name_off,
+                name_len,
+                module: idx,
+                status: STATUS_SAMPLED_ONLY,
+                vaddr,
+                size,
+                reserved: 0,
+            };
+            // SAFETY: below the function capacity, not yet visible to readers.
+            unsafe { std::ptr::write_volatile(self.func_ptr(idx_f), rec) };
+            n += 1;
+        }
+        let m = self.module_ptr(idx);
+        // SAFETY: a written module record, one metadata writer; its range
+        // covers only records written above.
+        unsafe {
+            std::ptr::write_volatile(addr_of_mut!((*m).first_func), first);
+            std::ptr::write_volatile(addr_of_mut!((*m).func_count), n);
+        }
+        self.func_count = first + n;
+        self.counters
+            .header_u32(offset_of!(Header, func_count))
+            .store(first + n, Ordering::Release);
+        n
+    }
+
+    /// Rewrites function `idx`'s flags word (see [`function_flags`]).
+    fn update_function_flags(&mut self, idx: u32, f: impl FnOnce(u32) -> u32) {
+        if idx >= self.func_count {
+            return;
+        }
+        let rec = self.func_ptr(idx);
+        // SAFETY: a function record below func_count, inside the segment;
+        // `&mut self` makes this its only writer.
+        unsafe {
+            let flags = addr_of_mut!((*rec).reserved);
+            std::ptr::write_volatile(flags, f(std::ptr::read_volatile(flags)));
+        }
+    }
+
+    /// Says whether function `idx`'s counting is switched off now.
+    pub fn set_counting_off(&mut self, idx: u32, off: bool) {
+        use crate::layout::function_flags::COUNTING_OFF;
+        self.update_function_flags(idx, |flags| {
+            if off {
+                flags | COUNTING_OFF
+            } else {
+                flags & !COUNTING_OFF
+            }
+        });
+    }
+
+    /// Says whether function `idx`'s calls are estimated (under a budget),
+    /// with the bound on the error in hundredths of a percent.
+    pub fn set_estimated(&mut self, idx: u32, bound: Option<u16>) {
+        use crate::layout::function_flags::{BOUND_SHIFT, ESTIMATED};
+        self.update_function_flags(idx, |flags| {
+            let flags = flags & !(ESTIMATED | 0xffff << BOUND_SHIFT);
+            match bound {
+                Some(b) => flags | ESTIMATED | (b as u32) << BOUND_SHIFT,
+                None => flags,
+            }
+        });
+    }
+
+    /// Records the outcome for function `idx` (once): `None` = patched.
+    pub fn set_status(&mut self, idx: u32, refusal: Option<crate::Refusal>) {
+        assert!(idx < self.func_count);
+        let f = self.func_ptr(idx);
+        // SAFETY: a function record below func_count and its module's
+        // record, both written; `&mut self` makes this their only writer;
+        // fields are written one by one (the module's sample counter is
+        // updated concurrently).
+        unsafe {
+            let status = addr_of_mut!((*f).status);
+            let old = std::ptr::read_volatile(status);
+            if old == STATUS_SAMPLED_ONLY {
+                return;
+            }
+            let m = self.module_ptr(std::ptr::read_volatile(addr_of!((*f).module)));
+            let bump = |code: u32, by: i32| {
+                let r = addr_of_mut!((*m).refused[code as usize]);
+                std::ptr::write_volatile(r, std::ptr::read_volatile(r).wrapping_add_signed(by));
+            };
+            let pending = crate::Refusal::NotAttempted.code();
+            if old == pending {
+                bump(pending, -1);
+            }
+            match refusal {
+                None => {
+                    std::ptr::write_volatile(status, 0);
+                    let p = addr_of_mut!((*m).patched);
+                    std::ptr::write_volatile(p, std::ptr::read_volatile(p) + 1);
+                }
+                Some(r) => {
+                    std::ptr::write_volatile(status, r.code());
+                    bump(r.code(), 1);
+                }
+            }
+        }
+    }
+
+    /// A copy of function record `slot`.
+    pub fn function(&self, slot: u32) -> FunctionRecord {
+        assert!(slot < self.func_count);
+        // SAFETY: a written record; metadata changes only through `&mut
+        // self`, so nothing writes it while `&self` lives.
+        unsafe { std::ptr::read_volatile(self.func_ptr(slot)) }
+    }
+
+    /// The name of function `slot`.
+    pub fn function_name(&self, slot: u32) -> &[u8] {
+        let f = self.function(slot);
+        // SAFETY: the writer put the name inside the string table (below
+        // strings_len) and never rewrites string bytes once added.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.counters
+                    .base
+                    .add((self.counters.layout.strings_off + f.name_off as u64) as usize),
+                f.name_len as usize,
+            )
+        }
+    }
+
+    /// A copy of module record `idx` (its sample counter as of now).
+    pub fn module(&self, idx: u32) -> ModuleRecord {
+        assert!(idx < self.module_count);
+        // SAFETY: a written record, changed only through `&mut self`; its
+        // sample counter may be counting meanwhile, and is read volatile
+        // like the rest (a value of some moment).
+        unsafe { std::ptr::read_volatile(self.module_ptr(idx)) }
+    }
+}
+
+impl Counters {
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
@@ -98,264 +511,22 @@ impl SegmentWriter {
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
-    /// Records why module `idx` is not instrumented or lists no functions
-    /// (a [`crate::layout::module_why`] code).
-    pub fn set_module_why(&self, idx: u32, why: u32) {
-        use crate::layout::module_why;
-        if idx >= self.module_count.load(Ordering::Relaxed) {
-            return;
-        }
-        // SAFETY: a written module record (idx < module_count); one
-        // metadata writer at a time, as in `add_function`.
-        unsafe {
-            let m = &mut *self.module_ptr(idx);
-            m.flags =
-                (m.flags & !module_why::MASK) | ((why << module_why::SHIFT) & module_why::MASK);
-        }
+    /// Function slots published so far.
+    pub fn func_count(&self) -> u32 {
+        self.header_u32(offset_of!(Header, func_count))
+            .load(Ordering::Acquire)
     }
 
-    /// Bytes of the string table in use.
-    pub fn strings_len(&self) -> u32 {
-        self.strings_len.load(Ordering::Relaxed)
-    }
-
-    /// Counts `n` functions of the most recent module that got no record
-    /// (no room for them) as refused for `reason`, so the module says why
-    /// it lists fewer functions than it has.
-    pub fn note_unrecorded(&self, reason: crate::Refusal, n: u32) {
-        let modules = self.module_count.load(Ordering::Relaxed);
-        if modules == 0 {
-            return;
-        }
-        // SAFETY: the last written module record; one metadata writer at
-        // a time; the slot index is bounds-checked (codes are below
-        // REASON_SLOTS, which a unit test of `Refusal` asserts).
-        unsafe {
-            let m = &mut *self.module_ptr(modules - 1);
-            let slot = &mut m.refused[reason.code() as usize];
-            *slot = slot.saturating_add(n);
-        }
-    }
-
-    /// Appends bytes to the string table; returns (offset, length).
-    pub fn add_string(&self, s: &[u8]) -> Result<(u32, u32), WriteError> {
-        let len = u32::try_from(s.len()).map_err(|_| WriteError::Full)?;
-        let off = self.strings_len.load(Ordering::Relaxed);
-        let end = off.checked_add(len).ok_or(WriteError::Full)?;
-        if end > self.layout.caps.strings {
-            return Err(WriteError::Full);
-        }
-        // SAFETY: [off, end) lies inside the string table (end <=
-        // strings cap, checked); readers read only up to strings_len,
-        // published after the copy.
-        unsafe {
-            let dst = self
-                .base
-                .add((self.layout.strings_off + off as u64) as usize);
-            std::ptr::copy_nonoverlapping(s.as_ptr(), dst, s.len());
-        }
-        self.strings_len.store(end, Ordering::Relaxed);
-        self.header_u32(offset_of!(Header, strings_len))
-            .store(end, Ordering::Release);
-        Ok((off, len))
-    }
-
-    pub fn set_exe(&self, exe: &[u8]) -> Result<(), WriteError> {
-        let (off, len) = self.add_string(exe)?;
-        self.header_u32(offset_of!(Header, exe_off))
-            .store(off, Ordering::Relaxed);
-        self.header_u32(offset_of!(Header, exe_len))
-            .store(len, Ordering::Release);
-        Ok(())
-    }
-
-    /// Adds a module record; its functions must follow with `add_function`.
-    pub fn add_module(&self, path: &[u8], base: u64) -> Result<u32, WriteError> {
-        self.add_module_with(path, base, 0)
-    }
-
-    /// Adds a module that is not instrumented: its functions are listed for
-    /// sample attribution only.
-    pub fn add_sampled_module(&self, path: &[u8], base: u64) -> Result<u32, WriteError> {
-        self.add_module_with(path, base, module_flags::SAMPLED_ONLY)
-    }
-
-    fn add_module_with(&self, path: &[u8], base: u64, flags: u32) -> Result<u32, WriteError> {
-        let idx = self.module_count.load(Ordering::Relaxed);
-        if idx >= self.layout.caps.modules {
-            return Err(WriteError::Full);
-        }
-        let (path_off, path_len) = self.add_string(path)?;
-        let rec = ModuleRecord {
-            path_off,
-            path_len,
-            base,
-            first_func: self.func_count.load(Ordering::Relaxed),
-            flags,
-            ..ModuleRecord::default()
-        };
-        // SAFETY: record `idx < module_cap` (checked above), written
-        // before `module_count` publishes it (Release below).
-        unsafe { std::ptr::write_volatile(self.module_ptr(idx), rec) };
-        self.module_count.store(idx + 1, Ordering::Relaxed);
+    /// Module records published so far.
+    pub fn module_count(&self) -> u32 {
         self.header_u32(offset_of!(Header, module_count))
-            .store(idx + 1, Ordering::Release);
-        Ok(idx)
+            .load(Ordering::Acquire)
     }
 
-    fn module_ptr(&self, idx: u32) -> *mut ModuleRecord {
-        // SAFETY: pointer arithmetic only; callers pass `idx` below
-        // `module_cap`, so it stays inside the module table.
-        unsafe {
-            self.base
-                .add(self.layout.modules_off as usize + idx as usize * size_of::<ModuleRecord>())
-                as *mut ModuleRecord
-        }
-    }
-
-    fn func_ptr(&self, idx: u32) -> *mut FunctionRecord {
-        // SAFETY: pointer arithmetic only; callers pass `idx` below
-        // `func_cap`, so it stays inside the function table.
-        unsafe {
-            self.base
-                .add(self.layout.funcs_off as usize + idx as usize * size_of::<FunctionRecord>())
-                as *mut FunctionRecord
-        }
-    }
-
-    /// Adds a function to the most recently added module; returns its slot.
-    pub fn add_function(&self, name: &[u8], vaddr: u64, size: u32) -> Result<u32, WriteError> {
-        let modules = self.module_count.load(Ordering::Relaxed);
-        let idx = self.func_count.load(Ordering::Relaxed);
-        if modules == 0 || idx >= self.layout.caps.functions {
-            return Err(WriteError::Full);
-        }
-        let (name_off, name_len) = self.add_string(name)?;
-        let module = modules - 1;
-        // SAFETY: a module record already written (below module_count);
-        // metadata has one writer at a time (start-up, or the agent's
-        // state lock).
-        let sampled_only =
-            unsafe { (*self.module_ptr(module)).flags } & module_flags::SAMPLED_ONLY != 0;
-        // Undecided until `set_status`: a process that dies in between
-        // must not claim the function was patched.
-        let pending = crate::Refusal::NotAttempted.code();
-        let rec = FunctionRecord {
-            name_off,
-            name_len,
-            module,
-            status: if sampled_only {
-                STATUS_SAMPLED_ONLY
-            } else {
-                pending
-            },
-            vaddr,
-            size,
-            reserved: 0,
-        };
-        unsafe {
-            std::ptr::write_volatile(self.func_ptr(idx), rec);
-            let m = &mut *self.module_ptr(module);
-            m.func_count += 1;
-            if !sampled_only {
-                m.refused[pending as usize] += 1;
-            }
-        }
-        self.func_count.store(idx + 1, Ordering::Relaxed);
-        self.header_u32(offset_of!(Header, func_count))
-            .store(idx + 1, Ordering::Release);
-        Ok(idx)
-    }
-
-    /// Marks sampled-only module `idx` as named on demand (`true`), or as
-    /// named for good.
-    pub fn set_named_on_demand(&self, idx: u32, on: bool) {
-        use crate::layout::module_flags::NAMED_ON_DEMAND;
-        if idx >= self.module_count.load(Ordering::Relaxed) {
-            return;
-        }
-        // SAFETY: a module record below module_count, inside the segment.
-        unsafe {
-            let m = &mut *self.module_ptr(idx);
-            m.flags = if on {
-                m.flags | NAMED_ON_DEMAND
-            } else {
-                m.flags & !NAMED_ON_DEMAND
-            };
-        }
-    }
-
-    /// Lists the functions of sampled-only module `idx`, which lists none
-    /// yet, after every function recorded so far: `funcs` are (name,
-    /// vaddr, size). Returns how many fit. The module's range is published
-    /// after its records, so a reader sees all of them or none.
-    pub fn name_module<'a>(
-        &self,
-        idx: u32,
-        funcs: impl Iterator<Item = (&'a [u8], u64, u32)>,
-    ) -> u32 {
-        use crate::layout::module_flags::SAMPLED_ONLY;
-        if idx >= self.module_count.load(Ordering::Relaxed) {
-            return 0;
-        }
-        let m = self.module_ptr(idx);
-        // SAFETY: a module record below module_count, inside the segment.
-        let (flags, count) = unsafe { ((*m).flags, (*m).func_count) };
-        if flags & SAMPLED_ONLY == 0 || count != 0 {
-            return 0;
-        }
-        let first = self.func_count.load(Ordering::Relaxed);
-        let mut n = 0;
-        for (name, vaddr, size) in funcs {
-            let idx_f = first + n;
-            if idx_f >= self.layout.caps.functions {
-                break;
-            }
-            let Ok((name_off, name_len)) = self.add_string(name) else {
-                break;
-            };
-            let rec = FunctionRecord {
-                name_off,
-                name_len,
-                module: idx,
-                status: STATUS_SAMPLED_ONLY,
-                vaddr,
-                size,
-                reserved: 0,
-            };
-            // SAFETY: below the function capacity, not yet visible to readers.
-            unsafe { std::ptr::write_volatile(self.func_ptr(idx_f), rec) };
-            n += 1;
-        }
-        // SAFETY: as above; the range covers only records written.
-        unsafe {
-            (*m).first_func = first;
-            (*m).func_count = n;
-        }
-        self.func_count.store(first + n, Ordering::Relaxed);
-        self.header_u32(offset_of!(Header, func_count))
-            .store(first + n, Ordering::Release);
-        n
-    }
-
-    /// Says whether function `idx`'s counting is switched off now.
-    pub fn set_counting_off(&self, idx: u32, off: bool) {
-        use crate::layout::function_flags::COUNTING_OFF;
-        if idx >= self.func_count.load(Ordering::Relaxed) {
-            return;
-        }
-        // SAFETY: a function record below func_count, inside the segment;
-        // its flags word is only written under the agent's loader lock.
-        unsafe {
-            let f = &mut *self.func_ptr(idx);
-            let flags = std::ptr::read_volatile(&f.reserved);
-            let flags = if off {
-                flags | COUNTING_OFF
-            } else {
-                flags & !COUNTING_OFF
-            };
-            std::ptr::write_volatile(&mut f.reserved, flags);
-        }
+    /// Bytes of the string table published so far.
+    pub fn strings_len(&self) -> u32 {
+        self.header_u32(offset_of!(Header, strings_len))
+            .load(Ordering::Acquire)
     }
 
     /// Sets the sampling period if none is set (no sampler runs): time
@@ -396,25 +567,6 @@ impl SegmentWriter {
             .store(seq, Ordering::Release);
     }
 
-    /// Says whether function `idx`'s calls are estimated (under a budget),
-    /// with the bound on the error in hundredths of a percent.
-    pub fn set_estimated(&self, idx: u32, bound: Option<u16>) {
-        use crate::layout::function_flags::{BOUND_SHIFT, ESTIMATED};
-        if idx >= self.func_count.load(Ordering::Relaxed) {
-            return;
-        }
-        // SAFETY: as in `set_counting_off`.
-        unsafe {
-            let f = &mut *self.func_ptr(idx);
-            let flags = std::ptr::read_volatile(&f.reserved) & !(ESTIMATED | 0xffff << BOUND_SHIFT);
-            let flags = match bound {
-                Some(b) => flags | ESTIMATED | (b as u32) << BOUND_SHIFT,
-                None => flags,
-            };
-            std::ptr::write_volatile(&mut f.reserved, flags);
-        }
-    }
-
     /// Calls of function `idx` counted so far, over every stripe handed
     /// out. Allocates nothing (callable with other threads stopped).
     pub fn calls(&self, idx: u32) -> u64 {
@@ -423,44 +575,23 @@ impl SegmentWriter {
             .load(Ordering::Acquire)
             .min(self.layout.caps.stripes);
         (0..used)
-            // SAFETY: slot `idx` of a stripe handed out, inside the segment.
-            .map(|i| unsafe { std::ptr::read_volatile(self.stripe_ptr(i).add(idx as usize)) })
+            .map(|i| self.counter(i, idx).load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Counter `slot` of stripe `stripe`.
+    fn counter(&self, stripe: u32, slot: u32) -> &AtomicU64 {
+        assert!(stripe < self.layout.caps.stripes && slot < self.layout.caps.functions);
+        // SAFETY: both indices are inside the segment's capacities
+        // (asserted), stripes are 8-aligned, and counters are only
+        // accessed atomically (stubs use locked adds).
+        unsafe { AtomicU64::from_ptr(self.stripe_ptr(stripe).add(slot as usize)) }
     }
 
     /// Adds `n` calls to function `idx` in the shared stripe.
     pub fn add_calls(&self, idx: u32, n: u64) {
-        if idx >= self.func_count.load(Ordering::Relaxed) {
-            return;
-        }
-        // SAFETY: slot `idx` of stripe 0, aligned, only updated atomically.
-        let c = unsafe { AtomicU64::from_ptr(self.stripe_ptr(0).add(idx as usize)) };
-        c.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Records the outcome for function `idx` (once): `None` = patched.
-    pub fn set_status(&self, idx: u32, refusal: Option<crate::Refusal>) {
-        assert!(idx < self.func_count.load(Ordering::Relaxed));
-        unsafe {
-            let f = &mut *self.func_ptr(idx);
-            if f.status == STATUS_SAMPLED_ONLY {
-                return;
-            }
-            let m = &mut *self.module_ptr(f.module);
-            let pending = crate::Refusal::NotAttempted.code();
-            if f.status == pending {
-                m.refused[pending as usize] -= 1;
-            }
-            match refusal {
-                None => {
-                    f.status = 0;
-                    m.patched += 1;
-                }
-                Some(r) => {
-                    f.status = r.code();
-                    m.refused[r.code() as usize] += 1;
-                }
-            }
+        if idx < self.func_count() {
+            self.counter(0, idx).fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -493,7 +624,11 @@ impl SegmentWriter {
     }
 
     fn stripe_slot(&self, i: u32) -> (&AtomicU32, &AtomicU32) {
+        assert!(i < self.layout.caps.stripes);
         let off = self.layout.stripe_table_off as usize + i as usize * size_of::<StripeSlot>();
+        // SAFETY: entry `i` of the stripe table (i below the capacity,
+        // asserted): two 4-aligned u32 words inside the mapping, only ever
+        // accessed atomically.
         unsafe {
             (
                 &*(self.base.add(off) as *const AtomicU32),
@@ -504,6 +639,9 @@ impl SegmentWriter {
 
     /// Address of stripe `i`'s first counter.
     pub fn stripe_ptr(&self, i: u32) -> *mut u64 {
+        assert!(i < self.layout.caps.stripes);
+        // SAFETY: pointer arithmetic inside the mapping: stripe `i` is
+        // below the capacity (asserted) the layout was sized for.
         unsafe { self.base.add(self.layout.stripe_off(i) as usize) as *mut u64 }
     }
 
@@ -560,14 +698,10 @@ impl SegmentWriter {
         }
         let seq = self.header_u64(offset_of!(Header, fold_seq));
         seq.fetch_add(1, Ordering::AcqRel);
-        let (src, dst) = (self.stripe_ptr(i), self.stripe_ptr(0));
-        for k in 0..self.func_count() as usize {
-            unsafe {
-                let v = std::ptr::read_volatile(src.add(k));
-                if v != 0 {
-                    (*(dst.add(k) as *const AtomicU64)).fetch_add(v, Ordering::Relaxed);
-                    std::ptr::write_volatile(src.add(k), 0);
-                }
+        for k in 0..self.func_count() {
+            let v = self.counter(i, k).swap(0, Ordering::Relaxed);
+            if v != 0 {
+                self.counter(0, k).fetch_add(v, Ordering::Relaxed);
             }
         }
         self.stripe_slot(i)
@@ -614,11 +748,11 @@ impl SegmentWriter {
                     .store(stripe_state::FREE, Ordering::Release);
             }
         }
-        unsafe {
-            // Only the slots in use: the rest of the capacity may have no
-            // memory behind it.
-            std::ptr::write_bytes(self.samples_ptr(), 0, self.func_count() as usize)
-        };
+        // Only the slots in use: the rest of the capacity may have no
+        // memory behind it.
+        for slot in 0..self.func_count() {
+            self.function_samples(slot).store(0, Ordering::Relaxed);
+        }
         self.header_u64(offset_of!(Header, end_ns))
             .store(0, Ordering::Relaxed);
         self.header_u32(offset_of!(Header, exit_status))
@@ -630,10 +764,10 @@ impl SegmentWriter {
         ] {
             self.header_u64(f).store(0, Ordering::Relaxed);
         }
-        for i in 0..self.module_count.load(Ordering::Relaxed) {
+        for i in 0..self.module_count() {
             self.module_samples(i).store(0, Ordering::Relaxed);
         }
-        self.set_sampler(0, 0, 0, 0);
+        self.set_sampler(Sampler::Off, Why::Unknown, 0, 0);
         // A switch request was for the parent.
         let seq = self
             .header_u32(crate::layout::control::SEQ)
@@ -654,21 +788,28 @@ impl SegmentWriter {
             .load(Ordering::Acquire)
     }
 
-    /// The per-function sample counters (one `u64` per slot).
-    pub fn samples_ptr(&self) -> *mut u64 {
-        unsafe { self.base.add(self.layout.samples_off as usize) as *mut u64 }
-    }
-
     /// Sample counter of function `slot`.
     pub fn function_samples(&self, slot: u32) -> &AtomicU64 {
         assert!(slot < self.layout.caps.functions);
-        unsafe { &*(self.samples_ptr().add(slot as usize) as *const AtomicU64) }
+        // SAFETY: slot `slot` of the per-function sample array (below its
+        // capacity, asserted), 8-aligned, only accessed atomically.
+        unsafe {
+            AtomicU64::from_ptr(
+                (self.base.add(self.layout.samples_off as usize) as *mut u64).add(slot as usize),
+            )
+        }
     }
 
     /// Samples in module `idx` outside its listed functions.
     pub fn module_samples(&self, idx: u32) -> &AtomicU64 {
         assert!(idx < self.layout.caps.modules);
-        unsafe { &*(std::ptr::addr_of_mut!((*self.module_ptr(idx)).samples) as *const AtomicU64) }
+        let off = self.layout.modules_off as usize
+            + idx as usize * size_of::<ModuleRecord>()
+            + offset_of!(ModuleRecord, samples);
+        // SAFETY: the `samples` field of module record `idx` (below the
+        // capacity, asserted), 8-aligned; the metadata writer never writes
+        // this field of a published record, and counting is atomic.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
     }
 
     pub fn samples_total(&self) -> &AtomicU64 {
@@ -681,44 +822,17 @@ impl SegmentWriter {
         self.header_u64(offset_of!(Header, samples_unknown))
     }
 
-    /// Records which sampler runs, why, and its period.
-    pub fn set_sampler(&self, sampler: u32, why: u32, errno: u32, period_ns: u64) {
+    /// Records which sampler runs, why (with the errno behind it, if any),
+    /// and its period.
+    pub fn set_sampler(&self, sampler: Sampler, why: Why, errno: u32, period_ns: u64) {
         self.header_u32(offset_of!(Header, sampler))
-            .store(sampler, Ordering::Relaxed);
+            .store(sampler.code(), Ordering::Relaxed);
         self.header_u32(offset_of!(Header, sampler_why))
-            .store(why, Ordering::Relaxed);
+            .store(why.code(), Ordering::Relaxed);
         self.header_u32(offset_of!(Header, sampler_errno))
             .store(errno, Ordering::Relaxed);
         self.header_u64(offset_of!(Header, sample_period_ns))
             .store(period_ns, Ordering::Release);
-    }
-
-    /// A copy of function record `slot` (the agent's own, trusted memory).
-    pub fn function(&self, slot: u32) -> FunctionRecord {
-        assert!(slot < self.func_count.load(Ordering::Relaxed));
-        unsafe { std::ptr::read_volatile(self.func_ptr(slot)) }
-    }
-
-    /// The name of function `slot` (the agent's own, trusted memory).
-    pub fn function_name(&self, slot: u32) -> &[u8] {
-        let f = self.function(slot);
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base
-                    .add((self.layout.strings_off + f.name_off as u64) as usize),
-                f.name_len as usize,
-            )
-        }
-    }
-
-    /// A copy of module record `idx`.
-    pub fn module(&self, idx: u32) -> ModuleRecord {
-        assert!(idx < self.module_count.load(Ordering::Relaxed));
-        unsafe { std::ptr::read_volatile(self.module_ptr(idx)) }
-    }
-
-    pub fn module_count(&self) -> u32 {
-        self.module_count.load(Ordering::Relaxed)
     }
 }
 
@@ -739,7 +853,7 @@ mod tests {
             stripes: 2,
         });
         let mut buf = buffer(&layout);
-        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         assert_eq!(
             w.add_function(b"f", 0, 1),
             Err(WriteError::Full),
@@ -751,8 +865,8 @@ mod tests {
         w.add_function(b"b", 0, 1).unwrap();
         assert_eq!(w.add_function(b"c", 0, 1), Err(WriteError::Full));
         assert_eq!(w.add_string(&[0u8; 64]), Err(WriteError::Full));
-        assert_eq!(w.alloc_stripe(7), Some(1));
-        assert_eq!(w.alloc_stripe(8), None);
+        assert_eq!(w.counters().alloc_stripe(7), Some(1));
+        assert_eq!(w.counters().alloc_stripe(8), None);
     }
 
     #[test]
@@ -764,7 +878,7 @@ mod tests {
             stripes: 1,
         });
         let mut buf = buffer(&layout);
-        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"m", 0).unwrap();
         let a = w.add_function(b"a", 0, 1).unwrap();
         w.add_function(b"b", 0, 1).unwrap();
@@ -795,24 +909,26 @@ mod tests {
             stripes: 2,
         });
         let mut buf = buffer(&layout);
-        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"m", 0).unwrap();
         w.add_function(b"a", 0, 1).unwrap();
-        w.set_period_if_unset(1_000_000);
-        w.set_period_if_unset(5);
+        w.counters().set_period_if_unset(1_000_000);
+        w.counters().set_period_if_unset(5);
         let bytes =
             || unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
         assert_eq!(
             crate::read_snapshot(bytes()).unwrap().sample_period_ns,
             1_000_000
         );
-        w.header_u64(offset_of!(Header, fold_seq))
+        w.counters()
+            .header_u64(offset_of!(Header, fold_seq))
             .store(1, Ordering::Release);
         assert_eq!(
             crate::read_snapshot(bytes()),
             Err(crate::SegmentError::Busy)
         );
-        w.header_u64(offset_of!(Header, fold_seq))
+        w.counters()
+            .header_u64(offset_of!(Header, fold_seq))
             .store(2, Ordering::Release);
         assert!(crate::read_snapshot(bytes()).is_ok());
     }
@@ -830,7 +946,7 @@ mod tests {
         });
         let mut buf = buffer(&layout);
         // SAFETY: the buffer is a whole segment of this layout and outlives `w`.
-        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         let lib = w.add_sampled_module(b"/lib/libc.so.6", 0x7000).unwrap();
         w.set_named_on_demand(lib, true);
         w.add_module(b"/app", 0x1000).unwrap();
@@ -874,25 +990,29 @@ mod tests {
         let mut buf = buffer(&layout);
         let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         // As a fork would copy it mid-fold: lock held, sequence odd.
-        w.header_u32(offset_of!(Header, fold_lock))
+        w.counters()
+            .header_u32(offset_of!(Header, fold_lock))
             .store(1, Ordering::Relaxed);
-        w.header_u64(offset_of!(Header, fold_seq))
+        w.counters()
+            .header_u64(offset_of!(Header, fold_seq))
             .store(7, Ordering::Relaxed);
-        w.reset_for_child(None, 2, 1, 0);
+        w.counters().reset_for_child(None, 2, 1, 0);
         assert_eq!(
-            w.header_u32(offset_of!(Header, fold_lock))
+            w.counters()
+                .header_u32(offset_of!(Header, fold_lock))
                 .load(Ordering::Relaxed),
             0
         );
         assert_eq!(
-            w.header_u64(offset_of!(Header, fold_seq))
+            w.counters()
+                .header_u64(offset_of!(Header, fold_seq))
                 .load(Ordering::Relaxed)
                 % 2,
             0
         );
-        let s = w.alloc_stripe(3).unwrap();
-        w.fold_stripe(s); // would spin forever on an inherited lock
-        assert_eq!(w.pid(), 2);
+        let s = w.counters().alloc_stripe(3).unwrap();
+        w.counters().fold_stripe(s); // would spin forever on an inherited lock
+        assert_eq!(w.counters().pid(), 2);
     }
 
     #[test]
@@ -904,25 +1024,29 @@ mod tests {
             stripes: 3,
         });
         let mut buf = buffer(&layout);
-        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"m", 0).unwrap();
         for n in [b"a", b"b", b"c"] {
             w.add_function(n, 0, 1).unwrap();
         }
-        let s1 = w.alloc_stripe(1).unwrap();
-        let s2 = w.alloc_stripe(2).unwrap();
-        assert_eq!(w.alloc_stripe(3), None, "all taken");
+        let s1 = w.counters().alloc_stripe(1).unwrap();
+        let s2 = w.counters().alloc_stripe(2).unwrap();
+        assert_eq!(w.counters().alloc_stripe(3), None, "all taken");
         unsafe {
-            *w.stripe_ptr(s1).add(1) = 5;
-            *w.stripe_ptr(0).add(1) = 2;
+            *w.counters().stripe_ptr(s1).add(1) = 5;
+            *w.counters().stripe_ptr(0).add(1) = 2;
         }
-        w.fold_stripe(s1);
+        w.counters().fold_stripe(s1);
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
         let snap = crate::read_snapshot(bytes).unwrap();
         assert_eq!(snap.functions[1].calls, 7, "no count lost or doubled");
-        assert_eq!(w.alloc_stripe(4), Some(s1), "a folded stripe is reused");
         assert_eq!(
-            unsafe { *w.stripe_ptr(s1).add(1) },
+            w.counters().alloc_stripe(4),
+            Some(s1),
+            "a folded stripe is reused"
+        );
+        assert_eq!(
+            unsafe { *w.counters().stripe_ptr(s1).add(1) },
             0,
             "and starts from zero"
         );

@@ -4,13 +4,14 @@
 //! switches counting of functions on and off while it runs.
 
 use crate::agent;
+use rtprof_shared::SegmentWriter;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::Ordering;
 
 /// Adds to function `slot`: calls to the shared stripe, time as samples.
 fn add(slot: u32, calls: u64, time_ns: u64) -> i32 {
     let Some(a) = agent() else { return -1 };
-    let w = &a.segment.writer;
+    let w = &a.segment.counters;
     w.add_calls(slot, calls);
     // Time counts in samples of the configured period (1 ms by default).
     let hz = if a.config.sample_hz == 0 {
@@ -31,9 +32,12 @@ fn add(slot: u32, calls: u64, time_ns: u64) -> i32 {
     0
 }
 
-fn find(pred: impl Fn(u32) -> bool) -> Option<u32> {
-    let a = agent()?;
-    (0..a.segment.writer.func_count()).find(|&slot| pred(slot))
+/// The first function slot `pred` accepts. Records are read under the
+/// agent's state lock: a library being loaded may be adding to them.
+fn find(pred: impl Fn(&SegmentWriter, u32) -> bool) -> Option<u32> {
+    let state = agent()?.state.lock()?;
+    let w = &state.writer;
+    (0..w.func_count()).find(|&slot| pred(w, slot))
 }
 
 /// # Safety
@@ -48,13 +52,10 @@ pub unsafe extern "C" fn rtprof_add_calls(
         return -1;
     }
     let name = CStr::from_ptr(function).to_bytes();
-    std::panic::catch_unwind(|| {
-        let w = &agent()?.segment.writer;
-        find(|slot| w.function_name(slot) == name)
-    })
-    .ok()
-    .flatten()
-    .map_or(-1, |slot| add(slot, calls, time_ns))
+    std::panic::catch_unwind(|| find(|w, slot| w.function_name(slot) == name))
+        .ok()
+        .flatten()
+        .map_or(-1, |slot| add(slot, calls, time_ns))
 }
 
 /// # Safety
@@ -67,8 +68,7 @@ pub unsafe extern "C" fn rtprof_add_calls_at(
 ) -> i32 {
     let addr = address as u64;
     std::panic::catch_unwind(|| {
-        let w = &agent()?.segment.writer;
-        find(|slot| {
+        find(|w, slot| {
             let f = w.function(slot);
             let start = w.module(f.module).base.wrapping_add(f.vaddr);
             addr >= start && addr < start.wrapping_add(f.size as u64)

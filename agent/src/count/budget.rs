@@ -22,6 +22,8 @@ use crate::stopworld::{StopError, Stopper};
 use crate::switch::{set_counting, write_entries_stopped, EntrySwitch};
 use crate::Agent;
 use rtprof_shared::layout::function_flags;
+use rtprof_shared::writer::Counters;
+use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -251,13 +253,21 @@ pub(crate) struct Controller {
     noise: u64,
 }
 
-/// Runs `f` on the controller, with the stub map, under the agent's
-/// state lock (which also keeps the modules, and so the entries, in place
-/// while they are switched).
-fn with_controller<T>(a: &Agent, f: impl FnOnce(&mut Controller, &StubMap) -> T) -> Option<T> {
+/// Runs `f` on the controller, with the stub map and the records, under
+/// the agent's state lock (which also keeps the modules, and so the
+/// entries, in place while they are switched).
+fn with_controller<T>(
+    a: &Agent,
+    f: impl FnOnce(&mut Controller, &StubMap, &mut SegmentWriter) -> T,
+) -> Option<T> {
     let mut state = a.state.lock()?;
-    let Locked { budget, stubs, .. } = &mut *state;
-    budget.as_mut().map(|c| f(c, stubs))
+    let Locked {
+        budget,
+        stubs,
+        writer,
+        ..
+    } = &mut *state;
+    budget.as_mut().map(|c| f(c, stubs, writer))
 }
 
 /// The kernel's CPU clock id of this process (MAKE_PROCESS_CPUCLOCK of
@@ -312,13 +322,13 @@ fn tick(gone: bool) -> Next {
         return Next::Idle;
     }
     crate::switching::serve_control(a);
-    with_controller(a, |c, stubs| c.step(a, stubs)).map_or(Next::In(LOOK_AGAIN), Next::In)
+    with_controller(a, |c, stubs, w| c.step(a, stubs, w)).map_or(Next::In(LOOK_AGAIN), Next::In)
 }
 
 /// At exit: the calls since the last burst are extrapolated and every
 /// estimate gets its final bound. The functions stay as they are.
 pub fn at_exit(a: &Agent) {
-    with_controller(a, |c, _| c.settle(a));
+    with_controller(a, |c, _, w| c.settle(a, w));
 }
 
 /// The program's last thread has ended.
@@ -354,7 +364,8 @@ pub fn forget_in_child(a: &Agent) {
     let Some(mut state) = a.state.lock() else {
         return;
     };
-    let Some(c) = state.budget.take() else {
+    let Locked { budget, writer, .. } = &mut *state;
+    let Some(c) = budget.take() else {
         return;
     };
     if c.phase == Phase::Between {
@@ -377,7 +388,7 @@ pub fn forget_in_child(a: &Agent) {
         }
     }
     for e in &c.chosen {
-        a.segment.writer.set_estimated(e.entry.slot, None);
+        writer.set_estimated(e.entry.slot, None);
     }
     // Not freed: `free` is no safer than `malloc` here. The child's own
     // controller starts afresh.
@@ -408,15 +419,15 @@ impl Controller {
     }
 
     /// One step of the cycle; returns how long until the next.
-    fn step(&mut self, a: &Agent, stubs: &StubMap) -> Duration {
+    fn step(&mut self, a: &Agent, stubs: &StubMap, w: &mut SegmentWriter) -> Duration {
         match self.phase {
-            Phase::Watching => self.watch(a, stubs),
+            Phase::Watching => self.watch(a, stubs, w),
             Phase::Between => {
                 // Long gaps are looked into: functions that turned hot
                 // since stop costing now, not a cycle later.
                 let left = self.gap_ends.saturating_duration_since(Instant::now());
                 if left > 2 * self.look_every() {
-                    self.choose_more(a, stubs);
+                    self.choose_more(a, stubs, w);
                     return self.look_every();
                 }
                 if !left.is_zero() {
@@ -426,11 +437,11 @@ impl Controller {
                 self.burst_len()
             }
             Phase::Burst => {
-                self.end_burst(a);
+                self.end_burst(a, w);
                 self.cycles += 1;
                 // Exact counting's cost is what grows when the program
                 // moves on to other functions: looked at every cycle.
-                self.choose_more(a, stubs);
+                self.choose_more(a, stubs, w);
                 let gap = self.gap_len();
                 self.gap_ends = Instant::now() + gap;
                 gap.min(self.look_every())
@@ -465,7 +476,7 @@ impl Controller {
     /// Calls per function since the last look, and the CPU time they took.
     fn look(&mut self, a: &Agent) -> (Vec<u64>, u64) {
         let started = Instant::now();
-        let mut now = vec![0u64; a.segment.writer.func_count() as usize];
+        let mut now = vec![0u64; a.segment.counters.func_count() as usize];
         // Stripe by stripe, as readers sum (a torn sum, while a thread's
         // stripe is folded, only blurs one look).
         if let Ok(h) = rtprof_shared::read_header(a.segment.bytes()) {
@@ -485,8 +496,8 @@ impl Controller {
     }
 
     /// Watching exact counting: does it fit the budget?
-    fn watch(&mut self, a: &Agent, stubs: &StubMap) -> Duration {
-        self.choose_more(a, stubs);
+    fn watch(&mut self, a: &Agent, stubs: &StubMap, w: &mut SegmentWriter) -> Duration {
+        self.choose_more(a, stubs, w);
         if self.chosen.is_empty() {
             return LOOK_AGAIN;
         }
@@ -508,14 +519,13 @@ impl Controller {
     /// Moves the hottest exactly counted functions to bursts until exact
     /// counting costs at most half the budget (bursts get a quarter, the
     /// stops the last), sets the bursts' duty, and the reference.
-    fn choose_more(&mut self, a: &Agent, stubs: &StubMap) {
+    fn choose_more(&mut self, a: &Agent, stubs: &StubMap, w: &mut SegmentWriter) {
         let (delta, spent) = self.look(a);
         if spent < IDLE_LOOK_NS {
             // The program waited: nothing to learn of its costs, and
             // its reference is not thin, only idle.
             return;
         }
-        let w = &a.segment.writer;
         let cost = |calls: u64| calls as f64 * COST_PER_CALL_NS / spent as f64;
         let chosen: std::collections::HashSet<u32> =
             self.chosen.iter().map(|e| e.entry.slot).collect();
@@ -586,7 +596,7 @@ impl Controller {
         let all: u64 = added.iter().map(|e| delta[e.slot as usize]).sum();
         for e in &added {
             let rates = Rates::measure(delta[e.slot as usize], all, &span);
-            self.add_chosen(a, e, rates);
+            self.add_chosen(a, w, e, rates);
         }
         if self.phase == Phase::Between && !added.is_empty() {
             // Off now, like the others (whose entries are written again,
@@ -649,14 +659,13 @@ impl Controller {
 
     /// Adds `e`, keeping the chosen in address order (entries are
     /// switched a page at a time).
-    fn add_chosen(&mut self, a: &Agent, e: &EntrySwitch, rates: Rates) {
-        let w = &a.segment.writer;
+    fn add_chosen(&mut self, a: &Agent, w: &mut SegmentWriter, e: &EntrySwitch, rates: Rates) {
         w.set_estimated(e.slot, Some(0));
         let at = self.chosen.partition_point(|c| c.entry.at < e.at);
         let mut est = Estimated {
             entry: *e,
             // Nothing added yet: every call so far was counted.
-            at_burst: w.calls(e.slot),
+            at_burst: a.segment.counters.calls(e.slot),
             last: None,
             added: 0.0,
             error: 0.0,
@@ -688,7 +697,7 @@ impl Controller {
         if let Err(e) = set_counting(&stubs, on) {
             vlog!("budget: {e}");
         }
-        let w = &a.segment.writer;
+        let w = &a.segment.counters;
         for (e, n) in self.chosen.iter().zip(at.iter_mut()) {
             *n = w.calls(e.entry.slot);
         }
@@ -718,7 +727,7 @@ impl Controller {
             .map_err(|e| StopError::NotPermitted(e.raw_os_error().unwrap_or(0)))?;
         let entries: Vec<EntrySwitch> = self.chosen.iter().map(|e| e.entry).collect();
         let mut done = vec![false; entries.len()];
-        let w = &a.segment.writer;
+        let w = &a.segment.counters;
         let reference = &self.reference;
         let stopper = match &mut self.stopper {
             Some(s) => s,
@@ -755,19 +764,19 @@ impl Controller {
         self.phase = Phase::Burst;
     }
 
-    fn end_burst(&mut self, a: &Agent) {
+    fn end_burst(&mut self, a: &Agent, w: &mut SegmentWriter) {
         let mut at = vec![0u64; self.chosen.len()];
         let clock = self.switch_reading(a, false, &mut at);
         self.close_burst(a, &clock, &at);
         self.gap_from = clock;
         self.phase = Phase::Between;
-        self.publish_bounds(a);
+        self.publish_bounds(a, w);
     }
 
     /// The burst that ends at `clock` (with counts `at`): its rates, and
     /// the gap before it interpolated between the bursts on either side.
     fn close_burst(&mut self, a: &Agent, clock: &Clock, at: &[u64]) {
-        let w = &a.segment.writer;
+        let w = &a.segment.counters;
         let span = clock.since(&self.burst_from);
         let counted: Vec<u64> = self
             .chosen
@@ -795,8 +804,8 @@ impl Controller {
 
     /// The exit: the gap since the last burst (or the burst under way)
     /// is extrapolated, and every bound published.
-    fn settle(&mut self, a: &Agent) {
-        let w = &a.segment.writer;
+    fn settle(&mut self, a: &Agent, records: &mut SegmentWriter) {
+        let w = &a.segment.counters;
         let at: Vec<u64> = self.chosen.iter().map(|e| w.calls(e.entry.slot)).collect();
         let clock = read_clock(a, &self.reference);
         match self.phase {
@@ -830,7 +839,7 @@ impl Controller {
         }
         self.gap_from = clock;
         self.phase = Phase::Between;
-        self.publish_bounds(a);
+        self.publish_bounds(a, records);
         vlog!(
             "budget: {} functions counted in {} bursts ({:.2}% of the time), stops of {:.0} µs{}",
             self.chosen.len(),
@@ -848,10 +857,9 @@ impl Controller {
     /// Each estimate's bound, in hundredths of a percent of the estimate:
     /// the errors of its gaps, plus 1% of what was extrapolated (for
     /// change faster than a cycle).
-    fn publish_bounds(&self, a: &Agent) {
-        let w = &a.segment.writer;
+    fn publish_bounds(&self, a: &Agent, w: &mut SegmentWriter) {
         for e in &self.chosen {
-            let total = w.calls(e.entry.slot) as f64;
+            let total = a.segment.counters.calls(e.entry.slot) as f64;
             // Two standard deviations of the rate over the whole run, for
             // all the progress no burst saw (a program's phases between
             // bursts), the bursts' own spread, and 1% of what was added.
@@ -867,7 +875,7 @@ impl Controller {
 
 /// The program's progress now; allocates nothing.
 fn read_clock(a: &Agent, reference: &[u32]) -> Clock {
-    let w = &a.segment.writer;
+    let w = &a.segment.counters;
     Clock {
         cpu: cpu_ns(),
         reference: reference.iter().map(|&s| w.calls(s)).sum(),
@@ -892,7 +900,7 @@ impl Estimated {
 
 /// Adds a gap's interpolated calls (fractional) to the function's count,
 /// carrying fractions, and its error (plus `more`) to its bound.
-fn extrapolate(w: &rtprof_shared::SegmentWriter, e: &mut Estimated, i: &Interpolated, more: f64) {
+fn extrapolate(w: &Counters, e: &mut Estimated, i: &Interpolated, more: f64) {
     let before = e.added as u64;
     e.added += i.calls.max(0.0);
     e.error += i.error + more;

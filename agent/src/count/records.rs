@@ -8,7 +8,7 @@ use crate::modules::Module;
 use crate::sampling::addrmap::Present;
 use crate::segment::Segment;
 use crate::symbols::FuncSym;
-use rtprof_shared::layout::module_why;
+use rtprof_shared::layout::ModuleWhy;
 use rtprof_shared::{Refusal, SegmentWriter};
 
 /// The segment has no room for the module: it is recorded as far as it
@@ -31,8 +31,13 @@ pub fn exec_ranges(m: &Module) -> Vec<(u64, u64)> {
 /// `funcs` more functions whose names take `names` bytes: `Some(true)` with
 /// the functions, `Some(false)` for the module record alone, `None` for
 /// nothing.
-fn reserve(seg: &Segment, path: &str, funcs: usize, names: usize) -> Option<bool> {
-    let w = &seg.writer;
+fn reserve(
+    seg: &Segment,
+    w: &SegmentWriter,
+    path: &str,
+    funcs: usize,
+    names: usize,
+) -> Option<bool> {
     let count = w.func_count() as usize;
     let strings = w.strings_len() as usize + path.len();
     let fits = |funcs: usize, strings: usize| {
@@ -55,11 +60,14 @@ fn reserve(seg: &Segment, path: &str, funcs: usize, names: usize) -> Option<bool
 /// (`None` for a module without functions, or whose functions found no
 /// room: then they count as refused `no_counter_space`, and its samples
 /// still count for the module).
-pub fn record_module(seg: &Segment, p: &ModulePlan) -> Result<(Present, Option<u32>), Full> {
-    let w = &seg.writer;
+pub fn record_module(
+    seg: &Segment,
+    w: &mut SegmentWriter,
+    p: &ModulePlan,
+) -> Result<(Present, Option<u32>), Full> {
     let path = p.module.path.as_str();
     let names = p.funcs.iter().map(|c| c.name.len()).sum();
-    let Some(with_functions) = reserve(seg, path, p.funcs.len(), names) else {
+    let Some(with_functions) = reserve(seg, w, path, p.funcs.len(), names) else {
         vlog!("{path}: no room in the counter segment; left unpatched");
         return Err(Full);
     };
@@ -100,18 +108,18 @@ pub fn record_module(seg: &Segment, p: &ModulePlan) -> Result<(Present, Option<u
 /// demand ([`name_sampled`]) when the first sample lands in it.
 pub fn record_sampled(
     seg: &Segment,
+    w: &mut SegmentWriter,
     m: &Module,
     funcs: Option<&[FuncSym]>,
-    why: u32,
+    why: ModuleWhy,
 ) -> Option<Present> {
-    let w = &seg.writer;
     let path = if m.path.is_empty() { "[vdso]" } else { &m.path };
     let present = |record| Present {
         record,
         exec: exec_ranges(m),
     };
     let Some(funcs) = funcs else {
-        reserve(seg, path, 0, 0)?;
+        reserve(seg, w, path, 0, 0)?;
         let record = w.add_sampled_module(path.as_bytes(), m.bias).ok()?;
         w.set_module_why(record, why);
         w.set_named_on_demand(record, true);
@@ -119,7 +127,7 @@ pub fn record_sampled(
     };
     let funcs: Vec<&FuncSym> = funcs.iter().filter(|f| f.size > 0).collect();
     let names = funcs.iter().map(|f| f.name.len()).sum();
-    let with_functions = reserve(seg, path, funcs.len(), names)?;
+    let with_functions = reserve(seg, w, path, funcs.len(), names)?;
     let record = w.add_sampled_module(path.as_bytes(), m.bias).ok()?;
     w.set_module_why(record, why);
     if with_functions {
@@ -131,7 +139,7 @@ pub fn record_sampled(
             }
         }
     } else {
-        w.set_module_why(record, module_why::NO_ROOM);
+        w.set_module_why(record, ModuleWhy::NoRoom);
         vlog!("{path}: no room for its function names; its samples count for the module");
     }
     Some(present(record))
@@ -141,11 +149,17 @@ pub fn record_sampled(
 /// they may have the room (`room`) and it can be reserved. Either way it is
 /// named for good afterwards (a module whose functions do not fit counts
 /// its samples for itself).
-pub fn name_sampled(seg: &Segment, record: u32, path: &str, funcs: &[FuncSym], room: bool) {
-    let w = &seg.writer;
+pub fn name_sampled(
+    seg: &Segment,
+    w: &mut SegmentWriter,
+    record: u32,
+    path: &str,
+    funcs: &[FuncSym],
+    room: bool,
+) {
     let funcs: Vec<&FuncSym> = funcs.iter().filter(|f| f.size > 0).collect();
     let names = funcs.iter().map(|f| f.name.len()).sum();
-    if room && reserve(seg, "", funcs.len(), names) == Some(true) {
+    if room && reserve(seg, w, "", funcs.len(), names) == Some(true) {
         let listed = w.name_module(
             record,
             funcs.iter().map(|f| {
@@ -158,7 +172,7 @@ pub fn name_sampled(seg: &Segment, record: u32, path: &str, funcs: &[FuncSym], r
         );
         vlog!("{path}: {listed} functions named for samples");
     } else {
-        w.set_module_why(record, module_why::NO_ROOM);
+        w.set_module_why(record, ModuleWhy::NoRoom);
         vlog!("{path}: no room for its function names; its samples count for the module");
     }
     w.set_named_on_demand(record, false);
@@ -166,7 +180,7 @@ pub fn name_sampled(seg: &Segment, record: u32, path: &str, funcs: &[FuncSym], r
 
 /// Marks every function recorded from slot `first` on as refused for lack
 /// of counter space.
-pub fn refuse_from(w: &SegmentWriter, first: u32) {
+pub fn refuse_from(w: &mut SegmentWriter, first: u32) {
     for slot in first..w.func_count() {
         w.set_status(slot, Some(Refusal::NoCounterSpace));
     }
@@ -174,7 +188,7 @@ pub fn refuse_from(w: &SegmentWriter, first: u32) {
 
 /// Records the outcome of each function from slot `first`; returns how
 /// many were patched.
-pub fn record_outcomes(w: &SegmentWriter, first: u32, outcomes: &Outcomes) -> usize {
+pub fn record_outcomes(w: &mut SegmentWriter, first: u32, outcomes: &Outcomes) -> usize {
     for (k, o) in outcomes.iter().enumerate() {
         w.set_status(first + k as u32, *o);
     }

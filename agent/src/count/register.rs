@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Where `rtprofd` listens unless `RTPROF_DAEMON_SOCKET` says otherwise.
 pub use rtprof_shared::protocol::DEFAULT_SOCKET;
-use rtprof_shared::protocol::HELLO;
 
 static mut PATH: [u8; 108] = [0; 108];
 static SET: AtomicBool = AtomicBool::new(false);
@@ -49,14 +48,42 @@ pub fn offer(fd: libc::c_int) {
         if s < 0 {
             return;
         }
-        if connect_and_send(s, fd).is_err() {
-            // Nobody listens, or not someone we trust: nothing happened.
+        // Nobody listens, or not someone we trust: nothing happened
+        // (said only under RTPROF_VERBOSE).
+        if let Err(e) = connect_and_send(s, fd) {
+            crate::log::vlog!("not registered with rtprofd: {e}");
         }
         libc::close(s);
     }
 }
 
-unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), ()> {
+/// Why a segment was not offered (the process goes on unregistered).
+#[derive(Debug)]
+enum Refused {
+    /// connect() failed with this errno (no daemon, a full backlog).
+    Connect(i32),
+    /// The listener is neither root nor this user.
+    Untrusted,
+    /// sendmsg() failed with this errno.
+    Send(i32),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let os = |e: i32| std::io::Error::from_raw_os_error(e);
+        match self {
+            Refused::Connect(e) => write!(f, "cannot connect: {}", os(*e)),
+            Refused::Untrusted => f.write_str("the listener is neither root nor this user"),
+            Refused::Send(e) => write!(f, "cannot send: {}", os(*e)),
+        }
+    }
+}
+
+/// Connects socket `s` to the daemon and sends it `fd`.
+///
+/// # Safety
+/// `s` is an unconnected Unix stream socket of ours; PATH is written.
+unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), Refused> {
     let mut addr: libc::sockaddr_un = std::mem::zeroed();
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let path = &*std::ptr::addr_of!(PATH);
@@ -69,8 +96,9 @@ unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), ()> {
     // unregistered.
     let mut wait_ms = 1;
     while libc::connect(s, &addr as *const _ as *const libc::sockaddr, len) != 0 {
-        if *libc::__errno_location() != libc::EAGAIN || wait_ms > 8 {
-            return Err(());
+        let errno = *libc::__errno_location();
+        if errno != libc::EAGAIN || wait_ms > 8 {
+            return Err(Refused::Connect(errno));
         }
         let ts = libc::timespec {
             tv_sec: 0,
@@ -92,27 +120,8 @@ unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), ()> {
     ) != 0
         || (cred.uid != 0 && cred.uid != libc::geteuid())
     {
-        return Err(());
+        return Err(Refused::Untrusted);
     }
-    let mut payload = *HELLO;
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr() as *mut libc::c_void,
-        iov_len: payload.len(),
-    };
-    // Room for one descriptor, aligned as cmsghdr wants.
-    let mut control = [0u64; 4];
-    let mut msg: libc::msghdr = std::mem::zeroed();
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
-    let c = libc::CMSG_FIRSTHDR(&msg);
-    (*c).cmsg_level = libc::SOL_SOCKET;
-    (*c).cmsg_type = libc::SCM_RIGHTS;
-    (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as usize;
-    std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd);
-    if libc::sendmsg(s, &msg, libc::MSG_NOSIGNAL) < 0 {
-        return Err(());
-    }
-    Ok(())
+    rtprof_shared::protocol::send_registration(s, fd)
+        .map_err(|e| Refused::Send(e.raw_os_error().unwrap_or(0)))
 }

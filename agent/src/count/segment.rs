@@ -7,6 +7,7 @@
 
 use crate::log::vlog;
 use rtprof_shared::layout::PAGE;
+use rtprof_shared::writer::Counters;
 use rtprof_shared::{Capacities, Layout, SegmentWriter};
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -32,8 +33,11 @@ impl fmt::Display for SegmentError {
     }
 }
 
+/// The mapped segment: its counters (lock-free, for every thread) and
+/// what its forked children need. The metadata writer, made with it, is
+/// kept under the agent's state lock.
 pub struct Segment {
-    pub writer: SegmentWriter,
+    pub counters: Counters,
     /// The run directory (if any), for the segment of a forked child.
     run_dir: Option<CString>,
     /// Functions whose counters every stripe must have memory for: raised
@@ -263,7 +267,7 @@ impl Segment {
         pid: u32,
         ppid: u32,
         start_ns: u64,
-    ) -> Result<Segment, SegmentError> {
+    ) -> Result<(Segment, SegmentWriter), SegmentError> {
         let layout = Layout::new(caps);
         let run_dir = run_dir
             .map(CString::new)
@@ -279,12 +283,15 @@ impl Segment {
         };
         crate::register::offer(fd);
         unsafe { libc::close(fd) };
+        // SAFETY: a fresh mapping of `total_size` zeroed bytes, page
+        // aligned, never unmapped (stubs hold addresses into it).
         let writer = unsafe { SegmentWriter::init(base, layout, pid, ppid, start_ns) };
-        Ok(Segment {
-            writer,
+        let segment = Segment {
+            counters: *writer.counters(),
             run_dir,
             reserved_funcs: AtomicU32::new(0),
-        })
+        };
+        Ok((segment, writer))
     }
 
     /// Backs the records of functions up to `funcs` in all and names up to
@@ -293,11 +300,11 @@ impl Segment {
     /// capacity or the memory is not there (a full tmpfs), and nothing may
     /// be added.
     pub fn reserve_records(&self, funcs: u32, strings: u32) -> bool {
-        let l = self.writer.layout();
+        let l = self.counters.layout();
         if funcs > l.caps.functions || strings > l.caps.strings {
             return false;
         }
-        let base = self.writer.base();
+        let base = self.counters.base();
         let metadata = record_ranges(l, funcs, strings)
             .into_iter()
             .filter(|&(_, len)| len > 0)
@@ -318,9 +325,9 @@ impl Segment {
         self.reserved_funcs.fetch_max(funcs, Ordering::SeqCst);
         let to = stripe_bytes_for(l, funcs);
         to <= from
-            || self.writer.stripes_in_use().into_iter().all(|i| {
+            || self.counters.stripes_in_use().into_iter().all(|i| {
                 // SAFETY: [from, to) lies inside stripe i (to <= stripe_bytes).
-                let p = unsafe { (self.writer.stripe_ptr(i) as *mut u8).add(from as usize) };
+                let p = unsafe { (self.counters.stripe_ptr(i) as *mut u8).add(from as usize) };
                 populate(p.cast(), to - from).is_ok()
             })
     }
@@ -328,22 +335,22 @@ impl Segment {
     /// Bytes of a stripe that hold the counters of existing (and reserved)
     /// functions; the spare slots stay unreserved until functions are added.
     fn stripe_used_bytes(&self) -> u64 {
-        stripe_bytes_for(self.writer.layout(), self.funcs_to_back())
+        stripe_bytes_for(self.counters.layout(), self.funcs_to_back())
     }
 
     fn funcs_to_back(&self) -> u32 {
-        self.writer
+        self.counters
             .func_count()
             .max(self.reserved_funcs.load(Ordering::SeqCst))
     }
 
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
-        let idx = self.writer.alloc_stripe(tid)?;
-        if populate(self.writer.stripe_ptr(idx), self.stripe_used_bytes()).is_err() {
+        let idx = self.counters.alloc_stripe(tid)?;
+        if populate(self.counters.stripe_ptr(idx), self.stripe_used_bytes()).is_err() {
             // Nothing was counted in it: hand it back unread (folding would
             // read pages the full tmpfs could not supply: SIGBUS).
-            self.writer.release_unused_stripe(idx);
+            self.counters.release_unused_stripe(idx);
             return None;
         }
         Some(idx)
@@ -361,11 +368,11 @@ impl Segment {
         ppid: u32,
         start_ns: u64,
     ) -> Result<(), SegmentError> {
-        let l = *self.writer.layout();
-        let base = self.writer.base();
+        let l = *self.counters.layout();
+        let base = self.counters.base();
         let result = (|| {
             let fd = new_backing(&l, self.run_dir.as_deref())?;
-            let w = &self.writer;
+            let w = &self.counters;
             let used = record_ranges(&l, w.func_count(), w.strings_len());
             // Metadata in use is copied (the counters start from zero);
             // what the child will write is reserved.
@@ -425,7 +432,7 @@ impl Segment {
             }
             return result.map(|_| ());
         }
-        self.writer.reset_for_child(keep, pid, ppid, start_ns);
+        self.counters.reset_for_child(keep, pid, ppid, start_ns);
         // Offered once it names the child: the daemon checks the pid.
         if let Ok(fd) = result {
             crate::register::offer(fd);
@@ -437,7 +444,10 @@ impl Segment {
     /// The whole segment, for building a report of this process.
     pub fn bytes(&self) -> &[u8] {
         unsafe {
-            std::slice::from_raw_parts(self.writer.base(), self.writer.layout().total_size as usize)
+            std::slice::from_raw_parts(
+                self.counters.base(),
+                self.counters.layout().total_size as usize,
+            )
         }
     }
 }
@@ -457,36 +467,39 @@ mod tests {
 
     #[test]
     fn memfd_segment_round_trips() {
-        let s = Segment::create(caps(), None, 1, 0, 0).unwrap();
-        s.writer.set_exe(b"/x").unwrap();
-        s.writer.add_module(b"/x", 0).unwrap();
-        let f = s.writer.add_function(b"f", 0x10, 4).unwrap();
+        let (s, mut w) = Segment::create(caps(), None, 1, 0, 0).unwrap();
+        w.set_exe(b"/x").unwrap();
+        w.add_module(b"/x", 0).unwrap();
+        let f = w.add_function(b"f", 0x10, 4).unwrap();
         let st = s.new_stripe(9).unwrap();
-        unsafe { *s.writer.stripe_ptr(st).add(f as usize) += 2 };
+        // SAFETY: a slot below func_count of a stripe handed out.
+        unsafe { *s.counters.stripe_ptr(st).add(f as usize) += 2 };
         let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
         assert_eq!(snap.functions[0].calls, 2);
     }
 
     #[test]
     fn child_copy_keeps_metadata_and_starts_from_zero() {
-        let s = Segment::create(caps(), None, 1, 0, 0).unwrap();
-        s.writer.set_exe(b"/x").unwrap();
-        s.writer.add_module(b"/x", 0).unwrap();
-        let f = s.writer.add_function(b"f", 0x10, 4).unwrap();
+        let (s, mut w) = Segment::create(caps(), None, 1, 0, 0).unwrap();
+        w.set_exe(b"/x").unwrap();
+        w.add_module(b"/x", 0).unwrap();
+        let f = w.add_function(b"f", 0x10, 4).unwrap();
         let kept = s.new_stripe(9).unwrap();
         let other = s.new_stripe(10).unwrap();
-        let base = s.writer.base();
+        let base = s.counters.base();
+        // SAFETY: slots below func_count of stripes handed out.
         unsafe {
-            *s.writer.stripe_ptr(kept).add(f as usize) += 2;
-            *s.writer.stripe_ptr(other).add(f as usize) += 3;
-            *s.writer.stripe_ptr(0).add(f as usize) += 4;
+            *s.counters.stripe_ptr(kept).add(f as usize) += 2;
+            *s.counters.stripe_ptr(other).add(f as usize) += 3;
+            *s.counters.stripe_ptr(0).add(f as usize) += 4;
         }
         s.reopen_in_child(Some(kept), 77, 1, 5).unwrap();
-        assert_eq!(s.writer.base(), base, "same address: stubs hold it");
+        assert_eq!(s.counters.base(), base, "same address: stubs hold it");
         let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
         assert_eq!((snap.pid, snap.ppid, snap.exe.as_str()), (77, 1, "/x"));
         assert_eq!(snap.functions[0].calls, 0, "the child starts from zero");
-        unsafe { *s.writer.stripe_ptr(kept).add(f as usize) += 1 };
+        // SAFETY: a slot below func_count of a stripe handed out.
+        unsafe { *s.counters.stripe_ptr(kept).add(f as usize) += 1 };
         let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
         assert_eq!(snap.functions[0].calls, 1, "and counts in its kept stripe");
         assert!(

@@ -7,23 +7,22 @@
 use crate::analysis::ModulePlan;
 use crate::config::{glob_match, Config};
 use crate::install::{Outcomes, StubMap};
+use crate::lifecycle::locked::Locked;
 use crate::log::vlog;
 use crate::switch::{set_counting, SwitchError};
 use crate::Agent;
 use rtprof_shared::SegmentWriter;
 
-/// Switches the patched functions in slots `slots` whose names `select`
-/// (given their name) to `on`; returns how many. `map` is the stub map
-/// the caller holds locked.
+/// Switches the patched functions whose names `select` to `on`; returns
+/// how many. `map` and `w` are the stub map and records the caller holds
+/// locked.
 fn switch_where(
-    a: &Agent,
     map: &StubMap,
-    slots: std::ops::Range<u32>,
+    w: &mut SegmentWriter,
     on: bool,
     select: &dyn Fn(&[u8]) -> bool,
 ) -> Result<usize, SwitchError> {
-    let w = &a.segment.writer;
-    let chosen: Vec<u32> = slots
+    let chosen: Vec<u32> = (0..w.func_count())
         .filter(|&slot| {
             let f = w.function(slot);
             // Only patched functions have a stub to switch.
@@ -51,7 +50,7 @@ fn switch_where(
 /// were patched with their counting off (`RTPROF_COUNT`,
 /// `RTPROF_NOCOUNT`: `install` wrote their stubs switched off).
 pub fn mark_off_from_start(
-    w: &SegmentWriter,
+    w: &mut SegmentWriter,
     cfg: &Config,
     plan: &ModulePlan,
     first: u32,
@@ -79,7 +78,7 @@ pub fn mark_off_from_start(
 /// `rtprof_shared::layout::control`): called by the agent's threads on
 /// every tick; two loads when there is none.
 pub fn serve_control(a: &Agent) {
-    let w = &a.segment.writer;
+    let w = &a.segment.counters;
     let mut pattern = [0u8; rtprof_shared::layout::control::PATTERN_MAX];
     let Some((seq, on, len)) = w.control_request(&mut pattern) else {
         return;
@@ -99,10 +98,10 @@ pub fn serve_control(a: &Agent) {
 /// Switches counting of every patched function whose name matches `glob`
 /// on or off, while the program runs; returns how many.
 pub fn set_by_name(a: &Agent, glob: &[u8], on: bool) -> Result<usize, SwitchError> {
-    let Some(state) = a.state.lock() else {
+    let Some(mut state) = a.state.lock() else {
         // Called from inside the loader hook: the stubs may be changing.
         return Ok(0);
     };
-    let slots = 0..a.segment.writer.func_count();
-    switch_where(a, &state.stubs, slots, on, &|name| glob_match(glob, name))
+    let Locked { stubs, writer, .. } = &mut *state;
+    switch_where(stubs, writer, on, &|name| glob_match(glob, name))
 }

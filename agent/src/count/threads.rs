@@ -37,7 +37,7 @@ unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
     if idx > 0 {
         if let Some(a) = crate::agent() {
             set_stripe(std::ptr::null_mut());
-            a.segment.writer.fold_stripe((idx - 1) as u32);
+            a.segment.counters.fold_stripe((idx - 1) as u32);
         }
     }
 }
@@ -100,7 +100,7 @@ pub fn attach_current() {
         return;
     }
     if let Some(idx) = a.segment.new_stripe(gettid()) {
-        set_stripe(a.segment.writer.stripe_ptr(idx));
+        set_stripe(a.segment.counters.stripe_ptr(idx));
         let key = EXIT_KEY.load(Ordering::Acquire);
         if key != usize::MAX {
             // SAFETY: a key we created; the value is the stripe index + 1,

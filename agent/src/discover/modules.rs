@@ -1,6 +1,7 @@
 //! The modules (executable and shared objects) loaded in this process, and
 //! which of them may be instrumented.
 
+use rtprof_shared::layout::ModuleWhy;
 use std::ffi::CStr;
 
 #[derive(Debug, Clone, Copy)]
@@ -44,13 +45,12 @@ pub enum Skip {
 
 impl Skip {
     /// What a report says of a module skipped for this reason.
-    pub fn why_code(self) -> u32 {
-        use rtprof_shared::layout::module_why;
+    pub fn why(self) -> ModuleWhy {
         match self {
-            Skip::Agent => module_why::OWN_CODE,
-            Skip::Loader => module_why::LOADER,
-            Skip::Vdso => module_why::VDSO,
-            Skip::NotSelected => module_why::NONE,
+            Skip::Agent => ModuleWhy::OwnCode,
+            Skip::Loader => ModuleWhy::Loader,
+            Skip::Vdso => ModuleWhy::Vdso,
+            Skip::NotSelected => ModuleWhy::None,
         }
     }
 }

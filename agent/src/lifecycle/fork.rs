@@ -29,8 +29,8 @@ fn drain_scratch(dst: *mut u64, keep: bool) {
     if scratch.is_null() {
         return;
     }
-    let shared = a.segment.writer.stripe_ptr(0);
-    for i in 0..a.segment.writer.func_count() as usize {
+    let shared = a.segment.counters.stripe_ptr(0);
+    for i in 0..a.segment.counters.func_count() as usize {
         unsafe {
             let n = *scratch.add(i);
             if n == 0 {
@@ -87,7 +87,7 @@ fn become_child(p: *mut u64) {
         let Some(a) = agent() else { return };
         a.state.reset_in_child();
         crate::budget::forget_in_child(a);
-        let w = &a.segment.writer;
+        let w = &a.segment.counters;
         let first = w.stripe_ptr(0) as u64;
         let bytes = w.layout().stripe_bytes;
         let keep = (p as u64 >= first
@@ -102,9 +102,9 @@ fn become_child(p: *mut u64) {
         }
         // Until `fork()` returns and starts the child's own sampler (a
         // child made by `_Fork` or inside libc never gets one).
-        a.segment.writer.set_sampler(
-            rtprof_shared::sampling::Sampler::Off as u32,
-            rtprof_shared::sampling::Why::ChildWithoutFork as u32,
+        a.segment.counters.set_sampler(
+            rtprof_shared::sampling::Sampler::Off,
+            rtprof_shared::sampling::Why::ChildWithoutFork,
             0,
             0,
         );

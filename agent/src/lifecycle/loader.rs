@@ -19,7 +19,8 @@ use crate::modules::{self, Module};
 use crate::sampling::addrmap::Present;
 use crate::stubmem::StubArea;
 use crate::{agent, pipeline, records, symbols, Agent};
-use rtprof_shared::layout::module_why;
+use rtprof_shared::layout::ModuleWhy;
+use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 #[repr(C)]
@@ -116,12 +117,17 @@ extern "C" fn on_loader_event() {
     };
     // A panic leaves the new module unpatched; the guard lets go.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let Locked { stubs, known, .. } = &mut *state;
-        update(a, known, stubs);
+        let Locked {
+            stubs,
+            known,
+            writer,
+            ..
+        } = &mut *state;
+        update(a, known, stubs, writer);
     }));
 }
 
-fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap) {
+fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWriter) {
     let now = modules::loaded();
     let before = known.0.len();
     // Unloaded: their stubs go; their records and counts stay.
@@ -146,7 +152,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap) {
         }
         let (bias, file) = (m.bias, m.file.clone());
         let (area, present, on_demand) =
-            add_module(a, m, maps.get_or_insert_with(Maps::current), stubs);
+            add_module(a, m, maps.get_or_insert_with(Maps::current), stubs, w);
         known.0.push(KnownModule {
             bias,
             file,
@@ -157,7 +163,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap) {
         changed = true;
     }
     if changed {
-        crate::sampling::publish_map(a, &known.present(), stubs.ranges());
+        crate::sampling::publish_map(w, &known.present(), stubs.ranges());
     }
 }
 
@@ -167,27 +173,31 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap) {
 /// Whether a library that is only sampled may still take a module record:
 /// the last ones are kept for libraries to instrument (a sampled-only one
 /// beyond that leaves its samples to `[unknown]`).
-fn room_for_sampled(a: &Agent) -> bool {
-    let w = &a.segment.writer;
-    w.layout().caps.modules - w.module_count() > crate::startup::INSTRUMENTED_RESERVE
+fn room_for_sampled(w: &SegmentWriter) -> bool {
+    w.counters().layout().caps.modules - w.module_count() > crate::startup::INSTRUMENTED_RESERVE
 }
 
 /// Records a library that is only sampled, with `funcs` named if half the
 /// spare counter slots stay free for instrumented ones.
-fn add_sampled(a: &Agent, m: &Module, funcs: &[symbols::FuncSym], why: u32) -> Added {
-    let w = &a.segment.writer;
-    if !room_for_sampled(a) {
+fn add_sampled(
+    a: &Agent,
+    w: &mut SegmentWriter,
+    m: &Module,
+    funcs: &[symbols::FuncSym],
+    why: ModuleWhy,
+) -> Added {
+    if !room_for_sampled(w) {
         return (None, None, None);
     }
-    let left = w.layout().caps.functions - w.func_count();
+    let left = w.counters().layout().caps.functions - w.func_count();
     let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
     let (funcs, why) = match fits {
         true => (funcs, why),
-        false => (&[][..], module_why::NO_ROOM),
+        false => (&[][..], ModuleWhy::NoRoom),
     };
     (
         None,
-        records::record_sampled(&a.segment, m, Some(funcs), why),
+        records::record_sampled(&a.segment, w, m, Some(funcs), why),
         None,
     )
 }
@@ -199,25 +209,31 @@ type Added = (Option<StubArea>, Option<Present>, Option<Module>);
 /// Records a newly loaded module: instrumented if selected, otherwise with
 /// its symbols for sample attribution only (listed when a sample lands
 /// there, if samples pass through the drain thread).
-fn add_module(a: &Agent, m: Module, maps: &Maps, stubs: &mut StubMap) -> Added {
+fn add_module(
+    a: &Agent,
+    m: Module,
+    maps: &Maps,
+    stubs: &mut StubMap,
+    w: &mut SegmentWriter,
+) -> Added {
     let skip = modules::skip_reason(&m, &|n| a.config.selects(n));
     if !a.config.instrument || skip.is_some() {
-        if !room_for_sampled(a) {
+        if !room_for_sampled(w) {
             return (None, None, None);
         }
-        let why = skip.map_or(module_why::NONE, modules::Skip::why_code);
+        let why = skip.map_or(ModuleWhy::None, modules::Skip::why);
         if crate::sampling::names_on_demand() {
-            let present = records::record_sampled(&a.segment, &m, None, why);
+            let present = records::record_sampled(&a.segment, w, &m, None, why);
             return (None, present, Some(m));
         }
         let funcs = pipeline::sampled_functions(&m, maps);
-        return add_sampled(a, &m, &funcs, why);
+        return add_sampled(a, w, &m, &funcs, why);
     }
     let plan = match pipeline::plan_module(m.clone(), maps) {
         Ok(p) => p,
         Err(e) => {
             vlog!("{}: {e}; left unpatched", m.path);
-            return add_sampled(a, &m, &[], module_why::UNREADABLE);
+            return add_sampled(a, w, &m, &[], ModuleWhy::Unreadable);
         }
     };
     // Not relocated yet: the loader would write text relocations over the
@@ -235,10 +251,10 @@ fn add_module(a: &Agent, m: Module, maps: &Maps, stubs: &mut StubMap) -> Added {
                 mid_function_cfi: false,
             })
             .collect();
-        return add_sampled(a, &m, &funcs, module_why::TEXT_RELOCATIONS);
+        return add_sampled(a, w, &m, &funcs, ModuleWhy::TextRelocations);
     }
     // A full segment leaves the module out entirely.
-    let (area, present) = instrument(a, plan, stubs).unwrap_or_default();
+    let (area, present) = instrument(a, plan, stubs, w).unwrap_or_default();
     (area, present, None)
 }
 
@@ -247,15 +263,17 @@ fn add_module(a: &Agent, m: Module, maps: &Maps, stubs: &mut StubMap) -> Added {
 /// may allocate). Republishes the address table once. Afterwards they are
 /// named for good, whatever happened.
 pub fn name_on_demand(a: &Agent, records: &[u32]) {
-    let w = &a.segment.writer;
+    // Held by this thread already (never expected): named another time.
     let Some(mut state) = a.state.lock() else {
-        for &r in records {
-            w.set_named_on_demand(r, false);
-        }
         return;
     };
+    let Locked {
+        known,
+        writer: w,
+        stubs,
+        ..
+    } = &mut *state;
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let known = &mut state.known;
         let mut maps = None;
         for k in &mut known.0 {
             let Some(record) = k.present.as_ref().map(|p| p.record) else {
@@ -270,16 +288,16 @@ pub fn name_on_demand(a: &Agent, records: &[u32]) {
             let funcs = pipeline::sampled_functions(&m, maps.get_or_insert_with(Maps::current));
             // As for a library loaded later: half the spare slots stay
             // for libraries to instrument.
-            let left = w.layout().caps.functions - w.func_count();
+            let left = w.counters().layout().caps.functions - w.func_count();
             let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
-            records::name_sampled(&a.segment, record, &m.path, &funcs, fits);
+            records::name_sampled(&a.segment, w, record, &m.path, &funcs, fits);
         }
     }));
     for &r in records {
         w.set_named_on_demand(r, false);
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crate::sampling::publish_map(a, &state.known.present(), state.stubs.ranges());
+        crate::sampling::publish_map(w, &known.present(), stubs.ranges());
     }));
 }
 
@@ -309,13 +327,13 @@ fn instrument(
     a: &Agent,
     plan: analysis::ModulePlan,
     stubs: &mut StubMap,
+    w: &mut SegmentWriter,
 ) -> Result<(Option<StubArea>, Option<Present>), records::Full> {
-    let w = &a.segment.writer;
-    let (present, first) = records::record_module(&a.segment, &plan)?;
+    let (present, first) = records::record_module(&a.segment, w, &plan)?;
     let Some(first) = first else {
         return Ok((None, Some(present)));
     };
-    let shared = w.stripe_ptr(0) as u64;
+    let shared = a.segment.counters.stripe_ptr(0) as u64;
     let counted = |name: &str| a.config.counts_from_start(name.as_bytes());
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, stubs, &counted);
     let patched = records::record_outcomes(w, first, &outcomes);

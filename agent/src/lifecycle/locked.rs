@@ -1,6 +1,6 @@
 //! What changes after start-up, behind one lock: the stub map (libraries
-//! loaded and unloaded), the modules known, and the overhead budget's
-//! controller. Held by the loader hook, the drain thread naming modules,
+//! loaded and unloaded), the modules known, the counter segment's metadata
+//! writer, and the overhead budget's controller. Held by the loader hook, the drain thread naming modules,
 //! counting switches and the budget; a guard gives `&mut` access and lets
 //! go when dropped (also when unwinding).
 //!
@@ -12,6 +12,7 @@
 use crate::budget::Controller;
 use crate::install::StubMap;
 use crate::loader::Known;
+use rtprof_shared::SegmentWriter;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -20,6 +21,8 @@ pub struct Locked {
     pub stubs: StubMap,
     pub known: Known,
     pub budget: Option<Controller>,
+    /// Module and function records: one writer, so `&mut` through the guard.
+    pub writer: SegmentWriter,
 }
 
 pub struct StateLock {
@@ -91,10 +94,21 @@ mod tests {
     use super::*;
 
     fn lock() -> StateLock {
+        let layout = rtprof_shared::Layout::new(rtprof_shared::Capacities {
+            modules: 1,
+            functions: 1,
+            strings: 8,
+            stripes: 1,
+        });
+        let mem = vec![0u64; layout.total_size as usize / 8].leak();
+        // SAFETY: zeroed, 8-aligned, as long as the layout, and leaked:
+        // mapped for the rest of the test process.
+        let writer = unsafe { SegmentWriter::init(mem.as_mut_ptr().cast(), layout, 1, 0, 0) };
         StateLock::new(Locked {
             stubs: StubMap::default(),
             known: Known(Vec::new()),
             budget: None,
+            writer,
         })
     }
 

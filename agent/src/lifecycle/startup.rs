@@ -15,7 +15,7 @@ use crate::symbols::FuncSym;
 use crate::{
     agent, fork, loader, modules, now_ns, pipeline, records, system, threads, Agent, AGENT,
 };
-use rtprof_shared::layout::module_why;
+use rtprof_shared::layout::ModuleWhy;
 use rtprof_shared::{report, Capacities};
 use std::time::Instant;
 
@@ -54,7 +54,7 @@ enum Planned {
     /// Not instrumented; its functions are listed for sample attribution
     /// (`None`: when a sample first lands in it), with why (a `module_why`
     /// code).
-    Sample(Module, Option<Vec<FuncSym>>, u32),
+    Sample(Module, Option<Vec<FuncSym>>, ModuleWhy),
 }
 
 impl Planned {
@@ -81,7 +81,7 @@ fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
         match modules::skip_reason(&m, &|n| cfg.selects(n)) {
             // Our own code and the vDSO: samples there count per module.
             Some(why @ (modules::Skip::Agent | modules::Skip::Vdso)) => {
-                plans.push(Planned::Sample(m, Some(Vec::new()), why.why_code()));
+                plans.push(Planned::Sample(m, Some(Vec::new()), why.why()));
                 continue;
             }
             // Named on demand: most modules of most processes never see a
@@ -91,12 +91,12 @@ fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
                     vlog!("{}: not instrumented ({why:?})", m.path);
                 }
                 let funcs = cfg.warm_only.then(|| pipeline::sampled_functions(&m, maps));
-                plans.push(Planned::Sample(m, funcs, why.why_code()));
+                plans.push(Planned::Sample(m, funcs, why.why()));
                 continue;
             }
             None if !cfg.instrument => {
                 let funcs = cfg.warm_only.then(|| pipeline::sampled_functions(&m, maps));
-                plans.push(Planned::Sample(m, funcs, module_why::NONE));
+                plans.push(Planned::Sample(m, funcs, ModuleWhy::None));
                 continue;
             }
             None => {}
@@ -105,7 +105,7 @@ fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
             Ok(plan) => plans.push(Planned::Instrument(plan)),
             Err(e) => {
                 vlog!("{}: {e}; left unpatched", m.path);
-                plans.push(Planned::Sample(m, Some(Vec::new()), module_why::UNREADABLE));
+                plans.push(Planned::Sample(m, Some(Vec::new()), ModuleWhy::Unreadable));
             }
         }
     }
@@ -237,7 +237,7 @@ pub(crate) fn start() {
         vlog!("{e}; trying a smaller counter segment");
         create(small)
     });
-    let segment = match created {
+    let (segment, mut writer) = match created {
         Ok(s) => s,
         Err(e) => {
             vlog!("{e}; process left unprofiled");
@@ -249,19 +249,21 @@ pub(crate) fn start() {
         vlog!("thread-local storage out of reach; process left unprofiled");
         return;
     };
-    let _ = segment.writer.set_exe(exe.as_bytes());
+    let _ = writer.set_exe(exe.as_bytes());
 
     // Records for every function first: slot = function index. A module
     // that does not fit ends the list.
     let mut recorded = Vec::with_capacity(plans.len());
     for p in &plans {
         let r = match p {
-            Planned::Instrument(plan) => match records::record_module(&segment, plan) {
-                Ok((present, first)) => (Some(present), first),
-                Err(records::Full) => break,
-            },
+            Planned::Instrument(plan) => {
+                match records::record_module(&segment, &mut writer, plan) {
+                    Ok((present, first)) => (Some(present), first),
+                    Err(records::Full) => break,
+                }
+            }
             Planned::Sample(m, funcs, why) => (
-                records::record_sampled(&segment, m, funcs.as_deref(), *why),
+                records::record_sampled(&segment, &mut writer, m, funcs.as_deref(), *why),
                 None,
             ),
         };
@@ -271,9 +273,9 @@ pub(crate) fn start() {
     ph.mark("records");
     // The main thread counts in a stripe of its own from the first patch on.
     if let Some(idx) = segment.new_stripe(threads::gettid()) {
-        threads::set_stripe(segment.writer.stripe_ptr(idx));
+        threads::set_stripe(segment.counters.stripe_ptr(idx));
     }
-    let shared = segment.writer.stripe_ptr(0) as u64;
+    let shared = segment.counters.stripe_ptr(0) as u64;
     let mut stubs = match cfg.budget {
         Some(_) => StubMap::keeping_entries(),
         None => StubMap::default(),
@@ -287,8 +289,8 @@ pub(crate) fn start() {
         let counted = |name: &str| cfg.counts_from_start(name.as_bytes());
         let (outcomes, _area) =
             install::install(p, first, tls_offset, shared, &mut stubs, &counted);
-        let patched = records::record_outcomes(&segment.writer, first, &outcomes);
-        crate::switching::mark_off_from_start(&segment.writer, &cfg, p, first, &outcomes);
+        let patched = records::record_outcomes(&mut writer, first, &outcomes);
+        crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
         vlog!(
             "{}: {} functions ({}), {} patched, {:.1} ms",
             p.module.path,
@@ -320,16 +322,16 @@ pub(crate) fn start() {
             })
             .collect(),
     );
-    let stripe_bytes = segment.writer.layout().stripe_bytes;
+    let stripe_bytes = segment.counters.layout().stripe_bytes;
     segment
-        .writer
+        .counters
         .set_state(rtprof_shared::layout::state::RUNNING);
     let ld = plans
         .iter()
         .map(Planned::module)
         .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
         .cloned();
-    crate::sampling::publish_map_at_start(&segment, &known.present(), stubs.ranges());
+    crate::sampling::publish_map(&writer, &known.present(), stubs.ranges());
     ph.mark("addrmap");
     if AGENT
         .set(Agent {
@@ -340,6 +342,7 @@ pub(crate) fn start() {
                 stubs,
                 known,
                 budget: None,
+                writer,
             }),
         })
         .is_err()
@@ -362,7 +365,7 @@ pub(crate) fn start() {
         // Set-up ends with the sampler running: a process that dies before
         // this shows 0 (it never fully started).
         a.segment
-            .writer
+            .counters
             .set_setup_ns(ph.elapsed().as_nanos() as u64);
     }
     ph.log();
@@ -384,12 +387,12 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         let Some(a) = agent() else { return };
         // A child made without fork handlers (raw clone) still maps its
         // parent's segment: its exit is not the parent's.
-        if a.segment.writer.pid() != std::process::id() {
+        if a.segment.counters.pid() != std::process::id() {
             return;
         }
         crate::sampling::at_exit(a);
         crate::budget::at_exit(a);
-        a.segment.writer.set_exit(status, now_ns());
+        a.segment.counters.set_exit(status, now_ns());
         if let Some(path) = &a.config.report {
             write_report(a, path);
         }

@@ -32,11 +32,14 @@ pub struct ModulePlan {
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
 type Code<'a> = Result<(&'a [u8], u64, u64), Refusal>;
 
-/// Runtime bytes [addr, addr+len) if they are mapped readable now.
-fn mem<'a>(maps: &Maps, addr: u64, len: u64) -> Option<&'a [u8]> {
+/// Runtime bytes [addr, addr+len) if they are mapped readable now. They
+/// live as long as the borrow of `maps`, the snapshot of the memory map
+/// they were checked against: a module's code stays mapped while one event
+/// (start-up, or one run of the loader hook under the state lock) uses it.
+fn mem<'m>(maps: &'m Maps, addr: u64, len: u64) -> Option<&'m [u8]> {
     // SAFETY: mapped readable as the memory map said; a loaded module's
     // code, which stays mapped while it is analysed (start-up, or the
-    // loader hook under the state lock).
+    // loader hook under the state lock), so while `maps` is borrowed.
     maps.readable(addr, len)
         .then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) })
 }

@@ -76,7 +76,7 @@ impl AddrMap {
                 continue;
             }
             let m = w.module(p.record);
-            let bucket = w.module_samples(p.record) as *const AtomicU64;
+            let bucket = w.counters().module_samples(p.record) as *const AtomicU64;
             let on_demand = if m.flags & module_flags::NAMED_ON_DEMAND != 0 {
                 p.record + 1
             } else {
@@ -96,7 +96,7 @@ impl AddrMap {
                     funcs.push(Range {
                         start,
                         end: start.saturating_add(f.size as u64),
-                        counter: w.function_samples(slot),
+                        counter: w.counters().function_samples(slot),
                         on_demand: 0,
                     });
                 }
@@ -109,7 +109,7 @@ impl AddrMap {
                 .map(|&(start, end, slot)| Range {
                     start,
                     end,
-                    counter: w.function_samples(slot),
+                    counter: w.counters().function_samples(slot),
                     on_demand: 0,
                 }),
         );
@@ -118,8 +118,8 @@ impl AddrMap {
         AddrMap {
             funcs,
             modules,
-            unknown: w.samples_unknown(),
-            total: w.samples_total(),
+            unknown: w.counters().samples_unknown(),
+            total: w.counters().samples_total(),
         }
     }
 
@@ -246,7 +246,7 @@ pub(crate) mod tests {
         let mut buf = vec![0u64; (layout.total_size / 8) as usize];
         // SAFETY: `buf` is zeroed, 8-aligned, `total_size` long, and is
         // returned with `w`, which it outlives.
-        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"/app", 0x10000).unwrap();
         for (n, a, s) in [
             ("f", 0x100, 0x40),
@@ -267,7 +267,7 @@ pub(crate) mod tests {
     }
 
     fn samples(w: &SegmentWriter, slot: u32) -> u64 {
-        w.function_samples(slot).load(Ordering::Relaxed)
+        w.counters().function_samples(slot).load(Ordering::Relaxed)
     }
 
     #[test]
@@ -283,9 +283,9 @@ pub(crate) mod tests {
         assert_eq!(samples(&w, 1), 3, "g: twice, and once from its stub");
         assert_eq!(samples(&w, 2), 1, "h: from where g ends");
         assert_eq!(samples(&w, 3), 0, "z has no size");
-        assert_eq!(w.module_samples(0).load(Ordering::Relaxed), 1);
-        assert_eq!(w.samples_unknown().load(Ordering::Relaxed), 1);
-        assert_eq!(w.samples_total().load(Ordering::Relaxed), 8);
+        assert_eq!(w.counters().module_samples(0).load(Ordering::Relaxed), 1);
+        assert_eq!(w.counters().samples_unknown().load(Ordering::Relaxed), 1);
+        assert_eq!(w.counters().samples_total().load(Ordering::Relaxed), 8);
     }
 
     #[test]

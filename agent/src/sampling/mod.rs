@@ -19,6 +19,7 @@ use crate::log::vlog;
 use crate::Agent;
 use ring::{field_u32, field_u64, Ring, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
 use rtprof_shared::sampling::{Sampler, Why};
+use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// The perf rings of this process (leaked: they live as long as it does;
@@ -28,6 +29,11 @@ static RINGS: AtomicPtr<Vec<Ring>> = AtomicPtr::new(std::ptr::null_mut());
 static DRAINING: AtomicBool = AtomicBool::new(false);
 /// The sampler this process runs, a [`Sampler`] code.
 static KIND: AtomicU32 = AtomicU32::new(0);
+
+/// The sampler that runs (stored as its code, for signal handlers).
+fn kind() -> Sampler {
+    Sampler::from_code(KIND.load(Ordering::Acquire)).unwrap_or(Sampler::Off)
+}
 static PID: AtomicU32 = AtomicU32::new(0);
 /// The thread that drains perf rings.
 static DRAINER: Worker = Worker::new(c"rtprof-drain");
@@ -37,7 +43,7 @@ fn period_ns(hz: u32) -> u64 {
 }
 
 fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
-    KIND.store(s as u32, Ordering::Release);
+    KIND.store(s.code(), Ordering::Release);
     // Timer samples are attributed where they land, in a signal handler:
     // every module must be named before the first one.
     if s == Sampler::Timer {
@@ -50,8 +56,8 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
         period_ns(a.config.sample_hz)
     };
     a.segment
-        .writer
-        .set_sampler(s as u32, why as u32, errno.max(0) as u32, period);
+        .counters
+        .set_sampler(s, why, errno.max(0) as u32, period);
     vlog!(
         "sampler: {}",
         rtprof_shared::sampling::Described {
@@ -115,7 +121,7 @@ fn drain_now(wait: bool) -> Next {
 /// their functions listed: samples pass through the drain thread, which
 /// lists them before attributing it.
 pub fn names_on_demand() -> bool {
-    Sampler::from_code(KIND.load(Ordering::Acquire)) != Sampler::Timer
+    kind() != Sampler::Timer
 }
 
 fn start_drainer(a: &Agent) -> Result<(), i32> {
@@ -149,7 +155,7 @@ pub(crate) fn void_stripe(a: &Agent) -> usize {
     if have != 0 {
         return have as usize;
     }
-    let len = a.segment.writer.layout().stripe_bytes as usize;
+    let len = a.segment.counters.layout().stripe_bytes as usize;
     // SAFETY: a fresh private anonymous mapping, kept for the process's
     // life.
     let p = unsafe {
@@ -227,7 +233,7 @@ pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
     let namer = |records: &[u32]| crate::loader::name_on_demand(a, records);
     // SAFETY: the rings are leaked at start and never freed in this process.
     let rings = unsafe { &*rings };
-    let lost = a.segment.writer.samples_lost();
+    let lost = a.segment.counters.samples_lost();
     let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer));
     DRAINING.store(false, Ordering::Release);
     n
@@ -364,7 +370,7 @@ pub fn restart_in_child() {
     let Some(a) = crate::agent() else { return };
     PID.store(std::process::id(), Ordering::Relaxed);
     crate::threads::mark_program_thread();
-    match Sampler::from_code(KIND.load(Ordering::Acquire)) {
+    match kind() {
         // Off by configuration, or the program took SIGPROF over.
         Sampler::Off => {}
         Sampler::Perf => choose(a, Why::Default),
@@ -376,18 +382,9 @@ pub fn restart_in_child() {
 }
 
 /// Rebuilds and publishes the address table (start-up, and whenever
-/// libraries come or go).
-pub fn publish_map(a: &Agent, present: &[addrmap::Present], stubs: &[(u64, u64, u32)]) {
-    publish_map_at_start(&a.segment, present, stubs);
-}
-
-/// As [`publish_map`], before the agent is complete.
-pub fn publish_map_at_start(
-    segment: &crate::segment::Segment,
-    present: &[addrmap::Present],
-    stubs: &[(u64, u64, u32)],
-) {
-    addrmap::publish(addrmap::AddrMap::build(&segment.writer, present, stubs));
+/// libraries come or go), from the records in `w`.
+pub fn publish_map(w: &SegmentWriter, present: &[addrmap::Present], stubs: &[(u64, u64, u32)]) {
+    addrmap::publish(addrmap::AddrMap::build(w, present, stubs));
 }
 
 #[cfg(test)]
@@ -407,7 +404,8 @@ mod tests {
     #[test]
     fn samples_wait_for_their_module_to_be_named() {
         let _turn = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-        let (_buf, w) = fixture();
+        let (_buf, mut w) = fixture();
+        let c = *w.counters();
         let lib = w.add_sampled_module(b"/lib/libx.so", 0x50000).unwrap();
         w.set_named_on_demand(lib, true);
         let lib2 = w.add_sampled_module(b"/lib/liby.so", 0x60000).unwrap();
@@ -422,6 +420,7 @@ mod tests {
             exec: vec![(0x60000, 0x61000)],
         });
         addrmap::publish(addrmap::AddrMap::build(&w, &present, &[]));
+        let w = std::cell::RefCell::new(w);
         let mut f = FakeRing::new(4096);
         let rings = vec![f.ring()];
         for ip in [0x10110, 0x50010, 0x10110, 0x50010, 0x60020] {
@@ -430,6 +429,7 @@ mod tests {
         let calls = std::cell::RefCell::new(Vec::new());
         let name = |records: &[u32]| {
             calls.borrow_mut().push(records.to_vec());
+            let mut w = w.borrow_mut();
             for &r in records {
                 if r == lib {
                     w.name_module(r, [(&b"x_fn"[..], 0x10, 0x100)].into_iter());
@@ -442,10 +442,11 @@ mod tests {
         let lost = AtomicU64::new(0);
         assert_eq!(drain_rings(&rings, 1, &lost, Some(&name)), 5);
         assert_eq!(*calls.borrow(), vec![vec![lib, lib2]], "one call for both");
+        let mut w = w.into_inner();
         let x_fn = w.func_count() - 1;
-        assert_eq!(w.function_samples(x_fn).load(Ordering::Relaxed), 2);
-        assert_eq!(w.module_samples(lib2).load(Ordering::Relaxed), 1);
-        assert_eq!(w.function_samples(0).load(Ordering::Relaxed), 2);
+        assert_eq!(c.function_samples(x_fn).load(Ordering::Relaxed), 2);
+        assert_eq!(c.module_samples(lib2).load(Ordering::Relaxed), 1);
+        assert_eq!(c.function_samples(0).load(Ordering::Relaxed), 2);
         assert_eq!(f.tail(), f.head, "all read");
 
         // A name that never lists anything (the flag stays): the drain
@@ -460,7 +461,7 @@ mod tests {
         f.sample(0x70010, 1, 1);
         let stuck = |_: &[u32]| {};
         assert_eq!(drain_rings(&rings, 1, &lost, Some(&stuck)), 1);
-        assert_eq!(w.module_samples(lib3).load(Ordering::Relaxed), 1);
+        assert_eq!(c.module_samples(lib3).load(Ordering::Relaxed), 1);
         addrmap::clear_for_test();
     }
 
@@ -487,11 +488,20 @@ mod tests {
             during += allocs() - before;
         }
         assert_eq!(during, 0, "allocations while draining");
-        assert_eq!(w.samples_total().load(Ordering::Relaxed), sampled);
-        assert_eq!(w.function_samples(0).load(Ordering::Relaxed), 1000);
-        assert_eq!(w.function_samples(1).load(Ordering::Relaxed), 1000);
-        assert_eq!(w.module_samples(0).load(Ordering::Relaxed), 1000);
-        assert_eq!(w.samples_unknown().load(Ordering::Relaxed), 1000);
+        assert_eq!(
+            w.counters().samples_total().load(Ordering::Relaxed),
+            sampled
+        );
+        assert_eq!(
+            w.counters().function_samples(0).load(Ordering::Relaxed),
+            1000
+        );
+        assert_eq!(
+            w.counters().function_samples(1).load(Ordering::Relaxed),
+            1000
+        );
+        assert_eq!(w.counters().module_samples(0).load(Ordering::Relaxed), 1000);
+        assert_eq!(w.counters().samples_unknown().load(Ordering::Relaxed), 1000);
         assert_eq!(lost.load(Ordering::Relaxed), 150);
         // The table points into the fixture, freed with this test.
         addrmap::clear_for_test();
