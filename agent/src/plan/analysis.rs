@@ -36,7 +36,7 @@ type Code<'a> = Result<(&'a [u8], u64, u64), Refusal>;
 /// live as long as the borrow of `maps`, the snapshot of the memory map
 /// they were checked against: a module's code stays mapped while one event
 /// (start-up, or one run of the loader hook under the state lock) uses it.
-fn mem<'m>(maps: &'m Maps, addr: u64, len: u64) -> Option<&'m [u8]> {
+fn mem(maps: &Maps, addr: u64, len: u64) -> Option<&[u8]> {
     // SAFETY: mapped readable as the memory map said; a loaded module's
     // code, which stays mapped while it is analysed (start-up, or the
     // loader hook under the state lock), so while `maps` is borrowed.
