@@ -88,7 +88,7 @@ const char *rtprof_strerror(int rc) {
 
 static int within(uint64_t off, uint64_t n, uint64_t len) { return off <= len && n <= len - off; }
 
-/* The same checksum as Row::checksum in shared/src/present.rs. */
+/* The same checksum as Row::checksum in shared/src/present/layout.rs. */
 static uint64_t row_checksum(const rtprof_row *r) {
     uint64_t w[7] = {
         r->name_off | (uint64_t)r->name_len << 32,

@@ -7,7 +7,8 @@
  * a 128-byte buffer header (with the time it was published), process
  * entries, rows (per-process rows, then global rows merged by executable
  * and function), a hash index, strings. All little-endian; see
- * shared/src/present.rs for the writer.
+ * shared/src/present/layout.rs for the layout and writer.rs beside it for
+ * the writer.
  *
  * Usage:
  *     rtprof_segment seg;

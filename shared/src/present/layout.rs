@@ -1,0 +1,257 @@
+//! Binary layout of the presentation segment (version 2).
+//!
+//! ```text
+//! [PresentHeader][buffer 0][buffer 1]
+//! buffer: [BufferHeader][ProcEntry x procs][Row x rows][u32 x hash_cap][strings]
+//! ```
+//!
+//! Rows of each process are contiguous (`ProcEntry::first_row`); after them
+//! come the global rows (same executable and function merged across
+//! processes), indexed by an open-addressing hash of (executable, name).
+//! Little-endian, fixed widths; readers check every offset and count.
+//!
+//! Version 2 added `BufferHeader::publish_ns` (the buffer header grew from
+//! 64 to 128 bytes). `shared/c/rtprof_present.c` and
+//! `shared/include/rtprof_present.h` are the C reader of the same layout:
+//! change them together.
+
+use std::mem::size_of;
+
+pub const MAGIC: [u8; 8] = *b"RTPROFP\0";
+pub const VERSION: u32 = 2;
+/// A free slot of the hash index.
+pub(super) const EMPTY: u32 = u32::MAX;
+
+/// A table is stale once it is older than this many ticks (plus
+/// [`STALE_SLACK_NS`]): the daemon has stopped publishing.
+pub const STALE_TICKS: u64 = 3;
+/// Slack for a daemon delayed by a busy machine.
+pub const STALE_SLACK_NS: u64 = 1_000_000_000;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PresentHeader {
+    pub magic: [u8; 8],
+    pub version: u32,
+    pub header_size: u32,
+    pub total_size: u64,
+    /// Publishes so far; buffer `generation & 1` is the current one.
+    pub generation: u64,
+    pub buffer_off: [u64; 2],
+    pub buffer_len: u64,
+    pub tick_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BufferHeader {
+    /// Odd while the daemon writes this buffer.
+    pub seq: u64,
+    /// CLOCK_REALTIME at the end of the span, and its nominal length.
+    pub span_end_ns: u64,
+    pub span_ns: u64,
+    /// CLOCK_REALTIME when the writer published this buffer (stamped by
+    /// [`PresentWriter::publish`](super::PresentWriter::publish) itself).
+    pub publish_ns: u64,
+    pub proc_count: u32,
+    pub row_count: u32,
+    pub global_first: u32,
+    pub global_count: u32,
+    pub hash_cap: u32,
+    pub strings_len: u32,
+    pub procs_off: u32,
+    pub rows_off: u32,
+    pub hash_off: u32,
+    pub strings_off: u32,
+    pub reserved: [u64; 7],
+}
+
+/// `ProcEntry::flags`: the process ended; these are its last counts.
+pub const PROC_ENDED: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: u32,
+    pub flags: u32,
+    pub exe_off: u32,
+    pub exe_len: u32,
+    pub first_row: u32,
+    pub row_count: u32,
+    /// The span this process really covers (shorter if it is younger).
+    pub span_ns: u64,
+    pub samples: u64,
+    pub period_ns: u64,
+    pub lost: u64,
+    pub reserved: u64,
+}
+
+/// `Row::flags`: calls are counted (the function is instrumented).
+pub const ROW_COUNTED: u32 = 1;
+/// `Row::flags`: a global row (its `proc_index` names the first process
+/// of its executable).
+pub const ROW_GLOBAL: u32 = 2;
+/// `Row::flags`: its calls are estimated (counted in bursts under an
+/// overhead budget), not exact.
+pub const ROW_ESTIMATED: u32 = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Row {
+    pub name_off: u32,
+    pub name_len: u32,
+    pub module_off: u32,
+    pub module_len: u32,
+    /// Index of the process (of the first process of the executable, in a
+    /// global row).
+    pub proc_index: u32,
+    pub flags: u32,
+    /// Over the span.
+    pub calls: u64,
+    pub samples: u64,
+    pub time_ns: u64,
+    /// Since the process started (summed over processes in a global row).
+    pub total_calls: u64,
+    /// Checksum of the fields above: a torn row cannot pass.
+    pub check: u64,
+}
+
+// Every record is integers only, with no padding: the writer copies them
+// out as bytes and the reader reads them from any bit pattern.
+const _: () = assert!(size_of::<PresentHeader>() == 64);
+const _: () = assert!(size_of::<BufferHeader>() == 128);
+const _: () = assert!(size_of::<ProcEntry>() == 64);
+const _: () = assert!(size_of::<Row>() == 64);
+
+impl Row {
+    pub fn checksum(&self) -> u64 {
+        let words = [
+            self.name_off as u64 | (self.name_len as u64) << 32,
+            self.module_off as u64 | (self.module_len as u64) << 32,
+            self.proc_index as u64 | (self.flags as u64) << 32,
+            self.calls,
+            self.samples,
+            self.time_ns,
+            self.total_calls,
+        ];
+        words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
+            (h ^ w).wrapping_mul(0x100_0000_01b3).rotate_left(17)
+        })
+    }
+}
+
+/// FNV-1a over executable, a zero byte, and function name.
+pub fn key_hash(exe: &str, name: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in exe.bytes().chain([0]).chain(name.bytes()) {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Total segment size for buffers of `buffer_len` bytes.
+pub fn segment_bytes(buffer_len: u64) -> u64 {
+    64 + 2 * buffer_len.next_multiple_of(64)
+}
+
+/// CLOCK_REALTIME in nanoseconds, the clock `publish_ns` is stamped with.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What is wrong with a segment (or, `TooLarge`, with a table for it).
+/// Shared by writer and reader, so neither depends on the other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresentError {
+    TooShort,
+    BadMagic,
+    UnsupportedVersion(u32),
+    BadRegion(&'static str),
+    /// Row `row` of the current buffer does not match its checksum: the
+    /// segment was corrupted (a torn write cannot reach a reader, the
+    /// buffer's sequence number rules that out).
+    BadChecksum {
+        row: u32,
+    },
+    /// The daemon kept rewriting the buffer while we read (retries exhausted).
+    Busy,
+    /// The table does not fit in a buffer of this segment.
+    TooLarge {
+        need: u64,
+        have: u64,
+    },
+    NotPublished,
+}
+
+impl std::fmt::Display for PresentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PresentError::TooShort => f.write_str("presentation segment truncated"),
+            PresentError::BadMagic => f.write_str("not an rtprof presentation segment"),
+            PresentError::UnsupportedVersion(v) => write!(
+                f,
+                "presentation segment version {v}, this reader knows version {VERSION} \
+                 (rtprofd and its readers come from different rtprof builds)"
+            ),
+            PresentError::BadRegion(r) => write!(f, "{r} out of bounds"),
+            PresentError::BadChecksum { row } => {
+                write!(
+                    f,
+                    "row {row} does not match its checksum (corrupted segment)"
+                )
+            }
+            PresentError::Busy => f.write_str("segment rewritten during every read attempt"),
+            PresentError::TooLarge { need, have } => {
+                write!(f, "table needs {need} bytes, buffers have {have}")
+            }
+            PresentError::NotPublished => f.write_str("nothing published yet"),
+        }
+    }
+}
+
+impl std::error::Error for PresentError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A change to any field of a row, or a name moved between executable
+    /// and function, gives another checksum or key.
+    #[test]
+    fn checksums_and_keys_cover_every_field() {
+        let row = Row {
+            name_off: 1,
+            name_len: 2,
+            module_off: 3,
+            module_len: 4,
+            proc_index: 5,
+            flags: ROW_COUNTED,
+            calls: 7,
+            samples: 8,
+            time_ns: 9,
+            total_calls: 10,
+            check: 0,
+        };
+        let edits: [fn(&mut Row); 10] = [
+            |r| r.name_off ^= 1 << 31,
+            |r| r.name_len ^= 1,
+            |r| r.module_off ^= 1,
+            |r| r.module_len ^= 1 << 31,
+            |r| r.proc_index ^= 1,
+            |r| r.flags ^= ROW_ESTIMATED,
+            |r| r.calls ^= 1 << 63,
+            |r| r.samples ^= 1,
+            |r| r.time_ns ^= 1,
+            |r| r.total_calls ^= 1,
+        ];
+        for (i, edit) in edits.iter().enumerate() {
+            let mut r = row;
+            edit(&mut r);
+            assert_ne!(r.checksum(), row.checksum(), "field {i}");
+        }
+        assert_ne!(key_hash("/bin/a", "bc"), key_hash("/bin/ab", "c"));
+        assert_eq!(segment_bytes(100), 64 + 2 * 128);
+    }
+}

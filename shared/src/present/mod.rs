@@ -1,0 +1,28 @@
+//! The presentation segment: what `rtprofd` publishes every tick for
+//! schedulers and `rtprof top/report` to read.
+//!
+//! Two buffers and a generation counter: the daemon writes the buffer
+//! readers are not using, then flips the generation, so a reader never
+//! waits and never sees a half-written table. Each buffer also carries a
+//! sequence number (odd while written) so a reader that was lapped by two
+//! publishes notices and retries, and the time it was published, so a
+//! reader can tell a live daemon's table from the last one of a daemon that
+//! died (the file stays behind with its last span in it).
+//!
+//! `layout` is the format (shared with the C reader), `writer` the
+//! daemon's side, `reader` the validating readers'.
+
+mod layout;
+mod reader;
+mod writer;
+
+pub use layout::{
+    key_hash, now_ns, segment_bytes, BufferHeader, PresentError, PresentHeader, ProcEntry, Row,
+    MAGIC, PROC_ENDED, ROW_COUNTED, ROW_ESTIMATED, ROW_GLOBAL, STALE_SLACK_NS, STALE_TICKS,
+    VERSION,
+};
+pub use reader::{
+    age, lookup, open_file, read_process, read_process_into, read_view, OpenError, ProcView,
+    ProcessRows, RowRef, RowView, View,
+};
+pub use writer::{PresentWriter, ProcTable, RowIn};
