@@ -107,7 +107,9 @@ fn rtprof_share(p: &Value, module: &str, addr: u64) -> Option<(String, f64)> {
 
 /// CPU seconds (user + system) of the children reaped so far.
 fn children_cpu() -> f64 {
+    // SAFETY: `rusage` is integers and timevals: all zeroes is valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a live local the call fills.
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)

@@ -70,6 +70,7 @@ fn as_nobody_sh(script: &str) -> std::process::Output {
 fn kill_switch_and_setuid_programs() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(
+        // SAFETY: geteuid takes nothing and cannot fail.
         unsafe { libc::geteuid() },
         0,
         "the system tests need root (they change /etc/rtprof and install a set-user-ID file)"

@@ -90,7 +90,10 @@ unsafe extern "C" fn collect(
     _size: usize,
     data: *mut libc::c_void,
 ) -> libc::c_int {
+    // SAFETY: `data` is the `&mut Vec<Module>` that `loaded` passed to
+    // dl_iterate_phdr, which calls back on its own thread while it is live.
     let out = &mut *(data as *mut Vec<Module>);
+    // SAFETY: the loader passes a valid entry for the call's duration.
     let info = &*info;
     let name = if info.dlpi_name.is_null() {
         String::new()
@@ -99,6 +102,8 @@ unsafe extern "C" fn collect(
             .to_string_lossy()
             .into_owned()
     };
+    // SAFETY: the module's program headers, `dlpi_phnum` of them, mapped
+    // with it.
     let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
     let loads = phdrs
         .iter()
@@ -133,6 +138,8 @@ unsafe extern "C" fn collect(
 /// Every module the dynamic loader reports; the main executable first.
 pub fn loaded() -> Vec<Module> {
     let mut v: Vec<Module> = Vec::new();
+    // SAFETY: `collect` has the callback's signature and casts the data
+    // pointer back to this `Vec<Module>`, live for the whole call.
     unsafe {
         libc::dl_iterate_phdr(
             Some(collect),
@@ -143,8 +150,11 @@ pub fn loaded() -> Vec<Module> {
 }
 
 fn agent_base() -> u64 {
+    // SAFETY: `Dl_info` is pointers and integers: all zeroes is valid.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let here = agent_base as *const () as *const libc::c_void;
+    // SAFETY: `here` is an address in our own code; `info` is a live local
+    // that dladdr fills.
     if unsafe { libc::dladdr(here, &mut info) } != 0 {
         info.dli_fbase as u64
     } else {
@@ -155,7 +165,10 @@ fn agent_base() -> u64 {
 /// Why `m` must not be instrumented, if it must not.
 pub fn skip_reason(m: &Module, selects: &dyn Fn(&str) -> bool) -> Option<Skip> {
     let (lo, _) = m.span();
+    // SAFETY: getauxval takes a key and reads the process's own auxiliary
+    // vector (0 if the entry is missing).
     let ld_base = unsafe { libc::getauxval(libc::AT_BASE) };
+    // SAFETY: as above.
     let vdso = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
     if m.contains(agent_base()) || m.bias == agent_base() {
         Some(Skip::Agent)

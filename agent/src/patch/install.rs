@@ -84,6 +84,9 @@ pub(crate) fn write_entries(m: &Module, patches: &[(u64, &[u8])]) -> Vec<bool> {
         let (base, len) = (lo as *mut libc::c_void, (hi - lo) as usize);
         // Writable and still executable: the module's own code (libc's
         // mprotect, say) may run while its pages are being patched.
+        // SAFETY: [base, base + len) is this loaded segment rounded out to
+        // whole pages, all mapped by the loader; adding write permission
+        // changes no byte.
         if unsafe {
             libc::mprotect(
                 base,
@@ -95,10 +98,15 @@ pub(crate) fn write_entries(m: &Module, patches: &[(u64, &[u8])]) -> Vec<bool> {
             for &i in &mine {
                 let (addr, bytes) = (patches[i].0 as *mut u8, patches[i].1);
                 for (k, b) in bytes.iter().enumerate() {
+                    // SAFETY: the patch lies inside [lo, hi) (`mine`), now
+                    // writable; no thread runs these entry bytes meanwhile:
+                    // the constructor patches single-threaded, and a module
+                    // the loader just mapped has run none of its code yet.
                     unsafe { std::ptr::write_volatile(addr.add(k), *b) };
                 }
                 ok[i] = true;
             }
+            // SAFETY: the same pages, back to the segment's own protection.
             if unsafe { libc::mprotect(base, len, prot) } != 0 {
                 vlog!(
                     "{}: could not restore code protection: {}",
@@ -114,6 +122,7 @@ pub(crate) fn write_entries(m: &Module, patches: &[(u64, &[u8])]) -> Vec<bool> {
                 std::io::Error::last_os_error()
             );
             // A refusal may still have changed some pages: put them back.
+            // SAFETY: as above: the segment's pages, its own protection.
             unsafe { libc::mprotect(base, len, prot) };
             let Ok(f) = std::fs::OpenOptions::new()
                 .write(true)

@@ -80,6 +80,9 @@ impl StubArea {
             .filter(|&a| in_range(a))
             .take(16)
         {
+            // SAFETY: MAP_FIXED_NOREPLACE: the kernel maps fresh anonymous
+            // memory at `addr` only if nothing is mapped there, so no
+            // existing memory (the program's or ours) is touched.
             let p = unsafe {
                 libc::mmap(
                     addr as *mut libc::c_void,
@@ -95,6 +98,8 @@ impl StubArea {
             }
             // Kernels before 4.17 treat the flag as a hint: check the result.
             if p as u64 != addr {
+                // SAFETY: `p` is the mapping of `len` bytes just made,
+                // referred to nowhere else.
                 unsafe { libc::munmap(p, len as usize) };
                 continue;
             }
@@ -105,6 +110,8 @@ impl StubArea {
 
     /// Makes the area read+execute; writing is over.
     pub fn seal(&self) -> bool {
+        // SAFETY: the area is our own mapping of `len` bytes; only its
+        // protection changes (nothing jumps into it before this).
         unsafe {
             libc::mprotect(
                 self.addr as *mut libc::c_void,
@@ -115,6 +122,9 @@ impl StubArea {
     }
 
     pub fn release(self) {
+        // SAFETY: consumes the area, so our own mapping is unmapped once;
+        // callers release it before any entry jumps into it, or once its
+        // module (whose entries did) is unloaded.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
     }
 }
@@ -141,8 +151,11 @@ mod tests {
         let here = candidates_stay_in_range_and_prefer_below as *const () as u64;
         let a = StubArea::near(here, here + 1, 10_000).expect("area");
         assert!(a.addr.abs_diff(here) < BRANCH_RANGE);
+        // SAFETY: the area is mapped read-write and ours.
         unsafe { *(a.addr as *mut u8) = 0xc3 };
         assert!(a.seal());
+        // SAFETY: the area now holds `ret` and is executable: a function
+        // that takes nothing and returns at once.
         let f: extern "C" fn() = unsafe { std::mem::transmute(a.addr as *const ()) };
         f();
         a.release();

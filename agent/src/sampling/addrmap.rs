@@ -38,8 +38,11 @@ pub struct AddrMap {
     total: *const AtomicU64,
 }
 
-// The pointers refer to the process's counter segment, mapped for good.
+// SAFETY: the pointers refer to the process's counter segment, mapped for
+// good and shared by every thread; the table owns nothing thread-bound.
 unsafe impl Send for AddrMap {}
+// SAFETY: a shared table is only read, and the counters it points to are
+// atomics, updated from any thread.
 unsafe impl Sync for AddrMap {}
 
 fn find(v: &[Range], ip: u64) -> Option<&Range> {

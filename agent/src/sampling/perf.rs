@@ -6,7 +6,7 @@
 //! keeps the event alive: the program's descriptor table stays exactly its
 //! own, and a program that closes every descriptor cannot disturb sampling.
 
-use super::ring::Ring;
+use super::ring::{Ring, HEADER};
 use perf_event::events::Software;
 use perf_event::{Builder, SampleFlag};
 use rtprof_shared::sampling::Why;
@@ -15,8 +15,8 @@ use std::os::fd::IntoRawFd;
 /// More CPUs than this and the agent samples with per-thread timers
 /// instead: descriptors and locked ring memory stay bounded per process.
 pub const MAX_CPUS: usize = 256;
-/// Bytes per sample record: header 8, ip 8, pid/tid 8.
-const RECORD_BYTES: u64 = 24;
+/// Bytes per sample record: the header, ip (u64), pid and tid (u32 each).
+const RECORD_BYTES: u64 = HEADER as u64 + 8 + 4 + 4;
 /// The drain thread wakes at least this often; rings hold twice as much.
 pub const MAX_SLEEP_MS: u64 = 1000;
 /// Ring data pages per CPU, at most (256 KiB).
@@ -51,6 +51,7 @@ fn online_cpus() -> Vec<usize> {
         }
     }
     if cpus.is_empty() {
+        // SAFETY: sysconf takes a name constant and no pointer.
         let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
         cpus.extend(0..n);
     }
@@ -86,6 +87,8 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
     let mut rings: Vec<Ring> = Vec::with_capacity(cpus.len());
     let fail = |rings: Vec<Ring>, f: Failure| {
         for r in rings {
+            // SAFETY: each ring is a mapping of `map_len` bytes made below,
+            // dropped here with the only handle to it.
             unsafe { libc::munmap(r.base() as *mut libc::c_void, r.map_len()) };
         }
         Err(f)
@@ -101,6 +104,8 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
             Err(e) if errno(&e) == libc::ENODEV && !rings.is_empty() => continue,
             Err(e) => return fail(rings, (Why::PerfRefused, errno(&e))),
         };
+        // SAFETY: a new shared mapping of the event's ring (no address
+        // given: nothing existing is replaced); `fd` is the event just opened.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -112,10 +117,15 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
             )
         };
         let err = std::io::Error::last_os_error();
+        // SAFETY: `fd` is ours (from `into_raw_fd`) and closed only here;
+        // the mapping keeps the event alive.
         unsafe { libc::close(fd) };
         if p == libc::MAP_FAILED {
             return fail(rings, (Why::PerfMapFailed, errno(&err)));
         }
+        // SAFETY: `p` is a page-aligned mapping of `len` bytes that is never
+        // unmapped while a Ring refers to it (only `fail` unmaps, consuming
+        // the rings).
         rings.push(unsafe { Ring::new(p as *mut u8, len) });
     }
     if rings.is_empty() {

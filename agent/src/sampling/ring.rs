@@ -2,17 +2,26 @@
 //! `data_head`; we consume them and advance `data_tail`. Acquire on the head
 //! makes the records before it visible; release on the tail tells the
 //! kernel the space may be overwritten only after we have read it.
+//!
+//! Where the cursors are in the header page, and how a record's header is
+//! laid out, come from the kernel's own `perf_event.h` types.
 
+use perf_event_open_sys::bindings::{self, perf_event_header, perf_event_mmap_page};
+use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const PERF_RECORD_LOST: u32 = 2;
-pub const PERF_RECORD_SAMPLE: u32 = 9;
+pub const PERF_RECORD_LOST: u32 = bindings::PERF_RECORD_LOST;
+pub const PERF_RECORD_SAMPLE: u32 = bindings::PERF_RECORD_SAMPLE;
 
-// Offsets in `struct perf_event_mmap_page` (stable kernel ABI).
-const DATA_HEAD: usize = 1024;
-const DATA_TAIL: usize = 1032;
-const DATA_OFFSET: usize = 1040;
-const DATA_SIZE: usize = 1048;
+const DATA_HEAD: usize = offset_of!(perf_event_mmap_page, data_head);
+const DATA_TAIL: usize = offset_of!(perf_event_mmap_page, data_tail);
+const DATA_OFFSET: usize = offset_of!(perf_event_mmap_page, data_offset);
+const DATA_SIZE: usize = offset_of!(perf_event_mmap_page, data_size);
+
+/// Bytes of the header every record starts with.
+pub const HEADER: usize = size_of::<perf_event_header>();
+const HEADER_TYPE: usize = offset_of!(perf_event_header, type_);
+const HEADER_SIZE: usize = offset_of!(perf_event_header, size);
 
 /// Bodies longer than this are not ours to read (we ask for short records);
 /// they are skipped whole.
@@ -24,14 +33,19 @@ pub struct Ring {
     len: usize,
 }
 
-// Only the drain thread (or the exit path, under the drain lock) reads it.
+// SAFETY: the mapping is shared memory that lives as long as the process;
+// only the drain thread (or the exit path, under the drain lock) reads it,
+// so moving the handle to another thread hands nothing over unsynchronised.
 unsafe impl Send for Ring {}
+// SAFETY: `&Ring` only reads through atomics and copies, and the one writer
+// of `data_tail` is whoever holds the drain lock.
 unsafe impl Sync for Ring {}
 
 impl Ring {
     /// # Safety
     /// `base` must be a perf ring mapping (or an equivalent buffer) of
-    /// `len` bytes that outlives the `Ring`.
+    /// `len` bytes (at least the header page), 8-byte aligned, that
+    /// outlives the `Ring`.
     pub unsafe fn new(base: *mut u8, len: usize) -> Ring {
         Ring { base, len }
     }
@@ -43,7 +57,12 @@ impl Ring {
         self.len
     }
 
+    /// A `u64` field of the header page.
     fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is a `u64` field's offset in `perf_event_mmap_page`,
+        // so 8-aligned from the 8-aligned base and inside the first page of
+        // the mapping (`new`'s contract); the kernel writes these words
+        // concurrently, hence atomics.
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
@@ -75,33 +94,44 @@ impl Ring {
         } else {
             (off, size)
         };
-        if !size.is_power_of_two() || off.checked_add(size).is_none_or(|e| e > self.len) {
+        // The kernel's data area is whole pages: far more than one record
+        // we copy out, which `read` relies on to stay inside it.
+        if !size.is_power_of_two()
+            || size < HEADER + MAX_BODY
+            || off.checked_add(size).is_none_or(|e| e > self.len)
+        {
             return 0;
         }
+        // SAFETY: checked above: the data area [off, off + size) lies
+        // inside the mapping.
         let data = unsafe { self.base.add(off) };
         let read = |at: u64, out: &mut [u8]| {
             let start = (at as usize) & (size - 1);
             let first = out.len().min(size - start);
+            // SAFETY: `start + first <= size`, and `out` (a header or a body
+            // of at most MAX_BODY bytes) is no longer than the data area, so
+            // the wrapped rest `out.len() - first` fits at its start too;
+            // `out` is a local buffer, never the ring.
             unsafe {
                 std::ptr::copy_nonoverlapping(data.add(start), out.as_mut_ptr(), first);
                 std::ptr::copy_nonoverlapping(data, out.as_mut_ptr().add(first), out.len() - first);
             }
         };
         let mut n = 0;
-        while head.wrapping_sub(tail) >= 8 {
-            let mut hdr = [0u8; 8];
+        while head.wrapping_sub(tail) >= HEADER as u64 {
+            let mut hdr = [0u8; HEADER];
             read(tail, &mut hdr);
-            let ty = u32::from_le_bytes(hdr[0..4].try_into().unwrap());
-            let rec_len = u16::from_le_bytes(hdr[6..8].try_into().unwrap()) as u64;
-            if rec_len < 8 || rec_len > head.wrapping_sub(tail) {
+            let ty = field_u32(&hdr, HEADER_TYPE);
+            let rec_len = field_u16(&hdr, HEADER_SIZE) as u64;
+            if rec_len < HEADER as u64 || rec_len > head.wrapping_sub(tail) {
                 // Corrupt or torn: drop what is there rather than loop.
                 tail = head;
                 break;
             }
-            let body_len = rec_len as usize - 8;
+            let body_len = rec_len as usize - HEADER;
             if body_len <= MAX_BODY {
                 let mut body = [0u8; MAX_BODY];
-                read(tail + 8, &mut body[..body_len]);
+                read(tail + HEADER as u64, &mut body[..body_len]);
                 if !on(ty, &body[..body_len]) {
                     break;
                 }
@@ -116,15 +146,22 @@ impl Ring {
     }
 }
 
+/// The `N` bytes at `at` in a record, if it has them.
+fn bytes_at<const N: usize>(record: &[u8], at: usize) -> Option<[u8; N]> {
+    record.get(at..at + N)?.try_into().ok()
+}
+
 /// Reads a little-endian `u64` at `at` in a record body (0 if short).
 pub fn field_u64(body: &[u8], at: usize) -> u64 {
-    body.get(at..at + 8)
-        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()))
+    bytes_at(body, at).map_or(0, u64::from_le_bytes)
 }
 
 pub fn field_u32(body: &[u8], at: usize) -> u32 {
-    body.get(at..at + 4)
-        .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()))
+    bytes_at(body, at).map_or(0, u32::from_le_bytes)
+}
+
+fn field_u16(body: &[u8], at: usize) -> u16 {
+    bytes_at(body, at).map_or(0, u16::from_le_bytes)
 }
 
 #[cfg(test)]
@@ -132,47 +169,68 @@ pub(crate) mod tests {
     use super::*;
 
     /// A fake ring: one metadata page and `data` bytes of data area, which
-    /// a test fills like the kernel would.
+    /// a test fills like the kernel would, through the kernel's types.
     pub(crate) struct FakeRing {
         pub mem: Vec<u64>,
+        /// Where the data area starts.
+        pub off: usize,
         pub data: usize,
         pub head: u64,
     }
 
     impl FakeRing {
         pub fn new(data: usize) -> FakeRing {
+            FakeRing::at(4096, data, 0)
+        }
+        /// The data area at `off`, with `after` more bytes of mapping
+        /// behind it (which the ring must not read).
+        pub fn at(off: usize, data: usize, after: usize) -> FakeRing {
             let mut r = FakeRing {
-                mem: vec![0; (4096 + data) / 8],
+                mem: vec![0; (off + data + after) / 8],
+                off,
                 data,
                 head: 0,
             };
-            r.set(DATA_OFFSET, 4096);
-            r.set(DATA_SIZE, data as u64);
+            let page = r.page();
+            // SAFETY: `mem` is 8-aligned and longer than the page struct;
+            // the fields are written in place, no reference is kept.
+            unsafe {
+                (*page).data_offset = off as u64;
+                (*page).data_size = data as u64;
+            }
             r
         }
-        fn set(&mut self, off: usize, v: u64) {
-            self.mem[off / 8] = v;
+        fn page(&mut self) -> *mut perf_event_mmap_page {
+            assert!(self.mem.len() * 8 >= size_of::<perf_event_mmap_page>());
+            self.mem.as_mut_ptr().cast()
         }
         fn bytes(&mut self) -> &mut [u8] {
+            // SAFETY: the Vec's own buffer, as bytes: `u8` has no alignment
+            // and every bit pattern is valid for both types.
             unsafe {
                 std::slice::from_raw_parts_mut(self.mem.as_mut_ptr() as *mut u8, self.mem.len() * 8)
             }
         }
         /// Appends a record as the kernel does, wrapping at the end.
         pub fn push(&mut self, ty: u32, body: &[u8]) {
-            let mut rec = Vec::new();
-            rec.extend_from_slice(&ty.to_le_bytes());
-            rec.extend_from_slice(&0u16.to_le_bytes());
-            rec.extend_from_slice(&((body.len() + 8) as u16).to_le_bytes());
-            rec.extend_from_slice(body);
-            let (data, head) = (self.data, self.head);
+            let header = perf_event_header {
+                type_: ty,
+                misc: 0,
+                size: (HEADER + body.len()) as u16,
+            };
+            // SAFETY: `perf_event_header` is `repr(C)` integers without
+            // padding: all of its bytes are initialised.
+            let header: [u8; HEADER] = unsafe { std::mem::transmute(header) };
+            let rec: Vec<u8> = header.iter().chain(body).copied().collect();
+            let (off, data, head) = (self.off, self.data, self.head);
             for (i, b) in rec.iter().enumerate() {
-                let at = 4096 + ((head as usize + i) % data);
+                let at = off + ((head as usize + i) % data);
                 self.bytes()[at] = *b;
             }
             self.head += rec.len() as u64;
-            let h = self.head;
-            self.set(DATA_HEAD, h);
+            let (page, h) = (self.page(), self.head);
+            // SAFETY: as in `at`.
+            unsafe { (*page).data_head = h };
         }
         pub fn sample(&mut self, ip: u64, pid: u32, tid: u32) {
             let mut b = ip.to_le_bytes().to_vec();
@@ -185,12 +243,54 @@ pub(crate) mod tests {
             b.extend_from_slice(&n.to_le_bytes());
             self.push(PERF_RECORD_LOST, &b);
         }
-        pub fn tail(&self) -> u64 {
-            self.mem[DATA_TAIL / 8]
+        pub fn tail(&mut self) -> u64 {
+            let page = self.page();
+            // SAFETY: as in `at`; the ring wrote it on this thread.
+            unsafe { (*page).data_tail }
         }
         pub fn ring(&mut self) -> Ring {
             let len = self.mem.len() * 8;
+            // SAFETY: `mem` is 8-aligned, `len` bytes long, and every test
+            // drops the ring before the FakeRing.
             unsafe { Ring::new(self.mem.as_mut_ptr() as *mut u8, len) }
+        }
+    }
+
+    /// The numbers `include/uapi/linux/perf_event.h` fixes: the cursors
+    /// start at 1 KiB into the header page ("align to 1k"), and a record
+    /// header is `u32 type, u16 misc, u16 size`.
+    #[test]
+    fn layouts_are_the_kernel_abi() {
+        assert_eq!(
+            (DATA_HEAD, DATA_TAIL, DATA_OFFSET, DATA_SIZE),
+            (1024, 1032, 1040, 1048)
+        );
+        assert_eq!((HEADER, HEADER_TYPE, HEADER_SIZE), (8, 0, 6));
+        assert_eq!((PERF_RECORD_LOST, PERF_RECORD_SAMPLE), (2, 9));
+    }
+
+    /// The ring takes the data area from `data_offset`/`data_size`, not
+    /// from where kernels before 4.1 put it (right after the first page,
+    /// to the end of the mapping), and leaves the bytes behind it alone.
+    #[test]
+    fn reads_the_data_area_the_header_page_names() {
+        let mut f = FakeRing::at(8192, 256, 512);
+        let ring = f.ring();
+        f.bytes()[4096..8192].fill(0xff);
+        f.bytes()[8192 + 256..].fill(0xff);
+        for round in 0..3u64 {
+            for k in 0..7u64 {
+                f.sample(round * 10 + k, 1, 2);
+            }
+            let mut ips = Vec::new();
+            let n = ring.drain_while(|ty, body| {
+                assert_eq!(ty, PERF_RECORD_SAMPLE);
+                ips.push(field_u64(body, 0));
+                true
+            });
+            assert_eq!(n, 7);
+            assert_eq!(ips, (0..7).map(|k| round * 10 + k).collect::<Vec<_>>());
+            assert_eq!(f.tail(), f.head);
         }
     }
 
@@ -227,7 +327,8 @@ pub(crate) mod tests {
         // A header claiming more bytes than were written.
         f.push(PERF_RECORD_SAMPLE, &[]);
         let h = f.head;
-        f.bytes()[4096 + 24 + 6] = 200;
+        let at = f.off + 24 + HEADER_SIZE;
+        f.bytes()[at] = 200;
         let mut seen = 0;
         ring.drain_while(|_, _| {
             seen += 1;

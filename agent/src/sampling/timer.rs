@@ -50,22 +50,33 @@ fn real_sigaction() -> Option<SigactionFn> {
 }
 
 extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    let errno = unsafe { *libc::__errno_location() };
+    let errno = errno();
     if ACTIVE.load(Ordering::Relaxed) && !info.is_null() && !uc.is_null() {
+        // SAFETY: installed with SA_SIGINFO: a non-null `info` is the
+        // siginfo the kernel wrote on this thread's stack for this signal.
+        let info = unsafe { &*info };
         // SI_TIMER: one of our timers (not a kill(2) from someone).
-        if unsafe { (*info).si_code } == libc::SI_TIMER {
+        if info.si_code == libc::SI_TIMER {
             let uc = uc as *const libc::ucontext_t;
             // SAFETY: the context the kernel passed to this handler.
             let ip = unsafe { Native::signal_pc(uc) };
-            // CPU-time timers are checked at the scheduler tick: several
-            // periods may expire per signal (si_overrun, after si_tid in the
-            // timer part of siginfo). The interrupted code ran for all of
-            // them, so the sample counts that many times.
-            let overrun = unsafe { *((info as *const u8).add(20) as *const i32) };
-            addrmap::count(ip, 1 + overrun.max(0) as u64);
+            addrmap::count(ip, periods(info));
         }
     }
+    // SAFETY: `__errno_location` is this thread's errno, always valid;
+    // the interrupted code finds it as it left it.
     unsafe { *libc::__errno_location() = errno };
+}
+
+/// The timer periods one SI_TIMER signal stands for. CPU-time timers are
+/// checked at the scheduler tick: several periods may expire per signal
+/// (the overrun count). The interrupted code ran for all of them, so the
+/// sample counts that many times.
+fn periods(info: &libc::siginfo_t) -> u64 {
+    // SAFETY: only called for `si_code == SI_TIMER`, for which the kernel
+    // filled the timer member of siginfo's union that `si_overrun` reads.
+    let overrun = unsafe { info.si_overrun() };
+    1 + overrun.max(0) as u64
 }
 
 /// Installs the handler, unless the program handles SIGPROF itself.
@@ -75,23 +86,33 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     let Some(real) = real_sigaction() else {
         return Err((Why::TimerFailed, libc::ENOSYS));
     };
+    // SAFETY: `sigaction` is integers, a handler address and a signal set,
+    // for all of which zero bytes are valid (SIG_DFL, no flags, empty set).
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: libc's sigaction; a null new action only reads the current
+    // one into `old`, a live local.
     unsafe { real(SIGNAL, std::ptr::null(), &mut old) };
     if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != on_signal as *const () as usize {
         return Err((Why::SignalInUse, 0));
     }
     PROGRAM_VIEW.store(old.sa_sigaction, Ordering::Relaxed);
+    // SAFETY: as for `old`.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
     sa.sa_sigaction = on_signal as *const () as usize;
     sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
     // Nothing interrupts the handler (a program handler that longjmps out
     // would leave the address table's reader count raised).
+    // SAFETY: `sa.sa_mask` is a live, writable sigset_t.
     unsafe { libc::sigfillset(&mut sa.sa_mask) };
+    // SAFETY: libc's sigaction with a fully initialised action whose
+    // handler has the SA_SIGINFO signature; the old one is not asked for.
     if unsafe { real(SIGNAL, &sa, std::ptr::null_mut()) } != 0 {
         return Err((Why::TimerFailed, errno()));
     }
     if KEY.load(Ordering::Acquire) == usize::MAX {
         let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is a live local; the destructor is an `extern "C"`
+        // function taking the value, as pthread expects.
         if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
             KEY.store(key as usize, Ordering::Release);
         }
@@ -102,28 +123,82 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
 }
 
 fn errno() -> i32 {
+    // SAFETY: `__errno_location` returns this thread's errno, always valid.
     unsafe { *libc::__errno_location() }
 }
 
-#[repr(C)]
-struct SigEvent {
-    value: usize,
-    signo: i32,
-    notify: i32,
-    tid: i32,
-    pad: [i32; 11],
+/// The calling thread's kernel id (a raw call: no allocation, any glibc).
+fn gettid() -> i32 {
+    // SAFETY: gettid takes no argument and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 
-#[repr(C)]
-struct ITimerSpec {
-    interval: libc::timespec,
-    value: libc::timespec,
+/// A timer event that sends `signo` to thread `tid` alone.
+fn to_thread(signo: i32, tid: i32) -> libc::sigevent {
+    // SAFETY: `sigevent` is integers, padding and a union of an int and a
+    // pointer: all zero bytes are a valid value (and no value is passed).
+    let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
+    sev.sigev_signo = signo;
+    sev.sigev_notify = libc::SIGEV_THREAD_ID;
+    sev.sigev_notify_thread_id = tid;
+    sev
+}
+
+/// Creates a timer on `clock` that notifies as `sev` says; its id.
+fn create_timer(clock: libc::clockid_t, sev: &libc::sigevent) -> Result<i32, i32> {
+    let mut id: i32 = 0;
+    // SAFETY: `sev` points to a whole sigevent, `id` to a live int the
+    // kernel writes the new timer's id into.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_timer_create,
+            clock,
+            sev as *const libc::sigevent,
+            &mut id as *mut i32,
+        )
+    };
+    if rc != 0 {
+        return Err(errno());
+    }
+    Ok(id)
+}
+
+/// Starts timer `id`, first expiring after `period_ns` and every
+/// `period_ns` after that.
+fn run_every(id: i32, period_ns: u64) -> Result<(), i32> {
+    let p = period_ns as i64;
+    let ts = libc::timespec {
+        tv_sec: p / 1_000_000_000,
+        tv_nsec: p % 1_000_000_000,
+    };
+    let spec = libc::itimerspec {
+        it_interval: ts,
+        it_value: ts,
+    };
+    // SAFETY: `spec` is a live itimerspec; the old setting is not asked
+    // for (null); a bad id only makes the call fail.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_timer_settime,
+            id,
+            0,
+            &spec as *const libc::itimerspec,
+            std::ptr::null_mut::<libc::itimerspec>(),
+        )
+    };
+    if rc != 0 {
+        return Err(errno());
+    }
+    Ok(())
 }
 
 /// Whether the calling thread blocks SIGPROF (a timer's signals would
 /// stay pending: the thread is left unsampled instead).
 fn blocked_here() -> bool {
+    // SAFETY: a sigset_t is a bit array: zero bytes are the empty set.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: no new mask (null), so this only writes the current one
+    // into `set`, a live local that sigismember then reads.
     unsafe {
         libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set) == 0
             && libc::sigismember(&set, SIGNAL) == 1
@@ -240,49 +315,17 @@ pub fn arm_current_thread() -> Result<(), i32> {
     }) else {
         return Err(libc::EAGAIN);
     };
-    let sev = SigEvent {
-        value: 0,
-        signo: SIGNAL,
-        notify: libc::SIGEV_THREAD_ID,
-        tid: unsafe { libc::syscall(libc::SYS_gettid) } as i32,
-        pad: [0; 11],
-    };
-    let mut id: i32 = 0;
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_timer_create,
-            libc::CLOCK_THREAD_CPUTIME_ID,
-            &sev as *const SigEvent,
-            &mut id as *mut i32,
-        )
-    };
-    if rc != 0 {
-        let e = errno();
-        TIMERS[slot].store(FREE, Ordering::Release);
-        return Err(e);
-    }
-    let p = PERIOD_NS.load(Ordering::Relaxed) as i64;
-    let ts = libc::timespec {
-        tv_sec: p / 1_000_000_000,
-        tv_nsec: p % 1_000_000_000,
-    };
-    let spec = ITimerSpec {
-        interval: ts,
-        value: ts,
+    let sev = to_thread(SIGNAL, gettid());
+    let id = match create_timer(libc::CLOCK_THREAD_CPUTIME_ID, &sev) {
+        Ok(id) => id,
+        Err(e) => {
+            TIMERS[slot].store(FREE, Ordering::Release);
+            return Err(e);
+        }
     };
     // Stored before it can fire, so a stop finds it.
     TIMERS[slot].store(id + 1, Ordering::Release);
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_timer_settime,
-            id,
-            0,
-            &spec as *const ITimerSpec,
-            std::ptr::null_mut::<ITimerSpec>(),
-        )
-    };
-    if rc != 0 {
-        let e = errno();
+    if let Err(e) = run_every(id, PERIOD_NS.load(Ordering::Relaxed)) {
         release(slot);
         return Err(e);
     }
@@ -293,6 +336,8 @@ pub fn arm_current_thread() -> Result<(), i32> {
     }
     let key = KEY.load(Ordering::Acquire);
     if key != usize::MAX {
+        // SAFETY: `key` was created by pthread_key_create; the value is a
+        // number stored as a pointer, never dereferenced.
         unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, (slot + 1) as *const _) };
     }
     Ok(())
@@ -302,6 +347,8 @@ pub fn arm_current_thread() -> Result<(), i32> {
 fn release(slot: usize) {
     let v = TIMERS[slot].swap(FREE, Ordering::AcqRel);
     if v > 0 {
+        // SAFETY: takes a timer id, no pointer; the swap made us the only
+        // one deleting this timer.
         unsafe { libc::syscall(libc::SYS_timer_delete, v - 1) };
     }
 }
@@ -331,6 +378,8 @@ pub fn forget_in_child() {
     // (keys created early live in the thread itself: no allocation).
     let key = KEY.load(Ordering::Acquire);
     if key != usize::MAX {
+        // SAFETY: a key created by pthread_key_create, set to null: its
+        // destructor will not run for this thread.
         unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, std::ptr::null()) };
     }
 }
@@ -406,4 +455,66 @@ fn real_signal() -> usize {
         F.store(f, Ordering::Release);
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits for `sig` (blocked), retrying when another test's signal
+    /// interrupts the wait; the signal number, or -1.
+    fn wait_for(set: &libc::sigset_t, info: *mut libc::siginfo_t, secs: i64) -> i32 {
+        let ts = libc::timespec {
+            tv_sec: secs,
+            tv_nsec: 0,
+        };
+        loop {
+            // SAFETY: `set` and `ts` are live; `info` is null or a live
+            // siginfo_t the kernel fills.
+            let got = unsafe { libc::sigtimedwait(set, info, &ts) };
+            if got != -1 || errno() != libc::EINTR {
+                return got;
+            }
+        }
+    }
+
+    /// A real timer signal, read as the handler reads it: a 1 ms timer
+    /// whose signal this thread blocks for 20 ms queues one signal and
+    /// counts the other expirations in its overrun, which the kernel also
+    /// reports through `timer_getoverrun`. A wrong siginfo layout reads
+    /// another field.
+    #[test]
+    fn a_timer_signal_counts_every_period_it_stands_for() {
+        // Ignored by default: one that stays pending harms nothing.
+        let sig = libc::SIGWINCH;
+        // SAFETY: zero bytes are an empty signal set and a valid siginfo;
+        // the calls below only write into these live locals.
+        let (mut set, mut old, mut info): (libc::sigset_t, libc::sigset_t, libc::siginfo_t) =
+            unsafe { std::mem::zeroed() };
+        // SAFETY: `set` and `old` are live, writable sigset_ts.
+        unsafe {
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        }
+        let id = create_timer(libc::CLOCK_MONOTONIC, &to_thread(sig, gettid())).unwrap();
+        run_every(id, 1_000_000).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let got = wait_for(&set, &mut info, 5);
+        // SAFETY: takes a timer id only.
+        let overrun = unsafe { libc::syscall(libc::SYS_timer_getoverrun, id) };
+        // SAFETY: as in `release`; the id is this test's timer.
+        unsafe { libc::syscall(libc::SYS_timer_delete, id) };
+        // Any signal queued since: taken before the mask is restored.
+        while wait_for(&set, std::ptr::null_mut(), 0) == sig {}
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+
+        assert_eq!(got, sig);
+        assert_eq!(info.si_code, libc::SI_TIMER);
+        // SAFETY: an SI_TIMER siginfo: the timer member is filled.
+        assert_eq!(unsafe { info.si_timerid() }, id);
+        assert!(overrun >= 5, "20 ms of 1 ms periods, one queued: {overrun}");
+        assert_eq!(periods(&info), 1 + overrun as u64);
+    }
 }
