@@ -29,7 +29,7 @@ pub(crate) use count::{budget, records};
 pub(crate) use count::{register, segment, switching, threads};
 pub(crate) use discover::{fileimage, maps, modules, symbols};
 pub(crate) use lifecycle::system;
-pub(crate) use lifecycle::{fork, loader, startup};
+pub(crate) use lifecycle::{fork, interpose, loader, startup};
 pub(crate) use patch::{install, stopworld, stubmem, switch};
 pub(crate) use plan::pipeline;
 pub(crate) use plan::{analysis, cache};
@@ -72,7 +72,7 @@ fn rtprof_init() {
     std::panic::set_hook(Box::new(|info| {
         log::emit(format_args!("internal error: {info}"))
     }));
-    sampling::timer::resolve_mask_fns();
+    lifecycle::interpose::resolve();
     if std::panic::catch_unwind(startup::start).is_err() {
         log::emit(format_args!("start-up failed; process left unprofiled"));
     }

@@ -52,8 +52,19 @@ static LIVE_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 unsafe extern "C" fn on_program_thread_exit(_: *mut libc::c_void) {
     if PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel) == 1 {
-        crate::sampling::program_threads_gone();
+        crate::interpose::program_threads_gone();
     }
+}
+
+/// A program thread is being created (counted before it exists: the
+/// creator may end first).
+pub fn program_thread_coming() {
+    PROGRAM_THREADS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// A thread counted by [`program_thread_coming`] was not created.
+pub fn program_thread_not_started() {
+    PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// Marks the calling thread as one of the program's.
@@ -115,45 +126,6 @@ pub fn attach_current() {
     }
 }
 
-type StartFn = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
-type CreateFn = unsafe extern "C" fn(
-    *mut libc::pthread_t,
-    *const libc::pthread_attr_t,
-    StartFn,
-    *mut libc::c_void,
-) -> libc::c_int;
-
-static REAL_CREATE: AtomicUsize = AtomicUsize::new(0);
-
-fn real_create() -> Option<CreateFn> {
-    let mut f = REAL_CREATE.load(Ordering::Acquire);
-    if f == 0 {
-        // SAFETY: a NUL-terminated name; dlsym only looks it up.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
-        REAL_CREATE.store(f, Ordering::Release);
-    }
-    // SAFETY: the next definition of pthread_create, whose C signature
-    // CreateFn is.
-    (f != 0).then(|| unsafe { std::mem::transmute::<usize, CreateFn>(f) })
-}
-
-struct ThreadStart {
-    start: StartFn,
-    arg: *mut libc::c_void,
-}
-
-extern "C" fn thread_start(p: *mut libc::c_void) -> *mut libc::c_void {
-    // SAFETY: `p` is the Box our pthread_create wrapper leaked for this
-    // thread, taken back exactly once, here.
-    let ts = unsafe { Box::from_raw(p as *mut ThreadStart) };
-    mark_program_thread();
-    let _ = std::panic::catch_unwind(|| {
-        attach_current();
-        crate::sampling::thread_started();
-    });
-    (ts.start)(ts.arg)
-}
-
 type Job = Box<dyn FnOnce() + Send>;
 
 extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
@@ -168,7 +140,7 @@ extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
 /// blocked (the program's signals are never delivered to it). Returns the
 /// thread, or the errno on failure.
 pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, i32> {
-    let real = real_create().ok_or(libc::ENOSYS)?;
+    let real = crate::interpose::real_pthread_create().ok_or(libc::ENOSYS)?;
     let boxed = Box::into_raw(Box::new(job));
     // SAFETY: sigsets and the attribute are initialised by libc before
     // use; `real` is the next pthread_create; `boxed` goes to the new
@@ -191,35 +163,6 @@ pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, i32> {
         }
         Ok(t)
     }
-}
-
-/// Wraps thread creation so the new thread has its stripe before its start
-/// routine runs. Without an active agent it only forwards.
-///
-/// # Safety
-/// Same contract as `pthread_create(3)`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn pthread_create(
-    thread: *mut libc::pthread_t,
-    attr: *const libc::pthread_attr_t,
-    start: StartFn,
-    arg: *mut libc::c_void,
-) -> libc::c_int {
-    let Some(real) = real_create() else {
-        return libc::EAGAIN;
-    };
-    if crate::agent().is_none() {
-        return real(thread, attr, start, arg);
-    }
-    let boxed = Box::into_raw(Box::new(ThreadStart { start, arg }));
-    // Counted before it exists: the creator may end first.
-    PROGRAM_THREADS.fetch_add(1, Ordering::AcqRel);
-    let rc = real(thread, attr, thread_start, boxed as *mut libc::c_void);
-    if rc != 0 {
-        PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel);
-        drop(Box::from_raw(boxed));
-    }
-    rc
 }
 
 #[cfg(test)]

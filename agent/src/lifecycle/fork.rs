@@ -14,7 +14,7 @@
 
 use crate::log::vlog;
 use crate::{agent, threads};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 static SCRATCH: AtomicPtr<u64> = AtomicPtr::new(std::ptr::null_mut());
 /// The forking thread's stripe pointer before the fork.
@@ -82,7 +82,7 @@ extern "C" fn in_child() {
 
 /// Gives this new child process its own segment, keeping the stripe at
 /// `p` (the forking thread's) for its only thread.
-fn become_child(p: *mut u64) {
+pub fn become_child(p: *mut u64) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
         a.state.reset_in_child();
@@ -111,81 +111,12 @@ fn become_child(p: *mut u64) {
     });
 }
 
-/// `_Fork` makes a child without running fork handlers; ours must still
-/// run, or the child would count into its parent's segment.
-///
-/// # Safety
-/// Same contract as glibc's `_Fork`.
-#[cfg_attr(not(test), no_mangle)]
-#[allow(non_snake_case)]
-pub unsafe extern "C" fn _Fork() -> libc::pid_t {
-    type ForkFn = unsafe extern "C" fn() -> libc::pid_t;
-    let real = libc::dlsym(libc::RTLD_NEXT, c"_Fork".as_ptr());
-    if real.is_null() {
-        *libc::__errno_location() = libc::ENOSYS;
-        return -1;
-    }
-    let pid = std::mem::transmute::<*mut libc::c_void, ForkFn>(real)();
-    if pid == 0 {
-        let errno = *libc::__errno_location();
-        become_child(threads::stripe());
-        *libc::__errno_location() = errno;
-    }
-    pid
-}
-
-/// `fork()`: once it has returned in the child (every fork handler done,
-/// allocating and starting threads safe again), the child starts a sampler
-/// of its own.
-///
-/// # Safety
-/// Same contract as `fork(2)`.
-#[cfg_attr(not(test), no_mangle)]
-#[cfg_attr(test, allow(dead_code))]
-pub unsafe extern "C" fn fork() -> libc::pid_t {
-    type ForkFn = unsafe extern "C" fn() -> libc::pid_t;
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    let mut f = REAL.load(Ordering::Acquire);
-    if f == 0 {
-        f = libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) as usize;
-        REAL.store(f, Ordering::Release);
-    }
-    if f == 0 {
-        *libc::__errno_location() = libc::ENOSYS;
-        return -1;
-    }
-    let pid = std::mem::transmute::<usize, ForkFn>(f)();
-    if pid == 0 {
-        let errno = *libc::__errno_location();
-        let _ = std::panic::catch_unwind(crate::sampling::restart_in_child);
-        let _ = std::panic::catch_unwind(crate::budget::resume);
-        *libc::__errno_location() = errno;
-    }
-    pid
-}
-
-type RegisterFn = unsafe extern "C" fn(
-    Option<extern "C" fn()>,
-    Option<extern "C" fn()>,
-    Option<extern "C" fn()>,
-    *mut libc::c_void,
-) -> libc::c_int;
-
-static REAL_REGISTER: AtomicUsize = AtomicUsize::new(0);
 static REGISTERED: AtomicBool = AtomicBool::new(false);
 
-fn real_register() -> Option<RegisterFn> {
-    let mut f = REAL_REGISTER.load(Ordering::Acquire);
-    if f == 0 {
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"__register_atfork".as_ptr()) } as usize;
-        REAL_REGISTER.store(f, Ordering::Release);
-    }
-    (f != 0).then(|| unsafe { std::mem::transmute::<usize, RegisterFn>(f) })
-}
-
-fn register_ours_once() {
+/// Registers our fork handlers, once, before anyone else's.
+pub fn register_ours_once() {
     if !REGISTERED.swap(true, Ordering::AcqRel) {
-        if let Some(real) = real_register() {
+        if let Some(real) = crate::interpose::real_register_atfork() {
             unsafe {
                 real(
                     Some(prepare),
@@ -195,25 +126,6 @@ fn register_ours_once() {
                 )
             };
         }
-    }
-}
-
-/// Every `pthread_atfork` registration passes through here (glibc's
-/// `pthread_atfork` is a static stub calling this): ours goes first.
-///
-/// # Safety
-/// Same contract as glibc's `__register_atfork`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn __register_atfork(
-    prepare: Option<extern "C" fn()>,
-    parent: Option<extern "C" fn()>,
-    child: Option<extern "C" fn()>,
-    dso: *mut libc::c_void,
-) -> libc::c_int {
-    register_ours_once();
-    match real_register() {
-        Some(real) => real(prepare, parent, child, dso),
-        None => libc::ENOMEM,
     }
 }
 

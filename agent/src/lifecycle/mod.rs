@@ -2,12 +2,10 @@
 //! libraries loaded and unloaded, fork, the image ending, and the
 //! machine-wide controls that decide whether the agent acts at all.
 
-pub(crate) mod exits;
 pub(crate) mod fork;
+pub(crate) mod interpose;
 pub(crate) mod loader;
 pub(crate) mod locked;
 pub(crate) mod startup;
 pub mod system;
 pub(crate) mod worker;
-
-pub(crate) use exits::resolve;

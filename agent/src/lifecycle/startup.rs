@@ -356,7 +356,6 @@ pub(crate) fn start() {
     ph.mark("hook");
     threads::init_exit_key();
     fork::install_handlers(stripe_bytes);
-    crate::lifecycle::resolve();
     ph.mark("handlers");
     if let Some(a) = agent() {
         crate::sampling::start(a);

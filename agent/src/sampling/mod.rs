@@ -178,7 +178,6 @@ pub(crate) fn void_stripe(a: &Agent) -> usize {
 /// The program's last thread has ended (see `threads`).
 pub fn program_threads_gone() {
     DRAINER.program_gone();
-    crate::budget::program_threads_gone();
 }
 
 /// Before this process image ends without exit handlers (`_exit`, exec):
@@ -369,7 +368,6 @@ pub fn forget_parent_in_child() {
 pub fn restart_in_child() {
     let Some(a) = crate::agent() else { return };
     PID.store(std::process::id(), Ordering::Relaxed);
-    crate::threads::mark_program_thread();
     match kind() {
         // Off by configuration, or the program took SIGPROF over.
         Sampler::Off => {}

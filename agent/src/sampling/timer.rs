@@ -36,19 +36,6 @@ pub fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
 }
 
-type SigactionFn =
-    unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int;
-
-fn real_sigaction() -> Option<SigactionFn> {
-    static F: AtomicUsize = AtomicUsize::new(0);
-    let mut f = F.load(Ordering::Acquire);
-    if f == 0 {
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sigaction".as_ptr()) } as usize;
-        F.store(f, Ordering::Release);
-    }
-    (f != 0).then(|| unsafe { std::mem::transmute::<usize, SigactionFn>(f) })
-}
-
 extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     let errno = errno();
     if ACTIVE.load(Ordering::Relaxed) && !info.is_null() && !uc.is_null() {
@@ -82,8 +69,7 @@ fn periods(info: &libc::siginfo_t) -> u64 {
 /// Installs the handler, unless the program handles SIGPROF itself.
 pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     use rtprof_shared::sampling::Why;
-    real_signal();
-    let Some(real) = real_sigaction() else {
+    let Some(real) = crate::interpose::real_sigaction() else {
         return Err((Why::TimerFailed, libc::ENOSYS));
     };
     // SAFETY: `sigaction` is integers, a handler address and a signal set,
@@ -220,85 +206,12 @@ pub fn arm_or_wait() -> Result<(), i32> {
 }
 
 /// After the program changed this thread's signal mask: starts the timer
-/// that waited for SIGPROF to be unblocked. (The interposers below are
-/// exported only outside unit tests.)
-#[cfg_attr(test, allow(dead_code))]
-fn mask_changed() {
+/// that waited for SIGPROF to be unblocked.
+pub fn mask_changed() {
     if WAITING.try_with(|w| w.get()).unwrap_or(false) && active() && !blocked_here() {
         let _ = WAITING.try_with(|w| w.set(false));
         let _ = arm_current_thread();
     }
-}
-
-#[cfg_attr(test, allow(dead_code))]
-type MaskFn =
-    unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
-
-#[cfg_attr(test, allow(dead_code))]
-fn real_mask_fn(name: &std::ffi::CStr, cache: &AtomicUsize) -> Option<MaskFn> {
-    let mut f = cache.load(Ordering::Acquire);
-    if f == 0 {
-        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds libc's.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-        cache.store(f, Ordering::Release);
-    }
-    // SAFETY: the symbol is libc's function of exactly this signature.
-    (f != 0).then(|| unsafe { std::mem::transmute::<usize, MaskFn>(f) })
-}
-
-static REAL_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
-static REAL_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
-
-/// Looks libc's mask functions up once, from the agent's constructor
-/// (whether or not it goes on to profile): a vfork child, which must not
-/// take the loader's locks, then never calls `dlsym` in the wrappers.
-#[cfg_attr(test, allow(dead_code))]
-pub fn resolve_mask_fns() {
-    let _ = real_mask_fn(c"sigprocmask", &REAL_SIGPROCMASK);
-    let _ = real_mask_fn(c"pthread_sigmask", &REAL_PTHREAD_SIGMASK);
-}
-
-/// `sigprocmask(2)`, unchanged, then a waiting timer may start.
-///
-/// # Safety
-/// Same contract as `sigprocmask(2)`.
-#[cfg_attr(not(test), no_mangle)]
-#[cfg_attr(test, allow(dead_code))]
-pub unsafe extern "C" fn sigprocmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    let Some(real) = real_mask_fn(c"sigprocmask", &REAL_SIGPROCMASK) else {
-        *libc::__errno_location() = libc::ENOSYS;
-        return -1;
-    };
-    let rc = real(how, set, old);
-    if rc == 0 && !set.is_null() {
-        mask_changed();
-    }
-    rc
-}
-
-/// `pthread_sigmask(3)`, unchanged, then a waiting timer may start.
-///
-/// # Safety
-/// Same contract as `pthread_sigmask(3)`.
-#[cfg_attr(not(test), no_mangle)]
-#[cfg_attr(test, allow(dead_code))]
-pub unsafe extern "C" fn pthread_sigmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    let Some(real) = real_mask_fn(c"pthread_sigmask", &REAL_PTHREAD_SIGMASK) else {
-        return libc::ENOSYS;
-    };
-    let rc = real(how, set, old);
-    if rc == 0 && !set.is_null() {
-        mask_changed();
-    }
-    rc
 }
 
 /// Starts a CPU-time timer for the calling thread. Allocation-free.
@@ -393,68 +306,11 @@ pub fn program_takes_signal(sig: i32, handler: usize) {
     }
 }
 
-/// `sigaction(2)` as the program sees it: unchanged, except that taking
-/// SIGPROF over stops our timers first, and that while they run the
-/// program sees its own disposition, not our handler.
-///
-/// # Safety
-/// Same contract as `sigaction(2)`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn sigaction(
-    sig: libc::c_int,
-    act: *const libc::sigaction,
-    old: *mut libc::sigaction,
-) -> libc::c_int {
-    let ours = sig == SIGNAL && active();
-    if !act.is_null() {
-        program_takes_signal(sig, (*act).sa_sigaction);
-    }
-    let Some(real) = real_sigaction() else {
-        *libc::__errno_location() = libc::ENOSYS;
-        return -1;
-    };
-    let rc = real(sig, act, old);
-    if ours && rc == 0 && !old.is_null() {
-        (*old).sa_sigaction = PROGRAM_VIEW.load(Ordering::Relaxed);
-        (*old).sa_flags = 0;
-        libc::sigemptyset(&mut (*old).sa_mask);
-    }
-    rc
-}
-
-/// `signal(3)`: glibc's calls its internal sigaction directly, so it is
-/// wrapped too.
-///
-/// # Safety
-/// Same contract as `signal(3)`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn signal(
-    sig: libc::c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    type SignalFn = unsafe extern "C" fn(libc::c_int, libc::sighandler_t) -> libc::sighandler_t;
-    let ours = sig == SIGNAL && active();
-    program_takes_signal(sig, handler);
-    let f = real_signal();
-    if f == 0 {
-        return libc::SIG_ERR;
-    }
-    let old = std::mem::transmute::<usize, SignalFn>(f)(sig, handler);
-    if ours && old != libc::SIG_ERR {
-        PROGRAM_VIEW.load(Ordering::Relaxed)
-    } else {
-        old
-    }
-}
-
-fn real_signal() -> usize {
-    static F: AtomicUsize = AtomicUsize::new(0);
-    let mut f = F.load(Ordering::Acquire);
-    if f == 0 {
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"signal".as_ptr()) } as usize;
-        F.store(f, Ordering::Release);
-    }
-    f
+/// What the program should see as SIGPROF's disposition, while our
+/// timers use the signal (asked before its `sigaction`/`signal` call: the
+/// call may stop them). `None`: the real one.
+pub fn program_view(sig: i32) -> Option<usize> {
+    (sig == SIGNAL && active()).then(|| PROGRAM_VIEW.load(Ordering::Relaxed))
 }
 
 #[cfg(test)]
