@@ -1,7 +1,7 @@
 //! `rtprof`: the command-line front end.
 
 mod cache;
-mod report;
+mod last_span;
 mod run;
 mod switch;
 mod top;
@@ -26,7 +26,7 @@ enum Command {
     /// Run a program with the agent preloaded and report when it ends.
     Run(run::RunArgs),
     /// Print the last span published by a running rtprofd.
-    Report(report::ReportArgs),
+    Report(last_span::ReportArgs),
     /// A live view of a running rtprofd's spans.
     Top(top::TopArgs),
     /// The agent's cache of analysed programs and libraries.
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::run(args),
-        Command::Report(args) => report::run(args),
+        Command::Report(args) => last_span::run(args),
         Command::Top(args) => top::run(args),
         Command::Cache(args) => cache::run(args),
         Command::Switch(args) => switch::run(args),
