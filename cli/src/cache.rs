@@ -59,7 +59,7 @@ fn is_library(p: &Path) -> bool {
 }
 
 fn warm(paths: &[PathBuf], agent: Option<PathBuf>, system: bool) -> Result<(), String> {
-    let agent = crate::find_agent(agent)?;
+    let agent = crate::agent::find(agent)?;
     let cache = if system {
         "system".to_string()
     } else {
