@@ -2,6 +2,7 @@
 
 mod agent;
 mod cache;
+mod error;
 mod last_span;
 mod presentation;
 mod run;

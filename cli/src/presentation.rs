@@ -1,7 +1,8 @@
 //! The daemon's presentation segment as `rtprof report` and `rtprof top`
 //! read it: mapped from its file, and how old its last span is.
 
-use rtprof_shared::present::{open_file, OpenError, View};
+use crate::error::Error;
+use rtprof_shared::present::{open_file, View};
 use std::path::Path;
 
 /// A mapped presentation segment and the file it came from.
@@ -11,25 +12,22 @@ pub struct Segment {
     pub id: (u64, u64),
 }
 
-/// Maps the presentation segment at `path`; the error is one sentence.
-pub fn open(path: &Path) -> Result<Segment, String> {
+/// Maps the presentation segment at `path`.
+pub fn open(path: &Path) -> Result<Segment, Error> {
     use std::os::unix::fs::MetadataExt;
-    let f = open_file(path).map_err(|e| {
-        let hint = match &e {
-            OpenError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
-                " (is rtprofd running?)"
-            }
-            _ => "",
-        };
-        format!("{}: {e}{hint}", path.display())
+    let f = open_file(path).map_err(|source| Error::PresentOpen {
+        path: path.into(),
+        source,
     })?;
-    let m = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let unmappable = |source| Error::PresentMap {
+        path: path.into(),
+        source,
+    };
+    let m = f.metadata().map_err(unmappable)?;
     // SAFETY: a read-only shared mapping; rtprofd never shrinks a segment
     // it publishes in (it replaces the file instead), and the readers
     // validate every byte they use.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?;
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(unmappable)?;
     Ok(Segment {
         map,
         id: (m.dev(), m.ino()),

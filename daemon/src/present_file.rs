@@ -2,6 +2,7 @@
 //! renamed over it, so readers find either the previous segment or a whole
 //! new header.
 
+use crate::error::Error;
 use rtprof_shared::present::{segment_bytes, PresentWriter};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -24,7 +25,7 @@ pub fn create(
     group: Option<&str>,
     buffer_mib: u64,
     tick_ms: u64,
-) -> Result<(memmap2::MmapMut, PresentWriter), String> {
+) -> Result<(memmap2::MmapMut, PresentWriter), Error> {
     let len = segment_bytes(buffer_mib << 20);
     let tmp = path.with_extension("new");
     let f = std::fs::OpenOptions::new()
@@ -34,19 +35,22 @@ pub fn create(
         .truncate(true)
         .mode(0o640)
         .open(&tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        .map_err(|source| Error::PresentCreate {
+            path: tmp.clone(),
+            source,
+        })?;
     if let Some(g) = group {
-        let gid = group_id(g).ok_or_else(|| format!("no group {g}"))?;
-        std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(|e| e.to_string())?;
+        let gid = group_id(g).ok_or_else(|| Error::NoGroup(g.to_string()))?;
+        std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(Error::PresentChown)?;
     }
-    f.set_len(len).map_err(|e| e.to_string())?;
+    f.set_len(len).map_err(Error::PresentResize)?;
     // SAFETY: a file only we write (readers map it read-only), of `len`
     // bytes, which nobody truncates while we run.
-    let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(|e| e.to_string())?;
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(Error::PresentMap)?;
     // SAFETY: `map` is `len` bytes, writable, and outlives the writer
     // (the caller keeps both to the end).
     let w = unsafe { PresentWriter::init(map.as_mut_ptr(), len, tick_ms * 1_000_000) };
     // Readers find a complete header or the previous segment, never half.
-    std::fs::rename(&tmp, path).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, path).map_err(Error::PresentRename)?;
     Ok((map, w))
 }

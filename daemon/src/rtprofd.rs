@@ -3,6 +3,7 @@
 //! It only aggregates: agents count and sample.
 
 mod accept;
+mod error;
 mod log;
 mod present_file;
 mod registry;

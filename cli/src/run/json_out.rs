@@ -1,6 +1,7 @@
 //! `--json FILE`: the report's destination, checked before the program
 //! runs and written after it ends.
 
+use crate::error::Error;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -42,9 +43,8 @@ fn temp_beside(target: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
 }
 
 impl JsonOut {
-    /// Checks that the report can be written to `path`; the error is one
-    /// sentence.
-    pub fn prepare(path: &Path) -> Result<JsonOut, String> {
+    /// Checks that the report can be written to `path`.
+    pub fn prepare(path: &Path) -> Result<JsonOut, Error> {
         use std::os::unix::fs::OpenOptionsExt;
         // /dev/stdout and the like name a descriptor: when it is a file
         // (stdout redirected), the report goes after what the program
@@ -53,7 +53,7 @@ impl JsonOut {
             .iter()
             .any(|d| path.starts_with(d));
         match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => Err("is a directory".into()),
+            Ok(m) if m.is_dir() => Err(Error::JsonIsDirectory),
             Ok(m) if !m.is_file() || descriptor => {
                 // Non-blocking: a FIFO nobody reads is an error, not a hang.
                 let f = std::fs::OpenOptions::new()
@@ -62,8 +62,8 @@ impl JsonOut {
                     .custom_flags(libc::O_NONBLOCK)
                     .open(path)
                     .map_err(|e| match e.raw_os_error() {
-                        Some(libc::ENXIO) => "is a FIFO that nobody reads".to_string(),
-                        _ => e.to_string(),
+                        Some(libc::ENXIO) => Error::JsonUnreadFifo,
+                        _ => Error::JsonInaccessible(e),
                     })?;
                 use std::os::fd::AsRawFd;
                 // SAFETY: fcntl on a descriptor owned by `f`. Writes of the
@@ -76,17 +76,15 @@ impl JsonOut {
             }
             Ok(m) => {
                 // Through a symbolic link: replace the file it names.
-                let target = path.canonicalize().map_err(|e| e.to_string())?;
+                let target = path.canonicalize().map_err(Error::JsonInaccessible)?;
                 if std::fs::OpenOptions::new()
                     .write(true)
                     .open(&target)
                     .is_err()
                 {
-                    return Err("exists and is not writable".into());
+                    return Err(Error::JsonNotWritable);
                 }
-                let (tmp, _) = temp_beside(&target).map_err(|e| {
-                    format!("cannot create a file beside it to replace it with: {e}")
-                })?;
+                let (tmp, _) = temp_beside(&target).map_err(Error::JsonNoReplacement)?;
                 let _ = std::fs::remove_file(tmp);
                 Ok(JsonOut::File {
                     path: target,
@@ -94,14 +92,14 @@ impl JsonOut {
                 })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let (tmp, _) = temp_beside(path).map_err(|e| format!("cannot be created: {e}"))?;
+                let (tmp, _) = temp_beside(path).map_err(Error::JsonNotCreatable)?;
                 let _ = std::fs::remove_file(tmp);
                 Ok(JsonOut::File {
                     path: path.to_path_buf(),
                     mode: None,
                 })
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(Error::JsonInaccessible(e)),
         }
     }
 

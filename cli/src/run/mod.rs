@@ -8,9 +8,10 @@ mod modules_arg;
 mod room;
 mod segments;
 
+use crate::error::Error;
 use clap::Args;
 use json_out::JsonOut;
-use room::{out_of_space, room_for_segments, NoRoom, RunDir};
+use room::{out_of_space, room_for_segments, RunDir};
 use rtprof_shared::report;
 use rtprof_shared::report::escape_text;
 use std::path::{Path, PathBuf};
@@ -152,25 +153,17 @@ pub fn run(args: RunArgs) -> ExitCode {
     let tmp = std::env::temp_dir();
     let shown_tmp = escape_text(&tmp.to_string_lossy()).into_owned();
     // A full filesystem loses the profile, not the program's run.
-    let unprofiled = |why: &str| {
-        eprintln!("rtprof: TMPDIR ({shown_tmp}) {why}; the program runs unprofiled");
+    let unprofiled = |e: Error| -> Option<RunDir> {
+        let trouble = room::trouble(&e);
+        eprintln!("rtprof: TMPDIR ({shown_tmp}) {trouble}; the program runs unprofiled");
+        None
     };
     let dir = match RunDir::new() {
         Ok(d) => match room_for_segments(&d.0) {
             Ok(()) => Some(d),
-            Err(NoRoom::Full(why)) => {
-                unprofiled(&format!("is full: {why}"));
-                None
-            }
-            Err(NoRoom::Unusable(why)) => {
-                unprofiled(&format!("cannot hold counter segments: {why}"));
-                None
-            }
+            Err(e) => unprofiled(e),
         },
-        Err(e) if out_of_space(&e) => {
-            unprofiled(&format!("is full: {e}"));
-            None
-        }
+        Err(e) if out_of_space(&e) => unprofiled(Error::OutOfSpace(e)),
         Err(e) => {
             eprintln!("rtprof: cannot create a private directory in {shown_tmp}: {e}");
             return ExitCode::from(127);
@@ -201,13 +194,11 @@ pub fn run(args: RunArgs) -> ExitCode {
         // The agent falls back to anonymous memory when it cannot reserve
         // its segment in the run directory: say so if that is why.
         match room_for_segments(&d.0) {
-            Err(NoRoom::Full(why)) => eprintln!(
-                "rtprof: no profile was recorded: TMPDIR ({shown_tmp}) is full: {why}"
+            Err(e) => eprintln!(
+                "rtprof: no profile was recorded: TMPDIR ({shown_tmp}) {}",
+                room::trouble(&e)
             ),
-            Err(NoRoom::Unusable(why)) => eprintln!(
-                "rtprof: no profile was recorded: TMPDIR ({shown_tmp}) cannot hold counter segments: {why}"
-            ),
-            _ => eprintln!("rtprof: no profile was recorded (the program may be static, setuid, or not an ELF program)"),
+            Ok(()) => eprintln!("rtprof: no profile was recorded (the program may be static, setuid, or not an ELF program)"),
         }
     }
     match json {

@@ -1,6 +1,7 @@
 //! Whether the run can be profiled at all: a private directory for the
 //! agents' counter segments, on a filesystem with room for one.
 
+use crate::error::Error;
 use rtprof_shared::{Capacities, Layout};
 use std::path::{Path, PathBuf};
 
@@ -35,19 +36,21 @@ pub fn out_of_space(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
-/// Why counter segments cannot be kept in the run directory.
-pub enum NoRoom {
-    /// The filesystem is full (space, inodes or quota).
-    Full(String),
-    /// It cannot reserve space at all (no fallocate, say).
-    Unusable(String),
+/// What is wrong with TMPDIR, said after its name: full, or unable to hold
+/// counter segments at all.
+pub fn trouble(e: &Error) -> String {
+    if e.is_out_of_space() {
+        format!("is full: {e}")
+    } else {
+        format!("cannot hold counter segments: {e}")
+    }
 }
 
 /// Bytes the agent reserves at start-up for the smallest segment it makes
-/// (a program with no functions): `capacities()` in agent/src/lifecycle/startup.rs
-/// with its 512 spare modules, the spare functions and name bytes, and one
-/// stripe, honouring the same variables. A filesystem that cannot hold
-/// this cannot hold any segment.
+/// (a program with no functions): `capacities()` in
+/// agent/src/lifecycle/startup.rs with its 512 spare modules, the spare
+/// functions and name bytes, and one stripe, honouring the same variables.
+/// A filesystem that cannot hold this cannot hold any segment.
 fn smallest_segment() -> u64 {
     let var = |k: &str| std::env::var(k).ok()?.trim().parse::<u32>().ok();
     let spare = var("RTPROF_SPARE_FUNCTIONS").map_or(16384, |n| n.min(1 << 22));
@@ -63,10 +66,11 @@ fn smallest_segment() -> u64 {
 
 /// Whether `dir`'s filesystem has room for a counter segment: free blocks
 /// and inodes (statvfs), then a reservation of the smallest segment's size
-/// with fallocate, as the agent makes it.
-pub fn room_for_segments(dir: &Path) -> Result<(), NoRoom> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| NoRoom::Unusable("NUL in path".into()))?;
+/// with fallocate, as the agent makes it. [`Error::is_out_of_space`] tells
+/// a full filesystem from one that cannot hold segments at all.
+pub fn room_for_segments(dir: &Path) -> Result<(), Error> {
+    let c =
+        std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| Error::NulInPath)?;
     // SAFETY: all-zero is a valid statvfs (plain integers).
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path, `st` a struct to fill.
@@ -80,11 +84,11 @@ pub fn room_for_segments(dir: &Path) -> Result<(), NoRoom> {
         (st.f_bavail, st.f_favail)
     };
     if ok && blocks == 0 {
-        return Err(NoRoom::Full("no free space".into()));
+        return Err(Error::NoFreeSpace);
     }
     // Some filesystems report no inode counts at all (f_files 0).
     if ok && st.f_files != 0 && inodes == 0 {
-        return Err(NoRoom::Full("no free inodes".into()));
+        return Err(Error::NoFreeInodes);
     }
     let need = smallest_segment();
     let free = blocks.saturating_mul(st.f_frsize);
@@ -95,9 +99,9 @@ pub fn room_for_segments(dir: &Path) -> Result<(), NoRoom> {
         .open(&probe)
         .map_err(|e| {
             if out_of_space(&e) {
-                NoRoom::Full(e.to_string())
+                Error::OutOfSpace(e)
             } else {
-                NoRoom::Unusable(format!("cannot create a file: {e}"))
+                Error::CannotCreateFile(e)
             }
         })?;
     use std::os::fd::AsRawFd;
@@ -108,11 +112,7 @@ pub fn room_for_segments(dir: &Path) -> Result<(), NoRoom> {
     let _ = std::fs::remove_file(&probe);
     match r {
         0 => Ok(()),
-        _ if out_of_space(&err) => Err(NoRoom::Full(format!(
-            "{} KiB free, a counter segment needs at least {} KiB",
-            free / 1024,
-            need.div_ceil(1024)
-        ))),
-        _ => Err(NoRoom::Unusable(format!("cannot reserve space: {err}"))),
+        _ if out_of_space(&err) => Err(Error::TooLittleSpace { free, need }),
+        _ => Err(Error::CannotReserve(err)),
     }
 }

@@ -1,5 +1,6 @@
 //! Reading back the counter segments the run's processes left behind.
 
+use crate::error::Error;
 use rtprof_shared::{read_snapshot, Snapshot};
 use std::path::Path;
 
@@ -11,9 +12,9 @@ use std::path::Path;
 /// mapping: on a full tmpfs, touching a hole through a shared mapping
 /// needs a page the filesystem cannot give, and the reader dies of
 /// SIGBUS.
-fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, String> {
+fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, Error> {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(p).map_err(|e| e.to_string())?;
+    let f = std::fs::File::open(p).map_err(Error::SegmentOpen)?;
     let mut magic = [0u8; 8];
     if f.read_exact_at(&mut magic, 0).is_err() || magic == [0; 8] {
         return Ok(None);
@@ -22,7 +23,7 @@ fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, String> {
     // the reader validates every byte it uses.
     unsafe { memmap2::Mmap::map(&f) }
         .map(Some)
-        .map_err(|e| e.to_string())
+        .map_err(Error::SegmentMap)
 }
 
 /// Every readable segment in `dir`, oldest process first; unreadable ones
