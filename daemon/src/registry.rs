@@ -7,6 +7,7 @@
 //! mapping would otherwise kill the daemon with SIGBUS); its bytes are
 //! treated as hostile and validated on every read.
 
+use crate::error::Error;
 use rtprof_shared::layout::Header;
 use rtprof_shared::protocol;
 use std::io;
@@ -204,33 +205,34 @@ impl Mapped {
     /// its memfd (F_SEAL_SHRINK), so reading the mapping cannot fault
     /// (SIGBUS) whatever the process does later. Anything else is refused.
     /// The mapping keeps the file alive: the caller may close `fd`.
-    pub fn open(fd: &OwnedFd) -> Result<Mapped, String> {
+    pub fn open(fd: &OwnedFd) -> Result<Mapped, Error> {
         // SAFETY: F_GET_SEALS on a descriptor we own reads nothing of ours.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err("segment is not a memfd sealed against shrinking".into());
+            return Err(Error::NotSealed);
         }
         // SAFETY: stat is plain data; all-zero is valid.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `st` is valid for writes.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error().to_string());
+            return Err(Error::SegmentStat(io::Error::last_os_error()));
         }
         let len = st.st_size as u64;
         if len < std::mem::size_of::<Header>() as u64 {
             // An agent sizes its file before it sends it.
-            return Err(format!("segment truncated: {len} bytes"));
+            return Err(Error::Truncated { len });
         }
         if len > MAX_SEGMENT {
-            return Err(format!(
-                "segment of {len} bytes is larger than {MAX_SEGMENT}"
-            ));
+            return Err(Error::TooLarge {
+                len,
+                max: MAX_SEGMENT,
+            });
         }
         // SAFETY: the file can never shrink below `len` (the seal checked
         // above), so no page of the mapping can fault; its bytes change
         // under us, which every reader of them allows for.
         let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
-            .map_err(|e| format!("cannot map segment: {e}"))?;
+            .map_err(Error::SegmentMap)?;
         // SAFETY: as above; only the request words are written, with
         // atomic stores (the agent reads them concurrently). A descriptor
         // opened read-only gives no relay, nothing else changes.
@@ -283,11 +285,11 @@ impl Mapped {
 
     /// Refuses a segment that asks for more reading each tick than any
     /// real process needs (pages never written would be allocated to us).
-    pub fn check_size(&self, h: &Header) -> Result<(), String> {
+    pub fn check_size(&self, h: &Header) -> Result<(), Error> {
         let live = (h.func_count as u64 * 8).saturating_mul(h.stripe_count as u64 + 1);
         let read = h.stripes_off.saturating_add(live);
         if read > MAX_READ {
-            return Err(format!("segment asks for {read} bytes read per tick"));
+            return Err(Error::ReadsTooMuch { bytes: read });
         }
         Ok(())
     }

@@ -3,7 +3,9 @@
 //! It only aggregates: agents count and sample.
 
 mod accept;
+mod error;
 mod log;
+mod present_file;
 mod registry;
 mod spans;
 mod table;
@@ -12,8 +14,7 @@ use accept::{Acceptor, Outcome};
 use clap::Parser;
 use log::{Kind, Limiter};
 use registry::Registered;
-use rtprof_shared::present::{segment_bytes, PresentWriter};
-use std::os::unix::fs::OpenOptionsExt;
+use rtprof_shared::present::now_ns;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use table::{Refusal, Table};
@@ -64,48 +65,6 @@ struct Args {
     log_interval: u64,
 }
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-fn group_id(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: `c` is NUL-terminated; the result, if not null, points at
-    // libc's static entry, read at once (single-threaded start-up).
-    let g = unsafe { libc::getgrnam(c.as_ptr()) };
-    // SAFETY: as above: a non-null entry, read at once.
-    (!g.is_null()).then(|| unsafe { (*g).gr_gid })
-}
-
-fn create_present(a: &Args) -> Result<(memmap2::MmapMut, PresentWriter), String> {
-    let len = segment_bytes(a.buffer_mib << 20);
-    let tmp = a.present.with_extension("new");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o640)
-        .open(&tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    if let Some(g) = &a.group {
-        let gid = group_id(g).ok_or_else(|| format!("no group {g}"))?;
-        std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(|e| e.to_string())?;
-    }
-    f.set_len(len).map_err(|e| e.to_string())?;
-    // SAFETY: a file only we write (readers map it read-only), of `len`
-    // bytes, which nobody truncates while we run.
-    let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(|e| e.to_string())?;
-    // SAFETY: `map` is `len` bytes, writable, and outlives the writer
-    // (main keeps both to the end).
-    let w = unsafe { PresentWriter::init(map.as_mut_ptr(), len, a.tick * 1_000_000) };
-    // Readers find a complete header or the previous segment, never half.
-    std::fs::rename(&tmp, &a.present).map_err(|e| e.to_string())?;
-    Ok((map, w))
-}
-
 /// Raises the soft limit on descriptors to the hard one (connections wait
 /// in descriptors of their own); returns the limit in force.
 fn raise_descriptor_limit() -> u64 {
@@ -131,7 +90,6 @@ fn raise_descriptor_limit() -> u64 {
     r.rlim_cur
 }
 
-/// Follows `reg` if the table takes it, saying why not (rate-limited).
 /// Queues a switch request and says how it went, in one line, on its
 /// connection (non-blocking: a requester that does not read loses it).
 fn answer(table: &mut Table, req: &registry::SwitchRequest, conn: std::os::fd::OwnedFd) {
@@ -143,6 +101,7 @@ fn answer(table: &mut Table, req: &registry::SwitchRequest, conn: std::os::fd::O
     let _ = std::io::Write::write_all(&mut f, line.as_bytes());
 }
 
+/// Follows `reg` if the table takes it, saying why not (rate-limited).
 fn admit(table: &mut Table, reg: Registered, log: &mut Limiter) {
     let (pid, uid) = (reg.pid, reg.uid);
     let now = Instant::now();
@@ -191,13 +150,14 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    let (_map, mut writer) = match create_present(&a) {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("rtprofd: cannot create {}: {e}", a.present.display());
-            return std::process::ExitCode::from(1);
-        }
-    };
+    let (_map, mut writer) =
+        match present_file::create(&a.present, a.group.as_deref(), a.buffer_mib, a.tick) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("rtprofd: cannot create {}: {e}", a.present.display());
+                return std::process::ExitCode::from(1);
+            }
+        };
     eprintln!(
         "rtprofd: listening at {}, publishing {} every {} ms over {} ms",
         a.socket.display(),

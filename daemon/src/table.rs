@@ -6,6 +6,7 @@
 //! may hold a share of the table, never all of it, so there is always room
 //! for other users' new processes.
 
+use crate::error::Error;
 use crate::log::{Kind, Limiter};
 use crate::registry::{Mapped, Registered, SwitchRequest};
 use crate::spans::{self, Tracked};
@@ -36,7 +37,7 @@ pub enum Refusal {
     /// The daemon follows as many segments as it may.
     Full { held: usize },
     /// The segment itself cannot be followed.
-    Segment(String),
+    Segment(Error),
 }
 
 impl std::fmt::Display for Refusal {
@@ -78,11 +79,11 @@ struct Entry {
 impl Entry {
     /// Reads the segment at `now`: `Ok(None)` while the agent is still
     /// filling it in.
-    fn observe(&mut self, now: u64, span_ns: u64) -> Result<Option<spans::Seen>, String> {
+    fn observe(&mut self, now: u64, span_ns: u64) -> Result<Option<spans::Seen>, Error> {
         let Some(bytes) = self.map.bytes() else {
             return Ok(None);
         };
-        let h = rtprof_shared::read_header(bytes).map_err(|e| e.to_string())?;
+        let h = rtprof_shared::read_header(bytes).map_err(Error::Unreadable)?;
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns),
@@ -107,7 +108,7 @@ impl Entry {
             Err(rtprof_shared::SegmentError::Busy) => Ok(None),
             // Still starting: filled in but not yet consistent.
             Err(_) if self.tracked.is_none() && h.state == state::STARTING => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(Error::Unreadable(e)),
         }
     }
 
@@ -200,7 +201,7 @@ impl Table {
 
     /// Queues a request to switch counting in a followed process, from
     /// its own user or root: what to tell the requester.
-    pub fn switch(&mut self, req: &SwitchRequest) -> Result<String, String> {
+    pub fn switch(&mut self, req: &SwitchRequest) -> Result<String, Error> {
         let pid = req.pid;
         // The newest registration of the pid is its running image.
         let e = self
@@ -208,38 +209,34 @@ impl Table {
             .get(&pid)
             .and_then(|seqs| seqs.last())
             .and_then(|s| self.entries.get_mut(s))
-            .ok_or_else(|| format!("pid {pid} is not a process rtprofd follows"))?;
+            .ok_or(Error::NotFollowed { pid })?;
         if req.from.uid != 0 && req.from.uid != e.uid {
-            return Err(format!("pid {pid} belongs to another user"));
+            return Err(Error::OtherUser { pid });
         }
         let h = e
             .map
             .bytes()
             .and_then(|b| rtprof_shared::read_header(b).ok())
-            .ok_or_else(|| format!("pid {pid}: its agent is still starting"))?;
+            .ok_or(Error::Starting { pid })?;
         if !e.map.takes_requests(&h) {
-            return Err(format!(
-                "pid {pid}: its agent takes no switch requests (an older rtprof)"
-            ));
+            return Err(Error::NoRelay { pid });
         }
-        let t = e
-            .tracked
-            .as_ref()
-            .ok_or_else(|| format!("pid {pid}: its agent is still starting"))?;
+        let t = e.tracked.as_ref().ok_or(Error::Starting { pid })?;
         if t.ended {
-            return Err(format!("pid {pid} has ended"));
+            return Err(Error::Ended { pid });
         }
         let n = t.matching(&req.pattern);
         if n == 0 {
-            return Err(format!(
-                "pid {pid}: no instrumented function matches {:?}",
-                req.pattern
-            ));
+            return Err(Error::NoMatch {
+                pid,
+                pattern: req.pattern.clone(),
+            });
         }
         if e.pending.len() >= MAX_PENDING {
-            return Err(format!(
-                "pid {pid}: {MAX_PENDING} requests are waiting for its agent already"
-            ));
+            return Err(Error::Backlog {
+                pid,
+                waiting: MAX_PENDING,
+            });
         }
         e.pending.push_back((req.on, req.pattern.clone()));
         Ok(format!(
@@ -541,7 +538,7 @@ mod tests {
             uid: 0,
         });
         assert!(
-            matches!(&r, Err(Refusal::Segment(e)) if e.contains("not a memfd sealed")),
+            matches!(&r, Err(Refusal::Segment(Error::NotSealed))),
             "{r:?}"
         );
         assert_eq!(t.len(), 0);

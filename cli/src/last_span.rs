@@ -1,10 +1,11 @@
 //! `rtprof report`: the last span from a running `rtprofd`, once.
 
+use crate::presentation::{age_text, open, stale_text};
 use clap::Args;
 use rtprof_shared::json::JsonWriter;
-use rtprof_shared::present::{now_ns, open_file, read_view, OpenError, ProcView, RowView, View};
+use rtprof_shared::present::{now_ns, read_view, ProcView, RowView, View};
 use rtprof_shared::report::escape_text;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args)]
@@ -21,62 +22,6 @@ pub struct ReportArgs {
     /// Rows per process (0: all).
     #[arg(long, default_value_t = 10)]
     top: usize,
-}
-
-/// A mapped presentation segment and the file it came from.
-pub struct Segment {
-    pub map: memmap2::Mmap,
-    /// (device, inode): a restarted daemon publishes into a new file.
-    pub id: (u64, u64),
-}
-
-/// Maps the presentation segment at `path`; the error is one sentence.
-pub fn open(path: &Path) -> Result<Segment, String> {
-    use std::os::unix::fs::MetadataExt;
-    let f = open_file(path).map_err(|e| {
-        let hint = match &e {
-            OpenError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
-                " (is rtprofd running?)"
-            }
-            _ => "",
-        };
-        format!("{}: {e}{hint}", path.display())
-    })?;
-    let m = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    // SAFETY: a read-only shared mapping; rtprofd never shrinks a segment
-    // it publishes in (it replaces the file instead), and the readers
-    // validate every byte they use.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Segment {
-        map,
-        id: (m.dev(), m.ino()),
-    })
-}
-
-/// "0.4 s", "12.0 s", "3 min 5 s", "2.5 h".
-pub fn age_text(ns: u64) -> String {
-    let s = ns as f64 / 1e9;
-    if s < 60.0 {
-        format!("{s:.1} s")
-    } else if s < 3600.0 {
-        format!("{} min {} s", ns / 60_000_000_000, ns / 1_000_000_000 % 60)
-    } else {
-        format!("{:.1} h", s / 3600.0)
-    }
-}
-
-/// The line that says a table is stale, or `None` while it is current.
-pub fn stale_text(v: &View, now: u64) -> Option<String> {
-    let (age, stale) = v.age(now);
-    stale.then(|| {
-        format!(
-            "STALE: nothing new for {} (rtprofd publishes every {}): it has stopped or is stuck, these are its last numbers",
-            age_text(age),
-            age_text(v.tick_ns)
-        )
-    })
 }
 
 fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {

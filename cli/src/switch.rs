@@ -1,6 +1,7 @@
 //! `rtprof switch`: asks rtprofd to switch counting of a running process's
 //! functions on or off; rtprofd relays it to the process's agent.
 
+use crate::error::Error;
 use rtprof_shared::protocol;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -44,31 +45,29 @@ pub fn run(a: SwitchArgs) -> ExitCode {
 }
 
 /// Sends the request and reads rtprofd's one-line answer.
-fn ask(a: &SwitchArgs) -> Result<String, String> {
-    let msg = protocol::switch_request(a.pid, a.state == "on", &a.pattern).ok_or_else(|| {
-        format!(
-            "the pattern must be 1 to {} bytes without NUL",
-            protocol::MAX_PATTERN
-        )
-    })?;
+fn ask(a: &SwitchArgs) -> Result<String, Error> {
+    let msg =
+        protocol::switch_request(a.pid, a.state == "on", &a.pattern).ok_or(Error::BadPattern)?;
     let socket = a.socket.clone().unwrap_or_else(|| {
         std::env::var_os("RTPROF_DAEMON_SOCKET")
             .filter(|v| !v.is_empty())
             .map_or_else(|| PathBuf::from(protocol::DEFAULT_SOCKET), PathBuf::from)
     });
-    let mut s = UnixStream::connect(&socket)
-        .map_err(|e| format!("cannot reach rtprofd at {}: {e}", socket.display()))?;
+    let mut s = match UnixStream::connect(&socket) {
+        Ok(s) => s,
+        Err(source) => return Err(Error::Unreachable { socket, source }),
+    };
     let timeout = Some(Duration::from_secs(5));
-    s.set_read_timeout(timeout).map_err(|e| e.to_string())?;
-    s.set_write_timeout(timeout).map_err(|e| e.to_string())?;
-    s.write_all(&msg).map_err(|e| format!("cannot send: {e}"))?;
+    s.set_read_timeout(timeout).map_err(Error::SocketTimeout)?;
+    s.set_write_timeout(timeout).map_err(Error::SocketTimeout)?;
+    s.write_all(&msg).map_err(Error::Send)?;
     let mut answer = String::new();
     s.take(4096)
         .read_to_string(&mut answer)
-        .map_err(|e| format!("no answer from rtprofd: {e}"))?;
+        .map_err(Error::NoAnswer)?;
     let line = answer.lines().next().unwrap_or("").to_string();
     if line.is_empty() {
-        return Err("rtprofd closed the connection without an answer (an older rtprofd?)".into());
+        return Err(Error::EmptyAnswer);
     }
     Ok(line)
 }

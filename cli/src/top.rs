@@ -4,7 +4,7 @@
 //! the daemon stops publishing the view says how old it is; when it
 //! restarts (a new segment file at the same path) the view follows it.
 
-use crate::report::{age_text, open, stale_text, Segment};
+use crate::presentation::{age_text, open, stale_text, Segment};
 use clap::Args;
 use rtprof_shared::present::{now_ns, read_view, PresentError, RowView, View};
 use rtprof_shared::report::escape_text;

@@ -1,6 +1,7 @@
 //! `rtprof cache`: what the agent's plan cache holds, emptying it, and
 //! filling it ahead of time.
 
+use crate::error::Error;
 use clap::{Args, Subcommand};
 use rtprof_shared::cachedir::{user_dir, ENTRY_SUFFIX, SYSTEM_DIR};
 use std::os::unix::fs::PermissionsExt;
@@ -35,11 +36,11 @@ enum Action {
     },
 }
 
-fn dir(system: bool) -> Result<PathBuf, String> {
+fn dir(system: bool) -> Result<PathBuf, Error> {
     if system {
         return Ok(PathBuf::from(SYSTEM_DIR));
     }
-    user_dir().ok_or_else(|| "no cache directory: neither XDG_CACHE_HOME nor HOME is set".into())
+    user_dir().ok_or(Error::NoCacheDir)
 }
 
 /// (entries, bytes) in `d`; temporary files count as entries in progress.
@@ -58,21 +59,22 @@ fn is_library(p: &Path) -> bool {
     name.ends_with(".so") || name.contains(".so.")
 }
 
-fn warm(paths: &[PathBuf], agent: Option<PathBuf>, system: bool) -> Result<(), String> {
-    let agent = crate::find_agent(agent)?;
+fn warm(paths: &[PathBuf], agent: Option<PathBuf>, system: bool) -> Result<(), Error> {
+    let agent = crate::agent::find(agent)?;
     let cache = if system {
         "system".to_string()
     } else {
         dir(false)?.display().to_string()
     };
     for p in paths {
-        let meta = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let unstartable = |source| Error::WarmStart {
+            path: p.clone(),
+            source,
+        };
+        let meta = std::fs::metadata(p).map_err(unstartable)?;
         // A set-ID program ignores the environment: it would simply run.
         if meta.permissions().mode() & 0o6000 != 0 {
-            return Err(format!(
-                "{}: set-user-ID or set-group-ID, not started",
-                p.display()
-            ));
+            return Err(Error::WarmSetId(p.clone()));
         }
         let name = p
             .file_name()
@@ -94,9 +96,12 @@ fn warm(paths: &[PathBuf], agent: Option<PathBuf>, system: bool) -> Result<(), S
             .env("RTPROF_CACHE", &cache)
             .env("RTPROF_DAEMON_SOCKET", "")
             .status()
-            .map_err(|e| format!("{}: {e}", p.display()))?;
+            .map_err(unstartable)?;
         if !st.success() {
-            return Err(format!("{}: ended with {st} while warming", p.display()));
+            return Err(Error::WarmFailed {
+                path: p.clone(),
+                status: st,
+            });
         }
         println!("warmed {}", p.display());
     }
@@ -127,9 +132,13 @@ pub fn run(args: CacheArgs) -> ExitCode {
             };
             let mut n = 0;
             for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.ends_with(ENTRY_SUFFIX) || name.ends_with(".tmp") {
-                    std::fs::remove_file(e.path()).map_err(|err| format!("{name}: {err}"))?;
+                let name = e.file_name();
+                let shown = name.to_string_lossy();
+                if shown.ends_with(ENTRY_SUFFIX) || shown.ends_with(".tmp") {
+                    std::fs::remove_file(e.path()).map_err(|source| Error::CacheRemove {
+                        name: name.into(),
+                        source,
+                    })?;
                     n += 1;
                 }
             }

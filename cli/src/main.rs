@@ -1,0 +1,50 @@
+//! `rtprof`: the command-line front end.
+
+mod agent;
+mod cache;
+mod error;
+mod last_span;
+mod presentation;
+mod run;
+mod switch;
+mod top;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "rtprof",
+    version,
+    about = "Exact call counts for every function of a running program"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program with the agent preloaded and report when it ends.
+    Run(run::RunArgs),
+    /// Print the last span published by a running rtprofd.
+    Report(last_span::ReportArgs),
+    /// A live view of a running rtprofd's spans.
+    Top(top::TopArgs),
+    /// The agent's cache of analysed programs and libraries.
+    Cache(cache::CacheArgs),
+    /// Switch counting of a running process's functions on or off,
+    /// through rtprofd.
+    Switch(switch::SwitchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Report(args) => last_span::run(args),
+        Command::Top(args) => top::run(args),
+        Command::Cache(args) => cache::run(args),
+        Command::Switch(args) => switch::run(args),
+    }
+}

@@ -1,0 +1,136 @@
+//! Why rtprofd cannot do something: one enum for the daemon, each variant
+//! naming the reason and carrying what the system said or the value at
+//! fault. `Display` is the text logged (after `segment rejected: ` or
+//! `cannot create PATH: `) or sent back to a switch request's sender
+//! (after `error: `); the end-to-end tests match some of these words, so
+//! they change only with the tests.
+
+use rtprof_shared::SegmentError;
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+#[derive(Debug)]
+pub enum Error {
+    // The presentation segment's file (present_file.rs).
+    /// The new file beside the segment's path cannot be created.
+    PresentCreate { path: PathBuf, source: io::Error },
+    /// `--group` names no group.
+    NoGroup(String),
+    /// The file cannot be given to that group.
+    PresentChown(io::Error),
+    /// The file cannot be sized for the segment.
+    PresentResize(io::Error),
+    /// The file cannot be mapped.
+    PresentMap(io::Error),
+    /// The file cannot be renamed over the segment's path.
+    PresentRename(io::Error),
+
+    // A registered counter segment (registry.rs, table.rs).
+    /// Not a memfd sealed against shrinking: it could fault under us.
+    NotSealed,
+    /// Its size cannot be read.
+    SegmentStat(io::Error),
+    /// Smaller than a header (bytes).
+    Truncated { len: u64 },
+    /// Larger than any segment followed (bytes).
+    TooLarge { len: u64, max: u64 },
+    /// It cannot be mapped.
+    SegmentMap(io::Error),
+    /// It asks for more bytes read per tick than any real process needs.
+    ReadsTooMuch { bytes: u64 },
+    /// What it holds fails validation.
+    Unreadable(SegmentError),
+
+    // A switch request (table.rs), refused.
+    /// The pid is none of the processes followed.
+    NotFollowed { pid: u32 },
+    /// The sender is neither root nor the process's user.
+    OtherUser { pid: u32 },
+    /// The process's agent has not filled its segment in yet.
+    Starting { pid: u32 },
+    /// The process's agent predates switch requests.
+    NoRelay { pid: u32 },
+    /// The process has ended.
+    Ended { pid: u32 },
+    /// No instrumented function of the process matches the pattern.
+    NoMatch { pid: u32, pattern: String },
+    /// As many requests as may wait are waiting for the agent.
+    Backlog { pid: u32, waiting: usize },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::PresentCreate { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::NoGroup(g) => write!(f, "no group {g}"),
+            // What the system says is the whole message: the caller names
+            // the file.
+            Error::PresentChown(e)
+            | Error::PresentResize(e)
+            | Error::PresentMap(e)
+            | Error::PresentRename(e)
+            | Error::SegmentStat(e) => e.fmt(f),
+            Error::NotSealed => f.write_str("segment is not a memfd sealed against shrinking"),
+            Error::Truncated { len } => write!(f, "segment truncated: {len} bytes"),
+            Error::TooLarge { len, max } => {
+                write!(f, "segment of {len} bytes is larger than {max}")
+            }
+            Error::SegmentMap(e) => write!(f, "cannot map segment: {e}"),
+            Error::ReadsTooMuch { bytes } => {
+                write!(f, "segment asks for {bytes} bytes read per tick")
+            }
+            Error::Unreadable(e) => e.fmt(f),
+            Error::NotFollowed { pid } => {
+                write!(f, "pid {pid} is not a process rtprofd follows")
+            }
+            Error::OtherUser { pid } => write!(f, "pid {pid} belongs to another user"),
+            Error::Starting { pid } => write!(f, "pid {pid}: its agent is still starting"),
+            Error::NoRelay { pid } => write!(
+                f,
+                "pid {pid}: its agent takes no switch requests (an older rtprof)"
+            ),
+            Error::Ended { pid } => write!(f, "pid {pid} has ended"),
+            Error::NoMatch { pid, pattern } => {
+                write!(f, "pid {pid}: no instrumented function matches {pattern:?}")
+            }
+            Error::Backlog { pid, waiting } => write!(
+                f,
+                "pid {pid}: {waiting} requests are waiting for its agent already"
+            ),
+        }
+    }
+}
+
+// No `source()`: every message already ends with its cause's text, and a
+// reporter walking the chain would print it twice.
+impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_keep_their_wording() {
+        assert_eq!(
+            Error::TooLarge { len: 9, max: 8 }.to_string(),
+            "segment of 9 bytes is larger than 8"
+        );
+        assert_eq!(
+            Error::NoMatch {
+                pid: 7,
+                pattern: "lua_*".into()
+            }
+            .to_string(),
+            "pid 7: no instrumented function matches \"lua_*\""
+        );
+        assert_eq!(
+            Error::PresentCreate {
+                path: "/run/rtprof/present.new".into(),
+                source: io::Error::from_raw_os_error(libc::EACCES),
+            }
+            .to_string(),
+            "/run/rtprof/present.new: Permission denied (os error 13)"
+        );
+    }
+}

@@ -1,0 +1,56 @@
+//! The presentation segment's file: made complete beside its path, then
+//! renamed over it, so readers find either the previous segment or a whole
+//! new header.
+
+use crate::error::Error;
+use rtprof_shared::present::{segment_bytes, PresentWriter};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// The id of group `name`, if there is one.
+fn group_id(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: `c` is NUL-terminated; the result, if not null, points at
+    // libc's static entry, read at once (single-threaded start-up).
+    let g = unsafe { libc::getgrnam(c.as_ptr()) };
+    // SAFETY: as above: a non-null entry, read at once.
+    (!g.is_null()).then(|| unsafe { (*g).gr_gid })
+}
+
+/// Creates the segment at `path` with two buffers of `buffer_mib` MiB each,
+/// readable by `group` (besides root), announcing a tick of `tick_ms`.
+/// The mapping must outlive the writer.
+pub fn create(
+    path: &Path,
+    group: Option<&str>,
+    buffer_mib: u64,
+    tick_ms: u64,
+) -> Result<(memmap2::MmapMut, PresentWriter), Error> {
+    let len = segment_bytes(buffer_mib << 20);
+    let tmp = path.with_extension("new");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(&tmp)
+        .map_err(|source| Error::PresentCreate {
+            path: tmp.clone(),
+            source,
+        })?;
+    if let Some(g) = group {
+        let gid = group_id(g).ok_or_else(|| Error::NoGroup(g.to_string()))?;
+        std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(Error::PresentChown)?;
+    }
+    f.set_len(len).map_err(Error::PresentResize)?;
+    // SAFETY: a file only we write (readers map it read-only), of `len`
+    // bytes, which nobody truncates while we run.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(Error::PresentMap)?;
+    // SAFETY: `map` is `len` bytes, writable, and outlives the writer
+    // (the caller keeps both to the end).
+    let w = unsafe { PresentWriter::init(map.as_mut_ptr(), len, tick_ms * 1_000_000) };
+    // Readers find a complete header or the previous segment, never half.
+    std::fs::rename(&tmp, path).map_err(Error::PresentRename)?;
+    Ok((map, w))
+}
