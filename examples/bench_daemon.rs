@@ -58,6 +58,9 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64;
+    // SAFETY: a simulated process of one thread: its own memfd, sized and sealed before it is
+    // mapped; the writer gets the whole fresh mapping, which lives until the process exits;
+    // counters are bumped by this thread alone (the daemon only reads).
     unsafe {
         let fd = libc::memfd_create(
             rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
@@ -197,6 +200,8 @@ fn main() {
     let parent = std::process::id() as i32;
     let mut children = Vec::new();
     for p in 0..procs {
+        // SAFETY: the benchmark has no thread of its own yet; each child only simulates a process
+        // and exits.
         match unsafe { libc::fork() } {
             0 => simulate(&socket, p % exes, funcs, active, threads, parent),
             -1 => panic!("fork failed"),
@@ -211,6 +216,8 @@ fn main() {
     );
 
     let file = std::fs::File::open(&present).unwrap();
+    // SAFETY: rtprofd's presentation file, which it only ever replaces by rename (this mapping
+    // stays valid); the reader validates what it reads.
     let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
     let t0 = Instant::now();
     loop {
@@ -282,9 +289,11 @@ fn main() {
     );
 
     for c in &children {
+        // SAFETY: our own children, killed by pid.
         unsafe { libc::kill(*c, libc::SIGKILL) };
     }
     for c in &children {
+        // SAFETY: reaps our own children; no status is asked for.
         unsafe { libc::waitpid(*c, std::ptr::null_mut(), 0) };
     }
     let _ = daemon.kill();

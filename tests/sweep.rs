@@ -81,6 +81,7 @@ fn run_bounded(what: &str, mut cmd: Command, stdin: &[u8]) -> Output {
     match rx.recv_timeout(HANG) {
         Ok(out) => out.unwrap(),
         Err(_) => {
+            // SAFETY: kills the process group this test made for the child.
             unsafe { libc::kill(-pgid, libc::SIGKILL) };
             panic!("{what}: still running after {HANG:?}; killed it (a hang)");
         }

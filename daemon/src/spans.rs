@@ -425,9 +425,9 @@ mod tests {
         }
         /// Sets `hot`'s calls (split over two stripes) and samples.
         fn set(&self, calls: u64, samples: u64, libc: u64) {
-            // SAFETY: the stripes and sample counters lie within `mem`, which nothing else accesses
-            // meanwhile.
             let c = self.w.counters();
+            // SAFETY: the stripes lie within `mem`, which nothing else
+            // accesses meanwhile.
             unsafe {
                 *c.stripe_ptr(0) = calls / 2;
                 *c.stripe_ptr(1) = calls - calls / 2;

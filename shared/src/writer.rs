@@ -853,6 +853,8 @@ mod tests {
             stripes: 2,
         });
         let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // the writer.
         let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         assert_eq!(
             w.add_function(b"f", 0, 1),
@@ -878,11 +880,14 @@ mod tests {
             stripes: 1,
         });
         let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // `w`.
         let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"m", 0).unwrap();
         let a = w.add_function(b"a", 0, 1).unwrap();
         w.add_function(b"b", 0, 1).unwrap();
         w.set_status(a, None);
+        // SAFETY: the buffer's own bytes, borrowed while it lives.
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
         let snap = crate::read_snapshot(bytes).unwrap();
         assert_eq!(snap.functions[0].refused, None);
@@ -909,12 +914,15 @@ mod tests {
             stripes: 2,
         });
         let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // `w`.
         let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"m", 0).unwrap();
         w.add_function(b"a", 0, 1).unwrap();
         w.counters().set_period_if_unset(1_000_000);
         w.counters().set_period_if_unset(5);
         let bytes =
+                // SAFETY: the buffer's own bytes, borrowed while it lives.
             || unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
         assert_eq!(
             crate::read_snapshot(bytes()).unwrap().sample_period_ns,
@@ -988,6 +996,8 @@ mod tests {
             stripes: 2,
         });
         let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // `w`.
         let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         // As a fork would copy it mid-fold: lock held, sequence odd.
         w.counters()
@@ -1024,6 +1034,8 @@ mod tests {
             stripes: 3,
         });
         let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // `w`.
         let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
         w.add_module(b"m", 0).unwrap();
         for n in [b"a", b"b", b"c"] {
@@ -1032,11 +1044,14 @@ mod tests {
         let s1 = w.counters().alloc_stripe(1).unwrap();
         let s2 = w.counters().alloc_stripe(2).unwrap();
         assert_eq!(w.counters().alloc_stripe(3), None, "all taken");
+        // SAFETY: slots below func_count of stripes handed out, inside the buffer; no other
+        // thread uses it.
         unsafe {
             *w.counters().stripe_ptr(s1).add(1) = 5;
             *w.counters().stripe_ptr(0).add(1) = 2;
         }
         w.counters().fold_stripe(s1);
+        // SAFETY: the buffer's own bytes, borrowed while it lives.
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
         let snap = crate::read_snapshot(bytes).unwrap();
         assert_eq!(snap.functions[1].calls, 7, "no count lost or doubled");
@@ -1046,6 +1061,8 @@ mod tests {
             "a folded stripe is reused"
         );
         assert_eq!(
+            // SAFETY: slots below func_count of stripes handed out, inside the buffer; no other
+            // thread uses it.
             unsafe { *w.counters().stripe_ptr(s1).add(1) },
             0,
             "and starts from zero"

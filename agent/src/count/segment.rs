@@ -53,6 +53,7 @@ fn last_err() -> io::Error {
 /// Opens `<dir>/<pid>-<n>.seg`, after checking the directory is ours alone.
 fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
     let shown = || dir.to_string_lossy();
+    // SAFETY: a NUL-terminated path; opening only reads it.
     let dfd = unsafe {
         libc::open(
             dir.as_ptr(),
@@ -62,11 +63,15 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
     if dfd < 0 {
         return Err(SegmentError::RunDir(format!("{}: {}", shown(), last_err())));
     }
+    // SAFETY: `stat` is integers, for which zero bytes are valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dfd` is open and `st` a live local that fstat writes.
     let ok = unsafe { libc::fstat(dfd, &mut st) } == 0
+            // SAFETY: takes nothing.
         && st.st_uid == unsafe { libc::geteuid() }
         && st.st_mode & 0o077 == 0;
     if !ok {
+        // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(dfd) };
         return Err(SegmentError::RunDir(format!(
             "{}: not a private directory owned by this user",
@@ -80,6 +85,7 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
     // An exec'd program keeps its pid: it takes the next free number.
     for n in 0..1000 {
         let name = segment_name(pid, n);
+        // SAFETY: `dfd` is open; `name` is NUL-terminated (segment_name leaves zeros after it).
         let fd = unsafe {
             libc::openat(
                 dfd,
@@ -98,6 +104,7 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
             break;
         }
     }
+    // SAFETY: our own descriptor, closed once.
     unsafe { libc::close(dfd) };
     result
 }
@@ -137,6 +144,7 @@ fn segment_name(pid: u32, n: u32) -> [u8; 32] {
 /// count in the shared stripe.)
 fn populate(addr: *mut u64, len: u64) -> io::Result<()> {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
+    // SAFETY: callers pass a range of our own shared mapping; populating changes no contents.
     match unsafe { libc::madvise(addr.cast(), len as usize, MADV_POPULATE_WRITE) } {
         0 => Ok(()),
         _ => Err(last_err()),
@@ -144,6 +152,7 @@ fn populate(addr: *mut u64, len: u64) -> io::Result<()> {
 }
 
 fn reserve(fd: libc::c_int, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: only reserves blocks of our own file; a bad range makes it fail.
     match unsafe { libc::fallocate(fd, 0, off as libc::off_t, len as libc::off_t) } {
         0 => Ok(()),
         _ => Err(last_err()),
@@ -194,6 +203,7 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
     let fd = match run_dir {
         Some(d) => create_in_dir(d)?,
         None => {
+            // SAFETY: a NUL-terminated static name.
             let fd = unsafe {
                 libc::memfd_create(
                     rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
@@ -227,6 +237,7 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
             return fail(SegmentError::Reserve(e));
         }
     }
+    // SAFETY: `fd` is this function's own new file.
     if unsafe { libc::ftruncate(fd, layout.total_size as libc::off_t) } != 0 {
         return fail(SegmentError::Reserve(last_err()));
     }
@@ -235,6 +246,7 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
         // a later shrink (SIGBUS). Best effort: unsealed, the daemon
         // refuses it, and profiling here goes on.
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: seals our own memfd; takes integers only.
         if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
             vlog!("cannot seal the counter segment: {}", last_err());
         }
@@ -244,6 +256,8 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
 
 fn map(len: u64, fd: libc::c_int, at: *mut libc::c_void) -> Result<*mut u8, SegmentError> {
     let fixed = if at.is_null() { 0 } else { libc::MAP_FIXED };
+    // SAFETY: maps our own file; `at` is null or, in a forked child, the parent's mapping of the
+    // same size, which MAP_FIXED replaces in place (stubs hold its address).
     let p = unsafe {
         libc::mmap(
             at,
@@ -277,11 +291,13 @@ impl Segment {
         let base = match map(layout.total_size, fd, std::ptr::null_mut()) {
             Ok(b) => b,
             Err(e) => {
+                // SAFETY: the descriptor new_backing gave us, closed once.
                 unsafe { libc::close(fd) };
                 return Err(e);
             }
         };
         crate::register::offer(fd);
+        // SAFETY: mapped and offered: the descriptor is not needed any more.
         unsafe { libc::close(fd) };
         // SAFETY: a fresh mapping of `total_size` zeroed bytes, page
         // aligned, never unmapped (stubs hold addresses into it).
@@ -409,6 +425,7 @@ impl Segment {
             match map(l.total_size, fd, base.cast()) {
                 Ok(_) => Ok(fd),
                 Err(e) => {
+                    // SAFETY: the child's new descriptor, closed once.
                     unsafe { libc::close(fd) };
                     Err(e)
                 }
@@ -417,6 +434,8 @@ impl Segment {
         if result.is_err() {
             // Anonymous shared memory: the stubs keep working, the parent
             // never sees the child's calls.
+            // SAFETY: replaces the parent's mapping at the same place and size with anonymous
+            // memory: nothing but our counters lives there.
             let p = unsafe {
                 libc::mmap(
                     base.cast(),
@@ -436,6 +455,7 @@ impl Segment {
         // Offered once it names the child: the daemon checks the pid.
         if let Ok(fd) = result {
             crate::register::offer(fd);
+            // SAFETY: offered: the child's descriptor is not needed any more.
             unsafe { libc::close(fd) };
         }
         Ok(())
@@ -443,6 +463,8 @@ impl Segment {
 
     /// The whole segment, for building a report of this process.
     pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the whole mapping, which stays mapped for the process's life; bytes other
+        // threads update are read as plain bytes by a reader that validates them.
         unsafe {
             std::slice::from_raw_parts(
                 self.counters.base(),

@@ -31,6 +31,9 @@ fn drain_scratch(dst: *mut u64, keep: bool) {
     }
     let shared = a.segment.counters.stripe_ptr(0);
     for i in 0..a.segment.counters.func_count() as usize {
+        // SAFETY: slot `i` (below func_count) of the scratch stripe, which only this thread uses
+        // during a fork, and of `dst` (this thread's own stripe) or the shared stripe (added
+        // atomically).
         unsafe {
             let n = *scratch.add(i);
             if n == 0 {
@@ -94,6 +97,7 @@ pub fn become_child(p: *mut u64) {
             && (p as u64) < first + bytes * w.layout().caps.stripes as u64)
             .then(|| ((p as u64 - first) / bytes) as u32)
             .filter(|&i| i != 0);
+        // SAFETY: takes nothing.
         let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
         crate::sampling::forget_parent_in_child();
         crate::threads::reset_program_threads_in_child();
@@ -117,6 +121,8 @@ static REGISTERED: AtomicBool = AtomicBool::new(false);
 pub fn register_ours_once() {
     if !REGISTERED.swap(true, Ordering::AcqRel) {
         if let Some(real) = crate::interpose::real_register_atfork() {
+            // SAFETY: libc's __register_atfork with handlers that live as long as the library
+            // (never unloaded) and no DSO handle.
             unsafe {
                 real(
                     Some(prepare),
@@ -131,6 +137,7 @@ pub fn register_ours_once() {
 
 /// Sets up the scratch stripe (`stripe_bytes`) and our fork handlers.
 pub fn install_handlers(stripe_bytes: u64) {
+    // SAFETY: a fresh anonymous private mapping; no pointer is passed.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
