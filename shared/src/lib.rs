@@ -6,6 +6,7 @@ mod codes;
 pub mod glob;
 pub mod json;
 pub mod layout;
+pub mod names;
 pub mod present;
 pub mod protocol;
 pub mod reader;

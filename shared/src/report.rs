@@ -3,6 +3,7 @@
 
 use crate::json::JsonWriter;
 use crate::layout::state;
+use crate::names;
 use crate::{FunctionStats, Snapshot};
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -60,6 +61,9 @@ pub struct TextOptions {
     /// Per-module patch statistics with refusal reasons.
     pub stats: bool,
     pub sort: Sort,
+    /// One row for a function and the copies a compiler made of it
+    /// (`.constprop.N`, `.cold`, ...); `false` shows each apart.
+    pub merge_copies: bool,
 }
 
 impl Default for TextOptions {
@@ -68,6 +72,7 @@ impl Default for TextOptions {
             top: 25,
             stats: false,
             sort: Sort::Time,
+            merge_copies: true,
         }
     }
 }
@@ -118,22 +123,83 @@ pub fn bound_calls(calls: u64, b: u16) -> u64 {
     (calls as u128 * b as u128).div_ceil(10_000) as u64
 }
 
-/// Every function that was called or sampled, plus sample buckets, sorted.
-pub fn rows(s: &Snapshot, sort: Sort) -> Vec<Row<'_>> {
-    let mut v: Vec<Row> = s
-        .functions
-        .iter()
-        .filter(|f| f.calls > 0 || f.samples > 0)
-        .map(|f| Row {
-            // Its calls stopped being counted at some point: say so.
-            name: match (f.counting_off, f.estimated) {
-                (true, _) => format!("{} [counting off]", f.name).into(),
-                (false, Some(b)) => format!("{} [estimated ±{}]", f.name, bound_text(b)).into(),
-                (false, None) => f.name.as_str().into(),
-            },
-            module: module_name(s, f.module),
+/// One report row's functions: a function and, merged, its copies.
+struct Merged<'a> {
+    name: Cow<'a, str>,
+    module: u32,
+    copies: usize,
+    calls: Option<u64>,
+    samples: u64,
+    counting_off: bool,
+    estimated: Option<u16>,
+}
+
+/// The called or sampled functions, demangled; with `merge`, a function's
+/// copies and parts in one entry with it (in the same module).
+fn merged(s: &Snapshot, merge: bool) -> Vec<Merged<'_>> {
+    let mut v: Vec<Merged> = Vec::new();
+    let mut at: std::collections::HashMap<(u32, Cow<str>), usize> = Default::default();
+    for f in s.functions.iter().filter(|f| f.calls > 0 || f.samples > 0) {
+        let name = if merge {
+            names::function(&f.name)
+        } else {
+            names::readable(&f.name)
+        };
+        let one = Merged {
+            name: name.clone(),
+            module: f.module,
+            copies: 1,
             calls: f.instrumented.then_some(f.calls),
             samples: f.samples,
+            counting_off: f.counting_off,
+            estimated: f.estimated,
+        };
+        match merge.then(|| at.get(&(f.module, name.clone()))).flatten() {
+            Some(&i) => {
+                let m = &mut v[i];
+                m.copies += 1;
+                m.calls = match (m.calls, one.calls) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
+                m.samples += one.samples;
+                m.counting_off |= one.counting_off;
+                m.estimated = m.estimated.max(one.estimated);
+            }
+            None => {
+                at.insert((f.module, name), v.len());
+                v.push(one);
+            }
+        }
+    }
+    v
+}
+
+/// Every function that was called or sampled, plus sample buckets, sorted;
+/// with `merge_copies`, a function's copies count in its row.
+pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
+    let mut v: Vec<Row> = merged(s, merge_copies)
+        .into_iter()
+        .map(|f| {
+            let copies = match f.copies {
+                1 => String::new(),
+                2 => " [+1 copy]".to_string(),
+                n => format!(" [+{} copies]", n - 1),
+            };
+            Row {
+                // Its calls stopped being counted at some point: say so.
+                name: match (f.counting_off, f.estimated, copies.is_empty()) {
+                    (true, _, _) => format!("{}{copies} [counting off]", f.name).into(),
+                    (false, Some(b), _) => {
+                        format!("{}{copies} [estimated ±{}]", f.name, bound_text(b)).into()
+                    }
+                    (false, None, true) => f.name,
+                    (false, None, false) => format!("{}{copies}", f.name).into(),
+                },
+                module: module_name(s, f.module),
+                calls: f.calls,
+                samples: f.samples,
+            }
         })
         .collect();
     for m in s.modules.iter().filter(|m| m.samples > 0) {
@@ -218,7 +284,7 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         }
         out.push('\n');
         let _ = writeln!(out, "  sampler: {}", sampler_text(s));
-        let rows = rows(s, opts.sort);
+        let rows = rows(s, opts.sort, opts.merge_copies);
         let shown = if opts.top == 0 {
             rows.len()
         } else {
@@ -380,8 +446,13 @@ pub fn json(procs: &[Snapshot]) -> String {
             .filter(|f| f.instrumented || f.samples > 0)
         {
             w.begin_object();
+            // The symbol as the file names it; readable names beside it.
             w.key("name");
             w.string(&f.name);
+            w.key("demangled");
+            w.string(&names::readable(&f.name));
+            w.key("function");
+            w.string(&names::function(&f.name));
             w.key("module");
             w.string(module_name(s, f.module));
             w.key("calls");
@@ -512,6 +583,7 @@ mod tests {
                 top: 10,
                 stats: true,
                 sort: Sort::Calls,
+                merge_copies: true,
             },
         );
         let hi = t.find(" hi ").unwrap();
@@ -566,7 +638,7 @@ mod tests {
             t.contains("sampler: perf (default), 1000 Hz, 10 samples"),
             "{t}"
         );
-        let r = rows(&s, Sort::Time);
+        let r = rows(&s, Sort::Time, true);
         assert_eq!(r[0].name, "lo");
         // 7 samples x 1 ms over 5 calls.
         assert_eq!(r[0].time_ns(&s), 7_000_000);
@@ -602,6 +674,7 @@ mod tests {
                 top: 0,
                 stats: true,
                 sort: Sort::Time,
+                merge_copies: true,
             },
         );
         assert!(!t.contains(['\x1b', '\x07', '\u{9b}']), "{t:?}");
@@ -618,8 +691,52 @@ mod tests {
     fn json_lists_every_function_with_status() {
         let j = json(&[snap()]);
         assert!(j.contains(r#""exe":"/bin/a\"b""#), "{j}");
-        assert!(j.contains(r#""name":"zero","module":"a","calls":0"#), "{j}");
+        assert!(
+            j.contains(
+                r#""name":"zero","demangled":"zero","function":"zero","module":"a","calls":0"#
+            ),
+            "{j}"
+        );
         assert!(j.contains(r#""refused":"too_small""#));
         assert!(j.contains(r#""refused":{"too_small":1}"#));
+    }
+
+    /// A C++ function and its compiler copies: one demangled row by
+    /// default, with their calls and samples summed; apart on request.
+    #[test]
+    fn copies_merge_under_their_demangled_function() {
+        let mut s = snap();
+        for (name, calls, samples) in [
+            ("_Z4deepi.constprop.0", 10, 1),
+            ("_Z4deepi.constprop.1", 20, 2),
+            ("_Z4deepi", 5, 0),
+            ("_Z4deepi.cold", 0, 1),
+        ] {
+            s.functions.push(FunctionStats {
+                name: name.into(),
+                calls,
+                samples,
+                ..s.functions[0].clone()
+            });
+        }
+        let r = rows(&s, Sort::Calls, true);
+        let deep = r.iter().find(|r| r.name.starts_with("deep(int)")).unwrap();
+        assert_eq!(deep.name, "deep(int) [+3 copies]");
+        assert_eq!((deep.calls, deep.samples), (Some(35), 4));
+        let apart = rows(&s, Sort::Calls, false);
+        let names: Vec<&str> = apart.iter().map(|r| r.name.as_ref()).collect();
+        for want in [
+            "deep(int) [clone .constprop.1]",
+            "deep(int) [clone .constprop.0]",
+            "deep(int)",
+            "deep(int) [clone .cold]",
+        ] {
+            assert!(names.contains(&want), "{want} in {names:?}");
+        }
+        let j = json(&[s]);
+        assert!(
+            j.contains(r#""name":"_Z4deepi.constprop.0","demangled":"deep(int) [clone .constprop.0]","function":"deep(int)""#),
+            "{j}"
+        );
     }
 }

@@ -31,6 +31,10 @@ pub struct RunArgs {
     /// Order of the rows.
     #[arg(long, value_enum, default_value_t = SortBy::Time)]
     sort: SortBy,
+    /// Show a function's compiler copies and parts (.constprop.N, .cold,
+    /// ...) as rows of their own instead of in the function's row.
+    #[arg(long)]
+    no_merge_clones: bool,
     /// Samples per second of CPU time (RTPROF_SAMPLE_HZ; 0 switches sampling off).
     #[arg(long, value_name = "HZ")]
     sample_hz: Option<u32>,
@@ -222,6 +226,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                         SortBy::Calls => report::Sort::Calls,
                         SortBy::Samples => report::Sort::Samples,
                     },
+                    merge_copies: !args.no_merge_clones,
                 }
             )
         ),
