@@ -18,6 +18,7 @@ pub(crate) mod arch;
 pub(crate) mod config;
 pub(crate) mod count;
 pub(crate) mod discover;
+pub(crate) mod error;
 pub(crate) mod lifecycle;
 pub(crate) mod log;
 pub(crate) mod patch;

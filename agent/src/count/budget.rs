@@ -14,6 +14,7 @@
 //! debugger attached, ptrace refused) the bursts switch the stubs' count
 //! instead: the estimates hold, but the detour still costs.
 
+use crate::error::Errno;
 use crate::install::StubMap;
 use crate::lifecycle::locked::Locked;
 use crate::lifecycle::worker::{Next, Worker};
@@ -307,10 +308,7 @@ pub fn start(a: &'static Agent) {
     drop(state);
     let void = crate::sampling::void_stripe(a);
     if let Err(e) = WORKER.start(FIRST_LOOK.as_millis() as u64, void, tick) {
-        vlog!(
-            "budget thread not started: {}; counting stays exact",
-            std::io::Error::from_raw_os_error(e)
-        );
+        vlog!("budget thread not started: {e}; counting stays exact");
     }
 }
 
@@ -724,7 +722,7 @@ impl Controller {
         let mem = std::fs::OpenOptions::new()
             .write(true)
             .open("/proc/self/mem")
-            .map_err(|e| StopError::NotPermitted(e.raw_os_error().unwrap_or(0)))?;
+            .map_err(|e| StopError::NotPermitted(Errno::of(&e)))?;
         let entries: Vec<EntrySwitch> = self.chosen.iter().map(|e| e.entry).collect();
         let mut done = vec![false; entries.len()];
         let w = &a.segment.counters;

@@ -8,6 +8,7 @@
 //! neither root nor this user is never sent anything. Allocation-free (a
 //! forked child registers from its fork handler).
 
+use crate::error::Errno;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Where `rtprofd` listens unless `RTPROF_DAEMON_SOCKET` says otherwise.
@@ -61,20 +62,19 @@ pub fn offer(fd: libc::c_int) {
 #[derive(Debug)]
 enum Refused {
     /// connect() failed with this errno (no daemon, a full backlog).
-    Connect(i32),
+    Connect(Errno),
     /// The listener is neither root nor this user.
     Untrusted,
     /// sendmsg() failed with this errno.
-    Send(i32),
+    Send(Errno),
 }
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let os = |e: i32| std::io::Error::from_raw_os_error(e);
         match self {
-            Refused::Connect(e) => write!(f, "cannot connect: {}", os(*e)),
+            Refused::Connect(e) => write!(f, "cannot connect: {e}"),
             Refused::Untrusted => f.write_str("the listener is neither root nor this user"),
-            Refused::Send(e) => write!(f, "cannot send: {}", os(*e)),
+            Refused::Send(e) => write!(f, "cannot send: {e}"),
         }
     }
 }
@@ -96,8 +96,8 @@ unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), Refuse
     // unregistered.
     let mut wait_ms = 1;
     while libc::connect(s, &addr as *const _ as *const libc::sockaddr, len) != 0 {
-        let errno = *libc::__errno_location();
-        if errno != libc::EAGAIN || wait_ms > 8 {
+        let errno = Errno::last();
+        if errno != Errno(libc::EAGAIN) || wait_ms > 8 {
             return Err(Refused::Connect(errno));
         }
         let ts = libc::timespec {
@@ -122,6 +122,5 @@ unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), Refuse
     {
         return Err(Refused::Untrusted);
     }
-    rtprof_shared::protocol::send_registration(s, fd)
-        .map_err(|e| Refused::Send(e.raw_os_error().unwrap_or(0)))
+    rtprof_shared::protocol::send_registration(s, fd).map_err(|e| Refused::Send(Errno::of(&e)))
 }

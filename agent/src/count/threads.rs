@@ -5,6 +5,7 @@
 //! are folded into the shared stripe and its stripe is reused.
 
 use crate::arch::{InstructionSet, Native};
+use crate::error::Errno;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Offset of the stripe pointer from the thread pointer.
@@ -139,8 +140,8 @@ extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
 /// Starts an agent thread: joinable, no stripe, no timer, every signal
 /// blocked (the program's signals are never delivered to it). Returns the
 /// thread, or the errno on failure.
-pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, i32> {
-    let real = crate::interpose::real_pthread_create().ok_or(libc::ENOSYS)?;
+pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, Errno> {
+    let real = crate::interpose::real_pthread_create().ok_or(Errno(libc::ENOSYS))?;
     let boxed = Box::into_raw(Box::new(job));
     // SAFETY: sigsets and the attribute are initialised by libc before
     // use; `real` is the next pthread_create; `boxed` goes to the new
@@ -159,7 +160,7 @@ pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, i32> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         if rc != 0 {
             drop(Box::from_raw(boxed));
-            return Err(rc);
+            return Err(Errno(rc));
         }
         Ok(t)
     }

@@ -5,6 +5,7 @@
 //! another file by now (a package upgraded while the program starts) gives
 //! no image.
 
+use crate::error::PlanError;
 use crate::maps::Maps;
 use crate::modules::{Load, Module};
 use std::os::unix::fs::MetadataExt;
@@ -30,23 +31,23 @@ pub struct FileImage {
 impl FileImage {
     /// Maps `m`'s file read-only if it is the file the loader mapped for
     /// `m` (same device and inode as the mapping of its first segment).
-    pub fn open(m: &Module, maps: &Maps) -> Result<FileImage, String> {
-        let f = std::fs::File::open(&m.file).map_err(|e| format!("cannot open: {e}"))?;
-        let st = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
-        let first = m.loads.first().ok_or("no loaded segment")?;
+    pub fn open(m: &Module, maps: &Maps) -> Result<FileImage, PlanError> {
+        let f = std::fs::File::open(&m.file).map_err(PlanError::Open)?;
+        let st = f.metadata().map_err(PlanError::Stat)?;
+        let first = m.loads.first().ok_or(PlanError::NoLoadedSegment)?;
         let mapped = maps
             .at(m.bias.wrapping_add(first.vaddr))
-            .ok_or("its first segment is not mapped")?;
+            .ok_or(PlanError::NotMapped)?;
         let dev = st.dev();
         let (major, minor) = (libc::major(dev), libc::minor(dev));
         if mapped.inode != st.ino() || mapped.dev != (major, minor) {
-            return Err("the file at its path is not the one mapped (replaced since?)".into());
+            return Err(PlanError::Replaced);
         }
         // SAFETY: a private read-only mapping of the file the loader mapped;
         // a running program's files are not truncated under it (if one
         // were, the program itself would fault first). The bytes are only
         // compared and decoded, never trusted.
-        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("cannot map: {e}"))?;
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(PlanError::Map)?;
         Ok(FileImage {
             map,
             bias: m.bias,
@@ -103,6 +104,38 @@ mod tests {
     fn another_file_at_the_path_is_refused() {
         let mut m = crate::modules::loaded().remove(0);
         m.file = "/bin/sh".into();
-        assert!(FileImage::open(&m, &Maps::current()).is_err());
+        let e = FileImage::open(&m, &Maps::current()).err();
+        assert!(matches!(e, Some(PlanError::Replaced)), "{e:?}");
+    }
+
+    /// Each way a module's file is not the one mapped says which.
+    #[test]
+    fn each_refusal_names_its_reason() {
+        let maps = Maps::current();
+        let main = crate::modules::loaded().remove(0);
+        let open = |m: &Module| FileImage::open(m, &maps).err();
+
+        let mut gone = main.clone();
+        gone.file = "/nonexistent/rtprof-test".into();
+        let e = open(&gone);
+        assert!(
+            matches!(&e, Some(PlanError::Open(io)) if io.kind() == std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.unwrap().to_string(),
+            "cannot open: No such file or directory (os error 2)"
+        );
+
+        let mut no_loads = main.clone();
+        no_loads.loads.clear();
+        assert!(matches!(open(&no_loads), Some(PlanError::NoLoadedSegment)));
+
+        // Its first segment placed at page 0, where nothing is mapped.
+        let mut unmapped = main.clone();
+        unmapped.bias = 0u64.wrapping_sub(main.loads[0].vaddr);
+        let e = open(&unmapped);
+        assert!(matches!(e, Some(PlanError::NotMapped)), "{e:?}");
+        assert_eq!(e.unwrap().to_string(), "its first segment is not mapped");
     }
 }

@@ -9,6 +9,7 @@
 //! the program's last thread has ended, so that glibc ends the process
 //! exactly as it would without it.
 
+use crate::error::Errno;
 use crate::threads;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -87,7 +88,7 @@ impl Worker {
     /// Starts the thread (if not running), ticking with `tick`; an idle
     /// tick sleeps at most `max_sleep_ms`. `void` is private memory its own
     /// counted calls go to (0: none).
-    pub fn start(&'static self, max_sleep_ms: u64, void: usize, tick: Tick) -> Result<(), i32> {
+    pub fn start(&'static self, max_sleep_ms: u64, void: usize, tick: Tick) -> Result<(), Errno> {
         if self
             .state
             .compare_exchange(NONE, RUNNING, Ordering::AcqRel, Ordering::Acquire)

@@ -20,6 +20,7 @@
 //! or take a lock either.
 
 use crate::arch::{InstructionSet, Native};
+use crate::error::Errno;
 use std::time::{Duration, Instant};
 
 /// More threads than this: the process is not stopped (and not switched).
@@ -41,9 +42,9 @@ pub enum StopError {
     Traced,
     /// ptrace of our own threads is not allowed here (Yama's ptrace scope,
     /// a process that is not dumpable, a seccomp filter): the errno.
-    NotPermitted(i32),
+    NotPermitted(Errno),
     /// The helper task could not be made.
-    Helper(i32),
+    Helper(Errno),
     /// More threads than can be tracked.
     TooManyThreads,
     /// Some thread did not stop in time.
@@ -52,11 +53,10 @@ pub enum StopError {
 
 impl std::fmt::Display for StopError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let os = |e: &i32| std::io::Error::from_raw_os_error(*e);
         match self {
             StopError::Traced => write!(f, "the process is traced by a debugger"),
-            StopError::NotPermitted(e) => write!(f, "ptrace of its threads refused: {}", os(e)),
-            StopError::Helper(e) => write!(f, "no helper task: {}", os(e)),
+            StopError::NotPermitted(e) => write!(f, "ptrace of its threads refused: {e}"),
+            StopError::Helper(e) => write!(f, "no helper task: {e}"),
             StopError::TooManyThreads => write!(f, "more than {MAX_THREADS} threads"),
             StopError::Timeout => write!(f, "a thread did not stop within {DEADLINE:?}"),
         }
@@ -107,7 +107,7 @@ impl Stopper {
             )
         };
         if stack == libc::MAP_FAILED {
-            return Err(StopError::Helper(errno()));
+            return Err(StopError::Helper(Errno::last()));
         }
         let mut shared = zeroed_shared();
         // SAFETY: a plain system call.
@@ -137,11 +137,11 @@ impl Stopper {
         // SAFETY: the helper has exited: Shared is ours alone again.
         match (exited, unsafe { (*sp).error }) {
             (false, _) => Err(StopError::Timeout),
-            (true, DONE) => job.result.ok_or(StopError::Helper(0)),
+            (true, DONE) => job.result.ok_or(StopError::Helper(Errno(0))),
             (true, TOO_MANY) => Err(StopError::TooManyThreads),
-            (true, NOT_RUN) => Err(StopError::Helper(0)),
+            (true, NOT_RUN) => Err(StopError::Helper(Errno(0))),
             (true, libc::EPERM) if traced() => Err(StopError::Traced),
-            (true, e) => Err(StopError::NotPermitted(e)),
+            (true, e) => Err(StopError::NotPermitted(Errno(e))),
         }
     }
 }
@@ -187,7 +187,7 @@ fn preflight() -> Result<(), StopError> {
         !matches!(scope.trim(), "" | "0")
     });
     if restricted {
-        return Err(StopError::NotPermitted(libc::EPERM));
+        return Err(StopError::NotPermitted(Errno(libc::EPERM)));
     }
     Ok(())
 }
@@ -208,7 +208,7 @@ fn zeroed_shared() -> Box<Shared> {
 /// Starts the helper on `stack` with every signal blocked (it inherits the
 /// mask, so no handler of the program ever runs on it): its pid, and a
 /// pidfd to wait on (-1 on kernels without CLONE_PIDFD).
-fn spawn_helper(stack: *mut libc::c_void, sp: *mut Shared) -> Result<(i32, i32), i32> {
+fn spawn_helper(stack: *mut libc::c_void, sp: *mut Shared) -> Result<(i32, i32), Errno> {
     let flags = libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_UNTRACED;
     let mut pidfd: libc::c_int = -1;
     // SAFETY: sigset_t values filled by libc before use; the helper gets
@@ -222,11 +222,11 @@ fn spawn_helper(stack: *mut libc::c_void, sp: *mut Shared) -> Result<(i32, i32),
         let top = (stack as *mut u8).add(STACK_BYTES) as *mut libc::c_void;
         let arg = sp as *mut libc::c_void;
         let mut pid = libc::clone(helper, top, flags | libc::CLONE_PIDFD, arg, &mut pidfd);
-        if pid < 0 && errno() == libc::EINVAL {
+        if pid < 0 && Errno::last() == Errno(libc::EINVAL) {
             pidfd = -1;
             pid = libc::clone(helper, top, flags, arg);
         }
-        let e = errno();
+        let e = Errno::last();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         if pid < 0 {
             Err(e)
@@ -247,7 +247,7 @@ fn reap(helper: i32, pidfd: i32) -> bool {
         if r == helper {
             break true;
         }
-        if (r < 0 && errno() != libc::EINTR) || started.elapsed() > DEADLINE {
+        if (r < 0 && Errno::last() != Errno(libc::EINTR)) || started.elapsed() > DEADLINE {
             break false;
         }
         if pidfd >= 0 {
@@ -276,16 +276,13 @@ fn reap(helper: i32, pidfd: i32) -> bool {
     reaped && libc::WIFEXITED(status)
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
 /// The helper task: only raw system calls from here on (see the module
 /// comment). Returns its exit code.
 extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: the caller passes its live Shared and waits for us to exit
     // before reading or freeing it.
     let s = unsafe { &mut *(arg as *mut Shared) };
+    // Shared is valid as zero bytes: the outcome crosses as its code.
     s.error = match stop_all(s) {
         Ok(()) => {
             for i in 0..s.n {
@@ -296,16 +293,31 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
             unsafe { (s.run)(s.work, &s.pcs[..s.n]) };
             DONE
         }
-        Err(e) => e,
+        Err(Halt::TooMany) => TOO_MANY,
+        Err(Halt::Os(e)) => e.0,
     };
     detach_all(s);
     0
 }
 
+/// Why the helper did not stop every thread.
+enum Halt {
+    /// More than [`MAX_THREADS`].
+    TooMany,
+    /// A system call failed (ptrace refused, the task list unreadable).
+    Os(Errno),
+}
+
+impl From<Errno> for Halt {
+    fn from(e: Errno) -> Halt {
+        Halt::Os(e)
+    }
+}
+
 /// Seizes and stops every thread but the caller, listing the task
 /// directory again until a listing finds none new (a thread not yet
 /// stopped may have made one).
-fn stop_all(s: &mut Shared) -> Result<(), i32> {
+fn stop_all(s: &mut Shared) -> Result<(), Halt> {
     loop {
         let before = s.n;
         // SAFETY: a NUL-terminated path in `s`.
@@ -316,7 +328,7 @@ fn stop_all(s: &mut Shared) -> Result<(), i32> {
             )
         };
         if fd < 0 {
-            return Err(errno());
+            return Err(Errno::last().into());
         }
         let r = seize_listed(s, fd);
         // SAFETY: our descriptor.
@@ -339,7 +351,7 @@ fn stop_all(s: &mut Shared) -> Result<(), i32> {
 }
 
 /// Seizes and interrupts every thread listed in `fd` not seized yet.
-fn seize_listed(s: &mut Shared, fd: i32) -> Result<(), i32> {
+fn seize_listed(s: &mut Shared, fd: i32) -> Result<(), Halt> {
     loop {
         // SAFETY: reads directory entries into our buffer.
         let got = unsafe {
@@ -351,7 +363,7 @@ fn seize_listed(s: &mut Shared, fd: i32) -> Result<(), i32> {
             )
         };
         if got < 0 {
-            return Err(errno());
+            return Err(Errno::last().into());
         }
         if got == 0 {
             return Ok(());
@@ -368,7 +380,7 @@ fn seize_listed(s: &mut Shared, fd: i32) -> Result<(), i32> {
                 continue;
             }
             if s.n == MAX_THREADS {
-                return Err(TOO_MANY);
+                return Err(Halt::TooMany);
             }
             if seize(tid)? {
                 s.tids[s.n] = tid;
@@ -390,12 +402,12 @@ fn parse_tid(name: &[u8]) -> Option<i32> {
 }
 
 /// Seizes and interrupts `tid`: false if it has ended.
-fn seize(tid: i32) -> Result<bool, i32> {
+fn seize(tid: i32) -> Result<bool, Errno> {
     // SAFETY: ptrace requests on a thread id; no memory passed.
     unsafe {
         if libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
-            return match errno() {
-                libc::ESRCH => Ok(false),
+            return match Errno::last() {
+                Errno(libc::ESRCH) => Ok(false),
                 e => Err(e),
             };
         }
@@ -412,8 +424,8 @@ fn wait_stopped(tid: i32) -> Option<i32> {
         // SAFETY: waits for a tracee of ours.
         let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
         if r < 0 {
-            match errno() {
-                libc::EINTR => continue,
+            match Errno::last() {
+                Errno(libc::EINTR) => continue,
                 _ => return None,
             }
         }
@@ -444,6 +456,18 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
+
+    #[test]
+    fn refusals_say_what_the_system_said() {
+        assert_eq!(
+            StopError::NotPermitted(Errno(libc::EPERM)).to_string(),
+            "ptrace of its threads refused: Operation not permitted (os error 1)"
+        );
+        assert_eq!(
+            StopError::Helper(Errno(libc::EAGAIN)).to_string(),
+            "no helper task: Resource temporarily unavailable (os error 11)"
+        );
+    }
 
     #[test]
     fn other_threads_make_no_progress_while_stopped() {

@@ -10,6 +10,7 @@
 //! switched only with the other threads stopped: see [`EntrySwitch`].
 
 use crate::arch::{EntryPatch, InstructionSet, Native, Plan};
+use crate::error::Errno;
 use crate::log::vlog;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
@@ -19,17 +20,13 @@ const PAGE: u64 = 4096;
 #[derive(Debug, PartialEq, Eq)]
 pub enum SwitchError {
     /// The stub's page could not be made writable (a W^X policy).
-    Protect(i32),
+    Protect(Errno),
 }
 
 impl std::fmt::Display for SwitchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SwitchError::Protect(e) => write!(
-                f,
-                "stub memory cannot be made writable: {}",
-                std::io::Error::from_raw_os_error(*e)
-            ),
+            SwitchError::Protect(e) => write!(f, "stub memory cannot be made writable: {e}"),
         }
     }
 }
@@ -62,9 +59,7 @@ fn protect(page: u64, prot: libc::c_int) -> Result<(), SwitchError> {
     // SAFETY: a page of a stub area we mapped; only its protection changes.
     match unsafe { libc::mprotect(page as *mut libc::c_void, PAGE as usize, prot) } {
         0 => Ok(()),
-        _ => Err(SwitchError::Protect(
-            std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-        )),
+        _ => Err(SwitchError::Protect(Errno::last())),
     }
 }
 

@@ -19,6 +19,7 @@
 
 use crate::analysis::{Candidate, ModulePlan};
 use crate::arch::{InstructionSet, Native, Plan};
+use crate::error::PlanError;
 use crate::fileimage::Identity;
 use crate::log::vlog;
 use crate::modules::Module;
@@ -167,20 +168,17 @@ fn trusted(meta: &std::fs::Metadata, euid: u32) -> bool {
 /// `dir` and every directory above it: owned by this user or root and
 /// writable by no one else (a sticky directory such as /tmp may be shared:
 /// no one else can rename what is ours inside it).
-fn trusted_dir(dir: &Path, euid: u32) -> Result<(), String> {
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn trusted_dir(dir: &Path, euid: u32) -> Result<(), PlanError> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| io_at(dir, e))?;
     if !meta.is_dir() || !trusted(&meta, euid) {
-        return Err(format!(
-            "{}: not a directory owned by this user or root and writable only by them",
-            dir.display()
-        ));
+        return Err(PlanError::DirNotTrusted { path: dir.into() });
     }
     let mut up = dir.parent();
     while let Some(d) = up {
-        let m = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let m = std::fs::metadata(d).map_err(|e| io_at(d, e))?;
         let sticky = m.mode() & 0o1000 != 0;
         if !(m.uid() == euid || m.uid() == 0) || (m.mode() & 0o022 != 0 && !sticky) {
-            return Err(format!("{}: writable by other users", d.display()));
+            return Err(PlanError::AncestorWritable { path: d.into() });
         }
         up = d.parent();
     }
@@ -203,35 +201,37 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// The entry's bytes, checked: `Err` says why they are not to be used.
-pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, &'static str> {
+pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, PlanError> {
     if b.len() < HEADER || b[..8] != MAGIC {
-        return Err("not a cache entry");
+        return Err(PlanError::NotACacheEntry);
     }
     if (u32_at(b, 12) & SAMPLED_FLAG != 0) != (kind == Kind::Sampled) {
-        return Err("another kind of entry");
+        return Err(PlanError::OtherKind);
     }
     if u32_at(b, 8) != FORMAT || u64_at(b, 16) != fingerprint() {
-        return Err("written by another agent build");
+        return Err(PlanError::OtherBuild);
     }
     if b[24..64] != key_bytes(id) {
-        return Err("made for another file");
+        return Err(PlanError::OtherFile);
     }
     let source = *SOURCES
         .get(u32_at(b, 64) as usize)
-        .ok_or("bad symbol source")?;
+        .ok_or(PlanError::BadSource)?;
     let n = u32_at(b, 68) as usize;
     let strings_len = u32_at(b, 72) as usize;
     let plans_len = u32_at(b, 76) as usize;
     let records_end = n
         .checked_mul(RECORD)
         .and_then(|r| r.checked_add(HEADER))
-        .ok_or("bad length")?;
-    let plans_end = records_end.checked_add(plans_len).ok_or("bad length")?;
+        .ok_or(PlanError::BadLength)?;
+    let plans_end = records_end
+        .checked_add(plans_len)
+        .ok_or(PlanError::BadLength)?;
     if plans_end.checked_add(strings_len) != Some(b.len()) {
-        return Err("truncated or padded");
+        return Err(PlanError::Truncated);
     }
     if cachedir::entry_checksum(b) != cachedir::stored_checksum(b) {
-        return Err("checksum mismatch");
+        return Err(PlanError::Checksum);
     }
     let plans = &b[records_end..plans_end];
     let strings = &b[plans_end..];
@@ -247,20 +247,20 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, &
             .checked_add(len)
             .and_then(|end| strings.get(off..end))
             .and_then(|s| std::str::from_utf8(s).ok())
-            .ok_or("bad name")?;
+            .ok_or(PlanError::BadName)?;
         let outcome = match code {
             0 if kind == Kind::Sampled => Err(Refusal::NotAttempted),
             0 => plan_off
                 .checked_add(plan_len)
                 .and_then(|end| plans.get(plan_off..end))
                 .and_then(|p| Native::decode_plan(p, bias.wrapping_add(vaddr)))
-                .ok_or("bad plan")
+                .ok_or(PlanError::BadPlan)
                 .map(Ok)?,
-            c => Err(Refusal::from_code(c).ok_or("bad outcome")?),
+            c => Err(Refusal::from_code(c).ok_or(PlanError::BadOutcome)?),
         };
         // Per-process facts are never cached.
         if outcome == Err(Refusal::ModifiedInMemory) || pad > 64 || last >= Some(vaddr) {
-            return Err("bad record");
+            return Err(PlanError::BadRecord);
         }
         last = Some(vaddr);
         funcs.push(Candidate {
@@ -372,7 +372,7 @@ fn read_trusted(
     name: &str,
     euid: u32,
     dir_ok: &AtomicBool,
-) -> Result<Option<memmap2::Mmap>, String> {
+) -> Result<Option<memmap2::Mmap>, PlanError> {
     let path = dir.join(name);
     let f = match std::fs::OpenOptions::new()
         .read(true)
@@ -381,26 +381,23 @@ fn read_trusted(
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => return Err(io_at(&path, e)),
     };
     if !dir_ok.load(Ordering::Relaxed) {
         trusted_dir(dir, euid)?;
         dir_ok.store(true, Ordering::Relaxed);
     }
-    let meta = f.metadata().map_err(|e| e.to_string())?;
+    let meta = f.metadata().map_err(PlanError::Unreadable)?;
     if !meta.is_file() || !trusted(&meta, euid) {
-        return Err(format!(
-            "{}: not owned by this user or root, or writable by others",
-            path.display()
-        ));
+        return Err(PlanError::EntryNotTrusted { path });
     }
     if meta.len() > MAX_BYTES {
-        return Err(format!("{}: too large", path.display()));
+        return Err(PlanError::TooLarge { path });
     }
     // SAFETY: a private read-only mapping of a file only this user or root
     // may write; entries are replaced by rename, never rewritten in place.
     // Its bytes are validated before any is used.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| e.to_string())?;
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(PlanError::Unreadable)?;
     Ok(Some(map))
 }
 
@@ -441,7 +438,7 @@ pub fn store(path: &str, id: &Identity, kind: Kind, bytes: &[u8]) {
     }
 }
 
-fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
+fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PlanError> {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
     let system = dir == Path::new(SYSTEM_DIR);
@@ -450,7 +447,7 @@ fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
             .recursive(true)
             .mode(if system { 0o755 } else { 0o700 })
             .create(dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+            .map_err(|e| io_at(dir, e))?;
     }
     trusted_dir(dir, euid)?;
     trim(dir, bytes.len() as u64);
@@ -465,8 +462,16 @@ fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
         .and_then(|()| std::fs::rename(&tmp, dir.join(name)));
     written.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        e.to_string()
+        PlanError::Write(e)
     })
+}
+
+/// A failed look at `path`, with the path.
+fn io_at(path: &Path, source: std::io::Error) -> PlanError {
+    PlanError::Io {
+        path: path.into(),
+        source,
+    }
 }
 
 /// Keeps the directory under [`MAX_BYTES`]: oldest entries go first.
@@ -601,10 +606,10 @@ mod tests {
             ctime_ns: 6,
             ..id()
         };
-        assert_eq!(
+        assert!(matches!(
             decode(&good, &other, Kind::Plan, 0).err(),
-            Some("made for another file")
-        );
+            Some(PlanError::OtherFile)
+        ));
         for cut in 0..good.len() {
             assert!(
                 decode(&good[..cut], &id(), Kind::Plan, 0).is_err(),
@@ -623,6 +628,73 @@ mod tests {
         }
     }
 
+    /// Each damage is refused for its own reason, in the words verbose
+    /// output says it with.
+    #[test]
+    fn damaged_entries_say_why() {
+        let good = encode(&plan(), &id());
+        let why = |b: &[u8], kind: Kind| decode(b, &id(), kind, 0).err().expect("refused");
+        // A record's field changed, the checksum made right again.
+        let record = |at: usize, v: u32| {
+            let mut b = good.clone();
+            b[HEADER + at..HEADER + at + 4].copy_from_slice(&v.to_le_bytes());
+            cachedir::seal(&mut b);
+            b
+        };
+        let flipped = |at: usize| {
+            let mut b = good.clone();
+            b[at] ^= 0x80;
+            b
+        };
+        let mut padded = good.clone();
+        padded.push(0);
+        let cases = [
+            (why(&good[..HEADER - 1], Kind::Plan), "not a cache entry"),
+            (why(&good, Kind::Sampled), "another kind of entry"),
+            (
+                why(&flipped(8), Kind::Plan),
+                "written by another agent build",
+            ),
+            (
+                why(&flipped(16), Kind::Plan),
+                "written by another agent build",
+            ),
+            (why(&flipped(64), Kind::Plan), "bad symbol source"),
+            (why(&padded, Kind::Plan), "truncated or padded"),
+            (
+                why(&good[..good.len() - 1], Kind::Plan),
+                "truncated or padded",
+            ),
+            (
+                why(&flipped(good.len() - 1), Kind::Plan),
+                "checksum mismatch",
+            ),
+            (why(&record(16, 65), Kind::Plan), "bad record"),
+            (why(&record(20, u32::MAX), Kind::Plan), "bad outcome"),
+            (why(&record(28, u32::MAX), Kind::Plan), "bad name"),
+        ];
+        for (e, text) in &cases {
+            assert_eq!(e.to_string(), *text, "{e:?}");
+        }
+        let kinds: Vec<_> = cases.iter().map(|(e, _)| e).collect();
+        assert!(matches!(
+            kinds[..],
+            [
+                PlanError::NotACacheEntry,
+                PlanError::OtherKind,
+                PlanError::OtherBuild,
+                PlanError::OtherBuild,
+                PlanError::BadSource,
+                PlanError::Truncated,
+                PlanError::Truncated,
+                PlanError::Checksum,
+                PlanError::BadRecord,
+                PlanError::BadOutcome,
+                PlanError::BadName,
+            ]
+        ));
+    }
+
     #[test]
     fn only_private_directories_are_trusted() {
         let dir = std::env::temp_dir().join(format!("rtprof-cache-test-{}", std::process::id()));
@@ -633,7 +705,11 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(trusted_dir(&dir, euid).is_ok());
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        assert!(trusted_dir(&dir, euid).is_err());
+        let e = trusted_dir(&dir, euid).unwrap_err();
+        assert!(matches!(&e, PlanError::DirNotTrusted { path } if *path == dir));
+        assert!(e
+            .to_string()
+            .ends_with(": not a directory owned by this user or root and writable only by them"));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         write_entry(&dir, "x.rtc", &encode(&plan(), &id())).unwrap();
         let fresh = || AtomicBool::new(false);
@@ -642,7 +718,15 @@ mod tests {
             .is_some());
         std::fs::set_permissions(dir.join("x.rtc"), std::fs::Permissions::from_mode(0o666))
             .unwrap();
-        assert!(read_trusted(&dir, "x.rtc", euid, &fresh()).is_err());
+        let e = read_trusted(&dir, "x.rtc", euid, &fresh()).unwrap_err();
+        assert!(matches!(&e, PlanError::EntryNotTrusted { path } if *path == dir.join("x.rtc")));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: not owned by this user or root, or writable by others",
+                dir.join("x.rtc").display()
+            )
+        );
         assert!(read_trusted(&dir, "missing.rtc", euid, &fresh())
             .unwrap()
             .is_none());

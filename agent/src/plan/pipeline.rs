@@ -5,6 +5,7 @@
 
 use crate::analysis::{self, ModulePlan};
 use crate::cache::{self, Kind};
+use crate::error::PlanError;
 use crate::fileimage::FileImage;
 use crate::log::vlog;
 use crate::maps::Maps;
@@ -14,7 +15,7 @@ use std::time::Instant;
 
 /// The plan for instrumenting `m`, or why there is none (its file cannot
 /// be read as the one mapped, or is no ELF file).
-pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, String> {
+pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
     let file = FileImage::open(&m, maps)?;
     let cached = cache::lookup(&m, &file.identity, Kind::Plan).and_then(|e| {
@@ -31,7 +32,7 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, String> {
     let (plan, how) = match cached {
         Some(p) => (p, "cached"),
         None => {
-            let list = symbols::list_functions(file.data()).map_err(|e| e.to_string())?;
+            let list = symbols::list_functions(file.data())?;
             let mut p = analysis::analyze(m, list, maps, &file);
             let entry = cache::encode(&p, &file.identity);
             cache::store(&p.module.path, &file.identity, Kind::Plan, &entry);

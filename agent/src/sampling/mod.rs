@@ -14,6 +14,7 @@ pub mod ring;
 pub(crate) mod timer;
 
 use crate::config::SamplerChoice;
+use crate::error::Errno;
 use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
 use crate::Agent;
@@ -42,7 +43,8 @@ fn period_ns(hz: u32) -> u64 {
     1_000_000_000 / hz.max(1) as u64
 }
 
-fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
+fn record(a: &Agent, s: Sampler, why: Why, errno: Option<Errno>) {
+    let errno = errno.map_or(0, |e| e.0.max(0) as u32);
     KIND.store(s.code(), Ordering::Release);
     // Timer samples are attributed where they land, in a signal handler:
     // every module must be named before the first one.
@@ -55,15 +57,13 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: i32) {
     } else {
         period_ns(a.config.sample_hz)
     };
-    a.segment
-        .counters
-        .set_sampler(s, why, errno.max(0) as u32, period);
+    a.segment.counters.set_sampler(s, why, errno, period);
     vlog!(
         "sampler: {}",
         rtprof_shared::sampling::Described {
             sampler: s,
             why,
-            errno: errno.max(0) as u32
+            errno
         }
     );
 }
@@ -80,7 +80,7 @@ fn choose(a: &'static Agent, default_why: Why) {
     let hz = a.config.sample_hz;
     let choice = a.config.sampler;
     if hz == 0 || choice == SamplerChoice::Off {
-        return record(a, Sampler::Off, Why::SwitchedOff, 0);
+        return record(a, Sampler::Off, Why::SwitchedOff, None);
     }
     let asked = if choice == SamplerChoice::Auto {
         default_why
@@ -90,7 +90,7 @@ fn choose(a: &'static Agent, default_why: Why) {
     let mut fell_back = None;
     if choice != SamplerChoice::Timer {
         match start_perf(a) {
-            Ok(()) => return record(a, Sampler::Perf, asked, 0),
+            Ok(()) => return record(a, Sampler::Perf, asked, None),
             Err((why, e)) if choice == SamplerChoice::Perf => {
                 return record(a, Sampler::Off, why, e)
             }
@@ -99,7 +99,7 @@ fn choose(a: &'static Agent, default_why: Why) {
     }
     match start_timer(a) {
         Ok(()) => {
-            let (why, e) = fell_back.unwrap_or((asked, 0));
+            let (why, e) = fell_back.unwrap_or((asked, None));
             record(a, Sampler::Timer, why, e)
         }
         Err((why, e)) => record(a, Sampler::Off, why, e),
@@ -124,7 +124,7 @@ pub fn names_on_demand() -> bool {
     kind() != Sampler::Timer
 }
 
-fn start_drainer(a: &Agent) -> Result<(), i32> {
+fn start_drainer(a: &Agent) -> Result<(), Errno> {
     DRAINER.start(
         perf::sleep_ms(a.config.sample_hz),
         void_stripe(a),
@@ -135,7 +135,7 @@ fn start_drainer(a: &Agent) -> Result<(), i32> {
 fn start_perf(a: &'static Agent) -> Result<(), perf::Failure> {
     // The drain thread first: started before the events exist, it does not
     // inherit them, and its own CPU time is not sampled as the program's.
-    start_drainer(a).map_err(|e| (Why::NoDrainThread, e))?;
+    start_drainer(a).map_err(|e| (Why::NoDrainThread, Some(e)))?;
     let rings = match perf::open(a.config.sample_hz) {
         Ok(r) => r,
         Err(f) => {
@@ -201,10 +201,7 @@ pub fn pause_drain() -> bool {
 pub fn resume_drain() {
     if let Some(a) = crate::agent() {
         if let Err(e) = start_drainer(a) {
-            vlog!(
-                "drain thread not restarted: {}",
-                std::io::Error::from_raw_os_error(e)
-            );
+            vlog!("drain thread not restarted: {e}");
         }
     }
 }
@@ -325,7 +322,7 @@ impl Few {
 
 fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
     timer::install(period_ns(a.config.sample_hz))?;
-    timer::arm_or_wait().map_err(|e| (Why::TimerFailed, e))
+    timer::arm_or_wait().map_err(|e| (Why::TimerFailed, Some(e)))
 }
 
 /// A new thread of the program: with the timer sampler, it gets a timer.
@@ -333,10 +330,7 @@ fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
 pub fn thread_started() {
     if timer::active() {
         if let Err(e) = timer::arm_or_wait() {
-            vlog!(
-                "thread left unsampled: {}",
-                std::io::Error::from_raw_os_error(e)
-            );
+            vlog!("thread left unsampled: {e}");
         }
     }
 }
@@ -344,7 +338,7 @@ pub fn thread_started() {
 /// The program installed its own SIGPROF handler: timer sampling stopped.
 fn timer_taken_over() {
     if let Some(a) = crate::agent() {
-        record(a, Sampler::Off, Why::SignalTaken, 0);
+        record(a, Sampler::Off, Why::SignalTaken, None);
     }
 }
 
@@ -373,8 +367,8 @@ pub fn restart_in_child() {
         Sampler::Off => {}
         Sampler::Perf => choose(a, Why::Default),
         Sampler::Timer => match timer::arm_or_wait() {
-            Ok(()) => record(a, Sampler::Timer, Why::Default, 0),
-            Err(e) => record(a, Sampler::Off, Why::TimerFailed, e),
+            Ok(()) => record(a, Sampler::Timer, Why::Default, None),
+            Err(e) => record(a, Sampler::Off, Why::TimerFailed, Some(e)),
         },
     }
 }

@@ -7,6 +7,7 @@
 //! own, and a program that closes every descriptor cannot disturb sampling.
 
 use super::ring::{Ring, HEADER};
+use crate::error::Errno;
 use perf_event::events::Software;
 use perf_event::{Builder, SampleFlag};
 use rtprof_shared::sampling::Why;
@@ -22,8 +23,9 @@ pub const MAX_SLEEP_MS: u64 = 1000;
 /// Ring data pages per CPU, at most (256 KiB).
 const MAX_PAGES: u64 = 64;
 
-/// A failure with the reason the report gives and its errno.
-pub type Failure = (Why, i32);
+/// A failure with the reason the report gives and its errno, if a system
+/// call failed.
+pub type Failure = (Why, Option<Errno>);
 
 /// Data pages per ring for `hz` samples per second on one CPU: two drain
 /// intervals' worth, a power of two.
@@ -72,15 +74,11 @@ fn open_one(cpu: usize, period_ns: u64) -> std::io::Result<i32> {
     Ok(b.build()?.into_raw_fd())
 }
 
-fn errno(e: &std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(0)
-}
-
 /// Opens and maps one event per online CPU. On failure nothing stays open.
 pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
     let cpus = online_cpus();
     if cpus.len() > MAX_CPUS {
-        return Err((Why::TooManyCpus, 0));
+        return Err((Why::TooManyCpus, None));
     }
     let period_ns = 1_000_000_000 / hz.max(1) as u64;
     let len = ((1 + ring_pages(hz)) * 4096) as usize;
@@ -101,8 +99,8 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
         let fd = match fd {
             Ok(fd) => fd,
             // Listed online but gone (hot-unplugged): nothing runs there.
-            Err(e) if errno(&e) == libc::ENODEV && !rings.is_empty() => continue,
-            Err(e) => return fail(rings, (Why::PerfRefused, errno(&e))),
+            Err(e) if Errno::of(&e) == Errno(libc::ENODEV) && !rings.is_empty() => continue,
+            Err(e) => return fail(rings, (Why::PerfRefused, Some(Errno::of(&e)))),
         };
         // SAFETY: a new shared mapping of the event's ring (no address
         // given: nothing existing is replaced); `fd` is the event just opened.
@@ -116,12 +114,12 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
                 0,
             )
         };
-        let err = std::io::Error::last_os_error();
+        let err = Errno::last();
         // SAFETY: `fd` is ours (from `into_raw_fd`) and closed only here;
         // the mapping keeps the event alive.
         unsafe { libc::close(fd) };
         if p == libc::MAP_FAILED {
-            return fail(rings, (Why::PerfMapFailed, errno(&err)));
+            return fail(rings, (Why::PerfMapFailed, Some(err)));
         }
         // SAFETY: `p` is a page-aligned mapping of `len` bytes that is never
         // unmapped while a Ring refers to it (only `fail` unmaps, consuming
@@ -129,7 +127,7 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
         rings.push(unsafe { Ring::new(p as *mut u8, len) });
     }
     if rings.is_empty() {
-        return Err((Why::PerfRefused, libc::ENODEV));
+        return Err((Why::PerfRefused, Some(Errno(libc::ENODEV))));
     }
     Ok(rings)
 }

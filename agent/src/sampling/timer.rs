@@ -9,6 +9,7 @@
 
 use super::addrmap;
 use crate::arch::{InstructionSet, Native};
+use crate::error::Errno;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
@@ -37,7 +38,7 @@ pub fn active() -> bool {
 }
 
 extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    let errno = errno();
+    let errno = Errno::last();
     if ACTIVE.load(Ordering::Relaxed) && !info.is_null() && !uc.is_null() {
         // SAFETY: installed with SA_SIGINFO: a non-null `info` is the
         // siginfo the kernel wrote on this thread's stack for this signal.
@@ -52,7 +53,7 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
     }
     // SAFETY: `__errno_location` is this thread's errno, always valid;
     // the interrupted code finds it as it left it.
-    unsafe { *libc::__errno_location() = errno };
+    unsafe { *libc::__errno_location() = errno.0 };
 }
 
 /// The timer periods one SI_TIMER signal stands for. CPU-time timers are
@@ -70,7 +71,7 @@ fn periods(info: &libc::siginfo_t) -> u64 {
 pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     use rtprof_shared::sampling::Why;
     let Some(real) = crate::interpose::real_sigaction() else {
-        return Err((Why::TimerFailed, libc::ENOSYS));
+        return Err((Why::TimerFailed, Some(Errno(libc::ENOSYS))));
     };
     // SAFETY: `sigaction` is integers, a handler address and a signal set,
     // for all of which zero bytes are valid (SIG_DFL, no flags, empty set).
@@ -79,7 +80,7 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     // one into `old`, a live local.
     unsafe { real(SIGNAL, std::ptr::null(), &mut old) };
     if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != on_signal as *const () as usize {
-        return Err((Why::SignalInUse, 0));
+        return Err((Why::SignalInUse, None));
     }
     PROGRAM_VIEW.store(old.sa_sigaction, Ordering::Relaxed);
     // SAFETY: as for `old`.
@@ -93,7 +94,7 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     // SAFETY: libc's sigaction with a fully initialised action whose
     // handler has the SA_SIGINFO signature; the old one is not asked for.
     if unsafe { real(SIGNAL, &sa, std::ptr::null_mut()) } != 0 {
-        return Err((Why::TimerFailed, errno()));
+        return Err((Why::TimerFailed, Some(Errno::last())));
     }
     if KEY.load(Ordering::Acquire) == usize::MAX {
         let mut key: libc::pthread_key_t = 0;
@@ -106,11 +107,6 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     PERIOD_NS.store(period_ns, Ordering::Relaxed);
     ACTIVE.store(true, Ordering::Release);
     Ok(())
-}
-
-fn errno() -> i32 {
-    // SAFETY: `__errno_location` returns this thread's errno, always valid.
-    unsafe { *libc::__errno_location() }
 }
 
 /// The calling thread's kernel id (a raw call: no allocation, any glibc).
@@ -131,7 +127,7 @@ fn to_thread(signo: i32, tid: i32) -> libc::sigevent {
 }
 
 /// Creates a timer on `clock` that notifies as `sev` says; its id.
-fn create_timer(clock: libc::clockid_t, sev: &libc::sigevent) -> Result<i32, i32> {
+fn create_timer(clock: libc::clockid_t, sev: &libc::sigevent) -> Result<i32, Errno> {
     let mut id: i32 = 0;
     // SAFETY: `sev` points to a whole sigevent, `id` to a live int the
     // kernel writes the new timer's id into.
@@ -144,14 +140,14 @@ fn create_timer(clock: libc::clockid_t, sev: &libc::sigevent) -> Result<i32, i32
         )
     };
     if rc != 0 {
-        return Err(errno());
+        return Err(Errno::last());
     }
     Ok(id)
 }
 
 /// Starts timer `id`, first expiring after `period_ns` and every
 /// `period_ns` after that.
-fn run_every(id: i32, period_ns: u64) -> Result<(), i32> {
+fn run_every(id: i32, period_ns: u64) -> Result<(), Errno> {
     let p = period_ns as i64;
     let ts = libc::timespec {
         tv_sec: p / 1_000_000_000,
@@ -173,7 +169,7 @@ fn run_every(id: i32, period_ns: u64) -> Result<(), i32> {
         )
     };
     if rc != 0 {
-        return Err(errno());
+        return Err(Errno::last());
     }
     Ok(())
 }
@@ -195,9 +191,9 @@ fn blocked_here() -> bool {
 /// blocks SIGPROF now (a child forked while all signals were blocked, as
 /// perl forks), as soon as it unblocks it. A thread that never does (one
 /// that takes signals with `sigwait`) is never sent one. Allocation-free.
-pub fn arm_or_wait() -> Result<(), i32> {
+pub fn arm_or_wait() -> Result<(), Errno> {
     match arm_current_thread() {
-        Err(libc::EWOULDBLOCK) => {
+        Err(Errno(libc::EWOULDBLOCK)) => {
             let _ = WAITING.try_with(|w| w.set(true));
             Ok(())
         }
@@ -215,18 +211,18 @@ pub fn mask_changed() {
 }
 
 /// Starts a CPU-time timer for the calling thread. Allocation-free.
-pub fn arm_current_thread() -> Result<(), i32> {
+pub fn arm_current_thread() -> Result<(), Errno> {
     if !active() {
         return Ok(());
     }
     if blocked_here() {
-        return Err(libc::EWOULDBLOCK);
+        return Err(Errno(libc::EWOULDBLOCK));
     }
     let Some(slot) = TIMERS.iter().position(|t| {
         t.compare_exchange(FREE, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }) else {
-        return Err(libc::EAGAIN);
+        return Err(Errno(libc::EAGAIN));
     };
     let sev = to_thread(SIGNAL, gettid());
     let id = match create_timer(libc::CLOCK_THREAD_CPUTIME_ID, &sev) {
@@ -328,7 +324,7 @@ mod tests {
             // SAFETY: `set` and `ts` are live; `info` is null or a live
             // siginfo_t the kernel fills.
             let got = unsafe { libc::sigtimedwait(set, info, &ts) };
-            if got != -1 || errno() != libc::EINTR {
+            if got != -1 || Errno::last() != Errno(libc::EINTR) {
                 return got;
             }
         }
