@@ -128,3 +128,124 @@ fn compiler_copies_are_one_row_unless_asked_apart() {
         assert_eq!(function_named(p, c)["function"], "deep");
     }
 }
+
+/// Runs `objcopy` with `args`.
+fn objcopy(args: &[&std::ffi::OsStr]) {
+    let o = Command::new("objcopy")
+        .args(args)
+        .output()
+        .expect("objcopy runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The GNU build-id of an ELF file, as hex.
+fn build_id(path: &Path) -> String {
+    let data = std::fs::read(path).unwrap();
+    let elf = goblin::elf::Elf::parse(&data).unwrap();
+    let note = elf
+        .iter_note_headers(&data)
+        .expect("notes")
+        .filter_map(Result::ok)
+        .find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID)
+        .expect("a build-id");
+    note.desc.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A stripped binary whose debug information was moved to a build-id path
+/// under a debug directory gets its names back from there (and exact
+/// counts under them); without that directory its functions are
+/// `sub_<hex>`.
+#[test]
+fn stripped_binaries_are_named_from_their_debug_files() {
+    let dir = scratch("names-debugfile");
+    let full = compile_o2("names.cpp", &["-g", "-Wl,--build-id"], &dir);
+    let id = build_id(&full);
+    let debug_dir = dir.join("debug");
+    let at = debug_dir.join(".build-id").join(&id[..2]);
+    std::fs::create_dir_all(&at).unwrap();
+    let debug = at.join(format!("{}.debug", &id[2..]));
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        full.as_os_str(),
+        debug.as_os_str(),
+    ]);
+    let bin = dir.join("names-stripped");
+    objcopy(&["--strip-all".as_ref(), full.as_os_str(), bin.as_os_str()]);
+
+    let plain = run_plain(&bin, &[]);
+    let named = run_profiled(
+        &bin,
+        &[],
+        &[("RTPROF_DEBUG_DIR", debug_dir.to_str().unwrap())],
+        &dir,
+    );
+    assert_same_behaviour("stripped names.cpp", &plain, &named.output);
+    let p = process(&named.report, &bin);
+    for e in expectations(&plain.stdout).counts {
+        let f = function_named(p, &e.0);
+        assert_eq!(f["calls"], e.1, "{f}");
+    }
+    assert_eq!(function_named(p, "_Z4leafi")["demangled"], "leaf(int)");
+
+    let unnamed = run_profiled(&bin, &[], &[("RTPROF_DEBUG_DIR", "/nonexistent")], &dir);
+    let p = process(&unnamed.report, &bin);
+    let names: Vec<&str> = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert!(!names.contains(&"_Z4leafi"), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("sub_")), "{names:?}");
+}
+
+/// With Debian's libc6-dbg installed, libc's functions have their names:
+/// fewer than 1% are left `sub_<hex>` (about 40% without it).
+#[test]
+fn libc_is_named_from_libc6_dbg() {
+    let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    let id = build_id(libc);
+    let debug = Path::new("/usr/lib/debug/.build-id")
+        .join(&id[..2])
+        .join(format!("{}.debug", &id[2..]));
+    assert!(
+        debug.exists(),
+        "{} is missing: install Debian's libc6-dbg (.ci/run does)",
+        debug.display()
+    );
+    let dir = scratch("names-libc");
+    let bin = compile_o2("calls.c", &[], &dir);
+    let share = |env: &[(&str, &str)]| {
+        let mut env = env.to_vec();
+        env.push(("RTPROF_MODULES", "libc.so*"));
+        let prof = run_profiled(&bin, &["10"], &env, &dir);
+        let p = process(&prof.report, &bin);
+        let libc: Vec<&str> = p["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["module"] == "libc.so.6")
+            .filter_map(|f| f["name"].as_str())
+            .collect();
+        assert!(libc.len() > 1000, "libc listed: {}", libc.len());
+        let unnamed = libc.iter().filter(|n| is_sub_hex(n)).count();
+        unnamed as f64 / libc.len() as f64
+    };
+    let with = share(&[]);
+    assert!(
+        with < 0.01,
+        "{:.1}% of libc's functions unnamed",
+        with * 100.0
+    );
+    let without = share(&[("RTPROF_DEBUG_DIR", "/nonexistent")]);
+    assert!(
+        without > 0.1,
+        "without debug files {:.1}% unnamed",
+        without * 100.0
+    );
+}
+
+fn is_sub_hex(name: &str) -> bool {
+    name.strip_prefix("sub_")
+        .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}

@@ -51,6 +51,9 @@ pub struct Config {
     /// cost before the hottest functions are counted in bursts (unset:
     /// exact counting whatever it costs).
     pub budget: Option<f64>,
+    /// `RTPROF_DEBUG_DIR`: where separate debug files are looked for
+    /// (colon-separated; default `/usr/lib/debug`).
+    pub debug_dirs: Vec<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -73,6 +76,7 @@ impl Default for Config {
             count: Vec::new(),
             nocount: Vec::new(),
             budget: None,
+            debug_dirs: vec![crate::debuginfo::DEFAULT_DIR.into()],
         }
     }
 }
@@ -132,6 +136,13 @@ impl Config {
         c.count = globs(s("RTPROF_COUNT"));
         c.nocount = globs(s("RTPROF_NOCOUNT"));
         c.budget = s("RTPROF_BUDGET").and_then(|v| parse_budget(&v));
+        if let Some(v) = s("RTPROF_DEBUG_DIR") {
+            c.debug_dirs = v
+                .split(':')
+                .filter(|d| d.starts_with('/'))
+                .map(Into::into)
+                .collect();
+        }
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")
             .map(|v| v.trim().to_string())

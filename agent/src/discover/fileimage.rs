@@ -19,6 +19,10 @@ pub struct Identity {
     pub size: u64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    /// The separate debug file its functions were named from (see
+    /// `debuginfo`), 0 for none: installing or removing one changes what
+    /// the file's plan would be.
+    pub debug: u64,
 }
 
 pub struct FileImage {
@@ -58,6 +62,7 @@ impl FileImage {
                 size: st.size(),
                 mtime_ns: st.mtime() * 1_000_000_000 + st.mtime_nsec(),
                 ctime_ns: st.ctime() * 1_000_000_000 + st.ctime_nsec(),
+                debug: 0,
             },
         })
     }

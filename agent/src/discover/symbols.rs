@@ -1,6 +1,7 @@
-//! The functions of an ELF file: `.symtab`, else `.dynsym`, plus the
-//! function ranges of `.eh_frame` for code no symbol names (stripped
-//! binaries), named `sub_<hex address>`.
+//! The functions of an ELF file: `.symtab`, else the `.symtab` of its
+//! separate debug file (`debuginfo`), else `.dynsym` plus the function
+//! ranges of `.eh_frame` for code no symbol names (stripped binaries),
+//! named `sub_<hex address>`.
 
 use crate::arch::{InstructionSet, Native};
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection};
@@ -72,8 +73,10 @@ pub struct FunctionList {
 /// The functions of a module that is only sampled: names and ranges
 /// suffice, so unwind entries are not evaluated (that only serves to tell
 /// split-off fragments from functions before patching). Empty on error.
-pub fn list_for_sampling(data: &[u8]) -> Vec<FuncSym> {
-    list(data, false).map(|l| l.funcs).unwrap_or_default()
+pub fn list_for_sampling(data: &[u8], debug: Option<&[u8]>) -> Vec<FuncSym> {
+    list(data, debug, false)
+        .map(|l| l.funcs)
+        .unwrap_or_default()
 }
 
 /// Which alias names a function: global before weak before local, then
@@ -92,17 +95,33 @@ fn rank(bind: u8, name: &str) -> Rank {
     (b, underscores, name.len())
 }
 
-pub fn list_functions(data: &[u8]) -> Result<FunctionList, SymbolError> {
-    list(data, true)
+/// The functions of the file `data`, named from `debug` (its separate
+/// debug file's bytes) where the file itself has no symbol table.
+pub fn list_functions(data: &[u8], debug: Option<&[u8]>) -> Result<FunctionList, SymbolError> {
+    list(data, debug, true)
+}
+
+fn has_functions(elf: &Elf) -> bool {
+    elf.syms
+        .iter()
+        .any(|s| s.st_type() == sym::STT_FUNC && s.st_shndx != 0)
 }
 
 /// `for_patching`: also find, for functions known only from unwind entries,
 /// whether they start in a mid-function frame state (split-off fragments).
-fn list(data: &[u8], for_patching: bool) -> Result<FunctionList, SymbolError> {
+fn list(
+    data: &[u8],
+    debug: Option<&[u8]>,
+    for_patching: bool,
+) -> Result<FunctionList, SymbolError> {
     let elf = Elf::parse(data).map_err(|e| SymbolError::Parse(e.to_string()))?;
     if !elf.is_64 {
         return Err(SymbolError::NotElf64);
     }
+    // A debug file that does not parse, or names nothing, is not used.
+    let debug = debug
+        .and_then(|d| Elf::parse(d).ok())
+        .filter(|d| d.is_64 && !has_functions(&elf) && has_functions(d));
     let excluded: Vec<(u64, u64)> = elf
         .section_headers
         .iter()
@@ -119,10 +138,7 @@ fn list(data: &[u8], for_patching: bool) -> Result<FunctionList, SymbolError> {
         None
     };
     // Unwind state at entry only matters for functions known by no name.
-    let symtab_has_functions = elf
-        .syms
-        .iter()
-        .any(|s| s.st_type() == sym::STT_FUNC && s.st_shndx != 0);
+    let symtab_has_functions = has_functions(&elf) || debug.is_some();
     let eh = eh_frame_functions(&elf, data, for_patching && !symtab_has_functions);
     let signal_frames: Vec<u64> = eh.iter().filter(|e| e.signal).map(|e| e.start).collect();
     let wanted = |name: &str, vaddr: u64| {
@@ -155,6 +171,10 @@ fn list(data: &[u8], for_patching: bool) -> Result<FunctionList, SymbolError> {
         };
     let mut source = "symtab";
     from_table(&elf.syms, &elf.strtab, &mut named);
+    if let Some(d) = &debug {
+        source = "debug symtab";
+        from_table(&d.syms, &d.strtab, &mut named);
+    }
     let have_symtab = !named.is_empty();
     if !have_symtab {
         source = "dynsym";
@@ -315,16 +335,16 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(list_functions(b"not an elf at all").is_err());
-        assert!(list_functions(&[]).is_err());
+        assert!(list_functions(b"not an elf at all", None).is_err());
+        assert!(list_functions(&[], None).is_err());
         let mut bytes = std::fs::read("/proc/self/exe").unwrap();
         bytes.truncate(200);
-        assert!(list_functions(&bytes).is_err());
+        assert!(list_functions(&bytes, None).is_err());
     }
 
     #[test]
     fn own_executable_has_named_functions_without_aliases() {
-        let l = list_functions(&std::fs::read("/proc/self/exe").unwrap()).unwrap();
+        let l = list_functions(&std::fs::read("/proc/self/exe").unwrap(), None).unwrap();
         assert_eq!(l.source, "symtab");
         assert!(l.funcs.len() > 100);
         assert!(l.funcs.windows(2).all(|w| w[0].vaddr < w[1].vaddr));

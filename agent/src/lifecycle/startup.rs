@@ -169,6 +169,7 @@ pub(crate) fn start() {
     if cfg.disabled {
         return;
     }
+    crate::debuginfo::set_dirs(cfg.debug_dirs.clone());
     if let Some(template) = &cfg.report {
         check_report_path(template);
     }

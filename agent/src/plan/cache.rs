@@ -140,7 +140,9 @@ fn key_bytes(id: &Identity) -> [u8; 40] {
     k[8..16].copy_from_slice(&id.ino.to_le_bytes());
     k[16..24].copy_from_slice(&id.size.to_le_bytes());
     k[24..32].copy_from_slice(&id.mtime_ns.to_le_bytes());
-    k[32..40].copy_from_slice(&id.ctime_ns.to_le_bytes());
+    // The change time, mixed with the debug file's identity: the key's
+    // size stays that of the entry format.
+    k[32..40].copy_from_slice(&(id.ctime_ns as u64 ^ id.debug).to_le_bytes());
     k
 }
 
@@ -523,6 +525,7 @@ mod tests {
             size: 3,
             mtime_ns: 4,
             ctime_ns: 5,
+            debug: 0,
         }
     }
 

@@ -5,6 +5,7 @@
 
 use crate::analysis::{self, ModulePlan};
 use crate::cache::{self, Kind};
+use crate::debuginfo::{self, DebugFile};
 use crate::error::PlanError;
 use crate::fileimage::FileImage;
 use crate::log::vlog;
@@ -13,11 +14,23 @@ use crate::modules::Module;
 use crate::symbols;
 use std::time::Instant;
 
+/// The file the loader mapped for `m`, and its separate debug file if
+/// one is installed (its identity then part of the file's).
+fn open_with_debug(m: &Module, maps: &Maps) -> Result<(FileImage, Option<DebugFile>), PlanError> {
+    let mut file = FileImage::open(m, maps)?;
+    let debug = debuginfo::find(std::path::Path::new(&m.file), file.data());
+    if let Some(d) = &debug {
+        file.identity.debug = d.identity;
+        vlog!("{}: names from {}", m.path, d.path.display());
+    }
+    Ok((file, debug))
+}
+
 /// The plan for instrumenting `m`, or why there is none (its file cannot
 /// be read as the one mapped, or is no ELF file).
 pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
-    let file = FileImage::open(&m, maps)?;
+    let (file, debug) = open_with_debug(&m, maps)?;
     let cached = cache::lookup(&m, &file.identity, Kind::Plan).and_then(|e| {
         let mut p = cache::plan_from(m.clone(), e);
         if analysis::check_live(&mut p, maps, &file) {
@@ -32,7 +45,7 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     let (plan, how) = match cached {
         Some(p) => (p, "cached"),
         None => {
-            let list = symbols::list_functions(file.data())?;
+            let list = symbols::list_functions(file.data(), debug.as_ref().map(|d| d.data()))?;
             let mut p = analysis::analyze(m, list, maps, &file);
             let entry = cache::encode(&p, &file.identity);
             cache::store(&p.module.path, &file.identity, Kind::Plan, &entry);
@@ -54,7 +67,7 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
 /// attributing samples), cached like plans. Empty if its file cannot be
 /// read as the one mapped.
 pub fn sampled_functions(m: &Module, maps: &Maps) -> Vec<symbols::FuncSym> {
-    let Ok(file) = FileImage::open(m, maps) else {
+    let Ok((file, debug)) = open_with_debug(m, maps) else {
         return Vec::new();
     };
     if let Some(e) = cache::lookup(m, &file.identity, Kind::Sampled) {
@@ -70,7 +83,7 @@ pub fn sampled_functions(m: &Module, maps: &Maps) -> Vec<symbols::FuncSym> {
             })
             .collect();
     }
-    let funcs = symbols::list_for_sampling(file.data());
+    let funcs = symbols::list_for_sampling(file.data(), debug.as_ref().map(|d| d.data()));
     let entry = cache::encode_sampled(&funcs, &file.identity);
     cache::store(&m.path, &file.identity, Kind::Sampled, &entry);
     funcs
