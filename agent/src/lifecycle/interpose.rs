@@ -463,14 +463,10 @@ pub unsafe extern "C" fn sigprocmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    let Some(real) = SIGPROCMASK.get::<MaskFn>() else {
-        return no_such_function();
-    };
-    let rc = real(how, set, old);
-    if rc == 0 && !set.is_null() {
-        sampling::timer::mask_changed();
+    match SIGPROCMASK.get::<MaskFn>() {
+        Some(real) => masked(real, how, set, old),
+        None => no_such_function(),
     }
-    rc
 }
 
 /// `pthread_sigmask(3)`, unchanged, then a waiting timer may start.
@@ -484,9 +480,23 @@ pub unsafe extern "C" fn pthread_sigmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    let Some(real) = PTHREAD_SIGMASK.get::<MaskFn>() else {
-        return libc::ENOSYS;
-    };
+    match PTHREAD_SIGMASK.get::<MaskFn>() {
+        Some(real) => masked(real, how, set, old),
+        None => libc::ENOSYS,
+    }
+}
+
+/// Calls the real mask function; if the mask changed, a timer waiting for
+/// SIGPROF to be unblocked may start.
+///
+/// # Safety
+/// The mask function's contract.
+unsafe fn masked(
+    real: MaskFn,
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
     let rc = real(how, set, old);
     if rc == 0 && !set.is_null() {
         sampling::timer::mask_changed();
