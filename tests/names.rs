@@ -185,7 +185,21 @@ fn stripped_binaries_are_named_from_their_debug_files() {
         let f = function_named(p, &e.0);
         assert_eq!(f["calls"], e.1, "{f}");
     }
-    assert_eq!(function_named(p, "_Z4leafi")["demangled"], "leaf(int)");
+    let leaf = function_named(p, "_Z4leafi");
+    assert_eq!(leaf["demangled"], "leaf(int)");
+    // Its source line, from the debug file too.
+    assert!(
+        leaf["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("tests/c/names.cpp"),
+        "{leaf}"
+    );
+    assert_eq!(
+        leaf["line"],
+        line_of("names.cpp", "int leaf(int n)"),
+        "{leaf}"
+    );
 
     let unnamed = run_profiled(&bin, &[], &[("RTPROF_DEBUG_DIR", "/nonexistent")], &dir);
     let p = process(&unnamed.report, &bin);
@@ -228,6 +242,21 @@ fn libc_is_named_from_libc6_dbg() {
             .filter_map(|f| f["name"].as_str())
             .collect();
         assert!(libc.len() > 1000, "libc listed: {}", libc.len());
+        if env.len() == 1 {
+            // Source lines from the debug file's compressed DWARF.
+            let with_lines = p["functions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|f| f["module"] == "libc.so.6" && f["calls"].as_u64() > Some(0))
+                .filter(|f| {
+                    f["file"]
+                        .as_str()
+                        .is_some_and(|f| f.ends_with(".c") || f.ends_with(".S"))
+                })
+                .count();
+            assert!(with_lines > 0, "no libc function has a source line");
+        }
         let unnamed = libc.iter().filter(|n| is_sub_hex(n)).count();
         unnamed as f64 / libc.len() as f64
     };
@@ -248,4 +277,47 @@ fn libc_is_named_from_libc6_dbg() {
 fn is_sub_hex(name: &str) -> bool {
     name.strip_prefix("sub_")
         .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The 1-based line of `tests/c/<src>` that contains `text`.
+fn line_of(src: &str, text: &str) -> u64 {
+    let source = std::fs::read_to_string(root().join("tests/c").join(src)).unwrap();
+    1 + source
+        .lines()
+        .position(|l| l.contains(text))
+        .expect("in the source") as u64
+}
+
+/// Each reported function's source file and line, from the binary's own
+/// DWARF; none without debug information.
+#[test]
+fn functions_say_where_they_are_defined() {
+    let dir = scratch("names-lines");
+    let bin = compile_o2("names.cpp", &["-g"], &dir);
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    let p = process(&prof.report, &bin);
+    for (symbol, text) in [
+        ("_Z4leafi", "int leaf(int n)"),
+        ("_Z6middlei", "int middle(int n)"),
+        ("_ZNK3geo5Point4normEi", "int norm(int k) const"),
+    ] {
+        let f = function_named(p, symbol);
+        assert!(
+            f["file"].as_str().unwrap().ends_with("tests/c/names.cpp"),
+            "{f}"
+        );
+        assert_eq!(f["line"], line_of("names.cpp", text), "{f}");
+    }
+    let text = text_report(&bin, &[]);
+    let want = format!("names.cpp:{}", line_of("names.cpp", "int leaf(int n)"));
+    assert!(
+        text.lines()
+            .any(|l| l.contains("leaf(int)") && l.ends_with(&want)),
+        "{text}"
+    );
+    let g0 = dir.join("g0");
+    std::fs::create_dir_all(&g0).unwrap();
+    let plain = compile_o2("names.cpp", &["-g0"], &g0);
+    let prof = run_profiled(&plain, &[], &[], &dir);
+    assert!(function_named(process(&prof.report, &plain), "_Z4leafi")["file"].is_null());
 }

@@ -136,13 +136,7 @@ impl Config {
         c.count = globs(s("RTPROF_COUNT"));
         c.nocount = globs(s("RTPROF_NOCOUNT"));
         c.budget = s("RTPROF_BUDGET").and_then(|v| parse_budget(&v));
-        if let Some(v) = s("RTPROF_DEBUG_DIR") {
-            c.debug_dirs = v
-                .split(':')
-                .filter(|d| d.starts_with('/'))
-                .map(Into::into)
-                .collect();
-        }
+        c.debug_dirs = crate::debuginfo::dirs_from(s("RTPROF_DEBUG_DIR").as_deref());
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")
             .map(|v| v.trim().to_string())

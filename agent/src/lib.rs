@@ -28,12 +28,13 @@ pub(crate) mod sampling;
 // Each module by its own name, as the rest of the crate uses them.
 pub(crate) use count::{budget, records};
 pub(crate) use count::{register, segment, switching, threads};
-pub(crate) use discover::{debuginfo, fileimage, maps, modules, symbols};
+pub(crate) use discover::{fileimage, maps, modules, symbols};
 pub(crate) use lifecycle::system;
 pub(crate) use lifecycle::{fork, interpose, loader, startup};
 pub(crate) use patch::{install, stopworld, stubmem, switch};
 pub(crate) use plan::pipeline;
 pub(crate) use plan::{analysis, cache};
+pub(crate) use rtprof_shared::debuginfo;
 
 use config::Config;
 use segment::Segment;

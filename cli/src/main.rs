@@ -6,6 +6,7 @@ mod error;
 mod last_span;
 mod presentation;
 mod run;
+mod source_lines;
 mod switch;
 mod top;
 

@@ -3,6 +3,7 @@
 
 pub mod cachedir;
 mod codes;
+pub mod debuginfo;
 pub mod glob;
 pub mod json;
 pub mod layout;

@@ -93,6 +93,17 @@ pub struct FunctionStats {
     /// Counted in bursts under an overhead budget: `calls` is an estimate,
     /// within this many hundredths of a percent of the true count.
     pub estimated: Option<u16>,
+    /// Where the function is defined, if debug information says (filled in
+    /// by the reader of a report for the rows it shows: the segment does
+    /// not carry it).
+    pub source: Option<SourceLine>,
+}
+
+/// A source file and line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceLine {
+    pub file: String,
+    pub line: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -418,6 +429,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             counting_off: f.reserved & function_flags::COUNTING_OFF != 0,
             estimated: (f.reserved & function_flags::ESTIMATED != 0)
                 .then_some((f.reserved >> function_flags::BOUND_SHIFT) as u16),
+            source: None,
         });
     }
 

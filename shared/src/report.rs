@@ -4,6 +4,7 @@
 use crate::json::JsonWriter;
 use crate::layout::state;
 use crate::names;
+use crate::reader::SourceLine;
 use crate::{FunctionStats, Snapshot};
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -87,6 +88,8 @@ pub struct Row<'a> {
     /// `None` where calls are not counted (not instrumented, or a bucket).
     pub calls: Option<u64>,
     pub samples: u64,
+    /// Where the function is defined, where known.
+    pub source: Option<&'a SourceLine>,
 }
 
 impl Row<'_> {
@@ -132,6 +135,7 @@ struct Merged<'a> {
     samples: u64,
     counting_off: bool,
     estimated: Option<u16>,
+    source: Option<&'a SourceLine>,
 }
 
 /// The called or sampled functions, demangled; with `merge`, a function's
@@ -153,6 +157,7 @@ fn merged(s: &Snapshot, merge: bool) -> Vec<Merged<'_>> {
             samples: f.samples,
             counting_off: f.counting_off,
             estimated: f.estimated,
+            source: f.source.as_ref(),
         };
         match merge.then(|| at.get(&(f.module, name.clone()))).flatten() {
             Some(&i) => {
@@ -165,6 +170,7 @@ fn merged(s: &Snapshot, merge: bool) -> Vec<Merged<'_>> {
                 m.samples += one.samples;
                 m.counting_off |= one.counting_off;
                 m.estimated = m.estimated.max(one.estimated);
+                m.source = m.source.or(one.source);
             }
             None => {
                 at.insert((f.module, name), v.len());
@@ -199,6 +205,7 @@ pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
                 module: module_name(s, f.module),
                 calls: f.calls,
                 samples: f.samples,
+                source: f.source,
             }
         })
         .collect();
@@ -208,6 +215,7 @@ pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
             module: m.name(),
             calls: None,
             samples: m.samples,
+            source: None,
         });
     }
     if s.samples_unknown > 0 {
@@ -216,6 +224,7 @@ pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
             module: "?",
             calls: None,
             samples: s.samples_unknown,
+            source: None,
         });
     }
     let calls = |r: &Row| r.calls.unwrap_or(0);
@@ -303,7 +312,7 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
                 let per_call = r
                     .ns_per_call(s)
                     .map_or("-".to_string(), |n| format!("{n:.1}"));
-                let _ = writeln!(
+                let _ = write!(
                     out,
                     "  {:>14}  {:>8}  {:>10.1}  {:>5.1}%  {:>10}  {:<40}  {}",
                     calls,
@@ -314,6 +323,10 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
                     escape_text(&r.name),
                     escape_text(r.module)
                 );
+                if let Some(at) = r.source {
+                    let _ = write!(out, "  {}:{}", escape_text(&at.file), at.line);
+                }
+                out.push('\n');
             }
             if shown < rows.len() {
                 let _ = writeln!(
@@ -469,6 +482,10 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.uint(f.size as u64);
             w.key("patched");
             w.bool(f.instrumented && f.refused.is_none());
+            if let Some(at) = &f.source {
+                w.string_field("file", &at.file);
+                w.uint_field("line", at.line as u64);
+            }
             if f.counting_off {
                 w.key("counting");
                 w.string("off");
@@ -570,6 +587,7 @@ mod tests {
                     samples: if *n == "lo" { 7 } else { 0 },
                     counting_off: false,
                     estimated: None,
+                    source: None,
                 })
                 .collect(),
         }

@@ -1,7 +1,6 @@
 //! What is there: the loaded modules (the loader's list), the process's
 //! memory map, each module's file as mapped, and the functions it names.
 
-pub mod debuginfo;
 pub mod fileimage;
 pub mod maps;
 pub mod modules;

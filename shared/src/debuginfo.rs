@@ -22,6 +22,19 @@ pub const DEFAULT_DIR: &str = "/usr/lib/debug";
 
 static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
 
+/// The debug directories `RTPROF_DEBUG_DIR`'s value names
+/// (colon-separated absolute paths), or the default.
+pub fn dirs_from(value: Option<&str>) -> Vec<PathBuf> {
+    match value {
+        Some(v) => v
+            .split(':')
+            .filter(|d| d.starts_with('/'))
+            .map(Into::into)
+            .collect(),
+        None => vec![PathBuf::from(DEFAULT_DIR)],
+    }
+}
+
 /// Sets the debug directories (start-up, from the configuration).
 pub fn set_dirs(dirs: Vec<PathBuf>) {
     let _ = DIRS.set(dirs);
