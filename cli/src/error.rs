@@ -71,19 +71,21 @@ pub enum Error {
     /// A control character.
     GlobControl { glob: String },
 
-    // `rtprof run --json FILE` (run/json_out.rs).
+    // `--json FILE`, `--output FILE` (export/destination.rs).
     /// FILE is a directory.
-    JsonIsDirectory,
+    OutIsDirectory,
     /// FILE is a FIFO with no reader (the write would block).
-    JsonUnreadFifo,
+    OutUnreadFifo,
     /// FILE exists and cannot be written.
-    JsonNotWritable,
+    OutNotWritable,
     /// FILE cannot be examined, resolved or opened.
-    JsonInaccessible(io::Error),
+    OutInaccessible(io::Error),
     /// No file can be made beside FILE to replace it with.
-    JsonNoReplacement(io::Error),
+    OutNoReplacement(io::Error),
     /// FILE does not exist and cannot be created.
-    JsonNotCreatable(io::Error),
+    OutNotCreatable(io::Error),
+    /// No --format, and FILE's name ends in none of the known endings.
+    UnknownFormat { endings: String },
 
     // Room for counter segments in TMPDIR (run/room.rs).
     /// TMPDIR's path has a NUL byte (statvfs cannot take it).
@@ -198,13 +200,17 @@ impl fmt::Display for Error {
             Error::GlobControl { glob } => {
                 write!(f, "'{}': contains a control character", escape_text(glob))
             }
-            Error::JsonIsDirectory => f.write_str("is a directory"),
-            Error::JsonUnreadFifo => f.write_str("is a FIFO that nobody reads"),
-            Error::JsonNotWritable => f.write_str("exists and is not writable"),
-            Error::JsonNoReplacement(e) => {
+            Error::OutIsDirectory => f.write_str("is a directory"),
+            Error::OutUnreadFifo => f.write_str("is a FIFO that nobody reads"),
+            Error::OutNotWritable => f.write_str("exists and is not writable"),
+            Error::OutNoReplacement(e) => {
                 write!(f, "cannot create a file beside it to replace it with: {e}")
             }
-            Error::JsonNotCreatable(e) => write!(f, "cannot be created: {e}"),
+            Error::OutNotCreatable(e) => write!(f, "cannot be created: {e}"),
+            Error::UnknownFormat { endings } => write!(
+                f,
+                "cannot tell the format from the file name (it ends in none of {endings}); name it with --format"
+            ),
             Error::NulInPath => f.write_str("NUL in path"),
             Error::NoFreeSpace => f.write_str("no free space"),
             Error::NoFreeInodes => f.write_str("no free inodes"),
@@ -219,7 +225,7 @@ impl fmt::Display for Error {
             // What the system says is the whole message: the caller names
             // the file or the connection.
             Error::SocketTimeout(e)
-            | Error::JsonInaccessible(e)
+            | Error::OutInaccessible(e)
             | Error::OutOfSpace(e)
             | Error::SegmentOpen(e)
             | Error::SegmentMap(e) => e.fmt(f),

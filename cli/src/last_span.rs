@@ -1,5 +1,6 @@
 //! `rtprof report`: the last span from a running `rtprofd`, once.
 
+use crate::export::{model, Output, OutputArgs};
 use crate::presentation::{age_text, open, stale_text};
 use clap::Args;
 use rtprof_shared::json::JsonWriter;
@@ -17,8 +18,10 @@ pub struct ReportArgs {
     #[arg(long)]
     pid: Option<u32>,
     /// JSON on stdout instead of text.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "output")]
     json: bool,
+    #[command(flatten)]
+    output: OutputArgs,
     /// Rows per process (0: all).
     #[arg(long, default_value_t = 10)]
     top: usize,
@@ -130,6 +133,13 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
 }
 
 pub fn run(a: ReportArgs) -> ExitCode {
+    let output = match Output::from_args(&a.output) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rtprof: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let seg = match open(&a.present) {
         Ok(m) => m,
         Err(e) => {
@@ -145,8 +155,9 @@ pub fn run(a: ReportArgs) -> ExitCode {
         }
     };
     let now = now_ns();
-    // The text says so itself; JSON on a pipe should not go unnoticed.
-    if let Some(s) = stale_text(&v, now).filter(|_| a.json) {
+    // The text says so itself; JSON on a pipe, or a file, should not go
+    // unnoticed.
+    if let Some(s) = stale_text(&v, now).filter(|_| a.json || output.is_some()) {
         eprintln!("rtprof: {}: {s}", a.present.display());
     }
     let procs: Vec<&ProcView> = v
@@ -154,7 +165,12 @@ pub fn run(a: ReportArgs) -> ExitCode {
         .iter()
         .filter(|p| a.pid.is_none_or(|pid| p.pid == pid))
         .collect();
-    if a.json {
+    if let Some(o) = output {
+        let written = o.write(|| json(&v, &procs, now), || model::from_view(&v, &procs));
+        if !written {
+            return ExitCode::from(1);
+        }
+    } else if a.json {
         println!("{}", json(&v, &procs, now));
     } else {
         print!("{}", text(&v, &procs, a.top, now));

@@ -3,6 +3,7 @@
 mod agent;
 mod cache;
 mod error;
+mod export;
 mod last_span;
 mod presentation;
 mod run;

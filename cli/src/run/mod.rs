@@ -3,14 +3,13 @@
 //! directory. Arguments, stdin, stdout and the exit status pass through.
 
 mod child;
-mod json_out;
 mod modules_arg;
 mod room;
 mod segments;
 
 use crate::error::Error;
+use crate::export::{model, shown, Format, Output, OutputArgs};
 use clap::Args;
-use json_out::JsonOut;
 use room::{out_of_space, room_for_segments, RunDir};
 use rtprof_shared::report;
 use rtprof_shared::report::escape_text;
@@ -19,9 +18,12 @@ use std::process::{Command, ExitCode};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Write the report as JSON to FILE instead of text on stderr.
+    /// Write the report as JSON to FILE instead of text on stderr (as
+    /// --output FILE --format json).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    output: OutputArgs,
     /// Show per-module patch statistics with refusal reasons.
     #[arg(long)]
     stats: bool,
@@ -136,17 +138,23 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let json = match args.json.as_deref().map(JsonOut::prepare).transpose() {
-        Ok(j) => j,
+    let mut outputs = Vec::new();
+    if let Some(p) = &args.json {
+        match Output::prepare(p, Some(Format::Json)) {
+            Ok(o) => outputs.push(o),
+            Err(e) => {
+                eprintln!("rtprof: --json {}: {e}; the program was not run", shown(p));
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match Output::from_args(&args.output) {
+        Ok(o) => outputs.extend(o),
         Err(e) => {
-            let p = args.json.as_deref().unwrap_or(Path::new(""));
-            eprintln!(
-                "rtprof: --json {}: {e}; the program was not run",
-                escape_text(&p.to_string_lossy())
-            );
+            eprintln!("rtprof: {e}; the program was not run");
             return ExitCode::from(2);
         }
-    };
+    }
     let agent = match crate::agent::find(args.agent.clone()) {
         Ok(a) => a,
         Err(e) => {
@@ -206,16 +214,16 @@ pub fn run(args: RunArgs) -> ExitCode {
             Ok(()) => eprintln!("rtprof: no profile was recorded (the program may be static, setuid, or not an ELF program)"),
         }
     }
-    match json {
-        Some(out) => {
-            if let Err(e) = out.write(&report::json(&procs)) {
-                eprintln!(
-                    "rtprof: cannot write the report to {}: {e}",
-                    escape_text(&args.json.unwrap_or_default().to_string_lossy())
-                );
-            }
+    if !outputs.is_empty() {
+        let name = args.command.join(" ");
+        for o in outputs {
+            o.write(
+                || report::json(&procs),
+                || model::from_snapshots(&name, &procs),
+            );
         }
-        None if dir.is_some() => eprint!(
+    } else if dir.is_some() {
+        eprint!(
             "{}",
             report::text(
                 &procs,
@@ -230,8 +238,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                     merge_copies: !args.no_merge_clones,
                 }
             )
-        ),
-        None => {}
+        );
     }
     drop(dir);
     child::exit_like(status)

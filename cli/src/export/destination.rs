@@ -1,12 +1,12 @@
-//! `--json FILE`: the report's destination, checked before the program
-//! runs and written after it ends.
+//! Where an exported report goes (`--json FILE`, `--output FILE`): checked
+//! before the program runs, written after it ends.
 
 use crate::error::Error;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Where the JSON report goes, settled before the program starts.
-pub enum JsonOut {
+/// Where a report goes, settled before the program starts.
+pub enum Destination {
     /// A regular file, new or not: the report is written to a temporary
     /// file beside it and renamed over it, so it is never left truncated.
     File {
@@ -42,9 +42,9 @@ fn temp_beside(target: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
     }
 }
 
-impl JsonOut {
-    /// Checks that the report can be written to `path`.
-    pub fn prepare(path: &Path) -> Result<JsonOut, Error> {
+impl Destination {
+    /// Checks that a report can be written to `path`.
+    pub fn prepare(path: &Path) -> Result<Destination, Error> {
         use std::os::unix::fs::OpenOptionsExt;
         // /dev/stdout and the like name a descriptor: when it is a file
         // (stdout redirected), the report goes after what the program
@@ -53,7 +53,7 @@ impl JsonOut {
             .iter()
             .any(|d| path.starts_with(d));
         match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => Err(Error::JsonIsDirectory),
+            Ok(m) if m.is_dir() => Err(Error::OutIsDirectory),
             Ok(m) if !m.is_file() || descriptor => {
                 // Non-blocking: a FIFO nobody reads is an error, not a hang.
                 let f = std::fs::OpenOptions::new()
@@ -62,8 +62,8 @@ impl JsonOut {
                     .custom_flags(libc::O_NONBLOCK)
                     .open(path)
                     .map_err(|e| match e.raw_os_error() {
-                        Some(libc::ENXIO) => Error::JsonUnreadFifo,
-                        _ => Error::JsonInaccessible(e),
+                        Some(libc::ENXIO) => Error::OutUnreadFifo,
+                        _ => Error::OutInaccessible(e),
                     })?;
                 use std::os::fd::AsRawFd;
                 // SAFETY: fcntl on a descriptor owned by `f`. Writes of the
@@ -72,44 +72,44 @@ impl JsonOut {
                     let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
                     libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
                 }
-                Ok(JsonOut::Stream(f))
+                Ok(Destination::Stream(f))
             }
             Ok(m) => {
                 // Through a symbolic link: replace the file it names.
-                let target = path.canonicalize().map_err(Error::JsonInaccessible)?;
+                let target = path.canonicalize().map_err(Error::OutInaccessible)?;
                 if std::fs::OpenOptions::new()
                     .write(true)
                     .open(&target)
                     .is_err()
                 {
-                    return Err(Error::JsonNotWritable);
+                    return Err(Error::OutNotWritable);
                 }
-                let (tmp, _) = temp_beside(&target).map_err(Error::JsonNoReplacement)?;
+                let (tmp, _) = temp_beside(&target).map_err(Error::OutNoReplacement)?;
                 let _ = std::fs::remove_file(tmp);
-                Ok(JsonOut::File {
+                Ok(Destination::File {
                     path: target,
                     mode: Some(m.permissions()),
                 })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let (tmp, _) = temp_beside(path).map_err(Error::JsonNotCreatable)?;
+                let (tmp, _) = temp_beside(path).map_err(Error::OutNotCreatable)?;
                 let _ = std::fs::remove_file(tmp);
-                Ok(JsonOut::File {
+                Ok(Destination::File {
                     path: path.to_path_buf(),
                     mode: None,
                 })
             }
-            Err(e) => Err(Error::JsonInaccessible(e)),
+            Err(e) => Err(Error::OutInaccessible(e)),
         }
     }
 
-    pub fn write(self, text: &str) -> std::io::Result<()> {
+    pub fn write(self, bytes: &[u8]) -> std::io::Result<()> {
         match self {
-            JsonOut::Stream(mut f) => f.write_all(text.as_bytes()),
-            JsonOut::File { path, mode } => {
+            Destination::Stream(mut f) => f.write_all(bytes),
+            Destination::File { path, mode } => {
                 let (tmp, mut f) = temp_beside(&path)?;
                 let r = (|| {
-                    f.write_all(text.as_bytes())?;
+                    f.write_all(bytes)?;
                     if let Some(m) = mode {
                         f.set_permissions(m)?;
                     }
