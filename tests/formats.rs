@@ -94,7 +94,7 @@ fn samples_of(p: &Value, function: &str) -> u64 {
 }
 
 fn program(dir: &Path) -> PathBuf {
-    compile_o2("formats.c", &[], dir)
+    compile_o2("formats.c", &["-g"], dir)
 }
 
 #[test]
@@ -141,6 +141,17 @@ fn pprof_totals_are_the_json_reports() {
     let exe = bin.canonicalize().unwrap();
     let mapping = format!("{} {build_id} [FN]", exe.display());
     assert!(raw.contains(&mapping), "{mapping} in {raw}");
+    // Functions carry their source file and line (the program has DWARF).
+    let source = std::fs::read_to_string(root().join("tests/c/formats.c")).unwrap();
+    let line = 1 + source
+        .lines()
+        .position(|l| l.contains("heavy(") && !l.trim_end().ends_with(';'))
+        .expect("heavy is defined");
+    let at = format!(
+        " heavy {}:{line} s={line}",
+        root().join("tests/c/formats.c").display()
+    );
+    assert!(raw.contains(&at), "{at} in {raw}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

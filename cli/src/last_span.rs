@@ -124,7 +124,7 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
                 r.calls_per_s(p.span_ns),
                 r.time_ns as f64 / 1e6,
                 per_call,
-                escape_text(&r.name),
+                escape_text(&rtprof_shared::names::readable(&r.name)),
                 escape_text(&r.module)
             );
         }

@@ -48,6 +48,8 @@ pub struct Frame {
     pub module: Option<usize>,
     /// The function's entry address in the process, when known.
     pub address: Option<u64>,
+    /// Where the function is defined, where debug information says.
+    pub source: Option<rtprof_shared::reader::SourceLine>,
 }
 
 pub struct Stack {
@@ -97,6 +99,7 @@ fn bucket(name: String, module: Option<usize>) -> Frame {
         symbol: None,
         module,
         address: None,
+        source: None,
     }
 }
 
@@ -107,6 +110,7 @@ fn function(symbol: &str, module: Option<usize>, address: Option<u64>) -> Frame 
         symbol: Some(symbol.to_string()),
         module,
         address,
+        source: None,
     }
 }
 
@@ -150,11 +154,11 @@ fn process_of_snapshot(s: &Snapshot) -> Process {
     for f in s.functions.iter().filter(|f| f.calls > 0 || f.samples > 0) {
         let base = s.modules.get(f.module as usize).map(|m| m.base);
         let address = base.map(|b| b.wrapping_add(f.vaddr));
-        p.add(
-            function(&f.name, base.map(|_| f.module as usize), address),
-            f.samples,
-            f.instrumented.then_some(f.calls),
-        );
+        let frame = Frame {
+            source: f.source.clone(),
+            ..function(&f.name, base.map(|_| f.module as usize), address)
+        };
+        p.add(frame, f.samples, f.instrumented.then_some(f.calls));
     }
     for (i, m) in s.modules.iter().enumerate().filter(|(_, m)| m.samples > 0) {
         p.add(bucket(format!("[{}]", m.name()), Some(i)), m.samples, None);

@@ -59,12 +59,14 @@ mod location {
 }
 mod line {
     pub const FUNCTION_ID: u32 = 1;
+    pub const LINE: u32 = 2;
 }
 mod function {
     pub const ID: u32 = 1;
     pub const NAME: u32 = 2;
     pub const SYSTEM_NAME: u32 = 3;
     pub const FILENAME: u32 = 4;
+    pub const START_LINE: u32 = 5;
 }
 
 /// The sample types, in the order of every sample's values.
@@ -126,10 +128,14 @@ impl<'a> Encoder<'a> {
         }
         let id = self.functions.len() as u64 + 1;
         let mut m = Message::new();
+        let file = f.source.as_ref().map_or("", |s| s.file.as_str());
         m.uint(function::ID, id)
             .int(function::NAME, self.strings.id(key.0))
             .int(function::SYSTEM_NAME, self.strings.id(key.1))
-            .int(function::FILENAME, 0);
+            .int(function::FILENAME, self.strings.id(file));
+        if let Some(s) = &f.source {
+            m.int(function::START_LINE, s.line as i64);
+        }
         self.out.message(profile::FUNCTION, &m);
         self.functions.insert(key, id);
         id
@@ -177,6 +183,9 @@ impl<'a> Encoder<'a> {
             self.next_location += 1;
             let mut line = Message::new();
             line.uint(line::FUNCTION_ID, function);
+            if let Some(s) = &f.source {
+                line.int(line::LINE, s.line as i64);
+            }
             let mut m = Message::new();
             m.uint(location::ID, self.next_location)
                 .uint(location::MAPPING_ID, f.module.map_or(0, |i| mappings[i]))
