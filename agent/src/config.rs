@@ -51,6 +51,8 @@ pub struct Config {
     /// cost before the hottest functions are counted in bursts (unset:
     /// exact counting whatever it costs).
     pub budget: Option<f64>,
+    /// `RTPROF_STACKS=0`: samples without their call stacks.
+    pub stacks: bool,
     /// `RTPROF_DEBUG_DIR`: where separate debug files are looked for
     /// (colon-separated; default `/usr/lib/debug`).
     pub debug_dirs: Vec<std::path::PathBuf>,
@@ -76,6 +78,7 @@ impl Default for Config {
             count: Vec::new(),
             nocount: Vec::new(),
             budget: None,
+            stacks: true,
             debug_dirs: vec![crate::debuginfo::DEFAULT_DIR.into()],
         }
     }
@@ -136,6 +139,7 @@ impl Config {
         c.count = globs(s("RTPROF_COUNT"));
         c.nocount = globs(s("RTPROF_NOCOUNT"));
         c.budget = s("RTPROF_BUDGET").and_then(|v| parse_budget(&v));
+        c.stacks = s("RTPROF_STACKS").is_none_or(|v| truthy(&v));
         c.debug_dirs = crate::debuginfo::dirs_from(s("RTPROF_DEBUG_DIR").as_deref());
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")

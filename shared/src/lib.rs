@@ -20,7 +20,7 @@ pub use glob::glob_match;
 pub use layout::{Capacities, Layout};
 pub use reader::{
     read_function_flags, read_header, read_snapshot, FunctionStats, ModuleStats, SegmentError,
-    Snapshot,
+    Snapshot, Stack, Stacks,
 };
 pub use refusal::Refusal;
 pub use writer::{SegmentWriter, WriteError};

@@ -131,6 +131,80 @@ pub struct Snapshot {
     pub stripes: u32,
     pub modules: Vec<ModuleStats>,
     pub functions: Vec<FunctionStats>,
+    /// Sampled call stacks (not in the segment: read from the file the
+    /// agent writes beside it at exit, see [`Stacks::parse`]).
+    pub stacks: Stacks,
+}
+
+/// The sampled call stacks of a process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stacks {
+    pub stacks: Vec<Stack>,
+    /// Samples whose stacks were cut at the agent's depth limit.
+    pub truncated: u64,
+    /// Samples not counted for their stack (the agent's table was full).
+    pub dropped: u64,
+}
+
+/// One call stack and the samples taken in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stack {
+    /// Leaf first (the sampled function, then its caller, ...).
+    pub frames: Vec<Frame>,
+    pub samples: u64,
+}
+
+/// A frame of a sampled stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// A function (its index in `Snapshot::functions`).
+    Function(u32),
+    /// Code of a module outside its listed functions (index in `modules`).
+    Module(u32),
+    Unknown,
+}
+
+impl Stacks {
+    /// Reads the stacks file the agent writes: `rtprof-stacks 1 <truncated>
+    /// <dropped>`, then `<samples> <frame>...` per stack, frames leaf first
+    /// as function slots, `2^31 | module`, or `2^32 - 1`. Frames naming
+    /// nothing in `functions`/`modules` counts make the file unreadable.
+    pub fn parse(text: &str, functions: usize, modules: usize) -> Result<Stacks, SegmentError> {
+        let bad = SegmentError::BadReference("stack file");
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().ok_or(bad.clone())?.split(' ').collect();
+        let [magic, version, truncated, dropped] = head[..] else {
+            return Err(bad);
+        };
+        if magic != "rtprof-stacks" || version != "1" {
+            return Err(bad);
+        }
+        let num = |s: &str| s.parse::<u64>().map_err(|_| bad.clone());
+        let mut out = Stacks {
+            stacks: Vec::new(),
+            truncated: num(truncated)?,
+            dropped: num(dropped)?,
+        };
+        for line in lines.filter(|l| !l.is_empty()) {
+            let mut it = line.split(' ');
+            let samples = num(it.next().ok_or(bad.clone())?)?;
+            let frames = it
+                .map(|f| {
+                    let v = f.parse::<u32>().map_err(|_| bad.clone())?;
+                    match v {
+                        u32::MAX => Ok(Frame::Unknown),
+                        v if v & (1 << 31) != 0 && ((v & !(1 << 31)) as usize) < modules => {
+                            Ok(Frame::Module(v & !(1 << 31)))
+                        }
+                        v if (v as usize) < functions => Ok(Frame::Function(v)),
+                        _ => Err(bad.clone()),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            out.stacks.push(Stack { frames, samples });
+        }
+        Ok(out)
+    }
 }
 
 /// Bounds-checked little-endian reads over possibly-shared memory.
@@ -455,6 +529,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         stripes: h.stripe_count,
         modules,
         functions,
+        stacks: Stacks::default(),
     })
 }
 

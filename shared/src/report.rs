@@ -590,6 +590,7 @@ mod tests {
                     source: None,
                 })
                 .collect(),
+            stacks: Default::default(),
         }
     }
 

@@ -479,6 +479,21 @@ impl SegmentWriter {
         }
     }
 
+    /// The path of module `idx`.
+    pub fn module_path(&self, idx: u32) -> &[u8] {
+        let m = self.module(idx);
+        // SAFETY: as in `function_name`: inside the string table, never
+        // rewritten once added.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.counters
+                    .base
+                    .add((self.counters.layout.strings_off + m.path_off as u64) as usize),
+                m.path_len as usize,
+            )
+        }
+    }
+
     /// A copy of module record `idx` (its sample counter as of now).
     pub fn module(&self, idx: u32) -> ModuleRecord {
         assert!(idx < self.module_count);

@@ -12,7 +12,8 @@ use rtprof_shared::{Capacities, Layout, SegmentWriter};
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[derive(Debug)]
 pub enum SegmentError {
@@ -95,6 +96,7 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
             )
         };
         if fd >= 0 {
+            FILE.store((pid as u64) << 32 | n as u64, Ordering::Relaxed);
             result = Ok(fd);
             break;
         }
@@ -108,6 +110,10 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
     unsafe { libc::close(dfd) };
     result
 }
+
+/// The pid and number of this process's segment file in the run directory
+/// (`pid << 32 | n`), for the files written beside it.
+static FILE: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// `<pid>-<n>.seg`, NUL-terminated, built without the heap: a forked
 /// child runs this before other libraries' fork handlers have released
@@ -459,6 +465,29 @@ impl Segment {
             unsafe { libc::close(fd) };
         }
         Ok(())
+    }
+
+    /// Writes `bytes` to `<run dir>/<pid>-<n>.<suffix>`, beside this
+    /// process's segment file (none: nothing is written). A new file,
+    /// private, in the private run directory.
+    pub fn write_beside(&self, suffix: &str, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt;
+        let (Some(dir), at) = (&self.run_dir, FILE.load(Ordering::Relaxed)) else {
+            return Ok(());
+        };
+        if at == u64::MAX || (at >> 32) as u32 != std::process::id() {
+            return Ok(());
+        }
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(dir.as_bytes()))
+            .join(format!("{}-{}.{suffix}", at >> 32, at & 0xffff_ffff));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?
+            .write_all(bytes)
     }
 
     /// The whole segment, for building a report of this process.

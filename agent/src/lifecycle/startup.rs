@@ -332,6 +332,7 @@ pub(crate) fn start() {
         .map(Planned::module)
         .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
         .cloned();
+    crate::sampling::set_stacks(cfg.stacks && cfg.sample_hz != 0);
     crate::sampling::publish_map(&writer, &known.present(), stubs.ranges());
     ph.mark("addrmap");
     if AGENT
@@ -391,6 +392,11 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
             return;
         }
         crate::sampling::at_exit(a);
+        if let Some(text) = crate::sampling::stacks::text() {
+            if let Err(e) = a.segment.write_beside("stacks", text.as_bytes()) {
+                vlog!("call stacks not written: {e}");
+            }
+        }
         crate::budget::at_exit(a);
         a.segment.counters.set_exit(status, now_ns());
         if let Some(path) = &a.config.report {

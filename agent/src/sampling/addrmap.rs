@@ -19,6 +19,9 @@ struct Range {
     counter: *const AtomicU64,
     /// For a module named on demand: its record + 1 (else 0).
     on_demand: u32,
+    /// What a stack frame here is: the function slot, or
+    /// `stacks::MODULE | record`.
+    id: u32,
 }
 
 /// A module present in the process: its record in the segment and the
@@ -90,6 +93,7 @@ impl AddrMap {
                 end,
                 counter: bucket,
                 on_demand,
+                id: super::stacks::MODULE | p.record,
             }));
             let last = m.first_func.saturating_add(m.func_count).min(func_count);
             for slot in m.first_func..last {
@@ -101,6 +105,7 @@ impl AddrMap {
                         end: start.saturating_add(f.size as u64),
                         counter: w.counters().function_samples(slot),
                         on_demand: 0,
+                        id: slot,
                     });
                 }
             }
@@ -114,6 +119,7 @@ impl AddrMap {
                     end,
                     counter: w.counters().function_samples(slot),
                     on_demand: 0,
+                    id: slot,
                 }),
         );
         normalise(&mut funcs);
@@ -184,6 +190,16 @@ pub fn count(ip: u64, n: u64) {
 #[inline]
 pub fn count_unless_unnamed(ip: u64) -> Option<u32> {
     with_current(|m| m.count_or_hold(ip, 1, true))
+}
+
+/// What a stack frame at `ip` is (see `stacks`): its function's slot, its
+/// module's, or `None` outside every known module.
+pub fn place_id(ip: u64) -> Option<u32> {
+    with_current(|m| {
+        find(&m.funcs, ip)
+            .or_else(|| find(&m.modules, ip))
+            .map(|r| r.id)
+    })
 }
 
 /// The record of the module named on demand that a sample at `ip` lands
@@ -299,6 +315,7 @@ pub(crate) mod tests {
             end,
             counter: c,
             on_demand: 0,
+            id: 0,
         };
         let mut v = vec![r(10, 50), r(0, 20), r(10, 15), r(60, 60)];
         normalise(&mut v);

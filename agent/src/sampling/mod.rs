@@ -11,6 +11,7 @@
 pub mod addrmap;
 mod perf;
 pub mod ring;
+pub(crate) mod stacks;
 pub(crate) mod timer;
 
 use crate::config::SamplerChoice;
@@ -126,7 +127,7 @@ pub fn names_on_demand() -> bool {
 
 fn start_drainer(a: &Agent) -> Result<(), Errno> {
     DRAINER.start(
-        perf::sleep_ms(a.config.sample_hz),
+        perf::sleep_ms(a.config.sample_hz, a.config.stacks),
         void_stripe(a),
         drain_now,
     )
@@ -136,7 +137,20 @@ fn start_perf(a: &'static Agent) -> Result<(), perf::Failure> {
     // The drain thread first: started before the events exist, it does not
     // inherit them, and its own CPU time is not sampled as the program's.
     start_drainer(a).map_err(|e| (Why::NoDrainThread, Some(e)))?;
-    let rings = match perf::open(a.config.sample_hz) {
+    // Samples with stacks need rings 30 times larger: where the locked
+    // memory they take is refused, samples without stacks still serve.
+    let with_stacks = perf::open(a.config.sample_hz, a.config.stacks);
+    let rings = match with_stacks {
+        Err((Why::PerfMapFailed, e)) if a.config.stacks => {
+            vlog!(
+                "no room for rings with stacks ({}); sampling without stacks",
+                e.map_or_else(String::new, |e| e.to_string())
+            );
+            perf::open(a.config.sample_hz, false)
+        }
+        r => r,
+    };
+    let rings = match rings {
         Ok(r) => r,
         Err(f) => {
             DRAINER.stop();
@@ -253,9 +267,13 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
             let may_name = name.is_some() && rounds < MAX_ROUNDS;
             n += r.drain_while(|ty, body| {
                 match ty {
-                    // Body: ip (u64), pid (u32), tid (u32).
+                    // Body: ip (u64), pid (u32), tid (u32), then with
+                    // stacks the user registers and stack (`user_stack`).
                     PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
                         let ip = field_u64(body, 0);
+                        if let Some((sp, bp, stack)) = user_stack(body) {
+                            stacks::record(ip, sp, bp, stack);
+                        }
                         if !may_name {
                             addrmap::count(ip, 1);
                         } else if let Some(record) = addrmap::count_unless_unnamed(ip) {
@@ -279,6 +297,22 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
         }
     }
     n
+}
+
+/// The sampled thread's stack pointer, frame pointer and the copy of its
+/// stack from a sample's body, if it has them: after ip, pid and tid come
+/// the registers' ABI (u64; 0: none), the registers asked for (bp, sp, ip
+/// in `perf_regs` order), the copy's size (u64), the copy, and the bytes
+/// of it the kernel filled (u64).
+fn user_stack(body: &[u8]) -> Option<(u64, u64, &[u8])> {
+    if body.len() <= 16 || field_u64(body, 16) == 0 {
+        return None;
+    }
+    let (bp, sp) = (field_u64(body, 24), field_u64(body, 32));
+    let size = usize::try_from(field_u64(body, 48)).ok()?;
+    let data = body.get(56..56usize.checked_add(size)?)?;
+    let filled = usize::try_from(field_u64(body, 56 + size)).ok()?;
+    Some((sp, bp, data.get(..filled.min(size))?))
 }
 
 /// Lists the functions of the module records it is given.
@@ -355,6 +389,7 @@ pub fn forget_parent_in_child() {
     DRAINING.store(false, Ordering::Relaxed);
     addrmap::reset_readers_in_child();
     timer::forget_in_child();
+    stacks::forget_in_child();
 }
 
 /// In a forked child, once `fork()` has returned (where allocating and
@@ -377,6 +412,29 @@ pub fn restart_in_child() {
 /// libraries come or go), from the records in `w`.
 pub fn publish_map(w: &SegmentWriter, present: &[addrmap::Present], stubs: &[(u64, u64, u32)]) {
     addrmap::publish(addrmap::AddrMap::build(w, present, stubs));
+    if STACKS.load(Ordering::Relaxed) {
+        // The unwinder follows the same modules (the vDSO has no file).
+        let files = present
+            .iter()
+            .filter(|p| p.record < w.module_count() && !p.exec.is_empty())
+            .map(|p| stacks::ModuleFile {
+                path: String::from_utf8_lossy(w.module_path(p.record)).into_owned(),
+                bias: w.module(p.record).base,
+                exec: p.exec.clone(),
+            })
+            .filter(|m| m.path.starts_with('/'))
+            .collect();
+        stacks::modules_changed(files);
+    }
+}
+
+/// Whether samples carry stacks (set before the first table is published).
+static STACKS: AtomicBool = AtomicBool::new(false);
+
+/// Says whether samples will carry stacks: start-up, before the address
+/// table is first published.
+pub fn set_stacks(on: bool) {
+    STACKS.store(on, Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! own, and a program that closes every descriptor cannot disturb sampling.
 
 use super::ring::{Ring, HEADER};
+use super::stacks::STACK_BYTES;
 use crate::error::Errno;
 use perf_event::events::Software;
 use perf_event::{Builder, SampleFlag};
@@ -16,8 +17,20 @@ use std::os::fd::IntoRawFd;
 /// More CPUs than this and the agent samples with per-thread timers
 /// instead: descriptors and locked ring memory stay bounded per process.
 pub const MAX_CPUS: usize = 256;
-/// Bytes per sample record: the header, ip (u64), pid and tid (u32 each).
-const RECORD_BYTES: u64 = HEADER as u64 + 8 + 4 + 4;
+/// Bytes per sample record: the header, ip (u64), pid and tid (u32 each);
+/// with stacks also the registers' ABI and three registers (u64 each), the
+/// stack copy with its size before and its filled size after.
+const fn record_bytes(stacks: bool) -> u64 {
+    let plain = HEADER as u64 + 8 + 4 + 4;
+    if stacks {
+        plain + 8 + 3 * 8 + 8 + STACK_BYTES as u64 + 8
+    } else {
+        plain
+    }
+}
+/// The user registers a sample with a stack carries: bp, sp, ip
+/// (`perf_regs` numbering on x86-64).
+const STACK_REGS: u64 = (1 << 6) | (1 << 7) | (1 << 8);
 /// The drain thread wakes at least this often; rings hold twice as much.
 pub const MAX_SLEEP_MS: u64 = 1000;
 /// Ring data pages per CPU, at most (256 KiB).
@@ -29,14 +42,14 @@ pub type Failure = (Why, Option<Errno>);
 
 /// Data pages per ring for `hz` samples per second on one CPU: two drain
 /// intervals' worth, a power of two.
-pub fn ring_pages(hz: u32) -> u64 {
-    let bytes = hz as u64 * RECORD_BYTES * 2 * MAX_SLEEP_MS / 1000;
+pub fn ring_pages(hz: u32, stacks: bool) -> u64 {
+    let bytes = hz as u64 * record_bytes(stacks) * 2 * MAX_SLEEP_MS / 1000;
     bytes.div_ceil(4096).next_power_of_two().clamp(2, MAX_PAGES)
 }
 
 /// How long the drain thread may sleep so no ring fills in between.
-pub fn sleep_ms(hz: u32) -> u64 {
-    let capacity = ring_pages(hz) * 4096 / RECORD_BYTES;
+pub fn sleep_ms(hz: u32, stacks: bool) -> u64 {
+    let capacity = ring_pages(hz, stacks) * 4096 / record_bytes(stacks);
     (capacity * 1000 / (2 * hz.max(1) as u64)).clamp(10, MAX_SLEEP_MS)
 }
 
@@ -60,7 +73,7 @@ fn online_cpus() -> Vec<usize> {
     cpus
 }
 
-fn open_one(cpu: usize, period_ns: u64) -> std::io::Result<i32> {
+fn open_one(cpu: usize, period_ns: u64, stacks: bool) -> std::io::Result<i32> {
     let mut b = Builder::new(Software::CPU_CLOCK);
     b.observe_self()
         .one_cpu(cpu)
@@ -71,17 +84,22 @@ fn open_one(cpu: usize, period_ns: u64) -> std::io::Result<i32> {
         .exclude_kernel(true)
         .exclude_hv(true)
         .enabled(true);
+    if stacks {
+        b.sample(SampleFlag::IP | SampleFlag::TID | SampleFlag::REGS_USER | SampleFlag::STACK_USER)
+            .sample_regs_user(STACK_REGS)
+            .sample_stack_user(STACK_BYTES);
+    }
     Ok(b.build()?.into_raw_fd())
 }
 
 /// Opens and maps one event per online CPU. On failure nothing stays open.
-pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
+pub fn open(hz: u32, stacks: bool) -> Result<Vec<Ring>, Failure> {
     let cpus = online_cpus();
     if cpus.len() > MAX_CPUS {
         return Err((Why::TooManyCpus, None));
     }
     let period_ns = 1_000_000_000 / hz.max(1) as u64;
-    let len = ((1 + ring_pages(hz)) * 4096) as usize;
+    let len = ((1 + ring_pages(hz, stacks)) * 4096) as usize;
     let mut rings: Vec<Ring> = Vec::with_capacity(cpus.len());
     let fail = |rings: Vec<Ring>, f: Failure| {
         for r in rings {
@@ -95,7 +113,7 @@ pub fn open(hz: u32) -> Result<Vec<Ring>, Failure> {
     // Kernels before 5.13 lack inherit_thread (EINVAL); there every
     // descendant would write into our rings, so the timers serve instead.
     for &cpu in &cpus {
-        let fd = open_one(cpu, period_ns);
+        let fd = open_one(cpu, period_ns, stacks);
         let fd = match fd {
             Ok(fd) => fd,
             // Listed online but gone (hot-unplugged): nothing runs there.
@@ -138,12 +156,19 @@ mod tests {
 
     #[test]
     fn ring_sizes_cover_two_drain_intervals() {
-        assert_eq!(ring_pages(1000), 16);
-        assert_eq!(sleep_ms(1000), MAX_SLEEP_MS);
-        for hz in [1, 10, 100, 1000, 5000, 10_000] {
-            let capacity = ring_pages(hz) * 4096 / RECORD_BYTES;
-            let per_sleep = hz as u64 * sleep_ms(hz) / 1000;
-            assert!(capacity >= 2 * per_sleep, "{hz} Hz");
+        assert_eq!(ring_pages(1000, false), 16);
+        assert_eq!(sleep_ms(1000, false), MAX_SLEEP_MS);
+        for (hz, stacks) in [1, 10, 100, 1000, 5000, 10_000]
+            .into_iter()
+            .map(|hz| (hz, false))
+            // With stacks, rings are as large as they get: the drain
+            // thread wakes often enough at the default rate.
+            .chain([(1, true), (100, true), (1000, true)])
+        {
+            let capacity = ring_pages(hz, stacks) * 4096 / record_bytes(stacks);
+            let per_sleep = hz as u64 * sleep_ms(hz, stacks) / 1000;
+            assert!(capacity >= 2 * per_sleep, "{hz} Hz, stacks {stacks}");
         }
     }
+
 }

@@ -23,9 +23,10 @@ pub const HEADER: usize = size_of::<perf_event_header>();
 const HEADER_TYPE: usize = offset_of!(perf_event_header, type_);
 const HEADER_SIZE: usize = offset_of!(perf_event_header, size);
 
-/// Bodies longer than this are not ours to read (we ask for short records);
-/// they are skipped whole.
-const MAX_BODY: usize = 56;
+/// Bodies longer than this are not ours to read (the longest we ask for
+/// is a sample with a copy of the top of the user stack); they are
+/// skipped whole.
+const MAX_BODY: usize = 64 + super::stacks::STACK_BYTES as usize + 16;
 
 /// A mapped ring: metadata page followed by a power-of-two data area.
 pub struct Ring {
@@ -97,7 +98,7 @@ impl Ring {
         // The kernel's data area is whole pages: far more than one record
         // we copy out, which `read` relies on to stay inside it.
         if !size.is_power_of_two()
-            || size < HEADER + MAX_BODY
+            || size < 2 * HEADER
             || off.checked_add(size).is_none_or(|e| e > self.len)
         {
             return 0;
@@ -108,10 +109,11 @@ impl Ring {
         let read = |at: u64, out: &mut [u8]| {
             let start = (at as usize) & (size - 1);
             let first = out.len().min(size - start);
-            // SAFETY: `start + first <= size`, and `out` (a header or a body
-            // of at most MAX_BODY bytes) is no longer than the data area, so
-            // the wrapped rest `out.len() - first` fits at its start too;
-            // `out` is a local buffer, never the ring.
+            // SAFETY: `start + first <= size`, and `out` (a header, or the
+            // body of a record no longer than the data area: checked) is no
+            // longer than the data area, so the wrapped rest
+            // `out.len() - first` fits at its start too; `out` is a local
+            // buffer, never the ring.
             unsafe {
                 std::ptr::copy_nonoverlapping(data.add(start), out.as_mut_ptr(), first);
                 std::ptr::copy_nonoverlapping(data, out.as_mut_ptr().add(first), out.len() - first);
@@ -129,7 +131,9 @@ impl Ring {
                 break;
             }
             let body_len = rec_len as usize - HEADER;
-            if body_len <= MAX_BODY {
+            // A record is never longer than the data area (the kernel
+            // writes whole records into it), which `read` relies on.
+            if body_len <= MAX_BODY && rec_len as usize <= size {
                 let mut body = [0u8; MAX_BODY];
                 read(tail + HEADER as u64, &mut body[..body_len]);
                 if !on(ty, &body[..body_len]) {

@@ -1,10 +1,11 @@
 //! The profile every export format is written from: per process, stacks of
-//! frames (root first) with their samples and calls. Today a stack is one
-//! frame, the function the samples and calls were counted in; call stacks
-//! will make them longer without changing the writers.
+//! frames (root first) with their samples and calls: one-frame stacks for
+//! each function's calls and for samples without a call stack, and the
+//! sampled call stacks the agent recorded.
 
 use rtprof_shared::names;
 use rtprof_shared::present::{ProcView, View};
+use rtprof_shared::reader::Frame as StackFrame;
 use rtprof_shared::Snapshot;
 use std::collections::HashMap;
 
@@ -151,22 +152,73 @@ fn process_of_snapshot(s: &Snapshot) -> Process {
         frames: Vec::new(),
         stacks: Vec::new(),
     };
-    for f in s.functions.iter().filter(|f| f.calls > 0 || f.samples > 0) {
-        let base = s.modules.get(f.module as usize).map(|m| m.base);
-        let address = base.map(|b| b.wrapping_add(f.vaddr));
-        let frame = Frame {
-            source: f.source.clone(),
-            ..function(&f.name, base.map(|_| f.module as usize), address)
-        };
-        p.add(frame, f.samples, f.instrumented.then_some(f.calls));
+    // Samples with a call stack are counted in their stacks; what is left
+    // of a function's (or bucket's) samples stays in its one-frame stack,
+    // so the totals are the report's either way.
+    let mut in_stacks: HashMap<StackFrame, u64> = HashMap::new();
+    for st in &s.stacks.stacks {
+        if let Some(&leaf) = st.frames.first() {
+            *in_stacks.entry(leaf).or_default() += st.samples;
+        }
+    }
+    let left = |leaf: StackFrame, samples: u64| {
+        samples.saturating_sub(in_stacks.get(&leaf).copied().unwrap_or(0))
+    };
+    let mut index: HashMap<StackFrame, usize> = HashMap::new();
+    for (slot, f) in s.functions.iter().enumerate() {
+        if f.calls == 0 && f.samples == 0 {
+            continue;
+        }
+        let leaf = StackFrame::Function(slot as u32);
+        index.insert(leaf, p.frames.len());
+        p.add(function_frame(s, slot), left(leaf, f.samples), f.instrumented.then_some(f.calls));
     }
     for (i, m) in s.modules.iter().enumerate().filter(|(_, m)| m.samples > 0) {
-        p.add(bucket(format!("[{}]", m.name()), Some(i)), m.samples, None);
+        let leaf = StackFrame::Module(i as u32);
+        index.insert(leaf, p.frames.len());
+        p.add(bucket(format!("[{}]", m.name()), Some(i)), left(leaf, m.samples), None);
     }
     if s.samples_unknown > 0 {
-        p.add(bucket("[unknown]".into(), None), s.samples_unknown, None);
+        index.insert(StackFrame::Unknown, p.frames.len());
+        p.add(bucket("[unknown]".into(), None), left(StackFrame::Unknown, s.samples_unknown), None);
+    }
+    for st in &s.stacks.stacks {
+        let frames = st
+            .frames
+            .iter()
+            .rev()
+            .map(|&f| {
+                *index.entry(f).or_insert_with(|| {
+                    p.frames.push(match f {
+                        StackFrame::Function(slot) => function_frame(s, slot as usize),
+                        StackFrame::Module(i) => {
+                            let name = s.modules.get(i as usize).map_or("?", |m| m.name());
+                            bucket(format!("[{name}]"), Some(i as usize))
+                        }
+                        StackFrame::Unknown => bucket("[unknown]".into(), None),
+                    });
+                    p.frames.len() - 1
+                })
+            })
+            .collect();
+        p.stacks.push(Stack {
+            frames,
+            samples: st.samples,
+            calls: None,
+        });
     }
     p
+}
+
+/// The frame of function `slot` of `s`.
+fn function_frame(s: &Snapshot, slot: usize) -> Frame {
+    let f = &s.functions[slot];
+    let base = s.modules.get(f.module as usize).map(|m| m.base);
+    let address = base.map(|b| b.wrapping_add(f.vaddr));
+    Frame {
+        source: f.source.clone(),
+        ..function(&f.name, base.map(|_| f.module as usize), address)
+    }
 }
 
 /// The profile of rtprofd's last span, for the processes `procs` of `v`.

@@ -1,7 +1,7 @@
 //! Reading back the counter segments the run's processes left behind.
 
 use crate::error::Error;
-use rtprof_shared::{read_snapshot, Snapshot};
+use rtprof_shared::{read_snapshot, Snapshot, Stacks};
 use std::path::Path;
 
 /// Maps a segment read-only: the reader touches only the pages it needs
@@ -26,6 +26,18 @@ fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, Error> {
         .map_err(Error::SegmentMap)
 }
 
+/// The call stacks the process sampled, from the file its agent wrote
+/// beside its segment at exit (none: no stacks).
+fn read_stacks(p: &Path, s: &Snapshot) -> Stacks {
+    let Ok(text) = std::fs::read_to_string(p) else {
+        return Stacks::default();
+    };
+    Stacks::parse(&text, s.functions.len(), s.modules.len()).unwrap_or_else(|e| {
+        eprintln!("rtprof: stacks of {} not used: {e}", p.display());
+        Stacks::default()
+    })
+}
+
 /// Every readable segment in `dir`, oldest process first; unreadable ones
 /// are reported on stderr and skipped.
 pub fn collect(dir: &Path) -> Vec<Snapshot> {
@@ -48,7 +60,10 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
             }
         };
         match read_snapshot(&bytes) {
-            Ok(s) => out.push(s),
+            Ok(mut s) => {
+                s.stacks = read_stacks(&p.with_extension("stacks"), &s);
+                out.push(s)
+            }
             Err(e) => eprintln!("rtprof: skipping {}: {e}", p.display()),
         }
     }

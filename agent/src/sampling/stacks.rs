@@ -1,0 +1,295 @@
+//! Sampled call stacks. With the perf sampler each sample carries the
+//! registers unwinding starts from and a copy of the top of its thread's
+//! user stack; the drain thread unwinds that copy with the modules'
+//! `.eh_frame` (framehop; frame pointers where a module has no unwind
+//! entry), names each frame by the function (or module) it is in, and
+//! counts the stack in a bounded table. At exit the table is written beside
+//! the counter segment, where `rtprof run` reads it.
+//!
+//! Only the drain thread unwinds and counts; the program's threads never
+//! wait for it. Once the modules are loaded into the unwinder and the table
+//! is allocated, a sample allocates nothing.
+
+use super::addrmap;
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{
+    ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
+};
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Frames kept per stack, leaf first; deeper stacks are cut (and counted).
+pub const MAX_DEPTH: usize = 32;
+/// Bytes of user stack each sample copies.
+pub const STACK_BYTES: u32 = 8192;
+/// Distinct stacks kept; samples of further ones are counted as dropped.
+const MAX_STACKS: usize = 4096;
+
+/// A frame the report names: a function slot, `MODULE | record` for code
+/// of a module outside its listed functions, or [`UNKNOWN`].
+pub const MODULE: u32 = 1 << 31;
+pub const UNKNOWN: u32 = u32::MAX;
+
+/// A module the unwinder needs: its file, load bias and executable ranges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleFile {
+    pub path: String,
+    pub bias: u64,
+    pub exec: Vec<(u64, u64)>,
+}
+
+/// Frames leaf first, and how many are used.
+type Key = ([u32; MAX_DEPTH], u8);
+
+struct State {
+    unwinder: UnwinderX86_64<Vec<u8>, MustNotAllocateDuringUnwind>,
+    cache: CacheX86_64<MustNotAllocateDuringUnwind>,
+    /// The modules in the unwinder, as last synced.
+    loaded: Vec<ModuleFile>,
+    table: HashMap<Key, u64>,
+    truncated: u64,
+    dropped: u64,
+}
+
+/// A value that one thread at a time may use, and that nobody waits for:
+/// a thread that finds it in use goes on without it. A forked child resets
+/// it (the parent's thread that held it does not exist there).
+struct Shared<T> {
+    busy: AtomicBool,
+    value: UnsafeCell<Option<T>>,
+}
+
+// SAFETY: `value` is only reached while `busy` is held (see `try_with`).
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    const fn new() -> Shared<T> {
+        Shared {
+            busy: AtomicBool::new(false),
+            value: UnsafeCell::new(None),
+        }
+    }
+
+    /// Runs `f` on the value unless another thread is using it.
+    fn try_with<R>(&self, f: impl FnOnce(&mut Option<T>) -> R) -> Option<R> {
+        if self.busy.swap(true, Ordering::Acquire) {
+            return None;
+        }
+        // SAFETY: `busy` was false and is now ours: no other reference.
+        let r = f(unsafe { &mut *self.value.get() });
+        self.busy.store(false, Ordering::Release);
+        Some(r)
+    }
+
+    fn reset_in_child(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+}
+
+/// The module list to sync the unwinder with, set when the address table
+/// is published (libraries come and go), taken by the drain thread.
+static PENDING: Shared<Vec<ModuleFile>> = Shared::new();
+static STATE: Shared<State> = Shared::new();
+
+/// The modules present now (called where the address table is published).
+/// Tried a few times: the drain thread only holds it to take the list.
+pub fn modules_changed(modules: Vec<ModuleFile>) {
+    let mut modules = Some(modules);
+    for _ in 0..1000 {
+        if PENDING.try_with(|p| *p = modules.take()).is_some() {
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The unwind sections of the module file at `path`, copied (a module can
+/// be unloaded while its entries are still in the unwinder).
+fn module_for(m: &ModuleFile) -> Option<Module<Vec<u8>>> {
+    let file = std::fs::File::open(&m.path).ok()?;
+    // SAFETY: a read-only private mapping; the bytes are copied out with
+    // bounds checks and never executed.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = goblin::elf::Elf::parse(&map).ok()?;
+    let section = |name: &str| {
+        let sh = elf
+            .section_headers
+            .iter()
+            .find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(name))?;
+        let svma = sh.sh_addr..sh.sh_addr + sh.sh_size;
+        let data = (sh.sh_type != goblin::elf::section_header::SHT_NOBITS)
+            .then(|| {
+                let o = usize::try_from(sh.sh_offset).ok()?;
+                map.get(o..o.checked_add(usize::try_from(sh.sh_size).ok()?)?)
+            })
+            .flatten()
+            .map(<[u8]>::to_vec);
+        Some((svma, data))
+    };
+    let (eh_frame_svma, eh_frame) = section(".eh_frame").unzip();
+    let (eh_frame_hdr_svma, eh_frame_hdr) = section(".eh_frame_hdr").unzip();
+    let info = ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: section(".text").map(|s| s.0),
+        got_svma: section(".got").map(|s| s.0),
+        eh_frame_svma,
+        eh_frame: eh_frame.flatten(),
+        eh_frame_hdr_svma,
+        eh_frame_hdr: eh_frame_hdr.flatten(),
+        ..Default::default()
+    };
+    let lo = m.exec.iter().map(|r| r.0).min()?;
+    let hi = m.exec.iter().map(|r| r.1).max()?;
+    Some(Module::new(m.path.clone(), lo..hi, m.bias, info))
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            unwinder: UnwinderX86_64::new(),
+            cache: CacheX86_64::new_in(),
+            loaded: Vec::new(),
+            table: HashMap::with_capacity(MAX_STACKS),
+            truncated: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Brings the unwinder's modules up to date (reads their files: only
+    /// when libraries came or went).
+    fn sync(&mut self, now: Vec<ModuleFile>) {
+        for gone in self.loaded.iter().filter(|m| !now.contains(m)) {
+            if let Some(lo) = gone.exec.iter().map(|r| r.0).min() {
+                self.unwinder.remove_module(lo);
+            }
+        }
+        for new in now.iter().filter(|m| !self.loaded.contains(m)) {
+            if let Some(module) = module_for(new) {
+                self.unwinder.add_module(module);
+            }
+        }
+        self.loaded = now;
+    }
+
+    fn record(&mut self, ip: u64, sp: u64, bp: u64, stack: &[u8]) {
+        let mut read_stack = |addr: u64| {
+            let off = addr.checked_sub(sp).ok_or(())? as usize;
+            let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+        };
+        let regs = UnwindRegsX86_64::new(ip, sp, bp);
+        let mut frames = self
+            .unwinder
+            .iter_frames(ip, regs, &mut self.cache, &mut read_stack);
+        let mut key: Key = ([UNKNOWN; MAX_DEPTH], 0);
+        let mut depth = 0;
+        let mut cut = false;
+        // An unwinding error ends the stack where it happened.
+        while let Ok(Some(frame)) = frames.next() {
+            if depth == MAX_DEPTH {
+                cut = true;
+                break;
+            }
+            // A return address is the instruction after the call: the
+            // byte before it is in the calling function.
+            let at = match frame {
+                FrameAddress::InstructionPointer(a) => a,
+                FrameAddress::ReturnAddress(a) => a.get() - 1,
+            };
+            key.0[depth] = addrmap::place_id(at).unwrap_or(UNKNOWN);
+            depth += 1;
+        }
+        key.1 = depth as u8;
+        self.truncated += cut as u64;
+        let full = self.table.len() >= MAX_STACKS;
+        match self.table.get_mut(&key) {
+            Some(n) => *n += 1,
+            // With room reserved up front, inserting does not allocate.
+            None if !full => {
+                self.table.insert(key, 1);
+            }
+            None => self.dropped += 1,
+        }
+    }
+}
+
+/// Counts the stack of one sample (drain thread): `ip`, `sp` and `bp` as
+/// the sample's registers say, `stack` the bytes copied from `sp` up.
+pub fn record(ip: u64, sp: u64, bp: u64, stack: &[u8]) {
+    let pending = PENDING.try_with(Option::take).flatten();
+    STATE.try_with(|state| {
+        let s = state.get_or_insert_with(State::new);
+        if let Some(now) = pending {
+            s.sync(now);
+        }
+        s.record(ip, sp, bp, stack);
+    });
+}
+
+/// The stacks counted so far, as text: a first line
+/// `rtprof-stacks 1 <truncated> <dropped>`, then one line per stack:
+/// its samples, then its frames leaf first.
+pub fn text() -> Option<String> {
+    STATE.try_with(|s| s.as_ref().map(State::text)).flatten()
+}
+
+impl State {
+    fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let s = self;
+        let mut out = format!("rtprof-stacks 1 {} {}\n", s.truncated, s.dropped);
+    for (key, n) in &s.table {
+        let _ = write!(out, "{n}");
+        for f in &key.0[..key.1 as usize] {
+            let _ = write!(out, " {f}");
+        }
+        out.push('\n');
+    }
+    out
+    }
+}
+
+/// In a forked child (one thread, allocation-free): the parent's stacks
+/// are not the child's.
+pub fn forget_in_child() {
+    PENDING.reset_in_child();
+    STATE.reset_in_child();
+    STATE.try_with(|s| {
+        if let Some(s) = s.as_mut() {
+            // Keys and counts are plain values: nothing is freed.
+            s.table.clear();
+            s.truncated = 0;
+            s.dropped = 0;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacks_are_counted_by_their_frames_and_bounded() {
+        let mut s = State::new();
+        // No modules: the unwinder gives the sampled address alone.
+        for _ in 0..3 {
+            s.record(0x1234, 0x7000, 0, &[0; 64]);
+        }
+        assert_eq!(s.table.len(), 1);
+        let (key, n) = s.table.iter().next().unwrap();
+        assert_eq!((*n, key.1), (3, 1));
+        assert_eq!(key.0[0], UNKNOWN, "no address table: unknown");
+        assert!(s.text().starts_with("rtprof-stacks 1 0 0\n3 4294967295\n"));
+        // A full table still counts the stacks it has, and drops new ones.
+        s.table.clear();
+        for i in 0..MAX_STACKS as u32 {
+            s.table.insert(([i; MAX_DEPTH], 1), 1);
+        }
+        s.record(0x1234, 0x7000, 0, &[0; 64]);
+        assert_eq!((s.dropped, s.table.len()), (1, MAX_STACKS));
+        s.table.insert(([UNKNOWN; MAX_DEPTH], 1), 1);
+        s.record(0x1234, 0x7000, 0, &[0; 64]);
+        assert_eq!(s.dropped, 1);
+    }
+}
