@@ -684,4 +684,36 @@ mod tests {
             Err(SegmentError::BadRegion(_))
         ));
     }
+
+    /// A stacks file names functions and modules by index: anything out of
+    /// range, or not a stacks file, is refused whole.
+    #[test]
+    fn stack_files_are_checked_frame_by_frame() {
+        let ok = Stacks::parse(
+            "rtprof-stacks 1 2 3\n10 0 1 2147483648\n4 4294967295\n",
+            2,
+            1,
+        )
+        .unwrap();
+        assert_eq!((ok.truncated, ok.dropped), (2, 3));
+        assert_eq!(
+            ok.stacks[0],
+            Stack {
+                frames: vec![Frame::Function(0), Frame::Function(1), Frame::Module(0)],
+                samples: 10
+            }
+        );
+        assert_eq!(ok.stacks[1].frames, [Frame::Unknown]);
+        for bad in [
+            "",
+            "rtprof-stacks 2 0 0\n",
+            "something else\n",
+            "rtprof-stacks 1 0 0\n1 2\n",
+            "rtprof-stacks 1 0 0\n1 2147483649\n",
+            "rtprof-stacks 1 0 0\nx 0\n",
+            "rtprof-stacks 1 0 0\n1 -1\n",
+        ] {
+            assert!(Stacks::parse(bad, 2, 1).is_err(), "{bad:?}");
+        }
+    }
 }

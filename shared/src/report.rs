@@ -4,7 +4,7 @@
 use crate::json::JsonWriter;
 use crate::layout::state;
 use crate::names;
-use crate::reader::SourceLine;
+use crate::reader::{Frame, SourceLine};
 use crate::{FunctionStats, Snapshot};
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -345,6 +345,9 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
             percent(patched, total),
             instrumented().count()
         );
+        if !s.stacks.stacks.is_empty() {
+            call_graph_text(&mut out, s);
+        }
         if opts.stats {
             for m in instrumented() {
                 let _ = write!(
@@ -378,6 +381,95 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         }
     }
     out
+}
+
+/// The readable name of a stack frame: its function's (copies merged), or
+/// `[module]`, or `[unknown]`.
+pub fn frame_name(s: &Snapshot, f: Frame) -> Cow<'_, str> {
+    match f {
+        Frame::Function(slot) => s
+            .functions
+            .get(slot as usize)
+            .map_or(Cow::Borrowed("[unknown]"), |f| names::function(&f.name)),
+        Frame::Module(i) => Cow::Owned(format!("[{}]", module_name(s, i))),
+        Frame::Unknown => Cow::Borrowed("[unknown]"),
+    }
+}
+
+/// Callers and callees of the functions most present in the sampled
+/// stacks, by share of the samples they were in.
+fn call_graph_text(out: &mut String, s: &Snapshot) {
+    use std::collections::HashMap;
+    let total: u64 = s.stacks.stacks.iter().map(|st| st.samples).sum();
+    if total == 0 {
+        return;
+    }
+    let mut inclusive: HashMap<Cow<str>, u64> = HashMap::new();
+    let mut callers: HashMap<Cow<str>, HashMap<Cow<str>, u64>> = HashMap::new();
+    let mut callees: HashMap<Cow<str>, HashMap<Cow<str>, u64>> = HashMap::new();
+    for st in &s.stacks.stacks {
+        let names: Vec<Cow<str>> = st.frames.iter().map(|&f| frame_name(s, f)).collect();
+        let mut seen: Vec<&Cow<str>> = Vec::new();
+        for (i, n) in names.iter().enumerate() {
+            // Recursion: a function counts once per stack.
+            if !seen.contains(&n) {
+                seen.push(n);
+                *inclusive.entry(n.clone()).or_default() += st.samples;
+            }
+            if let Some(caller) = names.get(i + 1) {
+                *callers
+                    .entry(n.clone())
+                    .or_default()
+                    .entry(caller.clone())
+                    .or_default() += st.samples;
+                *callees
+                    .entry(caller.clone())
+                    .or_default()
+                    .entry(n.clone())
+                    .or_default() += st.samples;
+            }
+        }
+    }
+    let mut top: Vec<(&Cow<str>, &u64)> = inclusive
+        .iter()
+        .filter(|(n, _)| !n.starts_with('['))
+        .collect();
+    top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let shares = |m: Option<&HashMap<Cow<str>, u64>>, of: u64| {
+        let mut v: Vec<(&Cow<str>, &u64)> = m.map(|m| m.iter().collect()).unwrap_or_default();
+        v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        v.iter()
+            .take(4)
+            .map(|(n, k)| format!("{} {:.0}%", escape_text(n), 100.0 * **k as f64 / of as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "  call stacks: {total} samples in {} stacks{}; functions by share of them, <- callers, -> callees:",
+        s.stacks.stacks.len(),
+        match (s.stacks.truncated, s.stacks.dropped) {
+            (0, 0) => String::new(),
+            (t, d) => format!(" ({t} cut at 32 frames, {d} not kept)"),
+        }
+    );
+    for (name, n) in top.into_iter().take(5) {
+        let _ = write!(
+            out,
+            "    {:>5.1}%  {}",
+            100.0 * *n as f64 / total as f64,
+            escape_text(name)
+        );
+        let from = shares(callers.get(name), *n);
+        if !from.is_empty() {
+            let _ = write!(out, "  <- {from}");
+        }
+        let to = shares(callees.get(name), *n);
+        if !to.is_empty() {
+            let _ = write!(out, "  -> {to}");
+        }
+        out.push('\n');
+    }
 }
 
 /// "perf (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of CPU".
@@ -504,6 +596,25 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.end_object();
         }
         w.end_array();
+        if !s.stacks.stacks.is_empty() {
+            // Sampled call stacks, leaf first, by readable function name.
+            w.key("stacks");
+            w.begin_array();
+            for st in &s.stacks.stacks {
+                w.begin_object();
+                w.key("frames");
+                w.begin_array();
+                for &f in &st.frames {
+                    w.string(&frame_name(s, f));
+                }
+                w.end_array();
+                w.uint_field("samples", st.samples);
+                w.end_object();
+            }
+            w.end_array();
+            w.uint_field("stacks_truncated", s.stacks.truncated);
+            w.uint_field("stacks_dropped", s.stacks.dropped);
+        }
         w.key("modules");
         w.begin_array();
         for m in &s.modules {
@@ -755,6 +866,38 @@ mod tests {
         let j = json(&[s]);
         assert!(
             j.contains(r#""name":"_Z4deepi.constprop.0","demangled":"deep(int) [clone .constprop.0]","function":"deep(int)""#),
+            "{j}"
+        );
+    }
+
+    /// Sampled stacks: callers and callees in text, stacks leaf first in
+    /// JSON.
+    #[test]
+    fn stacks_give_callers_and_callees() {
+        use crate::reader::{Stack, Stacks};
+        let mut s = snap();
+        let f = |i| Frame::Function(i);
+        s.stacks = Stacks {
+            stacks: vec![
+                Stack {
+                    frames: vec![f(0), f(1)],
+                    samples: 3,
+                },
+                Stack {
+                    frames: vec![f(0), f(2)],
+                    samples: 1,
+                },
+            ],
+            truncated: 0,
+            dropped: 0,
+        };
+        let t = text(std::slice::from_ref(&s), TextOptions::default());
+        assert!(t.contains("call stacks: 4 samples in 2 stacks"), "{t}");
+        assert!(t.contains("100.0%  lo  <- hi 75%, zero 25%"), "{t}");
+        assert!(t.contains("75.0%  hi  -> lo 100%"), "{t}");
+        let j = json(&[s]);
+        assert!(
+            j.contains(r#""stacks":[{"frames":["lo","hi"],"samples":3},{"frames":["lo","zero"],"samples":1}]"#),
             "{j}"
         );
     }

@@ -479,8 +479,11 @@ impl Segment {
         if at == u64::MAX || (at >> 32) as u32 != std::process::id() {
             return Ok(());
         }
-        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(dir.as_bytes()))
-            .join(format!("{}-{}.{suffix}", at >> 32, at & 0xffff_ffff));
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(dir.as_bytes())).join(format!(
+            "{}-{}.{suffix}",
+            at >> 32,
+            at & 0xffff_ffff
+        ));
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

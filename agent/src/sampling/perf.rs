@@ -170,5 +170,4 @@ mod tests {
             assert!(capacity >= 2 * per_sleep, "{hz} Hz, stacks {stacks}");
         }
     }
-
 }

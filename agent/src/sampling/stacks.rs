@@ -239,14 +239,14 @@ impl State {
         use std::fmt::Write as _;
         let s = self;
         let mut out = format!("rtprof-stacks 1 {} {}\n", s.truncated, s.dropped);
-    for (key, n) in &s.table {
-        let _ = write!(out, "{n}");
-        for f in &key.0[..key.1 as usize] {
-            let _ = write!(out, " {f}");
+        for (key, n) in &s.table {
+            let _ = write!(out, "{n}");
+            for f in &key.0[..key.1 as usize] {
+                let _ = write!(out, " {f}");
+            }
+            out.push('\n');
         }
-        out.push('\n');
-    }
-    out
+        out
     }
 }
 

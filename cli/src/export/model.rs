@@ -171,16 +171,28 @@ fn process_of_snapshot(s: &Snapshot) -> Process {
         }
         let leaf = StackFrame::Function(slot as u32);
         index.insert(leaf, p.frames.len());
-        p.add(function_frame(s, slot), left(leaf, f.samples), f.instrumented.then_some(f.calls));
+        p.add(
+            function_frame(s, slot),
+            left(leaf, f.samples),
+            f.instrumented.then_some(f.calls),
+        );
     }
     for (i, m) in s.modules.iter().enumerate().filter(|(_, m)| m.samples > 0) {
         let leaf = StackFrame::Module(i as u32);
         index.insert(leaf, p.frames.len());
-        p.add(bucket(format!("[{}]", m.name()), Some(i)), left(leaf, m.samples), None);
+        p.add(
+            bucket(format!("[{}]", m.name()), Some(i)),
+            left(leaf, m.samples),
+            None,
+        );
     }
     if s.samples_unknown > 0 {
         index.insert(StackFrame::Unknown, p.frames.len());
-        p.add(bucket("[unknown]".into(), None), left(StackFrame::Unknown, s.samples_unknown), None);
+        p.add(
+            bucket("[unknown]".into(), None),
+            left(StackFrame::Unknown, s.samples_unknown),
+            None,
+        );
     }
     for st in &s.stacks.stacks {
         let frames = st

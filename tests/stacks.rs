@@ -1,0 +1,132 @@
+//! Sampled call stacks: a program with a known call tree, built with and
+//! without frame pointers, shows exactly its paths in about their shares
+//! (folded stacks, JSON, the text report's callers); `RTPROF_STACKS=0`
+//! samples without them.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+/// `rtprof run --output <dir>/<name>.folded` with `env`: the folded lines
+/// as (path below `main`, samples) and the JSON report of the same run.
+fn folded(bin: &Path, env: &[(&str, &str)], dir: &Path) -> (HashMap<String, u64>, Value) {
+    let out = dir.join("stacks.folded");
+    let json = dir.join("stacks.json");
+    let mut c = Command::new(rtprof());
+    c.arg("run")
+        .arg("--output")
+        .arg(&out)
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(bin);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().expect("rtprof runs");
+    assert!(o.status.success(), "{o:?}");
+    let mut paths = HashMap::new();
+    for line in std::fs::read_to_string(&out).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').expect("a count");
+        let below = match stack.split_once(";main;") {
+            Some((_, rest)) => rest.to_string(),
+            None => format!("({stack})"),
+        };
+        *paths.entry(below).or_default() += n.parse::<u64>().unwrap();
+    }
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (paths, report)
+}
+
+/// The call tree's three paths and nothing else of weight, in shares of
+/// a half and two quarters, however the program was built.
+#[test]
+fn sampled_stacks_follow_the_call_tree() {
+    for (tag, flags) in [
+        ("no-frame-pointers", &["-fomit-frame-pointer"][..]),
+        ("frame-pointers", &["-fno-omit-frame-pointer"][..]),
+    ] {
+        let dir = scratch(&format!("stacks-{tag}"));
+        let bin = compile_o2("stacks.c", flags, &dir);
+        let (paths, report) = folded(&bin, &[], &dir);
+        let total: u64 = paths.values().sum();
+        assert!(total > 100, "{tag}: {total} samples: {paths:?}");
+        let heavy: HashMap<&str, f64> = paths
+            .iter()
+            .filter(|(_, &n)| n as f64 > 0.03 * total as f64)
+            .map(|(p, &n)| (p.as_str(), n as f64 / total as f64))
+            .collect();
+        let mut found: Vec<&str> = heavy.keys().copied().collect();
+        found.sort();
+        assert_eq!(found, ["a;b;c", "a;c", "d;c"], "{tag}: {paths:?}");
+        for (path, want) in [("a;b;c", 0.5), ("a;c", 0.25), ("d;c", 0.25)] {
+            let got = heavy[path];
+            assert!(
+                (got - want).abs() < 0.1,
+                "{tag}: {path} {got:.2} (want {want}): {paths:?}"
+            );
+        }
+        // JSON: the same stacks, leaf first, and samples that add up.
+        let p = process(&report, &bin);
+        let stacks = p["stacks"].as_array().expect("stacks in JSON");
+        let abc = stacks
+            .iter()
+            .filter(|s| s["frames"].as_array().unwrap()[..4] == ["c", "b", "a", "main"])
+            .map(|s| s["samples"].as_u64().unwrap())
+            .sum::<u64>();
+        assert_eq!(abc, paths["a;b;c"], "{tag}");
+        let in_stacks: u64 = stacks.iter().map(|s| s["samples"].as_u64().unwrap()).sum();
+        assert!(in_stacks <= p["sampler"]["samples"].as_u64().unwrap());
+    }
+}
+
+/// The text report says who calls the hot function.
+#[test]
+fn the_report_names_callers_and_callees() {
+    let dir = scratch("stacks-text");
+    let bin = compile_o2("stacks.c", &[], &dir);
+    let o = Command::new(rtprof())
+        .args(["run", "--"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stderr);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().split("  ").nth(1) == Some("c"))
+        .unwrap_or_else(|| panic!("no callers of c in {text}"));
+    let share = |who: &str| -> f64 {
+        let at = line
+            .find(&format!(" {who} "))
+            .unwrap_or_else(|| panic!("{who} in {line}"));
+        line[at + who.len() + 2..]
+            .split('%')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!((share("b") - 50.0).abs() < 10.0, "{line}");
+    assert!((share("a") - 25.0).abs() < 10.0, "{line}");
+    assert!((share("d") - 25.0).abs() < 10.0, "{line}");
+    let a = text
+        .lines()
+        .find(|l| l.trim_start().split("  ").nth(1) == Some("a"))
+        .unwrap_or_else(|| panic!("no line for a in {text}"));
+    assert!(a.contains("<- main 100%") && a.contains("-> b "), "{a}");
+}
+
+/// `RTPROF_STACKS=0`: samples still count, without stacks.
+#[test]
+fn stacks_can_be_switched_off() {
+    let dir = scratch("stacks-off");
+    let bin = compile_o2("stacks.c", &[], &dir);
+    let (paths, report) = folded(&bin, &[("RTPROF_STACKS", "0")], &dir);
+    let p = process(&report, &bin);
+    assert!(p.get("stacks").is_none(), "{p}");
+    assert!(p["sampler"]["samples"].as_u64().unwrap() > 100);
+    // One frame below the executable: no paths through main.
+    assert!(paths.keys().all(|k| k.starts_with('(')), "{paths:?}");
+}
