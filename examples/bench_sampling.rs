@@ -8,10 +8,12 @@
 //!    `perf record -e cpu-clock:u -c 1000000` (the same event and period).
 //!    For perf's top five functions, the median sample share of each tool.
 //! 2. Overhead: wall and CPU time of `mix` alone, under the agent sampling
-//!    only (no entry patched) at 1 kHz and 100 Hz, counting only, both, and
-//!    under `perf record` at the same event and rate (the cost of kernel
-//!    sampling itself on this machine); R runs each, the order rotated
-//!    every round: medians and ratios to the plain run.
+//!    only (no entry patched) at 1 kHz with call stacks (the default) and
+//!    without, at 100 Hz, counting only, both, and under `perf record` at
+//!    the same event and rate, flat, with `-g` (frame pointers) and with
+//!    `--call-graph=dwarf` (the cost of kernel sampling itself on this
+//!    machine); R runs each, the order rotated every round: medians and
+//!    ratios to the plain run.
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -123,10 +125,12 @@ const PERF: &str = "PERF";
 fn timed(bin: &Path, scale: &str, env: &[(&str, String)], dir: &Path) -> (f64, f64) {
     let mut c = if env.iter().any(|(k, _)| *k == PERF) {
         let mut c = Command::new("perf");
-        c.args(["record", "-q", "-e", "cpu-clock:u", "-c", "1000000", "-o"])
-            .arg(dir.join("overhead.data"))
-            .arg("--")
-            .arg(bin);
+        c.args(["record", "-q", "-e", "cpu-clock:u", "-c", "1000000"]);
+        // The configuration's value: perf's call-graph option, if any.
+        for (_, v) in env.iter().filter(|(k, v)| *k == PERF && !v.is_empty()) {
+            c.arg(v);
+        }
+        c.arg("-o").arg(dir.join("overhead.data")).arg("--").arg(bin);
         c
     } else {
         Command::new(bin)
@@ -217,6 +221,14 @@ fn main() {
             ],
         ),
         (
+            "sampling, no stacks (1 kHz)",
+            vec![
+                ("LD_PRELOAD", preload.clone()),
+                ("RTPROF_INSTRUMENT", "0".into()),
+                ("RTPROF_STACKS", "0".into()),
+            ],
+        ),
+        (
             "sampling only (100 Hz)",
             vec![
                 ("LD_PRELOAD", preload.clone()),
@@ -235,6 +247,8 @@ fn main() {
     ];
     if have_perf {
         configs.push(("perf record (1 kHz)", vec![(PERF, String::new())]));
+        configs.push(("perf record -g", vec![(PERF, "-g".into())]));
+        configs.push(("perf record dwarf", vec![(PERF, "--call-graph=dwarf".into())]));
     }
     let mut wall: HashMap<&str, Vec<f64>> = HashMap::new();
     let mut cpu: HashMap<&str, Vec<f64>> = HashMap::new();
@@ -251,7 +265,7 @@ fn main() {
     }
     println!("\nmix {scale}: median of {runs} runs per configuration, order rotated each round");
     println!(
-        "{:<24} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7}",
+        "{:<28} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7}",
         "configuration", "wall s", "min", "max", "ratio", "CPU s", "ratio"
     );
     let (base_w, base_c) = (median(wall["plain"].clone()), median(cpu["plain"].clone()));
@@ -261,7 +275,7 @@ fn main() {
         let max = v.iter().cloned().fold(0.0, f64::max);
         let (m, c) = (median(v.clone()), median(cpu[name].clone()));
         println!(
-            "{name:<24} {m:>8.3} {min:>8.3} {max:>8.3} {:>7.4} {c:>8.3} {:>7.4}",
+            "{name:<28} {m:>8.3} {min:>8.3} {max:>8.3} {:>7.4} {c:>8.3} {:>7.4}",
             m / base_w,
             c / base_c
         );
