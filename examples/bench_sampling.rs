@@ -130,7 +130,10 @@ fn timed(bin: &Path, scale: &str, env: &[(&str, String)], dir: &Path) -> (f64, f
         for (_, v) in env.iter().filter(|(k, v)| *k == PERF && !v.is_empty()) {
             c.arg(v);
         }
-        c.arg("-o").arg(dir.join("overhead.data")).arg("--").arg(bin);
+        c.arg("-o")
+            .arg(dir.join("overhead.data"))
+            .arg("--")
+            .arg(bin);
         c
     } else {
         Command::new(bin)
@@ -248,7 +251,10 @@ fn main() {
     if have_perf {
         configs.push(("perf record (1 kHz)", vec![(PERF, String::new())]));
         configs.push(("perf record -g", vec![(PERF, "-g".into())]));
-        configs.push(("perf record dwarf", vec![(PERF, "--call-graph=dwarf".into())]));
+        configs.push((
+            "perf record dwarf",
+            vec![(PERF, "--call-graph=dwarf".into())],
+        ));
     }
     let mut wall: HashMap<&str, Vec<f64>> = HashMap::new();
     let mut cpu: HashMap<&str, Vec<f64>> = HashMap::new();

@@ -130,3 +130,34 @@ fn stacks_can_be_switched_off() {
     // One frame below the executable: no paths through main.
     assert!(paths.keys().all(|k| k.starts_with('(')), "{paths:?}");
 }
+
+/// The agent's own report (`RTPROF_REPORT`, no `rtprof run`) has the
+/// stacks too.
+#[test]
+fn the_agents_own_report_has_stacks() {
+    let dir = scratch("stacks-report");
+    let bin = compile_o2("stacks.c", &[], &dir);
+    let path = dir.join("report.json");
+    let o = Command::new(&bin)
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_REPORT", &path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let stacks = report["processes"][0]["stacks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no stacks in {report}"));
+    let paths: Vec<Vec<&str>> = stacks
+        .iter()
+        .map(|s| {
+            s["frames"].as_array().unwrap()[..3]
+                .iter()
+                .map(|f| f.as_str().unwrap())
+                .collect()
+        })
+        .collect();
+    for want in [["c", "b", "a"], ["c", "a", "main"], ["c", "d", "main"]] {
+        assert!(paths.iter().any(|p| p == &want), "{want:?} in {paths:?}");
+    }
+}

@@ -392,7 +392,8 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
             return;
         }
         crate::sampling::at_exit(a);
-        if let Some(text) = crate::sampling::stacks::text() {
+        let stacks = crate::sampling::stacks::text();
+        if let Some(text) = &stacks {
             if let Err(e) = a.segment.write_beside("stacks", text.as_bytes()) {
                 vlog!("call stacks not written: {e}");
             }
@@ -400,7 +401,7 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         crate::budget::at_exit(a);
         a.segment.counters.set_exit(status, now_ns());
         if let Some(path) = &a.config.report {
-            write_report(a, path);
+            write_report(a, path, stacks.as_deref());
         }
     });
 }
@@ -434,14 +435,19 @@ fn check_report_path(template: &str) {
 
 /// Writes the report next to its final name, then renames it: a reader
 /// never finds a truncated report.
-fn write_report(a: &Agent, path: &str) {
-    let snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
+fn write_report(a: &Agent, path: &str, stacks: Option<&str>) {
+    let mut snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
         Ok(s) => s,
         Err(e) => {
             log::alert!("cannot read own counters for the report: {e}");
             return;
         }
     };
+    if let Some(st) = stacks {
+        // The agent's own table, in the form it writes for rtprof run.
+        snap.stacks = rtprof_shared::Stacks::parse(st, snap.functions.len(), snap.modules.len())
+            .unwrap_or_default();
+    }
     let path = report_path(path);
     let text = if path.ends_with(".json") {
         report::json(std::slice::from_ref(&snap))
