@@ -5,7 +5,8 @@
 //! (build first: cargo build --release --workspace)
 //!
 //! Reports nanoseconds added per call (median of R alternating runs,
-//! single-threaded and with two threads calling the same function), and the
+//! single-threaded and with two threads calling the same function), what
+//! counting exact callers (`RTPROF_CALLERS=1`) adds on top, and the
 //! start-up time spent reading, analysing and patching libpython, per 1,000
 //! functions.
 
@@ -30,12 +31,16 @@ fn compile(dir: &Path) -> PathBuf {
 }
 
 /// Loop time in ns reported by the program itself.
-fn loop_ns(bin: &Path, calls: u64, threads: u32, agent: Option<&Path>) -> f64 {
+/// With `callers`, exact callers are counted too (`RTPROF_CALLERS=1`).
+fn loop_ns(bin: &Path, calls: u64, threads: u32, agent: Option<&Path>, callers: bool) -> f64 {
     let mut c = Command::new(bin);
     c.arg(calls.to_string()).arg(threads.to_string());
     if let Some(a) = agent {
         // Counting alone: the cost per call (bench-sampling measures sampling).
         c.env("LD_PRELOAD", a).env("RTPROF_SAMPLE_HZ", "0");
+        if callers {
+            c.env("RTPROF_CALLERS", "1");
+        }
     }
     let out = c.output().expect("multiply runs");
     assert!(out.status.success());
@@ -58,20 +63,28 @@ fn main() {
 
     println!("multiply: {calls} calls per thread, median of {runs} alternating runs");
     println!(
-        "{:>8} {:>12} {:>12} {:>10} {:>9}",
-        "threads", "base ns/call", "agent ns/call", "added ns", "ratio"
+        "{:>8} {:>12} {:>12} {:>10} {:>9} {:>14} {:>12}",
+        "threads",
+        "base ns/call",
+        "agent ns/call",
+        "added ns",
+        "ratio",
+        "callers ns/call",
+        "callers add"
     );
     for threads in [1u32, 2] {
-        let (mut base, mut with) = (Vec::new(), Vec::new());
+        let (mut base, mut with, mut callers) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
-            base.push(loop_ns(&bin, calls, threads, None) / calls as f64);
-            with.push(loop_ns(&bin, calls, threads, Some(&agent)) / calls as f64);
+            base.push(loop_ns(&bin, calls, threads, None, false) / calls as f64);
+            with.push(loop_ns(&bin, calls, threads, Some(&agent), false) / calls as f64);
+            callers.push(loop_ns(&bin, calls, threads, Some(&agent), true) / calls as f64);
         }
-        let (b, w) = (median(base), median(with));
+        let (b, w, c) = (median(base), median(with), median(callers));
         println!(
-            "{threads:>8} {b:>12.3} {w:>12.3} {:>10.3} {:>9.3}",
+            "{threads:>8} {b:>12.3} {w:>12.3} {:>10.3} {:>9.3} {c:>14.3} {:>12.3}",
             w - b,
-            w / b
+            w / b,
+            c - w
         );
     }
 

@@ -161,3 +161,49 @@ fn the_agents_own_report_has_stacks() {
         assert!(paths.iter().any(|p| p == &want), "{want:?} in {paths:?}");
     }
 }
+
+/// `RTPROF_CALLERS=1`: every patched function's callers, counted exactly.
+#[test]
+fn exact_callers_are_counted() {
+    let dir = scratch("stacks-callers");
+    let bin = compile_o2("stacks.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    let prof = run_profiled(&bin, &[], &[("RTPROF_CALLERS", "1")], &dir);
+    assert_same_behaviour("stacks.c with callers", &plain, &prof.output);
+    let p = process(&prof.report, &bin);
+    let callers = |f: &str| -> Vec<(String, u64)> {
+        function_named(p, f)["callers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no callers of {f} in {p}"))
+            .iter()
+            .map(|c| {
+                (
+                    c["function"].as_str().unwrap().to_string(),
+                    c["calls"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let own = |f: &str, n: u64| (f.to_string(), n);
+    assert_eq!(callers("c"), [own("b", 800), own("a", 400), own("d", 400)]);
+    assert_eq!(callers("b"), [own("a", 800)]);
+    assert_eq!(callers("a"), [own("main", 400)]);
+    assert_eq!(callers("d"), [own("main", 400)]);
+    let o = Command::new(rtprof())
+        .args(["run", "--"])
+        .arg(&bin)
+        .env("RTPROF_CALLERS", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start() == "1600  c  <- b 800, a 400, d 400"),
+        "{text}"
+    );
+    // Without it, no callers.
+    let off = run_profiled(&bin, &[], &[], &dir);
+    assert!(function_named(process(&off.report, &bin), "c")
+        .get("callers")
+        .is_none());
+}

@@ -53,6 +53,8 @@ pub struct Config {
     pub budget: Option<f64>,
     /// `RTPROF_STACKS=0`: samples without their call stacks.
     pub stacks: bool,
+    /// `RTPROF_CALLERS=1`: every patched function's callers counted exactly.
+    pub callers: bool,
     /// `RTPROF_DEBUG_DIR`: where separate debug files are looked for
     /// (colon-separated; default `/usr/lib/debug`).
     pub debug_dirs: Vec<std::path::PathBuf>,
@@ -79,6 +81,7 @@ impl Default for Config {
             nocount: Vec::new(),
             budget: None,
             stacks: true,
+            callers: false,
             debug_dirs: vec![crate::debuginfo::DEFAULT_DIR.into()],
         }
     }
@@ -140,6 +143,7 @@ impl Config {
         c.nocount = globs(s("RTPROF_NOCOUNT"));
         c.budget = s("RTPROF_BUDGET").and_then(|v| parse_budget(&v));
         c.stacks = s("RTPROF_STACKS").is_none_or(|v| truthy(&v));
+        c.callers = s("RTPROF_CALLERS").is_some_and(|v| truthy(&v));
         c.debug_dirs = crate::debuginfo::dirs_from(s("RTPROF_DEBUG_DIR").as_deref());
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")

@@ -134,6 +134,82 @@ pub struct Snapshot {
     /// Sampled call stacks (not in the segment: read from the file the
     /// agent writes beside it at exit, see [`Stacks::parse`]).
     pub stacks: Stacks,
+    /// Exact callers (`RTPROF_CALLERS=1`; from the file the agent writes
+    /// beside its segment, see [`Callers::parse`]).
+    pub callers: Callers,
+}
+
+/// Each patched function's callers, counted exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Callers {
+    pub edges: Vec<CallerEdge>,
+    /// Calls not counted for their caller (the agent's table was full).
+    pub dropped: u64,
+}
+
+/// Calls of one function from one call site.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerEdge {
+    /// The function called (its index in `Snapshot::functions`).
+    pub callee: u32,
+    /// The function the call came from (`Frame::Unknown`: no known
+    /// function holds the return address).
+    pub caller: Frame,
+    /// The return address.
+    pub at: u64,
+    pub calls: u64,
+}
+
+impl Callers {
+    /// Reads the callers file the agent writes: `rtprof-callers 1
+    /// <dropped>`, then `<slot> <return address> <calls>` per call site.
+    /// Each return address is named by the function of `s` that holds the
+    /// byte before it (the call); a slot out of range refuses the file.
+    pub fn parse(text: &str, s: &Snapshot) -> Result<Callers, SegmentError> {
+        let bad = SegmentError::BadReference("callers file");
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().ok_or(bad.clone())?.split(' ').collect();
+        let ["rtprof-callers", "1", dropped] = head[..] else {
+            return Err(bad);
+        };
+        // Functions by address in the process.
+        let mut ranges: Vec<(u64, u64, u32)> = s
+            .functions
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.size > 0)
+            .filter_map(|(i, f)| {
+                let start = s.modules.get(f.module as usize)?.base.wrapping_add(f.vaddr);
+                Some((start, start.saturating_add(f.size as u64), i as u32))
+            })
+            .collect();
+        ranges.sort_unstable();
+        let function_at = |a: u64| {
+            let i = ranges.partition_point(|r| r.0 <= a);
+            let r = ranges.get(i.checked_sub(1)?)?;
+            (a < r.1).then_some(r.2)
+        };
+        let num = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok()).ok_or(bad.clone());
+        let mut out = Callers {
+            edges: Vec::new(),
+            dropped: num(Some(dropped))?,
+        };
+        for line in lines.filter(|l| !l.is_empty()) {
+            let mut it = line.split(' ');
+            let (callee, at, calls) = (num(it.next())?, num(it.next())?, num(it.next())?);
+            if callee >= s.functions.len() as u64 || it.next().is_some() {
+                return Err(bad);
+            }
+            let caller = function_at(at.wrapping_sub(1)).map_or(Frame::Unknown, Frame::Function);
+            out.edges.push(CallerEdge {
+                callee: callee as u32,
+                caller,
+                at,
+                calls,
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// The sampled call stacks of a process.
@@ -530,6 +606,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         modules,
         functions,
         stacks: Stacks::default(),
+        callers: Callers::default(),
     })
 }
 
@@ -714,6 +791,31 @@ mod tests {
             "rtprof-stacks 1 0 0\n1 -1\n",
         ] {
             assert!(Stacks::parse(bad, 2, 1).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Return addresses are named by the function holding the call; a
+    /// slot out of range refuses the file.
+    #[test]
+    fn caller_files_name_call_sites_by_function() {
+        let (buf, _) = sample_segment();
+        let s = read_snapshot(as_bytes(&buf)).unwrap();
+        let main = s.functions.iter().position(|f| f.name == "main").unwrap();
+        let helper = s.functions.iter().position(|f| f.name == "helper").unwrap();
+        // main is at 0x1000 + 0x1100, 10 bytes: a call from inside it.
+        let text = format!("rtprof-callers 1 4\n{helper} {} 7\n{helper} 5 2\n", 0x2105);
+        let c = Callers::parse(&text, &s).unwrap();
+        assert_eq!(c.dropped, 4);
+        assert_eq!(c.edges[0].caller, Frame::Function(main as u32));
+        assert_eq!((c.edges[0].callee, c.edges[0].calls), (helper as u32, 7));
+        assert_eq!(c.edges[1].caller, Frame::Unknown);
+        for bad in [
+            "",
+            "rtprof-callers 2 0\n",
+            "rtprof-callers 1 0\n99 1 1\n",
+            "rtprof-callers 1 0\n0 1\n",
+        ] {
+            assert!(Callers::parse(bad, &s).is_err(), "{bad:?}");
         }
     }
 }

@@ -238,10 +238,11 @@ pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
     v
 }
 
-/// Functions ordered by calls (then samples, then name), most called first.
-pub fn by_calls(s: &Snapshot) -> Vec<&FunctionStats> {
-    let mut v: Vec<&FunctionStats> = s.functions.iter().collect();
-    v.sort_by(|a, b| {
+/// Functions with their slots, ordered by calls (then samples, then
+/// name), most called first.
+pub fn by_calls(s: &Snapshot) -> Vec<(u32, &FunctionStats)> {
+    let mut v: Vec<(u32, &FunctionStats)> = (0..).zip(&s.functions).collect();
+    v.sort_by(|(_, a), (_, b)| {
         b.calls
             .cmp(&a.calls)
             .then(b.samples.cmp(&a.samples))
@@ -348,6 +349,9 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         if !s.stacks.stacks.is_empty() {
             call_graph_text(&mut out, s);
         }
+        if !s.callers.edges.is_empty() {
+            callers_text(&mut out, s);
+        }
         if opts.stats {
             for m in instrumented() {
                 let _ = write!(
@@ -381,6 +385,56 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         }
     }
     out
+}
+
+/// Each called function's exact callers by readable name, most calls
+/// first.
+fn callers_by_callee(s: &Snapshot) -> std::collections::HashMap<u32, Vec<(Cow<'_, str>, u64)>> {
+    use std::collections::HashMap;
+    let mut by: HashMap<u32, HashMap<Cow<str>, u64>> = HashMap::new();
+    for e in &s.callers.edges {
+        *by.entry(e.callee)
+            .or_default()
+            .entry(frame_name(s, e.caller))
+            .or_default() += e.calls;
+    }
+    by.into_iter()
+        .map(|(callee, from)| {
+            let mut v: Vec<(Cow<str>, u64)> = from.into_iter().collect();
+            v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            (callee, v)
+        })
+        .collect()
+}
+
+/// The most called functions' exact callers.
+fn callers_text(out: &mut String, s: &Snapshot) {
+    let by = callers_by_callee(s);
+    let mut top: Vec<(&u32, u64)> = by
+        .iter()
+        .map(|(c, from)| (c, from.iter().map(|f| f.1).sum()))
+        .collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let _ = write!(out, "  exact callers of the most called functions");
+    if s.callers.dropped > 0 {
+        let _ = write!(out, " ({} calls not kept)", s.callers.dropped);
+    }
+    out.push_str(":\n");
+    for (callee, total) in top.into_iter().take(5) {
+        let name = frame_name(s, Frame::Function(*callee));
+        let from: Vec<String> = by[callee]
+            .iter()
+            .take(4)
+            .map(|(n, k)| format!("{} {k}", escape_text(n)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "    {:>12}  {}  <- {}",
+            total,
+            escape_text(&name),
+            from.join(", ")
+        );
+    }
 }
 
 /// The readable name of a stack frame: its function's (copies merged), or
@@ -543,12 +597,13 @@ pub fn json(procs: &[Snapshot]) -> String {
         w.uint_field("lost", s.samples_lost);
         w.uint_field("unknown", s.samples_unknown);
         w.end_object();
+        let callers_of = callers_by_callee(s);
         w.key("functions");
         w.begin_array();
         // Functions of sampled-only modules only where they were sampled.
-        for f in by_calls(s)
+        for (slot, f) in by_calls(s)
             .into_iter()
-            .filter(|f| f.instrumented || f.samples > 0)
+            .filter(|(_, f)| f.instrumented || f.samples > 0)
         {
             w.begin_object();
             // The symbol as the file names it; readable names beside it.
@@ -577,6 +632,18 @@ pub fn json(procs: &[Snapshot]) -> String {
             if let Some(at) = &f.source {
                 w.string_field("file", &at.file);
                 w.uint_field("line", at.line as u64);
+            }
+            if let Some(from) = callers_of.get(&slot) {
+                // Exact callers (RTPROF_CALLERS=1), most calls first.
+                w.key("callers");
+                w.begin_array();
+                for (name, n) in from {
+                    w.begin_object();
+                    w.string_field("function", name);
+                    w.uint_field("calls", *n);
+                    w.end_object();
+                }
+                w.end_array();
             }
             if f.counting_off {
                 w.key("counting");
@@ -702,6 +769,7 @@ mod tests {
                 })
                 .collect(),
             stacks: Default::default(),
+            callers: Default::default(),
         }
     }
 

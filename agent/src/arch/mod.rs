@@ -38,8 +38,8 @@ pub trait InstructionSet {
         read: &dyn Fn(u64, usize) -> Option<&'m [u8]>,
     ) -> Vec<u64>;
 
-    /// Bytes of `plan`'s stub.
-    fn stub_len(plan: &Plan) -> usize;
+    /// Bytes of `plan`'s stub (`callers`: one that calls a caller hook).
+    fn stub_len(plan: &Plan, callers: bool) -> usize;
     /// Writes `plan`'s stub, to run at `at`, into `out`.
     fn emit_stub(plan: &Plan, at: u64, counter: &CounterRef, out: &mut [u8])
         -> Result<(), Refusal>;

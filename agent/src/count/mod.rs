@@ -4,6 +4,7 @@
 
 pub mod api;
 pub(crate) mod budget;
+pub mod callers;
 pub(crate) mod records;
 pub mod register;
 pub mod segment;

@@ -277,6 +277,8 @@ pub(crate) fn start() {
         threads::set_stripe(segment.counters.stripe_ptr(idx));
     }
     let shared = segment.counters.stripe_ptr(0) as u64;
+    // Before any stub is written: stubs call its hook if it is on.
+    crate::callers::start(cfg.callers);
     let mut stubs = match cfg.budget {
         Some(_) => StubMap::keeping_entries(),
         None => StubMap::default(),
@@ -392,6 +394,11 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
             return;
         }
         crate::sampling::at_exit(a);
+        if let Some(text) = crate::callers::text() {
+            if let Err(e) = a.segment.write_beside("callers", text.as_bytes()) {
+                vlog!("callers not written: {e}");
+            }
+        }
         let stacks = crate::sampling::stacks::text();
         if let Some(text) = &stacks {
             if let Err(e) = a.segment.write_beside("stacks", text.as_bytes()) {

@@ -151,6 +151,7 @@ pub fn install(
     map: &mut StubMap,
     counted: &dyn Fn(&str) -> bool,
 ) -> (Outcomes, Option<StubArea>) {
+    let hook = crate::callers::hook();
     let mut outcomes: Outcomes = mp
         .funcs
         .iter()
@@ -160,7 +161,7 @@ pub fn install(
         .funcs
         .iter()
         .filter_map(|c| c.outcome.as_ref().ok())
-        .map(|p| Native::stub_len(p) as u64 + STUB_ALIGN)
+        .map(|p| Native::stub_len(p, hook != 0) as u64 + STUB_ALIGN)
         .sum();
     if bound == 0 {
         return (outcomes, None);
@@ -202,6 +203,7 @@ pub fn install(
             tls_offset,
             slot,
             shared_counter: shared_stripe + slot as u64 * 8,
+            caller_hook: hook,
         };
         let stub = Native::emit_stub(plan, at, &counter, room)
             .and_then(|()| Native::entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
@@ -210,7 +212,7 @@ pub fn install(
                 if !counted(&c.name) {
                     room[..2].copy_from_slice(&Native::counting_switch(false));
                 }
-                used = start + Native::stub_len(plan);
+                used = start + Native::stub_len(plan, hook != 0);
                 ranges.push((at, area.addr + used as u64, slot));
                 entries.push((plan.patch_at, e));
                 owners.push(i);

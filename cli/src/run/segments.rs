@@ -1,7 +1,7 @@
 //! Reading back the counter segments the run's processes left behind.
 
 use crate::error::Error;
-use rtprof_shared::{read_snapshot, Snapshot, Stacks};
+use rtprof_shared::{read_snapshot, Callers, Snapshot, Stacks};
 use std::path::Path;
 
 /// Maps a segment read-only: the reader touches only the pages it needs
@@ -38,6 +38,18 @@ fn read_stacks(p: &Path, s: &Snapshot) -> Stacks {
     })
 }
 
+/// The exact callers the process counted (`RTPROF_CALLERS=1`), from the
+/// file its agent wrote beside its segment at exit.
+fn read_callers(p: &Path, s: &Snapshot) -> Callers {
+    let Ok(text) = std::fs::read_to_string(p) else {
+        return Callers::default();
+    };
+    Callers::parse(&text, s).unwrap_or_else(|e| {
+        eprintln!("rtprof: callers of {} not used: {e}", p.display());
+        Callers::default()
+    })
+}
+
 /// Every readable segment in `dir`, oldest process first; unreadable ones
 /// are reported on stderr and skipped.
 pub fn collect(dir: &Path) -> Vec<Snapshot> {
@@ -62,6 +74,7 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         match read_snapshot(&bytes) {
             Ok(mut s) => {
                 s.stacks = read_stacks(&p.with_extension("stacks"), &s);
+                s.callers = read_callers(&p.with_extension("callers"), &s);
                 out.push(s)
             }
             Err(e) => eprintln!("rtprof: skipping {}: {e}", p.display()),

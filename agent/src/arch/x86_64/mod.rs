@@ -42,8 +42,8 @@ impl InstructionSet for X86_64 {
         scan::jump_table_targets(s, lo, hi, keep, read)
     }
 
-    fn stub_len(plan: &Plan) -> usize {
-        stub::stub_len(plan)
+    fn stub_len(plan: &Plan, callers: bool) -> usize {
+        stub::stub_len(plan, callers)
     }
 
     fn emit_stub(

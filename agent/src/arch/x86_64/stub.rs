@@ -41,6 +41,10 @@ pub struct CounterRef {
     pub slot: u32,
     /// Absolute address of the slot's counter in the shared stripe.
     pub shared_counter: u64,
+    /// With exact callers on (`RTPROF_CALLERS=1`): the address of an
+    /// `extern "C" fn(slot: u32, return_address: u64)` the stub calls after
+    /// counting; 0 for none.
+    pub caller_hook: u64,
 }
 
 /// Bytes of the counting prologue, up to the moved instructions.
@@ -53,6 +57,8 @@ const DONE_AT: usize = 24;
 const SHARED_LEN: usize = 19;
 /// The SysV red zone below `rsp`.
 const RED_ZONE: i32 = 128;
+/// Bytes of the exact-callers tail (see [`put_callers_tail`]).
+const CALLERS_TAIL_LEN: usize = 189;
 
 /// A stub's first two bytes with counting on (the start of its
 /// `lea rsp, [rsp-128]`) or off (`jmp short` over the count, straight to
@@ -67,9 +73,10 @@ pub fn counting_switch(on: bool) -> [u8; 2] {
     }
 }
 
-/// The bytes [`emit_stub`] produces for `plan`.
-pub fn stub_len(plan: &Plan) -> usize {
-    PROLOGUE_LEN + plan.code().len() + SHARED_LEN
+/// The bytes [`emit_stub`] produces for `plan` (`callers`: with a caller
+/// hook).
+pub fn stub_len(plan: &Plan, callers: bool) -> usize {
+    PROLOGUE_LEN + plan.code().len() + SHARED_LEN + if callers { CALLERS_TAIL_LEN } else { 0 }
 }
 
 /// Writes the stub for `plan` to run at address `at` into the first
@@ -109,8 +116,9 @@ pub fn emit_stub(
         moved[f.at as usize..f.at as usize + 4].copy_from_slice(&value.to_le_bytes());
     }
 
+    let callers = counter.caller_hook != 0;
     let out = out
-        .get_mut(..stub_len(plan))
+        .get_mut(..stub_len(plan, callers))
         .ok_or(Refusal::NoMemoryInRange)?;
     let mut s = Writer { out, at: 0 };
     s.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
@@ -123,8 +131,16 @@ pub fn emit_stub(
     s.put(&slot_disp.to_le_bytes());
     debug_assert_eq!(s.at, DONE_AT);
     s.put(&[0x59]); // pop rcx
-    s.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
-    s.put(&RED_ZONE.to_le_bytes());
+    if callers {
+        // The tail notes the caller, then comes back to the moved code.
+        let tail = PROLOGUE_LEN + code.len() + SHARED_LEN;
+        s.put(&[0xe9]); // jmp tail
+        s.put(&((tail as i32) - (s.at as i32 + 4)).to_le_bytes());
+        s.put(&[0x0f, 0x1f, 0x00]); // nop (the lea's remaining bytes)
+    } else {
+        s.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
+        s.put(&RED_ZONE.to_le_bytes());
+    }
     debug_assert_eq!(s.at, PROLOGUE_LEN);
     s.put(moved);
     s.put(&[0x48, 0xb9]); // mov rcx, imm64
@@ -133,8 +149,51 @@ pub fn emit_stub(
     let back = DONE_AT as i64 - (s.at + 5) as i64;
     s.put(&[0xe9]); // jmp done
     s.put(&(back as i32).to_le_bytes());
+    if callers {
+        put_callers_tail(&mut s, counter);
+    }
     debug_assert_eq!(s.at, s.out.len());
     Ok(())
+}
+
+/// The exact-callers tail, entered from `done` with `rsp` 128 bytes below
+/// the entry's (the return address at `[rsp+128]`): saves every register a
+/// function's arguments may be in (rdi, rsi, rdx, rcx, r8, r9, the vector
+/// count in rax, xmm0-7) and the other caller-saved ones (r10, r11), aligns
+/// the stack for the call (an entry reached by a jump need not be
+/// aligned), calls the hook with the slot and the return address, restores
+/// all, steps back over the red zone and goes on to the moved code.
+/// Flags are undefined at a function's entry, as in the prologue.
+fn put_callers_tail(s: &mut Writer, counter: &CounterRef) {
+    let start = s.at;
+    s.put(&[0x50, 0x51, 0x52, 0x56, 0x57]); // push rax, rcx, rdx, rsi, rdi
+    s.put(&[0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53]); // push r8-r11
+    s.put(&[0x48, 0x89, 0xe0]); // mov rax, rsp (entry rsp - 200)
+    s.put(&[0x48, 0x83, 0xe4, 0xf0]); // and rsp, -16
+    s.put(&[0x48, 0x81, 0xec, 0x90, 0, 0, 0]); // sub rsp, 144
+    s.put(&[0x48, 0x89, 0x84, 0x24, 0x80, 0, 0, 0]); // mov [rsp+128], rax
+    for i in 0..8u8 {
+        s.put(&[0xf3, 0x0f, 0x7f, 0x44 | i << 3, 0x24, 16 * i]); // movdqu [rsp+16i], xmm_i
+    }
+    s.put(&[0xbf]); // mov edi, slot
+    s.put(&counter.slot.to_le_bytes());
+    s.put(&[0x48, 0x8b, 0xb0]); // mov rsi, [rax+disp32]: the return address
+    s.put(&(RED_ZONE + 72).to_le_bytes());
+    s.put(&[0x48, 0xb8]); // mov rax, imm64
+    s.put(&counter.caller_hook.to_le_bytes());
+    s.put(&[0xff, 0xd0]); // call rax
+    for i in 0..8u8 {
+        s.put(&[0xf3, 0x0f, 0x6f, 0x44 | i << 3, 0x24, 16 * i]); // movdqu xmm_i, [rsp+16i]
+    }
+    s.put(&[0x48, 0x8b, 0xa4, 0x24, 0x80, 0, 0, 0]); // mov rsp, [rsp+128]
+    s.put(&[0x41, 0x5b, 0x41, 0x5a, 0x41, 0x59, 0x41, 0x58]); // pop r11-r8
+    s.put(&[0x5f, 0x5e, 0x5a, 0x59, 0x58]); // pop rdi, rsi, rdx, rcx, rax
+    s.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
+    s.put(&RED_ZONE.to_le_bytes());
+    let back = PROLOGUE_LEN as i64 - (s.at + 5) as i64;
+    s.put(&[0xe9]); // jmp moved
+    s.put(&(back as i32).to_le_bytes());
+    debug_assert_eq!(s.at - start, CALLERS_TAIL_LEN);
 }
 
 /// Bytes written one piece after another into a slice of the right length.
@@ -171,13 +230,14 @@ mod tests {
     use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
     fn stub(plan: &Plan, at: u64, c: &CounterRef) -> Result<Vec<u8>, Refusal> {
-        let mut v = vec![0xcc; stub_len(plan) + 3];
+        let callers = c.caller_hook != 0;
+        let mut v = vec![0xcc; stub_len(plan, callers) + 3];
         emit_stub(plan, at, c, &mut v)?;
         assert!(
-            v[stub_len(plan)..].iter().all(|&b| b == 0xcc),
+            v[stub_len(plan, callers)..].iter().all(|&b| b == 0xcc),
             "wrote past its end"
         );
-        v.truncate(stub_len(plan));
+        v.truncate(stub_len(plan, callers));
         assert!(
             emit_stub(plan, at, c, &mut [0; 8]).is_err(),
             "too short a buffer"
@@ -201,6 +261,7 @@ mod tests {
         tls_offset: -64,
         slot: 3,
         shared_counter: 0x7f00_dead_0018,
+        caller_hook: 0,
     };
 
     #[test]
@@ -244,6 +305,69 @@ mod tests {
         assert!(ins[12].has_lock_prefix());
         assert_eq!(ins[13].near_branch_target(), at + DONE_AT as u64);
         assert_eq!(ins.len(), 14);
+    }
+
+    /// With a caller hook, `done` jumps to a tail that saves the argument
+    /// registers, calls the hook with the slot and the return address,
+    /// restores them in reverse and goes on to the moved code.
+    #[test]
+    fn callers_tail_saves_calls_and_restores() {
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x5d, 0xc3];
+        let plan = plan_window(&code, 0x40_0000, code.len(), 0).unwrap();
+        let at = 0x40_1000;
+        let hook = 0x7f12_3456_7890;
+        let c = CounterRef {
+            caller_hook: hook,
+            ..COUNTER
+        };
+        let bytes = stub(&plan, at, &c).unwrap();
+        assert_eq!(bytes.len(), stub_len(&plan, false) + CALLERS_TAIL_LEN);
+        let ins = decode_all(&bytes, at);
+        assert!(ins.iter().all(|i| i.mnemonic() != Mnemonic::INVALID));
+        let jmp = ins
+            .iter()
+            .find(|i| i.ip() == at + DONE_AT as u64 + 1)
+            .unwrap();
+        assert_eq!(jmp.mnemonic(), Mnemonic::Jmp);
+        let tail_at = at + stub_len(&plan, false) as u64;
+        assert_eq!(jmp.near_branch_target(), tail_at);
+        let tail: Vec<&Instruction> = ins.iter().filter(|i| i.ip() >= tail_at).collect();
+        let count = |m| tail.iter().filter(|i| i.mnemonic() == m).count();
+        assert_eq!((count(Mnemonic::Push), count(Mnemonic::Pop)), (9, 9));
+        assert_eq!(count(Mnemonic::Movdqu), 16);
+        let pushed: Vec<Register> = tail
+            .iter()
+            .filter(|i| i.mnemonic() == Mnemonic::Push)
+            .map(|i| i.op0_register())
+            .collect();
+        let mut popped: Vec<Register> = tail
+            .iter()
+            .filter(|i| i.mnemonic() == Mnemonic::Pop)
+            .map(|i| i.op0_register())
+            .collect();
+        popped.reverse();
+        assert_eq!(pushed, popped);
+        let call = tail
+            .iter()
+            .position(|i| i.mnemonic() == Mnemonic::Call)
+            .unwrap();
+        assert_eq!(tail[call - 1].immediate64(), hook);
+        // The return address: 128 (red zone) + 72 (nine pushes) above rax.
+        let ret = tail
+            .iter()
+            .find(|i| i.mnemonic() == Mnemonic::Mov && i.op0_register() == Register::RSI)
+            .unwrap();
+        assert_eq!(
+            (ret.memory_base(), ret.memory_displacement64()),
+            (Register::RAX, 200)
+        );
+        let last = tail.last().unwrap();
+        assert_eq!(last.near_branch_target(), at + PROLOGUE_LEN as u64);
+        assert_eq!(
+            tail[tail.len() - 2].memory_displacement64(),
+            128,
+            "red zone stepped back"
+        );
     }
 
     /// An instruction's absolute branch target and rip-relative memory target.
