@@ -41,16 +41,20 @@ fn folded(bin: &Path, env: &[(&str, &str)], dir: &Path) -> (HashMap<String, u64>
 }
 
 /// The call tree's three paths and nothing else of weight, in shares of
-/// a half and two quarters, however the program was built.
+/// a half and two quarters, however the program was built and whichever
+/// sampler ran.
 #[test]
 fn sampled_stacks_follow_the_call_tree() {
-    for (tag, flags) in [
-        ("no-frame-pointers", &["-fomit-frame-pointer"][..]),
-        ("frame-pointers", &["-fno-omit-frame-pointer"][..]),
+    let no_fp = &["-fomit-frame-pointer"][..];
+    for (tag, flags, sampler) in [
+        ("no-frame-pointers", no_fp, "perf"),
+        ("frame-pointers", &["-fno-omit-frame-pointer"][..], "perf"),
+        ("timer", no_fp, "timer"),
     ] {
         let dir = scratch(&format!("stacks-{tag}"));
         let bin = compile_o2("stacks.c", flags, &dir);
-        let (paths, report) = folded(&bin, &[], &dir);
+        let (paths, report) = folded(&bin, &[("RTPROF_SAMPLER", sampler)], &dir);
+        assert_eq!(process(&report, &bin)["sampler"]["name"], sampler, "{tag}");
         let total: u64 = paths.values().sum();
         assert!(total > 100, "{tag}: {total} samples: {paths:?}");
         let heavy: HashMap<&str, f64> = paths

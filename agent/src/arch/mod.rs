@@ -70,6 +70,11 @@ pub trait InstructionSet {
     /// # Safety
     /// `uc` is the `ucontext_t` the kernel passed to an SA_SIGINFO handler.
     unsafe fn signal_pc(uc: *const libc::ucontext_t) -> u64;
+    /// The interrupted stack pointer and frame pointer, there.
+    ///
+    /// # Safety
+    /// As for [`InstructionSet::signal_pc`].
+    unsafe fn signal_sp_bp(uc: *const libc::ucontext_t) -> (u64, u64);
     /// The program counter of thread `tid`, which the caller holds in a
     /// ptrace stop. Makes one system call and no allocation.
     fn stopped_pc(tid: i32) -> Option<u64>;

@@ -271,14 +271,16 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
                     // stacks the user registers and stack (`user_stack`).
                     PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
                         let ip = field_u64(body, 0);
-                        if let Some((sp, bp, stack)) = user_stack(body) {
-                            stacks::record(ip, sp, bp, stack);
-                        }
                         if !may_name {
                             addrmap::count(ip, 1);
                         } else if let Some(record) = addrmap::count_unless_unnamed(ip) {
+                            // Read again once its module is named: its
+                            // stack is counted then.
                             unnamed = Some(record);
                             return false;
+                        }
+                        if let Some((sp, bp, stack)) = user_stack(body) {
+                            stacks::record(ip, sp, bp, stack);
                         }
                     }
                     // Body: id (u64), lost (u64).
@@ -355,6 +357,12 @@ impl Few {
 }
 
 fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
+    if STACKS.load(Ordering::Relaxed) {
+        // Handlers unwind in place: the main thread's stack end, and the
+        // modules loaded before the first signal.
+        stacks::note_thread_stack();
+        stacks::load_eagerly();
+    }
     timer::install(period_ns(a.config.sample_hz))?;
     timer::arm_or_wait().map_err(|e| (Why::TimerFailed, Some(e)))
 }
@@ -363,6 +371,9 @@ fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
 /// (perf events reach it by inheritance.)
 pub fn thread_started() {
     if timer::active() {
+        if STACKS.load(Ordering::Relaxed) {
+            stacks::note_thread_stack();
+        }
         if let Err(e) = timer::arm_or_wait() {
             vlog!("thread left unsampled: {e}");
         }

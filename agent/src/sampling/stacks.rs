@@ -3,19 +3,22 @@
 //! user stack; the drain thread unwinds that copy with the modules'
 //! `.eh_frame` (framehop; frame pointers where a module has no unwind
 //! entry), names each frame by the function (or module) it is in, and
-//! counts the stack in a bounded table. At exit the table is written beside
-//! the counter segment, where `rtprof run` reads it.
+//! counts the stack in a bounded table. With the timer sampler the signal
+//! handler does the same on the interrupted thread's own stack, read in
+//! place between its stack pointer and the stack's end. At exit the table
+//! is written beside the counter segment, where `rtprof run` reads it.
 //!
-//! Only the drain thread unwinds and counts; the program's threads never
-//! wait for it. Once the modules are loaded into the unwinder and the table
-//! is allocated, a sample allocates nothing.
+//! One thread at a time unwinds and counts; a thread that finds the table
+//! in use leaves that sample's stack out rather than wait. Once the modules
+//! are loaded into the unwinder (outside signal handlers) and the table is
+//! allocated, a sample allocates nothing.
 
 use super::addrmap;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{
     ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
 };
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -98,10 +101,78 @@ pub fn modules_changed(modules: Vec<ModuleFile>) {
     let mut modules = Some(modules);
     for _ in 0..1000 {
         if PENDING.try_with(|p| *p = modules.take()).is_some() {
-            return;
+            break;
         }
         std::thread::yield_now();
     }
+    if EAGER.load(Ordering::Relaxed) {
+        sync_now();
+    }
+}
+
+/// The timer sampler's handlers unwind but may not load modules: they are
+/// loaded as soon as they change instead of at the next sample.
+static EAGER: AtomicBool = AtomicBool::new(false);
+
+/// Loads the modules into the unwinder now, and from now on whenever they
+/// change (for the timer sampler; outside any signal handler).
+pub fn load_eagerly() {
+    EAGER.store(true, Ordering::Relaxed);
+    sync_now();
+}
+
+fn sync_now() {
+    let pending = PENDING.try_with(Option::take).flatten();
+    STATE.try_with(|st| {
+        let s = st.get_or_insert_with(State::new);
+        if let Some(now) = pending {
+            s.sync(now);
+        }
+    });
+}
+
+thread_local! {
+    /// The end (highest address) of this thread's stack: how far a signal
+    /// handler may read it. 0: not known.
+    static STACK_END: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Notes where the calling thread's stack ends (at its start, and for the
+/// main thread at start-up; not in a signal handler).
+pub fn note_thread_stack() {
+    // SAFETY: `attr` is initialised by pthread_getattr_np before it is
+    // read, and destroyed once; the out-parameters are live locals.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return;
+        }
+        let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
+        if libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0 {
+            let _ = STACK_END.try_with(|e| e.set(addr as u64 + size as u64));
+        }
+        libc::pthread_attr_destroy(&mut attr);
+    }
+}
+
+/// Counts the stack of a sample taken by a signal handler on this thread
+/// (`n` periods), reading the stack where it is. Allocation-free.
+pub fn record_here(ip: u64, sp: u64, bp: u64, n: u64) {
+    let end = STACK_END.try_with(Cell::get).unwrap_or(0);
+    if end <= sp {
+        return;
+    }
+    let len = (end - sp).min(STACK_BYTES as u64) as usize;
+    // SAFETY: [sp, end) is this thread's own stack, mapped and readable
+    // while the thread runs (it is running this handler on it); the bytes
+    // are only read.
+    let stack = unsafe { std::slice::from_raw_parts(sp as *const u8, len) };
+    STATE.try_with(|st| {
+        // Loaded outside handlers (`load_eagerly`): none yet, no stack.
+        if let Some(s) = st.as_mut() {
+            s.record(ip, sp, bp, stack, n);
+        }
+    });
 }
 
 /// The unwind sections of the module file at `path`, copied (a module can
@@ -172,7 +243,7 @@ impl State {
         self.loaded = now;
     }
 
-    fn record(&mut self, ip: u64, sp: u64, bp: u64, stack: &[u8]) {
+    fn record(&mut self, ip: u64, sp: u64, bp: u64, stack: &[u8], n: u64) {
         let mut read_stack = |addr: u64| {
             let off = addr.checked_sub(sp).ok_or(())? as usize;
             let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
@@ -204,12 +275,12 @@ impl State {
         self.truncated += cut as u64;
         let full = self.table.len() >= MAX_STACKS;
         match self.table.get_mut(&key) {
-            Some(n) => *n += 1,
+            Some(count) => *count += n,
             // With room reserved up front, inserting does not allocate.
             None if !full => {
-                self.table.insert(key, 1);
+                self.table.insert(key, n);
             }
-            None => self.dropped += 1,
+            None => self.dropped += n,
         }
     }
 }
@@ -223,7 +294,7 @@ pub fn record(ip: u64, sp: u64, bp: u64, stack: &[u8]) {
         if let Some(now) = pending {
             s.sync(now);
         }
-        s.record(ip, sp, bp, stack);
+        s.record(ip, sp, bp, stack, 1);
     });
 }
 
@@ -274,7 +345,7 @@ mod tests {
         let mut s = State::new();
         // No modules: the unwinder gives the sampled address alone.
         for _ in 0..3 {
-            s.record(0x1234, 0x7000, 0, &[0; 64]);
+            s.record(0x1234, 0x7000, 0, &[0; 64], 1);
         }
         assert_eq!(s.table.len(), 1);
         let (key, n) = s.table.iter().next().unwrap();
@@ -286,10 +357,10 @@ mod tests {
         for i in 0..MAX_STACKS as u32 {
             s.table.insert(([i; MAX_DEPTH], 1), 1);
         }
-        s.record(0x1234, 0x7000, 0, &[0; 64]);
+        s.record(0x1234, 0x7000, 0, &[0; 64], 1);
         assert_eq!((s.dropped, s.table.len()), (1, MAX_STACKS));
         s.table.insert(([UNKNOWN; MAX_DEPTH], 1), 1);
-        s.record(0x1234, 0x7000, 0, &[0; 64]);
+        s.record(0x1234, 0x7000, 0, &[0; 64], 1);
         assert_eq!(s.dropped, 1);
     }
 }

@@ -48,7 +48,13 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
             let uc = uc as *const libc::ucontext_t;
             // SAFETY: the context the kernel passed to this handler.
             let ip = unsafe { Native::signal_pc(uc) };
-            addrmap::count(ip, periods(info));
+            let n = periods(info);
+            addrmap::count(ip, n);
+            if super::STACKS.load(Ordering::Relaxed) {
+                // SAFETY: as for the program counter.
+                let (sp, bp) = unsafe { Native::signal_sp_bp(uc) };
+                super::stacks::record_here(ip, sp, bp, n);
+            }
         }
     }
     // SAFETY: `__errno_location` is this thread's errno, always valid;

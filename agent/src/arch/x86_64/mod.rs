@@ -112,6 +112,15 @@ impl InstructionSet for X86_64 {
         (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
     }
 
+    unsafe fn signal_sp_bp(uc: *const libc::ucontext_t) -> (u64, u64) {
+        // SAFETY: the caller passes the kernel's context (see the trait).
+        let g = &(*uc).uc_mcontext.gregs;
+        (
+            g[libc::REG_RSP as usize] as u64,
+            g[libc::REG_RBP as usize] as u64,
+        )
+    }
+
     fn stopped_pc(tid: i32) -> Option<u64> {
         // SAFETY: all-zero is a valid user_regs_struct, which the kernel fills.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
