@@ -232,6 +232,23 @@ fn main() {
             ],
         ),
         (
+            "timer sampler (1 kHz)",
+            vec![
+                ("LD_PRELOAD", preload.clone()),
+                ("RTPROF_INSTRUMENT", "0".into()),
+                ("RTPROF_SAMPLER", "timer".into()),
+            ],
+        ),
+        (
+            "timer, no stacks (1 kHz)",
+            vec![
+                ("LD_PRELOAD", preload.clone()),
+                ("RTPROF_INSTRUMENT", "0".into()),
+                ("RTPROF_SAMPLER", "timer".into()),
+                ("RTPROF_STACKS", "0".into()),
+            ],
+        ),
+        (
             "sampling only (100 Hz)",
             vec![
                 ("LD_PRELOAD", preload.clone()),

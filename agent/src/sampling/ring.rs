@@ -120,6 +120,9 @@ impl Ring {
             }
         };
         let mut n = 0;
+        // One buffer for every record of the walk: zeroed once, not per
+        // record (a sample with a stack copy is over 8 KiB).
+        let mut body = [0u8; MAX_BODY];
         while head.wrapping_sub(tail) >= HEADER as u64 {
             let mut hdr = [0u8; HEADER];
             read(tail, &mut hdr);
@@ -134,7 +137,6 @@ impl Ring {
             // A record is never longer than the data area (the kernel
             // writes whole records into it), which `read` relies on.
             if body_len <= MAX_BODY && rec_len as usize <= size {
-                let mut body = [0u8; MAX_BODY];
                 read(tail + HEADER as u64, &mut body[..body_len]);
                 if !on(ty, &body[..body_len]) {
                     break;
