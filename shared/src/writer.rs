@@ -464,34 +464,32 @@ impl SegmentWriter {
         unsafe { std::ptr::read_volatile(self.func_ptr(slot)) }
     }
 
-    /// The name of function `slot`.
-    pub fn function_name(&self, slot: u32) -> &[u8] {
-        let f = self.function(slot);
-        // SAFETY: the writer put the name inside the string table (below
-        // strings_len) and never rewrites string bytes once added.
+    /// `len` bytes at `off` in the string table, as `add_string` returned
+    /// them.
+    fn string(&self, off: u32, len: u32) -> &[u8] {
+        assert!(off as u64 + len as u64 <= self.strings_len as u64);
+        // SAFETY: inside the string table's written part (asserted), which
+        // is never rewritten once added.
         unsafe {
             std::slice::from_raw_parts(
                 self.counters
                     .base
-                    .add((self.counters.layout.strings_off + f.name_off as u64) as usize),
-                f.name_len as usize,
+                    .add((self.counters.layout.strings_off + off as u64) as usize),
+                len as usize,
             )
         }
+    }
+
+    /// The name of function `slot`.
+    pub fn function_name(&self, slot: u32) -> &[u8] {
+        let f = self.function(slot);
+        self.string(f.name_off, f.name_len)
     }
 
     /// The path of module `idx`.
     pub fn module_path(&self, idx: u32) -> &[u8] {
         let m = self.module(idx);
-        // SAFETY: as in `function_name`: inside the string table, never
-        // rewritten once added.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.counters
-                    .base
-                    .add((self.counters.layout.strings_off + m.path_off as u64) as usize),
-                m.path_len as usize,
-            )
-        }
+        self.string(m.path_off, m.path_len)
     }
 
     /// A copy of module record `idx` (its sample counter as of now).
