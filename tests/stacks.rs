@@ -11,7 +11,12 @@ use std::process::Command;
 
 /// `rtprof run --output <dir>/<name>.folded` with `env`: the folded lines
 /// as (path below `main`, samples) and the JSON report of the same run.
-fn folded(bin: &Path, env: &[(&str, &str)], dir: &Path) -> (HashMap<String, u64>, Value) {
+fn folded(
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    dir: &Path,
+) -> (HashMap<String, u64>, Value) {
     let out = dir.join("stacks.folded");
     let json = dir.join("stacks.json");
     let mut c = Command::new(rtprof());
@@ -21,7 +26,8 @@ fn folded(bin: &Path, env: &[(&str, &str)], dir: &Path) -> (HashMap<String, u64>
         .arg("--json")
         .arg(&json)
         .arg("--")
-        .arg(bin);
+        .arg(bin)
+        .args(args);
     for (k, v) in env {
         c.env(k, v);
     }
@@ -46,14 +52,21 @@ fn folded(bin: &Path, env: &[(&str, &str)], dir: &Path) -> (HashMap<String, u64>
 #[test]
 fn sampled_stacks_follow_the_call_tree() {
     let no_fp = &["-fomit-frame-pointer"][..];
-    for (tag, flags, sampler) in [
-        ("no-frame-pointers", no_fp, "perf"),
-        ("frame-pointers", &["-fno-omit-frame-pointer"][..], "perf"),
-        ("timer", no_fp, "timer"),
+    // CPU-time timers fire at the scheduler's tick, several periods a
+    // signal: the timer run is longer, for as many independent samples.
+    for (tag, flags, sampler, rounds) in [
+        ("no-frame-pointers", no_fp, "perf", "400"),
+        (
+            "frame-pointers",
+            &["-fno-omit-frame-pointer"][..],
+            "perf",
+            "400",
+        ),
+        ("timer", no_fp, "timer", "1600"),
     ] {
         let dir = scratch(&format!("stacks-{tag}"));
         let bin = compile_o2("stacks.c", flags, &dir);
-        let (paths, report) = folded(&bin, &[("RTPROF_SAMPLER", sampler)], &dir);
+        let (paths, report) = folded(&bin, &[rounds], &[("RTPROF_SAMPLER", sampler)], &dir);
         assert_eq!(process(&report, &bin)["sampler"]["name"], sampler, "{tag}");
         let total: u64 = paths.values().sum();
         assert!(total > 100, "{tag}: {total} samples: {paths:?}");
@@ -77,7 +90,11 @@ fn sampled_stacks_follow_the_call_tree() {
         let stacks = p["stacks"].as_array().expect("stacks in JSON");
         let abc = stacks
             .iter()
-            .filter(|s| s["frames"].as_array().unwrap()[..4] == ["c", "b", "a", "main"])
+            // A stack whose unwinding stopped early is shorter.
+            .filter(|s| {
+                s["frames"].as_array().unwrap().get(..4)
+                    == Some(&["c", "b", "a", "main"].map(Value::from)[..])
+            })
             .map(|s| s["samples"].as_u64().unwrap())
             .sum::<u64>();
         assert_eq!(abc, paths["a;b;c"], "{tag}");
@@ -127,7 +144,7 @@ fn the_report_names_callers_and_callees() {
 fn stacks_can_be_switched_off() {
     let dir = scratch("stacks-off");
     let bin = compile_o2("stacks.c", &[], &dir);
-    let (paths, report) = folded(&bin, &[("RTPROF_STACKS", "0")], &dir);
+    let (paths, report) = folded(&bin, &[], &[("RTPROF_STACKS", "0")], &dir);
     let p = process(&report, &bin);
     assert!(p.get("stacks").is_none(), "{p}");
     assert!(p["sampler"]["samples"].as_u64().unwrap() > 100);
@@ -155,8 +172,11 @@ fn the_agents_own_report_has_stacks() {
     let paths: Vec<Vec<&str>> = stacks
         .iter()
         .map(|s| {
-            s["frames"].as_array().unwrap()[..3]
+            s["frames"]
+                .as_array()
+                .unwrap()
                 .iter()
+                .take(3)
                 .map(|f| f.as_str().unwrap())
                 .collect()
         })

@@ -3,6 +3,7 @@
  * stacks must show exactly these paths, in about these shares. Built at
  * -O2 without frame pointers: stacks come from unwind information. */
 #include <stdio.h>
+#include <stdlib.h>
 
 static volatile unsigned long sink;
 
@@ -28,8 +29,8 @@ __attribute__((noipa)) void d(unsigned long n) {
 }
 
 int main(int argc, char **argv) {
-    (void)argv;
-    unsigned long rounds = 400;
+    /* Rounds: 400, or as asked (more samples for a coarse sampler). */
+    unsigned long rounds = argc > 1 ? strtoul(argv[1], 0, 10) : 400;
     for (unsigned long i = 0; i < rounds; i++) {
         a(i + argc);
         d(i);
