@@ -197,3 +197,25 @@ fn library_without_room_is_listed_with_its_reason() {
         }
     }
 }
+
+/// Code running on a coroutine's stack, with an inaccessible page right
+/// above its top, sampled by both samplers with stacks: the timer's
+/// handler, which unwinds in place, must not read past that stack (it
+/// leaves such samples without a stack); output and status unchanged.
+#[test]
+fn coroutine_stacks_are_not_read_past_their_end() {
+    let dir = scratch("coroutine");
+    let bin = compile_o2("coroutine.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    assert!(plain.status.success(), "{plain:?}");
+    for sampler in ["timer", "perf"] {
+        let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", sampler)], &dir);
+        assert_same_behaviour(&format!("coroutine, {sampler}"), &plain, &prof.output);
+        let p = process(&prof.report, &bin);
+        assert_eq!(p["sampler"]["name"], sampler);
+        assert!(
+            function_named(p, "spin")["samples"].as_u64().unwrap() > 100,
+            "{p}"
+        );
+    }
+}

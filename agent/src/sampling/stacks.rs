@@ -132,9 +132,11 @@ fn sync_now() {
 }
 
 thread_local! {
-    /// The end (highest address) of this thread's stack: how far a signal
-    /// handler may read it. 0: not known.
-    static STACK_END: Cell<u64> = const { Cell::new(0) };
+    /// This thread's stack, [lowest, end): a signal handler reads only
+    /// from an interrupted stack pointer inside it, up to its end (code
+    /// running on another stack, a coroutine's or an alternate signal
+    /// stack, is not unwound). (0, 0): not known.
+    static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Notes where the calling thread's stack ends (at its start, and for the
@@ -149,7 +151,7 @@ pub fn note_thread_stack() {
         }
         let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
         if libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0 {
-            let _ = STACK_END.try_with(|e| e.set(addr as u64 + size as u64));
+            let _ = STACK.try_with(|e| e.set((addr as u64, addr as u64 + size as u64)));
         }
         libc::pthread_attr_destroy(&mut attr);
     }
@@ -158,14 +160,14 @@ pub fn note_thread_stack() {
 /// Counts the stack of a sample taken by a signal handler on this thread
 /// (`n` periods), reading the stack where it is. Allocation-free.
 pub fn record_here(ip: u64, sp: u64, bp: u64, n: u64) {
-    let end = STACK_END.try_with(Cell::get).unwrap_or(0);
-    if end <= sp {
+    let (lowest, end) = STACK.try_with(Cell::get).unwrap_or((0, 0));
+    if sp < lowest || sp >= end {
         return;
     }
     let len = (end - sp).min(STACK_BYTES as u64) as usize;
-    // SAFETY: [sp, end) is this thread's own stack, mapped and readable
-    // while the thread runs (it is running this handler on it); the bytes
-    // are only read.
+    // SAFETY: `sp` lies in this thread's own stack, which is mapped and
+    // readable from its stack pointer to its end while the thread runs
+    // (this handler runs on it); the bytes are only read.
     let stack = unsafe { std::slice::from_raw_parts(sp as *const u8, len) };
     STATE.try_with(|st| {
         // Loaded outside handlers (`load_eagerly`): none yet, no stack.
