@@ -122,10 +122,9 @@ pub fn load_eagerly() {
 }
 
 fn sync_now() {
-    let pending = PENDING.try_with(Option::take).flatten();
     STATE.try_with(|st| {
         let s = st.get_or_insert_with(State::new);
-        if let Some(now) = pending {
+        if let Some(now) = PENDING.try_with(Option::take).flatten() {
             s.sync(now);
         }
     });
@@ -290,10 +289,11 @@ impl State {
 /// Counts the stack of one sample (drain thread): `ip`, `sp` and `bp` as
 /// the sample's registers say, `stack` the bytes copied from `sp` up.
 pub fn record(ip: u64, sp: u64, bp: u64, stack: &[u8]) {
-    let pending = PENDING.try_with(Option::take).flatten();
     STATE.try_with(|state| {
         let s = state.get_or_insert_with(State::new);
-        if let Some(now) = pending {
+        // Taken only with the state in hand: a list taken and then not
+        // loaded would be lost until the next change.
+        if let Some(now) = PENDING.try_with(Option::take).flatten() {
             s.sync(now);
         }
         s.record(ip, sp, bp, stack, 1);
@@ -304,7 +304,15 @@ pub fn record(ip: u64, sp: u64, bp: u64, stack: &[u8]) {
 /// `rtprof-stacks 1 <truncated> <dropped>`, then one line per stack:
 /// its samples, then its frames leaf first.
 pub fn text() -> Option<String> {
-    STATE.try_with(|s| s.as_ref().map(State::text)).flatten()
+    // At exit the drain thread may be counting a last sample: waited for
+    // a little, never for ever.
+    for _ in 0..1000 {
+        if let Some(t) = STATE.try_with(|s| s.as_ref().map(State::text)) {
+            return t;
+        }
+        std::thread::yield_now();
+    }
+    None
 }
 
 impl State {
