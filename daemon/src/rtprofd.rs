@@ -5,6 +5,7 @@
 mod accept;
 mod error;
 mod log;
+mod metrics;
 mod present_file;
 mod registry;
 mod spans;
@@ -63,6 +64,12 @@ struct Args {
     /// most ten times; the rest are counted in one summary line.
     #[arg(long, default_value_t = 10)]
     log_interval: u64,
+    /// Serve Prometheus metrics over HTTP at ADDR:PORT (`GET /metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<std::net::SocketAddr>,
+    /// Functions exposed per executable: the hottest over the last span.
+    #[arg(long, default_value_t = 20)]
+    metrics_top: usize,
 }
 
 /// Raises the soft limit on descriptors to the hard one (connections wait
@@ -185,6 +192,17 @@ fn main() -> std::process::ExitCode {
     if table.len() > 0 {
         eprintln!("rtprofd: found {} running agent(s)", table.len());
     }
+    let mut metrics = match a
+        .metrics
+        .map(|addr| (addr, metrics::Metrics::serve(addr, a.metrics_top)))
+    {
+        None => None,
+        Some((_, Ok(m))) => Some(m),
+        Some((addr, Err(e))) => {
+            eprintln!("rtprofd: cannot serve metrics at {addr}: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
     let mut outcomes = Vec::new();
     let mut due = Instant::now();
     loop {
@@ -211,10 +229,16 @@ fn main() -> std::process::ExitCode {
                 break;
             }
         }
-        let now = now_ns();
+        let (now, started) = (now_ns(), Instant::now());
         table.observe(now, span_ns, &mut log);
         if let Err(e) = writer.publish(now, span_ns, &table.tables()) {
             eprintln!("rtprofd: cannot publish: {e}");
+            if let Some(m) = &metrics {
+                m.publish_failed();
+            }
+        }
+        if let Some(m) = &mut metrics {
+            m.tick(now, &table, started);
         }
         // Ended processes were published once more, with their last counts.
         table.drop_ended();

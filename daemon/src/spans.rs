@@ -24,6 +24,9 @@ struct Meta {
     counted: Vec<bool>,
     /// `key_hash(exe, name)`, for the global rows.
     keys: Vec<u32>,
+    /// Readable names, compiler copies merged into their function (the
+    /// metrics' labels).
+    readable: Vec<String>,
     /// Module file names, and their bucket rows' names (`[libc.so.6]`).
     modules: Vec<String>,
     buckets: Vec<String>,
@@ -43,6 +46,8 @@ impl Meta {
             m.module_of.push(f.module);
             m.counted.push(f.instrumented);
             m.keys.push(key_hash(&s.exe, &f.name));
+            m.readable
+                .push(rtprof_shared::names::function(&f.name).into_owned());
         }
         for md in &s.modules {
             m.modules.push(md.name().to_string());
@@ -311,6 +316,52 @@ impl Tracked {
         op(&mut s.unknown, d.unknown);
         op(&mut s.total, d.total);
         op(&mut s.lost, d.lost);
+    }
+
+    /// What the tick at `now_ns` read, if it read this process: `f` gets
+    /// each change as (readable function, module, calls, CPU ns). Changes
+    /// never go negative, so running sums of them only grow.
+    pub fn each_change(&self, now_ns: u64, f: impl FnMut(&str, &str, u64, u64)) {
+        if let Some(d) = self.ring.back().filter(|d| d.at_ns == now_ns) {
+            let funcs = d.funcs.iter().map(|&(i, c, s)| (i as usize, c, s));
+            let buckets = d.buckets.iter().map(|&(i, s)| (i as usize, s));
+            self.each_row(funcs, buckets, d.unknown, f);
+        }
+    }
+
+    /// The span's sums, as [`Tracked::each_change`] gives a tick's.
+    pub fn each_in_span(&self, f: impl FnMut(&str, &str, u64, u64)) {
+        let s = &self.sums;
+        let funcs = self.active.iter().map(|&i| {
+            let i = i as usize;
+            (i, s.calls[i], s.samples[i])
+        });
+        let buckets = s.buckets.iter().copied().enumerate();
+        self.each_row(funcs, buckets, s.unknown, f);
+    }
+
+    fn each_row(
+        &self,
+        funcs: impl Iterator<Item = (usize, u64, u64)>,
+        buckets: impl Iterator<Item = (usize, u64)>,
+        unknown: u64,
+        mut f: impl FnMut(&str, &str, u64, u64),
+    ) {
+        let m = &self.meta;
+        let time = |samples: u64| samples.saturating_mul(self.period_ns);
+        let module = |i: u32| m.modules.get(i as usize).map_or("?", |s| s.as_str());
+        for (i, calls, samples) in funcs {
+            let calls = if m.counted[i] { calls } else { 0 };
+            if calls | samples != 0 {
+                f(&m.readable[i], module(m.module_of[i]), calls, time(samples));
+            }
+        }
+        for (i, samples) in buckets.filter(|&(_, s)| s > 0) {
+            f(&m.buckets[i], module(i as u32), 0, time(samples));
+        }
+        if unknown > 0 {
+            f("[unknown]", "unknown", 0, time(unknown));
+        }
     }
 
     /// The span's table, hottest first.

@@ -131,6 +131,8 @@ pub struct Table {
     /// Each sender pid's entries, oldest first.
     by_pid: HashMap<u32, Vec<u64>>,
     by_uid: HashMap<u32, usize>,
+    /// Segments refused or dropped as unreadable or not the sender's.
+    pub rejected: u64,
 }
 
 impl Table {
@@ -145,6 +147,7 @@ impl Table {
             next: 0,
             by_pid: HashMap::new(),
             by_uid: HashMap::new(),
+            rejected: 0,
         }
     }
 
@@ -175,7 +178,10 @@ impl Table {
                 held: self.entries.len(),
             });
         }
-        let map = Mapped::open(&reg.fd).map_err(Refusal::Segment)?;
+        let map = Mapped::open(&reg.fd).map_err(|e| {
+            self.rejected += 1;
+            Refusal::Segment(e)
+        })?;
         if let Some(v) = victim {
             self.remove(v);
         }
@@ -315,6 +321,7 @@ impl Table {
                 tr.ended = true;
             }
         }
+        self.rejected += gone.len() as u64;
         for seq in gone {
             self.remove(seq);
         }
@@ -365,10 +372,12 @@ impl Table {
 
     /// Each followed process's table for the span.
     pub fn tables(&self) -> Vec<ProcTable<'_>> {
-        self.entries
-            .values()
-            .filter_map(|e| e.tracked.as_ref().map(Tracked::table))
-            .collect()
+        self.tracked().map(Tracked::table).collect()
+    }
+
+    /// Every process read at least once.
+    pub fn tracked(&self) -> impl Iterator<Item = &Tracked> {
+        self.entries.values().filter_map(|e| e.tracked.as_ref())
     }
 
     /// Drops the processes that ended (published once more since).
