@@ -358,10 +358,8 @@ impl Few {
 
 fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
     if STACKS.load(Ordering::Relaxed) {
-        // Handlers unwind in place: the main thread's stack end, and the
-        // modules loaded before the first signal.
+        // Handlers unwind in place, up to the main thread's stack end.
         stacks::note_thread_stack();
-        stacks::load_eagerly();
     }
     timer::install(period_ns(a.config.sample_hz))?;
     timer::arm_or_wait().map_err(|e| (Why::TimerFailed, Some(e)))
@@ -425,9 +423,15 @@ pub fn publish_map(w: &SegmentWriter, present: &[addrmap::Present], stubs: &[(u6
     addrmap::publish(addrmap::AddrMap::build(w, present, stubs));
     if STACKS.load(Ordering::Relaxed) {
         // The unwinder follows the same modules (the vDSO has no file).
+        // Not the agent itself: the program's stacks do not run through
+        // it, and its unwind tables are large to load at every start.
         let files = present
             .iter()
             .filter(|p| p.record < w.module_count() && !p.exec.is_empty())
+            .filter(|p| {
+                rtprof_shared::layout::ModuleWhy::of_flags(w.module(p.record).flags)
+                    != Some(rtprof_shared::layout::ModuleWhy::OwnCode)
+            })
             .map(|p| stacks::ModuleFile {
                 path: String::from_utf8_lossy(w.module_path(p.record)).into_owned(),
                 bias: w.module(p.record).base,

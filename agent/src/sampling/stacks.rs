@@ -9,9 +9,10 @@
 //! is written beside the counter segment, where `rtprof run` reads it.
 //!
 //! One thread at a time unwinds and counts; a thread that finds the table
-//! in use leaves that sample's stack out rather than wait. Once the modules
-//! are loaded into the unwinder (outside signal handlers) and the table is
-//! allocated, a sample allocates nothing.
+//! in use leaves that sample's stack out rather than wait. Modules are
+//! loaded into the unwinder where the address table is published (before
+//! `main`, or in the loader hook), never by the drain thread or a signal
+//! handler; after that a sample allocates nothing and opens nothing.
 
 use super::addrmap;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -95,8 +96,11 @@ impl<T> Shared<T> {
 static PENDING: Shared<Vec<ModuleFile>> = Shared::new();
 static STATE: Shared<State> = Shared::new();
 
-/// The modules present now (called where the address table is published).
-/// Tried a few times: the drain thread only holds it to take the list.
+/// The modules present now (called where the address table is published:
+/// at start-up before `main`, and in the loader hook). They are loaded
+/// into the unwinder here and now: reading their files from the drain
+/// thread, while the program runs, would show it descriptors it did not
+/// open (a program listing its own, as Python's subprocess tests do).
 pub fn modules_changed(modules: Vec<ModuleFile>) {
     let mut modules = Some(modules);
     for _ in 0..1000 {
@@ -105,29 +109,26 @@ pub fn modules_changed(modules: Vec<ModuleFile>) {
         }
         std::thread::yield_now();
     }
-    if EAGER.load(Ordering::Relaxed) {
-        sync_now();
+    // The unwinder may be in use for a sample for a moment.
+    for _ in 0..1000 {
+        if sync_now() {
+            return;
+        }
+        std::thread::yield_now();
     }
 }
 
-/// The timer sampler's handlers unwind but may not load modules: they are
-/// loaded as soon as they change instead of at the next sample.
-static EAGER: AtomicBool = AtomicBool::new(false);
-
-/// Loads the modules into the unwinder now, and from now on whenever they
-/// change (for the timer sampler; outside any signal handler).
-pub fn load_eagerly() {
-    EAGER.store(true, Ordering::Relaxed);
-    sync_now();
-}
-
-fn sync_now() {
-    STATE.try_with(|st| {
-        let s = st.get_or_insert_with(State::new);
-        if let Some(now) = PENDING.try_with(Option::take).flatten() {
-            s.sync(now);
-        }
-    });
+/// Loads the pending module list into the unwinder; `false` if the
+/// unwinder was in use.
+pub fn sync_now() -> bool {
+    STATE
+        .try_with(|st| {
+            let s = st.get_or_insert_with(State::new);
+            if let Some(now) = PENDING.try_with(Option::take).flatten() {
+                s.sync(now);
+            }
+        })
+        .is_some()
 }
 
 thread_local! {
@@ -169,11 +170,56 @@ pub fn record_here(ip: u64, sp: u64, bp: u64, n: u64) {
     // (this handler runs on it); the bytes are only read.
     let stack = unsafe { std::slice::from_raw_parts(sp as *const u8, len) };
     STATE.try_with(|st| {
-        // Loaded outside handlers (`load_eagerly`): none yet, no stack.
+        // Loaded where modules change (`modules_changed`): none yet, no
+        // stack.
         if let Some(s) = st.as_mut() {
             s.record(ip, sp, bp, stack, n);
         }
     });
+}
+
+/// Section `name` of the 64-bit little-endian ELF file `data`: its address
+/// range, and its bytes unless it has none in the file (SHT_NOBITS). Read
+/// from the section headers alone: parsing the whole file (symbol tables,
+/// relocations) would cost every process's start-up.
+fn section<'a>(data: &'a [u8], name: &str) -> Option<(std::ops::Range<u64>, Option<&'a [u8]>)> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(data.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(data.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(data.get(o..o + 8)?.try_into().ok()?));
+    // ELF64 (class 2), little-endian (data 1).
+    if data.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let shoff = usize::try_from(u64_at(0x28)?).ok()?;
+    let (entsize, count) = (u16_at(0x3a)? as usize, u16_at(0x3c)? as usize);
+    let shstrndx = u16_at(0x3e)? as usize;
+    if entsize < 64 {
+        return None;
+    }
+    let header = |i: usize| shoff.checked_add(i.checked_mul(entsize)?);
+    let strtab = header(shstrndx)?;
+    let (str_off, str_size) = (u64_at(strtab + 24)?, u64_at(strtab + 32)?);
+    let names = data.get(
+        usize::try_from(str_off).ok()?..usize::try_from(str_off.checked_add(str_size)?).ok()?,
+    )?;
+    (0..count).find_map(|i| {
+        let h = header(i)?;
+        let n = u32_at(h)? as usize;
+        let here = names.get(n..)?;
+        let end = here.iter().position(|&c| c == 0)?;
+        if &here[..end] != name.as_bytes() {
+            return None;
+        }
+        let (kind, addr) = (u32_at(h + 4)?, u64_at(h + 16)?);
+        let (off, size) = (u64_at(h + 24)?, u64_at(h + 32)?);
+        let bytes = (kind != goblin::elf::section_header::SHT_NOBITS)
+            .then(|| {
+                let o = usize::try_from(off).ok()?;
+                data.get(o..o.checked_add(usize::try_from(size).ok()?)?)
+            })
+            .flatten();
+        Some((addr..addr.checked_add(size)?, bytes))
+    })
 }
 
 /// The unwind sections of the module file at `path`, copied (a module can
@@ -183,32 +229,16 @@ fn module_for(m: &ModuleFile) -> Option<Module<Vec<u8>>> {
     // SAFETY: a read-only private mapping; the bytes are copied out with
     // bounds checks and never executed.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    let elf = goblin::elf::Elf::parse(&map).ok()?;
-    let section = |name: &str| {
-        let sh = elf
-            .section_headers
-            .iter()
-            .find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(name))?;
-        let svma = sh.sh_addr..sh.sh_addr + sh.sh_size;
-        let data = (sh.sh_type != goblin::elf::section_header::SHT_NOBITS)
-            .then(|| {
-                let o = usize::try_from(sh.sh_offset).ok()?;
-                map.get(o..o.checked_add(usize::try_from(sh.sh_size).ok()?)?)
-            })
-            .flatten()
-            .map(<[u8]>::to_vec);
-        Some((svma, data))
-    };
-    let (eh_frame_svma, eh_frame) = section(".eh_frame").unzip();
-    let (eh_frame_hdr_svma, eh_frame_hdr) = section(".eh_frame_hdr").unzip();
+    let (eh_frame_svma, eh_frame) = section(&map, ".eh_frame").unzip();
+    let (eh_frame_hdr_svma, eh_frame_hdr) = section(&map, ".eh_frame_hdr").unzip();
     let info = ExplicitModuleSectionInfo {
         base_svma: 0,
-        text_svma: section(".text").map(|s| s.0),
-        got_svma: section(".got").map(|s| s.0),
+        text_svma: section(&map, ".text").map(|s| s.0),
+        got_svma: section(&map, ".got").map(|s| s.0),
         eh_frame_svma,
-        eh_frame: eh_frame.flatten(),
+        eh_frame: eh_frame.flatten().map(<[u8]>::to_vec),
         eh_frame_hdr_svma,
-        eh_frame_hdr: eh_frame_hdr.flatten(),
+        eh_frame_hdr: eh_frame_hdr.flatten().map(<[u8]>::to_vec),
         ..Default::default()
     };
     let lo = m.exec.iter().map(|r| r.0).min()?;
@@ -289,14 +319,12 @@ impl State {
 /// Counts the stack of one sample (drain thread): `ip`, `sp` and `bp` as
 /// the sample's registers say, `stack` the bytes copied from `sp` up.
 pub fn record(ip: u64, sp: u64, bp: u64, stack: &[u8]) {
+    // Modules were loaded where they changed (`modules_changed`): the drain
+    // thread opens no file.
     STATE.try_with(|state| {
-        let s = state.get_or_insert_with(State::new);
-        // Taken only with the state in hand: a list taken and then not
-        // loaded would be lost until the next change.
-        if let Some(now) = PENDING.try_with(Option::take).flatten() {
-            s.sync(now);
+        if let Some(s) = state.as_mut() {
+            s.record(ip, sp, bp, stack, 1);
         }
-        s.record(ip, sp, bp, stack, 1);
     });
 }
 
@@ -372,5 +400,25 @@ mod tests {
         s.table.insert(([UNKNOWN; MAX_DEPTH], 1), 1);
         s.record(0x1234, 0x7000, 0, &[0; 64], 1);
         assert_eq!(s.dropped, 1);
+    }
+
+    /// The header-only section reader finds what goblin's full parse finds.
+    #[test]
+    fn sections_are_read_from_the_headers() {
+        let data = std::fs::read("/proc/self/exe").unwrap();
+        let elf = goblin::elf::Elf::parse(&data).unwrap();
+        for name in [".eh_frame", ".eh_frame_hdr", ".text"] {
+            let sh = elf
+                .section_headers
+                .iter()
+                .find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(name))
+                .unwrap();
+            let (range, bytes) = section(&data, name).unwrap();
+            assert_eq!(range, sh.sh_addr..sh.sh_addr + sh.sh_size, "{name}");
+            assert_eq!(bytes.map(<[u8]>::len), Some(sh.sh_size as usize), "{name}");
+        }
+        assert!(section(&data, ".no_such_section").is_none());
+        assert!(section(b"not an elf file at all, not at all", ".text").is_none());
+        assert!(section(&data[..100], ".text").is_none());
     }
 }
