@@ -158,6 +158,9 @@ fn open_matching(path: &Path, id: Option<&[u8]>, crc: Option<u32>) -> Option<Deb
     // SAFETY: a read-only private mapping of a file owned by this user or
     // root; its bytes are parsed with bounds checks and never executed.
     let map = unsafe { memmap2::Mmap::map(&f) }.ok()?;
+    // Closed before the (slow) parse: a program listing its descriptors
+    // (another of its threads) sees ours for as short a time as can be.
+    drop(f);
     let belongs = match id {
         Some(id) => Elf::parse(&map)
             .ok()

@@ -229,6 +229,8 @@ fn module_for(m: &ModuleFile) -> Option<Module<Vec<u8>>> {
     // SAFETY: a read-only private mapping; the bytes are copied out with
     // bounds checks and never executed.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    // The mapping stays; the descriptor goes at once (see `modules_changed`).
+    drop(file);
     let (eh_frame_svma, eh_frame) = section(&map, ".eh_frame").unzip();
     let (eh_frame_hdr_svma, eh_frame_hdr) = section(&map, ".eh_frame_hdr").unzip();
     let info = ExplicitModuleSectionInfo {
