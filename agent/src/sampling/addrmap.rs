@@ -192,14 +192,21 @@ pub fn count_unless_unnamed(ip: u64) -> Option<u32> {
     with_current(|m| m.count_or_hold(ip, 1, true))
 }
 
-/// What a stack frame at `ip` is (see `stacks`): its function's slot, its
-/// module's, or `None` outside every known module.
-pub fn place_id(ip: u64) -> Option<u32> {
-    with_current(|m| {
-        find(&m.funcs, ip)
-            .or_else(|| find(&m.modules, ip))
-            .map(|r| r.id)
-    })
+/// What the stack frames at `ips` are (see `stacks`), into `out`: each
+/// one's function slot, its module's, or `unknown` outside every known
+/// module. One announcement as a reader for the whole stack.
+pub fn place_ids(ips: &[u64], out: &mut [u32], unknown: u32) {
+    let found = with_current(|m| {
+        for (ip, o) in ips.iter().zip(out.iter_mut()) {
+            *o = find(&m.funcs, *ip)
+                .or_else(|| find(&m.modules, *ip))
+                .map_or(unknown, |r| r.id);
+        }
+        Some(())
+    });
+    if found.is_none() {
+        out.iter_mut().for_each(|o| *o = unknown);
+    }
 }
 
 /// The record of the module named on demand that a sample at `ip` lands

@@ -80,7 +80,6 @@ fn open_one(cpu: usize, period_ns: u64, stacks: bool) -> std::io::Result<i32> {
         .inherit(true)
         .inherit_thread(true)
         .sample_period(period_ns)
-        .sample(SampleFlag::IP | SampleFlag::TID)
         .exclude_kernel(true)
         .exclude_hv(true)
         .enabled(true);
@@ -88,6 +87,8 @@ fn open_one(cpu: usize, period_ns: u64, stacks: bool) -> std::io::Result<i32> {
         b.sample(SampleFlag::IP | SampleFlag::TID | SampleFlag::REGS_USER | SampleFlag::STACK_USER)
             .sample_regs_user(STACK_REGS)
             .sample_stack_user(STACK_BYTES);
+    } else {
+        b.sample(SampleFlag::IP | SampleFlag::TID);
     }
     Ok(b.build()?.into_raw_fd())
 }

@@ -287,6 +287,7 @@ impl State {
             .unwinder
             .iter_frames(ip, regs, &mut self.cache, &mut read_stack);
         let mut key: Key = ([UNKNOWN; MAX_DEPTH], 0);
+        let mut ats = [0u64; MAX_DEPTH];
         let mut depth = 0;
         let mut cut = false;
         // An unwinding error ends the stack where it happened.
@@ -301,9 +302,10 @@ impl State {
                 FrameAddress::InstructionPointer(a) => a,
                 FrameAddress::ReturnAddress(a) => a.get() - 1,
             };
-            key.0[depth] = addrmap::place_id(at).unwrap_or(UNKNOWN);
+            ats[depth] = at;
             depth += 1;
         }
+        addrmap::place_ids(&ats[..depth], &mut key.0[..depth], UNKNOWN);
         key.1 = depth as u8;
         self.truncated += cut as u64;
         let full = self.table.len() >= MAX_STACKS;
@@ -348,9 +350,8 @@ pub fn text() -> Option<String> {
 impl State {
     fn text(&self) -> String {
         use std::fmt::Write as _;
-        let s = self;
-        let mut out = format!("rtprof-stacks 1 {} {}\n", s.truncated, s.dropped);
-        for (key, n) in &s.table {
+        let mut out = format!("rtprof-stacks 1 {} {}\n", self.truncated, self.dropped);
+        for (key, n) in &self.table {
             let _ = write!(out, "{n}");
             for f in &key.0[..key.1 as usize] {
                 let _ = write!(out, " {f}");
