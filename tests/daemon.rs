@@ -315,7 +315,7 @@ fn hostile_segments_are_rejected() {
     // A valid-looking header from this test's own agent-less process.
     let mut header = vec![0u8; 4096];
     header[..8].copy_from_slice(b"RTPROFC\0");
-    header[8..12].copy_from_slice(&2u32.to_le_bytes());
+    header[8..12].copy_from_slice(&rtprof_shared::layout::VERSION.to_le_bytes());
     header[12..16].copy_from_slice(&248u32.to_le_bytes());
     header[16..24].copy_from_slice(&4096u64.to_le_bytes());
     let mut out_of_range = header.clone();

@@ -7,8 +7,8 @@
 
 use rtprof_e2e::*;
 use rtprof_shared::present::{
-    lookup, read_view, segment_bytes, BufferHeader, PresentError, PresentHeader, PresentWriter,
-    ProcEntry, ProcTable, Row, RowIn,
+    lookup, read_process_into, read_view, segment_bytes, BufferHeader, PresentError, PresentHeader,
+    PresentWriter, ProcEntry, ProcTable, ProcessRows, Row, RowIn,
 };
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
@@ -77,7 +77,7 @@ fn rows(names: &[&'static str], k: u64) -> Vec<RowIn<'static>> {
         .map(|(i, n)| RowIn {
             name: n,
             module: "app",
-            key: None,
+            id: None,
             counted: true,
             estimated: i == 1,
             calls: k * (i as u64 + 1),
@@ -212,6 +212,34 @@ fn c_reader_gives_a_clean_error_for_every_malformed_segment() {
             "{out}"
         );
     }
+
+    // One process at a time, copying only its rows: the same rows, names
+    // and order as the Rust reader's.
+    for pid in [10u32, 11] {
+        let out = check(
+            &checker,
+            &["process", file.to_str().unwrap(), &pid.to_string()],
+            "one process",
+        );
+        let mut rows = ProcessRows::default();
+        assert!(aligned(&good, |b| read_process_into(b, pid, &mut rows)).unwrap());
+        let mut want = format!(
+            "process {pid} {} generation 2 rows {} ended {}\n",
+            rows.exe(),
+            rows.len(),
+            rows.ended as u32
+        );
+        for r in rows.rows() {
+            want += &format!("row {} {} calls {}\n", r.name, r.module, r.calls);
+        }
+        assert_eq!(out, want);
+    }
+    let out = check(
+        &checker,
+        &["process", file.to_str().unwrap(), "12"],
+        "absent",
+    );
+    assert_eq!(out, "error -10: no such process in the table\n");
 
     type Edit = Box<dyn Fn(&mut Vec<u8>)>;
     /// What is broken, how, the C reader's error, the Rust reader's.
@@ -430,6 +458,13 @@ fn c_reader_gives_a_clean_error_for_every_malformed_segment() {
                 "{what} ({mode}): {out}"
             );
         }
+        // The per-process read looks at less of the table: it may find
+        // nothing wrong in what it reads, but never reads outside it.
+        let out = check(&checker, &["process", file.to_str().unwrap(), "10"], what);
+        assert!(
+            out.starts_with("error -") || out.starts_with("process 10 "),
+            "{what} (process): {out}"
+        );
     }
 
     // What is not a segment file at all, refused by rtprof_open (a FIFO

@@ -190,8 +190,11 @@ impl Metrics {
         for t in table.tracked() {
             followed += !t.ended as i64;
             let acc = &mut self.acc;
-            t.each_change(now_ns, |f, m, calls, ns| acc.add(&t.exe, f, m, calls, ns));
-            t.each_in_span(|f, m, calls, ns| acc.rank(&t.exe, f, m, calls, ns));
+            let slots = table.slots();
+            t.each_change(now_ns, slots, |f, m, calls, ns| {
+                acc.add(&t.exe, f, m, calls, ns)
+            });
+            t.each_in_span(slots, |f, m, calls, ns| acc.rank(&t.exe, f, m, calls, ns));
         }
         self.acc.finish();
         let h = &self.health;

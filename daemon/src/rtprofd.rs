@@ -8,6 +8,7 @@ mod log;
 mod metrics;
 mod present_file;
 mod registry;
+mod slots;
 mod spans;
 mod table;
 
@@ -231,7 +232,8 @@ fn main() -> std::process::ExitCode {
         }
         let (now, started) = (now_ns(), Instant::now());
         table.observe(now, span_ns, &mut log);
-        if let Err(e) = writer.publish(now, span_ns, &table.tables()) {
+        // Rows carry ids; the table's slots name them.
+        if let Err(e) = writer.publish_named(now, span_ns, &table.tables(), table.slots()) {
             eprintln!("rtprofd: cannot publish: {e}");
             if let Some(m) = &metrics {
                 m.publish_failed();

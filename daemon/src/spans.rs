@@ -4,61 +4,79 @@
 //! delta. The span's totals are kept as running sums: a new delta is added,
 //! one that falls out of the span is subtracted.
 
+use crate::slots::Slots;
 use rtprof_shared::layout::function_flags;
 use rtprof_shared::layout::Header;
-use rtprof_shared::present::{key_hash, ProcTable, RowIn};
+use rtprof_shared::present::{ProcTable, RowIn};
 use rtprof_shared::reader::{read_samples, sum_calls};
 use rtprof_shared::{read_function_flags, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
-/// What a process's segment names, read when it changes.
+/// What a process's segment names, read when it changes: each function's
+/// and module's row id (names are kept once per executable, in [`Slots`]).
 #[derive(Default)]
 struct Meta {
     func_count: u32,
     module_count: u32,
     strings_len: u32,
-    /// Function names, end to end; `ends[i]` is where name `i` ends.
-    names: String,
-    ends: Vec<u32>,
-    module_of: Vec<u32>,
-    counted: Vec<bool>,
-    /// `key_hash(exe, name)`, for the global rows.
-    keys: Vec<u32>,
-    /// Readable names, compiler copies merged into their function (the
-    /// metrics' labels).
-    readable: Vec<String>,
-    /// Module file names, and their bucket rows' names (`[libc.so.6]`).
+    /// Each function slot: what a row needs besides its counts, together
+    /// (a table reads it for slots scattered over the segment).
+    funcs: Vec<FuncSlot>,
+    /// Module file names, and the row ids of their buckets (`[libc.so.6]`).
     modules: Vec<String>,
-    buckets: Vec<String>,
+    buckets: Vec<u32>,
+    /// Row id of `[unknown]`.
+    unknown: Option<u32>,
+}
+
+#[derive(Clone, Copy)]
+struct FuncSlot {
+    /// Row id (names are in [`Slots`]).
+    id: u32,
+    module: u32,
+    /// Instrumented: calls are counted.
+    counted: bool,
+    /// Calls estimated under the agent's overhead budget.
+    estimated: bool,
 }
 
 impl Meta {
-    fn of(s: &Snapshot, h: &Header) -> Meta {
-        let mut m = Meta {
-            func_count: s.functions.len() as u32,
-            module_count: s.modules.len() as u32,
-            strings_len: h.strings_len,
-            ..Meta::default()
-        };
-        for f in &s.functions {
-            m.names.push_str(&f.name);
-            m.ends.push(m.names.len() as u32);
-            m.module_of.push(f.module);
-            m.counted.push(f.instrumented);
-            m.keys.push(key_hash(&s.exe, &f.name));
-            m.readable
-                .push(rtprof_shared::names::function(&f.name).into_owned());
+    /// Takes ids for the slots added since the last read (slots are only
+    /// ever added; names of existing ones stay).
+    fn extend(&mut self, s: &Snapshot, h: &Header, slots: &mut Slots) {
+        self.func_count = s.functions.len() as u32;
+        self.module_count = s.modules.len() as u32;
+        self.strings_len = h.strings_len;
+        for f in s.functions.iter().skip(self.funcs.len()) {
+            self.funcs.push(FuncSlot {
+                id: slots.acquire(&s.exe, &f.name),
+                module: f.module,
+                counted: false,
+                estimated: false,
+            });
         }
-        for md in &s.modules {
-            m.modules.push(md.name().to_string());
-            m.buckets.push(format!("[{}]", md.name()));
+        for (m, f) in self.funcs.iter_mut().zip(&s.functions) {
+            (m.counted, m.estimated) = (f.instrumented, f.estimated.is_some());
         }
-        m
+        for md in s.modules.iter().skip(self.modules.len()) {
+            self.modules.push(md.name().to_string());
+            self.buckets
+                .push(slots.acquire(&s.exe, &format!("[{}]", md.name())));
+        }
+        if self.unknown.is_none() {
+            self.unknown = Some(slots.acquire(&s.exe, "[unknown]"));
+        }
     }
 
-    fn name(&self, i: usize) -> &str {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.names[start..self.ends[i] as usize]
+    /// Gives back every id taken.
+    fn release(&mut self, exe: &str, slots: &mut Slots) {
+        let funcs = self.funcs.drain(..).map(|f| f.id);
+        for id in funcs.chain(self.buckets.drain(..)) {
+            slots.release(exe, id);
+        }
+        if let Some(id) = self.unknown.take() {
+            slots.release(exe, id);
+        }
     }
 
     fn stale(&self, h: &Header) -> bool {
@@ -124,7 +142,9 @@ pub struct Tracked {
     active: Vec<u32>,
     is_active: Vec<bool>,
     base_ns: u64,
-    /// Each function's flags at the newest tick (estimated calls).
+    /// The segment's count of function flag changes when they were read,
+    /// and a buffer to read them into.
+    flags_changes: u64,
     flags: Vec<u32>,
 }
 
@@ -137,13 +157,21 @@ fn seen(h: &Header) -> Seen {
 
 impl Tracked {
     /// How many instrumented functions have names matching `pattern`.
-    pub fn matching(&self, pattern: &str) -> usize {
-        (0..self.meta.func_count as usize)
-            .filter(|&i| {
-                self.meta.counted[i]
-                    && rtprof_shared::glob_match(pattern.as_bytes(), self.meta.name(i).as_bytes())
+    pub fn matching(&self, pattern: &str, slots: &Slots) -> usize {
+        let m = &self.meta;
+        m.funcs
+            .iter()
+            .filter(|f| {
+                f.counted
+                    && rtprof_shared::glob_match(pattern.as_bytes(), slots.name(f.id).as_bytes())
             })
             .count()
+    }
+
+    /// Gives back the row ids it holds: once, when the daemon stops
+    /// following the process.
+    pub fn release(&mut self, slots: &mut Slots) {
+        self.meta.release(&self.exe, slots);
     }
 
     /// Starts following the process whose segment is `bytes`. If it
@@ -155,16 +183,19 @@ impl Tracked {
         h: &Header,
         now_ns: u64,
         span_ns: u64,
+        slots: &mut Slots,
     ) -> Result<(Tracked, Seen), SegmentError> {
         let s = read_snapshot(bytes)?;
         let young = s.start_ns + span_ns >= now_ns;
+        let mut meta = Meta::default();
+        meta.extend(&s, h, slots);
         let mut t = Tracked {
             pid: s.pid,
             exe: s.exe.clone(),
             start_ns: s.start_ns,
             ended: false,
             period_ns: s.sample_period_ns,
-            meta: Meta::of(&s, h),
+            meta,
             newest: Counts::default(),
             scratch: Counts::default(),
             newest_ns: now_ns,
@@ -177,17 +208,8 @@ impl Tracked {
             } else {
                 now_ns
             },
-            flags: s
-                .functions
-                .iter()
-                .map(|f| {
-                    if f.estimated.is_some() {
-                        function_flags::ESTIMATED
-                    } else {
-                        0
-                    }
-                })
-                .collect(),
+            flags_changes: h.flags_changes,
+            flags: Vec::new(),
         };
         let (f, m) = (s.functions.len(), s.modules.len());
         t.sums.resize(f, m);
@@ -202,7 +224,7 @@ impl Tracked {
         };
         if young {
             t.newest.resize(f, m);
-            t.record(now_ns, span_ns);
+            t.record(now_ns, span_ns, true);
         } else {
             std::mem::swap(&mut t.newest, &mut t.scratch);
         }
@@ -217,11 +239,13 @@ impl Tracked {
         h: &Header,
         now_ns: u64,
         span_ns: u64,
+        slots: &mut Slots,
     ) -> Result<Seen, SegmentError> {
-        if self.meta.stale(h) {
+        let grown = self.meta.stale(h);
+        if grown {
             // Validates everything again; slots only ever get added.
             let s = read_snapshot(bytes)?;
-            self.meta = Meta::of(&s, h);
+            self.meta.extend(&s, h, slots);
         }
         let (f, m) = (
             self.meta.func_count as usize,
@@ -235,25 +259,38 @@ impl Tracked {
             // No sum of one moment: this tick keeps the last counts.
             return Err(SegmentError::Busy);
         }
-        self.flags.resize(f, 0);
-        read_function_flags(bytes, h, &mut self.flags);
-        read_samples(
-            bytes,
-            h,
-            &mut self.scratch.samples,
-            &mut self.scratch.buckets,
-        );
+        // Every sample counts in the total: if it stayed, so did they all.
+        let sampled = h.samples_total != self.newest.total || grown;
+        if sampled {
+            read_samples(
+                bytes,
+                h,
+                &mut self.scratch.samples,
+                &mut self.scratch.buckets,
+            );
+        }
         self.scratch.unknown = h.samples_unknown;
         self.scratch.total = h.samples_total;
         self.scratch.lost = h.samples_lost;
         self.period_ns = h.sample_period_ns;
-        self.record(now_ns, span_ns);
+        self.record(now_ns, span_ns, sampled);
+        // Flags only when the agent changed some: a read touches a cache
+        // line per function.
+        if grown || self.flags_changes != h.flags_changes {
+            self.flags_changes = h.flags_changes;
+            self.flags.resize(f, 0);
+            read_function_flags(bytes, h, &mut self.flags);
+            for (m, &fl) in self.meta.funcs.iter_mut().zip(&self.flags) {
+                m.estimated = fl & function_flags::ESTIMATED != 0;
+            }
+        }
         Ok(seen(h))
     }
 
     /// Turns `scratch` (just read) into the newest point: its changes
-    /// become a delta, and deltas older than the span are let go.
-    fn record(&mut self, now_ns: u64, span_ns: u64) {
+    /// become a delta, and deltas older than the span are let go. Without
+    /// `sampled`, samples were not read: they stayed.
+    fn record(&mut self, now_ns: u64, span_ns: u64, sampled: bool) {
         let (new, old) = (&self.scratch, &self.newest);
         let mut d = Delta {
             at_ns: now_ns,
@@ -263,21 +300,38 @@ impl Tracked {
             total: new.total.saturating_sub(old.total),
             lost: new.lost.saturating_sub(old.lost),
         };
-        for i in 0..new.calls.len() {
-            let c = new.calls[i].saturating_sub(old.calls[i]);
-            let s = new.samples[i].saturating_sub(old.samples[i]);
-            if c | s != 0 {
-                d.funcs.push((i as u32, c, s));
+        if sampled {
+            let (calls, samples) = (
+                new.calls.iter().zip(&old.calls),
+                new.samples.iter().zip(&old.samples),
+            );
+            for (i, ((n, o), (ns, os))) in calls.zip(samples).enumerate() {
+                let (c, s) = (n.saturating_sub(*o), ns.saturating_sub(*os));
+                if c | s != 0 {
+                    d.funcs.push((i as u32, c, s));
+                }
             }
-        }
-        for (i, (n, o)) in new.buckets.iter().zip(&old.buckets).enumerate() {
-            if n > o {
-                d.buckets.push((i as u32, n - o));
+            for (i, (n, o)) in new.buckets.iter().zip(&old.buckets).enumerate() {
+                if n > o {
+                    d.buckets.push((i as u32, n - o));
+                }
+            }
+        } else {
+            for (i, (n, o)) in new.calls.iter().zip(&old.calls).enumerate() {
+                if n > o {
+                    d.funcs.push((i as u32, n - o, 0));
+                }
             }
         }
         self.apply(&d, true);
         self.ring.push_back(d);
-        std::mem::swap(&mut self.newest, &mut self.scratch);
+        let (new, old) = (&mut self.scratch, &mut self.newest);
+        std::mem::swap(&mut old.calls, &mut new.calls);
+        if sampled {
+            std::mem::swap(&mut old.samples, &mut new.samples);
+            std::mem::swap(&mut old.buckets, &mut new.buckets);
+        }
+        (old.unknown, old.total, old.lost) = (new.unknown, new.total, new.lost);
         self.newest_ns = now_ns;
         let start = now_ns.saturating_sub(span_ns);
         while self.ring.len() > 1 && self.ring[0].at_ns <= start {
@@ -321,27 +375,28 @@ impl Tracked {
     /// What the tick at `now_ns` read, if it read this process: `f` gets
     /// each change as (readable function, module, calls, CPU ns). Changes
     /// never go negative, so running sums of them only grow.
-    pub fn each_change(&self, now_ns: u64, f: impl FnMut(&str, &str, u64, u64)) {
+    pub fn each_change(&self, now_ns: u64, slots: &Slots, f: impl FnMut(&str, &str, u64, u64)) {
         if let Some(d) = self.ring.back().filter(|d| d.at_ns == now_ns) {
             let funcs = d.funcs.iter().map(|&(i, c, s)| (i as usize, c, s));
             let buckets = d.buckets.iter().map(|&(i, s)| (i as usize, s));
-            self.each_row(funcs, buckets, d.unknown, f);
+            self.each_row(slots, funcs, buckets, d.unknown, f);
         }
     }
 
     /// The span's sums, as [`Tracked::each_change`] gives a tick's.
-    pub fn each_in_span(&self, f: impl FnMut(&str, &str, u64, u64)) {
+    pub fn each_in_span(&self, slots: &Slots, f: impl FnMut(&str, &str, u64, u64)) {
         let s = &self.sums;
         let funcs = self.active.iter().map(|&i| {
             let i = i as usize;
             (i, s.calls[i], s.samples[i])
         });
         let buckets = s.buckets.iter().copied().enumerate();
-        self.each_row(funcs, buckets, s.unknown, f);
+        self.each_row(slots, funcs, buckets, s.unknown, f);
     }
 
     fn each_row(
         &self,
+        slots: &Slots,
         funcs: impl Iterator<Item = (usize, u64, u64)>,
         buckets: impl Iterator<Item = (usize, u64)>,
         unknown: u64,
@@ -351,65 +406,96 @@ impl Tracked {
         let time = |samples: u64| samples.saturating_mul(self.period_ns);
         let module = |i: u32| m.modules.get(i as usize).map_or("?", |s| s.as_str());
         for (i, calls, samples) in funcs {
-            let calls = if m.counted[i] { calls } else { 0 };
+            let fs = m.funcs[i];
+            let calls = if fs.counted { calls } else { 0 };
             if calls | samples != 0 {
-                f(&m.readable[i], module(m.module_of[i]), calls, time(samples));
+                f(
+                    slots.readable(fs.id),
+                    module(fs.module),
+                    calls,
+                    time(samples),
+                );
             }
         }
         for (i, samples) in buckets.filter(|&(_, s)| s > 0) {
-            f(&m.buckets[i], module(i as u32), 0, time(samples));
+            f(
+                slots.readable(m.buckets[i]),
+                module(i as u32),
+                0,
+                time(samples),
+            );
         }
-        if unknown > 0 {
-            f("[unknown]", "unknown", 0, time(unknown));
+        if let Some(id) = m.unknown.filter(|_| unknown > 0) {
+            f(slots.readable(id), "unknown", 0, time(unknown));
         }
     }
 
-    /// The span's table, hottest first.
+    /// The span's table, hottest first. Rows carry ids, not names: the
+    /// writer names them through [`Slots`] (as `RowNames`).
     pub fn table(&self) -> ProcTable<'_> {
         let (s, m) = (&self.sums, &self.meta);
         let time = |samples: u64| samples.saturating_mul(self.period_ns);
-        let mut rows = Vec::with_capacity(self.active.len() + m.buckets.len() + 1);
+        // Sorted as small keys, rows built in order: (time, calls, row),
+        // rows past the functions are module buckets, then `[unknown]`.
+        let f = m.funcs.len() as u32;
+        let mut order: Vec<(u64, u64, u32)> =
+            Vec::with_capacity(self.active.len() + m.buckets.len() + 1);
         for &i in &self.active {
-            let i = i as usize;
-            let (calls, samples) = (s.calls[i], s.samples[i]);
-            if calls | samples == 0 {
-                continue;
-            }
-            let counted = m.counted[i];
-            let flags = self.flags.get(i).copied().unwrap_or(0);
-            rows.push(RowIn {
-                name: m.name(i),
-                module: m.modules.get(m.module_of[i] as usize).map_or("?", |s| s),
-                key: Some(m.keys[i]),
-                counted,
-                estimated: flags & function_flags::ESTIMATED != 0,
-                calls: if counted { calls } else { 0 },
-                samples,
-                time_ns: time(samples),
-                total_calls: self.newest.calls[i],
-            });
-        }
-        for (i, &samples) in s.buckets.iter().enumerate() {
-            if samples > 0 {
-                rows.push(RowIn {
-                    name: &m.buckets[i],
-                    module: &m.modules[i],
-                    samples,
-                    time_ns: time(samples),
-                    ..RowIn::default()
-                });
+            let (calls, samples) = (s.calls[i as usize], s.samples[i as usize]);
+            let calls = if m.funcs[i as usize].counted {
+                calls
+            } else {
+                0
+            };
+            if calls | samples != 0 {
+                order.push((time(samples), calls, i));
             }
         }
-        if s.unknown > 0 {
-            rows.push(RowIn {
-                name: "[unknown]",
-                module: "unknown",
-                samples: s.unknown,
-                time_ns: time(s.unknown),
-                ..RowIn::default()
-            });
+        for (i, &samples) in s.buckets.iter().enumerate().filter(|(_, &n)| n > 0) {
+            order.push((time(samples), 0, f + i as u32));
         }
-        rows.sort_unstable_by(|a, b| b.time_ns.cmp(&a.time_ns).then(b.calls.cmp(&a.calls)));
+        if s.unknown > 0 && m.unknown.is_some() {
+            order.push((time(s.unknown), 0, f + m.buckets.len() as u32));
+        }
+        order.sort_unstable_by_key(|&(time, calls, _)| std::cmp::Reverse((time, calls)));
+        let module = |i: u32| m.modules.get(i as usize).map_or("?", |s| s.as_str());
+        let rows = order
+            .iter()
+            .map(|&(time_ns, calls, i)| {
+                let b = i.saturating_sub(f) as usize;
+                if i < f {
+                    let i = i as usize;
+                    let fs = m.funcs[i];
+                    RowIn {
+                        id: Some(fs.id),
+                        module: module(fs.module),
+                        counted: fs.counted,
+                        estimated: fs.estimated,
+                        calls,
+                        samples: s.samples[i],
+                        time_ns,
+                        total_calls: self.newest.calls[i],
+                        ..RowIn::default()
+                    }
+                } else if b < m.buckets.len() {
+                    RowIn {
+                        id: Some(m.buckets[b]),
+                        module: module(b as u32),
+                        samples: s.buckets[b],
+                        time_ns,
+                        ..RowIn::default()
+                    }
+                } else {
+                    RowIn {
+                        id: m.unknown,
+                        module: "unknown",
+                        samples: s.unknown,
+                        time_ns,
+                        ..RowIn::default()
+                    }
+                }
+            })
+            .collect();
         ProcTable {
             pid: self.pid,
             exe: &self.exe,
@@ -427,6 +513,7 @@ impl Tracked {
 mod tests {
     use super::*;
     use rtprof_shared::layout::{state, Capacities, Layout};
+    use rtprof_shared::present::{key_hash, RowNames};
     use rtprof_shared::sampling::{Sampler, Why};
     use rtprof_shared::{read_header, SegmentWriter};
 
@@ -474,7 +561,8 @@ mod tests {
                 std::slice::from_raw_parts(self.mem.as_ptr() as *const u8, self.mem.len() * 8)
             }
         }
-        /// Sets `hot`'s calls (split over two stripes) and samples.
+        /// Sets `hot`'s calls (split over two stripes) and samples, and
+        /// libc's.
         fn set(&self, calls: u64, samples: u64, libc: u64) {
             let c = self.w.counters();
             // SAFETY: the stripes lie within `mem`, which nothing else
@@ -487,33 +575,39 @@ mod tests {
                 .store(samples, std::sync::atomic::Ordering::Relaxed);
             c.module_samples(1)
                 .store(libc, std::sync::atomic::Ordering::Relaxed);
+            // Every sample counts in the total too, as the agent counts it.
+            c.samples_total()
+                .store(samples + libc, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     #[test]
     fn deltas_over_the_span() {
         let seg = Seg::new();
+        let mut slots = Slots::default();
         seg.set(1000, 10, 0);
         // Seen long after it started: the first span counts from then.
-        let (mut t, seen) = Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S).unwrap();
+        let (mut t, seen) =
+            Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S, &mut slots).unwrap();
         assert_eq!((seen.pid, seen.state), (5, state::RUNNING));
         assert!(t.table().rows.is_empty());
         for k in 1..=10u64 {
             seg.set(1000 + k * 100, 10 + k, k);
-            t.observe(seg.bytes(), &seg.header(), (100 + k) * S, 5 * S)
+            t.observe(seg.bytes(), &seg.header(), (100 + k) * S, 5 * S, &mut slots)
                 .unwrap();
         }
         let tab = t.table();
         assert_eq!(tab.span_ns, 5 * S);
         assert_eq!(tab.rows.len(), 2, "{:?}", tab.rows);
+        let name = |r: &RowIn| slots.name(r.id.unwrap()).to_string();
         let hot = &tab.rows[0];
-        assert_eq!(hot.name, "hot");
+        assert_eq!(name(hot), "hot");
         assert_eq!((hot.calls, hot.samples, hot.total_calls), (500, 5, 2000));
         assert_eq!(hot.time_ns, 5_000_000);
-        assert_eq!(hot.key, Some(key_hash("/bin/app", "hot")));
+        assert_eq!(slots.key(hot.id.unwrap()), key_hash("/bin/app", "hot"));
         let libc = &tab.rows[1];
         assert_eq!(
-            (libc.name, libc.module, libc.samples),
+            (name(libc).as_str(), libc.module, libc.samples),
             ("[libc.so.6]", "libc.so.6", 5)
         );
     }
@@ -521,8 +615,9 @@ mod tests {
     #[test]
     fn young_process_counts_from_its_start() {
         let seg = Seg::new();
+        let mut slots = Slots::default();
         seg.set(300, 3, 0);
-        let (t, _) = Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S).unwrap();
+        let (t, _) = Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S, &mut slots).unwrap();
         let tab = t.table();
         assert_eq!(tab.rows[0].calls, 300);
         assert_eq!(tab.span_ns, 2 * S - 1_000);
@@ -531,33 +626,66 @@ mod tests {
     #[test]
     fn functions_added_later_are_named_and_counted() {
         let mut seg = Seg::new();
-        let (mut t, _) = Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S).unwrap();
+        let mut slots = Slots::default();
+        let (mut t, _) =
+            Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S, &mut slots).unwrap();
         seg.w.add_module(b"/lib/late.so", 0).unwrap();
         let f = seg.w.add_function(b"late", 0, 1).unwrap();
         seg.w.set_status(f, None);
         // SAFETY: slot `f` of stripe 0 lies within the segment's memory.
         unsafe { *seg.w.counters().stripe_ptr(0).add(f as usize) = 7 };
-        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S)
+        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S, &mut slots)
             .unwrap();
         let tab = t.table();
         let r = &tab.rows[0];
         assert_eq!(
-            (r.name, r.module, r.calls, r.counted),
+            (slots.name(r.id.unwrap()), r.module, r.calls, r.counted),
             ("late", "late.so", 7, true)
         );
+        drop(tab);
+        t.release(&mut slots);
+        assert_eq!(slots.len(), 0, "every id given back");
+    }
+
+    /// Flags are read again when the agent changes one, samples when the
+    /// total moved, and not otherwise.
+    #[test]
+    fn flags_and_samples_follow_their_change_counts() {
+        let mut seg = Seg::new();
+        let mut slots = Slots::default();
+        seg.set(100, 1, 0);
+        let (mut t, _) =
+            Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S, &mut slots).unwrap();
+        assert!(!t.table().rows[0].estimated);
+        seg.w.set_estimated(0, Some(250));
+        seg.set(200, 2, 0);
+        t.observe(seg.bytes(), &seg.header(), 3 * S, 5 * S, &mut slots)
+            .unwrap();
+        let hot = &t.table().rows[0];
+        assert!(hot.estimated);
+        assert_eq!((hot.calls, hot.samples), (200, 2));
+        seg.w.set_estimated(0, None);
+        seg.set(300, 3, 0);
+        t.observe(seg.bytes(), &seg.header(), 4 * S, 5 * S, &mut slots)
+            .unwrap();
+        let hot = &t.table().rows[0];
+        assert!(!hot.estimated);
+        assert_eq!((hot.calls, hot.samples), (300, 3));
     }
 
     #[test]
     fn counters_that_go_backwards_count_nothing() {
         let seg = Seg::new();
+        let mut slots = Slots::default();
         seg.set(1000, 0, 0);
-        let (mut t, _) = Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S).unwrap();
+        let (mut t, _) =
+            Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S, &mut slots).unwrap();
         seg.set(10, 0, 0);
-        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S)
+        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S, &mut slots)
             .unwrap();
         assert!(t.table().rows.is_empty());
         seg.set(20, 0, 0);
-        t.observe(seg.bytes(), &seg.header(), 102 * S, 5 * S)
+        t.observe(seg.bytes(), &seg.header(), 102 * S, 5 * S, &mut slots)
             .unwrap();
         assert_eq!(t.table().rows[0].calls, 10);
     }

@@ -9,6 +9,7 @@
 use crate::error::Error;
 use crate::log::{Kind, Limiter};
 use crate::registry::{Mapped, Registered, SwitchRequest};
+use crate::slots::Slots;
 use crate::spans::{self, Tracked};
 use rtprof_shared::layout::state;
 use rtprof_shared::present::ProcTable;
@@ -79,15 +80,20 @@ struct Entry {
 impl Entry {
     /// Reads the segment at `now`: `Ok(None)` while the agent is still
     /// filling it in.
-    fn observe(&mut self, now: u64, span_ns: u64) -> Result<Option<spans::Seen>, Error> {
+    fn observe(
+        &mut self,
+        now: u64,
+        span_ns: u64,
+        slots: &mut Slots,
+    ) -> Result<Option<spans::Seen>, Error> {
         let Some(bytes) = self.map.bytes() else {
             return Ok(None);
         };
         let h = rtprof_shared::read_header(bytes).map_err(Error::Unreadable)?;
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
-            Some(t) => t.observe(bytes, &h, now, span_ns),
-            None => Tracked::new(bytes, &h, now, span_ns).map(|(t, seen)| {
+            Some(t) => t.observe(bytes, &h, now, span_ns, slots),
+            None => Tracked::new(bytes, &h, now, span_ns, slots).map(|(t, seen)| {
                 self.tracked = Some(t);
                 seen
             }),
@@ -133,6 +139,8 @@ pub struct Table {
     by_uid: HashMap<u32, usize>,
     /// Segments refused or dropped as unreadable or not the sender's.
     pub rejected: u64,
+    /// Row ids of the followed processes' functions.
+    slots: Slots,
 }
 
 impl Table {
@@ -148,6 +156,7 @@ impl Table {
             by_pid: HashMap::new(),
             by_uid: HashMap::new(),
             rejected: 0,
+            slots: Slots::default(),
         }
     }
 
@@ -231,7 +240,7 @@ impl Table {
         if t.ended {
             return Err(Error::Ended { pid });
         }
-        let n = t.matching(&req.pattern);
+        let n = t.matching(&req.pattern, &self.slots);
         if n == 0 {
             return Err(Error::NoMatch {
                 pid,
@@ -253,7 +262,10 @@ impl Table {
     }
 
     fn remove(&mut self, seq: u64) -> Option<Entry> {
-        let e = self.entries.remove(&seq)?;
+        let mut e = self.entries.remove(&seq)?;
+        if let Some(t) = &mut e.tracked {
+            t.release(&mut self.slots);
+        }
         if let Some(seqs) = self.by_pid.get_mut(&e.pid) {
             seqs.retain(|&s| s != seq);
             if seqs.is_empty() {
@@ -276,7 +288,7 @@ impl Table {
         let t = Instant::now();
         let mut gone = Vec::new();
         for (&seq, e) in &mut self.entries {
-            let seen = match e.observe(now, span_ns) {
+            let seen = match e.observe(now, span_ns, &mut self.slots) {
                 Ok(Some(s)) => s,
                 Ok(None) if e.unfilled < UNFILLED_TICKS => {
                     e.unfilled += 1;
@@ -373,6 +385,11 @@ impl Table {
     /// Each followed process's table for the span.
     pub fn tables(&self) -> Vec<ProcTable<'_>> {
         self.tracked().map(Tracked::table).collect()
+    }
+
+    /// The names of the rows the followed processes hold.
+    pub fn slots(&self) -> &Slots {
+        &self.slots
     }
 
     /// Every process read at least once.

@@ -6,6 +6,7 @@
  *   present_check copy PATH        the file's bytes in a heap block of exactly
  *                                  their size (ASan sees any byte beyond it)
  *   present_check fuzz PATH N SEED N random corruptions of those bytes
+ *   present_check process PATH PID rtprof_take_process on a heap copy
  *
  * Prints "ok ..." and every row, or "error RC: message"; exits 0 unless
  * something crashed or the usage was wrong. */
@@ -59,6 +60,29 @@ static int take(const rtprof_segment *s, int print) {
     return rc;
 }
 
+/* Reads one process's view and every string it names. */
+static int take_process(const rtprof_segment *s, uint32_t pid, int print) {
+    rtprof_process_view v;
+    int rc = rtprof_take_process(s, pid, &v);
+    if (rc != RTPROF_OK) {
+        if (print) printf("error %d: %s\n", rc, rtprof_strerror(rc));
+        return rc;
+    }
+    char exe[256], name[256], module[256];
+    rtprof_process_string(&v, v.proc.exe_off, v.proc.exe_len, exe, sizeof exe);
+    if (print)
+        printf("process %u %s generation %llu rows %u ended %u\n", v.proc.pid, exe,
+               (unsigned long long)v.generation, v.row_count, v.proc.flags & RTPROF_PROC_ENDED);
+    for (uint32_t i = 0; i < v.row_count; i++) {
+        const rtprof_row *r = &v.rows[i];
+        rtprof_process_string(&v, r->name_off, r->name_len, name, sizeof name);
+        rtprof_process_string(&v, r->module_off, r->module_len, module, sizeof module);
+        if (print) printf("row %s %s calls %llu\n", name, module, (unsigned long long)r->calls);
+    }
+    rtprof_release_process(&v);
+    return rc;
+}
+
 static uint8_t *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) { perror(path); exit(2); }
@@ -93,6 +117,14 @@ int main(int argc, char **argv) {
         free(b);
         return 0;
     }
+    if (argc == 4 && !strcmp(argv[1], "process")) {
+        size_t len;
+        uint8_t *b = slurp(argv[2], &len);
+        rtprof_segment s = {b, len};
+        take_process(&s, (uint32_t)strtoul(argv[3], NULL, 10), 1);
+        free(b);
+        return 0;
+    }
     if (argc == 5 && !strcmp(argv[1], "fuzz")) {
         size_t len;
         uint8_t *orig = slurp(argv[2], &len);
@@ -120,6 +152,8 @@ int main(int argc, char **argv) {
                 b[pos] = (uint8_t)(x >> 40);
             }
             rtprof_segment s = {b, len};
+            take_process(&s, 10, 0);
+            take_process(&s, 11, 0);
             int rc = take(&s, 0);
             counts[-rc < 16 && rc <= 0 ? -rc : 15]++;
         }
@@ -131,6 +165,6 @@ int main(int argc, char **argv) {
         free(orig);
         return 0;
     }
-    fprintf(stderr, "usage: %s open|copy PATH | fuzz PATH N SEED\n", argv[0]);
+    fprintf(stderr, "usage: %s open|copy PATH | process PATH PID | fuzz PATH N SEED\n", argv[0]);
     return 2;
 }

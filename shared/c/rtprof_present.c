@@ -81,6 +81,7 @@ const char *rtprof_strerror(int rc) {
     case RTPROF_ERR_MAGIC: return "not an rtprof presentation segment";
     case RTPROF_ERR_VERSION: return "presentation segment of another version (rtprofd and this reader come from different rtprof builds)";
     case RTPROF_ERR_BOUNDS: return "presentation segment malformed: a size, offset or count is out of bounds";
+    case RTPROF_ERR_NO_PROCESS: return "no such process in the table";
     case RTPROF_ERR_CHECKSUM: return "presentation segment corrupted: a row does not match its checksum";
     default: return "unknown rtprof error";
     }
@@ -155,19 +156,26 @@ static int contents(const uint8_t *copy, uint64_t len, buf_header *bh) {
     return RTPROF_OK;
 }
 
+/* Checks the segment header; *h gets it. The generation and sequence
+ * words are read as atomics, hence the alignment. */
+static int segment_header(const rtprof_segment *s, seg_header *h) {
+    if (!s->map || s->len < sizeof *h) return RTPROF_ERR_TRUNCATED;
+    if ((uintptr_t)s->map % 8) return RTPROF_ERR_BOUNDS;
+    memcpy(h, s->map, sizeof *h);
+    if (memcmp(h->magic, "RTPROFP", 8) != 0) return RTPROF_ERR_MAGIC;
+    if (h->version != RTPROF_PRESENT_VERSION) return RTPROF_ERR_VERSION;
+    if (h->buffer_len < sizeof(buf_header)) return RTPROF_ERR_BOUNDS;
+    for (int i = 0; i < 2; i++)
+        if (h->buffer_off[i] < sizeof *h || h->buffer_off[i] % 8 || !within(h->buffer_off[i], h->buffer_len, s->len))
+            return RTPROF_ERR_BOUNDS;
+    return RTPROF_OK;
+}
+
 int rtprof_take(const rtprof_segment *s, rtprof_view *v) {
     memset(v, 0, sizeof *v);
-    if (!s->map || s->len < sizeof(seg_header)) return RTPROF_ERR_TRUNCATED;
-    /* The generation and sequence words are read as atomics. */
-    if ((uintptr_t)s->map % 8) return RTPROF_ERR_BOUNDS;
     seg_header h;
-    memcpy(&h, s->map, sizeof h);
-    if (memcmp(h.magic, "RTPROFP", 8) != 0) return RTPROF_ERR_MAGIC;
-    if (h.version != RTPROF_PRESENT_VERSION) return RTPROF_ERR_VERSION;
-    if (h.buffer_len < sizeof(buf_header)) return RTPROF_ERR_BOUNDS;
-    for (int i = 0; i < 2; i++)
-        if (h.buffer_off[i] < sizeof h || h.buffer_off[i] % 8 || !within(h.buffer_off[i], h.buffer_len, s->len))
-            return RTPROF_ERR_BOUNDS;
+    int hrc = segment_header(s, &h);
+    if (hrc != RTPROF_OK) return hrc;
     const volatile uint64_t *gen_word = (const volatile uint64_t *)(s->map + offsetof(seg_header, generation));
     uint8_t *copy = NULL;
     uint64_t cap = 0;
@@ -276,4 +284,128 @@ const rtprof_row *rtprof_lookup(const rtprof_view *v, const char *exe, const cha
         if (equals(v, r->name_off, r->name_len, name) && equals(v, p->exe_off, p->exe_len, exe)) return r;
     }
     return NULL;
+}
+
+/* One attempt at copying process `pid` out of buffer `b` (header `bh`,
+ * regions checked): its entry by binary search (entries are in pid
+ * order), its rows, then their strings. Everything read from `b` may be
+ * mid-rewrite: the caller checks the sequence word afterwards, and the
+ * copy is checked here on its own. */
+static int copy_process(const uint8_t *b, const buf_header *bh, uint32_t pid, rtprof_process_view *v) {
+    const uint8_t *procs = b + bh->procs_off;
+    uint32_t lo = 0, hi = bh->proc_count;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        rtprof_proc p;
+        memcpy(&p, procs + (uint64_t)mid * sizeof p, sizeof p);
+        if (p.pid < pid) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo >= bh->proc_count) return RTPROF_ERR_NO_PROCESS;
+    memcpy(&v->proc, procs + (uint64_t)lo * sizeof v->proc, sizeof v->proc);
+    rtprof_proc *p = &v->proc;
+    if (p->pid != pid) return RTPROF_ERR_NO_PROCESS;
+    if ((uint64_t)p->first_row + p->row_count > bh->global_first || !within(p->exe_off, p->exe_len, bh->strings_len))
+        return RTPROF_ERR_BOUNDS;
+    /* Rows first, then the strings they name, sized from the copy. */
+    uint64_t rows_len = (uint64_t)p->row_count * sizeof(rtprof_row);
+    rtprof_row *rows = malloc(rows_len ? rows_len : 1);
+    if (!rows) return RTPROF_ERR_SYSTEM;
+    memcpy(rows, b + bh->rows_off + (uint64_t)p->first_row * sizeof(rtprof_row), rows_len);
+    uint64_t strings_len = p->exe_len;
+    for (uint32_t i = 0; i < p->row_count; i++) {
+        if (rows[i].check != row_checksum(&rows[i])) {
+            free(rows);
+            return RTPROF_ERR_CHECKSUM;
+        }
+        if (!within(rows[i].name_off, rows[i].name_len, bh->strings_len) ||
+            !within(rows[i].module_off, rows[i].module_len, bh->strings_len)) {
+            free(rows);
+            return RTPROF_ERR_BOUNDS;
+        }
+        strings_len += (uint64_t)rows[i].name_len + rows[i].module_len;
+    }
+    uint8_t *buf = malloc(rows_len + strings_len + 1);
+    if (!buf) {
+        free(rows);
+        return RTPROF_ERR_SYSTEM;
+    }
+    char *strings = (char *)buf + rows_len;
+    const uint8_t *from = b + bh->strings_off;
+    uint32_t at = 0;
+#define TAKE(off, len)                                 \
+    do {                                               \
+        memcpy(strings + at, from + (off), (len));     \
+        (off) = at;                                    \
+        at += (len);                                   \
+    } while (0)
+    TAKE(p->exe_off, p->exe_len);
+    for (uint32_t i = 0; i < p->row_count; i++) {
+        TAKE(rows[i].name_off, rows[i].name_len);
+        TAKE(rows[i].module_off, rows[i].module_len);
+        rows[i].proc_index = 0;
+    }
+#undef TAKE
+    memcpy(buf, rows, rows_len);
+    free(rows);
+    p->first_row = 0;
+    v->buf = buf;
+    v->rows = (const rtprof_row *)buf;
+    v->row_count = p->row_count;
+    v->strings = strings;
+    v->strings_len = at;
+    return RTPROF_OK;
+}
+
+int rtprof_take_process(const rtprof_segment *s, uint32_t pid, rtprof_process_view *v) {
+    memset(v, 0, sizeof *v);
+    seg_header h;
+    int rc = segment_header(s, &h);
+    if (rc != RTPROF_OK) return rc;
+    const volatile uint64_t *gen_word = (const volatile uint64_t *)(s->map + offsetof(seg_header, generation));
+    rc = RTPROF_ERR_BUSY;
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        uint64_t gen = __atomic_load_n(gen_word, __ATOMIC_ACQUIRE);
+        if (gen == 0) return RTPROF_ERR_UNPUBLISHED;
+        const uint8_t *b = s->map + h.buffer_off[gen & 1];
+        const volatile uint64_t *seq = (const volatile uint64_t *)b;
+        uint64_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
+        if (s1 & 1) continue;
+        buf_header bh;
+        memcpy(&bh, b, sizeof bh);
+        uint64_t used;
+        rc = regions(&bh, h.buffer_len, &used);
+        if (rc == RTPROF_OK) rc = copy_process(b, &bh, pid, v);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(seq, __ATOMIC_RELAXED) != s1) {
+            rtprof_release_process(v);
+            rc = RTPROF_ERR_BUSY;
+            continue;
+        }
+        if (rc != RTPROF_OK) {
+            rtprof_release_process(v);
+            return rc;
+        }
+        v->generation = gen;
+        v->span_end_ns = bh.span_end_ns;
+        v->span_ns = bh.span_ns;
+        v->publish_ns = bh.publish_ns;
+        v->tick_ns = h.tick_ns;
+        return RTPROF_OK;
+    }
+    return rc;
+}
+
+void rtprof_release_process(rtprof_process_view *v) {
+    free(v->buf);
+    memset(v, 0, sizeof *v);
+}
+
+char *rtprof_process_string(const rtprof_process_view *v, uint32_t off, uint32_t len, char *out, size_t size) {
+    if (size == 0) return out;
+    if (!within(off, len, v->strings_len)) len = 0, off = 0;
+    size_t n = len < size - 1 ? len : size - 1;
+    if (n) memcpy(out, v->strings + off, n);
+    out[n] = 0;
+    return out;
 }

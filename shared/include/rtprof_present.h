@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define RTPROF_PRESENT_VERSION 2
+#define RTPROF_PRESENT_VERSION 3
 #define RTPROF_DEFAULT_PRESENT "/run/rtprof/present" /* where rtprofd publishes */
 #define RTPROF_PROC_ENDED 1u   /* rtprof_proc.flags: the process ended */
 #define RTPROF_ROW_COUNTED 1u  /* rtprof_row.flags: calls are counted */
@@ -62,7 +62,8 @@ enum {
     RTPROF_ERR_MAGIC = -6,       /* not a presentation segment */
     RTPROF_ERR_VERSION = -7,     /* another layout version */
     RTPROF_ERR_BOUNDS = -8,      /* a size, offset or count out of bounds */
-    RTPROF_ERR_CHECKSUM = -9     /* a row does not match its checksum */
+    RTPROF_ERR_CHECKSUM = -9,    /* a row does not match its checksum */
+    RTPROF_ERR_NO_PROCESS = -10  /* rtprof_take_process: no such process in the table */
 };
 
 typedef struct {
@@ -94,6 +95,19 @@ typedef struct {
     uint32_t strings_len;
 } rtprof_view;
 
+/* One process's rows (rtprof_take_process): a private copy of its entry,
+ * its rows (hottest first; first_row is 0, name and module offsets point
+ * into `strings`) and the strings they name. */
+typedef struct {
+    uint8_t *buf; /* private copy: rows, then strings */
+    uint64_t generation, span_end_ns, span_ns, publish_ns, tick_ns;
+    rtprof_proc proc;
+    const rtprof_row *rows;
+    uint32_t row_count;
+    const char *strings;
+    uint32_t strings_len;
+} rtprof_process_view;
+
 /* Maps the segment at path: RTPROF_OK, RTPROF_ERR_SYSTEM (errno set),
  * RTPROF_ERR_NOT_REGULAR or RTPROF_ERR_TRUNCATED. Never blocks (a FIFO is
  * refused, not waited on). */
@@ -113,6 +127,14 @@ int rtprof_is_stale(const rtprof_view *v);
 char *rtprof_string(const rtprof_view *v, uint32_t off, uint32_t len, char *out, size_t size);
 /* The global row of `name` in executable `exe`, or NULL. */
 const rtprof_row *rtprof_lookup(const rtprof_view *v, const char *exe, const char *name);
+/* Process `pid`'s rows of the current table, copying only them (and their
+ * strings), not the whole table: RTPROF_OK, RTPROF_ERR_NO_PROCESS, or an
+ * error of rtprof_take. Checked as rtprof_take checks a view. An image
+ * replaced by exec and its successor share a pid: this is the first. */
+int rtprof_take_process(const rtprof_segment *s, uint32_t pid, rtprof_process_view *v);
+void rtprof_release_process(rtprof_process_view *v);
+/* Copies string (off, len) of a process view, as rtprof_string does. */
+char *rtprof_process_string(const rtprof_process_view *v, uint32_t off, uint32_t len, char *out, size_t size);
 
 #ifdef __cplusplus
 }

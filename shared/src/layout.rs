@@ -1,4 +1,4 @@
-//! Binary layout of the counter segment (ABI version 2).
+//! Binary layout of the counter segment (ABI version 3).
 //!
 //! All fields are little-endian with fixed widths. The segment is laid out as:
 //!
@@ -15,7 +15,7 @@
 use std::mem::size_of;
 
 pub const MAGIC: [u8; 8] = *b"RTPROFC\0";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const PAGE: u64 = 4096;
 /// Number of refusal-reason slots in a module record (index = reason code).
 pub const REASON_SLOTS: usize = 16;
@@ -97,7 +97,9 @@ pub struct Header {
     pub control_ack: u32,
     pub control_len: u32,
     pub control_on: u32,
-    pub reserved: u64,
+    /// Bumped after every change of a function's flags: a reader re-reads
+    /// them only when it moved.
+    pub flags_changes: u64,
 }
 
 /// rtprofd relays a request to switch counting of the functions whose

@@ -6,6 +6,7 @@ use crate::layout::*;
 use crate::Refusal;
 use std::fmt;
 use std::mem::size_of;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SegmentError {
@@ -427,8 +428,17 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
                 continue;
             }
             let base = h.stripes_off + s * h.stripe_bytes;
-            for (i, c) in calls[..n].iter_mut().enumerate() {
-                *c = c.wrapping_add(b.counter(base + i as u64 * 8));
+            match counters(bytes, base, n) {
+                Some(stripe) => {
+                    for (c, v) in calls[..n].iter_mut().zip(stripe) {
+                        *c = c.wrapping_add(v.load(Ordering::Relaxed));
+                    }
+                }
+                None => {
+                    for (i, c) in calls[..n].iter_mut().enumerate() {
+                        *c = c.wrapping_add(b.counter(base + i as u64 * 8));
+                    }
+                }
             }
         }
         if before % 2 == 0 && b.counter(seq_off) == before {
@@ -441,7 +451,8 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
 
 /// Each function's [`function_flags`] (the first `out.len()`, at most
 /// `func_count`): they change while the process runs (counting switched,
-/// calls estimated). `h` as for [`sum_calls`].
+/// calls estimated), and [`Header::flags_changes`] moves when they do.
+/// `h` as for [`sum_calls`].
 pub fn read_function_flags(bytes: &[u8], h: &Header, out: &mut [u32]) {
     let b = Bytes(bytes);
     let n = out.len().min(h.func_count as usize);
@@ -456,14 +467,40 @@ pub fn read_function_flags(bytes: &[u8], h: &Header, out: &mut [u32]) {
     }
 }
 
+/// The `n` counters at `off`, as atomics, if they lie inside `bytes` and
+/// are 8-aligned (a segment mapped from a file always is): one bounds
+/// check for a whole stripe instead of one per counter.
+fn counters(bytes: &[u8], off: u64, n: usize) -> Option<&[AtomicU64]> {
+    let start = usize::try_from(off).ok()?;
+    let end = start.checked_add(n.checked_mul(8)?)?;
+    let region = bytes.get(start..end)?;
+    if !(region.as_ptr() as usize).is_multiple_of(8) {
+        return None;
+    }
+    // SAFETY: `region` is `n * 8` bytes inside `bytes`, 8-aligned
+    // (checked), and lives as long as `bytes`; AtomicU64 has the size and
+    // alignment of u64, and the agent writes these counters only with
+    // whole, aligned 8-byte stores, so each load sees a value it wrote.
+    Some(unsafe { std::slice::from_raw_parts(region.as_ptr() as *const AtomicU64, n) })
+}
+
 /// Each function's samples (the first `out.len()`, at most `func_count`)
 /// and each module's samples outside its functions (the first
 /// `modules.len()`, at most `module_count`). `h` as for [`sum_calls`].
 pub fn read_samples(bytes: &[u8], h: &Header, out: &mut [u64], modules: &mut [u64]) {
     let b = Bytes(bytes);
     let n = out.len().min(h.func_count as usize);
-    for (i, v) in out[..n].iter_mut().enumerate() {
-        *v = b.counter(h.samples_off + i as u64 * 8);
+    match counters(bytes, h.samples_off, n) {
+        Some(samples) => {
+            for (v, c) in out[..n].iter_mut().zip(samples) {
+                *v = c.load(Ordering::Relaxed);
+            }
+        }
+        None => {
+            for (i, v) in out[..n].iter_mut().enumerate() {
+                *v = b.counter(h.samples_off + i as u64 * 8);
+            }
+        }
     }
     let m = modules.len().min(h.module_count as usize);
     for (i, v) in modules[..m].iter_mut().enumerate() {

@@ -392,6 +392,10 @@ impl SegmentWriter {
             let flags = addr_of_mut!((*rec).reserved);
             std::ptr::write_volatile(flags, f(std::ptr::read_volatile(flags)));
         }
+        // After the flags: a reader that saw the new count sees them.
+        self.counters
+            .header_u64(offset_of!(Header, flags_changes))
+            .fetch_add(1, Ordering::Release);
     }
 
     /// Says whether function `idx`'s counting is switched off now.

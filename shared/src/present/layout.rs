@@ -1,4 +1,4 @@
-//! Binary layout of the presentation segment (version 2).
+//! Binary layout of the presentation segment (version 3).
 //!
 //! ```text
 //! [PresentHeader][buffer 0][buffer 1]
@@ -11,14 +11,15 @@
 //! Little-endian, fixed widths; readers check every offset and count.
 //!
 //! Version 2 added `BufferHeader::publish_ns` (the buffer header grew from
-//! 64 to 128 bytes). `shared/c/rtprof_present.c` and
+//! 64 to 128 bytes). Version 3 keeps process entries in pid order, so a
+//! reader finds one process by binary search. `shared/c/rtprof_present.c` and
 //! `shared/include/rtprof_present.h` are the C reader of the same layout:
 //! change them together.
 
 use std::mem::size_of;
 
 pub const MAGIC: [u8; 8] = *b"RTPROFP\0";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// A free slot of the hash index.
 pub(super) const EMPTY: u32 = u32::MAX;
 

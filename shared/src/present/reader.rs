@@ -231,11 +231,21 @@ impl<'a> Buffer<'a> {
         get(self.b, self.h.procs_off as usize + i as usize * 64)
     }
     /// The index of process `pid`'s entry.
+    /// The first process entry of `pid`: entries are in pid order, so a
+    /// binary search (a segment that breaks the order only gets no or the
+    /// wrong entry, every read stays checked).
     fn find(&self, pid: u32) -> Result<Option<u32>, PresentError> {
-        for i in 0..self.h.proc_count {
-            if self.entry(i)?.pid == pid {
-                return Ok(Some(i));
+        let (mut lo, mut hi) = (0, self.h.proc_count);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.entry(mid)?.pid < pid {
+                lo = mid + 1;
+            } else {
+                hi = mid;
             }
+        }
+        if lo < self.h.proc_count && self.entry(lo)?.pid == pid {
+            return Ok(Some(lo));
         }
         Ok(None)
     }
@@ -491,10 +501,18 @@ pub fn read_process_into(
             Ok::<_, PresentError>((at, len))
         };
         out.exe = copy(&mut out.strings, e.exe_off, e.exe_len)?;
+        // Rows of a process share a few modules: each copied once in a row.
+        let mut module = ((u32::MAX, 0), (0, 0));
         for ix in rows {
             let mut r = b.checked_row(ix)?;
             (r.name_off, r.name_len) = copy(&mut out.strings, r.name_off, r.name_len)?;
-            (r.module_off, r.module_len) = copy(&mut out.strings, r.module_off, r.module_len)?;
+            if module.0 != (r.module_off, r.module_len) {
+                module = (
+                    (r.module_off, r.module_len),
+                    copy(&mut out.strings, r.module_off, r.module_len)?,
+                );
+            }
+            (r.module_off, r.module_len) = module.1;
             out.rows.push(r);
         }
         out.generation = generation;

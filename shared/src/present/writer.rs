@@ -26,9 +26,12 @@ pub struct ProcTable<'a> {
 pub struct RowIn<'a> {
     pub name: &'a str,
     pub module: &'a str,
-    /// `key_hash(exe, name)`, when the caller has it at hand; `None`:
-    /// computed here.
-    pub key: Option<u32>,
+    /// The caller's id of (executable, name): rows with one id merge into
+    /// one global row, without their names compared. Ids are small
+    /// integers, unique per (executable, name). With [`RowNames`] every
+    /// row has one, and `name` is not read; without, ids are assigned
+    /// here from the names.
+    pub id: Option<u32>,
     pub counted: bool,
     /// Calls estimated under an overhead budget.
     pub estimated: bool,
@@ -36,6 +39,17 @@ pub struct RowIn<'a> {
     pub samples: u64,
     pub time_ns: u64,
     pub total_calls: u64,
+}
+
+/// Names and hash keys (`key_hash(exe, name)`) of the caller's row ids.
+/// The caller keeps every name in one string, published as it is: a tick
+/// copies it whole instead of touching each name.
+pub trait RowNames {
+    /// Every name, end to end (names not in use may be among them).
+    fn strings(&self) -> &str;
+    /// Where id's name lies in [`RowNames::strings`].
+    fn span(&self, id: u32) -> (u32, u32);
+    fn key(&self, id: u32) -> u32;
 }
 
 /// Slots of the hash index for up to `globals` global rows: at most half
@@ -58,8 +72,15 @@ struct Scratch {
     entries: Vec<ProcEntry>,
     rows: Vec<Row>,
     globals: Vec<Row>,
-    global_exe: Vec<u32>,
     hash: Vec<u32>,
+    /// Processes in pid order (readers find one by binary search).
+    order: Vec<u32>,
+    /// Each row's id, in publishing order, and the global row (index in
+    /// `globals`) of each id seen so far, `EMPTY` otherwise.
+    ids: Vec<u32>,
+    global_of: Vec<u32>,
+    /// Each global row's id and key.
+    global_ids: Vec<(u32, u32)>,
 }
 
 // SAFETY: nothing in the writer is tied to the thread that made it: it is
@@ -105,18 +126,40 @@ impl PresentWriter {
     }
 
     /// Publishes a span's table: written into the idle buffer, then made
-    /// current.
+    /// current. Rows are named by their `name`s.
     pub fn publish(
         &mut self,
         span_end_ns: u64,
         span_ns: u64,
         procs: &[ProcTable],
     ) -> Result<(), PresentError> {
+        self.publish_with(span_end_ns, span_ns, procs, None)
+    }
+
+    /// [`PresentWriter::publish`] for rows named by their ids: every row
+    /// has one, `names` names it.
+    pub fn publish_named(
+        &mut self,
+        span_end_ns: u64,
+        span_ns: u64,
+        procs: &[ProcTable],
+        names: &dyn RowNames,
+    ) -> Result<(), PresentError> {
+        self.publish_with(span_end_ns, span_ns, procs, Some(names))
+    }
+
+    fn publish_with(
+        &mut self,
+        span_end_ns: u64,
+        span_ns: u64,
+        procs: &[ProcTable],
+        names: Option<&dyn RowNames>,
+    ) -> Result<(), PresentError> {
         let gen_off = std::mem::offset_of!(PresentHeader, generation) as u64;
         let gen = self.word(gen_off).load(Ordering::Relaxed);
         let b = ((gen + 1) & 1) as usize;
         let boff = self.header.buffer_off[b];
-        let (mut hdr, need) = build(&mut self.scratch, span_end_ns, span_ns, procs);
+        let (mut hdr, need) = build(&mut self.scratch, span_end_ns, span_ns, procs, names);
         // Stamped here, not by the caller: the time readers judge the
         // daemon's liveness by is when the table really became current.
         hdr.publish_ns = now_ns();
@@ -133,6 +176,14 @@ impl PresentWriter {
         // Straight into the idle buffer: header after the sequence word,
         // then each region in one copy.
         let sc = &self.scratch;
+        // The caller's names come first in the string region.
+        let (names_bytes, own_strings) = match names {
+            Some(n) => (
+                n.strings().as_bytes(),
+                hdr.strings_off + n.strings().len() as u32,
+            ),
+            None => (&[][..], hdr.strings_off),
+        };
         // SAFETY: `need` (the end of the last region) fits in the buffer,
         // checked above, and the buffer lies inside the segment (`init`
         // placed it), so every region starts and ends inside it.
@@ -149,7 +200,8 @@ impl PresentWriter {
                 (hdr.procs_off, as_bytes(&sc.entries)),
                 (hdr.rows_off, as_bytes(&sc.rows)),
                 (hdr.hash_off, as_bytes(&sc.hash)),
-                (hdr.strings_off, &sc.strings[..]),
+                (hdr.strings_off, names_bytes),
+                (own_strings, &sc.strings[..]),
             ] {
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(off), bytes.len());
             }
@@ -169,43 +221,78 @@ fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
+/// Each row's id, in publishing order: the caller's (with `names`), or
+/// assigned from (executable, name).
+fn row_ids(procs: &[ProcTable], order: &[u32], named: bool, ids: &mut Vec<u32>) {
+    ids.clear();
+    let rows = order.iter().flat_map(|&pi| {
+        let p = &procs[pi as usize];
+        p.rows.iter().map(move |r| (p.exe, r))
+    });
+    if named {
+        ids.extend(rows.map(|(_, r)| r.id.unwrap_or(0)));
+    } else {
+        let mut by_name = std::collections::HashMap::<(&str, &str), u32>::new();
+        for (exe, r) in rows {
+            let next = by_name.len() as u32;
+            ids.push(*by_name.entry((exe, r.name)).or_insert(next));
+        }
+    }
+}
+
 /// One buffer's regions, in `sc`, and the header that places them.
 ///
-/// Global rows are merged while the process rows are written: a
-/// (executable, name) key is looked up in the very hash index that is
-/// published, sized for the worst case of every row being distinct.
-/// Executables and modules are interned; function names are written once
-/// per process row and shared by the global row.
+/// Global rows are merged by row id while the process rows are written;
+/// a global row's name is written once and shared by its process rows.
+/// Executables and modules are interned. The hash index of (executable,
+/// name) is built from the global rows' keys at the end.
 fn build<'a>(
     sc: &mut Scratch,
     span_end_ns: u64,
     span_ns: u64,
     procs: &[ProcTable<'a>],
+    names: Option<&'a dyn RowNames>,
 ) -> (BufferHeader, u64) {
     let Scratch {
         strings,
         entries,
         rows,
         globals,
-        global_exe,
         hash,
+        order,
+        ids,
+        global_of,
+        global_ids,
     } = sc;
     strings.clear();
     entries.clear();
     rows.clear();
     globals.clear();
-    // Executable string offset of each global row, to tell keys apart.
-    global_exe.clear();
+    global_ids.clear();
+    order.clear();
+    order.extend(0..procs.len() as u32);
+    // Stable: an image replaced by exec stays before its successor.
+    order.sort_by_key(|&i| procs[i as usize].pid);
+    row_ids(procs, order, names.is_some(), ids);
+    if let Some(&max) = ids.iter().max() {
+        if global_of.len() <= max as usize {
+            global_of.resize(max as usize + 1, EMPTY);
+        }
+    }
+    // The writer's own strings follow the caller's names.
+    let base = names.map_or(0, |n| n.strings().len());
+    let push_str = |strings: &mut Vec<u8>, s: &str| {
+        let off = (base + strings.len()) as u32;
+        strings.extend_from_slice(s.as_bytes());
+        (off, s.len() as u32)
+    };
     let mut interned = std::collections::HashMap::<&str, (u32, u32)>::new();
     let mut intern = |strings: &mut Vec<u8>, s: &'a str| -> (u32, u32) {
         *interned.entry(s).or_insert_with(|| push_str(strings, s))
     };
-    let total_rows: usize = procs.iter().map(|p| p.rows.len()).sum();
-    let global_first = total_rows as u32;
-    let cap = hash_cap(total_rows);
-    hash.clear();
-    hash.resize(cap as usize, EMPTY);
-    for (pi, p) in procs.iter().enumerate() {
+    let global_first = ids.len() as u32;
+    let mut next_id = ids.iter();
+    for (pi, p) in order.iter().map(|&i| &procs[i as usize]).enumerate() {
         let (exe_off, exe_len) = intern(strings, p.exe);
         entries.push(ProcEntry {
             pid: p.pid,
@@ -222,30 +309,16 @@ fn build<'a>(
         });
         // Rows of a process mostly share a few modules: skip the lookup.
         let mut last_module: (&str, (u32, u32)) = ("", (0, 0));
-        for r in &p.rows {
+        for (r, &id) in p.rows.iter().zip(&mut next_id) {
             if !std::ptr::eq(r.module, last_module.0) {
                 last_module = (r.module, intern(strings, r.module));
             }
             let (module_off, module_len) = last_module.1;
-            let key = r.key.unwrap_or_else(|| key_hash(p.exe, r.name));
-            // Find the global row of (exe, name), or claim an empty slot.
-            let mut h = key & (cap - 1);
-            let found = loop {
-                let ix = hash[h as usize];
-                if ix == EMPTY {
-                    break None;
-                }
-                let g = &globals[(ix - global_first) as usize];
-                let gname = &strings[g.name_off as usize..(g.name_off + g.name_len) as usize];
-                if global_exe[(ix - global_first) as usize] == exe_off && gname == r.name.as_bytes()
-                {
-                    break Some(ix - global_first);
-                }
-                h = (h + 1) & (cap - 1);
-            };
-            let (name_off, name_len) = match found {
-                Some(gi) => (globals[gi as usize].name_off, globals[gi as usize].name_len),
-                None => push_str(strings, r.name),
+            let gi = global_of[id as usize];
+            let (name_off, name_len) = match (globals.get(gi as usize), names) {
+                (Some(g), _) => (g.name_off, g.name_len),
+                (None, Some(n)) => n.span(id),
+                (None, None) => push_str(strings, r.name),
             };
             let row = Row {
                 name_off,
@@ -262,11 +335,12 @@ fn build<'a>(
                 check: 0,
             };
             rows.push(row);
-            let g = match found {
-                Some(gi) => &mut globals[gi as usize],
+            let g = match globals.get_mut(gi as usize) {
+                Some(g) => g,
                 None => {
-                    hash[h as usize] = global_first + globals.len() as u32;
-                    global_exe.push(exe_off);
+                    global_of[id as usize] = globals.len() as u32;
+                    let key = names.map_or_else(|| key_hash(p.exe, r.name), |n| n.key(id));
+                    global_ids.push((id, key));
                     globals.push(Row {
                         flags: ROW_GLOBAL,
                         calls: 0,
@@ -285,6 +359,19 @@ fn build<'a>(
             g.flags |= row.flags;
         }
     }
+    // Ready for the next publish; every global row is distinct, so its
+    // hash slot is the first free one.
+    let cap = hash_cap(globals.len());
+    hash.clear();
+    hash.resize(cap as usize, EMPTY);
+    for (k, &(id, key)) in global_ids.iter().enumerate() {
+        global_of[id as usize] = EMPTY;
+        let mut h = key & (cap - 1);
+        while hash[h as usize] != EMPTY {
+            h = (h + 1) & (cap - 1);
+        }
+        hash[h as usize] = global_first + k as u32;
+    }
     let global_count = globals.len() as u32;
     rows.append(globals);
     let procs_off = size_of::<BufferHeader>();
@@ -295,7 +382,8 @@ fn build<'a>(
         r.check = r.checksum();
     }
     // Offsets are 32-bit: a larger table cannot be published at all.
-    let need = (strings_off + strings.len()) as u64;
+    let strings_len = base + strings.len();
+    let need = (strings_off + strings_len) as u64;
     let need = if need > u32::MAX as u64 {
         u64::MAX
     } else {
@@ -311,7 +399,7 @@ fn build<'a>(
         global_first,
         global_count,
         hash_cap: cap,
-        strings_len: strings.len() as u32,
+        strings_len: strings_len as u32,
         procs_off: procs_off as u32,
         rows_off: rows_off as u32,
         hash_off: hash_off as u32,
@@ -319,12 +407,6 @@ fn build<'a>(
         reserved: [0; 7],
     };
     (h, need)
-}
-
-fn push_str(strings: &mut Vec<u8>, s: &str) -> (u32, u32) {
-    let off = strings.len() as u32;
-    strings.extend_from_slice(s.as_bytes());
-    (off, s.len() as u32)
 }
 
 /// Fixtures for the writer's tests and the reader's: tables to publish and
@@ -344,7 +426,7 @@ pub(super) mod tests {
                 .map(|(i, n)| RowIn {
                     name: n,
                     module: "app",
-                    key: None,
+                    id: None,
                     counted: i != 2,
                     estimated: i == 1,
                     calls: k * (i as u64 + 1),
@@ -402,6 +484,75 @@ pub(super) mod tests {
         // as long as `mem` is; `u8` needs no alignment and whatever bytes
         // are written leave valid `u64`s.
         unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr() as *mut u8, mem.len() * 8) }
+    }
+
+    /// Rows merged by the caller's ids publish the same table as rows
+    /// merged by name; processes come out in pid order either way.
+    #[test]
+    fn ids_merge_rows_as_names_do() {
+        /// (executable, name) of each id / 7, and the names end to end.
+        struct Names(Vec<(&'static str, &'static str)>, String, Vec<(u32, u32)>);
+        impl RowNames for Names {
+            fn strings(&self) -> &str {
+                &self.1
+            }
+            fn span(&self, id: u32) -> (u32, u32) {
+                self.2[id as usize / 7]
+            }
+            fn key(&self, id: u32) -> u32 {
+                let (exe, name) = self.0[id as usize / 7];
+                key_hash(exe, name)
+            }
+        }
+        let mut by_name = table(3);
+        by_name.swap(0, 2);
+        let mut by_id = by_name.clone();
+        // A name no row uses, as a daemon's strings hold after a process left.
+        let mut names = Names(Vec::new(), "unused".to_string(), Vec::new());
+        for p in &mut by_id {
+            for r in &mut p.rows {
+                // Sparse ids, as a daemon's are after processes left.
+                let k = match names.0.iter().position(|&n| n == (p.exe, r.name)) {
+                    Some(k) => k,
+                    None => {
+                        names.0.push((p.exe, r.name));
+                        names.2.push((names.1.len() as u32, r.name.len() as u32));
+                        names.1.push_str(r.name);
+                        names.0.len() - 1
+                    }
+                };
+                r.id = Some(7 * k as u32);
+                // Not read: the names come from `names`.
+                r.name = "";
+            }
+        }
+        let view = |t: &[ProcTable], names: Option<&dyn RowNames>| {
+            let (mem, mut w) = segment(64 * 1024);
+            // Twice: what one publish leaves behind must not leak into the next.
+            for k in 1..=2 {
+                match names {
+                    Some(n) => w.publish_named(k, 1, t, n).unwrap(),
+                    None => w.publish(k, 1, t).unwrap(),
+                }
+            }
+            let v = read_view(bytes(&mem)).unwrap();
+            (mem, v)
+        };
+        let ((_, a), (mem, b)) = (view(&by_name, None), view(&by_id, Some(&names)));
+        let pids: Vec<u32> = a.procs.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [10, 11, 12]);
+        assert_eq!(a.procs, b.procs);
+        assert_eq!(a.rows, b.rows);
+        assert_eq!(a.global, b.global);
+        let globals = &b.rows[b.global.clone()];
+        let main = globals.iter().find(|g| g.name == "main").unwrap();
+        assert_eq!(main.calls, 3 + 3, "two processes of /bin/app");
+        assert_eq!(globals.len(), 4);
+        // Found through the hash index, built from the names' keys.
+        let hot = super::super::reader::lookup(bytes(&mem), "/bin/other", "hot")
+            .unwrap()
+            .unwrap();
+        assert_eq!((hot.name.as_str(), hot.calls), ("hot", 3));
     }
 
     #[test]
