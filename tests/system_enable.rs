@@ -18,55 +18,6 @@ const AGENT: &str = "/usr/lib/rtprof/librtprof.so";
 const BACKUP: &str = "/etc/rtprof/ld.so.preload.orig";
 const WAS_ABSENT: &str = "/etc/rtprof/ld.so.preload.absent";
 
-fn sh_ok(script: &str) {
-    let o = Command::new("/bin/sh")
-        .arg("-c")
-        .arg(script)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// Gives the calling thread (and every process it starts) a private mount
-/// namespace: /etc is a copy, /usr/lib an overlay whose changes stay in
-/// memory, /run and /tmp are empty. Ends with the thread.
-fn private_machine() {
-    assert_eq!(
-        // SAFETY: geteuid takes nothing and cannot fail.
-        unsafe { libc::geteuid() },
-        0,
-        "these tests need root: they switch a (private) machine on and off"
-    );
-    let ns = || std::fs::read_link("/proc/thread-self/ns/mnt").unwrap();
-    let before = ns();
-    // SAFETY: unshare takes flags only; CLONE_NEWNS gives this thread a
-    // copy of the mount table (fork and exec from it inherit that copy).
-    let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
-    assert_eq!(r, 0, "unshare: {}", std::io::Error::last_os_error());
-    assert_ne!(ns(), before, "a new mount namespace");
-    // Nothing mounted from here on propagates back to the machine.
-    sh_ok("mount --make-rprivate /");
-    sh_ok(
-        "set -e
-         mount -t tmpfs -o mode=1777 tmpfs /tmp
-         mkdir -p /tmp/ns/etc /tmp/ns/up /tmp/ns/work
-         cp -a /etc/. /tmp/ns/etc/
-         mount --bind /tmp/ns/etc /etc
-         mount -t overlay overlay -o lowerdir=/usr/lib,upperdir=/tmp/ns/up,workdir=/tmp/ns/work /usr/lib
-         mount -t tmpfs -o mode=0755 tmpfs /run
-         rm -f /etc/ld.so.preload
-         rm -rf /etc/rtprof",
-    );
-    // /etc is the copy.
-    std::fs::write("/tmp/ns/etc/rtprof-private-check", "").unwrap();
-    assert!(Path::new("/etc/rtprof-private-check").exists());
-    std::fs::remove_file("/etc/rtprof-private-check").unwrap();
-}
-
 fn rtprof_system(args: &[&str]) -> Output {
     Command::new(rtprof())
         .arg("system")
@@ -157,7 +108,7 @@ impl Drop for DefaultDaemon {
 /// processes run without the agent.
 #[test]
 fn enable_profiles_new_process_trees_and_disable_removes_the_file() {
-    private_machine();
+    private_machine(&["/usr/lib"]);
     let dir = scratch("enable");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Compiled before the agent is in every process (gcc's too).
@@ -273,7 +224,7 @@ fn libc_path() -> String {
 /// our entry goes.
 #[test]
 fn disable_restores_other_entries_byte_for_byte() {
-    private_machine();
+    private_machine(&["/usr/lib"]);
     let original = format!("# site preloads, keep\n{}", libc_path());
     std::fs::write(PRELOAD, &original).unwrap();
     std::fs::set_permissions(PRELOAD, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -317,7 +268,7 @@ fn disable_restores_other_entries_byte_for_byte() {
 /// read-only /etc.
 #[test]
 fn refusals_change_nothing() {
-    private_machine();
+    private_machine(&["/usr/lib"]);
     let dir = scratch("refusals");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let unchanged = "; /etc/ld.so.preload is unchanged\n";
