@@ -293,6 +293,16 @@ fn refusals_change_nothing() {
         );
     }
 
+    // status needs no root.
+    let o = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&cli)
+        .args(["system", "status"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(o.status.success() && stdout(&o).starts_with("preload      off"));
+
     // No agent where it was said to be.
     let o = rtprof_system(&["enable", "--agent", "/nonexistent/librtprof.so"]);
     assert_eq!(o.status.code(), Some(1));
@@ -356,4 +366,82 @@ fn refusals_change_nothing() {
     );
     assert_eq!(read(PRELOAD).unwrap(), b"# mine\n");
     assert!(!Path::new(AGENT).exists(), "nothing installed");
+}
+
+/// Where systemd runs (as far as rtprof can tell: /run/systemd/system
+/// exists), enable writes rtprofd's unit and asks systemctl to enable and
+/// start it, and disable undoes both. systemctl is a stand-in that logs
+/// its arguments: the machine's systemd is never asked.
+#[test]
+fn with_systemd_the_service_is_written_started_and_removed() {
+    private_machine(&["/usr/lib"]);
+    let dir = scratch("systemd");
+    std::fs::create_dir_all("/run/systemd/system").unwrap();
+    let log = dir.join("systemctl.log");
+    let fake = dir.join("systemctl");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\ncase \"$1\" in is-*) echo fake-$1;; esac\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", dir.display());
+    let system = |args: &[&str]| {
+        let o = Command::new(rtprof())
+            .arg("system")
+            .args(args)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let unit = "/etc/systemd/system/rtprofd.service";
+
+    let said = system(&["enable", "--agent", agent().to_str().unwrap()]);
+    assert!(
+        said.contains(&format!("rtprofd: started and enabled ({unit})")),
+        "{said}"
+    );
+    let text = std::fs::read_to_string(unit).unwrap();
+    let rtprofd = rtprof().with_file_name("rtprofd").canonicalize().unwrap();
+    assert!(
+        text.contains(&format!(
+            "\nExecStart={} --socket /run/rtprof/rtprofd.sock",
+            rtprofd.display()
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "daemon-reload\nenable --now rtprofd.service\n"
+    );
+    assert!(system(&["status"])
+        .contains("service      rtprofd.service: fake-is-active, fake-is-enabled"));
+
+    std::fs::remove_file(&log).unwrap();
+    let said = system(&["disable"]);
+    assert!(
+        said.contains(&format!(
+            "stopped and disabled rtprofd.service, removed {unit}"
+        )),
+        "{said}"
+    );
+    assert!(!Path::new(unit).exists());
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "disable --now rtprofd.service\ndaemon-reload\n"
+    );
+
+    // A unit someone else wrote is disabled, but stays.
+    std::fs::write(unit, "[Service]\nExecStart=/opt/rtprofd\n").unwrap();
+    system(&["enable", "--agent", agent().to_str().unwrap()]);
+    system(&["disable"]);
+    assert_eq!(
+        std::fs::read_to_string(unit).unwrap(),
+        "[Service]\nExecStart=/opt/rtprofd\n"
+    );
 }

@@ -1,8 +1,8 @@
 //! rtprofd as a systemd service, when systemd runs the machine. The
 //! Debian package ships the unit; otherwise `enable` writes one into
 //! /etc/systemd/system from the repository's unit, naming the rtprofd
-//! installed beside this rtprof, and `disable` removes only a unit it
-//! wrote.
+//! installed beside this rtprof (unless someone else wrote one there), and
+//! `disable` removes only a unit it wrote.
 
 use super::files;
 use crate::error::Error;
@@ -62,7 +62,12 @@ pub fn start() -> Result<Started, Error> {
     if !systemd_running() {
         return Ok(Started::NoSystemd);
     }
-    let unit = if Path::new(PACKAGED_UNIT).is_file() {
+    let local = Path::new(LOCAL_UNIT);
+    // A unit someone else wrote in /etc overrides the package's, and is
+    // theirs: used as it is, never overwritten.
+    let unit = if local.is_file() && !ours(local) {
+        local.to_path_buf()
+    } else if Path::new(PACKAGED_UNIT).is_file() {
         PathBuf::from(PACKAGED_UNIT)
     } else {
         let me = std::env::current_exe()
