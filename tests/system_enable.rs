@@ -351,6 +351,28 @@ fn refusals_change_nothing() {
         assert!(left.is_empty(), "nothing installed: {left:?}");
     }
 
+    // An agent installed elsewhere is already preloaded: two would be.
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let other = elsewhere.join("librtprof.so");
+    std::fs::copy(agent(), &other).unwrap();
+    let listed = format!("{}\n", other.display());
+    std::fs::write(PRELOAD, &listed).unwrap();
+    let o = rtprof_system(&["enable", "--agent", agent().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "rtprof system enable: /etc/ld.so.preload already lists another rtprof agent ({}); \
+             every process would load two: remove it first{unchanged}",
+            other.display()
+        )
+    );
+    assert_eq!(read(PRELOAD).unwrap(), listed.as_bytes());
+    assert!(!Path::new(AGENT).exists(), "nothing installed");
+    std::fs::remove_file(PRELOAD).unwrap();
+
     // A read-only /etc.
     std::fs::write(PRELOAD, "# mine\n").unwrap();
     sh_ok("mount -o remount,bind,ro /etc");

@@ -122,6 +122,8 @@ pub enum Error {
         command: String,
         problem: String,
     },
+    /// /etc/ld.so.preload lists an agent installed elsewhere.
+    OtherAgent(Vec<String>),
     /// rtprofd is not installed beside rtprof, so no unit can name it.
     NoDaemonBinary(PathBuf),
     /// A `systemctl` command that failed.
@@ -270,6 +272,11 @@ impl fmt::Display for Error {
                 f,
                 "the agent {} fails a test run of `{command}`: {problem}",
                 agent.display()
+            ),
+            Error::OtherAgent(paths) => write!(
+                f,
+                "/etc/ld.so.preload already lists another rtprof agent ({}); every process would load two: remove it first",
+                paths.join(", ")
             ),
             Error::NoDaemonBinary(p) => write!(
                 f,

@@ -22,6 +22,26 @@ pub fn run(agent: Option<PathBuf>) -> Result<(), Error> {
     files::root_dir(Path::new(ETC_DIR)).map_err(unchanged)?;
     let _lock = files::Lock::take(Path::new(LOCK)).map_err(unchanged)?;
 
+    let before = files::read_optional(Path::new(PRELOAD)).map_err(unchanged)?;
+    let text = match &before {
+        None => String::new(),
+        Some(b) => String::from_utf8(b.clone()).map_err(|_| {
+            unchanged(Error::SystemIo {
+                what: "cannot add to",
+                path: PRELOAD.into(),
+                source: io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"),
+            })
+        })?,
+    };
+    let others: Vec<String> = preload::agents(&text)
+        .into_iter()
+        .filter(|a| *a != AGENT_PATH)
+        .map(String::from)
+        .collect();
+    if !others.is_empty() {
+        return Err(unchanged(Error::OtherAgent(others)));
+    }
+
     match install::install(&source).map_err(unchanged)? {
         install::Installed::Unchanged => {
             println!("agent: {AGENT_PATH} (already installed; it passed a test run)")
@@ -37,17 +57,6 @@ pub fn run(agent: Option<PathBuf>) -> Result<(), Error> {
         ),
     }
 
-    let before = files::read_optional(Path::new(PRELOAD)).map_err(unchanged)?;
-    let text = match &before {
-        None => String::new(),
-        Some(b) => String::from_utf8(b.clone()).map_err(|_| {
-            unchanged(Error::SystemIo {
-                what: "cannot add to",
-                path: PRELOAD.into(),
-                source: io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"),
-            })
-        })?,
-    };
     match preload::with_entry(&text, AGENT_PATH) {
         None => println!("{PRELOAD}: already lists {AGENT_PATH}; unchanged"),
         Some(new) => {
