@@ -182,9 +182,11 @@ fn the_package_holds_the_agent_the_tools_and_the_unit() {
 }
 
 /// dpkg installs the package on a private copy of the machine (/etc, /usr
-/// and /var); `rtprof system enable` switches on the agent the package put
-/// in place, and removing the package switches it off before the agent's
-/// file goes: /etc/ld.so.preload is as before.
+/// and /var) where systemd seems to run (/run/systemd/system exists;
+/// systemctl is a stand-in that logs its arguments); `rtprof system
+/// enable` switches on the agent the package put in place and enables the
+/// packaged unit, and removing the package switches both off before the
+/// agent's file goes: /etc/ld.so.preload is as before.
 #[test]
 fn removing_the_package_switches_the_machine_off() {
     private_machine(&["/usr", "/var"]);
@@ -192,58 +194,73 @@ fn removing_the_package_switches_the_machine_off() {
     let deb = build(&dir);
     let preload = Path::new("/etc/ld.so.preload");
     std::fs::write(preload, "# nothing preloaded yet\n").unwrap();
+    std::fs::create_dir_all("/run/systemd/system").unwrap();
+    let fake = dir.join("bin");
+    std::fs::create_dir(&fake).unwrap();
+    let log = dir.join("systemctl.log");
+    std::fs::write(
+        fake.join("systemctl"),
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n", log.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        fake.join("systemctl"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", fake.display());
+    let run = |program: &str, args: &[&str]| {
+        let o = Command::new(program)
+            .args(args)
+            .env("PATH", &path)
+            .env_remove("RTPROF_AGENT")
+            .output()
+            .unwrap();
+        ok(o, &format!("{program} {args:?}"))
+    };
+    let logged = || {
+        let t = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        t
+    };
 
-    ok(
-        Command::new("dpkg").arg("-i").arg(&deb).output().unwrap(),
-        "dpkg -i",
-    );
+    run("dpkg", &["-i", deb.to_str().unwrap()]);
     assert!(Path::new("/etc/rtprof/rtprof.conf").exists());
-    let o = Command::new("/usr/bin/rtprof")
-        .args(["system", "enable"])
-        .env_remove("RTPROF_AGENT")
-        .output()
-        .unwrap();
-    let said = ok(o, "rtprof system enable");
+    assert_eq!(
+        logged(),
+        "daemon-reload\ntry-restart rtprofd.service\n",
+        "installing starts nothing new"
+    );
+    let said = run("/usr/bin/rtprof", &["system", "enable"]);
     assert!(
         said.contains("agent: /usr/lib/rtprof/librtprof.so (already installed"),
         "the packaged agent is used in place: {said}"
     );
+    assert!(
+        said.contains("rtprofd: started and enabled (/lib/systemd/system/rtprofd.service)"),
+        "{said}"
+    );
+    assert_eq!(logged(), "enable --now rtprofd.service\n");
     assert_eq!(
         std::fs::read(preload).unwrap(),
         b"# nothing preloaded yet\n/usr/lib/rtprof/librtprof.so\n"
     );
-    let maps = ok(
-        Command::new("/bin/cat")
-            .arg("/proc/self/maps")
-            .output()
-            .unwrap(),
-        "cat",
-    );
+    let maps = run("/bin/cat", &["/proc/self/maps"]);
     assert!(maps.contains("/usr/lib/rtprof/librtprof.so"));
 
-    let removed = ok(
-        Command::new("dpkg")
-            .args(["-r", "rtprof"])
-            .output()
-            .unwrap(),
-        "dpkg -r",
-    );
+    let removed = run("dpkg", &["-r", "rtprof"]);
     assert_eq!(
         std::fs::read(preload).unwrap(),
         b"# nothing preloaded yet\n",
         "{removed}"
     );
+    assert!(logged().starts_with("disable --now rtprofd.service\n"));
     assert!(!Path::new("/usr/lib/rtprof/librtprof.so").exists());
     assert!(
         Path::new("/etc/rtprof/rtprof.conf").exists(),
         "a conffile stays until purge"
     );
-    ok(
-        Command::new("dpkg")
-            .args(["-P", "rtprof"])
-            .output()
-            .unwrap(),
-        "dpkg -P",
-    );
+    run("dpkg", &["-P", "rtprof"]);
     assert!(!Path::new("/etc/rtprof").exists());
 }

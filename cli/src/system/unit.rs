@@ -68,6 +68,11 @@ pub fn start() -> Result<Started, Error> {
     let unit = if local.is_file() && !ours(local) {
         local.to_path_buf()
     } else if Path::new(PACKAGED_UNIT).is_file() {
+        // One we wrote before the package came would shadow its unit.
+        if local.is_file() {
+            files::remove(local)?;
+            systemctl(&["daemon-reload"])?;
+        }
         PathBuf::from(PACKAGED_UNIT)
     } else {
         let me = std::env::current_exe()
