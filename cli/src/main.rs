@@ -39,7 +39,8 @@ enum Command {
     /// Switch counting of a running process's functions on or off,
     /// through rtprofd.
     Switch(switch::SwitchArgs),
-    /// Profile every new process on this machine, or stop (root only).
+    /// Profile every new process on this machine, or stop (enable and
+    /// disable need root).
     System(system::SystemArgs),
 }
 
