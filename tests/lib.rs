@@ -406,3 +406,62 @@ impl Drop for Rtprofd {
         self.stop();
     }
 }
+
+/// Runs `script` with /bin/sh; panics with its stderr if it fails.
+pub fn sh_ok(script: &str) {
+    let o = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Gives the calling thread (and every process it starts) a private mount
+/// namespace, so a test can change the machine's own paths: /etc is a
+/// copy (without /etc/ld.so.preload and /etc/rtprof), each of `overlays`
+/// (e.g. `/usr/lib`) a writable overlay whose changes stay in memory, /run
+/// and /tmp are empty. The machine's systemd is out of reach (its sockets
+/// are in the hidden /run). It ends with the thread (the test). Needs
+/// root, and fails without it.
+pub fn private_machine(overlays: &[&str]) {
+    assert_eq!(
+        // SAFETY: geteuid takes nothing and cannot fail.
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root: it switches a (private) machine on and off"
+    );
+    let ns = || std::fs::read_link("/proc/thread-self/ns/mnt").unwrap();
+    let before = ns();
+    // SAFETY: unshare takes flags only; CLONE_NEWNS gives this thread a
+    // copy of the mount table (processes it starts inherit that copy).
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    assert_eq!(r, 0, "unshare: {}", std::io::Error::last_os_error());
+    assert_ne!(ns(), before, "a new mount namespace");
+    // Nothing mounted from here on propagates back to the machine.
+    sh_ok("mount --make-rprivate /");
+    sh_ok(
+        "set -e
+         mount -t tmpfs -o mode=1777 tmpfs /tmp
+         mkdir -p /tmp/ns/etc
+         cp -a /etc/. /tmp/ns/etc/
+         mount --bind /tmp/ns/etc /etc
+         mount -t tmpfs -o mode=0755 tmpfs /run",
+    );
+    // /etc is the copy: only now is anything removed from it.
+    std::fs::write("/tmp/ns/etc/rtprof-private-check", "").unwrap();
+    assert!(Path::new("/etc/rtprof-private-check").exists());
+    std::fs::remove_file("/etc/rtprof-private-check").unwrap();
+    sh_ok("rm -f /etc/ld.so.preload && rm -rf /etc/rtprof");
+    for (i, dir) in overlays.iter().enumerate() {
+        sh_ok(&format!(
+            "set -e
+             mkdir -p /tmp/ns/up{i} /tmp/ns/work{i}
+             mount -t overlay overlay -o lowerdir={dir},upperdir=/tmp/ns/up{i},workdir=/tmp/ns/work{i} {dir}"
+        ));
+    }
+}

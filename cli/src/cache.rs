@@ -44,7 +44,7 @@ fn dir(system: bool) -> Result<PathBuf, Error> {
 }
 
 /// (entries, bytes) in `d`; temporary files count as entries in progress.
-fn usage(d: &Path) -> (usize, u64) {
+pub(crate) fn usage(d: &Path) -> (usize, u64) {
     let Ok(rd) = std::fs::read_dir(d) else {
         return (0, 0);
     };

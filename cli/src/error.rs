@@ -103,6 +103,39 @@ pub enum Error {
     /// Space cannot be reserved there (no fallocate, say).
     CannotReserve(io::Error),
 
+    // `rtprof system` (system/).
+    /// Not run as root; `action` is what would have been changed.
+    NotRoot { action: &'static str },
+    /// A file or directory that cannot be read, examined or written; `what`
+    /// says which step (`cannot read`, `cannot create`, ...).
+    SystemIo {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// A directory every process would load the agent from, but that
+    /// someone besides root owns or may write.
+    UnsafeDir(PathBuf),
+    /// The agent broke (or did not load into) a test process.
+    ProbeFailed {
+        agent: PathBuf,
+        command: String,
+        problem: String,
+    },
+    /// /etc/ld.so.preload lists an agent installed elsewhere.
+    OtherAgent(Vec<String>),
+    /// rtprofd is not installed beside rtprof, so no unit can name it.
+    NoDaemonBinary(PathBuf),
+    /// A `systemctl` command that failed.
+    Systemctl { args: String, problem: String },
+    /// The agent was switched on, but rtprofd's service did not start.
+    ServiceFailed(Box<Error>),
+    /// A failure that left `file` as it was.
+    Unchanged {
+        source: Box<Error>,
+        file: &'static str,
+    },
+
     // A counter segment left by the run (run/segments.rs).
     /// It cannot be opened.
     SegmentOpen(io::Error),
@@ -222,6 +255,40 @@ impl fmt::Display for Error {
             ),
             Error::CannotCreateFile(e) => write!(f, "cannot create a file: {e}"),
             Error::CannotReserve(e) => write!(f, "cannot reserve space: {e}"),
+            Error::NotRoot { action } => write!(f, "must be run as root ({action})"),
+            Error::SystemIo { what, path, source } => {
+                write!(f, "{what} {}: {source}", path.display())
+            }
+            Error::UnsafeDir(p) => write!(
+                f,
+                "{}: owned by someone other than root or writable by others; every process would load the agent from it",
+                p.display()
+            ),
+            Error::ProbeFailed {
+                agent,
+                command,
+                problem,
+            } => write!(
+                f,
+                "the agent {} fails a test run of `{command}`: {problem}",
+                agent.display()
+            ),
+            Error::OtherAgent(paths) => write!(
+                f,
+                "/etc/ld.so.preload already lists another rtprof agent ({}); every process would load two: remove it first",
+                paths.join(", ")
+            ),
+            Error::NoDaemonBinary(p) => write!(
+                f,
+                "{}: no rtprofd there, so no systemd unit can start it",
+                p.display()
+            ),
+            Error::Systemctl { args, problem } => write!(f, "systemctl {args}: {problem}"),
+            Error::ServiceFailed(e) => write!(
+                f,
+                "the agent is in /etc/ld.so.preload, but rtprofd's service did not start: {e}"
+            ),
+            Error::Unchanged { source, file } => write!(f, "{source}; {file} is unchanged"),
             // What the system says is the whole message: the caller names
             // the file or the connection.
             Error::SocketTimeout(e)

@@ -9,6 +9,7 @@ mod presentation;
 mod run;
 mod source_lines;
 mod switch;
+mod system;
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,9 @@ enum Command {
     /// Switch counting of a running process's functions on or off,
     /// through rtprofd.
     Switch(switch::SwitchArgs),
+    /// Profile every new process on this machine, or stop (enable and
+    /// disable need root).
+    System(system::SystemArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,5 +52,6 @@ fn main() -> ExitCode {
         Command::Top(args) => top::run(args),
         Command::Cache(args) => cache::run(args),
         Command::Switch(args) => switch::run(args),
+        Command::System(args) => system::run(args),
     }
 }
