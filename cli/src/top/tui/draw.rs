@@ -1,0 +1,329 @@
+//! Draws the interactive view: a header (the span, its age, notices), the
+//! process list or one process's functions, and a footer with the keys and
+//! the legend of the markers; `?` lays the help over it.
+
+use super::super::model::{functions, marker, processes, sparkline, SortKey};
+use super::app::{App, Screen};
+use crate::presentation::{age_text, stale_text};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style, Stylize};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::Frame;
+use rtprof_shared::names::readable;
+use rtprof_shared::present::View;
+use rtprof_shared::report::escape_text;
+
+const LEGEND: &str =
+    "E calls estimated under the overhead budget   S sampled only (no call counts)";
+
+const KEYS: [(&str, &str); 4] = [
+    ("t", "time"),
+    ("c", "calls"),
+    ("r", "calls/s"),
+    ("n", "ns/call"),
+];
+
+pub fn draw(f: &mut Frame, app: &App, now: u64) {
+    let [head, body, foot] = Layout::vertical([
+        Constraint::Length(2),
+        Constraint::Min(3),
+        Constraint::Length(2),
+    ])
+    .areas(f.area());
+    f.render_widget(header(app, now), head);
+    match &app.view {
+        Some(v) => match app.screen {
+            Screen::Processes => process_table(f, app, v, body),
+            Screen::Functions(pid) => function_table(f, app, v, pid, body),
+        },
+        None => f.render_widget(
+            Paragraph::new(app.problem.clone().unwrap_or_else(|| "reading…".into()))
+                .wrap(Wrap { trim: false })
+                .block(Block::new().borders(Borders::TOP)),
+            body,
+        ),
+    }
+    f.render_widget(footer(app), foot);
+    if app.help {
+        help(f);
+    }
+}
+
+fn header(app: &App, now: u64) -> Paragraph<'static> {
+    let mut first = vec![Span::from("rtprof top").bold()];
+    if let Some(v) = &app.view {
+        first.push(Span::from(format!(
+            "  {} process(es)  span {:.1} s  generation {}  published {} ago",
+            v.procs.len(),
+            v.span_ns as f64 / 1e9,
+            v.generation,
+            age_text(v.age(now).0)
+        )));
+    }
+    first.push(Span::from(format!("  sort: {}", app.sort.label())));
+    if !app.filter.is_empty() {
+        first.push(Span::from(format!(
+            "  filter: {}",
+            escape_text(&app.filter)
+        )));
+    }
+    if app.paused {
+        first.push(Span::from("  "));
+        first.push(Span::from(" PAUSED ").reversed().bold());
+    }
+    // One line of what is wrong: a problem, the table's age, a restart.
+    let second = if let (Some(p), Some(_)) = (&app.problem, &app.view) {
+        Line::from(p.clone()).red()
+    } else if let Some(s) = app.view.as_ref().and_then(|v| stale_text(v, now)) {
+        Line::from(s).red().bold()
+    } else if let Some(n) = app.notice() {
+        Line::from(n.to_string()).yellow()
+    } else {
+        Line::default()
+    };
+    Paragraph::new(vec![Line::from(first), second])
+}
+
+fn footer(app: &App) -> Paragraph<'static> {
+    let first = if let Some(text) = &app.editing {
+        Line::from(vec![
+            Span::from("filter: ").bold(),
+            Span::from(format!("{}▏", escape_text(text))),
+            Span::from("   Enter apply   Esc cancel").dim(),
+        ])
+    } else {
+        let mut spans = Vec::new();
+        for (key, what) in KEYS {
+            let style = if app.sort.label() == what {
+                Style::new().reversed()
+            } else {
+                Style::new()
+            };
+            spans.push(Span::from(key).bold());
+            spans.push(Span::styled(format!(" {what}"), style));
+            spans.push(Span::from("  "));
+        }
+        let back = match app.screen {
+            Screen::Processes => "Enter functions",
+            Screen::Functions(_) => "Esc back",
+        };
+        for (key, what) in [
+            ("/", "filter"),
+            ("↑↓", "select"),
+            (
+                back.split_once(' ').map_or("", |x| x.0),
+                back.split_once(' ').map_or("", |x| x.1),
+            ),
+            ("p", if app.paused { "resume" } else { "pause" }),
+            ("?", "help"),
+            ("q", "quit"),
+        ] {
+            spans.push(Span::from(key).bold());
+            spans.push(Span::from(format!(" {what}  ")));
+        }
+        Line::from(spans)
+    };
+    Paragraph::new(vec![first, Line::from(LEGEND).dim()])
+}
+
+fn header_row(cells: &[&'static str]) -> Row<'static> {
+    Row::new(cells.iter().map(|c| Cell::from(*c))).style(Style::new().bold().underlined())
+}
+
+fn per_call_text(n: Option<f64>) -> String {
+    n.map_or("-".into(), |n| format!("{n:.1}"))
+}
+
+fn selected() -> Style {
+    Style::new()
+        .bg(Color::Blue)
+        .fg(Color::White)
+        .add_modifier(Modifier::BOLD)
+}
+
+fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
+    let ps = processes(v, &app.filter, app.sort);
+    let rows: Vec<Row> = ps
+        .iter()
+        .map(|s| {
+            let spark = app
+                .history
+                .process(s.pid)
+                .map(sparkline)
+                .unwrap_or_default();
+            Row::new(vec![
+                Cell::from(if s.estimated { "E" } else { " " }),
+                Cell::from(s.pid.to_string()),
+                Cell::from(format!(
+                    "{}{}",
+                    escape_text(&s.exe),
+                    if s.ended { " (ended)" } else { "" }
+                )),
+                Cell::from(format!("{:.1}", s.time_ns as f64 / 1e6)),
+                Cell::from(format!("{:.1}", s.calls_per_s())),
+                Cell::from(per_call_text(s.ns_per_call())),
+                Cell::from(s.functions.to_string()),
+                Cell::from(spark),
+            ])
+        })
+        .collect();
+    let empty = rows.is_empty();
+    let widths = [
+        Constraint::Length(1),
+        Constraint::Length(8),
+        Constraint::Min(20),
+        Constraint::Length(10),
+        Constraint::Length(13),
+        Constraint::Length(11),
+        Constraint::Length(9),
+        Constraint::Length(16),
+    ];
+    let title = if empty && !app.filter.is_empty() {
+        format!(" processes: none match {:?} (Esc clears) ", app.filter)
+    } else {
+        format!(" processes ({}) ", ps.len())
+    };
+    let table = Table::new(rows, widths)
+        .header(header_row(&[
+            "",
+            "pid",
+            "executable",
+            "time ms",
+            "calls/s",
+            "ns/call",
+            "functions",
+            "recent spans",
+        ]))
+        .block(Block::new().borders(Borders::TOP).title(title))
+        .row_highlight_style(selected());
+    let mut state = TableState::new().with_selected((!empty).then_some(app.proc_cursor));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
+    let Some(p) = v.procs.iter().find(|p| p.pid == pid) else {
+        f.render_widget(
+            Paragraph::new(format!(
+                "process {pid} is not in this span (it ended): Esc goes back"
+            ))
+            .block(Block::new().borders(Borders::TOP)),
+            area,
+        );
+        return;
+    };
+    let rows: Vec<Row> = functions(v, p, &app.filter, app.sort)
+        .into_iter()
+        .map(|r| {
+            let spark = app
+                .history
+                .function(pid, &r.name)
+                .map(sparkline)
+                .unwrap_or_default();
+            Row::new(vec![
+                Cell::from(marker(r)),
+                Cell::from(format!("{:.1}", r.time_ns as f64 / 1e6)),
+                Cell::from(if r.counted {
+                    format!("{}", r.calls)
+                } else {
+                    "-".into()
+                }),
+                Cell::from(format!("{:.1}", r.calls_per_s(p.span_ns))),
+                Cell::from(per_call_text(r.ns_per_call())),
+                Cell::from(spark),
+                Cell::from(escape_text(&readable(&r.name)).into_owned()),
+                Cell::from(escape_text(&r.module).into_owned()).dim(),
+            ])
+        })
+        .collect();
+    let n = rows.len();
+    let widths = [
+        Constraint::Length(1),
+        Constraint::Length(10),
+        Constraint::Length(12),
+        Constraint::Length(13),
+        Constraint::Length(11),
+        Constraint::Length(16),
+        Constraint::Min(24),
+        Constraint::Max(24),
+    ];
+    let title = format!(
+        " pid {} {}{}: {} function(s), {} samples ",
+        p.pid,
+        escape_text(&p.exe),
+        if p.ended { " (ended)" } else { "" },
+        n,
+        p.samples
+    );
+    let table = Table::new(rows, widths)
+        .header(header_row(&[
+            "",
+            "time ms",
+            "calls",
+            "calls/s",
+            "ns/call",
+            "recent spans",
+            "function",
+            "module",
+        ]))
+        .block(Block::new().borders(Borders::TOP).title(title))
+        .row_highlight_style(selected());
+    let mut state = TableState::new().with_selected((n > 0).then_some(app.fn_cursor));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+fn help(f: &mut Frame) {
+    let sort = |k: SortKey| format!("sort by {}", k.label());
+    let lines: Vec<Line> = [
+        ("t", sort(SortKey::Time)),
+        ("c", sort(SortKey::Calls)),
+        ("r", sort(SortKey::Rate)),
+        ("n", sort(SortKey::PerCall)),
+        (
+            "/",
+            "filter by executable or function (Enter applies, Esc cancels)".into(),
+        ),
+        ("↑ ↓ j k", "select a row (PgUp PgDn Home End too)".into()),
+        ("Enter", "a process's functions".into()),
+        (
+            "Esc",
+            "back to the processes; there, drop the filter".into(),
+        ),
+        (
+            "p, space",
+            "pause (the view stops updating) / resume".into(),
+        ),
+        ("?", "this help (any key closes it)".into()),
+        ("q, Ctrl-C", "quit".into()),
+    ]
+    .into_iter()
+    .map(|(k, what)| {
+        Line::from(vec![
+            Span::from(format!("{k:>11}  ")).bold(),
+            Span::from(what),
+        ])
+    })
+    .chain([
+        Line::default(),
+        Line::from("  E  calls estimated under the overhead budget (exact in bursts)"),
+        Line::from("  S  sampled only: time from samples, no call counts"),
+        Line::from("     (blank: every call counted)"),
+        Line::default(),
+        Line::from("  recent spans: each row's time over the last 16 spans").dim(),
+    ])
+    .collect();
+    let area = f.area();
+    let h = (lines.len() as u16 + 2).min(area.height);
+    let w = 78.min(area.width);
+    let r = Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height - h) / 2,
+        width: w,
+        height: h,
+    };
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(" rtprof top: help ")),
+        r,
+    );
+}
