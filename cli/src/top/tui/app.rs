@@ -39,7 +39,9 @@ pub struct App {
     /// The selected row of each screen.
     pub proc_cursor: usize,
     pub fn_cursor: usize,
-    pub paused: bool,
+    /// Paused at this clock (CLOCK_REALTIME ns): the view, its age
+    /// included, stays as it was then.
+    pub paused: Option<u64>,
     pub help: bool,
     /// The last table read, and the history of the ones before.
     pub view: Option<View>,
@@ -60,7 +62,7 @@ impl App {
             screen: a.pid.map_or(Screen::Processes, Screen::Functions),
             proc_cursor: 0,
             fn_cursor: 0,
-            paused: false,
+            paused: None,
             help: false,
             view: None,
             history: History::default(),
@@ -193,7 +195,12 @@ impl App {
             KeyCode::Char('c') => self.sort = SortKey::Calls,
             KeyCode::Char('r') => self.sort = SortKey::Rate,
             KeyCode::Char('n') => self.sort = SortKey::PerCall,
-            KeyCode::Char('p') | KeyCode::Char(' ') => self.paused = !self.paused,
+            KeyCode::Char('p') | KeyCode::Char(' ') => {
+                self.paused = match self.paused {
+                    Some(_) => None,
+                    None => Some(rtprof_shared::present::now_ns()),
+                }
+            }
             KeyCode::Char('/') => self.editing = Some(self.filter.clone()),
             KeyCode::Up | KeyCode::Char('k') => self.move_by(-1),
             KeyCode::Down | KeyCode::Char('j') => self.move_by(1),
@@ -311,9 +318,9 @@ mod tests {
         let mut a = app(&["--name", "dear"]);
         assert_eq!(a.row_count(), 1);
         press(&mut a, "p");
-        assert!(a.paused);
+        assert!(a.paused.is_some());
         press(&mut a, " ");
-        assert!(!a.paused);
+        assert!(a.paused.is_none());
         press(&mut a, "?");
         assert!(a.help);
         // A key closes the help without doing anything else.

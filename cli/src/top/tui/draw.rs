@@ -25,12 +25,17 @@ const KEYS: [(&str, &str); 4] = [
 ];
 
 pub fn draw(f: &mut Frame, app: &App, now: u64) {
-    let [head, body, foot] = Layout::vertical([
+    // A paused view is shown as it was when paused, age included.
+    let now = app.paused.unwrap_or(now);
+    let area = f.area();
+    let foot = footer(app, area.width);
+    let foot_lines = foot.len() as u16;
+    let [head, body, foot_area] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Min(3),
-        Constraint::Length(2),
+        Constraint::Length(foot_lines),
     ])
-    .areas(f.area());
+    .areas(area);
     f.render_widget(header(app, now), head);
     match &app.view {
         Some(v) => match app.screen {
@@ -44,22 +49,18 @@ pub fn draw(f: &mut Frame, app: &App, now: u64) {
             body,
         ),
     }
-    f.render_widget(footer(app), foot);
+    f.render_widget(Paragraph::new(foot), foot_area);
     if app.help {
         help(f);
     }
 }
 
 fn header(app: &App, now: u64) -> Paragraph<'static> {
+    // What the user set comes first: it must survive a narrow terminal.
     let mut first = vec![Span::from("rtprof top").bold()];
-    if let Some(v) = &app.view {
-        first.push(Span::from(format!(
-            "  {} process(es)  span {:.1} s  generation {}  published {} ago",
-            v.procs.len(),
-            v.span_ns as f64 / 1e9,
-            v.generation,
-            age_text(v.age(now).0)
-        )));
+    if app.paused.is_some() {
+        first.push(Span::from("  "));
+        first.push(Span::from(" PAUSED ").reversed().bold());
     }
     first.push(Span::from(format!("  sort: {}", app.sort.label())));
     if !app.filter.is_empty() {
@@ -68,9 +69,14 @@ fn header(app: &App, now: u64) -> Paragraph<'static> {
             escape_text(&app.filter)
         )));
     }
-    if app.paused {
-        first.push(Span::from("  "));
-        first.push(Span::from(" PAUSED ").reversed().bold());
+    if let Some(v) = &app.view {
+        first.push(Span::from(format!(
+            "  │ {} process(es), span {:.1} s, generation {}, published {} ago",
+            v.procs.len(),
+            v.span_ns as f64 / 1e9,
+            v.generation,
+            age_text(v.age(now).0)
+        )));
     }
     // One line of what is wrong: a problem, the table's age, a restart.
     let second = if let (Some(p), Some(_)) = (&app.problem, &app.view) {
@@ -85,46 +91,62 @@ fn header(app: &App, now: u64) -> Paragraph<'static> {
     Paragraph::new(vec![Line::from(first), second])
 }
 
-fn footer(app: &App) -> Paragraph<'static> {
-    let first = if let Some(text) = &app.editing {
-        Line::from(vec![
+/// The footer's lines for a terminal `width` wide: the keys (or the filter
+/// being typed), then the legend; keys that do not fit go on another line
+/// rather than off the edge.
+fn footer(app: &App, width: u16) -> Vec<Line<'static>> {
+    let legend = Line::from(LEGEND).dim();
+    if let Some(text) = &app.editing {
+        let typing = Line::from(vec![
             Span::from("filter: ").bold(),
             Span::from(format!("{}▏", escape_text(text))),
             Span::from("   Enter apply   Esc cancel").dim(),
-        ])
-    } else {
-        let mut spans = Vec::new();
-        for (key, what) in KEYS {
-            let style = if app.sort.label() == what {
-                Style::new().reversed()
-            } else {
-                Style::new()
-            };
-            spans.push(Span::from(key).bold());
-            spans.push(Span::styled(format!(" {what}"), style));
-            spans.push(Span::from("  "));
+        ]);
+        return vec![typing, legend];
+    }
+    let sorted = |what: &str| {
+        if app.sort.label() == what {
+            Style::new().reversed()
+        } else {
+            Style::new()
         }
-        let back = match app.screen {
-            Screen::Processes => "Enter functions",
-            Screen::Functions(_) => "Esc back",
-        };
-        for (key, what) in [
+    };
+    let (enter, back) = match app.screen {
+        Screen::Processes => ("Enter", "functions"),
+        Screen::Functions(_) => ("Esc", "back"),
+    };
+    let pause = if app.paused.is_some() {
+        "resume"
+    } else {
+        "pause"
+    };
+    let items = KEYS.iter().map(|&(k, what)| (k, what, sorted(what))).chain(
+        [
             ("/", "filter"),
             ("↑↓", "select"),
-            (
-                back.split_once(' ').map_or("", |x| x.0),
-                back.split_once(' ').map_or("", |x| x.1),
-            ),
-            ("p", if app.paused { "resume" } else { "pause" }),
+            (enter, back),
+            ("p", pause),
             ("?", "help"),
             ("q", "quit"),
-        ] {
-            spans.push(Span::from(key).bold());
-            spans.push(Span::from(format!(" {what}  ")));
+        ]
+        .map(|(k, what)| (k, what, Style::new())),
+    );
+    let mut lines = vec![Line::default()];
+    for (key, what, style) in items {
+        let item = Line::from(vec![
+            Span::from(key).bold(),
+            Span::styled(format!(" {what}"), style),
+            Span::from("  "),
+        ]);
+        let last = lines.last_mut().expect("one line at least");
+        if last.width() > 0 && last.width() + item.width() > width as usize {
+            lines.push(item);
+        } else {
+            last.spans.extend(item.spans);
         }
-        Line::from(spans)
-    };
-    Paragraph::new(vec![first, Line::from(LEGEND).dim()])
+    }
+    lines.push(legend);
+    lines
 }
 
 fn header_row(cells: &[&'static str]) -> Row<'static> {
@@ -169,14 +191,15 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
         })
         .collect();
     let empty = rows.is_empty();
+    // Numbers keep their widths; the executable gets what is left.
     let widths = [
         Constraint::Length(1),
-        Constraint::Length(8),
-        Constraint::Min(20),
-        Constraint::Length(10),
-        Constraint::Length(13),
-        Constraint::Length(11),
+        Constraint::Length(7),
+        Constraint::Fill(1),
         Constraint::Length(9),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Length(5),
         Constraint::Length(16),
     ];
     let title = if empty && !app.filter.is_empty() {
@@ -192,7 +215,7 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
             "time ms",
             "calls/s",
             "ns/call",
-            "functions",
+            "funcs",
             "recent spans",
         ]))
         .block(Block::new().borders(Borders::TOP).title(title))
@@ -237,15 +260,17 @@ fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
         })
         .collect();
     let n = rows.len();
+    // Numbers keep their widths; names get what is left, the function
+    // three times the module's share.
     let widths = [
         Constraint::Length(1),
-        Constraint::Length(10),
-        Constraint::Length(12),
-        Constraint::Length(13),
+        Constraint::Length(9),
+        Constraint::Length(11),
+        Constraint::Length(11),
         Constraint::Length(11),
         Constraint::Length(16),
-        Constraint::Min(24),
-        Constraint::Max(24),
+        Constraint::Fill(3),
+        Constraint::Fill(1),
     ];
     let title = format!(
         " pid {} {}{}: {} function(s), {} samples ",

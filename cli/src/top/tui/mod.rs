@@ -41,16 +41,16 @@ fn run_in(t: &mut term::Tui, a: &TopArgs) -> std::io::Result<()> {
     let mut source = Source::waiting(&a.present);
     let mut next_read = Instant::now();
     loop {
-        if !app.paused && Instant::now() >= next_read {
+        if app.paused.is_none() && Instant::now() >= next_read {
             let (reading, restarted) = source.read();
             app.take(reading, restarted);
             app.clamp();
             next_read = Instant::now() + READ_EVERY;
         }
         t.draw(|f| draw::draw(f, &app, now_ns()))?;
-        // Wait for a key until the next read (paused: there is none, the
-        // clock in the header still moves); a resize just redraws.
-        let wait = if app.paused {
+        // Wait for a key until the next read (paused: there is none); a
+        // resize just redraws.
+        let wait = if app.paused.is_some() {
             Duration::from_secs(1)
         } else {
             next_read.saturating_duration_since(Instant::now())
