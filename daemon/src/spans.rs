@@ -177,17 +177,11 @@ impl Tracked {
             } else {
                 now_ns
             },
-            flags: s
-                .functions
-                .iter()
-                .map(|f| {
-                    if f.estimated.is_some() {
-                        function_flags::ESTIMATED
-                    } else {
-                        0
-                    }
-                })
-                .collect(),
+            flags: {
+                let mut flags = vec![0; s.functions.len()];
+                read_function_flags(bytes, h, &mut flags);
+                flags
+            },
         };
         let (f, m) = (s.functions.len(), s.modules.len());
         t.sums.resize(f, m);
@@ -383,6 +377,8 @@ impl Tracked {
                 key: Some(m.keys[i]),
                 counted,
                 estimated: flags & function_flags::ESTIMATED != 0,
+                accelerated: flags & function_flags::ACCELERATED != 0,
+                counting_off: flags & function_flags::COUNTING_OFF != 0,
                 calls: if counted { calls } else { 0 },
                 samples,
                 time_ns: time(samples),

@@ -74,10 +74,8 @@ pub struct ProcSummary {
     /// Time and calls of its counted rows: what time per call is made of.
     pub counted_time_ns: u64,
     pub functions: usize,
-    /// Some of its calls are estimated under an overhead budget.
-    pub estimated: bool,
-    /// Some of its rows are sampled only (no call counts).
-    pub sampled_only: bool,
+    /// Its rows' markers (see [`process_marker`]).
+    pub markers: String,
 }
 
 impl ProcSummary {
@@ -94,8 +92,7 @@ impl ProcSummary {
             calls: counted().map(|r| r.calls).sum(),
             counted_time_ns: counted().map(|r| r.time_ns).sum(),
             functions: rows.len(),
-            estimated: rows.iter().any(|r| r.estimated),
-            sampled_only: rows.iter().any(|r| !r.counted),
+            markers: process_marker(v, p),
         }
     }
     pub fn calls_per_s(&self) -> f64 {
@@ -199,16 +196,36 @@ pub fn sparkline(v: &VecDeque<u64>) -> String {
         .collect()
 }
 
-/// The marker of a row: `E` estimated under a budget, `S` sampled only
-/// (no call counts), blank for exact counts.
-pub fn marker(r: &RowView) -> &'static str {
-    if r.estimated {
-        "E"
-    } else if !r.counted {
-        "S"
-    } else {
-        " "
-    }
+/// The markers of a row: `A` calls added through the C API (work done
+/// on an accelerator), `E` calls estimated under an overhead budget, `S`
+/// sampled only (no call counts), `X` counting switched off; none for
+/// calls counted one by one.
+pub fn marker(r: &RowView) -> String {
+    [
+        (r.accelerated, 'A'),
+        (r.estimated, 'E'),
+        (!r.counted, 'S'),
+        (r.counting_off, 'X'),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, c)| c)
+    .collect()
+}
+
+/// The markers of a process: those of its rows, less `S` (almost every
+/// process has sampled-only rows).
+pub fn process_marker(v: &View, p: &ProcView) -> String {
+    let rows = &v.rows[p.rows.clone()];
+    [
+        (rows.iter().any(|r| r.accelerated), 'A'),
+        (rows.iter().any(|r| r.estimated), 'E'),
+        (rows.iter().any(|r| r.counting_off), 'X'),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, c)| c)
+    .collect()
 }
 
 #[cfg(test)]
@@ -223,6 +240,8 @@ pub mod tests {
             owner: 0,
             counted: true,
             estimated: false,
+            accelerated: false,
+            counting_off: false,
             calls,
             samples: time_ns / 1_000_000,
             time_ns,
@@ -311,11 +330,11 @@ pub mod tests {
         // The sampled-only row's time is not part of time per call.
         assert_eq!(s.calls, 1_000_150);
         assert_eq!(s.counted_time_ns, 521_000_000);
-        assert!(s.estimated && s.sampled_only);
+        assert_eq!(s.markers, "E");
         assert_eq!(s.calls_per_s(), 1_000_150.0);
         assert!((s.ns_per_call().unwrap() - 520.92).abs() < 0.01);
         let d = ProcSummary::of(&v, &v.procs[1]);
-        assert!(!d.estimated && !d.sampled_only);
+        assert_eq!(d.markers, "");
         assert_eq!(d.ns_per_call(), Some(90_000_000.0));
     }
 
@@ -348,8 +367,12 @@ pub mod tests {
 
     #[test]
     fn markers() {
-        let v = view();
-        let m: Vec<_> = v.rows[..3].iter().map(marker).collect();
-        assert_eq!(m, [" ", "E", "S"]);
+        let mut v = view();
+        v.rows[3].accelerated = true;
+        v.rows[3].counting_off = true;
+        let m: Vec<_> = v.rows[..4].iter().map(marker).collect();
+        assert_eq!(m, ["", "E", "S", "AX"]);
+        assert_eq!(process_marker(&v, &v.procs[0]), "AEX");
+        assert_eq!(process_marker(&v, &v.procs[1]), "");
     }
 }

@@ -98,11 +98,16 @@ impl App {
             }
             Reading::Busy => {}
             Reading::Absent(e) => {
-                self.problem = Some(format!("waiting for rtprofd at {path} ({e})"));
+                // The error names the path too: once is enough.
+                let why = match e {
+                    crate::error::Error::PresentOpen { source, .. } => source.to_string(),
+                    e => e.to_string(),
+                };
+                self.problem = Some(format!("waiting for rtprofd at {path}: {why}"));
             }
             Reading::Failed(PresentError::NotPublished) => {
                 self.problem = Some(format!(
-                    "waiting for rtprofd at {path} (nothing published yet)"
+                    "waiting for rtprofd at {path}: nothing published yet"
                 ));
             }
             Reading::Failed(e) => self.problem = Some(format!("{path}: {e}")),

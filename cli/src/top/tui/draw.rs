@@ -14,8 +14,13 @@ use rtprof_shared::names::readable;
 use rtprof_shared::present::View;
 use rtprof_shared::report::escape_text;
 
-const LEGEND: &str =
-    "E calls estimated under the overhead budget   S sampled only (no call counts)";
+/// The markers' legend, under the keys.
+const LEGEND: [(&str, &str); 4] = [
+    ("A", "accelerated (calls added through the C API)"),
+    ("E", "estimated (overhead budget)"),
+    ("S", "sampled only (no call counts)"),
+    ("X", "counting switched off"),
+];
 
 const KEYS: [(&str, &str); 4] = [
     ("t", "time"),
@@ -91,18 +96,41 @@ fn header(app: &App, now: u64) -> Paragraph<'static> {
     Paragraph::new(vec![Line::from(first), second])
 }
 
+/// Lines of `items` laid side by side, a new line where the next would
+/// run off a terminal `width` wide.
+fn pack(items: impl IntoIterator<Item = Line<'static>>, width: u16) -> Vec<Line<'static>> {
+    let mut lines = vec![Line::default()];
+    for item in items {
+        let last = lines.last_mut().expect("one line at least");
+        if last.width() > 0 && last.width() + item.width() > width as usize {
+            lines.push(item);
+        } else {
+            last.spans.extend(item.spans);
+        }
+    }
+    lines
+}
+
 /// The footer's lines for a terminal `width` wide: the keys (or the filter
-/// being typed), then the legend; keys that do not fit go on another line
-/// rather than off the edge.
+/// being typed), then the markers' legend; what does not fit goes on
+/// another line rather than off the edge.
 fn footer(app: &App, width: u16) -> Vec<Line<'static>> {
-    let legend = Line::from(LEGEND).dim();
+    let legend = pack(
+        LEGEND.map(|(m, what)| {
+            Line::from(vec![
+                Span::from(m).bold(),
+                Span::from(format!(" {what}  ")).dim(),
+            ])
+        }),
+        width,
+    );
     if let Some(text) = &app.editing {
         let typing = Line::from(vec![
             Span::from("filter: ").bold(),
             Span::from(format!("{}▏", escape_text(text))),
             Span::from("   Enter apply   Esc cancel").dim(),
         ]);
-        return vec![typing, legend];
+        return [typing].into_iter().chain(legend).collect();
     }
     let sorted = |what: &str| {
         if app.sort.label() == what {
@@ -131,22 +159,14 @@ fn footer(app: &App, width: u16) -> Vec<Line<'static>> {
         ]
         .map(|(k, what)| (k, what, Style::new())),
     );
-    let mut lines = vec![Line::default()];
-    for (key, what, style) in items {
-        let item = Line::from(vec![
+    let keys = items.map(|(key, what, style)| {
+        Line::from(vec![
             Span::from(key).bold(),
             Span::styled(format!(" {what}"), style),
             Span::from("  "),
-        ]);
-        let last = lines.last_mut().expect("one line at least");
-        if last.width() > 0 && last.width() + item.width() > width as usize {
-            lines.push(item);
-        } else {
-            last.spans.extend(item.spans);
-        }
-    }
-    lines.push(legend);
-    lines
+        ])
+    });
+    pack(keys, width).into_iter().chain(legend).collect()
 }
 
 fn header_row(cells: &[&'static str]) -> Row<'static> {
@@ -164,6 +184,21 @@ fn selected() -> Style {
         .add_modifier(Modifier::BOLD)
 }
 
+/// An executable by its file name, then where it is (dimmed), so that a
+/// narrow column still shows which program it is.
+fn executable(exe: &str, ended: bool) -> Line<'static> {
+    let (dir, name) = match exe.rsplit_once('/') {
+        Some((dir, name)) if !name.is_empty() => (format!(" {dir}/"), name),
+        _ => (String::new(), exe),
+    };
+    let mut spans = vec![Span::from(escape_text(name).into_owned())];
+    if ended {
+        spans.push(Span::from(" (ended)"));
+    }
+    spans.push(Span::from(escape_text(&dir).into_owned()).dim());
+    Line::from(spans)
+}
+
 fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
     let ps = processes(v, &app.filter, app.sort);
     let rows: Vec<Row> = ps
@@ -175,13 +210,9 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
                 .map(sparkline)
                 .unwrap_or_default();
             Row::new(vec![
-                Cell::from(if s.estimated { "E" } else { " " }),
+                Cell::from(s.markers.clone()),
                 Cell::from(s.pid.to_string()),
-                Cell::from(format!(
-                    "{}{}",
-                    escape_text(&s.exe),
-                    if s.ended { " (ended)" } else { "" }
-                )),
+                Cell::from(executable(&s.exe, s.ended)),
                 Cell::from(format!("{:.1}", s.time_ns as f64 / 1e6)),
                 Cell::from(format!("{:.1}", s.calls_per_s())),
                 Cell::from(per_call_text(s.ns_per_call())),
@@ -193,7 +224,7 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
     let empty = rows.is_empty();
     // Numbers keep their widths; the executable gets what is left.
     let widths = [
-        Constraint::Length(1),
+        Constraint::Length(3),
         Constraint::Length(7),
         Constraint::Fill(1),
         Constraint::Length(9),
@@ -263,7 +294,7 @@ fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
     // Numbers keep their widths; names get what is left, the function
     // three times the module's share.
     let widths = [
-        Constraint::Length(1),
+        Constraint::Length(3),
         Constraint::Length(9),
         Constraint::Length(11),
         Constraint::Length(11),
@@ -330,8 +361,10 @@ fn help(f: &mut Frame) {
     })
     .chain([
         Line::default(),
+        Line::from("  A  accelerated: the program adds its calls through the C API"),
         Line::from("  E  calls estimated under the overhead budget (exact in bursts)"),
         Line::from("  S  sampled only: time from samples, no call counts"),
+        Line::from("  X  counting switched off (rtprof switch, rtprof_set_counting)"),
         Line::from("     (blank: every call counted)"),
         Line::default(),
         Line::from("  recent spans: each row's time over the last 16 spans").dim(),
