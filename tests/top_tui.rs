@@ -384,6 +384,27 @@ fn top_into_a_pipe_is_plain_text() {
         "{out}"
     );
     assert!(above(&out, "many_cheap", "few_costly"), "{out}");
+    // The function given calls through the C API is marked in the report
+    // too; the ones the program calls are not.
+    let pid_s = pid.to_string();
+    let report = poll("a report with offloaded_kernel", WAIT, || {
+        let o = Command::new(rtprof())
+            .args(["report", "--json", "--pid", &pid_s, "--present"])
+            .arg(&d.present)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        let funcs = v["processes"][0]["functions"].as_array()?;
+        funcs
+            .iter()
+            .any(|f| f["name"] == "offloaded_kernel")
+            .then_some(v)
+    });
+    let p0 = &report["processes"][0];
+    assert_eq!(function_named(p0, "offloaded_kernel")["accelerated"], true);
+    assert!(function_named(p0, "few_costly")
+        .get("accelerated")
+        .is_none());
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }

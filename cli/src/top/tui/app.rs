@@ -28,6 +28,13 @@ pub enum Action {
 /// How long a notice (a restarted daemon) stays up.
 const NOTICE_FOR: Duration = Duration::from_secs(5);
 
+/// A selected row: where it is, and which process or function it is.
+#[derive(Debug, Default)]
+pub struct Selection {
+    pub index: usize,
+    key: Option<String>,
+}
+
 pub struct App {
     pub present: PathBuf,
     pub sort: SortKey,
@@ -37,8 +44,8 @@ pub struct App {
     pub editing: Option<String>,
     pub screen: Screen,
     /// The selected row of each screen.
-    pub proc_cursor: usize,
-    pub fn_cursor: usize,
+    pub processes: Selection,
+    pub functions: Selection,
     /// Paused at this clock (CLOCK_REALTIME ns): the view, its age
     /// included, stays as it was then.
     pub paused: Option<u64>,
@@ -60,8 +67,8 @@ impl App {
             filter: a.name.clone().unwrap_or_default(),
             editing: None,
             screen: a.pid.map_or(Screen::Processes, Screen::Functions),
-            proc_cursor: 0,
-            fn_cursor: 0,
+            processes: Selection::default(),
+            functions: Selection::default(),
             paused: None,
             help: false,
             view: None,
@@ -112,6 +119,7 @@ impl App {
             }
             Reading::Failed(e) => self.problem = Some(format!("{path}: {e}")),
         }
+        self.follow();
     }
 
     /// The notice to show now, if any.
@@ -122,45 +130,73 @@ impl App {
             .map(|(n, _)| n.as_str())
     }
 
-    /// Rows of the current screen.
-    pub fn row_count(&self) -> usize {
-        let Some(v) = &self.view else { return 0 };
+    /// What the current screen's rows are, in order: pids or function
+    /// names.
+    fn row_keys(&self) -> Vec<String> {
+        let Some(v) = &self.view else {
+            return Vec::new();
+        };
         match self.screen {
-            Screen::Processes => processes(v, &self.filter, self.sort).len(),
-            Screen::Functions(pid) => v
-                .procs
+            Screen::Processes => processes(v, &self.filter, self.sort)
                 .iter()
-                .find(|p| p.pid == pid)
-                .map_or(0, |p| functions(v, p, &self.filter, self.sort).len()),
+                .map(|s| s.pid.to_string())
+                .collect(),
+            Screen::Functions(pid) => {
+                v.procs
+                    .iter()
+                    .find(|p| p.pid == pid)
+                    .map_or_else(Vec::new, |p| {
+                        functions(v, p, &self.filter, self.sort)
+                            .iter()
+                            .map(|r| r.name.clone())
+                            .collect()
+                    })
+            }
         }
     }
 
-    fn cursor(&mut self) -> &mut usize {
+    /// Rows of the current screen.
+    #[cfg(test)]
+    pub fn row_count(&self) -> usize {
+        self.row_keys().len()
+    }
+
+    fn selection(&mut self) -> &mut Selection {
         match self.screen {
-            Screen::Processes => &mut self.proc_cursor,
-            Screen::Functions(_) => &mut self.fn_cursor,
+            Screen::Processes => &mut self.processes,
+            Screen::Functions(_) => &mut self.functions,
         }
     }
 
-    /// Keeps the selection on a row that exists.
-    pub fn clamp(&mut self) {
-        let n = self.row_count();
-        let c = self.cursor();
-        *c = (*c).min(n.saturating_sub(1));
+    /// Keeps the selection on its process or function wherever a new span
+    /// or another order moved it; on the nearest row if it left.
+    pub fn follow(&mut self) {
+        let keys = self.row_keys();
+        let s = self.selection();
+        if let Some(i) = s
+            .key
+            .as_ref()
+            .and_then(|k| keys.iter().position(|x| x == k))
+        {
+            s.index = i;
+        }
+        s.index = s.index.min(keys.len().saturating_sub(1));
+        s.key = keys.get(s.index).cloned();
     }
 
     fn move_by(&mut self, by: isize) {
-        let n = self.row_count();
-        let c = self.cursor();
-        *c = c.saturating_add_signed(by).min(n.saturating_sub(1));
+        let keys = self.row_keys();
+        let s = self.selection();
+        s.index = s
+            .index
+            .saturating_add_signed(by)
+            .min(keys.len().saturating_sub(1));
+        s.key = keys.get(s.index).cloned();
     }
 
-    /// The process under the cursor of the process list.
+    /// The process selected in the process list.
     fn selected_pid(&self) -> Option<u32> {
-        let v = self.view.as_ref()?;
-        processes(v, &self.filter, self.sort)
-            .get(self.proc_cursor)
-            .map(|s| s.pid)
+        self.processes.key.as_ref()?.parse().ok()
     }
 
     pub fn key(&mut self, k: KeyEvent) -> Action {
@@ -172,8 +208,8 @@ impl App {
                 KeyCode::Enter => {
                     self.filter = std::mem::take(text);
                     self.editing = None;
-                    self.proc_cursor = 0;
-                    self.fn_cursor = 0;
+                    self.processes = Selection::default();
+                    self.functions = Selection::default();
                 }
                 KeyCode::Esc => self.editing = None,
                 KeyCode::Backspace => {
@@ -211,12 +247,12 @@ impl App {
             KeyCode::Down | KeyCode::Char('j') => self.move_by(1),
             KeyCode::PageUp => self.move_by(-10),
             KeyCode::PageDown => self.move_by(10),
-            KeyCode::Home | KeyCode::Char('g') => *self.cursor() = 0,
+            KeyCode::Home | KeyCode::Char('g') => self.move_by(isize::MIN),
             KeyCode::End | KeyCode::Char('G') => self.move_by(isize::MAX),
             KeyCode::Enter => {
                 if let (Screen::Processes, Some(pid)) = (self.screen, self.selected_pid()) {
                     self.screen = Screen::Functions(pid);
-                    self.fn_cursor = 0;
+                    self.functions = Selection::default();
                 }
             }
             KeyCode::Esc | KeyCode::Backspace | KeyCode::Left => match self.screen {
@@ -230,13 +266,13 @@ impl App {
             },
             _ => {}
         }
-        self.clamp();
+        self.follow();
         Action::Continue
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::top::model::tests::view;
     use clap::Parser;
@@ -247,14 +283,16 @@ mod tests {
         top: TopArgs,
     }
 
-    fn app(args: &[&str]) -> App {
+    /// An app with `args` that has read the model's test view.
+    pub fn app(args: &[&str]) -> App {
         let cli = Cli::parse_from(["top"].iter().chain(args));
         let mut a = App::new(&cli.top);
         a.take(Reading::View(view()), false);
         a
     }
 
-    fn press(a: &mut App, keys: &str) -> Action {
+    /// Presses `keys`: characters, "\n" Enter, "\x1b" Esc, "\x08" Backspace.
+    pub fn press(a: &mut App, keys: &str) -> Action {
         let mut last = Action::Continue;
         for c in keys.chars() {
             let code = match c {
@@ -304,18 +342,61 @@ mod tests {
         let mut a = app(&[]);
         // By time: /bin/dear (20) first, then /bin/cheap (10).
         press(&mut a, "jjj");
-        assert_eq!(a.proc_cursor, 1);
+        assert_eq!(a.processes.index, 1);
         press(&mut a, "\n");
         assert_eq!(a.screen, Screen::Functions(10));
         assert_eq!(a.row_count(), 4);
         press(&mut a, "G");
-        assert_eq!(a.fn_cursor, 3);
+        assert_eq!(a.functions.index, 3);
         press(&mut a, "\x1b");
-        assert_eq!((a.screen, a.proc_cursor), (Screen::Processes, 1));
+        assert_eq!((a.screen, a.processes.index), (Screen::Processes, 1));
         press(&mut a, "k\n");
         assert_eq!(a.screen, Screen::Functions(20));
         // --pid starts in that process's functions.
         assert_eq!(app(&["--pid", "10"]).screen, Screen::Functions(10));
+    }
+
+    /// The selection stays on its process when a new span reorders the
+    /// list, and on its function when the order changes.
+    #[test]
+    fn selection_follows_its_row() {
+        let mut a = app(&[]);
+        // By time: 20, then 10. Select 10.
+        press(&mut a, "j");
+        assert_eq!(a.selected_pid(), Some(10));
+        // A span in which 10 has the most time.
+        let mut v = view();
+        v.rows[0].time_ns = 5_000_000_000;
+        a.take(Reading::View(v), false);
+        assert_eq!((a.processes.index, a.selected_pid()), (0, Some(10)));
+        press(&mut a, "\n");
+        // Functions of 10 by time: cheap (now), costly, middle, fmt.
+        press(&mut a, "j");
+        assert_eq!(a.functions.key.as_deref(), Some("costly"));
+        press(&mut a, "c");
+        // By calls: cheap, costly, ... : costly stays selected.
+        assert_eq!(
+            (a.functions.index, a.functions.key.as_deref()),
+            (1, Some("costly"))
+        );
+        press(&mut a, "n");
+        assert_eq!(
+            (a.functions.index, a.functions.key.as_deref()),
+            (0, Some("costly"))
+        );
+        press(&mut a, "G");
+        assert_eq!(a.functions.index, 3);
+        press(&mut a, "g");
+        assert_eq!(a.functions.index, 0);
+        // The process leaves: nothing to select, nothing breaks.
+        let mut v = view();
+        v.procs.remove(0);
+        v.rows.drain(0..4);
+        v.procs[0].rows = 0..1;
+        a.take(Reading::View(v), false);
+        assert_eq!(a.row_count(), 0);
+        press(&mut a, "jk\x1b\n");
+        assert_eq!(a.screen, Screen::Functions(20));
     }
 
     #[test]

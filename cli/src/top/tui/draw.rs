@@ -169,10 +169,6 @@ fn footer(app: &App, width: u16) -> Vec<Line<'static>> {
     pack(keys, width).into_iter().chain(legend).collect()
 }
 
-fn header_row(cells: &[&'static str]) -> Row<'static> {
-    Row::new(cells.iter().map(|c| Cell::from(*c))).style(Style::new().bold().underlined())
-}
-
 fn per_call_text(n: Option<f64>) -> String {
     n.map_or("-".into(), |n| format!("{n:.1}"))
 }
@@ -199,9 +195,81 @@ fn executable(exe: &str, ended: bool) -> Line<'static> {
     Line::from(spans)
 }
 
+/// Terminals at least this wide get the columns marked `wide_only`.
+const WIDE: u16 = 100;
+
+/// A table's column: its header, its width, and whether only a wide
+/// terminal shows it (names need the room more than sparklines do).
+struct Column {
+    head: &'static str,
+    width: Constraint,
+    wide_only: bool,
+}
+
+const fn col(head: &'static str, width: Constraint, wide_only: bool) -> Column {
+    Column {
+        head,
+        width,
+        wide_only,
+    }
+}
+
+/// A table of `rows` (a cell per column) with the columns `width` has
+/// room for.
+fn table<'a>(columns: &[Column], rows: Vec<Vec<Cell<'a>>>, width: u16, title: String) -> Table<'a> {
+    let shown: Vec<bool> = columns
+        .iter()
+        .map(|c| width >= WIDE || !c.wide_only)
+        .collect();
+    let keep = |cells: Vec<Cell<'a>>| {
+        cells
+            .into_iter()
+            .zip(&shown)
+            .filter(|(_, &s)| s)
+            .map(|(c, _)| c)
+            .collect::<Vec<_>>()
+    };
+    let widths: Vec<Constraint> = columns
+        .iter()
+        .zip(&shown)
+        .filter(|(_, &s)| s)
+        .map(|(c, _)| c.width)
+        .collect();
+    let header = Row::new(keep(columns.iter().map(|c| Cell::from(c.head)).collect()))
+        .style(Style::new().bold().underlined());
+    Table::new(rows.into_iter().map(|r| Row::new(keep(r))), widths)
+        .header(header)
+        .block(Block::new().borders(Borders::TOP).title(title))
+        .row_highlight_style(selected())
+}
+
+// Numbers keep their widths; names get what is left.
+const PROCESS_COLUMNS: [Column; 8] = [
+    col("", Constraint::Length(3), false),
+    col("pid", Constraint::Length(7), false),
+    col("executable", Constraint::Fill(1), false),
+    col("time ms", Constraint::Length(9), false),
+    col("calls/s", Constraint::Length(11), false),
+    col("ns/call", Constraint::Length(12), false),
+    col("funcs", Constraint::Length(5), true),
+    col("recent spans", Constraint::Length(16), true),
+];
+
+// The function gets three times the module's share of what is left.
+const FUNCTION_COLUMNS: [Column; 8] = [
+    col("", Constraint::Length(3), false),
+    col("time ms", Constraint::Length(9), false),
+    col("calls", Constraint::Length(11), true),
+    col("calls/s", Constraint::Length(11), false),
+    col("ns/call", Constraint::Length(12), false),
+    col("recent spans", Constraint::Length(16), true),
+    col("function", Constraint::Fill(3), false),
+    col("module", Constraint::Fill(1), true),
+];
+
 fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
     let ps = processes(v, &app.filter, app.sort);
-    let rows: Vec<Row> = ps
+    let rows: Vec<Vec<Cell>> = ps
         .iter()
         .map(|s| {
             let spark = app
@@ -209,7 +277,7 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
                 .process(s.pid)
                 .map(sparkline)
                 .unwrap_or_default();
-            Row::new(vec![
+            vec![
                 Cell::from(s.markers.clone()),
                 Cell::from(s.pid.to_string()),
                 Cell::from(executable(&s.exe, s.ended)),
@@ -218,41 +286,18 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
                 Cell::from(per_call_text(s.ns_per_call())),
                 Cell::from(s.functions.to_string()),
                 Cell::from(spark),
-            ])
+            ]
         })
         .collect();
     let empty = rows.is_empty();
-    // Numbers keep their widths; the executable gets what is left.
-    let widths = [
-        Constraint::Length(3),
-        Constraint::Length(7),
-        Constraint::Fill(1),
-        Constraint::Length(9),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(5),
-        Constraint::Length(16),
-    ];
     let title = if empty && !app.filter.is_empty() {
         format!(" processes: none match {:?} (Esc clears) ", app.filter)
     } else {
         format!(" processes ({}) ", ps.len())
     };
-    let table = Table::new(rows, widths)
-        .header(header_row(&[
-            "",
-            "pid",
-            "executable",
-            "time ms",
-            "calls/s",
-            "ns/call",
-            "funcs",
-            "recent spans",
-        ]))
-        .block(Block::new().borders(Borders::TOP).title(title))
-        .row_highlight_style(selected());
-    let mut state = TableState::new().with_selected((!empty).then_some(app.proc_cursor));
-    f.render_stateful_widget(table, area, &mut state);
+    let t = table(&PROCESS_COLUMNS, rows, area.width, title);
+    let mut state = TableState::new().with_selected((!empty).then_some(app.processes.index));
+    f.render_stateful_widget(t, area, &mut state);
 }
 
 fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
@@ -266,7 +311,7 @@ fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
         );
         return;
     };
-    let rows: Vec<Row> = functions(v, p, &app.filter, app.sort)
+    let rows: Vec<Vec<Cell>> = functions(v, p, &app.filter, app.sort)
         .into_iter()
         .map(|r| {
             let spark = app
@@ -274,11 +319,11 @@ fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
                 .function(pid, &r.name)
                 .map(sparkline)
                 .unwrap_or_default();
-            Row::new(vec![
+            vec![
                 Cell::from(marker(r)),
                 Cell::from(format!("{:.1}", r.time_ns as f64 / 1e6)),
                 Cell::from(if r.counted {
-                    format!("{}", r.calls)
+                    r.calls.to_string()
                 } else {
                     "-".into()
                 }),
@@ -287,22 +332,10 @@ fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
                 Cell::from(spark),
                 Cell::from(escape_text(&readable(&r.name)).into_owned()),
                 Cell::from(escape_text(&r.module).into_owned()).dim(),
-            ])
+            ]
         })
         .collect();
     let n = rows.len();
-    // Numbers keep their widths; names get what is left, the function
-    // three times the module's share.
-    let widths = [
-        Constraint::Length(3),
-        Constraint::Length(9),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(16),
-        Constraint::Fill(3),
-        Constraint::Fill(1),
-    ];
     let title = format!(
         " pid {} {}{}: {} function(s), {} samples ",
         p.pid,
@@ -311,21 +344,9 @@ fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
         n,
         p.samples
     );
-    let table = Table::new(rows, widths)
-        .header(header_row(&[
-            "",
-            "time ms",
-            "calls",
-            "calls/s",
-            "ns/call",
-            "recent spans",
-            "function",
-            "module",
-        ]))
-        .block(Block::new().borders(Borders::TOP).title(title))
-        .row_highlight_style(selected());
-    let mut state = TableState::new().with_selected((n > 0).then_some(app.fn_cursor));
-    f.render_stateful_widget(table, area, &mut state);
+    let t = table(&FUNCTION_COLUMNS, rows, area.width, title);
+    let mut state = TableState::new().with_selected((n > 0).then_some(app.functions.index));
+    f.render_stateful_widget(t, area, &mut state);
 }
 
 fn help(f: &mut Frame) {
@@ -384,4 +405,112 @@ fn help(f: &mut Frame) {
         Paragraph::new(lines).block(Block::bordered().title(" rtprof top: help ")),
         r,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::app::tests::{app, press};
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    /// The screen `app` draws at `now` on a `w` x `h` terminal, as lines.
+    fn screen(app: &App, now: u64, w: u16, h: u16) -> Vec<String> {
+        let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+        t.draw(|f| draw(f, app, now)).unwrap();
+        let b = t.backend().buffer();
+        (0..h)
+            .map(|y| {
+                (0..w)
+                    .map(|x| b[(x, y)].symbol())
+                    .collect::<String>()
+                    .trim_end()
+                    .to_string()
+            })
+            .collect()
+    }
+
+    fn line<'a>(s: &'a [String], text: &str) -> &'a str {
+        s.iter()
+            .find(|l| l.contains(text))
+            .unwrap_or_else(|| panic!("no {text:?} in\n{}", s.join("\n")))
+    }
+
+    #[test]
+    fn process_list_with_markers_keys_and_legend() {
+        let a = app(&[]);
+        let s = screen(&a, 0, 120, 20);
+        assert!(
+            s[0].starts_with("rtprof top  sort: time  │ 2 process(es)"),
+            "{}",
+            s[0]
+        );
+        // Sorted by time: /bin/dear first; /bin/cheap has an estimated row.
+        let (dear, cheap) = (line(&s, "dear"), line(&s, "cheap"));
+        assert!(s.iter().position(|l| l == dear) < s.iter().position(|l| l == cheap));
+        assert!(cheap.starts_with("E ") && cheap.contains(" 10 "), "{cheap}");
+        assert!(dear.trim_start().starts_with("20 "), "{dear}");
+        assert!(line(&s, "t time").contains("q quit"));
+        line(&s, "A accelerated (calls added through the C API)");
+        line(&s, "X counting switched off");
+        line(&s, "recent spans");
+    }
+
+    #[test]
+    fn functions_paused_help_and_stale() {
+        let mut a = app(&[]);
+        press(&mut a, "j\n");
+        let s = screen(&a, 0, 120, 20);
+        assert!(line(&s, "pid 10 /bin/cheap").contains("4 function(s)"));
+        assert!(line(&s, " costly ").starts_with("E "));
+        assert!(line(&s, " middle ").starts_with("S "));
+        assert!(line(&s, "core::fmt::write").starts_with("  "));
+        assert!(line(&s, "Esc back").contains("t time"));
+        press(&mut a, "p");
+        assert!(screen(&a, 0, 120, 20)[0].contains("PAUSED"));
+        press(&mut a, "p?");
+        let s = screen(&a, 0, 120, 30);
+        assert!(line(&s, "rtprof top: help").contains('┌'));
+        line(&s, "sort by ns/call");
+        // Ten seconds after a publish of a daemon ticking every second.
+        let a = app(&[]);
+        let s = screen(&a, 10_000_000_000, 120, 20);
+        assert!(
+            s[1].starts_with("STALE: nothing new for 10.0 s"),
+            "{}",
+            s[1]
+        );
+    }
+
+    #[test]
+    fn narrow_and_tiny_terminals() {
+        let mut a = app(&[]);
+        let s = screen(&a, 0, 60, 20);
+        // The keys wrap rather than run off the edge.
+        assert!(!line(&s, "t time").contains("q quit"));
+        line(&s, "q quit");
+        // The file name of an executable comes before its directory; the
+        // sparklines make room.
+        line(&s, "dear /bin/");
+        assert!(!s.join("\n").contains("recent spans"));
+        press(&mut a, "\n");
+        let s = screen(&a, 0, 60, 20);
+        assert!(line(&s, "solo").starts_with("    900.0 "));
+        assert!(!s.join("\n").contains("module"));
+        for (w, h) in [(1, 1), (10, 3), (30, 5)] {
+            a.help = true;
+            screen(&a, 0, w, h);
+            a.help = false;
+            screen(&a, 0, w, h);
+        }
+    }
+
+    #[test]
+    fn waiting_for_the_daemon() {
+        let mut a = app(&[]);
+        a.view = None;
+        a.problem = Some("waiting for rtprofd at /run/x: nothing published yet".into());
+        let s = screen(&a, 0, 80, 10);
+        line(&s, "waiting for rtprofd at /run/x");
+    }
 }

@@ -44,7 +44,6 @@ fn run_in(t: &mut term::Tui, a: &TopArgs) -> std::io::Result<()> {
         if app.paused.is_none() && Instant::now() >= next_read {
             let (reading, restarted) = source.read();
             app.take(reading, restarted);
-            app.clamp();
             next_read = Instant::now() + READ_EVERY;
         }
         t.draw(|f| draw::draw(f, &app, now_ns()))?;
