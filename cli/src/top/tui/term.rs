@@ -9,6 +9,7 @@ use ratatui::crossterm::terminal::{
 use ratatui::crossterm::{cursor, execute};
 use ratatui::Terminal;
 use std::io::{self, Stdout};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub type Tui = Terminal<CrosstermBackend<Stdout>>;
 
@@ -17,11 +18,17 @@ pub struct Guard {
     pub terminal: Tui,
 }
 
-/// Puts the terminal back as it was. Safe to call twice (the panic hook
-/// and the guard both may).
+/// Whether the terminal is taken over now.
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// Puts the terminal back as it was, once: the panic hook and then the
+/// guard both call it, and leaving the alternate screen a second time
+/// would move the cursor back over the panic's message.
 pub fn restore() {
-    let _ = disable_raw_mode();
-    let _ = execute!(io::stdout(), LeaveAlternateScreen, cursor::Show);
+    if TAKEN.swap(false, Ordering::SeqCst) {
+        let _ = disable_raw_mode();
+        let _ = execute!(io::stdout(), LeaveAlternateScreen, cursor::Show);
+    }
 }
 
 /// Takes the terminal over, and makes a panic give it back before the
@@ -34,6 +41,7 @@ pub fn enter() -> io::Result<Guard> {
         previous(info);
     }));
     let setup = || -> io::Result<Tui> {
+        TAKEN.store(true, Ordering::SeqCst);
         enable_raw_mode()?;
         execute!(io::stdout(), EnterAlternateScreen, cursor::Hide)?;
         Terminal::new(CrosstermBackend::new(io::stdout()))
