@@ -4,12 +4,11 @@
 use super::super::model::{functions, processes, History, SortKey};
 use super::super::source::Reading;
 use super::super::TopArgs;
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use rtprof_shared::present::{PresentError, View};
 use rtprof_shared::report::escape_text;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 /// Which table is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,6 +228,13 @@ impl App {
                 Action::Continue
             };
         }
+        // Commands are plain keys: Ctrl-P or Alt-P (Esc then P typed
+        // quickly) is not P.
+        if k.modifiers
+            .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
+        {
+            return Action::Continue;
+        }
         match k.code {
             KeyCode::Char('q') => return Action::Quit,
             KeyCode::Char('?') => self.help = true,
@@ -413,6 +419,9 @@ pub(super) mod tests {
         assert_eq!(press(&mut a, "c"), Action::Continue);
         assert!(!a.help && a.sort == SortKey::Time);
         assert_eq!(press(&mut a, "q"), Action::Quit);
+        let alt_p = KeyEvent::new(KeyCode::Char('p'), KeyModifiers::ALT);
+        a.key(alt_p);
+        assert!(a.paused.is_none());
         let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
         a.editing = Some(String::new());
         assert_eq!(a.key(ctrl_c), Action::Quit);
