@@ -80,6 +80,8 @@ fn rows(names: &[&'static str], k: u64) -> Vec<RowIn<'static>> {
             id: None,
             counted: true,
             estimated: i == 1,
+            accelerated: false,
+            counting_off: false,
             calls: k * (i as u64 + 1),
             samples: k,
             time_ns: k * 1_000_000,

@@ -37,6 +37,13 @@ fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {
         w.key("estimated");
         w.bool(true);
     }
+    if r.accelerated {
+        w.key("accelerated");
+        w.bool(true);
+    }
+    if r.counting_off {
+        w.string_field("counting", "off");
+    }
     w.uint_field("calls", r.calls);
     w.uint_field("samples", r.samples);
     w.uint_field("time_ns", r.time_ns);

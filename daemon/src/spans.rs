@@ -36,8 +36,8 @@ struct FuncSlot {
     module: u32,
     /// Instrumented: calls are counted.
     counted: bool,
-    /// Calls estimated under the agent's overhead budget.
-    estimated: bool,
+    /// Its [`function_flags`] (estimated, accelerated, counting off).
+    flags: u32,
 }
 
 impl Meta {
@@ -52,11 +52,11 @@ impl Meta {
                 id: slots.acquire(&s.exe, &f.name),
                 module: f.module,
                 counted: false,
-                estimated: false,
+                flags: 0,
             });
         }
         for (m, f) in self.funcs.iter_mut().zip(&s.functions) {
-            (m.counted, m.estimated) = (f.instrumented, f.estimated.is_some());
+            m.counted = f.instrumented;
         }
         for md in s.modules.iter().skip(self.modules.len()) {
             self.modules.push(md.name().to_string());
@@ -211,6 +211,7 @@ impl Tracked {
             flags_changes: h.flags_changes,
             flags: Vec::new(),
         };
+        t.read_flags(bytes, h);
         let (f, m) = (s.functions.len(), s.modules.len());
         t.sums.resize(f, m);
         t.is_active.resize(f, false);
@@ -277,14 +278,18 @@ impl Tracked {
         // Flags only when the agent changed some: a read touches a cache
         // line per function.
         if grown || self.flags_changes != h.flags_changes {
-            self.flags_changes = h.flags_changes;
-            self.flags.resize(f, 0);
-            read_function_flags(bytes, h, &mut self.flags);
-            for (m, &fl) in self.meta.funcs.iter_mut().zip(&self.flags) {
-                m.estimated = fl & function_flags::ESTIMATED != 0;
-            }
+            self.read_flags(bytes, h);
         }
         Ok(seen(h))
+    }
+
+    fn read_flags(&mut self, bytes: &[u8], h: &Header) {
+        self.flags_changes = h.flags_changes;
+        self.flags.resize(self.meta.funcs.len(), 0);
+        read_function_flags(bytes, h, &mut self.flags);
+        for (m, &fl) in self.meta.funcs.iter_mut().zip(&self.flags) {
+            m.flags = fl;
+        }
     }
 
     /// Turns `scratch` (just read) into the newest point: its changes
@@ -470,7 +475,9 @@ impl Tracked {
                         id: Some(fs.id),
                         module: module(fs.module),
                         counted: fs.counted,
-                        estimated: fs.estimated,
+                        estimated: fs.flags & function_flags::ESTIMATED != 0,
+                        accelerated: fs.flags & function_flags::ACCELERATED != 0,
+                        counting_off: fs.flags & function_flags::COUNTING_OFF != 0,
                         calls,
                         samples: s.samples[i],
                         time_ns,

@@ -46,6 +46,8 @@ extern "C" {
 #define RTPROF_ROW_COUNTED 1u  /* rtprof_row.flags: calls are counted */
 #define RTPROF_ROW_GLOBAL 2u   /* rtprof_row.flags: merged across processes */
 #define RTPROF_ROW_ESTIMATED 4u /* rtprof_row.flags: calls estimated under a budget */
+#define RTPROF_ROW_ACCELERATED 8u /* rtprof_row.flags: calls added through the C API */
+#define RTPROF_ROW_COUNTING_OFF 16u /* rtprof_row.flags: counting switched off */
 
 /* A view is stale when it is older than this many ticks (plus a second of
  * slack): the daemon that published it has stopped. */

@@ -186,6 +186,9 @@ pub mod function_flags {
     /// Counted in bursts under an overhead budget: its calls are exact
     /// during the bursts and extrapolated between them.
     pub const ESTIMATED: u32 = 2;
+    /// The program added calls to it through the C API
+    /// (`rtprof_add_calls`): work done elsewhere, on an accelerator.
+    pub const ACCELERATED: u32 = 4;
     /// Bits 16..32 of an estimated function's flags: the bound on the
     /// estimate's error, in hundredths of a percent of its calls.
     pub const BOUND_SHIFT: u32 = 16;

@@ -410,6 +410,13 @@ impl SegmentWriter {
         });
     }
 
+    /// Says that the program added calls to function `idx` through the C
+    /// API (it stays so).
+    pub fn set_accelerated(&mut self, idx: u32) {
+        use crate::layout::function_flags::ACCELERATED;
+        self.update_function_flags(idx, |flags| flags | ACCELERATED);
+    }
+
     /// Says whether function `idx`'s calls are estimated (under a budget),
     /// with the bound on the error in hundredths of a percent.
     pub fn set_estimated(&mut self, idx: u32, bound: Option<u16>) {

@@ -32,12 +32,15 @@ fn add(slot: u32, calls: u64, time_ns: u64) -> i32 {
     0
 }
 
-/// The first function slot `pred` accepts. Records are read under the
+/// The first function slot `pred` accepts, marked as one the program adds
+/// calls to (readers show it as accelerated). Records are read under the
 /// agent's state lock: a library being loaded may be adding to them.
 fn find(pred: impl Fn(&SegmentWriter, u32) -> bool) -> Option<u32> {
-    let state = agent()?.state.lock()?;
-    let w = &state.writer;
-    (0..w.func_count()).find(|&slot| pred(w, slot))
+    let mut state = agent()?.state.lock()?;
+    let w = &mut state.writer;
+    let slot = (0..w.func_count()).find(|&slot| pred(w, slot))?;
+    w.set_accelerated(slot);
+    Some(slot)
 }
 
 /// # Safety

@@ -95,6 +95,12 @@ pub const ROW_GLOBAL: u32 = 2;
 /// `Row::flags`: its calls are estimated (counted in bursts under an
 /// overhead budget), not exact.
 pub const ROW_ESTIMATED: u32 = 4;
+/// `Row::flags`: the program adds calls to it through the C API (work
+/// done on an accelerator).
+pub const ROW_ACCELERATED: u32 = 8;
+/// `Row::flags`: its counting is switched off now (in a global row: in
+/// one of the processes at least).
+pub const ROW_COUNTING_OFF: u32 = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

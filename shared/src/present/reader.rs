@@ -5,7 +5,8 @@
 
 use super::layout::{
     key_hash, BufferHeader, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC, PROC_ENDED,
-    ROW_COUNTED, ROW_ESTIMATED, ROW_GLOBAL, STALE_SLACK_NS, STALE_TICKS, VERSION,
+    ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, STALE_SLACK_NS,
+    STALE_TICKS, VERSION,
 };
 use std::mem::size_of;
 use std::ops::Range;
@@ -103,6 +104,10 @@ pub struct RowView {
     pub counted: bool,
     /// Calls estimated under an overhead budget, not exact.
     pub estimated: bool,
+    /// Calls added by the program through the C API (an accelerator's).
+    pub accelerated: bool,
+    /// Counting switched off now.
+    pub counting_off: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -297,6 +302,8 @@ impl<'a> Buffer<'a> {
             owner: r.proc_index as usize,
             counted: r.flags & ROW_COUNTED != 0,
             estimated: r.flags & ROW_ESTIMATED != 0,
+            accelerated: r.flags & ROW_ACCELERATED != 0,
+            counting_off: r.flags & ROW_COUNTING_OFF != 0,
             calls: r.calls,
             samples: r.samples,
             time_ns: r.time_ns,
@@ -441,6 +448,8 @@ pub struct RowRef<'a> {
     pub module: &'a str,
     pub counted: bool,
     pub estimated: bool,
+    pub accelerated: bool,
+    pub counting_off: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -471,6 +480,8 @@ impl ProcessRows {
             module: self.text((r.module_off, r.module_len)),
             counted: r.flags & ROW_COUNTED != 0,
             estimated: r.flags & ROW_ESTIMATED != 0,
+            accelerated: r.flags & ROW_ACCELERATED != 0,
+            counting_off: r.flags & ROW_COUNTING_OFF != 0,
             calls: r.calls,
             samples: r.samples,
             time_ns: r.time_ns,
@@ -620,6 +631,12 @@ mod tests {
         // Row 1 ("hot") is estimated, in both readers and the global row.
         assert!(r[1].estimated && !r[0].estimated);
         assert!(v.process(10).unwrap().1[1].estimated && g.estimated);
+        // Row 0 gets calls through the C API, row 1 is switched off.
+        assert!(r[0].accelerated && !r[1].accelerated);
+        assert!(r[1].counting_off && !r[0].counting_off);
+        let rows10 = v.process(10).unwrap().1;
+        assert!(rows10[0].accelerated && rows10[1].counting_off && g.counting_off);
+        assert!(!rows10[2].accelerated && !rows10[2].counting_off);
         assert!(!read_process_into(bytes(&mem), 7, &mut pr).unwrap());
     }
 

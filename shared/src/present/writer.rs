@@ -3,7 +3,7 @@
 
 use super::layout::{
     key_hash, now_ns, BufferHeader, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
-    PROC_ENDED, ROW_COUNTED, ROW_ESTIMATED, ROW_GLOBAL, VERSION,
+    PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, VERSION,
 };
 use std::mem::size_of;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -35,6 +35,10 @@ pub struct RowIn<'a> {
     pub counted: bool,
     /// Calls estimated under an overhead budget.
     pub estimated: bool,
+    /// Calls added through the C API.
+    pub accelerated: bool,
+    /// Counting switched off.
+    pub counting_off: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -327,7 +331,9 @@ fn build<'a>(
                 module_len,
                 proc_index: pi as u32,
                 flags: if r.counted { ROW_COUNTED } else { 0 }
-                    | if r.estimated { ROW_ESTIMATED } else { 0 },
+                    | if r.estimated { ROW_ESTIMATED } else { 0 }
+                    | if r.accelerated { ROW_ACCELERATED } else { 0 }
+                    | if r.counting_off { ROW_COUNTING_OFF } else { 0 },
                 calls: r.calls,
                 samples: r.samples,
                 time_ns: r.time_ns,
@@ -429,6 +435,8 @@ pub(super) mod tests {
                     id: None,
                     counted: i != 2,
                     estimated: i == 1,
+                    accelerated: i == 0,
+                    counting_off: i == 1,
                     calls: k * (i as u64 + 1),
                     samples: k,
                     time_ns: k * 1_000_000,
