@@ -2,7 +2,7 @@
 //!
 //! usage: bench-daemon [--procs 500] [--funcs 2000] [--exes 50]
 //!                     [--active 0.1] [--threads 2] [--tick-ms 1000]
-//!                     [--ticks 20] [--reads 20000]
+//!                     [--ticks 20] [--reads 20000] [--metrics 1]
 //! (build first: cargo build --release --workspace)
 //!
 //! Starts the real `rtprofd` on a private socket, then `--procs` simulated
@@ -15,6 +15,9 @@
 //! tick and as a share of one core (from /proc/PID/schedstat), its memory
 //! (VmRSS, VmHWM), and a scheduler's reads of the presentation segment
 //! (one process's table, one function by the hash index, the whole view).
+//! With `--metrics 1` the daemon also serves Prometheus metrics (with
+//! per-process series of 5 functions), and the scrape's time and size
+//! are measured.
 
 #[path = "common.rs"]
 mod common;
@@ -126,6 +129,18 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
     }
 }
 
+/// Bytes of one `GET /metrics`.
+fn scrape(port: u16) -> usize {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = Vec::new();
+    s.read_to_end(&mut body).unwrap();
+    assert!(body.starts_with(b"HTTP/1.1 200"), "scrape failed");
+    body.len()
+}
+
 /// Nanoseconds `pid` has run on a CPU.
 fn cpu_ns(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
@@ -167,6 +182,11 @@ fn main() {
     let tick_ms = arg("--tick-ms", 1000.0) as u64;
     let ticks = arg("--ticks", 20.0) as u64;
     let reads = arg("--reads", 20000.0) as usize;
+    let metrics = arg("--metrics", 0.0) != 0.0;
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
     let daemon_bin = here().join("rtprofd");
     assert!(
         daemon_bin.exists(),
@@ -177,7 +197,13 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("sock");
     let present = dir.join("present");
-    let mut daemon = Command::new(&daemon_bin)
+    let mut daemon = Command::new(&daemon_bin);
+    if metrics {
+        daemon
+            .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
+            .args(["--metrics-per-process", "5"]);
+    }
+    let mut daemon = daemon
         .arg("--socket")
         .arg(&socket)
         .arg("--present")
@@ -287,6 +313,22 @@ fn main() {
         found / 1e3,
         whole / 1e6
     );
+
+    if metrics {
+        let mut size = 0;
+        let times: Vec<f64> = (0..10)
+            .map(|_| {
+                let t = Instant::now();
+                size = scrape(metrics_port);
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        println!(
+            "/metrics scrape (median of 10): {:.2} ms, {:.1} KiB",
+            median(times),
+            size as f64 / 1024.0
+        );
+    }
 
     for c in &children {
         // SAFETY: our own children, killed by pid.

@@ -124,6 +124,7 @@ fn prometheus_sees_the_programs_call_rate_and_counters_never_fall() {
     let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
     cmd.args(["--tick", "100", "--span", "1000", "--buffer-mib", "4"])
         .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-per-process", "5"])
         .stderr(Stdio::null());
     let d = Rtprofd::start(cmd, &dir);
     wait_until("rtprofd serving /metrics", WAIT, || {
@@ -154,6 +155,18 @@ fn prometheus_sees_the_programs_call_rate_and_counters_never_fall() {
         "Prometheus's rate {rate:.0}/s, the program's {RATE}/s"
     );
     eprintln!("rate from Prometheus: {rate:.0}/s (program: {RATE}/s)");
+    // Asked for, the process's own series: labelled with its pid, at its
+    // rate too.
+    let pid = program.0.id();
+    let own =
+        format!("rtprof_process_function_calls_total{{function=\"paced_tick\",pid=\"{pid}\"}}");
+    let rate = poll("the process's own rate", WAIT, || {
+        query(prom_port, &format!("rate({own}[5s])"))
+    });
+    assert!(
+        (rate - RATE).abs() <= 0.1 * RATE,
+        "the process's series: rate {rate:.0}/s, the program's {RATE}/s"
+    );
 
     // The program ends: the counter reaches its exact count, and stays.
     let out = program_output(program);
@@ -169,6 +182,12 @@ fn prometheus_sees_the_programs_call_rate_and_counters_never_fall() {
     let bytes = get(port, "/metrics").map_or(0, |(_, body)| body.len());
     eprintln!("scrape of /metrics: {:?}, {bytes} bytes", t.elapsed());
     assert_eq!(second, exact, "the counter moved after the program ended");
+    // Per-process series are for live processes only.
+    let (_, body) = get(port, "/metrics").unwrap();
+    assert!(
+        !body.contains(&format!("pid=\"{pid}\"")),
+        "an ended process's series stays: {body}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,6 +4,7 @@
 
 mod accept;
 mod error;
+mod http;
 mod log;
 mod metrics;
 mod present_file;
@@ -71,6 +72,11 @@ struct Args {
     /// Functions exposed per executable: the hottest over the last span.
     #[arg(long, default_value_t = 20)]
     metrics_top: usize,
+    /// Also expose per-process series (`rtprof_process_function_*`, with a
+    /// `pid` label): this many functions of each live process, its hottest
+    /// over the last span. Off (0) by default: pids make many series.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    metrics_per_process: usize,
 }
 
 /// Raises the soft limit on descriptors to the hard one (connections wait
@@ -193,10 +199,12 @@ fn main() -> std::process::ExitCode {
     if table.len() > 0 {
         eprintln!("rtprofd: found {} running agent(s)", table.len());
     }
-    let mut metrics = match a
-        .metrics
-        .map(|addr| (addr, metrics::Metrics::serve(addr, a.metrics_top)))
-    {
+    let mut metrics = match a.metrics.map(|addr| {
+        (
+            addr,
+            metrics::Metrics::serve(addr, a.metrics_top, a.metrics_per_process),
+        )
+    }) {
         None => None,
         Some((_, Ok(m))) => Some(m),
         Some((addr, Err(e))) => {

@@ -26,6 +26,9 @@ pub struct Slots {
     keys: Vec<u32>,
     readable: Vec<Box<str>>,
     users: Vec<u32>,
+    /// Bumped each time an id is taken anew: who caches by id can tell a
+    /// reused id from the one it saw.
+    generations: Vec<u32>,
     free: Vec<u32>,
     /// Per executable: row name -> id.
     exes: HashMap<Box<str>, HashMap<Box<str>, u32>>,
@@ -51,6 +54,7 @@ impl Slots {
                 let i = id as usize;
                 (self.spans[i], self.keys[i], self.readable[i], self.users[i]) =
                     (span, key, readable, 1);
+                self.generations[i] = self.generations[i].wrapping_add(1);
                 id
             }
             None => {
@@ -58,6 +62,7 @@ impl Slots {
                 self.keys.push(key);
                 self.readable.push(readable);
                 self.users.push(1);
+                self.generations.push(0);
                 (self.spans.len() - 1) as u32
             }
         };
@@ -107,6 +112,10 @@ impl Slots {
         }
         self.arena = arena;
         self.garbage = 0;
+    }
+
+    pub fn generation(&self, id: u32) -> u32 {
+        self.generations[id as usize]
     }
 
     pub fn readable(&self, id: u32) -> &str {
@@ -161,8 +170,10 @@ mod tests {
         s.release("/bin/app", a);
         assert_eq!(s.len(), 1);
         // A freed id is reused, under its new name.
+        let gen = s.generation(a);
         let c = s.acquire("/bin/app", "_ZN3app4mainE.constprop.0");
         assert_eq!(c, a);
+        assert_ne!(s.generation(c), gen, "a reused id is told apart");
         assert_eq!(s.readable(c), rtprof_shared::names::function(s.name(c)));
         // Releasing more than was taken changes nothing.
         s.release("/bin/other", other);

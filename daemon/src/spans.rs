@@ -378,9 +378,15 @@ impl Tracked {
     }
 
     /// What the tick at `now_ns` read, if it read this process: `f` gets
-    /// each change as (readable function, module, calls, CPU ns). Changes
+    /// each change as (row id, readable function, module, calls, CPU ns).
+    /// Changes
     /// never go negative, so running sums of them only grow.
-    pub fn each_change(&self, now_ns: u64, slots: &Slots, f: impl FnMut(&str, &str, u64, u64)) {
+    pub fn each_change(
+        &self,
+        now_ns: u64,
+        slots: &Slots,
+        f: impl FnMut(u32, &str, &str, u64, u64),
+    ) {
         if let Some(d) = self.ring.back().filter(|d| d.at_ns == now_ns) {
             let funcs = d.funcs.iter().map(|&(i, c, s)| (i as usize, c, s));
             let buckets = d.buckets.iter().map(|&(i, s)| (i as usize, s));
@@ -388,8 +394,41 @@ impl Tracked {
         }
     }
 
+    /// The `n` functions hottest over the span (by time, then calls), as
+    /// (row id, readable function, module, calls, CPU ns) since the process
+    /// started: counters that only grow while it lives.
+    pub fn hottest_totals(
+        &self,
+        slots: &Slots,
+        n: usize,
+        mut f: impl FnMut(u32, &str, &str, u64, u64),
+    ) {
+        let (s, m) = (&self.sums, &self.meta);
+        let mut hot: Vec<(u64, u64, u32)> = self
+            .active
+            .iter()
+            .map(|&i| (s.samples[i as usize], s.calls[i as usize], i))
+            .collect();
+        let hottest = |&(samples, calls, _): &(u64, u64, u32)| std::cmp::Reverse((samples, calls));
+        if hot.len() > n && n > 0 {
+            hot.select_nth_unstable_by_key(n - 1, hottest);
+            hot.truncate(n);
+        }
+        hot.sort_unstable_by_key(hottest);
+        for &(_, _, i) in hot.iter().take(n) {
+            let (fs, i) = (m.funcs[i as usize], i as usize);
+            let calls = if fs.counted { self.newest.calls[i] } else { 0 };
+            let module = m
+                .modules
+                .get(fs.module as usize)
+                .map_or("?", |s| s.as_str());
+            let ns = self.newest.samples[i].saturating_mul(self.period_ns);
+            f(fs.id, slots.readable(fs.id), module, calls, ns);
+        }
+    }
+
     /// The span's sums, as [`Tracked::each_change`] gives a tick's.
-    pub fn each_in_span(&self, slots: &Slots, f: impl FnMut(&str, &str, u64, u64)) {
+    pub fn each_in_span(&self, slots: &Slots, f: impl FnMut(u32, &str, &str, u64, u64)) {
         let s = &self.sums;
         let funcs = self.active.iter().map(|&i| {
             let i = i as usize;
@@ -405,7 +444,7 @@ impl Tracked {
         funcs: impl Iterator<Item = (usize, u64, u64)>,
         buckets: impl Iterator<Item = (usize, u64)>,
         unknown: u64,
-        mut f: impl FnMut(&str, &str, u64, u64),
+        mut f: impl FnMut(u32, &str, &str, u64, u64),
     ) {
         let m = &self.meta;
         let time = |samples: u64| samples.saturating_mul(self.period_ns);
@@ -415,6 +454,7 @@ impl Tracked {
             let calls = if fs.counted { calls } else { 0 };
             if calls | samples != 0 {
                 f(
+                    fs.id,
                     slots.readable(fs.id),
                     module(fs.module),
                     calls,
@@ -424,6 +464,7 @@ impl Tracked {
         }
         for (i, samples) in buckets.filter(|&(_, s)| s > 0) {
             f(
+                m.buckets[i],
                 slots.readable(m.buckets[i]),
                 module(i as u32),
                 0,
@@ -431,7 +472,7 @@ impl Tracked {
             );
         }
         if let Some(id) = m.unknown.filter(|_| unknown > 0) {
-            f(slots.readable(id), "unknown", 0, time(unknown));
+            f(id, slots.readable(id), "unknown", 0, time(unknown));
         }
     }
 
