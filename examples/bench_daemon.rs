@@ -314,6 +314,30 @@ fn main() {
         whole / 1e6
     );
 
+    // The C reader, as a C scheduler would call it (if gcc is here).
+    let checker = dir.join("present_check");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let built = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&checker)
+        .arg(format!("-I{}", root.join("shared/include").display()))
+        .arg(root.join("shared/c/present_check.c"))
+        .arg(root.join("shared/c/rtprof_present.c"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if built {
+        let out = Command::new(&checker)
+            .arg("time")
+            .arg(&present)
+            .args([pid.to_string(), reads.to_string()])
+            .output()
+            .unwrap();
+        println!(
+            "C reader (median): {} (one process's table / the whole table)",
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+
     if metrics {
         let mut size = 0;
         let times: Vec<f64> = (0..10)

@@ -1,37 +1,124 @@
-//! The HTTP the metrics need, and no more: one thread serves one
-//! connection at a time, `GET /metrics` gets the newest text, and every
-//! connection has a deadline to send its request and one to take the
-//! answer. A client that connects and says nothing, or reads its answer a
-//! byte at a time, holds the thread for those few seconds at most, and no
-//! number of connections makes the daemon start threads or buffer more
-//! than one request. (tiny_http, used before, has no socket timeouts and
-//! starts a thread per connection.)
+//! The HTTP the metrics need, and no more: `GET /metrics` gets the newest
+//! text. One thread waits on every open connection at once (poll) for
+//! its request, which must come within a deadline; a connection whose
+//! request is in gets its answer, which it must take within a deadline.
+//! A client that connects and says nothing holds a place among a bounded
+//! few (the oldest gives way), never the thread; one that reads its
+//! answer a byte at a time holds the thread for that deadline at most; no
+//! number of connections makes the daemon start threads. (tiny_http, used
+//! before, has no socket timeouts and starts a thread per connection.)
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// Time a client has to send its request, and to take the answer.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 pub const ANSWER_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections waiting for their request, at most.
+const WAITING: usize = 32;
 /// A request longer than this is refused (Prometheus sends a few hundred
 /// bytes).
 const MAX_REQUEST: usize = 8192;
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// A connection whose request is not all in yet.
+struct Waiting {
+    stream: TcpStream,
+    head: Vec<u8>,
+    since: Instant,
+}
+
 /// Serves connections from `listener` for ever; `metrics` makes the
 /// text of each `GET /metrics`.
 pub fn serve(listener: TcpListener, metrics: impl Fn() -> String) {
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut waiting: Vec<Waiting> = Vec::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
     loop {
-        match listener.accept() {
-            Ok((stream, _)) => answer(stream, &metrics),
-            // Out of descriptors and the like: wait rather than spin.
-            Err(e) if e.kind() != ErrorKind::Interrupted => {
-                std::thread::sleep(Duration::from_millis(100))
+        let now = Instant::now();
+        waiting.retain(|w| now.duration_since(w.since) < REQUEST_DEADLINE);
+        let wait = waiting
+            .iter()
+            .map(|w| REQUEST_DEADLINE.saturating_sub(now.duration_since(w.since)))
+            .min()
+            .map_or(-1, |d| d.as_millis() as i32 + 1);
+        fds.clear();
+        fds.extend(
+            std::iter::once(listener.as_raw_fd())
+                .chain(waiting.iter().map(|w| w.stream.as_raw_fd()))
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }),
+        );
+        // SAFETY: `fds` is a live array of `fds.len()` pollfd records, each
+        // naming a descriptor this thread owns (the listener, the waiting
+        // streams), which stay open across the call.
+        if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) } < 0 {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        // Requests that came in, answered in order; finished ones leave.
+        let ready: Vec<bool> = fds[1..].iter().map(|p| p.revents != 0).collect();
+        let mut k = 0;
+        waiting.retain_mut(|w| {
+            let ready = ready[k];
+            k += 1;
+            if !ready {
+                return true;
             }
-            Err(_) => {}
+            match read_more(w) {
+                Some(true) => {
+                    answer(&mut w.stream, &w.head, &metrics);
+                    false
+                }
+                Some(false) => true,
+                None => false,
+            }
+        });
+        if fds[0].revents != 0 {
+            while let Ok((stream, _)) = listener.accept() {
+                if stream.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                if waiting.len() >= WAITING {
+                    waiting.remove(0);
+                }
+                waiting.push(Waiting {
+                    stream,
+                    head: Vec::with_capacity(512),
+                    since: Instant::now(),
+                });
+            }
         }
     }
+}
+
+/// Reads what a waiting connection sent: `Some(true)` once its request
+/// head is in, `Some(false)` if more is to come, `None` if it closed,
+/// failed or sent too much.
+fn read_more(w: &mut Waiting) -> Option<bool> {
+    let mut buf = [0u8; 2048];
+    loop {
+        match w.stream.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => w.head.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+        if w.head.len() > MAX_REQUEST {
+            return None;
+        }
+    }
+    let done =
+        w.head.windows(4).any(|x| x == b"\r\n\r\n") || w.head.windows(2).any(|x| x == b"\n\n");
+    Some(done)
 }
 
 /// What a request asks for.
@@ -64,30 +151,6 @@ fn parse(head: &[u8]) -> Asked {
     }
 }
 
-/// Reads the request head within [`REQUEST_DEADLINE`]; `None` if the
-/// client did not send one in time (or sent too much).
-fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
-    let start = Instant::now();
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        let left = REQUEST_DEADLINE.checked_sub(start.elapsed())?;
-        stream
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .ok()?;
-        match stream.read(&mut buf) {
-            Ok(0) => return None,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-        if head.len() > MAX_REQUEST {
-            return None;
-        }
-    }
-    Some(head)
-}
-
 /// Writes `bytes` within what is left of `deadline` from `start`.
 fn write_within(stream: &mut TcpStream, bytes: &[u8], start: Instant) -> Option<()> {
     let mut at = 0;
@@ -106,13 +169,14 @@ fn write_within(stream: &mut TcpStream, bytes: &[u8], start: Instant) -> Option<
     Some(())
 }
 
-/// Answers one connection, then closes it.
-fn answer(mut stream: TcpStream, metrics: &impl Fn() -> String) {
-    let Some(head) = read_head(&mut stream) else {
+/// Answers one connection whose request head is in; it is closed when
+/// the caller drops it.
+fn answer(stream: &mut TcpStream, head: &[u8], metrics: &impl Fn() -> String) {
+    if stream.set_nonblocking(false).is_err() {
         return;
-    };
+    }
     let head_only = head.starts_with(b"HEAD ");
-    let (status, body) = match parse(&head) {
+    let (status, body) = match parse(head) {
         Asked::Metrics => ("200 OK", metrics()),
         Asked::NotFound => ("404 Not Found", String::from("not found\n")),
         Asked::BadMethod => ("405 Method Not Allowed", String::from("GET only\n")),
@@ -128,8 +192,8 @@ fn answer(mut stream: TcpStream, metrics: &impl Fn() -> String) {
         body.len()
     );
     let start = Instant::now();
-    if write_within(&mut stream, header.as_bytes(), start).is_some() && !head_only {
-        let _ = write_within(&mut stream, body.as_bytes(), start);
+    if write_within(stream, header.as_bytes(), start).is_some() && !head_only {
+        let _ = write_within(stream, body.as_bytes(), start);
     }
 }
 
@@ -163,8 +227,13 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || serve(listener, || String::from("# EOF\n")));
-        let silent: Vec<TcpStream> = (0..1).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        // More silent clients than places: none holds up a scrape.
+        let silent: Vec<TcpStream> = (0..WAITING + 8)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
         let mut s = TcpStream::connect(addr).unwrap();
+        // Served one by one, the silent ones would take 80 s first.
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .unwrap();
         let mut answer = String::new();

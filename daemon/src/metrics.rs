@@ -137,8 +137,8 @@ impl Accumulator {
         if e.span == (0, 0) {
             self.exes[e.exe as usize].ranked.push(i);
         }
-        e.span.0 += cpu_ns;
-        e.span.1 += calls;
+        e.span.0 = e.span.0.saturating_add(cpu_ns);
+        e.span.1 = e.span.1.saturating_add(calls);
     }
 
     /// Adds one tick's change of one function of a process of `exe`.

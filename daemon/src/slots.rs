@@ -82,8 +82,12 @@ impl Slots {
             _ => return,
         }
         let (off, len) = self.spans[i];
+        let name = &self.arena[off as usize..(off + len) as usize];
         if let Some(names) = self.exes.get_mut(exe) {
-            names.remove(&self.arena[off as usize..(off + len) as usize]);
+            // Only if the name is this id's there.
+            if names.get(name) == Some(&id) {
+                names.remove(name);
+            }
             if names.is_empty() {
                 self.exes.remove(exe);
             }

@@ -244,9 +244,22 @@ impl Tracked {
     ) -> Result<Seen, SegmentError> {
         let grown = self.meta.stale(h);
         if grown {
-            // Validates everything again; slots only ever get added.
+            // Slots are only ever added, under one executable: anything
+            // else would leave rows and ids of slots that are gone.
+            if h.func_count < self.meta.func_count {
+                return Err(SegmentError::Rewritten("function count"));
+            }
+            if h.module_count < self.meta.module_count {
+                return Err(SegmentError::Rewritten("module count"));
+            }
+            // Validates everything again.
             let s = read_snapshot(bytes)?;
+            if s.exe != self.exe {
+                return Err(SegmentError::Rewritten("executable"));
+            }
             self.meta.extend(&s, h, slots);
+            // New functions' flags, whatever this tick's sums do.
+            self.read_flags(bytes, h);
         }
         let (f, m) = (
             self.meta.func_count as usize,
@@ -277,7 +290,7 @@ impl Tracked {
         self.record(now_ns, span_ns, sampled);
         // Flags only when the agent changed some: a read touches a cache
         // line per function.
-        if grown || self.flags_changes != h.flags_changes {
+        if self.flags_changes != h.flags_changes {
             self.read_flags(bytes, h);
         }
         Ok(seen(h))
@@ -719,6 +732,45 @@ mod tests {
         let hot = &t.table().rows[0];
         assert!(!hot.estimated);
         assert_eq!((hot.calls, hot.samples), (300, 3));
+    }
+
+    /// A segment that takes back what it added (fewer functions, another
+    /// executable) is refused, not read with rows of slots that are gone.
+    #[test]
+    fn a_segment_that_takes_back_is_refused() {
+        let seg = Seg::new();
+        let mut slots = Slots::default();
+        seg.set(100, 1, 1);
+        let (mut t, _) =
+            Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S, &mut slots).unwrap();
+        assert_eq!(t.table().rows.len(), 2);
+        let mut mem = seg.mem.clone();
+        let bytes =
+            |m: &mut Vec<u64>| -> Vec<u8> { m.iter().flat_map(|w| w.to_le_bytes()).collect() };
+        let at = std::mem::offset_of!(Header, func_count) / 8;
+        // func_count is the low half of its word (little-endian u32 pair).
+        let off = std::mem::offset_of!(Header, func_count) % 8;
+        assert!(off == 0 || off == 4);
+        let shift = off * 8;
+        mem[at] = (mem[at] & !(0xffff_ffffu64 << shift)) | (1u64 << shift);
+        let b = bytes(&mut mem);
+        let h = read_header(&b).unwrap();
+        assert_eq!(
+            t.observe(&b, &h, 3 * S, 5 * S, &mut slots).err(),
+            Some(SegmentError::Rewritten("function count"))
+        );
+        // Another executable under a grown header.
+        let mut seg2 = Seg::new();
+        seg2.w.set_exe(b"/bin/other").unwrap();
+        let f = seg2.w.add_function(b"late", 0, 1).unwrap();
+        seg2.w.set_status(f, None);
+        assert_eq!(
+            t.observe(seg2.bytes(), &seg2.header(), 4 * S, 5 * S, &mut slots)
+                .err(),
+            Some(SegmentError::Rewritten("executable"))
+        );
+        t.release(&mut slots);
+        assert_eq!(slots.len(), 0);
     }
 
     #[test]

@@ -7,12 +7,16 @@
  *                                  their size (ASan sees any byte beyond it)
  *   present_check fuzz PATH N SEED N random corruptions of those bytes
  *   present_check process PATH PID rtprof_take_process on a heap copy
+ *   present_check time PATH PID N  median ns of rtprof_take_process and of
+ *                                  rtprof_take on the mapped file (N reads
+ *                                  each, in batches of 100)
  *
  * Prints "ok ..." and every row, or "error RC: message"; exits 0 unless
  * something crashed or the usage was wrong. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rtprof_present.h"
 
@@ -83,6 +87,43 @@ static int take_process(const rtprof_segment *s, uint32_t pid, int print) {
     return rc;
 }
 
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over batches of 100 reads of ns per read; -1 if a read failed. */
+static double time_reads(const rtprof_segment *s, uint32_t pid, long n, int whole) {
+    long batches = n / 100 > 3 ? n / 100 : 3;
+    double *per = malloc(sizeof *per * (size_t)batches);
+    if (!per) return -1;
+    for (long b = 0; b < batches; b++) {
+        uint64_t t = now_ns();
+        for (int k = 0; k < 100; k++) {
+            if (whole) {
+                rtprof_view v;
+                if (rtprof_take(s, &v) != RTPROF_OK) return free(per), -1;
+                rtprof_release(&v);
+            } else {
+                rtprof_process_view v;
+                if (rtprof_take_process(s, pid, &v) != RTPROF_OK) return free(per), -1;
+                rtprof_release_process(&v);
+            }
+        }
+        per[b] = (double)(now_ns() - t) / 100.0;
+    }
+    qsort(per, (size_t)batches, sizeof *per, by_value);
+    double m = per[batches / 2];
+    free(per);
+    return m;
+}
+
 static uint8_t *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) { perror(path); exit(2); }
@@ -115,6 +156,20 @@ int main(int argc, char **argv) {
         rtprof_segment s = {b, len};
         take(&s, 1);
         free(b);
+        return 0;
+    }
+    if (argc == 5 && !strcmp(argv[1], "time")) {
+        rtprof_segment s;
+        int rc = rtprof_open(&s, argv[2]);
+        if (rc != RTPROF_OK) {
+            printf("error %d: %s\n", rc, rtprof_strerror(rc));
+            return 0;
+        }
+        uint32_t pid = (uint32_t)strtoul(argv[3], NULL, 10);
+        long n = atol(argv[4]);
+        double one = time_reads(&s, pid, n, 0), whole = time_reads(&s, pid, n / 100 + 300, 1);
+        printf("take_process %.0f ns, take %.0f ns\n", one, whole);
+        rtprof_close(&s);
         return 0;
     }
     if (argc == 4 && !strcmp(argv[1], "process")) {
@@ -165,6 +220,6 @@ int main(int argc, char **argv) {
         free(orig);
         return 0;
     }
-    fprintf(stderr, "usage: %s open|copy PATH | process PATH PID | fuzz PATH N SEED\n", argv[0]);
+    fprintf(stderr, "usage: %s open|copy PATH | process PATH PID | time PATH PID N | fuzz PATH N SEED\n", argv[0]);
     return 2;
 }

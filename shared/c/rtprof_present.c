@@ -325,6 +325,11 @@ static int copy_process(const uint8_t *b, const buf_header *bh, uint32_t pid, rt
         }
         strings_len += (uint64_t)rows[i].name_len + rows[i].module_len;
     }
+    /* Offsets into the copy are 32-bit, as in the segment. */
+    if (strings_len > UINT32_MAX) {
+        free(rows);
+        return RTPROF_ERR_BOUNDS;
+    }
     uint8_t *buf = malloc(rows_len + strings_len + 1);
     if (!buf) {
         free(rows);

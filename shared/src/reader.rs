@@ -26,6 +26,9 @@ pub enum SegmentError {
     /// A function references a module that does not exist, or a module's
     /// function range is outside the function table.
     BadReference(&'static str),
+    /// Something a reader already took changed (a count went down, the
+    /// executable was renamed): segments only ever add.
+    Rewritten(&'static str),
     /// The counters kept being folded while read (1,000 tries): no sum of
     /// one moment. Try again later.
     Busy,
@@ -47,6 +50,12 @@ impl fmt::Display for SegmentError {
             SegmentError::BadCount(c) => write!(f, "count {c} exceeds capacity"),
             SegmentError::BadString(s) => write!(f, "string {s} out of bounds"),
             SegmentError::BadReference(r) => write!(f, "bad reference: {r}"),
+            SegmentError::Rewritten(what) => {
+                write!(
+                    f,
+                    "{what} rewritten (a segment may only add to what it holds)"
+                )
+            }
         }
     }
 }

@@ -388,9 +388,19 @@ impl SegmentWriter {
         let rec = self.func_ptr(idx);
         // SAFETY: a function record below func_count, inside the segment;
         // `&mut self` makes this its only writer.
-        unsafe {
+        let changed = unsafe {
             let flags = addr_of_mut!((*rec).reserved);
-            std::ptr::write_volatile(flags, f(std::ptr::read_volatile(flags)));
+            let old = std::ptr::read_volatile(flags);
+            let new = f(old);
+            // Unchanged (a C API call marking its function again each
+            // time): no write, and readers need not look again.
+            if old != new {
+                std::ptr::write_volatile(flags, new);
+            }
+            old != new
+        };
+        if !changed {
+            return;
         }
         // After the flags: a reader that saw the new count sees them.
         self.counters

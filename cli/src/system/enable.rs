@@ -82,6 +82,10 @@ pub fn run(agent: Option<PathBuf>) -> Result<(), Error> {
         Ok(unit::Started::Service(path)) => {
             println!("rtprofd: started and enabled ({})", path.display())
         }
+        Ok(unit::Started::Masked(path)) => println!(
+            "rtprofd: {} is not a unit file (masked?); left as it is, and the service was not started",
+            path.display()
+        ),
         Ok(unit::Started::NoSystemd) => {
             let rtprofd = unit::rtprofd_beside_me()
                 .map_or_else(|| "rtprofd".to_string(), |p| p.display().to_string());

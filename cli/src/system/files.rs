@@ -71,10 +71,15 @@ pub fn sync_dir(path: &Path) -> Result<(), Error> {
         .map_err(io_error("cannot flush", dir))
 }
 
-/// Replaces (or creates) `path` with `bytes` at once. Its mode stays what
-/// it was (`mode` for a new file).
+/// Replaces (or creates) `path` with `bytes` at once. A regular file keeps
+/// its mode, less any write permission for group and others (these files
+/// are root's); anything else (a new file, a symbolic link, whose target's
+/// mode says nothing) gets `mode`.
 pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
-    let mode = std::fs::metadata(path).map_or(mode, |m| m.permissions().mode() & 0o7777);
+    let mode = std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_file())
+        .map_or(mode, |m| m.permissions().mode() & 0o7777 & !0o022);
     let temp = temp_beside(path);
     let _ = std::fs::remove_file(&temp);
     create_flushed(&temp, bytes, mode)?;

@@ -54,6 +54,9 @@ pub enum Started {
     Service(PathBuf),
     /// systemd does not run here; the daemon is left to the user.
     NoSystemd,
+    /// Something other than a unit file is at the unit's path in /etc (a
+    /// mask): left as it is, nothing started.
+    Masked(PathBuf),
 }
 
 /// Installs (if no package did) and starts rtprofd's unit, when systemd
@@ -63,8 +66,13 @@ pub fn start() -> Result<Started, Error> {
         return Ok(Started::NoSystemd);
     }
     let local = Path::new(LOCAL_UNIT);
-    // A unit someone else wrote in /etc overrides the package's, and is
-    // theirs: used as it is, never overwritten.
+    // Anything else at the unit's path in /etc (a unit someone wrote, a
+    // mask: a symbolic link to /dev/null) overrides the package's and is
+    // theirs: used as it is, never replaced.
+    let theirs = std::fs::symlink_metadata(local).is_ok_and(|m| !m.file_type().is_file());
+    if theirs {
+        return Ok(Started::Masked(local.to_path_buf()));
+    }
     let unit = if local.is_file() && !ours(local) {
         local.to_path_buf()
     } else if Path::new(PACKAGED_UNIT).is_file() {

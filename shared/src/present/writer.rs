@@ -358,10 +358,11 @@ fn build<'a>(
                     globals.last_mut().unwrap()
                 }
             };
-            g.calls += row.calls;
-            g.samples += row.samples;
-            g.time_ns += row.time_ns;
-            g.total_calls += row.total_calls;
+            // Rows come from segments the daemon does not trust.
+            g.calls = g.calls.saturating_add(row.calls);
+            g.samples = g.samples.saturating_add(row.samples);
+            g.time_ns = g.time_ns.saturating_add(row.time_ns);
+            g.total_calls = g.total_calls.saturating_add(row.total_calls);
             g.flags |= row.flags;
         }
     }
