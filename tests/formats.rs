@@ -276,13 +276,6 @@ fn report_exports_rtprofds_last_span() {
     let d = Rtprofd::start(cmd, &dir);
     // Long enough for any number of spans; killed when done (or when the
     // test fails).
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let child = Killed(
         Command::new(&bin)
             .arg("100")

@@ -465,3 +465,13 @@ pub fn private_machine(overlays: &[&str]) {
         ));
     }
 }
+
+/// A child killed and reaped on drop (also when a test fails).
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -7,23 +7,13 @@ use rtprof_e2e::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 /// Calls a second of the paced program.
 const RATE: f64 = 200_000.0;
 const WAIT: Duration = Duration::from_secs(60);
-
-/// A child killed and reaped on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

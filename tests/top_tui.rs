@@ -9,21 +9,11 @@
 use rtprof_e2e::*;
 use rtprof_shared::present::read_view;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TMUX: &str = "/usr/bin/tmux";
 const WAIT: Duration = Duration::from_secs(60);
-
-/// A child killed and reaped on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A tmux server of its own (`-L`, no configuration file) with one
 /// window; killed on drop.

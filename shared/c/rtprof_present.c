@@ -255,13 +255,20 @@ int rtprof_is_stale(const rtprof_view *v) {
     return rtprof_age_ns(v) > v->tick_ns * RTPROF_STALE_TICKS + 1000000000ull;
 }
 
-char *rtprof_string(const rtprof_view *v, uint32_t off, uint32_t len, char *out, size_t size) {
+/* Copies string (off, len) of `strings` into out, NUL-terminated and cut
+ * to size; an out-of-bounds string copies as empty. */
+static char *copy_string(const char *strings, uint32_t strings_len, uint32_t off, uint32_t len, char *out,
+                         size_t size) {
     if (size == 0) return out;
-    if (!within(off, len, v->strings_len)) len = 0, off = 0;
+    if (!within(off, len, strings_len)) len = 0, off = 0;
     size_t n = len < size - 1 ? len : size - 1;
-    if (n) memcpy(out, v->strings + off, n);
+    if (n) memcpy(out, strings + off, n);
     out[n] = 0;
     return out;
+}
+
+char *rtprof_string(const rtprof_view *v, uint32_t off, uint32_t len, char *out, size_t size) {
+    return copy_string(v->strings, v->strings_len, off, len, out, size);
 }
 
 static int equals(const rtprof_view *v, uint32_t off, uint32_t len, const char *s) {
@@ -407,10 +414,5 @@ void rtprof_release_process(rtprof_process_view *v) {
 }
 
 char *rtprof_process_string(const rtprof_process_view *v, uint32_t off, uint32_t len, char *out, size_t size) {
-    if (size == 0) return out;
-    if (!within(off, len, v->strings_len)) len = 0, off = 0;
-    size_t n = len < size - 1 ? len : size - 1;
-    if (n) memcpy(out, v->strings + off, n);
-    out[n] = 0;
-    return out;
+    return copy_string(v->strings, v->strings_len, off, len, out, size);
 }
