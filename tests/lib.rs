@@ -425,7 +425,7 @@ pub fn sh_ok(script: &str) {
 /// namespace, so a test can change the machine's own paths: /etc is a
 /// copy (without /etc/ld.so.preload and /etc/rtprof), each of `overlays`
 /// (e.g. `/usr/lib`) a writable overlay whose changes stay in memory, /run
-/// and /tmp are empty. The machine's systemd is out of reach (its sockets
+/// is empty. The machine's systemd is out of reach (its sockets
 /// are in the hidden /run). It ends with the thread (the test). Needs
 /// root, and fails without it.
 pub fn private_machine(overlays: &[&str]) {
@@ -442,26 +442,31 @@ pub fn private_machine(overlays: &[&str]) {
     let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
     assert_eq!(r, 0, "unshare: {}", std::io::Error::last_os_error());
     assert_ne!(ns(), before, "a new mount namespace");
-    // Nothing mounted from here on propagates back to the machine.
+    // Nothing mounted from here on propagates back to the machine. The
+    // namespace's own files (the copy of /etc, the overlays' upper layers)
+    // are in a tmpfs of its own; /tmp itself stays as it is, since the
+    // repository and its build may live there.
     sh_ok("mount --make-rprivate /");
-    sh_ok(
+    let ws = scratch("private-machine");
+    let ws = ws.display();
+    sh_ok(&format!(
         "set -e
-         mount -t tmpfs -o mode=1777 tmpfs /tmp
-         mkdir -p /tmp/ns/etc
-         cp -a /etc/. /tmp/ns/etc/
-         mount --bind /tmp/ns/etc /etc
-         mount -t tmpfs -o mode=0755 tmpfs /run",
-    );
+         mount -t tmpfs -o mode=0700 tmpfs {ws}
+         mkdir -p {ws}/etc
+         cp -a /etc/. {ws}/etc/
+         mount --bind {ws}/etc /etc
+         mount -t tmpfs -o mode=0755 tmpfs /run"
+    ));
     // /etc is the copy: only now is anything removed from it.
-    std::fs::write("/tmp/ns/etc/rtprof-private-check", "").unwrap();
+    std::fs::write(format!("{ws}/etc/rtprof-private-check"), "").unwrap();
     assert!(Path::new("/etc/rtprof-private-check").exists());
     std::fs::remove_file("/etc/rtprof-private-check").unwrap();
     sh_ok("rm -f /etc/ld.so.preload && rm -rf /etc/rtprof");
     for (i, dir) in overlays.iter().enumerate() {
         sh_ok(&format!(
             "set -e
-             mkdir -p /tmp/ns/up{i} /tmp/ns/work{i}
-             mount -t overlay overlay -o lowerdir={dir},upperdir=/tmp/ns/up{i},workdir=/tmp/ns/work{i} {dir}"
+             mkdir -p {ws}/up{i} {ws}/work{i}
+             mount -t overlay overlay -o lowerdir={dir},upperdir={ws}/up{i},workdir={ws}/work{i} {dir}"
         ));
     }
 }

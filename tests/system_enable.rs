@@ -80,7 +80,7 @@ struct DefaultDaemon(std::process::Child);
 impl DefaultDaemon {
     fn start() -> DefaultDaemon {
         std::fs::create_dir_all("/run/rtprof").unwrap();
-        let log = std::fs::File::create("/tmp/rtprofd.log").unwrap();
+        let log = std::fs::File::create(scratch("default-daemon").join("rtprofd.log")).unwrap();
         let child = Command::new(rtprof().with_file_name("rtprofd"))
             .args(["--tick", "200", "--span", "1000", "--buffer-mib", "4"])
             .stdout(Stdio::null())
