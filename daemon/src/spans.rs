@@ -87,7 +87,7 @@ impl Meta {
 
 /// Counters of one process (or sums of changes), indexed by slot.
 #[derive(Default, Clone)]
-struct Counts {
+pub struct Counts {
     calls: Vec<u64>,
     samples: Vec<u64>,
     /// Samples in modules outside named functions, per module.
@@ -102,6 +102,14 @@ impl Counts {
         self.calls.resize(funcs, 0);
         self.samples.resize(funcs, 0);
         self.buckets.resize(modules, 0);
+    }
+
+    /// At least this many slots (a shared buffer keeps its largest size).
+    fn grow(&mut self, funcs: usize, modules: usize) {
+        if self.calls.len() < funcs || self.buckets.len() < modules {
+            let (f, m) = (funcs.max(self.calls.len()), modules.max(self.buckets.len()));
+            self.resize(f, m);
+        }
     }
 }
 
@@ -120,6 +128,8 @@ struct Delta {
 pub struct Seen {
     pub pid: u32,
     pub state: u32,
+    /// Its counters moved since the last tick (so it ran in it).
+    pub moved: bool,
 }
 
 /// One process as the daemon follows it.
@@ -130,9 +140,8 @@ pub struct Tracked {
     pub ended: bool,
     period_ns: u64,
     meta: Meta,
-    /// Counters at the newest tick, and a buffer for the next read.
+    /// Counters at the newest tick.
     newest: Counts,
-    scratch: Counts,
     newest_ns: u64,
     /// The span: changes since `base_ns`, and their sums.
     ring: VecDeque<Delta>,
@@ -148,10 +157,11 @@ pub struct Tracked {
     flags: Vec<u32>,
 }
 
-fn seen(h: &Header) -> Seen {
+fn seen(h: &Header, moved: bool) -> Seen {
     Seen {
         pid: h.pid,
         state: h.state,
+        moved,
     }
 }
 
@@ -197,7 +207,6 @@ impl Tracked {
             period_ns: s.sample_period_ns,
             meta,
             newest: Counts::default(),
-            scratch: Counts::default(),
             newest_ns: now_ns,
             ring: VecDeque::new(),
             sums: Counts::default(),
@@ -215,7 +224,7 @@ impl Tracked {
         let (f, m) = (s.functions.len(), s.modules.len());
         t.sums.resize(f, m);
         t.is_active.resize(f, false);
-        t.scratch = Counts {
+        let first = Counts {
             calls: s.functions.iter().map(|f| f.calls).collect(),
             samples: s.functions.iter().map(|f| f.samples).collect(),
             buckets: s.modules.iter().map(|m| m.samples).collect(),
@@ -225,15 +234,17 @@ impl Tracked {
         };
         if young {
             t.newest.resize(f, m);
-            t.record(now_ns, span_ns, true);
+            t.record(&first, now_ns, span_ns, true);
         } else {
-            std::mem::swap(&mut t.newest, &mut t.scratch);
+            t.newest = first;
         }
-        Ok((t, seen(h)))
+        Ok((t, seen(h, true)))
     }
 
     /// Reads the segment again at `now_ns`: names only if the process
     /// added functions or modules, counters always.
+    /// `scratch` is where the counters are read into: one buffer for every
+    /// process, so it stays in cache from one to the next.
     pub fn observe(
         &mut self,
         bytes: &[u8],
@@ -241,6 +252,7 @@ impl Tracked {
         now_ns: u64,
         span_ns: u64,
         slots: &mut Slots,
+        scratch: &mut Counts,
     ) -> Result<Seen, SegmentError> {
         let grown = self.meta.stale(h);
         if grown {
@@ -268,8 +280,8 @@ impl Tracked {
         self.newest.resize(f, m);
         self.sums.resize(f, m);
         self.is_active.resize(f, false);
-        self.scratch.resize(f, m);
-        if !sum_calls(bytes, h, &mut self.scratch.calls) {
+        scratch.grow(f, m);
+        if !sum_calls(bytes, h, &mut scratch.calls[..f]) {
             // No sum of one moment: this tick keeps the last counts.
             return Err(SegmentError::Busy);
         }
@@ -279,21 +291,24 @@ impl Tracked {
             read_samples(
                 bytes,
                 h,
-                &mut self.scratch.samples,
-                &mut self.scratch.buckets,
+                &mut scratch.samples[..f],
+                &mut scratch.buckets[..m],
             );
         }
-        self.scratch.unknown = h.samples_unknown;
-        self.scratch.total = h.samples_total;
-        self.scratch.lost = h.samples_lost;
+        scratch.unknown = h.samples_unknown;
+        scratch.total = h.samples_total;
+        scratch.lost = h.samples_lost;
         self.period_ns = h.sample_period_ns;
-        self.record(now_ns, span_ns, sampled);
+        self.record(scratch, now_ns, span_ns, sampled);
         // Flags only when the agent changed some: a read touches a cache
         // line per function.
         if self.flags_changes != h.flags_changes {
             self.read_flags(bytes, h);
         }
-        Ok(seen(h))
+        let moved = self.ring.back().is_some_and(|d| {
+            d.at_ns == now_ns && !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0)
+        });
+        Ok(seen(h, moved))
     }
 
     fn read_flags(&mut self, bytes: &[u8], h: &Header) {
@@ -305,11 +320,12 @@ impl Tracked {
         }
     }
 
-    /// Turns `scratch` (just read) into the newest point: its changes
-    /// become a delta, and deltas older than the span are let go. Without
-    /// `sampled`, samples were not read: they stayed.
-    fn record(&mut self, now_ns: u64, span_ns: u64, sampled: bool) {
-        let (new, old) = (&self.scratch, &self.newest);
+    /// Makes `new` (just read; its first slots are this process's) the
+    /// newest point: its changes become a delta, and deltas older than the
+    /// span are let go. Without `sampled`, samples were not read: they
+    /// stayed.
+    fn record(&mut self, new: &Counts, now_ns: u64, span_ns: u64, sampled: bool) {
+        let old = &mut self.newest;
         let mut d = Delta {
             at_ns: now_ns,
             funcs: Vec::new(),
@@ -318,38 +334,40 @@ impl Tracked {
             total: new.total.saturating_sub(old.total),
             lost: new.lost.saturating_sub(old.lost),
         };
+        // The newest point is updated in place, slot by slot: a counter
+        // that went back (a hostile segment) is taken as it is, adding
+        // nothing.
         if sampled {
             let (calls, samples) = (
-                new.calls.iter().zip(&old.calls),
-                new.samples.iter().zip(&old.samples),
+                new.calls.iter().zip(old.calls.iter_mut()),
+                new.samples.iter().zip(old.samples.iter_mut()),
             );
-            for (i, ((n, o), (ns, os))) in calls.zip(samples).enumerate() {
+            for (i, ((&n, o), (&ns, os))) in calls.zip(samples).enumerate() {
                 let (c, s) = (n.saturating_sub(*o), ns.saturating_sub(*os));
+                (*o, *os) = (n, ns);
                 if c | s != 0 {
                     d.funcs.push((i as u32, c, s));
                 }
             }
-            for (i, (n, o)) in new.buckets.iter().zip(&old.buckets).enumerate() {
-                if n > o {
-                    d.buckets.push((i as u32, n - o));
+            for (i, (&n, o)) in new.buckets.iter().zip(old.buckets.iter_mut()).enumerate() {
+                if n > *o {
+                    d.buckets.push((i as u32, n - *o));
                 }
+                *o = n;
             }
         } else {
-            for (i, (n, o)) in new.calls.iter().zip(&old.calls).enumerate() {
-                if n > o {
-                    d.funcs.push((i as u32, n - o, 0));
+            for (i, (&n, o)) in new.calls.iter().zip(old.calls.iter_mut()).enumerate() {
+                if n != *o {
+                    if n > *o {
+                        d.funcs.push((i as u32, n - *o, 0));
+                    }
+                    *o = n;
                 }
             }
         }
+        (old.unknown, old.total, old.lost) = (new.unknown, new.total, new.lost);
         self.apply(&d, true);
         self.ring.push_back(d);
-        let (new, old) = (&mut self.scratch, &mut self.newest);
-        std::mem::swap(&mut old.calls, &mut new.calls);
-        if sampled {
-            std::mem::swap(&mut old.samples, &mut new.samples);
-            std::mem::swap(&mut old.buckets, &mut new.buckets);
-        }
-        (old.unknown, old.total, old.lost) = (new.unknown, new.total, new.lost);
         self.newest_ns = now_ns;
         let start = now_ns.saturating_sub(span_ns);
         while self.ring.len() > 1 && self.ring[0].at_ns <= start {
@@ -654,8 +672,15 @@ mod tests {
         assert!(t.table().rows.is_empty());
         for k in 1..=10u64 {
             seg.set(1000 + k * 100, 10 + k, k);
-            t.observe(seg.bytes(), &seg.header(), (100 + k) * S, 5 * S, &mut slots)
-                .unwrap();
+            t.observe(
+                seg.bytes(),
+                &seg.header(),
+                (100 + k) * S,
+                5 * S,
+                &mut slots,
+                &mut Counts::default(),
+            )
+            .unwrap();
         }
         let tab = t.table();
         assert_eq!(tab.span_ns, 5 * S);
@@ -695,8 +720,15 @@ mod tests {
         seg.w.set_status(f, None);
         // SAFETY: slot `f` of stripe 0 lies within the segment's memory.
         unsafe { *seg.w.counters().stripe_ptr(0).add(f as usize) = 7 };
-        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S, &mut slots)
-            .unwrap();
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            101 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         let tab = t.table();
         let r = &tab.rows[0];
         assert_eq!(
@@ -720,15 +752,29 @@ mod tests {
         assert!(!t.table().rows[0].estimated);
         seg.w.set_estimated(0, Some(250));
         seg.set(200, 2, 0);
-        t.observe(seg.bytes(), &seg.header(), 3 * S, 5 * S, &mut slots)
-            .unwrap();
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            3 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         let hot = &t.table().rows[0];
         assert!(hot.estimated);
         assert_eq!((hot.calls, hot.samples), (200, 2));
         seg.w.set_estimated(0, None);
         seg.set(300, 3, 0);
-        t.observe(seg.bytes(), &seg.header(), 4 * S, 5 * S, &mut slots)
-            .unwrap();
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            4 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         let hot = &t.table().rows[0];
         assert!(!hot.estimated);
         assert_eq!((hot.calls, hot.samples), (300, 3));
@@ -756,7 +802,8 @@ mod tests {
         let b = bytes(&mut mem);
         let h = read_header(&b).unwrap();
         assert_eq!(
-            t.observe(&b, &h, 3 * S, 5 * S, &mut slots).err(),
+            t.observe(&b, &h, 3 * S, 5 * S, &mut slots, &mut Counts::default())
+                .err(),
             Some(SegmentError::Rewritten("function count"))
         );
         // Another executable under a grown header.
@@ -765,8 +812,15 @@ mod tests {
         let f = seg2.w.add_function(b"late", 0, 1).unwrap();
         seg2.w.set_status(f, None);
         assert_eq!(
-            t.observe(seg2.bytes(), &seg2.header(), 4 * S, 5 * S, &mut slots)
-                .err(),
+            t.observe(
+                seg2.bytes(),
+                &seg2.header(),
+                4 * S,
+                5 * S,
+                &mut slots,
+                &mut Counts::default()
+            )
+            .err(),
             Some(SegmentError::Rewritten("executable"))
         );
         t.release(&mut slots);
@@ -781,12 +835,26 @@ mod tests {
         let (mut t, _) =
             Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S, &mut slots).unwrap();
         seg.set(10, 0, 0);
-        t.observe(seg.bytes(), &seg.header(), 101 * S, 5 * S, &mut slots)
-            .unwrap();
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            101 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         assert!(t.table().rows.is_empty());
         seg.set(20, 0, 0);
-        t.observe(seg.bytes(), &seg.header(), 102 * S, 5 * S, &mut slots)
-            .unwrap();
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            102 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         assert_eq!(t.table().rows[0].calls, 10);
     }
 }

@@ -85,6 +85,7 @@ impl Entry {
         now: u64,
         span_ns: u64,
         slots: &mut Slots,
+        scratch: &mut spans::Counts,
     ) -> Result<Option<spans::Seen>, Error> {
         let Some(bytes) = self.map.bytes() else {
             return Ok(None);
@@ -92,7 +93,7 @@ impl Entry {
         let h = rtprof_shared::read_header(bytes).map_err(Error::Unreadable)?;
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
-            Some(t) => t.observe(bytes, &h, now, span_ns, slots),
+            Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
             None => Tracked::new(bytes, &h, now, span_ns, slots).map(|(t, seen)| {
                 self.tracked = Some(t);
                 seen
@@ -141,6 +142,8 @@ pub struct Table {
     pub rejected: u64,
     /// Row ids of the followed processes' functions.
     slots: Slots,
+    /// What each process's counters are read into, in turn.
+    scratch: spans::Counts,
 }
 
 impl Table {
@@ -157,6 +160,7 @@ impl Table {
             by_uid: HashMap::new(),
             rejected: 0,
             slots: Slots::default(),
+            scratch: spans::Counts::default(),
         }
     }
 
@@ -288,7 +292,7 @@ impl Table {
         let t = Instant::now();
         let mut gone = Vec::new();
         for (&seq, e) in &mut self.entries {
-            let seen = match e.observe(now, span_ns, &mut self.slots) {
+            let seen = match e.observe(now, span_ns, &mut self.slots, &mut self.scratch) {
                 Ok(Some(s)) => s,
                 Ok(None) if e.unfilled < UNFILLED_TICKS => {
                     e.unfilled += 1;
@@ -329,7 +333,9 @@ impl Table {
                 continue;
             }
             let tr = e.tracked.as_mut().unwrap();
-            if seen.state == state::EXITED || !alive(seen.pid) {
+            // One that counted this tick was alive in it: asked next
+            // time (a system call per process per tick adds up).
+            if seen.state == state::EXITED || (!seen.moved && !alive(seen.pid)) {
                 tr.ended = true;
             }
         }

@@ -85,6 +85,10 @@ struct Scratch {
     global_of: Vec<u32>,
     /// Each global row's id and key.
     global_ids: Vec<(u32, u32)>,
+    /// Without the caller's names: where each id's name was written.
+    name_of: Vec<(u32, u32)>,
+    /// Processes by executable.
+    by_exe: Vec<u32>,
 }
 
 // SAFETY: nothing in the writer is tied to the thread that made it: it is
@@ -267,6 +271,8 @@ fn build<'a>(
         ids,
         global_of,
         global_ids,
+        name_of,
+        by_exe,
     } = sc;
     strings.clear();
     entries.clear();
@@ -294,7 +300,13 @@ fn build<'a>(
     let mut intern = |strings: &mut Vec<u8>, s: &'a str| -> (u32, u32) {
         *interned.entry(s).or_insert_with(|| push_str(strings, s))
     };
+    // Without the caller's names, each id's name is written once, where
+    // it first comes.
+    if names.is_none() && name_of.len() < global_of.len() {
+        name_of.resize(global_of.len(), (EMPTY, 0));
+    }
     let global_first = ids.len() as u32;
+    // The process rows, in pid order.
     let mut next_id = ids.iter();
     for (pi, p) in order.iter().map(|&i| &procs[i as usize]).enumerate() {
         let (exe_off, exe_len) = intern(strings, p.exe);
@@ -318,13 +330,17 @@ fn build<'a>(
                 last_module = (r.module, intern(strings, r.module));
             }
             let (module_off, module_len) = last_module.1;
-            let gi = global_of[id as usize];
-            let (name_off, name_len) = match (globals.get(gi as usize), names) {
-                (Some(g), _) => (g.name_off, g.name_len),
-                (None, Some(n)) => n.span(id),
-                (None, None) => push_str(strings, r.name),
+            let (name_off, name_len) = match names {
+                Some(n) => n.span(id),
+                None => {
+                    let at = &mut name_of[id as usize];
+                    if at.0 == EMPTY {
+                        *at = push_str(strings, r.name);
+                    }
+                    *at
+                }
             };
-            let row = Row {
+            rows.push(Row {
                 name_off,
                 name_len,
                 module_off,
@@ -339,14 +355,28 @@ fn build<'a>(
                 time_ns: r.time_ns,
                 total_calls: r.total_calls,
                 check: 0,
-            };
-            rows.push(row);
-            let g = match globals.get_mut(gi as usize) {
+            });
+        }
+    }
+    // The global rows, merged executable by executable: the rows of one
+    // program's processes share ids, so what they add up stays in cache.
+    by_exe.clear();
+    by_exe.extend(0..entries.len() as u32);
+    by_exe.sort_by_key(|&pi| (entries[pi as usize].exe_off, pi));
+    for &pi in by_exe.iter() {
+        let e = &entries[pi as usize];
+        let p = &procs[order[pi as usize] as usize];
+        let first = e.first_row as usize;
+        for k in first..first + e.row_count as usize {
+            let (id, row) = (ids[k], rows[k]);
+            let g = match globals.get_mut(global_of[id as usize] as usize) {
                 Some(g) => g,
                 None => {
                     global_of[id as usize] = globals.len() as u32;
-                    let key = names.map_or_else(|| key_hash(p.exe, r.name), |n| n.key(id));
+                    let key = names
+                        .map_or_else(|| key_hash(p.exe, p.rows[k - first].name), |n| n.key(id));
                     global_ids.push((id, key));
+                    // Its process: the first of the executable in pid order.
                     globals.push(Row {
                         flags: ROW_GLOBAL,
                         calls: 0,
@@ -373,6 +403,9 @@ fn build<'a>(
     hash.resize(cap as usize, EMPTY);
     for (k, &(id, key)) in global_ids.iter().enumerate() {
         global_of[id as usize] = EMPTY;
+        if let Some(at) = name_of.get_mut(id as usize) {
+            *at = (EMPTY, 0);
+        }
         let mut h = key & (cap - 1);
         while hash[h as usize] != EMPTY {
             h = (h + 1) & (cap - 1);
