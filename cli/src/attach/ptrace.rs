@@ -1,0 +1,211 @@
+//! Every thread of a target process held still with ptrace (seize +
+//! interrupt), and let go again when dropped, whatever happened meanwhile:
+//! a signal the stop intercepted is handed back at detach.
+
+use std::time::{Duration, Instant};
+
+/// A thread that does not stop within this (in an uninterruptible sleep,
+/// say) gives up the attach.
+const STOP_DEADLINE: Duration = Duration::from_secs(2);
+
+pub struct Thread {
+    pub tid: i32,
+    /// A signal intercepted while the thread was held: re-injected at detach.
+    pub pending: i32,
+    /// Still attached (a thread let go early is not detached twice).
+    attached: bool,
+}
+
+/// Why the threads could not be held.
+#[derive(Debug)]
+pub enum SeizeError {
+    /// PTRACE_SEIZE refused with this errno on the first thread.
+    Refused(i32),
+    /// A thread did not stop in time.
+    Timeout(i32),
+    /// Another system call failed.
+    Other(&'static str, std::io::Error),
+}
+
+/// Every thread of `pid`, stopped.
+pub struct Stopped {
+    pub pid: i32,
+    pub threads: Vec<Thread>,
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> Result<libc::c_long, i32> {
+    // SAFETY: requests whose pointer arguments (if any) the callers pass
+    // as valid buffers of the size the request needs.
+    let r = unsafe {
+        libc::ptrace(
+            req,
+            tid,
+            addr as *mut libc::c_void,
+            data as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+pub fn cont(tid: i32, sig: i32) -> Result<(), i32> {
+    ptrace(libc::PTRACE_CONT, tid, 0, sig as usize).map(|_| ())
+}
+
+fn tasks(pid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// What waitpid said about one thread.
+pub enum Event {
+    /// Stopped: signal number and ptrace event (`status >> 16`).
+    Stopped { sig: i32, event: i32 },
+    /// The thread (or process) is gone.
+    Gone,
+}
+
+/// Waits for `tid`'s next state change, until `deadline`.
+pub fn wait(tid: i32, deadline: Instant) -> Option<Event> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for a thread we trace; `status` is ours.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
+        if r == tid {
+            if libc::WIFSTOPPED(status) {
+                return Some(Event::Stopped {
+                    sig: libc::WSTOPSIG(status),
+                    event: status >> 16,
+                });
+            }
+            return Some(Event::Gone);
+        }
+        if r < 0 && errno() != libc::EINTR {
+            return Some(Event::Gone);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+impl Stopped {
+    /// Seizes and interrupts every thread of `pid`, listing its tasks
+    /// again until no new one appears (threads may start meanwhile).
+    pub fn seize(pid: i32) -> Result<Stopped, SeizeError> {
+        let mut s = Stopped {
+            pid,
+            threads: Vec::new(),
+        };
+        loop {
+            let new: Vec<i32> = tasks(pid)
+                .into_iter()
+                .filter(|t| !s.threads.iter().any(|h| h.tid == *t))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for tid in new {
+                match ptrace(libc::PTRACE_SEIZE, tid, 0, 0) {
+                    Ok(_) => {}
+                    // Ended since it was listed.
+                    Err(libc::ESRCH) => continue,
+                    Err(e) if s.threads.is_empty() => return Err(SeizeError::Refused(e)),
+                    Err(e) => {
+                        return Err(SeizeError::Other(
+                            "PTRACE_SEIZE",
+                            std::io::Error::from_raw_os_error(e),
+                        ))
+                    }
+                }
+                s.threads.push(Thread {
+                    tid,
+                    pending: 0,
+                    attached: true,
+                });
+                if let Err(e) = ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) {
+                    if e != libc::ESRCH {
+                        return Err(SeizeError::Other(
+                            "PTRACE_INTERRUPT",
+                            std::io::Error::from_raw_os_error(e),
+                        ));
+                    }
+                }
+            }
+        }
+        if s.threads.is_empty() {
+            return Err(SeizeError::Refused(libc::ESRCH));
+        }
+        let deadline = Instant::now() + STOP_DEADLINE;
+        for t in &mut s.threads {
+            loop {
+                match wait(t.tid, deadline) {
+                    None => return Err(SeizeError::Timeout(t.tid)),
+                    Some(Event::Gone) => {
+                        t.attached = false;
+                        break;
+                    }
+                    // The interrupt (or a group stop): held.
+                    Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => {
+                        break
+                    }
+                    // A signal arrived first: keep it for detach, wait for
+                    // the interrupt's stop.
+                    Some(Event::Stopped { sig, .. }) => {
+                        if t.pending == 0 {
+                            t.pending = sig;
+                        }
+                        if cont(t.tid, 0).is_err() {
+                            t.attached = false;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        s.threads.retain(|t| t.attached);
+        Ok(s)
+    }
+
+    /// Lets every thread but `keep` run again.
+    pub fn release_others(&mut self, keep: i32) {
+        for t in self.threads.iter_mut().filter(|t| t.tid != keep) {
+            detach(t);
+        }
+    }
+}
+
+fn detach(t: &mut Thread) {
+    if !t.attached {
+        return;
+    }
+    t.attached = false;
+    if ptrace(libc::PTRACE_DETACH, t.tid, 0, t.pending as usize).is_ok() {
+        return;
+    }
+    // Not in a stop (running after a failed call): stop it, then detach.
+    if ptrace(libc::PTRACE_INTERRUPT, t.tid, 0, 0).is_ok() {
+        let _ = wait(t.tid, Instant::now() + STOP_DEADLINE);
+        let _ = ptrace(libc::PTRACE_DETACH, t.tid, 0, t.pending as usize);
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for t in &mut self.threads {
+            detach(t);
+        }
+    }
+}
