@@ -1,0 +1,390 @@
+//! Loaded late, into a running process (`rtprof attach`): the constructor
+//! found the process traced (rtprof holds its threads) and did nothing;
+//! rtprof then calls [`rtprof_attach`] in one held thread. That call only
+//! starts a thread of ours and returns, so the program is held for as
+//! short a time as possible; the thread instruments the selected modules
+//! while the program's threads run, writing the entries with them held
+//! still by the stopper (a thread part-way through an entry's original
+//! instructions leaves that entry for a later try), and answers in a
+//! status file. [`rtprof_detach`] puts every entry back the same way and
+//! leaves the agent inert: its stubs stay mapped (a thread may still be
+//! running through one), its counts stay readable.
+//!
+//! Not yet done here: sampling the threads that existed before attach
+//! (perf events are per thread and inherited only by later ones, so
+//! attach samples nothing), following libraries loaded after attach (the
+//! loader hook rewrites `_dl_debug_state`, which running threads may be
+//! executing), and attaching again after a detach.
+// Only the exported entry points reach this, and unit tests export none.
+#![cfg_attr(test, allow(dead_code))]
+
+use crate::config::Config;
+use crate::install::{self, StubMap};
+use crate::log::vlog;
+use crate::maps::Maps;
+use crate::segment::Segment;
+use crate::startup::{self, Planned};
+use crate::stopworld::{StopError, Stopper};
+use crate::switch::{self, EntrySwitch};
+use crate::{agent, loader, now_ns, records, threads, Agent, AGENT};
+use rtprof_shared::Refusal;
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where the agent stands: loaded and idle, attaching, attached, detached.
+static PHASE: AtomicU8 = AtomicU8::new(IDLE);
+const IDLE: u8 = 0;
+const ATTACHING: u8 = 1;
+const ATTACHED: u8 = 2;
+const DETACHING: u8 = 3;
+const DETACHED: u8 = 4;
+
+/// Tries at writing the entries a stopped thread was part-way through.
+const WRITE_TRIES: usize = 5;
+/// rtprof lets the program's threads go just after our entry point
+/// returns; until then none can be stopped by us.
+const UNTRACED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Starts attaching: `spec` is `RTPROF_*=value` lines (the environment
+/// the agent would have had). Returns 0 when the attaching thread runs,
+/// 1 if the agent is not idle (already attached or attaching), 2 if the
+/// thread could not start.
+///
+/// # Safety
+/// `spec` is a NUL-terminated string.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_attach(spec: *const libc::c_char) -> libc::c_int {
+    if spec.is_null() {
+        return 2;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let spec = unsafe { CStr::from_ptr(spec) }
+        .to_string_lossy()
+        .into_owned();
+    if PHASE
+        .compare_exchange(IDLE, ATTACHING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+        || agent().is_some()
+    {
+        return 1;
+    }
+    let started = std::thread::Builder::new()
+        .name("rtprof-attach".into())
+        .spawn(move || attach_thread(&spec));
+    match started {
+        Ok(_) => 0,
+        Err(_) => {
+            PHASE.store(IDLE, Ordering::Release);
+            2
+        }
+    }
+}
+
+/// Starts detaching: every patched entry gets its own bytes back, and
+/// `status` (a path) gets "ok" or "error: why". Returns 0 when the
+/// detaching thread runs, 1 if the agent is not attached.
+///
+/// # Safety
+/// `status` is a NUL-terminated string.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_detach(status: *const libc::c_char) -> libc::c_int {
+    if status.is_null() {
+        return 1;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let status = unsafe { CStr::from_ptr(status) }
+        .to_string_lossy()
+        .into_owned();
+    if PHASE
+        .compare_exchange(ATTACHED, DETACHING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return 1;
+    }
+    let started = std::thread::Builder::new()
+        .name("rtprof-detach".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(detach_all).unwrap_or(Err("internal error".into()));
+            PHASE.store(
+                if r.is_ok() { DETACHED } else { ATTACHED },
+                Ordering::Release,
+            );
+            answer(&status, r);
+        });
+    match started {
+        Ok(_) => 0,
+        Err(_) => {
+            PHASE.store(ATTACHED, Ordering::Release);
+            1
+        }
+    }
+}
+
+fn parse_spec(spec: &str) -> HashMap<String, String> {
+    spec.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Writes the answer where rtprof waits for it, whole (a rename).
+fn answer(path: &str, r: Result<String, String>) {
+    if path.is_empty() {
+        return;
+    }
+    let text = match r {
+        Ok(m) => format!("{m}\n"),
+        Err(e) => format!("error: {e}\n"),
+    };
+    let tmp = format!("{path}.tmp");
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+fn attach_thread(spec: &str) {
+    let vars = parse_spec(spec);
+    let status = vars.get("RTPROF_ATTACH_STATUS").cloned().unwrap_or_default();
+    let mut cfg = Config::from_lookup(|k| vars.get(k).map(Into::into));
+    // Not supported late yet (see the module's comment): exact counting
+    // of the selected modules only.
+    cfg.sample_hz = 0;
+    cfg.budget = None;
+    cfg.warm_only = false;
+    cfg.callers = false;
+    cfg.report = None;
+    crate::log::set_verbose(cfg.verbose);
+    let r = std::panic::catch_unwind(move || late_start(cfg))
+        .unwrap_or_else(|_| Err("internal error while attaching".into()));
+    PHASE.store(
+        if r.is_ok() { ATTACHED } else { DETACHED },
+        Ordering::Release,
+    );
+    answer(&status, r);
+}
+
+/// A stopper, once rtprof has let the program's threads go.
+fn stopper() -> Result<Stopper, String> {
+    let held = |e| format!("cannot hold the program's threads: {e}");
+    let mut s = Stopper::new().map_err(held)?;
+    let started = Instant::now();
+    loop {
+        // A stop with nothing to do tells whether the threads can be held.
+        match s.run(|_| ()) {
+            Ok(()) => return Ok(s),
+            Err(StopError::Traced) if started.elapsed() < UNTRACED_WITHIN => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => return Err(held(e)),
+        }
+    }
+}
+
+/// Writes `entries` in their `counted` state with the program's threads
+/// held, again for those a thread was part-way through; returns which
+/// were written (in `entries`' order).
+fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<Vec<bool>, String> {
+    // Sorted by address, as the writer wants them.
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_unstable_by_key(|&i| entries[i].at);
+    let mut todo: Vec<EntrySwitch> = order.iter().map(|&i| entries[i]).collect();
+    let mut todo_idx = order;
+    let mut written = vec![false; entries.len()];
+    let mem = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/mem")
+        .map_err(|e| format!("/proc/self/mem: {e}"))?;
+    let mut stopper = stopper()?;
+    for _ in 0..WRITE_TRIES {
+        if todo.is_empty() {
+            break;
+        }
+        let mut done = vec![false; todo.len()];
+        stopper
+            .run(|pcs| switch::write_entries_stopped(&mem, &todo, counted, pcs, &mut done))
+            .map_err(|e| format!("cannot hold the program's threads: {e}"))?;
+        let mut k = 0;
+        todo.retain(|_| {
+            k += 1;
+            !done[k - 1]
+        });
+        for (i, d) in todo_idx.iter().zip(&done) {
+            written[*i] |= *d;
+        }
+        let mut k = 0;
+        todo_idx.retain(|_| {
+            k += 1;
+            !done[k - 1]
+        });
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(written)
+}
+
+/// Start-up's steps for a running process: the same plans, records and
+/// stubs, entries written live; no loader hook, no sampler.
+fn late_start(cfg: Config) -> Result<String, String> {
+    let t = Instant::now();
+    crate::debuginfo::set_dirs(cfg.debug_dirs.clone());
+    crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), false));
+    let maps = Maps::current();
+    let plans = startup::plan_modules(&cfg, &maps);
+    let exe = plans
+        .iter()
+        .find(|p| p.module().is_main)
+        .map(|p| p.module().path.clone())
+        .or_else(|| {
+            std::fs::read_link("/proc/self/exe")
+                .ok()
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let caps = startup::capacities(&cfg, &plans, &exe);
+    crate::register::set_socket(&cfg.daemon_socket);
+    // SAFETY: a system call without arguments.
+    let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
+    let (segment, mut writer) = Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns())
+        .map_err(|e| format!("no counter segment: {e}"))?;
+    let tls_offset = i32::try_from(threads::tls_offset())
+        .map_err(|_| "thread-local storage out of reach".to_string())?;
+    let _ = writer.set_exe(exe.as_bytes());
+    let mut recorded = Vec::with_capacity(plans.len());
+    for p in &plans {
+        let r = match p {
+            Planned::Instrument(plan) => {
+                match records::record_module(&segment, &mut writer, plan) {
+                    Ok((present, first)) => (Some(present), first),
+                    Err(records::Full) => break,
+                }
+            }
+            Planned::Sample(m, funcs, why) => (
+                records::record_sampled(&segment, &mut writer, m, funcs.as_deref(), *why),
+                None,
+            ),
+        };
+        recorded.push(r);
+    }
+    let shared = segment.counters.stripe_ptr(0) as u64;
+    crate::callers::start(false);
+    let mut stubs = StubMap::keeping_entries();
+    let mut installed = Vec::new();
+    for (p, (_, first)) in plans.iter().zip(&recorded) {
+        let (Planned::Instrument(p), Some(first)) = (p, *first) else {
+            continue;
+        };
+        let counted = |name: &str| cfg.counts_from_start(name.as_bytes());
+        // The stub areas stay for good: a thread may run through a stub
+        // even after detach.
+        let (outcomes, _area) =
+            install::install_stubs_only(p, first, tls_offset, shared, &mut stubs, &counted);
+        installed.push((p, first, outcomes));
+    }
+    // Stubs are complete and executable: now the entries, live.
+    let written = write_live(stubs.entries(), true)?;
+    let failed: Vec<u32> = stubs
+        .entries()
+        .iter()
+        .zip(&written)
+        .filter(|(_, w)| !**w)
+        .map(|(e, _)| e.slot)
+        .collect();
+    let mut patched = 0;
+    for (p, first, mut outcomes) in installed {
+        for &slot in &failed {
+            if let Some(o) = slot
+                .checked_sub(first)
+                .and_then(|k| outcomes.get_mut(k as usize))
+            {
+                *o = Some(Refusal::WriteFailed);
+            }
+        }
+        patched += records::record_outcomes(&mut writer, first, &outcomes);
+        crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+    }
+    let known = loader::Known(
+        plans
+            .iter()
+            .zip(
+                recorded
+                    .into_iter()
+                    .map(Some)
+                    .chain(std::iter::repeat(None)),
+            )
+            .map(|(p, r)| loader::KnownModule {
+                bias: p.module().bias,
+                file: p.module().file.clone(),
+                area: None,
+                present: r.and_then(|r| r.0),
+                on_demand: match p {
+                    Planned::Sample(m, None, _) => Some(m.clone()),
+                    _ => None,
+                },
+            })
+            .collect(),
+    );
+    let stripe_bytes = segment.counters.layout().stripe_bytes;
+    segment
+        .counters
+        .set_state(rtprof_shared::layout::state::RUNNING);
+    crate::sampling::set_stacks(false);
+    crate::sampling::publish_map(&writer, &known.present(), stubs.ranges());
+    let modules = plans
+        .iter()
+        .filter(|p| matches!(p, Planned::Instrument(_)))
+        .count();
+    if AGENT
+        .set(Agent {
+            config: cfg,
+            segment,
+            tls_offset,
+            state: crate::lifecycle::locked::StateLock::new(crate::lifecycle::locked::Locked {
+                stubs,
+                known,
+                budget: None,
+                writer,
+            }),
+        })
+        .is_err()
+    {
+        return Err("the agent is already running in this process".into());
+    }
+    threads::init_exit_key();
+    crate::fork::install_handlers(stripe_bytes);
+    if let Some(a) = agent() {
+        // Records that no sampler runs, and why.
+        crate::sampling::start(a);
+        a.segment
+            .counters
+            .set_setup_ns(t.elapsed().as_nanos() as u64);
+    }
+    // SAFETY: registers an extern "C" function that lives as long as the
+    // library, which is never unloaded (nothing calls dlclose on it).
+    unsafe { startup::on_exit(startup::at_exit, std::ptr::null_mut()) };
+    let msg = format!(
+        "{patched} functions patched in {modules} module(s), {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    vlog!("attached: {msg}");
+    Ok(msg)
+}
+
+/// Every kept entry back to its own bytes, with the threads held.
+fn detach_all() -> Result<String, String> {
+    let a = agent().ok_or("the agent is not running")?;
+    let state = a.state.lock().ok_or("the agent's state is unavailable")?;
+    let entries = state.stubs.entries().to_vec();
+    drop(state);
+    let written = write_live(&entries, false)?;
+    let restored = written.iter().filter(|w| **w).count();
+    if restored != entries.len() {
+        return Err(format!(
+            "{} of {} entries could not be restored",
+            entries.len() - restored,
+            entries.len()
+        ));
+    }
+    vlog!("detached: {restored} entries restored");
+    Ok(format!("{restored} entries restored"))
+}
