@@ -270,6 +270,7 @@ fn state_text(s: &Snapshot) -> String {
         ("exit", _) => format!("exited with status {}", s.exit_status),
         ("exec", _) => "replaced itself (exec)".to_string(),
         (_, state::RUNNING) => "ended without running exit handlers".to_string(),
+        (_, state::DETACHED) => "detached, still running".to_string(),
         _ => "ended during start-up".to_string(),
     }
 }

@@ -647,6 +647,13 @@ impl Counters {
         self.set_state(state::EXITED);
     }
 
+    /// The profile ended while the process runs on (`rtprof detach`).
+    pub fn set_detached(&self, end_ns: u64) {
+        self.header_u64(offset_of!(Header, end_ns))
+            .store(end_ns, Ordering::Relaxed);
+        self.set_state(state::DETACHED);
+    }
+
     /// Updates pid/ppid/start time (a forked child reuses its parent's layout).
     pub fn set_identity(&self, pid: u32, ppid: u32, start_ns: u64) {
         self.header_u32(offset_of!(Header, pid))

@@ -122,6 +122,12 @@ pub unsafe extern "C" fn rtprof_detach(status: *const libc::c_char) -> libc::c_i
     }
 }
 
+/// Whether `rtprof detach` has ended this agent's profile: the exit
+/// handler leaves the counter segment as it is.
+pub(crate) fn detached() -> bool {
+    PHASE.load(Ordering::Acquire) == DETACHED
+}
+
 fn parse_spec(spec: &str) -> HashMap<String, String> {
     spec.lines()
         .filter_map(|l| l.split_once('='))
@@ -385,6 +391,7 @@ fn detach_all() -> Result<String, String> {
             entries.len()
         ));
     }
+    a.segment.counters.set_detached(now_ns());
     vlog!("detached: {restored} entries restored");
     Ok(format!("{restored} entries restored"))
 }

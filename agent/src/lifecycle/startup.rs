@@ -388,6 +388,9 @@ extern "C" {
 pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
+        if crate::lifecycle::attach::detached() {
+            return;
+        }
         // A child made without fork handlers (raw clone) still maps its
         // parent's segment: its exit is not the parent's.
         if a.segment.counters.pid() != std::process::id() {
