@@ -19,6 +19,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 use crate::config::Config;
+use crate::error::Errno;
 use crate::install::{self, StubMap};
 use crate::log::vlog;
 use crate::maps::Maps;
@@ -45,7 +46,7 @@ const DETACHED: u8 = 4;
 const WRITE_TRIES: usize = 5;
 /// rtprof lets the program's threads go just after our entry point
 /// returns; until then none can be stopped by us.
-const UNTRACED_WITHIN: Duration = Duration::from_secs(10);
+const UNTRACED_WITHIN: Duration = Duration::from_secs(3);
 
 /// Starts attaching: `spec` is `RTPROF_*=value` lines (the environment
 /// the agent would have had). Returns 0 when the attaching thread runs,
@@ -152,7 +153,10 @@ fn answer(path: &str, r: Result<String, String>) {
 
 fn attach_thread(spec: &str) {
     let vars = parse_spec(spec);
-    let status = vars.get("RTPROF_ATTACH_STATUS").cloned().unwrap_or_default();
+    let status = vars
+        .get("RTPROF_ATTACH_STATUS")
+        .cloned()
+        .unwrap_or_default();
     let mut cfg = Config::from_lookup(|k| vars.get(k).map(Into::into));
     // Not supported late yet (see the module's comment): exact counting
     // of the selected modules only.
@@ -180,7 +184,11 @@ fn stopper() -> Result<Stopper, String> {
         // A stop with nothing to do tells whether the threads can be held.
         match s.run(|_| ()) {
             Ok(()) => return Ok(s),
-            Err(StopError::Traced) if started.elapsed() < UNTRACED_WITHIN => {
+            // rtprof lets the threads go one by one: until the last, a
+            // seize fails (EPERM) even with the leader free.
+            Err(StopError::Traced | StopError::NotPermitted(Errno(libc::EPERM)))
+                if started.elapsed() < UNTRACED_WITHIN =>
+            {
                 std::thread::sleep(Duration::from_millis(2))
             }
             Err(e) => return Err(held(e)),

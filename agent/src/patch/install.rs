@@ -156,7 +156,15 @@ pub fn install(
     map: &mut StubMap,
     counted: &dyn Fn(&str) -> bool,
 ) -> (Outcomes, Option<StubArea>) {
-    install_with(mp, first_slot, tls_offset, shared_stripe, map, counted, true)
+    install_with(
+        mp,
+        first_slot,
+        tls_offset,
+        shared_stripe,
+        map,
+        counted,
+        true,
+    )
 }
 
 /// As [`install`], but with the entries left as they are: for a process
@@ -172,7 +180,15 @@ pub fn install_stubs_only(
     counted: &dyn Fn(&str) -> bool,
 ) -> (Outcomes, Option<StubArea>) {
     debug_assert!(map.entries.is_some());
-    install_with(mp, first_slot, tls_offset, shared_stripe, map, counted, false)
+    install_with(
+        mp,
+        first_slot,
+        tls_offset,
+        shared_stripe,
+        map,
+        counted,
+        false,
+    )
 }
 
 fn install_with(

@@ -193,8 +193,8 @@ fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
     let f = agent_function(pid, "rtprof_detach")?;
     let mut stopped = seize(pid)?;
     let path = status.to_string_lossy().into_owned();
-    let r = call(&mut stopped, f, &[Arg::Str(&path)])
-        .map_err(|e| Failure::Call("rtprof_detach", e))?;
+    let r =
+        call(&mut stopped, f, &[Arg::Str(&path)]).map_err(|e| Failure::Call("rtprof_detach", e))?;
     drop(stopped);
     if r != 0 {
         return Err(Failure::AgentSaid(

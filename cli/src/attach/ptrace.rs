@@ -158,9 +158,7 @@ impl Stopped {
                         break;
                     }
                     // The interrupt (or a group stop): held.
-                    Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => {
-                        break
-                    }
+                    Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => break,
                     // A signal arrived first: keep it for detach, wait for
                     // the interrupt's stop.
                     Some(Event::Stopped { sig, .. }) => {

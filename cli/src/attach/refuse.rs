@@ -7,13 +7,20 @@ use std::os::unix::fs::MetadataExt;
 #[derive(Debug)]
 pub enum Refusal {
     NoSuchProcess,
-    OtherUser { owner: u32 },
+    OtherUser {
+        owner: u32,
+    },
     SetId,
     AlreadyProfiled,
-    Traced { by: u32 },
+    Traced {
+        by: u32,
+    },
     Static,
     /// PTRACE_SEIZE refused: the errno and Yama's ptrace_scope, if any.
-    Ptrace { errno: i32, yama: Option<u32> },
+    Ptrace {
+        errno: i32,
+        yama: Option<u32>,
+    },
     Ourselves,
 }
 
@@ -78,7 +85,10 @@ pub fn yama_scope() -> Option<u32> {
 }
 
 fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
-    status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim)
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(str::trim)
 }
 
 /// The checks that need no ptrace; `maps` is the target's /proc/PID/maps.
@@ -86,8 +96,8 @@ pub fn check(pid: i32, maps: &str) -> Result<(), Refusal> {
     if pid as u32 == std::process::id() {
         return Err(Refusal::Ourselves);
     }
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| Refusal::NoSuchProcess)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| Refusal::NoSuchProcess)?;
     // SAFETY: a plain system call without arguments.
     let me = unsafe { libc::geteuid() };
     let ids = |name| -> Vec<u32> {
@@ -122,7 +132,10 @@ pub fn check(pid: i32, maps: &str) -> Result<(), Refusal> {
         return Err(Refusal::Traced { by });
     }
     let paths = super::inject::mappings(maps);
-    if paths.iter().any(|m| file_name(&m.path).starts_with("librtprof")) {
+    if paths
+        .iter()
+        .any(|m| file_name(&m.path).starts_with("librtprof"))
+    {
         return Err(Refusal::AlreadyProfiled);
     }
     if libc_path(&paths).is_none() {
@@ -137,12 +150,10 @@ pub fn file_name(path: &str) -> &str {
 
 /// The target's libc, which defines `dlopen`.
 pub fn libc_path(maps: &[super::inject::Mapping]) -> Option<&str> {
-    maps.iter()
-        .map(|m| m.path.as_str())
-        .find(|p| {
-            let n = file_name(p);
-            n.starts_with("libc.so") || (n.starts_with("libc-") && n.ends_with(".so"))
-        })
+    maps.iter().map(|m| m.path.as_str()).find(|p| {
+        let n = file_name(p);
+        n.starts_with("libc.so") || (n.starts_with("libc-") && n.ends_with(".so"))
+    })
 }
 
 /// PTRACE_SEIZE's errno as the refusal the user reads.

@@ -1,0 +1,204 @@
+//! `rtprof attach PID`: the agent loaded into a running multi-threaded
+//! program for a while, its counts checked against the program's own, the
+//! program left running its original code; and every refusal's message.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The target, started; its stdout lines arrive on the channel.
+fn start_target(bin: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            if tx.send(l.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The program's own total in a `tick N calls C` or `done calls C` line.
+fn calls_in(line: &str) -> u64 {
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+fn well_formed(line: &str) -> bool {
+    let w: Vec<&str> = line.split(' ').collect();
+    match w.as_slice() {
+        ["tick", n, "calls", c] => n.parse::<u64>().is_ok() && c.parse::<u64>().is_ok(),
+        ["done", "calls", c] => c.parse::<u64>().is_ok(),
+        _ => false,
+    }
+}
+
+fn calls_of(report: &Value, name: &str) -> u64 {
+    let p = &report["processes"][0];
+    function_named(p, name)["calls"].as_u64().unwrap()
+}
+
+#[test]
+fn attach_counts_the_interval_and_detach_leaves_the_program_running() {
+    let dir = scratch("attach");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let threads = 8;
+    let (mut child, lines) = start_target(&bin, &["6", &threads.to_string()]);
+    let mut seen = Vec::new();
+    // Running for a while before attach.
+    while seen.len() < 8 {
+        seen.push(lines.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+    let before = calls_in(seen.last().unwrap());
+    let json = dir.join("attach.json");
+    let out = Command::new(rtprof())
+        .arg("attach")
+        .arg(child.id().to_string())
+        .args(["--duration", "2", "--verbose", "--output"])
+        .arg(&json)
+        .arg("--agent")
+        .arg(agent())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rtprof attach: {stderr}");
+    // The first tick printed after rtprof returned bounds the interval:
+    // the lines printed meanwhile are waiting in the channel.
+    seen.extend(lines.try_iter());
+    let next = lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    let after = calls_in(&next);
+    seen.push(next);
+    seen.extend(lines.iter());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "target: {status:?}");
+    assert!(
+        seen.iter().all(|l| well_formed(l)),
+        "output changed: {seen:?}"
+    );
+    assert!(seen.last().unwrap().starts_with("done calls "), "{seen:?}");
+    // Every tick of the 6 s run, none lost or doubled.
+    assert_eq!(seen.len(), 61, "{seen:?}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let work = calls_of(&report, "work");
+    let rarely = calls_of(&report, "rarely");
+    assert!(work > 0, "no calls counted: {report}");
+    assert!(
+        work <= after - before,
+        "counted {work} calls, the program made {} in a longer interval",
+        after - before
+    );
+    // Exact: each thread calls rarely() once per 1,000 work(); only the
+    // loops cut by attach and detach differ, by under 1,000 per thread
+    // at each end.
+    let gap = work.abs_diff(rarely * 1000);
+    assert!(
+        gap <= 2 * 1000 * threads,
+        "work {work} vs rarely {rarely}: {gap} off"
+    );
+    let held: f64 = stderr
+        .lines()
+        .find_map(|l| l.split("held for ").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no held time in: {stderr}"));
+    eprintln!("target held {held} ms, counted work {work}, rarely {rarely}");
+}
+
+fn attach_err(pid: u32) -> String {
+    let out = Command::new(rtprof())
+        .args(["attach", &pid.to_string(), "--duration", "0.1", "--agent"])
+        .arg(agent())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn sleeper(bin: &Path, cmd: &mut Command) -> Child {
+    cmd.arg(bin)
+        .arg("20")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn refusals_each_say_why_and_leave_the_target_alone() {
+    let dir = scratch("attach-refuse");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let stat = dir.join("static_target");
+    let o = Command::new("gcc")
+        .args(["-O2", "-static", "-pthread", "-o"])
+        .arg(&stat)
+        .arg(root().join("tests/c/attach_target.c"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let mut kids = Vec::new();
+    // Statically linked.
+    let mut c = Command::new(&stat);
+    kids.push(c.arg("20").stdout(Stdio::null()).spawn().unwrap());
+    let e = attach_err(kids[0].id());
+    assert!(e.contains("statically linked"), "{e}");
+
+    // Already profiled (the agent preloaded).
+    let mut c = Command::new(&bin);
+    c.env("LD_PRELOAD", agent()).env("RTPROF_DAEMON_SOCKET", "");
+    kids.push(c.arg("20").stdout(Stdio::null()).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    let e = attach_err(kids[1].id());
+    assert!(e.contains("already profiled"), "{e}");
+
+    // Another user's process (we run as root in CI: only then testable).
+    // SAFETY: a plain system call.
+    if unsafe { libc_geteuid() } == 0 {
+        kids.push(sleeper(
+            &bin,
+            &mut Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]),
+        ));
+        // setpriv has changed user and run the program.
+        std::thread::sleep(Duration::from_millis(300));
+        let e = attach_err(kids[2].id());
+        assert!(e.contains("another user"), "{e}");
+    }
+
+    // Already traced (by strace, where installed).
+    if Command::new("strace").arg("-V").output().is_ok() {
+        let mut c = Command::new("strace");
+        c.args(["-f", "-o", "/dev/null"]).stderr(Stdio::null());
+        let k = sleeper(&bin, &mut c);
+        std::thread::sleep(Duration::from_millis(500));
+        // strace's child is the target.
+        let target =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", k.id(), k.id())).unwrap();
+        let target: u32 = target.split_whitespace().next().unwrap().parse().unwrap();
+        kids.push(k);
+        let e = attach_err(target);
+        assert!(e.contains("already traced"), "{e}");
+    }
+
+    // No such process.
+    let e = attach_err(999_999_999);
+    assert!(e.contains("no such process"), "{e}");
+
+    // Every target is still running, untouched.
+    for k in &mut kids {
+        assert!(k.try_wait().unwrap().is_none(), "a refused target ended");
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
