@@ -163,7 +163,7 @@ fn refusals_each_say_why_and_leave_the_target_alone() {
     if unsafe { libc_geteuid() } == 0 {
         kids.push(sleeper(
             &bin,
-            &mut Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]),
+            Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]),
         ));
         // setpriv has changed user and run the program.
         std::thread::sleep(Duration::from_millis(300));
