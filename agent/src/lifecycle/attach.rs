@@ -196,10 +196,30 @@ fn stopper() -> Result<Stopper, String> {
     }
 }
 
+/// How long the program's threads were held to write entries.
+#[derive(Default)]
+struct Held {
+    stops: u32,
+    total: Duration,
+    longest: Duration,
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "threads held {:.2} ms in {} stop(s), longest {:.2} ms",
+            self.total.as_secs_f64() * 1e3,
+            self.stops,
+            self.longest.as_secs_f64() * 1e3
+        )
+    }
+}
+
 /// Writes `entries` in their `counted` state with the program's threads
 /// held, again for those a thread was part-way through; returns which
-/// were written (in `entries`' order).
-fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<Vec<bool>, String> {
+/// were written (in `entries`' order), and how long the threads were held.
+fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<(Vec<bool>, Held), String> {
     // Sorted by address, as the writer wants them.
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_unstable_by_key(|&i| entries[i].at);
@@ -211,14 +231,21 @@ fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<Vec<bool>, Strin
         .open("/proc/self/mem")
         .map_err(|e| format!("/proc/self/mem: {e}"))?;
     let mut stopper = stopper()?;
+    let mut held = Held::default();
     for _ in 0..WRITE_TRIES {
         if todo.is_empty() {
             break;
         }
         let mut done = vec![false; todo.len()];
+        let t = Instant::now();
         stopper
             .run(|pcs| switch::write_entries_stopped(&mem, &todo, counted, pcs, &mut done))
             .map_err(|e| format!("cannot hold the program's threads: {e}"))?;
+        // Includes making and reaping the helper: what the program feels.
+        let took = t.elapsed();
+        held.stops += 1;
+        held.total += took;
+        held.longest = held.longest.max(took);
         let mut k = 0;
         todo.retain(|_| {
             k += 1;
@@ -234,7 +261,7 @@ fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<Vec<bool>, Strin
         });
         std::thread::sleep(Duration::from_millis(1));
     }
-    Ok(written)
+    Ok((written, held))
 }
 
 /// Start-up's steps for a running process: the same plans, records and
@@ -296,7 +323,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
         installed.push((p, first, outcomes));
     }
     // Stubs are complete and executable: now the entries, live.
-    let written = write_live(stubs.entries(), true)?;
+    let (written, held) = write_live(stubs.entries(), true)?;
     let failed: Vec<u32> = stubs
         .entries()
         .iter()
@@ -377,7 +404,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     // library, which is never unloaded (nothing calls dlclose on it).
     unsafe { startup::on_exit(startup::at_exit, std::ptr::null_mut()) };
     let msg = format!(
-        "{patched} functions patched in {modules} module(s), {:.1} ms",
+        "{patched} functions patched in {modules} module(s), {:.1} ms; {held}",
         t.elapsed().as_secs_f64() * 1e3
     );
     vlog!("attached: {msg}");
@@ -390,7 +417,7 @@ fn detach_all() -> Result<String, String> {
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);
-    let written = write_live(&entries, false)?;
+    let (written, held) = write_live(&entries, false)?;
     let restored = written.iter().filter(|w| **w).count();
     if restored != entries.len() {
         return Err(format!(
@@ -400,6 +427,6 @@ fn detach_all() -> Result<String, String> {
         ));
     }
     a.segment.counters.set_detached(now_ns());
-    vlog!("detached: {restored} entries restored");
-    Ok(format!("{restored} entries restored"))
+    vlog!("detached: {restored} entries restored; {held}");
+    Ok(format!("{restored} entries restored; {held}"))
 }

@@ -281,9 +281,13 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
     }
     let mut code = ExitCode::SUCCESS;
     if alive(pid) {
-        if let Err(e) = detach(pid, &dir.0) {
-            eprintln!("rtprof: detaching from {pid}: {e}");
-            code = ExitCode::from(1);
+        match detach(pid, &dir.0) {
+            Ok(said) if args.verbose => eprintln!("rtprof: detached from {pid}: {said}"),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("rtprof: detaching from {pid}: {e}");
+                code = ExitCode::from(1);
+            }
         }
     }
     let mut procs = crate::run::segments::collect(&dir.0);
