@@ -202,3 +202,46 @@ extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
 }
+
+#[test]
+fn attach_to_python_with_libpython_instrumented() {
+    let python = match shared_python() {
+        Ok(p) => p,
+        Err(tried) => panic!("no python3 with a shared libpython: tried {tried:?}"),
+    };
+    let dir = scratch("attach-python");
+    let json = dir.join("py.json");
+    let script = "import time\n\
+                  def f(x): return x * 2\n\
+                  t = time.time(); n = 0\n\
+                  while time.time() - t < 5:\n    \
+                      n += sum(f(i) for i in range(1000))\n\
+                  print('done', n > 0)\n";
+    let (mut child, lines) = start_target(&python, &["-c", script]);
+    std::thread::sleep(Duration::from_millis(800));
+    let out = Command::new(rtprof())
+        .arg("attach")
+        .arg(child.id().to_string())
+        .args(["--modules", "libpython*", "--duration", "1", "--output"])
+        .arg(&json)
+        .arg("--agent")
+        .arg(agent())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rtprof attach: {stderr}");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "python: {status:?}");
+    let printed: Vec<String> = lines.iter().collect();
+    assert_eq!(printed, ["done True"]);
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let p = &report["processes"][0];
+    let in_libpython: u64 = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["module"].as_str().unwrap_or("").contains("libpython"))
+        .map(|f| f["calls"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(in_libpython > 1000, "libpython calls {in_libpython}: {p}");
+}
