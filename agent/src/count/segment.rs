@@ -390,10 +390,39 @@ impl Segment {
         ppid: u32,
         start_ns: u64,
     ) -> Result<(), SegmentError> {
+        self.reopen(keep, self.run_dir.as_deref(), pid, ppid, start_ns)
+    }
+
+    /// `rtprof attach` again after a detach: a fresh segment at the same
+    /// address in the new run directory, with the metadata and zero
+    /// counts, as a forked child's. Call with no entry patched (no thread
+    /// counts meanwhile); the threads count in the shared stripe.
+    pub fn reopen_for_attach(
+        &self,
+        run_dir: Option<&str>,
+        start_ns: u64,
+    ) -> Result<(), SegmentError> {
+        let dir = run_dir
+            .map(CString::new)
+            .transpose()
+            .map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+        // SAFETY: a system call without arguments.
+        let ppid = unsafe { libc::getppid() } as u32;
+        self.reopen(None, dir.as_deref(), std::process::id(), ppid, start_ns)
+    }
+
+    fn reopen(
+        &self,
+        keep: Option<u32>,
+        run_dir: Option<&CStr>,
+        pid: u32,
+        ppid: u32,
+        start_ns: u64,
+    ) -> Result<(), SegmentError> {
         let l = *self.counters.layout();
         let base = self.counters.base();
         let result = (|| {
-            let fd = new_backing(&l, self.run_dir.as_deref())?;
+            let fd = new_backing(&l, run_dir)?;
             let w = &self.counters;
             let used = record_ranges(&l, w.func_count(), w.strings_len());
             // Metadata in use is copied (the counters start from zero);

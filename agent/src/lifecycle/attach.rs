@@ -64,20 +64,29 @@ pub unsafe extern "C" fn rtprof_attach(spec: *const libc::c_char) -> libc::c_int
     let spec = unsafe { CStr::from_ptr(spec) }
         .to_string_lossy()
         .into_owned();
-    if PHASE
-        .compare_exchange(IDLE, ATTACHING, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-        || agent().is_some()
-    {
-        return 1;
-    }
+    // Idle and never started (a preloaded agent that started is
+    // profiling already), or detached: attach (again).
+    let was = match PHASE.compare_exchange(IDLE, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) if agent().is_some() => {
+            PHASE.store(IDLE, Ordering::Release);
+            return 1;
+        }
+        Ok(was) => was,
+        Err(DETACHED) => {
+            match PHASE.compare_exchange(DETACHED, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(was) => was,
+                Err(_) => return 1,
+            }
+        }
+        Err(_) => return 1,
+    };
     let started = std::thread::Builder::new()
         .name("rtprof-attach".into())
         .spawn(move || attach_thread(&spec));
     match started {
         Ok(_) => 0,
         Err(_) => {
-            PHASE.store(IDLE, Ordering::Release);
+            PHASE.store(was, Ordering::Release);
             2
         }
     }
@@ -166,8 +175,11 @@ fn attach_thread(spec: &str) {
     cfg.callers = false;
     cfg.report = None;
     crate::log::set_verbose(cfg.verbose);
-    let r = std::panic::catch_unwind(move || late_start(cfg))
-        .unwrap_or_else(|_| Err("internal error while attaching".into()));
+    let r = std::panic::catch_unwind(move || match agent() {
+        Some(a) => reattach(a, cfg.run_dir.as_deref()),
+        None => late_start(cfg),
+    })
+    .unwrap_or_else(|_| Err("internal error while attaching".into()));
     PHASE.store(
         if r.is_ok() { ATTACHED } else { DETACHED },
         Ordering::Release,
@@ -230,6 +242,8 @@ fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<(Vec<bool>, Held
         .write(true)
         .open("/proc/self/mem")
         .map_err(|e| format!("/proc/self/mem: {e}"))?;
+    // Registering for core serialisation waits ~10 ms: not while held.
+    switch::prepare();
     let mut stopper = stopper()?;
     let mut held = Held::default();
     for _ in 0..WRITE_TRIES {
@@ -408,6 +422,27 @@ fn late_start(cfg: Config) -> Result<String, String> {
         t.elapsed().as_secs_f64() * 1e3
     );
     vlog!("attached: {msg}");
+    Ok(msg)
+}
+
+/// Attached before and detached since: the same stubs, a fresh segment
+/// (zero counts, in the new run directory), the entries written again.
+/// The configuration of the first attach stays (its modules).
+fn reattach(a: &Agent, run_dir: Option<&str>) -> Result<String, String> {
+    let t = Instant::now();
+    a.segment
+        .reopen_for_attach(run_dir, now_ns())
+        .map_err(|e| format!("no counter segment: {e}"))?;
+    let state = a.state.lock().ok_or("the agent's state is unavailable")?;
+    let entries = state.stubs.entries().to_vec();
+    drop(state);
+    let (written, held) = write_live(&entries, true)?;
+    let patched = written.iter().filter(|w| **w).count();
+    let msg = format!(
+        "{patched} functions patched again, {:.1} ms; {held}",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    vlog!("attached again: {msg}");
     Ok(msg)
 }
 

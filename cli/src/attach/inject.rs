@@ -171,17 +171,37 @@ pub fn mappings(maps: &str) -> Vec<Mapping> {
         .collect()
 }
 
+/// The value (virtual address in the file) of the first of `names` that
+/// the ELF file's dynamic symbols define.
+pub fn symbol_value(file: &str, names: &[&str]) -> Option<u64> {
+    let bytes = std::fs::read(file).ok()?;
+    let elf = goblin::elf::Elf::parse(&bytes).ok()?;
+    dynamic_symbol(&elf, names)
+}
+
+fn dynamic_symbol(elf: &goblin::elf::Elf, names: &[&str]) -> Option<u64> {
+    names.iter().find_map(|want| {
+        elf.dynsyms.iter().find_map(|s| {
+            let defined = s.st_value != 0 && s.st_shndx != 0;
+            (defined && elf.dynstrtab.get_at(s.st_name) == Some(*want)).then_some(s.st_value)
+        })
+    })
+}
+
+/// Eight bytes of the target's memory.
+pub fn read_u64(pid: i32, addr: u64) -> Option<u64> {
+    let f = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, addr).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
 /// The address in the target of the first of `names` that `path`'s
 /// dynamic symbols define, from the file as the target sees it.
 pub fn remote_symbol(pid: i32, maps: &[Mapping], path: &str, names: &[&str]) -> Option<u64> {
     let bytes = std::fs::read(format!("/proc/{pid}/root{path}")).ok()?;
     let elf = goblin::elf::Elf::parse(&bytes).ok()?;
-    let value = names.iter().find_map(|want| {
-        elf.dynsyms.iter().find_map(|s| {
-            let defined = s.st_value != 0 && s.st_shndx != 0;
-            (defined && elf.dynstrtab.get_at(s.st_name) == Some(*want)).then_some(s.st_value)
-        })
-    })?;
+    let value = dynamic_symbol(&elf, names)?;
     // Symbol value -> file offset (its PT_LOAD) -> the mapping of that
     // offset.
     let load = elf.program_headers.iter().find(|p| {

@@ -144,36 +144,70 @@ fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
 }
 
 /// Loads the agent and starts it; returns how long the threads were held.
+/// Everything that can be found out beforehand (addresses, symbols) is,
+/// so the threads are held only for the calls.
 fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     let maps = maps_of(pid)?;
     refuse::check(pid, &maps).map_err(Failure::Refused)?;
     let agent_path = agent.to_string_lossy().into_owned();
+    let maps = mappings(&maps);
+    let loaded = maps
+        .iter()
+        .any(|m| refuse::file_name(&m.path).starts_with("librtprof"));
+    // Attached before and detached since, or preloaded: the agent is there.
+    let start = if loaded {
+        match agent_function(pid, "rtprof_attach") {
+            // An agent without attach, preloaded: it profiles already.
+            Err(Failure::NoFunction(_)) => return Err(Failure::Refused(Refusal::AlreadyProfiled)),
+            r => Start::At(r?),
+        }
+    } else {
+        let libc = refuse::libc_path(&maps).ok_or(Failure::Refused(Refusal::Static))?;
+        let dlopen = remote_symbol(pid, &maps, libc, &["dlopen", "__libc_dlopen_mode"])
+            .ok_or(Failure::NoFunction("dlopen"))?;
+        let value = inject::symbol_value(&agent_path, &["rtprof_attach"])
+            .ok_or(Failure::NoFunction("rtprof_attach in the agent"))?;
+        Start::AfterDlopen { dlopen, value }
+    };
     let held = Instant::now();
     let mut stopped = seize(pid)?;
-    let maps = mappings(&maps_of(pid)?);
-    let libc = refuse::libc_path(&maps).ok_or(Failure::Refused(Refusal::Static))?;
-    let dlopen = remote_symbol(pid, &maps, libc, &["dlopen", "__libc_dlopen_mode"])
-        .ok_or(Failure::NoFunction("dlopen"))?;
-    let handle = call(
-        &mut stopped,
-        dlopen,
-        &[Arg::Str(&agent_path), Arg::Int(libc::RTLD_NOW as u64)],
-    )
-    .map_err(|e| Failure::Call("dlopen", e))?;
-    if handle == 0 {
-        return Err(Failure::DlopenFailed);
-    }
-    let start = agent_function(pid, "rtprof_attach")?;
+    let start = match start {
+        Start::At(a) => a,
+        Start::AfterDlopen { dlopen, value } => {
+            let handle = call(
+                &mut stopped,
+                dlopen,
+                &[Arg::Str(&agent_path), Arg::Int(libc::RTLD_NOW as u64)],
+            )
+            .map_err(|e| Failure::Call("dlopen", e))?;
+            if handle == 0 {
+                return Err(Failure::DlopenFailed);
+            }
+            // The handle is the library's link_map, whose first field is
+            // its load bias.
+            let bias =
+                inject::read_u64(pid, handle).ok_or(Failure::NoFunction("the agent's link map"))?;
+            bias + value
+        }
+    };
     let r = call(&mut stopped, start, &[Arg::Str(spec)])
         .map_err(|e| Failure::Call("rtprof_attach", e))?;
     drop(stopped);
     let held = held.elapsed();
-    if r != 0 {
-        return Err(Failure::AgentSaid(
-            "the agent is already active in the process".into(),
-        ));
+    match r {
+        0 => Ok(held),
+        1 => Err(Failure::Refused(Refusal::AlreadyProfiled)),
+        _ => Err(Failure::AgentSaid(
+            "the agent could not start its thread in the process".into(),
+        )),
     }
-    Ok(held)
+}
+
+enum Start {
+    /// The agent is loaded: its entry point.
+    At(u64),
+    /// Load it first; the entry point is its load bias plus `value`.
+    AfterDlopen { dlopen: u64, value: u64 },
 }
 
 /// An exported function of the agent loaded in `pid`.
@@ -191,17 +225,24 @@ fn agent_function(pid: i32, name: &'static str) -> Result<u64, Failure> {
 fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
     let status = status_dir.join("detach.status");
     let f = agent_function(pid, "rtprof_detach")?;
+    let held = Instant::now();
     let mut stopped = seize(pid)?;
     let path = status.to_string_lossy().into_owned();
     let r =
         call(&mut stopped, f, &[Arg::Str(&path)]).map_err(|e| Failure::Call("rtprof_detach", e))?;
     drop(stopped);
+    let held = held.elapsed();
     if r != 0 {
         return Err(Failure::AgentSaid(
             "the agent is not attached in the process".into(),
         ));
     }
-    await_status(pid, &status)
+    await_status(pid, &status).map(|said| {
+        format!(
+            "{said}; process held {:.1} ms for the call",
+            held.as_secs_f64() * 1e3
+        )
+    })
 }
 
 pub fn run_attach(args: AttachArgs) -> ExitCode {

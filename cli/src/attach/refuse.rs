@@ -38,7 +38,7 @@ impl std::fmt::Display for Refusal {
             ),
             Refusal::AlreadyProfiled => write!(
                 f,
-                "the process is already profiled (librtprof.so is loaded in it)"
+                "the process is already profiled (its librtprof.so is active)"
             ),
             Refusal::Traced { by } => write!(
                 f,
@@ -131,13 +131,9 @@ pub fn check(pid: i32, maps: &str) -> Result<(), Refusal> {
     {
         return Err(Refusal::Traced { by });
     }
+    // A process with the agent loaded (preloaded, or attached before) is
+    // asked by the agent itself: it refuses if it is profiling.
     let paths = super::inject::mappings(maps);
-    if paths
-        .iter()
-        .any(|m| file_name(&m.path).starts_with("librtprof"))
-    {
-        return Err(Refusal::AlreadyProfiled);
-    }
     if libc_path(&paths).is_none() {
         return Err(Refusal::Static);
     }
