@@ -245,3 +245,63 @@ fn attach_to_python_with_libpython_instrumented() {
         .sum();
     assert!(in_libpython > 1000, "libpython calls {in_libpython}: {p}");
 }
+
+#[test]
+fn attach_and_detach_a_hundred_times_under_eight_busy_threads() {
+    let dir = scratch("attach-loop");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let (mut child, lines) = start_target(&bin, &["3600", "8"]);
+    lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    let pid = child.id().to_string();
+    let mut counted = 0;
+    for i in 0..100 {
+        let out = Command::new(rtprof())
+            .args(["attach", &pid, "--duration", "0.02", "--agent"])
+            .arg(agent())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "cycle {i}: {stderr}");
+        counted += stderr.contains(" work ") as usize;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the target died in cycle {i}"
+        );
+    }
+    // Most cycles catch some calls (20 ms, 8 threads calling).
+    assert!(counted > 50, "only {counted} of 100 reports counted work()");
+
+    // rtprof killed while attached: `rtprof detach` puts the entries back.
+    let mut attach = Command::new(rtprof())
+        .args(["attach", &pid, "--agent"])
+        .arg(agent())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    attach.kill().unwrap();
+    attach.wait().unwrap();
+    let out = Command::new(rtprof()).args(["detach", &pid]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "rtprof detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Not attached any more: a second detach says so.
+    let out = Command::new(rtprof()).args(["detach", &pid]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not attached"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Still running and printing as before.
+    let mut more = Vec::new();
+    while more.len() < 3 {
+        more.push(lines.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+    assert!(more.iter().all(|l| well_formed(l)), "{more:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
