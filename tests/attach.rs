@@ -281,14 +281,20 @@ fn attach_and_detach_a_hundred_times_under_eight_busy_threads() {
     std::thread::sleep(Duration::from_millis(800));
     attach.kill().unwrap();
     attach.wait().unwrap();
-    let out = Command::new(rtprof()).args(["detach", &pid]).output().unwrap();
+    let out = Command::new(rtprof())
+        .args(["detach", &pid])
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "rtprof detach: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     // Not attached any more: a second detach says so.
-    let out = Command::new(rtprof()).args(["detach", &pid]).output().unwrap();
+    let out = Command::new(rtprof())
+        .args(["detach", &pid])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("not attached"),

@@ -62,6 +62,17 @@ pub struct DetachArgs {
 /// cached plan take seconds) and to put entries back.
 const AGENT_DEADLINE: Duration = Duration::from_secs(120);
 
+/// Settings of the agent's environment that rtprof hands on from its own.
+const FORWARDED: [&str; 7] = [
+    "RTPROF_DAEMON_SOCKET",
+    "RTPROF_CACHE",
+    "RTPROF_DEBUG_DIR",
+    "RTPROF_COUNT",
+    "RTPROF_NOCOUNT",
+    "RTPROF_MAX_THREADS",
+    "RTPROF_SPARE_FUNCTIONS",
+];
+
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
@@ -285,6 +296,18 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
     if args.verbose {
         spec.push_str("RTPROF_VERBOSE=1\n");
     }
+    // What the agent would read from its environment, as rtprof has it.
+    for var in FORWARDED {
+        if let Some(v) = std::env::var_os(var) {
+            spec.push_str(&format!("{var}={}\n", v.to_string_lossy()));
+        }
+    }
+    // Ctrl-C (or a terminal hang-up, a kill) while the threads are held or
+    // the agent is attached must still detach: it only ends the wait.
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installs an async-signal-safe handler (one atomic store).
+        unsafe { libc::signal(sig, on_sigint as *const () as libc::sighandler_t) };
+    }
     let held = match inject(pid, &agent, &spec) {
         Ok(h) => h,
         Err(e) => {
@@ -309,8 +332,6 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    // SAFETY: installs an async-signal-safe handler (one atomic store).
-    unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let until = args
         .duration
         .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
