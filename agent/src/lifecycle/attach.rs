@@ -25,7 +25,7 @@ use crate::log::vlog;
 use crate::maps::Maps;
 use crate::segment::Segment;
 use crate::startup::{self, Planned};
-use crate::stopworld::{StopError, Stopper};
+use crate::stopworld::{Held as StopHeld, StopError, Stopper};
 use crate::switch::{self, EntrySwitch};
 use crate::{agent, loader, now_ns, records, threads, Agent, AGENT};
 use rtprof_shared::Refusal;
@@ -211,6 +211,8 @@ fn stopper() -> Result<Stopper, String> {
 /// How long the program's threads were held to write entries.
 #[derive(Default)]
 struct Held {
+    /// Threads given a stripe of their own.
+    stripes: usize,
     stops: u32,
     total: Duration,
     longest: Duration,
@@ -224,14 +226,27 @@ impl std::fmt::Display for Held {
             self.total.as_secs_f64() * 1e3,
             self.stops,
             self.longest.as_secs_f64() * 1e3
-        )
+        )?;
+        if self.stripes > 0 {
+            write!(f, "; {} thread(s) given a stripe", self.stripes)?;
+        }
+        Ok(())
     }
 }
 
 /// Writes `entries` in their `counted` state with the program's threads
 /// held, again for those a thread was part-way through; returns which
 /// were written (in `entries`' order), and how long the threads were held.
-fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<(Vec<bool>, Held), String> {
+/// With `stripes` (the segment, the stripe pointer's thread-local
+/// offset), every held thread is given a counter stripe of its own in the
+/// first stop: the agent came too late for their `pthread_create`, and the
+/// shared stripe's `lock inc` would make threads calling the same
+/// functions contend.
+fn write_live(
+    entries: &[EntrySwitch],
+    counted: bool,
+    stripes: Option<(&Segment, i32)>,
+) -> Result<(Vec<bool>, Held), String> {
     // Sorted by address, as the writer wants them.
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_unstable_by_key(|&i| entries[i].at);
@@ -246,14 +261,27 @@ fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<(Vec<bool>, Held
     switch::prepare();
     let mut stopper = stopper()?;
     let mut held = Held::default();
-    for _ in 0..WRITE_TRIES {
-        if todo.is_empty() {
+    let mut ready: Vec<(i32, Option<u32>)> = match stripes {
+        Some((segment, _)) => threads_now()
+            .into_iter()
+            .map(|tid| (tid, segment.new_stripe(tid as u32)))
+            .collect(),
+        None => Vec::new(),
+    };
+    for attempt in 0..WRITE_TRIES {
+        let give = stripes.filter(|_| attempt == 0);
+        if todo.is_empty() && give.is_none() {
             break;
         }
         let mut done = vec![false; todo.len()];
         let t = Instant::now();
         stopper
-            .run(|pcs| switch::write_entries_stopped(&mem, &todo, counted, pcs, &mut done))
+            .run_held(|h| {
+                if let Some((segment, offset)) = give {
+                    held.stripes = give_stripes(segment, offset, h, &mut ready);
+                }
+                switch::write_entries_stopped(&mem, &todo, counted, h.pcs, &mut done)
+            })
             .map_err(|e| format!("cannot hold the program's threads: {e}"))?;
         // Includes making and reaping the helper: what the program feels.
         let took = t.elapsed();
@@ -275,7 +303,57 @@ fn write_live(entries: &[EntrySwitch], counted: bool) -> Result<(Vec<bool>, Held
         });
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Threads that ended before the stop: their stripes were never used.
+    if let Some((segment, _)) = stripes {
+        for idx in ready.iter().filter_map(|r| r.1) {
+            segment.counters.release_unused_stripe(idx);
+        }
+    }
     Ok((written, held))
+}
+
+/// The threads of this process, as listed now.
+fn threads_now() -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Points each held thread's stripe word (its thread-local storage, at
+/// `offset` from its thread pointer) at a fresh stripe; returns how many.
+/// Runs with the threads held: no allocation, no lock.
+/// `ready` holds stripes taken beforehand for the threads listed then
+/// (backing a stripe with memory takes a while: not while held).
+fn give_stripes(
+    segment: &Segment,
+    offset: i32,
+    h: &StopHeld<'_>,
+    ready: &mut [(i32, Option<u32>)],
+) -> usize {
+    let mut n = 0;
+    for (&tid, &tp) in h.tids.iter().zip(h.tps) {
+        if tp == 0 {
+            continue;
+        }
+        let taken = ready
+            .iter_mut()
+            .find(|r| r.0 == tid)
+            .and_then(|r| r.1.take());
+        let Some(idx) = taken.or_else(|| segment.new_stripe(tid as u32)) else {
+            break;
+        };
+        let word = tp.wrapping_add_signed(offset as i64) as *mut u64;
+        // SAFETY: the thread's own static TLS slot for our stripe pointer
+        // (every thread has the agent's static TLS block, set up by the
+        // loader at dlopen); the thread is held, and only stubs read it.
+        unsafe { std::ptr::write_volatile(word, segment.counters.stripe_ptr(idx) as u64) };
+        n += 1;
+    }
+    n
 }
 
 /// Start-up's steps for a running process: the same plans, records and
@@ -337,7 +415,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
         installed.push((p, first, outcomes));
     }
     // Stubs are complete and executable: now the entries, live.
-    let (written, held) = write_live(stubs.entries(), true)?;
+    let (written, held) = write_live(stubs.entries(), true, Some((&segment, tls_offset)))?;
     let failed: Vec<u32> = stubs
         .entries()
         .iter()
@@ -436,7 +514,7 @@ fn reattach(a: &Agent, run_dir: Option<&str>) -> Result<String, String> {
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);
-    let (written, held) = write_live(&entries, true)?;
+    let (written, held) = write_live(&entries, true, Some((&a.segment, a.tls_offset)))?;
     let patched = written.iter().filter(|w| **w).count();
     let msg = format!(
         "{patched} functions patched again, {:.1} ms; {held}",
@@ -452,7 +530,7 @@ fn detach_all() -> Result<String, String> {
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);
-    let (written, held) = write_live(&entries, false)?;
+    let (written, held) = write_live(&entries, false, None)?;
     let restored = written.iter().filter(|w| **w).count();
     if restored != entries.len() {
         return Err(format!(

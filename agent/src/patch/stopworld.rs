@@ -69,14 +69,16 @@ impl std::fmt::Display for StopError {
 struct Shared {
     error: i32,
     caller: i32,
-    /// The work, called as `run(work, pcs)` by the helper.
-    run: unsafe fn(*mut u8, &[u64]),
+    /// The work, called as `run(work, threads)` by the helper.
+    run: unsafe fn(*mut u8, &Held<'_>),
     work: *mut u8,
     n: usize,
     tids: [i32; MAX_THREADS],
     /// Signal intercepted at the stop, re-injected at detach.
     sigs: [i32; MAX_THREADS],
     pcs: [u64; MAX_THREADS],
+    /// Each stopped thread's thread pointer (0: unknown).
+    tps: [u64; MAX_THREADS],
     /// `/proc/<pid>/task`, NUL-terminated.
     task_dir: [u8; 40],
     dents: [u8; 8192],
@@ -120,6 +122,12 @@ impl Stopper {
     /// the program counters they stopped at. `work` must not allocate or
     /// take a lock another thread may hold.
     pub fn run<F: FnOnce(&[u64]) -> R, R>(&mut self, work: F) -> Result<R, StopError> {
+        self.run_held(|h: &Held<'_>| work(h.pcs))
+    }
+
+    /// As [`Stopper::run`], with each stopped thread's id and thread
+    /// pointer besides its program counter.
+    pub fn run_held<F: FnOnce(&Held<'_>) -> R, R>(&mut self, work: F) -> Result<R, StopError> {
         let mut job = Job {
             work: Some(work),
             result: None,
@@ -159,14 +167,22 @@ struct Job<F, R> {
     result: Option<R>,
 }
 
-impl<F: FnOnce(&[u64]) -> R, R> Job<F, R> {
+/// The threads held for the work, in the same order in each slice.
+pub struct Held<'a> {
+    pub pcs: &'a [u64],
+    pub tids: &'a [i32],
+    /// Thread pointers (where its thread-local storage is), 0 if unknown.
+    pub tps: &'a [u64],
+}
+
+impl<F: FnOnce(&Held<'_>) -> R, R> Job<F, R> {
     /// # Safety
     /// `job` points to a live `Job<F, R>` no one else touches meanwhile.
-    unsafe fn run(job: *mut u8, pcs: &[u64]) {
+    unsafe fn run(job: *mut u8, held: &Held<'_>) {
         // SAFETY: see above.
         let job = unsafe { &mut *(job as *mut Job<F, R>) };
         if let Some(w) = job.work.take() {
-            job.result = Some(w(pcs));
+            job.result = Some(w(held));
         }
     }
 }
@@ -286,11 +302,18 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
     s.error = match stop_all(s) {
         Ok(()) => {
             for i in 0..s.n {
-                s.pcs[i] = Native::stopped_pc(s.tids[i]).unwrap_or(0);
+                let (pc, tp) = Native::stopped_pc_tp(s.tids[i]).unwrap_or((0, 0));
+                s.pcs[i] = pc;
+                s.tps[i] = tp;
             }
+            let held = Held {
+                pcs: &s.pcs[..s.n],
+                tids: &s.tids[..s.n],
+                tps: &s.tps[..s.n],
+            };
             // SAFETY: `work` is the caller's Job for `run`, untouched by
             // the caller until we exit.
-            unsafe { (s.run)(s.work, &s.pcs[..s.n]) };
+            unsafe { (s.run)(s.work, &held) };
             DONE
         }
         Err(Halt::TooMany) => TOO_MANY,

@@ -121,7 +121,7 @@ impl InstructionSet for X86_64 {
         )
     }
 
-    fn stopped_pc(tid: i32) -> Option<u64> {
+    fn stopped_pc_tp(tid: i32) -> Option<(u64, u64)> {
         // SAFETY: all-zero is a valid user_regs_struct, which the kernel fills.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
         // SAFETY: the caller holds `tid` stopped; the kernel writes `regs`.
@@ -133,7 +133,7 @@ impl InstructionSet for X86_64 {
                 &mut regs as *mut libc::user_regs_struct,
             )
         };
-        (r == 0).then_some(regs.rip)
+        (r == 0).then_some((regs.rip, regs.fs_base))
     }
 
     /// CFA = rsp + 8 and only the return address saved.
