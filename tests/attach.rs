@@ -222,7 +222,8 @@ fn attach_to_python_with_libpython_instrumented() {
     let out = Command::new(rtprof())
         .arg("attach")
         .arg(child.id().to_string())
-        .args(["--modules", "libpython*", "--duration", "1", "--output"])
+        .args(["--modules", "libpython*", "--duration", "1", "--verbose"])
+        .arg("--output")
         .arg(&json)
         .arg("--agent")
         .arg(agent())
@@ -244,6 +245,19 @@ fn attach_to_python_with_libpython_instrumented() {
         .map(|f| f["calls"].as_u64().unwrap_or(0))
         .sum();
     assert!(in_libpython > 1000, "libpython calls {in_libpython}: {p}");
+    // How long the process was held: for the calls that load the agent,
+    // and for the stop that writes libpython's ~5,000 entries (the goal
+    // is under 50 ms with the plan cached; the bound here only catches
+    // gross regressions on a busy machine).
+    let ms_after = |key: &str| -> f64 {
+        stderr
+            .lines()
+            .find_map(|l| l.split(key).nth(1)?.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no '{key}' in: {stderr}"))
+    };
+    let (calls, longest) = (ms_after("held for "), ms_after("longest "));
+    eprintln!("python: held {calls} ms for the calls, longest entry stop {longest} ms");
+    assert!(calls < 500.0 && longest < 500.0, "{stderr}");
 }
 
 #[test]
