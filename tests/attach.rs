@@ -92,6 +92,10 @@ fn attach_counts_the_interval_and_detach_leaves_the_program_running() {
     let work = calls_of(&report, "work");
     let rarely = calls_of(&report, "rarely");
     assert!(work > 0, "no calls counted: {report}");
+    // Threads that existed before attach are sampled (CPU-time timers).
+    let p = &report["processes"][0];
+    let work_samples = function_named(p, "work")["samples"].as_u64().unwrap();
+    assert!(work_samples > 0, "work() never sampled: {p}");
     assert!(
         work <= after - before,
         "counted {work} calls, the program made {} in a longer interval",

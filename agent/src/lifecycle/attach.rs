@@ -168,8 +168,8 @@ fn attach_thread(spec: &str) {
         .unwrap_or_default();
     let mut cfg = Config::from_lookup(|k| vars.get(k).map(Into::into));
     // Not supported late yet (see the module's comment): exact counting
-    // of the selected modules only.
-    cfg.sample_hz = 0;
+    // of the selected modules, and samples without call stacks.
+    cfg.stacks = false;
     cfg.budget = None;
     cfg.warm_only = false;
     cfg.callers = false;
@@ -310,6 +310,12 @@ fn write_live(
         }
     }
     Ok((written, held))
+}
+
+/// The program's threads (all but the calling one, which is ours).
+fn program_threads() -> Vec<i32> {
+    let me = threads::gettid() as i32;
+    threads_now().into_iter().filter(|&t| t != me).collect()
 }
 
 /// The threads of this process, as listed now.
@@ -485,9 +491,9 @@ fn late_start(cfg: Config) -> Result<String, String> {
     }
     threads::init_exit_key();
     crate::fork::install_handlers(stripe_bytes);
+    let mut sampled = 0;
     if let Some(a) = agent() {
-        // Records that no sampler runs, and why.
-        crate::sampling::start(a);
+        sampled = crate::sampling::start_attached(a, &program_threads());
         a.segment
             .counters
             .set_setup_ns(t.elapsed().as_nanos() as u64);
@@ -496,7 +502,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     // library, which is never unloaded (nothing calls dlclose on it).
     unsafe { startup::on_exit(startup::at_exit, std::ptr::null_mut()) };
     let msg = format!(
-        "{patched} functions patched in {modules} module(s), {:.1} ms; {held}",
+        "{patched} functions patched in {modules} module(s), {sampled} thread(s) sampled, {:.1} ms; {held}",
         t.elapsed().as_secs_f64() * 1e3
     );
     vlog!("attached: {msg}");
@@ -506,7 +512,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
 /// Attached before and detached since: the same stubs, a fresh segment
 /// (zero counts, in the new run directory), the entries written again.
 /// The configuration of the first attach stays (its modules).
-fn reattach(a: &Agent, run_dir: Option<&str>) -> Result<String, String> {
+fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> {
     let t = Instant::now();
     a.segment
         .reopen_for_attach(run_dir, now_ns())
@@ -516,8 +522,9 @@ fn reattach(a: &Agent, run_dir: Option<&str>) -> Result<String, String> {
     drop(state);
     let (written, held) = write_live(&entries, true, Some((&a.segment, a.tls_offset)))?;
     let patched = written.iter().filter(|w| **w).count();
+    let sampled = crate::sampling::start_attached(a, &program_threads());
     let msg = format!(
-        "{patched} functions patched again, {:.1} ms; {held}",
+        "{patched} functions patched again, {sampled} thread(s) sampled, {:.1} ms; {held}",
         t.elapsed().as_secs_f64() * 1e3
     );
     vlog!("attached again: {msg}");
@@ -527,6 +534,7 @@ fn reattach(a: &Agent, run_dir: Option<&str>) -> Result<String, String> {
 /// Every kept entry back to its own bytes, with the threads held.
 fn detach_all() -> Result<String, String> {
     let a = agent().ok_or("the agent is not running")?;
+    crate::sampling::stop_attached();
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);

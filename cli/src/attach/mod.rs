@@ -38,6 +38,9 @@ pub struct AttachArgs {
     duration: Option<f64>,
     #[command(flatten)]
     output: OutputArgs,
+    /// Samples per second of CPU time, per thread (0: no sampling).
+    #[arg(long, value_name = "HZ")]
+    sample_hz: Option<u32>,
     /// Rows listed (0: all that were called).
     #[arg(long, default_value_t = 25)]
     top: usize,
@@ -295,6 +298,9 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
     }
     if args.verbose {
         spec.push_str("RTPROF_VERBOSE=1\n");
+    }
+    if let Some(hz) = args.sample_hz {
+        spec.push_str(&format!("RTPROF_SAMPLE_HZ={hz}\n"));
     }
     // What the agent would read from its environment, as rtprof has it.
     for var in FORWARDED {
