@@ -59,6 +59,41 @@ impl Regs {
         self.0.rip
     }
 
+    /// The system call the thread was stopped in, if any.
+    pub fn syscall(&self) -> Option<u64> {
+        ((self.0.orig_rax as i64) >= 0).then_some(self.0.orig_rax)
+    }
+
+    /// Whether a thread stopped in `nr` waits without holding a lock in
+    /// user space, as far as one can tell: sleeping, or waiting for I/O,
+    /// a child or a signal (futex is left out: it may be waiting inside
+    /// malloc or the loader, whose locks a call there would need).
+    pub fn idle_syscall(nr: u64) -> bool {
+        // read, poll, select, pause, nanosleep, accept, recvfrom, recvmsg,
+        // wait4, rt_sigtimedwait, rt_sigsuspend, clock_nanosleep,
+        // epoll_wait, pselect6, ppoll, epoll_pwait, accept4, epoll_pwait2.
+        matches!(
+            nr,
+            0 | 7
+                | 23
+                | 34
+                | 35
+                | 43
+                | 45
+                | 47
+                | 61
+                | 128
+                | 130
+                | 230
+                | 232
+                | 270
+                | 271
+                | 281
+                | 288
+                | 441
+        )
+    }
+
     pub fn ret(&self) -> u64 {
         self.0.rax
     }

@@ -185,6 +185,7 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     };
     let held = Instant::now();
     let mut stopped = seize(pid)?;
+    stopped.choose_caller();
     let start = match start {
         Start::At(a) => a,
         Start::AfterDlopen { dlopen, value } => {
@@ -241,6 +242,7 @@ fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
     let f = agent_function(pid, "rtprof_detach")?;
     let held = Instant::now();
     let mut stopped = seize(pid)?;
+    stopped.choose_caller();
     let path = status.to_string_lossy().into_owned();
     let r =
         call(&mut stopped, f, &[Arg::Str(&path)]).map_err(|e| Failure::Call("rtprof_detach", e))?;

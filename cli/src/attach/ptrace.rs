@@ -177,6 +177,22 @@ impl Stopped {
         Ok(s)
     }
 
+    /// Puts first (where calls are made) the thread least likely to hold
+    /// a lock the call needs: one asleep in an idle system call, else one
+    /// in any system call but futex, else the first (the main thread).
+    /// A thread interrupted inside malloc would deadlock on its own lock.
+    pub fn choose_caller(&mut self) {
+        use super::arch::Regs;
+        let rank = |tid: i32| match Regs::get(tid).ok().and_then(|r| r.syscall()) {
+            Some(nr) if Regs::idle_syscall(nr) => 0,
+            Some(202) | None => 2,
+            Some(_) => 1,
+        };
+        if let Some(best) = (0..self.threads.len()).min_by_key(|&i| rank(self.threads[i].tid)) {
+            self.threads.swap(0, best);
+        }
+    }
+
     /// Lets every thread but `keep` run again.
     pub fn release_others(&mut self, keep: i32) {
         for t in self.threads.iter_mut().filter(|t| t.tid != keep) {
