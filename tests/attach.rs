@@ -329,3 +329,46 @@ fn attach_and_detach_a_hundred_times_under_eight_busy_threads() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn a_library_loaded_after_attach_is_instrumented_and_restored() {
+    let python = shared_python().expect("a python3 with a shared libpython");
+    let dir = scratch("attach-late-lib");
+    let json = dir.join("late.json");
+    // _json's accelerator module is loaded by the import, after attach.
+    let script = "import time\n\
+                  time.sleep(1.5)\n\
+                  import json\n\
+                  t = time.time()\n\
+                  while time.time() - t < 2:\n    \
+                      json.dumps({'a': [1, 2, {'b': 'c'}]})\n\
+                  print('done')\n";
+    let (mut child, lines) = start_target(&python, &["-c", script]);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new(rtprof())
+        .arg("attach")
+        .arg(child.id().to_string())
+        .args(["--modules", "_json*", "--duration", "2.5", "--output"])
+        .arg(&json)
+        .arg("--agent")
+        .arg(agent())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rtprof attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(child.wait().unwrap().success());
+    assert_eq!(lines.iter().collect::<Vec<_>>(), ["done"]);
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let p = &report["processes"][0];
+    let in_json: u64 = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["module"].as_str().unwrap_or("").contains("_json"))
+        .map(|f| f["calls"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(in_json > 100, "_json calls {in_json}: {p}");
+}

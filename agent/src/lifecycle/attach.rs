@@ -27,7 +27,7 @@ use crate::segment::Segment;
 use crate::startup::{self, Planned};
 use crate::stopworld::{Held as StopHeld, StopError, Stopper};
 use crate::switch::{self, EntrySwitch};
-use crate::{agent, loader, now_ns, records, threads, Agent, AGENT};
+use crate::{agent, loader, modules, now_ns, records, threads, Agent, AGENT};
 use rtprof_shared::Refusal;
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -130,6 +130,12 @@ pub unsafe extern "C" fn rtprof_detach(status: *const libc::c_char) -> libc::c_i
             1
         }
     }
+}
+
+/// Whether a library loaded now may be instrumented: not once a detach
+/// has begun (its entries would outlive the detach).
+pub(crate) fn may_instrument_new() -> bool {
+    !matches!(PHASE.load(Ordering::Acquire), DETACHING | DETACHED)
 }
 
 /// Whether `rtprof detach` has ended this agent's profile: the exit
@@ -488,6 +494,23 @@ fn late_start(cfg: Config) -> Result<String, String> {
         .is_err()
     {
         return Err("the agent is already running in this process".into());
+    }
+    // Libraries loaded from now on are instrumented as they arrive, as
+    // under a preloaded agent; the hook's own entry is written live.
+    let ld = plans
+        .iter()
+        .map(Planned::module)
+        .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
+        .cloned();
+    let hooked = ld.is_some_and(|ld| {
+        loader::install_hook_with(&ld, &maps, &|_, plan, at, entry| {
+            EntrySwitch::new(plan, u32::MAX, at, entry)
+                .and_then(|e| write_live(&[e], true, None).ok())
+                .is_some_and(|(w, _)| w[0])
+        })
+    });
+    if !hooked {
+        vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
     threads::init_exit_key();
     crate::fork::install_handlers(stripe_bytes);
