@@ -182,7 +182,13 @@ fn attach_thread(spec: &str) {
     cfg.report = None;
     crate::log::set_verbose(cfg.verbose);
     let r = std::panic::catch_unwind(move || match agent() {
-        Some(a) => reattach(a, cfg.run_dir.as_deref()),
+        Some(a) => reattach(a, cfg.run_dir.as_deref()).map(|msg| {
+            if (&cfg.modules, cfg.all_modules) == (&a.config.modules, a.config.all_modules) {
+                msg
+            } else {
+                format!("{msg} (the modules of the first attach: another --modules needs a new process)")
+            }
+        }),
         None => late_start(cfg),
     })
     .unwrap_or_else(|_| Err("internal error while attaching".into()));

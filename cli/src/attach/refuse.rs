@@ -22,6 +22,9 @@ pub enum Refusal {
         yama: Option<u32>,
     },
     Ourselves,
+    /// Yama lets no process trace its own threads' peers: the agent could
+    /// not hold the threads to rewrite entries.
+    YamaAgent(u32),
 }
 
 impl std::fmt::Display for Refusal {
@@ -71,6 +74,12 @@ impl std::fmt::Display for Refusal {
                 ),
             },
             Refusal::Ourselves => write!(f, "rtprof cannot attach to itself"),
+            Refusal::YamaAgent(scope) => write!(
+                f,
+                "kernel.yama.ptrace_scope is {scope}: the agent inside the process could not \
+                 hold its threads still to rewrite function entries; allow it with \
+                 `sysctl kernel.yama.ptrace_scope=0`"
+            ),
         }
     }
 }
@@ -136,6 +145,10 @@ pub fn check(pid: i32, maps: &str) -> Result<(), Refusal> {
     let paths = super::inject::mappings(maps);
     if libc_path(&paths).is_none() {
         return Err(Refusal::Static);
+    }
+    // Checked last: the other reasons are the process's own.
+    if let Some(scope) = yama_scope().filter(|&s| s > 0) {
+        return Err(Refusal::YamaAgent(scope));
     }
     Ok(())
 }
