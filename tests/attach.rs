@@ -117,7 +117,12 @@ fn attach_counts_the_interval_and_detach_leaves_the_program_running() {
 }
 
 fn attach_err(pid: u32) -> String {
-    let out = Command::new(rtprof())
+    attach_err_as(&mut Command::new(rtprof()), pid)
+}
+
+/// rtprof attach through `cmd` (rtprof itself, or a wrapper running it).
+fn attach_err_as(cmd: &mut Command, pid: u32) -> String {
+    let out = cmd
         .args(["attach", &pid.to_string(), "--duration", "0.1", "--agent"])
         .arg(agent())
         .output()
@@ -173,6 +178,37 @@ fn refusals_each_say_why_and_leave_the_target_alone() {
         std::thread::sleep(Duration::from_millis(300));
         let e = attach_err(kids[2].id());
         assert!(e.contains("another user"), "{e}");
+
+        // Set-user-ID (a root-owned copy, run by root: same ids, the
+        // file's mode tells).
+        let suid = dir.join("suid_target");
+        std::fs::copy(&bin, &suid).unwrap();
+        sh_ok(&format!("chmod 4755 {}", suid.display()));
+        let k = sleeper(&suid, &mut Command::new("env"));
+        std::thread::sleep(Duration::from_millis(200));
+        let e = attach_err(k.id());
+        kids.push(k);
+        assert!(e.contains("set-user-ID"), "{e}");
+
+        // ptrace refused: rtprof as an ordinary user, the target of the
+        // same user but not dumpable.
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&bin)
+            .args(["20", "2", "nodump"])
+            .stdout(Stdio::null());
+        let k = c.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(rtprof())
+            .env("TMPDIR", "/tmp");
+        let e = attach_err_as(&mut c, k.id());
+        kids.push(k);
+        assert!(
+            e.contains("ptrace refused") && e.contains("CAP_SYS_PTRACE"),
+            "{e}"
+        );
     }
 
     // Already traced (by strace, where installed).

@@ -1,7 +1,11 @@
 /* A multi-threaded program that counts its own calls of work() and prints
  * the running total every 100 ms: rtprof attach's counts over an interval
- * can be checked against it. Usage: attach_target SECONDS [THREADS] */
+ * can be checked against it. Usage: attach_target SECONDS [THREADS [nodump]]
+ * (nodump: the process makes itself not dumpable, which refuses ptrace to
+ * tracers without CAP_SYS_PTRACE). */
 #include <pthread.h>
+#include <string.h>
+#include <sys/prctl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +40,8 @@ int main(int argc, char **argv) {
     pthread_t t[64];
     if (n > 64)
         n = 64;
+    if (argc > 3 && strcmp(argv[3], "nodump") == 0)
+        prctl(PR_SET_DUMPABLE, 0);
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < n; i++)
         pthread_create(&t[i], NULL, spin, (void *)(unsigned long)i);

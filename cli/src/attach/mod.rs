@@ -120,8 +120,15 @@ impl std::fmt::Display for Failure {
 }
 
 fn maps_of(pid: i32) -> Result<String, Failure> {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|_| Failure::Refused(Refusal::NoSuchProcess))
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
+        // Reading another process's memory map takes what ptrace takes.
+        match e.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM) => {
+                Failure::Refused(refuse::ptrace_refused(libc::EPERM))
+            }
+            _ => Failure::Refused(Refusal::NoSuchProcess),
+        }
+    })
 }
 
 fn seize(pid: i32) -> Result<Stopped, Failure> {
@@ -161,8 +168,9 @@ fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
 /// Everything that can be found out beforehand (addresses, symbols) is,
 /// so the threads are held only for the calls.
 fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
+    refuse::check_process(pid).map_err(Failure::Refused)?;
     let maps = maps_of(pid)?;
-    refuse::check(pid, &maps).map_err(Failure::Refused)?;
+    refuse::check_maps(&maps).map_err(Failure::Refused)?;
     let agent_path = agent.to_string_lossy().into_owned();
     let maps = mappings(&maps);
     let loaded = maps

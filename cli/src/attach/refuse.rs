@@ -100,8 +100,9 @@ fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
-/// The checks that need no ptrace; `maps` is the target's /proc/PID/maps.
-pub fn check(pid: i32, maps: &str) -> Result<(), Refusal> {
+/// The checks of who the process is, from /proc/PID/status and its
+/// executable: before its memory map, which only a tracer may read.
+pub fn check_process(pid: i32) -> Result<(), Refusal> {
     if pid as u32 == std::process::id() {
         return Err(Refusal::Ourselves);
     }
@@ -140,6 +141,11 @@ pub fn check(pid: i32, maps: &str) -> Result<(), Refusal> {
     {
         return Err(Refusal::Traced { by });
     }
+    Ok(())
+}
+
+/// The checks of what the process has loaded (`maps`: its /proc/PID/maps).
+pub fn check_maps(maps: &str) -> Result<(), Refusal> {
     // A process with the agent loaded (preloaded, or attached before) is
     // asked by the agent itself: it refuses if it is profiling.
     let paths = super::inject::mappings(maps);
