@@ -226,6 +226,14 @@ fn refusals_each_say_why_and_leave_the_target_alone() {
         assert!(e.contains("already traced"), "{e}");
     }
 
+    // In a mount namespace of its own.
+    let mut c = Command::new("unshare");
+    c.arg("-m");
+    kids.push(sleeper(&bin, &mut c));
+    std::thread::sleep(Duration::from_millis(300));
+    let e = attach_err(kids.last().unwrap().id());
+    assert!(e.contains("another mount namespace"), "{e}");
+
     // No such process.
     let e = attach_err(999_999_999);
     assert!(e.contains("no such process"), "{e}");

@@ -22,6 +22,9 @@ pub enum Refusal {
         yama: Option<u32>,
     },
     Ourselves,
+    /// In another mount namespace (a container): it would not find the
+    /// agent or rtprof's directory by their paths.
+    OtherMountNamespace,
     /// Yama lets no process trace its own threads' peers: the agent could
     /// not hold the threads to rewrite entries.
     YamaAgent(u32),
@@ -74,6 +77,11 @@ impl std::fmt::Display for Refusal {
                 ),
             },
             Refusal::Ourselves => write!(f, "rtprof cannot attach to itself"),
+            Refusal::OtherMountNamespace => write!(
+                f,
+                "the process runs in another mount namespace (a container?); run rtprof \
+                 attach inside it"
+            ),
             Refusal::YamaAgent(scope) => write!(
                 f,
                 "kernel.yama.ptrace_scope is {scope}: the agent inside the process could not \
@@ -140,6 +148,16 @@ pub fn check_process(pid: i32) -> Result<(), Refusal> {
         .filter(|&p| p != 0)
     {
         return Err(Refusal::Traced { by });
+    }
+    let ns = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    // Unreadable without ptrace access: that refusal comes later.
+    if let (Some(theirs), Some(ours)) = (
+        ns(format!("/proc/{pid}/ns/mnt")),
+        ns("/proc/self/ns/mnt".into()),
+    ) {
+        if theirs != ours {
+            return Err(Refusal::OtherMountNamespace);
+        }
     }
     Ok(())
 }
