@@ -89,6 +89,7 @@ fn attach_counts_the_interval_and_detach_leaves_the_program_running() {
     // Every tick of the 6 s run, none lost or doubled.
     assert_eq!(seen.len(), 61, "{seen:?}");
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["processes"][0]["ended"], "detached", "{report}");
     let work = calls_of(&report, "work");
     let rarely = calls_of(&report, "rarely");
     assert!(work > 0, "no calls counted: {report}");
