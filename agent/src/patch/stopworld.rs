@@ -542,6 +542,44 @@ mod tests {
         assert!(pcs_known);
         assert_eq!(slept, 0, "nanosleep interrupted");
     }
+
+    thread_local! {
+        static MARK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Each held thread's thread pointer is where its thread-local
+    /// storage is: what attach uses to give threads their stripes.
+    #[test]
+    fn held_threads_come_with_their_thread_pointers() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                MARK.with(|m| m.set(0x5eed));
+                let addr = MARK.with(|m| m.as_ptr() as u64);
+                // SAFETY: a system call without arguments.
+                tx.send((unsafe { libc::gettid() }, addr)).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        let (tid, addr) = rx.recv().unwrap();
+        // The same variable's offset from the thread pointer in any thread.
+        let mine = MARK.with(|m| m.as_ptr() as u64);
+        let my_tp = Native::thread_word(0);
+        let r = Stopper::new().and_then(|mut s| {
+            s.run_held(|h| {
+                let i = h.tids.iter().position(|&t| t == tid)?;
+                Some(h.tps[i])
+            })
+        });
+        stop.store(true, Ordering::Relaxed);
+        worker.join().unwrap();
+        let tp = r.unwrap_or_else(|e| panic!("{e}")).expect("worker held");
+        assert_eq!(tp.wrapping_add(mine.wrapping_sub(my_tp)), addr);
+    }
 }
 #[cfg(test)]
 mod timing {

@@ -174,3 +174,27 @@ impl Xstate {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_starts_with_an_aligned_stack_and_a_zero_return_address_slot() {
+        // SAFETY: all-zero is a valid user_regs_struct.
+        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        r.rsp = 0x7fff_0000_1234;
+        r.orig_rax = 35;
+        let saved = Regs(r);
+        assert_eq!(saved.syscall(), Some(35));
+        assert!(saved.stack_floor() < r.rsp - 127);
+        let (c, slot) = saved.for_call(0x1000, &[1, 2, 3], 0x7fff_0000_0f09);
+        assert_eq!(c.pc(), 0x1000);
+        assert_eq!(c.0.rsp, slot);
+        assert_eq!((c.0.rsp + 8) % 16, 0, "misaligned at entry");
+        assert!(c.0.rsp <= 0x7fff_0000_0f09 - 8);
+        assert_eq!((c.0.rdi, c.0.rsi, c.0.rdx, c.0.rcx), (1, 2, 3, 0));
+        assert_eq!(c.syscall(), None, "a system call would be restarted");
+        assert!(Regs::idle_syscall(35) && !Regs::idle_syscall(202));
+    }
+}

@@ -214,3 +214,38 @@ pub fn remote_symbol(pid: i32, maps: &[Mapping], path: &str, names: &[&str]) -> 
         .find(|m| m.path == path && off >= m.offset && off < m.offset + (m.end - m.start))
         .map(|m| m.start + off - m.offset)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_with_files_are_read() {
+        let maps = "\
+55d0c0a00000-55d0c0a02000 r--p 00000000 fd:01 1234 /usr/bin/app\n\
+7f00aa000000-7f00aa028000 r-xp 00028000 fd:01 99 /lib/x86_64-linux-gnu/libc.so.6\n\
+7ffd1d3e0000-7ffd1d401000 rw-p 00000000 00:00 0 [stack]\n\
+7f00ab000000-7f00ab001000 rw-p 00000000 00:00 0 \n\
+7f00ac000000-7f00ac001000 r--p 00000000 fd:01 7 /tmp/a b (deleted)\n";
+        let m = mappings(maps);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[1].start, 0x7f00aa000000);
+        assert_eq!(m[1].end, 0x7f00aa028000);
+        assert_eq!(m[1].offset, 0x28000);
+        assert_eq!(m[1].path, "/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(m[2].path, "/tmp/a b (deleted)");
+    }
+
+    #[test]
+    fn our_own_libc_defines_dlopen_where_dlsym_finds_it() {
+        let maps = mappings(&std::fs::read_to_string("/proc/self/maps").unwrap());
+        let libc = super::super::refuse::libc_path(&maps)
+            .expect("a libc")
+            .to_string();
+        let me = std::process::id() as i32;
+        let at = remote_symbol(me, &maps, &libc, &["dlopen", "__libc_dlopen_mode"]).unwrap();
+        // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches every module.
+        let want = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"dlopen".as_ptr()) } as u64;
+        assert_eq!(at, want);
+    }
+}
