@@ -601,6 +601,13 @@ impl Counters {
             .store(seq, Ordering::Release);
     }
 
+    /// Stripes handed out so far (the shared one included).
+    pub fn stripe_count(&self) -> u32 {
+        self.header_u32(offset_of!(Header, stripe_count))
+            .load(Ordering::Acquire)
+            .min(self.layout.caps.stripes)
+    }
+
     /// Calls of function `idx` counted so far, over every stripe handed
     /// out. Allocates nothing (callable with other threads stopped).
     pub fn calls(&self, idx: u32) -> u64 {

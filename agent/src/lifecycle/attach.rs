@@ -42,6 +42,27 @@ const ATTACHED: u8 = 2;
 const DETACHING: u8 = 3;
 const DETACHED: u8 = 4;
 
+/// rtprof's directory for this attach: where the segment is copied when
+/// the profile ends (detach, or the process's exit).
+static RUN_DIR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Leaves a copy of the segment where rtprof reads it.
+fn copy_for_rtprof(a: &Agent) {
+    let dir = RUN_DIR.lock().ok().and_then(|d| d.clone());
+    if let Some(dir) = dir {
+        if let Err(e) = a.segment.copy_into_dir(&dir) {
+            vlog!("counts not copied for rtprof: {e}");
+        }
+    }
+}
+
+/// At the process's exit while attached: rtprof reads the copy.
+pub(crate) fn after_exit(a: &Agent) {
+    if PHASE.load(Ordering::Acquire) == ATTACHED {
+        copy_for_rtprof(a);
+    }
+}
+
 /// Tries at writing the entries a stopped thread was part-way through.
 const WRITE_TRIES: usize = 5;
 /// rtprof lets the program's threads go just after our entry point
@@ -396,8 +417,13 @@ fn late_start(cfg: Config) -> Result<String, String> {
     crate::register::set_socket(&cfg.daemon_socket);
     // SAFETY: a system call without arguments.
     let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
-    let (segment, mut writer) = Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns())
+    // A memfd, as a preloaded agent without rtprof has: rtprofd can map
+    // it. rtprof gets a copy when the profile ends.
+    let (segment, mut writer) = Segment::create(caps, None, pid, ppid, now_ns())
         .map_err(|e| format!("no counter segment: {e}"))?;
+    if let Ok(mut d) = RUN_DIR.lock() {
+        d.clone_from(&cfg.run_dir);
+    }
     let tls_offset = i32::try_from(threads::tls_offset())
         .map_err(|_| "thread-local storage out of reach".to_string())?;
     let _ = writer.set_exe(exe.as_bytes());
@@ -544,8 +570,11 @@ fn late_start(cfg: Config) -> Result<String, String> {
 fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> {
     let t = Instant::now();
     a.segment
-        .reopen_for_attach(run_dir, now_ns())
+        .reopen_for_attach(None, now_ns())
         .map_err(|e| format!("no counter segment: {e}"))?;
+    if let Ok(mut d) = RUN_DIR.lock() {
+        *d = run_dir.map(str::to_string);
+    }
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);
@@ -577,6 +606,7 @@ fn detach_all() -> Result<String, String> {
         ));
     }
     a.segment.counters.set_detached(now_ns());
+    copy_for_rtprof(a);
     vlog!("detached: {restored} entries restored; {held}");
     Ok(format!("{restored} entries restored; {held}"))
 }

@@ -410,6 +410,7 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         }
         crate::budget::at_exit(a);
         a.segment.counters.set_exit(status, now_ns());
+        crate::lifecycle::attach::after_exit(a);
         if let Some(path) = &a.config.report {
             write_report(a, path, stacks.as_deref());
         }
