@@ -417,3 +417,46 @@ fn a_library_loaded_after_attach_is_instrumented_and_restored() {
         .sum();
     assert!(in_json > 100, "_json calls {in_json}: {p}");
 }
+
+#[test]
+fn an_attached_process_registers_with_rtprofd() {
+    let dir = scratch("attach-daemon");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    cmd.args(["--tick", "100", "--span", "500", "--buffer-mib", "4"])
+        .stderr(Stdio::null());
+    let d = Rtprofd::start(cmd, &dir);
+    let (mut child, _lines) = start_target(&bin, &["6", "2"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = child.id();
+    let mut attach = Command::new(rtprof())
+        .args(["attach", &pid.to_string(), "--duration", "3", "--agent"])
+        .arg(agent())
+        .env("RTPROF_DAEMON_SOCKET", &d.socket)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The daemon's spans show the process and its calls while attached.
+    let shown = poll(
+        "the attached process in rtprofd",
+        Duration::from_secs(10),
+        || {
+            let out = Command::new(rtprof())
+                .args(["report", "--present"])
+                .arg(&d.present)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            let section = text.split(&format!("pid {pid} ")).nth(1)?.to_string();
+            section
+                .lines()
+                .take(6)
+                .any(|l| l.contains(" work "))
+                .then_some(section)
+        },
+    );
+    assert!(shown.contains("calls/s"), "{shown}");
+    assert!(attach.wait().unwrap().success());
+    assert!(child.wait().unwrap().success());
+}
