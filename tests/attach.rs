@@ -227,6 +227,16 @@ fn refusals_each_say_why_and_leave_the_target_alone() {
         assert!(e.contains("already traced"), "{e}");
     }
 
+    // Stopped.
+    let mut c = Command::new(&bin);
+    kids.push(c.arg("20").stdout(Stdio::null()).spawn().unwrap());
+    let stopped = kids.last().unwrap().id();
+    sh_ok(&format!("kill -STOP {stopped}"));
+    std::thread::sleep(Duration::from_millis(100));
+    let e = attach_err(stopped);
+    assert!(e.contains("is stopped"), "{e}");
+    sh_ok(&format!("kill -CONT {stopped}"));
+
     // In a mount namespace of its own.
     let mut c = Command::new("unshare");
     c.arg("-m");

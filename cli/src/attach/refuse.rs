@@ -22,6 +22,9 @@ pub enum Refusal {
         yama: Option<u32>,
     },
     Ourselves,
+    /// Stopped (SIGSTOP, a shell's Ctrl-Z): holding and letting go of its
+    /// threads would make it run.
+    Stopped,
     /// In another mount namespace (a container): it would not find the
     /// agent or rtprof's directory by their paths.
     OtherMountNamespace,
@@ -77,6 +80,11 @@ impl std::fmt::Display for Refusal {
                 ),
             },
             Refusal::Ourselves => write!(f, "rtprof cannot attach to itself"),
+            Refusal::Stopped => write!(
+                f,
+                "the process is stopped (SIGSTOP or a terminal's Ctrl-Z); continue it first \
+                 (kill -CONT)"
+            ),
             Refusal::OtherMountNamespace => write!(
                 f,
                 "the process runs in another mount namespace (a container?); run rtprof \
@@ -150,6 +158,9 @@ pub fn check_process(pid: i32) -> Result<(), Refusal> {
         return Err(Refusal::Traced { by });
     }
     let ns = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    if status_field(&status, "State:").is_some_and(|s| s.starts_with('T')) {
+        return Err(Refusal::Stopped);
+    }
     // Unreadable without ptrace access: that refusal comes later.
     if let (Some(theirs), Some(ours)) = (
         ns(format!("/proc/{pid}/ns/mnt")),
