@@ -470,3 +470,26 @@ fn an_attached_process_registers_with_rtprofd() {
     assert!(attach.wait().unwrap().success());
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn attach_to_a_program_busy_in_malloc_never_deadlocks() {
+    let dir = scratch("attach-malloc");
+    let bin = compile_o2("attach_malloc.c", &[], &dir);
+    let (mut child, lines) = start_target(&bin, &["3600"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = child.id().to_string();
+    for i in 0..30 {
+        let out = Command::new(rtprof())
+            .args(["attach", &pid, "--duration", "0.02", "--agent"])
+            .arg(agent())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "cycle {i}: {stderr}");
+        assert!(stderr.contains(" fill "), "cycle {i}: {stderr}");
+        assert!(child.try_wait().unwrap().is_none(), "died in cycle {i}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(lines.try_iter().next().is_none());
+}

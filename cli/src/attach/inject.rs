@@ -145,6 +145,7 @@ pub struct Mapping {
     pub end: u64,
     pub offset: u64,
     pub path: String,
+    pub exec: bool,
 }
 
 pub fn mappings(maps: &str) -> Vec<Mapping> {
@@ -152,7 +153,7 @@ pub fn mappings(maps: &str) -> Vec<Mapping> {
         .filter_map(|l| {
             let mut f = l.splitn(6, ' ');
             let range = f.next()?;
-            let _perms = f.next()?;
+            let perms = f.next()?;
             let offset = u64::from_str_radix(f.next()?, 16).ok()?;
             let _dev = f.next()?;
             let _inode = f.next()?;
@@ -166,6 +167,7 @@ pub fn mappings(maps: &str) -> Vec<Mapping> {
                 end: u64::from_str_radix(b, 16).ok()?,
                 offset,
                 path: path.to_string(),
+                exec: perms.contains('x'),
             })
         })
         .collect()

@@ -191,9 +191,11 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
             .ok_or(Failure::NoFunction("rtprof_attach in the agent"))?;
         Start::AfterDlopen { dlopen, value }
     };
+    let avoid = lock_takers(&maps);
     let held = Instant::now();
     let mut stopped = seize(pid)?;
     stopped.choose_caller();
+    stopped.move_caller_out_of(&avoid, MOVE_LIMIT);
     let start = match start {
         Start::At(a) => a,
         Start::AfterDlopen { dlopen, value } => {
@@ -226,6 +228,22 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     }
 }
 
+/// How long a busy calling thread is single-stepped to leave libc.
+const MOVE_LIMIT: Duration = Duration::from_millis(500);
+
+/// The code of libc and the loader: a thread stopped there may hold
+/// malloc's or the loader's lock, which dlopen takes.
+fn lock_takers(maps: &[inject::Mapping]) -> Vec<(u64, u64)> {
+    maps.iter()
+        .filter(|m| {
+            let n = refuse::file_name(&m.path);
+            m.exec
+                && (n.starts_with("libc.so") || n.starts_with("libc-") || n.starts_with("ld-linux"))
+        })
+        .map(|m| (m.start, m.end))
+        .collect()
+}
+
 enum Start {
     /// The agent is loaded: its entry point.
     At(u64),
@@ -249,8 +267,10 @@ fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
     let status = status_dir.join("detach.status");
     let f = agent_function(pid, "rtprof_detach")?;
     let held = Instant::now();
+    let avoid = lock_takers(&mappings(&maps_of(pid)?));
     let mut stopped = seize(pid)?;
     stopped.choose_caller();
+    stopped.move_caller_out_of(&avoid, MOVE_LIMIT);
     let path = status.to_string_lossy().into_owned();
     let r =
         call(&mut stopped, f, &[Arg::Str(&path)]).map_err(|e| Failure::Call("rtprof_detach", e))?;

@@ -193,10 +193,76 @@ impl Stopped {
         }
     }
 
+    /// Single-steps the calling thread (the first) until it is outside
+    /// `avoid` (libc's and the loader's code: only there does a thread
+    /// hold malloc's or the loader's lock, which the calls need) or asleep
+    /// in an idle system call, for at most `limit`. A thread interrupted
+    /// inside malloc would otherwise deadlock on its own lock. False if it
+    /// never got out (it is used anyway).
+    pub fn move_caller_out_of(&mut self, avoid: &[(u64, u64)], limit: Duration) -> bool {
+        use super::arch::Regs;
+        let t = &mut self.threads[0];
+        let deadline = Instant::now() + limit;
+        loop {
+            let Ok(r) = Regs::get(t.tid) else {
+                return false;
+            };
+            let idle = r.syscall().is_some_and(Regs::idle_syscall);
+            if idle || !avoid.iter().any(|&(lo, hi)| r.pc() >= lo && r.pc() < hi) {
+                return true;
+            }
+            if Instant::now() > deadline || ptrace(libc::PTRACE_SINGLESTEP, t.tid, 0, 0).is_err() {
+                return false;
+            }
+            // The step's SIGTRAP; a thread that blocks in a system call
+            // meanwhile is stopped again where it waits.
+            match wait(t.tid, deadline) {
+                Some(Event::Stopped {
+                    sig: libc::SIGTRAP,
+                    event: 0,
+                }) => {}
+                Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => {}
+                Some(Event::Stopped { sig, .. }) => {
+                    if t.pending == 0 {
+                        t.pending = sig;
+                    }
+                }
+                Some(Event::Gone) => return false,
+                None => {
+                    interrupt_and_wait(t);
+                    return false;
+                }
+            }
+        }
+    }
+
     /// Lets every thread but `keep` run again.
     pub fn release_others(&mut self, keep: i32) {
         for t in self.threads.iter_mut().filter(|t| t.tid != keep) {
             detach(t);
+        }
+    }
+}
+
+/// Stops a running thread again; a signal that arrives first is kept for
+/// detach.
+fn interrupt_and_wait(t: &mut Thread) -> bool {
+    if ptrace(libc::PTRACE_INTERRUPT, t.tid, 0, 0).is_err() {
+        return false;
+    }
+    let deadline = Instant::now() + STOP_DEADLINE;
+    loop {
+        match wait(t.tid, deadline) {
+            Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => return true,
+            Some(Event::Stopped { sig, .. }) => {
+                if t.pending == 0 {
+                    t.pending = sig;
+                }
+                if cont(t.tid, 0).is_err() {
+                    return false;
+                }
+            }
+            _ => return false,
         }
     }
 }
