@@ -64,7 +64,7 @@ fn attach_counts_the_interval_and_detach_leaves_the_program_running() {
     let out = Command::new(rtprof())
         .arg("attach")
         .arg(child.id().to_string())
-        .args(["--duration", "2", "--verbose", "--output"])
+        .args(["--duration", "3", "--verbose", "--output"])
         .arg(&json)
         .arg("--agent")
         .arg(agent())

@@ -10,11 +10,17 @@
 //! leaves the agent inert: its stubs stay mapped (a thread may still be
 //! running through one), its counts stay readable.
 //!
-//! Not yet done here: sampling the threads that existed before attach
-//! (perf events are per thread and inherited only by later ones, so
-//! attach samples nothing), following libraries loaded after attach (the
-//! loader hook rewrites `_dl_debug_state`, which running threads may be
-//! executing), and attaching again after a detach.
+//! Each thread there is at attach gets a counter stripe of its own and a
+//! CPU-time timer for samples (perf events would reach only threads
+//! created later); libraries loaded while attached are instrumented
+//! through the loader hook, itself written with the threads held. The
+//! live segment is a memfd (rtprofd maps it); rtprof reads a copy left in
+//! its directory at detach or exit. Attaching again after a detach maps a
+//! fresh segment at the same address and writes the kept entries again.
+//!
+//! Not yet done here: a budget, exact callers and call stacks; sampling
+//! threads created after attach (no `pthread_create` hook when loaded
+//! late); another `--modules` on a later attach.
 // Only the exported entry points reach this, and unit tests export none.
 #![cfg_attr(test, allow(dead_code))]
 
