@@ -314,14 +314,22 @@ fn write_live(
         }
         let mut done = vec![false; todo.len()];
         let t = Instant::now();
-        stopper
-            .run_held(|h| {
-                if let Some((segment, offset)) = give {
-                    held.stripes = give_stripes(segment, offset, h, &mut ready);
-                }
-                switch::write_entries_stopped(&mem, &todo, counted, h.pcs, &mut done)
-            })
-            .map_err(|e| format!("cannot hold the program's threads: {e}"))?;
+        let ran = stopper.run_held(|h| {
+            if let Some((segment, offset)) = give {
+                held.stripes = give_stripes(segment, offset, h, &mut ready);
+            }
+            switch::write_entries_stopped(&mem, &todo, counted, h.pcs, &mut done)
+        });
+        if let Err(e) = ran {
+            let e = format!("cannot hold the program's threads: {e}");
+            if attempt == 0 {
+                return Err(e);
+            }
+            // Entries are written already: what was is kept (and said),
+            // the rest stays as it is.
+            vlog!("{e}; {} entries left as they were", todo.len());
+            break;
+        }
         // Includes making and reaping the helper: what the program feels.
         let took = t.elapsed();
         held.stops += 1;
