@@ -91,6 +91,8 @@ enum Failure {
     DlopenFailed,
     AgentSaid(String),
     AgentSilent,
+    /// No thread was found outside libc and the loader in time.
+    Busy,
 }
 
 impl std::fmt::Display for Failure {
@@ -110,6 +112,12 @@ impl std::fmt::Display for Failure {
                  libc, no room in its static TLS, or the agent's path is not visible to it)"
             ),
             Failure::AgentSaid(m) => write!(f, "{m}"),
+            Failure::Busy => write!(
+                f,
+                "no thread of the process could be caught outside libc within {} s (a call \
+                 made inside malloc would deadlock); nothing was changed, try again",
+                MOVE_LIMIT.as_secs()
+            ),
             Failure::AgentSilent => write!(
                 f,
                 "the agent did not answer within {} s",
@@ -195,7 +203,9 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     let held = Instant::now();
     let mut stopped = seize(pid)?;
     stopped.choose_caller();
-    stopped.move_caller_out_of(&avoid, MOVE_LIMIT);
+    if !stopped.move_caller_out_of(&avoid, MOVE_LIMIT) {
+        return Err(Failure::Busy);
+    }
     let start = match start {
         Start::At(a) => a,
         Start::AfterDlopen { dlopen, value } => {
@@ -228,8 +238,8 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     }
 }
 
-/// How long a busy calling thread is single-stepped to leave libc.
-const MOVE_LIMIT: Duration = Duration::from_millis(500);
+/// How long a busy calling thread may take to be found outside libc.
+const MOVE_LIMIT: Duration = Duration::from_secs(2);
 
 /// The code of libc and the loader: a thread stopped there may hold
 /// malloc's or the loader's lock, which dlopen takes.
@@ -270,7 +280,9 @@ fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
     let avoid = lock_takers(&mappings(&maps_of(pid)?));
     let mut stopped = seize(pid)?;
     stopped.choose_caller();
-    stopped.move_caller_out_of(&avoid, MOVE_LIMIT);
+    if !stopped.move_caller_out_of(&avoid, MOVE_LIMIT) {
+        return Err(Failure::Busy);
+    }
     let path = status.to_string_lossy().into_owned();
     let r =
         call(&mut stopped, f, &[Arg::Str(&path)]).map_err(|e| Failure::Call("rtprof_detach", e))?;
@@ -379,7 +391,16 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
     }
     let mut code = ExitCode::SUCCESS;
     if alive(pid) {
-        match detach(pid, &dir.0) {
+        // A busy process may take a few tries to catch outside libc.
+        let mut tries = 0;
+        let detached = loop {
+            tries += 1;
+            match detach(pid, &dir.0) {
+                Err(Failure::Busy) if tries < 5 => continue,
+                r => break r,
+            }
+        };
+        match detached {
             Ok(said) if args.verbose => eprintln!("rtprof: detached from {pid}: {said}"),
             Ok(_) => {}
             Err(e) => {

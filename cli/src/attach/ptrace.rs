@@ -196,44 +196,29 @@ impl Stopped {
     /// Single-steps the calling thread (the first) until it is outside
     /// `avoid` (libc's and the loader's code: only there does a thread
     /// hold malloc's or the loader's lock, which the calls need) or asleep
-    /// in an idle system call, for at most `limit`. A thread interrupted
-    /// inside malloc would otherwise deadlock on its own lock. False if it
-    /// never got out (it is used anyway).
+    /// in an idle system call. A thread interrupted inside malloc would
+    /// otherwise deadlock on its own lock. Steps come in rounds; between
+    /// rounds the thread runs freely for a moment (a `rep stos` steps one
+    /// byte at a time), until `limit`. False if it never got out.
     pub fn move_caller_out_of(&mut self, avoid: &[(u64, u64)], limit: Duration) -> bool {
-        use super::arch::Regs;
+        const STEPS_PER_ROUND: u32 = 2000;
         let t = &mut self.threads[0];
         let deadline = Instant::now() + limit;
-        loop {
-            let Ok(r) = Regs::get(t.tid) else {
-                return false;
-            };
-            let idle = r.syscall().is_some_and(Regs::idle_syscall);
-            if idle || !avoid.iter().any(|&(lo, hi)| r.pc() >= lo && r.pc() < hi) {
-                return true;
+        while Instant::now() < deadline {
+            match step_out(t, avoid, STEPS_PER_ROUND, deadline) {
+                Some(out) if out => return true,
+                Some(_) => {}
+                None => return false,
             }
-            if Instant::now() > deadline || ptrace(libc::PTRACE_SINGLESTEP, t.tid, 0, 0).is_err() {
+            if cont(t.tid, 0).is_err() {
                 return false;
             }
-            // The step's SIGTRAP; a thread that blocks in a system call
-            // meanwhile is stopped again where it waits.
-            match wait(t.tid, deadline) {
-                Some(Event::Stopped {
-                    sig: libc::SIGTRAP,
-                    event: 0,
-                }) => {}
-                Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => {}
-                Some(Event::Stopped { sig, .. }) => {
-                    if t.pending == 0 {
-                        t.pending = sig;
-                    }
-                }
-                Some(Event::Gone) => return false,
-                None => {
-                    interrupt_and_wait(t);
-                    return false;
-                }
+            std::thread::sleep(Duration::from_micros(300));
+            if !interrupt_and_wait(t) {
+                return false;
             }
         }
+        false
     }
 
     /// Lets every thread but `keep` run again.
@@ -242,6 +227,38 @@ impl Stopped {
             detach(t);
         }
     }
+}
+
+/// Up to `steps` single steps of `t` until it is out of `avoid` (or
+/// asleep in an idle system call): Some(true) if it got out, Some(false)
+/// if not yet, None if the thread is lost or could not be stopped again.
+fn step_out(t: &mut Thread, avoid: &[(u64, u64)], steps: u32, deadline: Instant) -> Option<bool> {
+    use super::arch::Regs;
+    for _ in 0..steps {
+        let r = Regs::get(t.tid).ok()?;
+        let idle = r.syscall().is_some_and(Regs::idle_syscall);
+        if idle || !avoid.iter().any(|&(lo, hi)| r.pc() >= lo && r.pc() < hi) {
+            return Some(true);
+        }
+        ptrace(libc::PTRACE_SINGLESTEP, t.tid, 0, 0).ok()?;
+        // The step's SIGTRAP; a thread that blocks in a system call
+        // meanwhile is stopped again where it waits.
+        match wait(t.tid, deadline) {
+            Some(Event::Stopped {
+                sig: libc::SIGTRAP,
+                event: 0,
+            }) => {}
+            Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => {}
+            Some(Event::Stopped { sig, .. }) => {
+                if t.pending == 0 {
+                    t.pending = sig;
+                }
+            }
+            Some(Event::Gone) => return None,
+            None => return interrupt_and_wait(t).then_some(false),
+        }
+    }
+    Some(false)
 }
 
 /// Stops a running thread again; a signal that arrives first is kept for
