@@ -1,6 +1,7 @@
 //! `rtprof`: the command-line front end.
 
 mod agent;
+mod attach;
 mod cache;
 mod error;
 mod export;
@@ -42,6 +43,11 @@ enum Command {
     /// Profile every new process on this machine, or stop (enable and
     /// disable need root).
     System(system::SystemArgs),
+    /// Profile a running process: load the agent into it for a while,
+    /// then report and leave it running its original code.
+    Attach(attach::AttachArgs),
+    /// Stop profiling a process `rtprof attach` left attached.
+    Detach(attach::DetachArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,5 +59,7 @@ fn main() -> ExitCode {
         Command::Cache(args) => cache::run(args),
         Command::Switch(args) => switch::run(args),
         Command::System(args) => system::run(args),
+        Command::Attach(args) => attach::run_attach(args),
+        Command::Detach(args) => attach::run_detach(args),
     }
 }

@@ -25,6 +25,9 @@ pub mod state {
     pub const STARTING: u32 = 0;
     pub const RUNNING: u32 = 1;
     pub const EXITED: u32 = 2;
+    /// `rtprof detach` ended the profile: entries restored, counts final,
+    /// the process runs on (`end_ns` is when).
+    pub const DETACHED: u32 = 3;
 }
 
 /// Stripe life-cycle state stored in [`StripeSlot::state`].

@@ -256,10 +256,12 @@ fn module_name(s: &Snapshot, idx: u32) -> &str {
 }
 
 /// How the process (image) ended: "exit", "exec" or "abrupt" (a signal,
-/// `_exit`, or death during start-up).
+/// `_exit`, or death during start-up); or how its profile did:
+/// "detached" (`rtprof detach`, the process runs on).
 pub fn ending(s: &Snapshot) -> &'static str {
     match s.state {
         state::EXITED => "exit",
+        state::DETACHED => "detached",
         _ if s.replaced_by_exec => "exec",
         _ => "abrupt",
     }
@@ -270,6 +272,7 @@ fn state_text(s: &Snapshot) -> String {
         ("exit", _) => format!("exited with status {}", s.exit_status),
         ("exec", _) => "replaced itself (exec)".to_string(),
         (_, state::RUNNING) => "ended without running exit handlers".to_string(),
+        ("detached", _) => "detached, still running".to_string(),
         _ => "ended during start-up".to_string(),
     }
 }

@@ -601,6 +601,13 @@ impl Counters {
             .store(seq, Ordering::Release);
     }
 
+    /// Stripes handed out so far (the shared one included).
+    pub fn stripe_count(&self) -> u32 {
+        self.header_u32(offset_of!(Header, stripe_count))
+            .load(Ordering::Acquire)
+            .min(self.layout.caps.stripes)
+    }
+
     /// Calls of function `idx` counted so far, over every stripe handed
     /// out. Allocates nothing (callable with other threads stopped).
     pub fn calls(&self, idx: u32) -> u64 {
@@ -645,6 +652,13 @@ impl Counters {
         self.header_u64(offset_of!(Header, end_ns))
             .store(end_ns, Ordering::Relaxed);
         self.set_state(state::EXITED);
+    }
+
+    /// The profile ended while the process runs on (`rtprof detach`).
+    pub fn set_detached(&self, end_ns: u64) {
+        self.header_u64(offset_of!(Header, end_ns))
+            .store(end_ns, Ordering::Relaxed);
+        self.set_state(state::DETACHED);
     }
 
     /// Updates pid/ppid/start time (a forked child reuses its parent's layout).

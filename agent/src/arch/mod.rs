@@ -75,9 +75,11 @@ pub trait InstructionSet {
     /// # Safety
     /// As for [`InstructionSet::signal_pc`].
     unsafe fn signal_sp_bp(uc: *const libc::ucontext_t) -> (u64, u64);
-    /// The program counter of thread `tid`, which the caller holds in a
-    /// ptrace stop. Makes one system call and no allocation.
-    fn stopped_pc(tid: i32) -> Option<u64>;
+    /// The program counter thread `tid` resumes at (the caller holds it in
+    /// a ptrace stop; a system call to be restarted counts from its
+    /// instruction), and its thread pointer (the base its thread-local
+    /// storage offsets count from). One system call, no allocation.
+    fn stopped_pc_tp(tid: i32) -> Option<(u64, u64)>;
     /// Whether an unwind row describes a frame as a call leaves it (the
     /// canonical frame is the stack pointer plus a return address, and
     /// nothing else is saved): true at a real function's first byte.

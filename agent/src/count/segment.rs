@@ -390,10 +390,39 @@ impl Segment {
         ppid: u32,
         start_ns: u64,
     ) -> Result<(), SegmentError> {
+        self.reopen(keep, self.run_dir.as_deref(), pid, ppid, start_ns)
+    }
+
+    /// `rtprof attach` again after a detach: a fresh segment at the same
+    /// address (in `run_dir`, or a memfd), with the metadata and zero
+    /// counts, as a forked child's. Call with no entry patched (no thread
+    /// counts meanwhile); the threads count in the shared stripe.
+    pub fn reopen_for_attach(
+        &self,
+        run_dir: Option<&str>,
+        start_ns: u64,
+    ) -> Result<(), SegmentError> {
+        let dir = run_dir
+            .map(CString::new)
+            .transpose()
+            .map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+        // SAFETY: a system call without arguments.
+        let ppid = unsafe { libc::getppid() } as u32;
+        self.reopen(None, dir.as_deref(), std::process::id(), ppid, start_ns)
+    }
+
+    fn reopen(
+        &self,
+        keep: Option<u32>,
+        run_dir: Option<&CStr>,
+        pid: u32,
+        ppid: u32,
+        start_ns: u64,
+    ) -> Result<(), SegmentError> {
         let l = *self.counters.layout();
         let base = self.counters.base();
         let result = (|| {
-            let fd = new_backing(&l, self.run_dir.as_deref())?;
+            let fd = new_backing(&l, run_dir)?;
             let w = &self.counters;
             let used = record_ranges(&l, w.func_count(), w.strings_len());
             // Metadata in use is copied (the counters start from zero);
@@ -465,6 +494,51 @@ impl Segment {
             unsafe { libc::close(fd) };
         }
         Ok(())
+    }
+
+    /// A copy of the segment as it is now, as `<run_dir>/<pid>-<n>.seg`:
+    /// for an agent loaded by `rtprof attach`, whose live segment is a
+    /// memfd (so that rtprofd can map it) that rtprof cannot open. What is
+    /// in use is written; the rest stays a hole no reader reads.
+    pub fn copy_into_dir(&self, run_dir: &str) -> Result<(), SegmentError> {
+        let dir = CString::new(run_dir).map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+        let fd = create_in_dir(&dir)?;
+        let l = *self.counters.layout();
+        let base = self.counters.base();
+        let w = &self.counters;
+        let stripe = self.stripe_used_bytes();
+        let ranges = fixed_ranges(&l)
+            .into_iter()
+            .chain(record_ranges(&l, w.func_count(), w.strings_len()))
+            .chain((1..w.stripe_count()).map(|i| (l.stripe_off(i), stripe)));
+        // SAFETY: our new file; takes integers only.
+        let mut ok = unsafe { libc::ftruncate(fd, l.total_size as libc::off_t) } == 0;
+        for (off, len) in ranges.filter(|&(_, len)| len > 0) {
+            // SAFETY: a range of our mapping that is in use, hence backed;
+            // `fd` is ours.
+            let n = unsafe {
+                libc::pwrite(
+                    fd,
+                    base.add(off as usize).cast(),
+                    len as usize,
+                    off as libc::off_t,
+                )
+            };
+            ok &= n == len as isize;
+        }
+        let e = last_err();
+        if !ok {
+            // Empty, the file is skipped by its reader.
+            // SAFETY: our descriptor.
+            unsafe { libc::ftruncate(fd, 0) };
+        }
+        // SAFETY: our descriptor, closed once.
+        unsafe { libc::close(fd) };
+        if ok {
+            Ok(())
+        } else {
+            Err(SegmentError::Reserve(e))
+        }
     }
 
     /// Writes `bytes` to `<run dir>/<pid>-<n>.<suffix>`, beside this

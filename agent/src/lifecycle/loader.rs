@@ -63,8 +63,20 @@ impl Known {
     }
 }
 
+/// How the hook's entry is written: at start-up directly; in a running
+/// process (attach) with the threads held.
+pub type HookWriter<'a> =
+    &'a dyn Fn(&Module, &crate::arch::Plan, u64, &crate::arch::EntryPatch) -> bool;
+
 /// Points `_dl_debug_state` at [`on_loader_event`]. Start-up only.
 pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
+    install_hook_with(ld, maps, &|ld, plan, _, entry| {
+        write_entries(ld, &[(plan.patch_at, entry.as_slice())])[0]
+    })
+}
+
+/// As [`install_hook`], the entry written by `write`.
+pub fn install_hook_with(ld: &Module, maps: &Maps, write: HookWriter<'_>) -> bool {
     // Only the address is taken; the loader defines the symbol, bound
     // when this library is loaded.
     let rd = std::ptr::addr_of_mut!(_r_debug);
@@ -97,7 +109,7 @@ pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
         area.release();
         return false;
     };
-    if !area.seal() || !write_entries(ld, &[(plan.patch_at, entry.as_slice())])[0] {
+    if !area.seal() || !write(ld, &plan, area.addr, &entry) {
         return false;
     }
     R_DEBUG.store(rd, Ordering::Release);
@@ -217,7 +229,10 @@ fn add_module(
     w: &mut SegmentWriter,
 ) -> Added {
     let skip = modules::skip_reason(&m, &|n| a.config.selects(n));
-    if !a.config.instrument || skip.is_some() {
+    // Detached (rtprof detach): nothing new is patched; a later attach
+    // leaves it so too (its code may be running by then).
+    let detached = !crate::lifecycle::attach::may_instrument_new();
+    if !a.config.instrument || skip.is_some() || detached {
         if !room_for_sampled(w) {
             return (None, None, None);
         }

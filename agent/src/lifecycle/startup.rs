@@ -49,7 +49,7 @@ pub(crate) fn status() -> Status {
 }
 
 /// What start-up does with each loaded module.
-enum Planned {
+pub(crate) enum Planned {
     Instrument(ModulePlan),
     /// Not instrumented; its functions are listed for sample attribution
     /// (`None`: when a sample first lands in it), with why (a `module_why`
@@ -58,7 +58,7 @@ enum Planned {
 }
 
 impl Planned {
-    fn module(&self) -> &Module {
+    pub(crate) fn module(&self) -> &Module {
         match self {
             Planned::Instrument(p) => &p.module,
             Planned::Sample(m, ..) => m,
@@ -75,7 +75,7 @@ impl Planned {
     }
 }
 
-fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
+pub(crate) fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
     let mut plans = Vec::new();
     for m in modules::loaded() {
         match modules::skip_reason(&m, &|n| cfg.selects(n)) {
@@ -127,7 +127,7 @@ fn spare_used(cfg: &Config, caps: Capacities) -> u32 {
     cfg.spare_functions.min(caps.functions)
 }
 
-fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
+pub(crate) fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
     let funcs: usize = plans.iter().map(|p| p.functions().count()).sum();
     let names: usize = plans
         .iter()
@@ -378,16 +378,19 @@ pub(crate) fn start() {
 }
 
 extern "C" {
-    fn on_exit(
+    pub(crate) fn on_exit(
         f: extern "C" fn(libc::c_int, *mut libc::c_void),
         arg: *mut libc::c_void,
     ) -> libc::c_int;
 }
 
 /// Runs after the program's own exit handlers (registered before them).
-extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
+pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
+        if crate::lifecycle::attach::detached() {
+            return;
+        }
         // A child made without fork handlers (raw clone) still maps its
         // parent's segment: its exit is not the parent's.
         if a.segment.counters.pid() != std::process::id() {
@@ -407,6 +410,7 @@ extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         }
         crate::budget::at_exit(a);
         a.segment.counters.set_exit(status, now_ns());
+        crate::lifecycle::attach::after_exit(a);
         if let Some(path) = &a.config.report {
             write_report(a, path, stacks.as_deref());
         }

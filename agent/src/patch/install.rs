@@ -38,6 +38,11 @@ impl StubMap {
         e.get(e.binary_search_by_key(&slot, |e| e.slot).ok()?)
     }
 
+    /// Every kept entry, by slot (empty unless kept).
+    pub fn entries(&self) -> &[EntrySwitch] {
+        self.entries.as_deref().unwrap_or(&[])
+    }
+
     /// (start, end, counter slot) of every stub, sorted.
     pub fn ranges(&self) -> &[(u64, u64, u32)] {
         &self.ranges
@@ -151,6 +156,50 @@ pub fn install(
     map: &mut StubMap,
     counted: &dyn Fn(&str) -> bool,
 ) -> (Outcomes, Option<StubArea>) {
+    install_with(
+        mp,
+        first_slot,
+        tls_offset,
+        shared_stripe,
+        map,
+        counted,
+        true,
+    )
+}
+
+/// As [`install`], but with the entries left as they are: for a process
+/// whose threads run (attach), they are written later with the threads
+/// held still (`switch::write_entries_stopped`) from the entries `map`
+/// keeps, which it must (`StubMap::keeping_entries`).
+pub fn install_stubs_only(
+    mp: &ModulePlan,
+    first_slot: u32,
+    tls_offset: i32,
+    shared_stripe: u64,
+    map: &mut StubMap,
+    counted: &dyn Fn(&str) -> bool,
+) -> (Outcomes, Option<StubArea>) {
+    debug_assert!(map.entries.is_some());
+    install_with(
+        mp,
+        first_slot,
+        tls_offset,
+        shared_stripe,
+        map,
+        counted,
+        false,
+    )
+}
+
+fn install_with(
+    mp: &ModulePlan,
+    first_slot: u32,
+    tls_offset: i32,
+    shared_stripe: u64,
+    map: &mut StubMap,
+    counted: &dyn Fn(&str) -> bool,
+    write_now: bool,
+) -> (Outcomes, Option<StubArea>) {
     let hook = crate::callers::hook();
     let mut outcomes: Outcomes = mp
         .funcs
@@ -234,7 +283,11 @@ pub fn install(
     }
     // Stubs are complete and executable before any entry jumps to them.
     let patches: Vec<(u64, &[u8])> = entries.iter().map(|(a, e)| (*a, e.as_slice())).collect();
-    let written = write_entries(&mp.module, &patches);
+    let written = if write_now {
+        write_entries(&mp.module, &patches)
+    } else {
+        vec![true; patches.len()]
+    };
     for (k, &i) in owners.iter().enumerate() {
         if !written[k] {
             outcomes[i] = Some(Refusal::WriteFailed);

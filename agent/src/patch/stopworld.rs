@@ -69,14 +69,16 @@ impl std::fmt::Display for StopError {
 struct Shared {
     error: i32,
     caller: i32,
-    /// The work, called as `run(work, pcs)` by the helper.
-    run: unsafe fn(*mut u8, &[u64]),
+    /// The work, called as `run(work, threads)` by the helper.
+    run: unsafe fn(*mut u8, &Held<'_>),
     work: *mut u8,
     n: usize,
     tids: [i32; MAX_THREADS],
     /// Signal intercepted at the stop, re-injected at detach.
     sigs: [i32; MAX_THREADS],
     pcs: [u64; MAX_THREADS],
+    /// Each stopped thread's thread pointer (0: unknown).
+    tps: [u64; MAX_THREADS],
     /// `/proc/<pid>/task`, NUL-terminated.
     task_dir: [u8; 40],
     dents: [u8; 8192],
@@ -120,6 +122,12 @@ impl Stopper {
     /// the program counters they stopped at. `work` must not allocate or
     /// take a lock another thread may hold.
     pub fn run<F: FnOnce(&[u64]) -> R, R>(&mut self, work: F) -> Result<R, StopError> {
+        self.run_held(|h: &Held<'_>| work(h.pcs))
+    }
+
+    /// As [`Stopper::run`], with each stopped thread's id and thread
+    /// pointer besides its program counter.
+    pub fn run_held<F: FnOnce(&Held<'_>) -> R, R>(&mut self, work: F) -> Result<R, StopError> {
         let mut job = Job {
             work: Some(work),
             result: None,
@@ -159,14 +167,22 @@ struct Job<F, R> {
     result: Option<R>,
 }
 
-impl<F: FnOnce(&[u64]) -> R, R> Job<F, R> {
+/// The threads held for the work, in the same order in each slice.
+pub struct Held<'a> {
+    pub pcs: &'a [u64],
+    pub tids: &'a [i32],
+    /// Thread pointers (where its thread-local storage is), 0 if unknown.
+    pub tps: &'a [u64],
+}
+
+impl<F: FnOnce(&Held<'_>) -> R, R> Job<F, R> {
     /// # Safety
     /// `job` points to a live `Job<F, R>` no one else touches meanwhile.
-    unsafe fn run(job: *mut u8, pcs: &[u64]) {
+    unsafe fn run(job: *mut u8, held: &Held<'_>) {
         // SAFETY: see above.
         let job = unsafe { &mut *(job as *mut Job<F, R>) };
         if let Some(w) = job.work.take() {
-            job.result = Some(w(pcs));
+            job.result = Some(w(held));
         }
     }
 }
@@ -286,11 +302,18 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
     s.error = match stop_all(s) {
         Ok(()) => {
             for i in 0..s.n {
-                s.pcs[i] = Native::stopped_pc(s.tids[i]).unwrap_or(0);
+                let (pc, tp) = Native::stopped_pc_tp(s.tids[i]).unwrap_or((0, 0));
+                s.pcs[i] = pc;
+                s.tps[i] = tp;
             }
+            let held = Held {
+                pcs: &s.pcs[..s.n],
+                tids: &s.tids[..s.n],
+                tps: &s.tps[..s.n],
+            };
             // SAFETY: `work` is the caller's Job for `run`, untouched by
             // the caller until we exit.
-            unsafe { (s.run)(s.work, &s.pcs[..s.n]) };
+            unsafe { (s.run)(s.work, &held) };
             DONE
         }
         Err(Halt::TooMany) => TOO_MANY,
@@ -518,6 +541,44 @@ mod tests {
         assert!(n >= 4, "stopped {n} threads");
         assert!(pcs_known);
         assert_eq!(slept, 0, "nanosleep interrupted");
+    }
+
+    thread_local! {
+        static MARK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Each held thread's thread pointer is where its thread-local
+    /// storage is: what attach uses to give threads their stripes.
+    #[test]
+    fn held_threads_come_with_their_thread_pointers() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                MARK.with(|m| m.set(0x5eed));
+                let addr = MARK.with(|m| m.as_ptr() as u64);
+                // SAFETY: a system call without arguments.
+                tx.send((unsafe { libc::gettid() }, addr)).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        let (tid, addr) = rx.recv().unwrap();
+        // The same variable's offset from the thread pointer in any thread.
+        let mine = MARK.with(|m| m.as_ptr() as u64);
+        let my_tp = Native::thread_word(0);
+        let r = Stopper::new().and_then(|mut s| {
+            s.run_held(|h| {
+                let i = h.tids.iter().position(|&t| t == tid)?;
+                Some(h.tps[i])
+            })
+        });
+        stop.store(true, Ordering::Relaxed);
+        worker.join().unwrap();
+        let tp = r.unwrap_or_else(|e| panic!("{e}")).expect("worker held");
+        assert_eq!(tp.wrapping_add(mine.wrapping_sub(my_tp)), addr);
     }
 }
 #[cfg(test)]

@@ -365,6 +365,44 @@ fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
     timer::arm_or_wait().map_err(|e| (Why::TimerFailed, Some(e)))
 }
 
+/// Loaded late (`rtprof attach`): perf events reach only threads created
+/// after they are opened, so each thread there is now gets a CPU-time
+/// timer instead. Returns how many.
+pub fn start_attached(a: &'static Agent, tids: &[i32]) -> usize {
+    PID.store(std::process::id(), Ordering::Relaxed);
+    let hz = a.config.sample_hz;
+    if hz == 0 || a.config.sampler == SamplerChoice::Off {
+        record(a, Sampler::Off, Why::SwitchedOff, None);
+        return 0;
+    }
+    if let Err((why, e)) = timer::install(period_ns(hz)) {
+        record(a, Sampler::Off, why, e);
+        return 0;
+    }
+    let mut armed = 0;
+    let mut failed = None;
+    for &tid in tids {
+        match timer::arm_thread(tid) {
+            Ok(()) => armed += 1,
+            Err(e) => failed = Some(e),
+        }
+    }
+    match (armed, failed) {
+        (0, Some(e)) => {
+            timer::stop_all();
+            record(a, Sampler::Off, Why::TimerFailed, Some(e));
+        }
+        _ => record(a, Sampler::Timer, Why::Default, None),
+    }
+    armed
+}
+
+/// Detached: no more samples (the handler stays, inert: a signal still
+/// queued must not meet SIGPROF's default action, which ends the process).
+pub fn stop_attached() {
+    timer::stop_all();
+}
+
 /// A new thread of the program: with the timer sampler, it gets a timer.
 /// (perf events reach it by inheritance.)
 pub fn thread_started() {

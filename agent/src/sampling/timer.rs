@@ -258,6 +258,44 @@ pub fn arm_current_thread() -> Result<(), Errno> {
     Ok(())
 }
 
+/// The CPU-time clock of thread `tid` of this process (the kernel's
+/// encoding, as `pthread_getcpuclockid` makes it: per-thread, scheduler
+/// time).
+fn thread_cpu_clock(tid: i32) -> libc::clockid_t {
+    (!tid << 3) | 6
+}
+
+/// Starts a CPU-time timer for thread `tid` of this process, from another
+/// thread: for an agent loaded late (`rtprof attach`), when the program's
+/// threads exist already. A thread that blocks SIGPROF keeps its signals
+/// pending. Allocation-free.
+pub fn arm_thread(tid: i32) -> Result<(), Errno> {
+    if !active() {
+        return Ok(());
+    }
+    let Some(slot) = TIMERS.iter().position(|t| {
+        t.compare_exchange(FREE, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        return Err(Errno(libc::EAGAIN));
+    };
+    let id = match create_timer(thread_cpu_clock(tid), &to_thread(SIGNAL, tid)) {
+        Ok(id) => id,
+        Err(e) => {
+            TIMERS[slot].store(FREE, Ordering::Release);
+            return Err(e);
+        }
+    };
+    TIMERS[slot].store(id + 1, Ordering::Release);
+    if let Err(e) = run_every(id, PERIOD_NS.load(Ordering::Relaxed)) {
+        release(slot);
+        return Err(e);
+    }
+    // The timer goes with the thread's clock when it ends; its slot is
+    // freed by `stop_all` (detach).
+    Ok(())
+}
+
 /// Deletes the timer in `slot` (if still there) and frees the slot.
 fn release(slot: usize) {
     let v = TIMERS[slot].swap(FREE, Ordering::AcqRel);

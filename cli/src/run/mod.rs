@@ -3,9 +3,9 @@
 //! directory. Arguments, stdin, stdout and the exit status pass through.
 
 mod child;
-mod modules_arg;
-mod room;
-mod segments;
+pub(crate) mod modules_arg;
+pub(crate) mod room;
+pub(crate) mod segments;
 
 use crate::error::Error;
 use crate::export::{model, shown, Format, Output, OutputArgs};

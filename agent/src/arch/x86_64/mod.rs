@@ -121,7 +121,7 @@ impl InstructionSet for X86_64 {
         )
     }
 
-    fn stopped_pc(tid: i32) -> Option<u64> {
+    fn stopped_pc_tp(tid: i32) -> Option<(u64, u64)> {
         // SAFETY: all-zero is a valid user_regs_struct, which the kernel fills.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
         // SAFETY: the caller holds `tid` stopped; the kernel writes `regs`.
@@ -133,7 +133,7 @@ impl InstructionSet for X86_64 {
                 &mut regs as *mut libc::user_regs_struct,
             )
         };
-        (r == 0).then_some(regs.rip)
+        (r == 0).then_some((resume_pc(&regs), regs.fs_base))
     }
 
     /// CFA = rsp + 8 and only the return address saved.
@@ -150,3 +150,35 @@ const _: fn() = || {
     fn implements<T: InstructionSet>() {}
     implements::<X86_64>();
 };
+
+/// Where a stopped thread resumes: its rip, or the `syscall` instruction
+/// before it (2 bytes) when it was stopped in a system call the kernel
+/// restarts on resume (an entry written over that instruction would be
+/// run from the middle otherwise).
+fn resume_pc(regs: &libc::user_regs_struct) -> u64 {
+    const RESTARTS: [i64; 4] = [-512, -513, -514, -516];
+    let restarts = (regs.orig_rax as i64) >= 0 && RESTARTS.contains(&(regs.rax as i64));
+    if restarts {
+        regs.rip.wrapping_sub(2)
+    } else {
+        regs.rip
+    }
+}
+
+#[cfg(test)]
+mod resume_tests {
+    #[test]
+    fn a_restarted_system_call_resumes_at_its_syscall_instruction() {
+        // SAFETY: all-zero is a valid user_regs_struct.
+        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        r.rip = 0x1002;
+        r.orig_rax = 35;
+        r.rax = (-516i64) as u64;
+        assert_eq!(super::resume_pc(&r), 0x1000);
+        r.rax = 0;
+        assert_eq!(super::resume_pc(&r), 0x1002);
+        r.orig_rax = u64::MAX;
+        r.rax = (-512i64) as u64;
+        assert_eq!(super::resume_pc(&r), 0x1002);
+    }
+}

@@ -1,0 +1,626 @@
+//! Loaded late, into a running process (`rtprof attach`): the constructor
+//! found the process traced (rtprof holds its threads) and did nothing;
+//! rtprof then calls [`rtprof_attach`] in one held thread. That call only
+//! starts a thread of ours and returns, so the program is held for as
+//! short a time as possible; the thread instruments the selected modules
+//! while the program's threads run, writing the entries with them held
+//! still by the stopper (a thread part-way through an entry's original
+//! instructions leaves that entry for a later try), and answers in a
+//! status file. [`rtprof_detach`] puts every entry back the same way and
+//! leaves the agent inert: its stubs stay mapped (a thread may still be
+//! running through one), its counts stay readable.
+//!
+//! Each thread there is at attach gets a counter stripe of its own and a
+//! CPU-time timer for samples (perf events would reach only threads
+//! created later); libraries loaded while attached are instrumented
+//! through the loader hook, itself written with the threads held. The
+//! live segment is a memfd (rtprofd maps it); rtprof reads a copy left in
+//! its directory at detach or exit. Attaching again after a detach maps a
+//! fresh segment at the same address and writes the kept entries again.
+//!
+//! Not yet done here: a budget, exact callers and call stacks; sampling
+//! threads created after attach (no `pthread_create` hook when loaded
+//! late); another `--modules` on a later attach.
+// Only the exported entry points reach this, and unit tests export none.
+#![cfg_attr(test, allow(dead_code))]
+
+use crate::config::Config;
+use crate::error::Errno;
+use crate::install::{self, StubMap};
+use crate::log::vlog;
+use crate::maps::Maps;
+use crate::segment::Segment;
+use crate::startup::{self, Planned};
+use crate::stopworld::{Held as StopHeld, StopError, Stopper};
+use crate::switch::{self, EntrySwitch};
+use crate::{agent, loader, modules, now_ns, records, threads, Agent, AGENT};
+use rtprof_shared::Refusal;
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where the agent stands: loaded and idle, attaching, attached, detached.
+static PHASE: AtomicU8 = AtomicU8::new(IDLE);
+const IDLE: u8 = 0;
+const ATTACHING: u8 = 1;
+const ATTACHED: u8 = 2;
+const DETACHING: u8 = 3;
+const DETACHED: u8 = 4;
+
+/// rtprof's directory for this attach: where the segment is copied when
+/// the profile ends (detach, or the process's exit).
+static RUN_DIR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Leaves a copy of the segment where rtprof reads it.
+fn copy_for_rtprof(a: &Agent) {
+    let dir = RUN_DIR.lock().ok().and_then(|d| d.clone());
+    if let Some(dir) = dir {
+        if let Err(e) = a.segment.copy_into_dir(&dir) {
+            vlog!("counts not copied for rtprof: {e}");
+        }
+    }
+}
+
+/// At the process's exit while attached: rtprof reads the copy.
+pub(crate) fn after_exit(a: &Agent) {
+    if PHASE.load(Ordering::Acquire) == ATTACHED {
+        copy_for_rtprof(a);
+    }
+}
+
+/// Tries at writing the entries a stopped thread was part-way through.
+const WRITE_TRIES: usize = 5;
+/// rtprof lets the program's threads go just after our entry point
+/// returns; until then none can be stopped by us.
+const UNTRACED_WITHIN: Duration = Duration::from_secs(3);
+
+/// Starts attaching: `spec` is `RTPROF_*=value` lines (the environment
+/// the agent would have had). Returns 0 when the attaching thread runs,
+/// 1 if the agent is not idle (already attached or attaching), 2 if the
+/// thread could not start.
+///
+/// # Safety
+/// `spec` is a NUL-terminated string.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_attach(spec: *const libc::c_char) -> libc::c_int {
+    if spec.is_null() {
+        return 2;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let spec = unsafe { CStr::from_ptr(spec) }
+        .to_string_lossy()
+        .into_owned();
+    // Idle and never started (a preloaded agent that started is
+    // profiling already), or detached: attach (again).
+    let was = match PHASE.compare_exchange(IDLE, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) if agent().is_some() => {
+            PHASE.store(IDLE, Ordering::Release);
+            return 1;
+        }
+        Ok(was) => was,
+        Err(DETACHED) => {
+            match PHASE.compare_exchange(DETACHED, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(was) => was,
+                Err(_) => return 1,
+            }
+        }
+        Err(_) => return 1,
+    };
+    let started = std::thread::Builder::new()
+        .name("rtprof-attach".into())
+        .spawn(move || attach_thread(&spec));
+    match started {
+        Ok(_) => 0,
+        Err(_) => {
+            PHASE.store(was, Ordering::Release);
+            2
+        }
+    }
+}
+
+/// Starts detaching: every patched entry gets its own bytes back, and
+/// `status` (a path) gets "ok" or "error: why". Returns 0 when the
+/// detaching thread runs, 1 if the agent is not attached.
+///
+/// # Safety
+/// `status` is a NUL-terminated string.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_detach(status: *const libc::c_char) -> libc::c_int {
+    if status.is_null() {
+        return 1;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let status = unsafe { CStr::from_ptr(status) }
+        .to_string_lossy()
+        .into_owned();
+    if PHASE
+        .compare_exchange(ATTACHED, DETACHING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return 1;
+    }
+    let started = std::thread::Builder::new()
+        .name("rtprof-detach".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(detach_all).unwrap_or(Err("internal error".into()));
+            PHASE.store(
+                if r.is_ok() { DETACHED } else { ATTACHED },
+                Ordering::Release,
+            );
+            answer(&status, r);
+        });
+    match started {
+        Ok(_) => 0,
+        Err(_) => {
+            PHASE.store(ATTACHED, Ordering::Release);
+            1
+        }
+    }
+}
+
+/// Whether a library loaded now may be instrumented: not once a detach
+/// has begun (its entries would outlive the detach).
+pub(crate) fn may_instrument_new() -> bool {
+    !matches!(PHASE.load(Ordering::Acquire), DETACHING | DETACHED)
+}
+
+/// Whether `rtprof detach` has ended this agent's profile: the exit
+/// handler leaves the counter segment as it is.
+pub(crate) fn detached() -> bool {
+    PHASE.load(Ordering::Acquire) == DETACHED
+}
+
+fn parse_spec(spec: &str) -> HashMap<String, String> {
+    spec.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Writes the answer where rtprof waits for it, whole (a rename).
+fn answer(path: &str, r: Result<String, String>) {
+    if path.is_empty() {
+        return;
+    }
+    let text = match r {
+        Ok(m) => format!("{m}\n"),
+        Err(e) => format!("error: {e}\n"),
+    };
+    let tmp = format!("{path}.tmp");
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+fn attach_thread(spec: &str) {
+    let vars = parse_spec(spec);
+    let status = vars
+        .get("RTPROF_ATTACH_STATUS")
+        .cloned()
+        .unwrap_or_default();
+    let mut cfg = Config::from_lookup(|k| vars.get(k).map(Into::into));
+    // Not supported late yet (see the module's comment): exact counting
+    // of the selected modules, and samples without call stacks.
+    cfg.stacks = false;
+    cfg.budget = None;
+    cfg.warm_only = false;
+    cfg.callers = false;
+    cfg.report = None;
+    crate::log::set_verbose(cfg.verbose);
+    let r = std::panic::catch_unwind(move || match agent() {
+        Some(a) => reattach(a, cfg.run_dir.as_deref()).map(|msg| {
+            if (&cfg.modules, cfg.all_modules) == (&a.config.modules, a.config.all_modules) {
+                msg
+            } else {
+                format!("{msg} (the modules of the first attach: another --modules needs a new process)")
+            }
+        }),
+        None => late_start(cfg),
+    })
+    .unwrap_or_else(|_| Err("internal error while attaching".into()));
+    PHASE.store(
+        if r.is_ok() { ATTACHED } else { DETACHED },
+        Ordering::Release,
+    );
+    answer(&status, r);
+}
+
+/// A stopper, once rtprof has let the program's threads go.
+fn stopper() -> Result<Stopper, String> {
+    let held = |e| format!("cannot hold the program's threads: {e}");
+    let mut s = Stopper::new().map_err(held)?;
+    let started = Instant::now();
+    loop {
+        // A stop with nothing to do tells whether the threads can be held.
+        match s.run(|_| ()) {
+            Ok(()) => return Ok(s),
+            // rtprof lets the threads go one by one: until the last, a
+            // seize fails (EPERM) even with the leader free.
+            Err(StopError::Traced | StopError::NotPermitted(Errno(libc::EPERM)))
+                if started.elapsed() < UNTRACED_WITHIN =>
+            {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => return Err(held(e)),
+        }
+    }
+}
+
+/// How long the program's threads were held to write entries.
+#[derive(Default)]
+struct Held {
+    /// Threads given a stripe of their own.
+    stripes: usize,
+    stops: u32,
+    total: Duration,
+    longest: Duration,
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "threads held {:.2} ms in {} stop(s), longest {:.2} ms",
+            self.total.as_secs_f64() * 1e3,
+            self.stops,
+            self.longest.as_secs_f64() * 1e3
+        )?;
+        if self.stripes > 0 {
+            write!(f, "; {} thread(s) given a stripe", self.stripes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `entries` in their `counted` state with the program's threads
+/// held, again for those a thread was part-way through; returns which
+/// were written (in `entries`' order), and how long the threads were held.
+/// With `stripes` (the segment, the stripe pointer's thread-local
+/// offset), every held thread is given a counter stripe of its own in the
+/// first stop: the agent came too late for their `pthread_create`, and the
+/// shared stripe's `lock inc` would make threads calling the same
+/// functions contend.
+fn write_live(
+    entries: &[EntrySwitch],
+    counted: bool,
+    stripes: Option<(&Segment, i32)>,
+) -> Result<(Vec<bool>, Held), String> {
+    // Sorted by address, as the writer wants them.
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_unstable_by_key(|&i| entries[i].at);
+    let mut todo: Vec<EntrySwitch> = order.iter().map(|&i| entries[i]).collect();
+    let mut todo_idx = order;
+    let mut written = vec![false; entries.len()];
+    let mem = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/mem")
+        .map_err(|e| format!("/proc/self/mem: {e}"))?;
+    // Registering for core serialisation waits ~10 ms: not while held.
+    switch::prepare();
+    let mut stopper = stopper()?;
+    let mut held = Held::default();
+    let mut ready: Vec<(i32, Option<u32>)> = match stripes {
+        Some((segment, _)) => threads_now()
+            .into_iter()
+            .map(|tid| (tid, segment.new_stripe(tid as u32)))
+            .collect(),
+        None => Vec::new(),
+    };
+    for attempt in 0..WRITE_TRIES {
+        let give = stripes.filter(|_| attempt == 0);
+        if todo.is_empty() && give.is_none() {
+            break;
+        }
+        let mut done = vec![false; todo.len()];
+        let t = Instant::now();
+        let ran = stopper.run_held(|h| {
+            if let Some((segment, offset)) = give {
+                held.stripes = give_stripes(segment, offset, h, &mut ready);
+            }
+            switch::write_entries_stopped(&mem, &todo, counted, h.pcs, &mut done)
+        });
+        if let Err(e) = ran {
+            let e = format!("cannot hold the program's threads: {e}");
+            if attempt == 0 {
+                return Err(e);
+            }
+            // Entries are written already: what was is kept (and said),
+            // the rest stays as it is.
+            vlog!("{e}; {} entries left as they were", todo.len());
+            break;
+        }
+        // Includes making and reaping the helper: what the program feels.
+        let took = t.elapsed();
+        held.stops += 1;
+        held.total += took;
+        held.longest = held.longest.max(took);
+        let mut k = 0;
+        todo.retain(|_| {
+            k += 1;
+            !done[k - 1]
+        });
+        for (i, d) in todo_idx.iter().zip(&done) {
+            written[*i] |= *d;
+        }
+        let mut k = 0;
+        todo_idx.retain(|_| {
+            k += 1;
+            !done[k - 1]
+        });
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Threads that ended before the stop: their stripes were never used.
+    if let Some((segment, _)) = stripes {
+        for idx in ready.iter().filter_map(|r| r.1) {
+            segment.counters.release_unused_stripe(idx);
+        }
+    }
+    Ok((written, held))
+}
+
+/// The program's threads (all but the calling one, which is ours).
+fn program_threads() -> Vec<i32> {
+    let me = threads::gettid() as i32;
+    threads_now().into_iter().filter(|&t| t != me).collect()
+}
+
+/// The threads of this process, as listed now.
+fn threads_now() -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Points each held thread's stripe word (its thread-local storage, at
+/// `offset` from its thread pointer) at a fresh stripe; returns how many.
+/// Runs with the threads held: no allocation, no lock.
+/// `ready` holds stripes taken beforehand for the threads listed then
+/// (backing a stripe with memory takes a while: not while held).
+fn give_stripes(
+    segment: &Segment,
+    offset: i32,
+    h: &StopHeld<'_>,
+    ready: &mut [(i32, Option<u32>)],
+) -> usize {
+    let mut n = 0;
+    for (&tid, &tp) in h.tids.iter().zip(h.tps) {
+        if tp == 0 {
+            continue;
+        }
+        let taken = ready
+            .iter_mut()
+            .find(|r| r.0 == tid)
+            .and_then(|r| r.1.take());
+        let Some(idx) = taken.or_else(|| segment.new_stripe(tid as u32)) else {
+            break;
+        };
+        let word = tp.wrapping_add_signed(offset as i64) as *mut u64;
+        // SAFETY: the thread's own static TLS slot for our stripe pointer
+        // (every thread has the agent's static TLS block, set up by the
+        // loader at dlopen); the thread is held, and only stubs read it.
+        unsafe { std::ptr::write_volatile(word, segment.counters.stripe_ptr(idx) as u64) };
+        n += 1;
+    }
+    n
+}
+
+/// Start-up's steps for a running process: the same plans, records and
+/// stubs, entries written live; no loader hook, no sampler.
+fn late_start(cfg: Config) -> Result<String, String> {
+    let t = Instant::now();
+    crate::debuginfo::set_dirs(cfg.debug_dirs.clone());
+    crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), false));
+    let maps = Maps::current();
+    let plans = startup::plan_modules(&cfg, &maps);
+    let exe = plans
+        .iter()
+        .find(|p| p.module().is_main)
+        .map(|p| p.module().path.clone())
+        .or_else(|| {
+            std::fs::read_link("/proc/self/exe")
+                .ok()
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let caps = startup::capacities(&cfg, &plans, &exe);
+    crate::register::set_socket(&cfg.daemon_socket);
+    // SAFETY: a system call without arguments.
+    let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
+    // A memfd, as a preloaded agent without rtprof has: rtprofd can map
+    // it. rtprof gets a copy when the profile ends.
+    let (segment, mut writer) = Segment::create(caps, None, pid, ppid, now_ns())
+        .map_err(|e| format!("no counter segment: {e}"))?;
+    if let Ok(mut d) = RUN_DIR.lock() {
+        d.clone_from(&cfg.run_dir);
+    }
+    let tls_offset = i32::try_from(threads::tls_offset())
+        .map_err(|_| "thread-local storage out of reach".to_string())?;
+    let _ = writer.set_exe(exe.as_bytes());
+    let mut recorded = Vec::with_capacity(plans.len());
+    for p in &plans {
+        let r = match p {
+            Planned::Instrument(plan) => {
+                match records::record_module(&segment, &mut writer, plan) {
+                    Ok((present, first)) => (Some(present), first),
+                    Err(records::Full) => break,
+                }
+            }
+            Planned::Sample(m, funcs, why) => (
+                records::record_sampled(&segment, &mut writer, m, funcs.as_deref(), *why),
+                None,
+            ),
+        };
+        recorded.push(r);
+    }
+    let shared = segment.counters.stripe_ptr(0) as u64;
+    crate::callers::start(false);
+    let mut stubs = StubMap::keeping_entries();
+    let mut installed = Vec::new();
+    for (p, (_, first)) in plans.iter().zip(&recorded) {
+        let (Planned::Instrument(p), Some(first)) = (p, *first) else {
+            continue;
+        };
+        let counted = |name: &str| cfg.counts_from_start(name.as_bytes());
+        // The stub areas stay for good: a thread may run through a stub
+        // even after detach.
+        let (outcomes, _area) =
+            install::install_stubs_only(p, first, tls_offset, shared, &mut stubs, &counted);
+        installed.push((p, first, outcomes));
+    }
+    // Stubs are complete and executable: now the entries, live.
+    let (written, held) = write_live(stubs.entries(), true, Some((&segment, tls_offset)))?;
+    let failed: Vec<u32> = stubs
+        .entries()
+        .iter()
+        .zip(&written)
+        .filter(|(_, w)| !**w)
+        .map(|(e, _)| e.slot)
+        .collect();
+    let mut patched = 0;
+    for (p, first, mut outcomes) in installed {
+        for &slot in &failed {
+            if let Some(o) = slot
+                .checked_sub(first)
+                .and_then(|k| outcomes.get_mut(k as usize))
+            {
+                *o = Some(Refusal::WriteFailed);
+            }
+        }
+        patched += records::record_outcomes(&mut writer, first, &outcomes);
+        crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+    }
+    let known = loader::Known(
+        plans
+            .iter()
+            .zip(
+                recorded
+                    .into_iter()
+                    .map(Some)
+                    .chain(std::iter::repeat(None)),
+            )
+            .map(|(p, r)| loader::KnownModule {
+                bias: p.module().bias,
+                file: p.module().file.clone(),
+                area: None,
+                present: r.and_then(|r| r.0),
+                on_demand: match p {
+                    Planned::Sample(m, None, _) => Some(m.clone()),
+                    _ => None,
+                },
+            })
+            .collect(),
+    );
+    let stripe_bytes = segment.counters.layout().stripe_bytes;
+    segment
+        .counters
+        .set_state(rtprof_shared::layout::state::RUNNING);
+    crate::sampling::set_stacks(false);
+    crate::sampling::publish_map(&writer, &known.present(), stubs.ranges());
+    let modules = plans
+        .iter()
+        .filter(|p| matches!(p, Planned::Instrument(_)))
+        .count();
+    if AGENT
+        .set(Agent {
+            config: cfg,
+            segment,
+            tls_offset,
+            state: crate::lifecycle::locked::StateLock::new(crate::lifecycle::locked::Locked {
+                stubs,
+                known,
+                budget: None,
+                writer,
+            }),
+        })
+        .is_err()
+    {
+        return Err("the agent is already running in this process".into());
+    }
+    // Libraries loaded from now on are instrumented as they arrive, as
+    // under a preloaded agent; the hook's own entry is written live.
+    let ld = plans
+        .iter()
+        .map(Planned::module)
+        .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
+        .cloned();
+    let hooked = ld.is_some_and(|ld| {
+        loader::install_hook_with(&ld, &maps, &|_, plan, at, entry| {
+            EntrySwitch::new(plan, u32::MAX, at, entry)
+                .and_then(|e| write_live(&[e], true, None).ok())
+                .is_some_and(|(w, _)| w[0])
+        })
+    });
+    if !hooked {
+        vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
+    }
+    threads::init_exit_key();
+    crate::fork::install_handlers(stripe_bytes);
+    let mut sampled = 0;
+    if let Some(a) = agent() {
+        sampled = crate::sampling::start_attached(a, &program_threads());
+        a.segment
+            .counters
+            .set_setup_ns(t.elapsed().as_nanos() as u64);
+    }
+    // SAFETY: registers an extern "C" function that lives as long as the
+    // library, which is never unloaded (nothing calls dlclose on it).
+    unsafe { startup::on_exit(startup::at_exit, std::ptr::null_mut()) };
+    let msg = format!(
+        "{patched} functions patched in {modules} module(s), {sampled} thread(s) sampled, {:.1} ms; {held}",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    vlog!("attached: {msg}");
+    Ok(msg)
+}
+
+/// Attached before and detached since: the same stubs, a fresh segment
+/// (zero counts, in the new run directory), the entries written again.
+/// The configuration of the first attach stays (its modules).
+fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> {
+    let t = Instant::now();
+    a.segment
+        .reopen_for_attach(None, now_ns())
+        .map_err(|e| format!("no counter segment: {e}"))?;
+    if let Ok(mut d) = RUN_DIR.lock() {
+        *d = run_dir.map(str::to_string);
+    }
+    let state = a.state.lock().ok_or("the agent's state is unavailable")?;
+    let entries = state.stubs.entries().to_vec();
+    drop(state);
+    let (written, held) = write_live(&entries, true, Some((&a.segment, a.tls_offset)))?;
+    let patched = written.iter().filter(|w| **w).count();
+    let sampled = crate::sampling::start_attached(a, &program_threads());
+    let msg = format!(
+        "{patched} functions patched again, {sampled} thread(s) sampled, {:.1} ms; {held}",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    vlog!("attached again: {msg}");
+    Ok(msg)
+}
+
+/// Every kept entry back to its own bytes, with the threads held.
+fn detach_all() -> Result<String, String> {
+    let a = agent().ok_or("the agent is not running")?;
+    crate::sampling::stop_attached();
+    let state = a.state.lock().ok_or("the agent's state is unavailable")?;
+    let entries = state.stubs.entries().to_vec();
+    drop(state);
+    let (written, held) = write_live(&entries, false, None)?;
+    let restored = written.iter().filter(|w| **w).count();
+    if restored != entries.len() {
+        return Err(format!(
+            "{} of {} entries could not be restored",
+            entries.len() - restored,
+            entries.len()
+        ));
+    }
+    a.segment.counters.set_detached(now_ns());
+    copy_for_rtprof(a);
+    vlog!("detached: {restored} entries restored; {held}");
+    Ok(format!("{restored} entries restored; {held}"))
+}

@@ -1,0 +1,459 @@
+//! `rtprof attach PID` and `rtprof detach PID`: load the agent into a
+//! running process, profile it for a while, report, and leave it running
+//! its original code.
+//!
+//! The process's threads are held with ptrace only for two short calls
+//! made in one of them (`dlopen` of the agent, then its
+//! `rtprof_attach`); the agent instruments in a thread of its own
+//! afterwards, holding the threads still only while it writes entries
+//! (its own helper task, as for the overhead budget). Detaching is one
+//! more call, `rtprof_detach`, which puts every entry back the same way.
+
+mod arch;
+mod inject;
+mod ptrace;
+mod refuse;
+
+use crate::export::{model, Output, OutputArgs};
+use crate::run::room::RunDir;
+use clap::Args;
+use inject::{call, mappings, remote_symbol, Arg};
+use ptrace::{SeizeError, Stopped};
+use refuse::Refusal;
+use rtprof_shared::report;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct AttachArgs {
+    /// The process to profile.
+    pid: i32,
+    /// Modules to instrument besides the executable, e.g. 'libpython*' or 'all'.
+    #[arg(long, value_name = "GLOBS")]
+    modules: Option<String>,
+    /// Seconds to profile (default: until Ctrl-C).
+    #[arg(long, value_name = "SECONDS")]
+    duration: Option<f64>,
+    #[command(flatten)]
+    output: OutputArgs,
+    /// Samples per second of CPU time, per thread (0: no sampling).
+    #[arg(long, value_name = "HZ")]
+    sample_hz: Option<u32>,
+    /// Rows listed (0: all that were called).
+    #[arg(long, default_value_t = 25)]
+    top: usize,
+    /// Show per-module patch statistics with refusal reasons.
+    #[arg(long)]
+    stats: bool,
+    /// Agent diagnostics on the process's stderr, and how long it was held.
+    #[arg(long)]
+    verbose: bool,
+    /// Path of librtprof.so.
+    #[arg(long, value_name = "PATH")]
+    agent: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct DetachArgs {
+    /// The process to stop profiling.
+    pid: i32,
+}
+
+/// How long the agent may take to instrument (large libraries without a
+/// cached plan take seconds) and to put entries back.
+const AGENT_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Settings of the agent's environment that rtprof hands on from its own.
+const FORWARDED: [&str; 7] = [
+    "RTPROF_DAEMON_SOCKET",
+    "RTPROF_CACHE",
+    "RTPROF_DEBUG_DIR",
+    "RTPROF_COUNT",
+    "RTPROF_NOCOUNT",
+    "RTPROF_MAX_THREADS",
+    "RTPROF_SPARE_FUNCTIONS",
+];
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+#[derive(Debug)]
+enum Failure {
+    Refused(Refusal),
+    Seize(SeizeError),
+    NoFunction(&'static str),
+    Call(&'static str, inject::CallError),
+    DlopenFailed,
+    AgentSaid(String),
+    AgentSilent,
+    /// No thread was found outside libc and the loader in time.
+    Busy,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Refused(r) => write!(f, "{r}"),
+            Failure::Seize(SeizeError::Refused(e)) => write!(f, "{}", refuse::ptrace_refused(*e)),
+            Failure::Seize(SeizeError::Timeout(t)) => {
+                write!(f, "thread {t} did not stop within 2 s; nothing was changed")
+            }
+            Failure::Seize(SeizeError::Other(what, e)) => write!(f, "{what}: {e}"),
+            Failure::NoFunction(name) => write!(f, "no {name} found in the process"),
+            Failure::Call(what, e) => write!(f, "calling {what} in the process: {e}"),
+            Failure::DlopenFailed => write!(
+                f,
+                "the process could not load the agent (dlopen returned NULL: a different \
+                 libc, no room in its static TLS, or the agent's path is not visible to it)"
+            ),
+            Failure::AgentSaid(m) => write!(f, "{m}"),
+            Failure::Busy => write!(
+                f,
+                "no thread of the process could be caught outside libc within {} s (a call \
+                 made inside malloc would deadlock); nothing was changed, try again",
+                MOVE_LIMIT.as_secs()
+            ),
+            Failure::AgentSilent => write!(
+                f,
+                "the agent did not answer within {} s",
+                AGENT_DEADLINE.as_secs()
+            ),
+        }
+    }
+}
+
+fn maps_of(pid: i32) -> Result<String, Failure> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
+        // Reading another process's memory map takes what ptrace takes.
+        match e.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM) => {
+                Failure::Refused(refuse::ptrace_refused(libc::EPERM))
+            }
+            _ => Failure::Refused(Refusal::NoSuchProcess),
+        }
+    })
+}
+
+fn seize(pid: i32) -> Result<Stopped, Failure> {
+    Stopped::seize(pid).map_err(|e| match e {
+        SeizeError::Refused(errno) => Failure::Refused(refuse::ptrace_refused(errno)),
+        e => Failure::Seize(e),
+    })
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// Waits for the agent's answer in `path` ("ok" or a message).
+fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            let text = text.trim().to_string();
+            return match text.strip_prefix("error: ") {
+                Some(m) => Err(Failure::AgentSaid(m.to_string())),
+                None => Ok(text),
+            };
+        }
+        if !alive(pid) {
+            return Err(Failure::Refused(Refusal::NoSuchProcess));
+        }
+        if started.elapsed() > AGENT_DEADLINE {
+            return Err(Failure::AgentSilent);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Loads the agent and starts it; returns how long the threads were held.
+/// Everything that can be found out beforehand (addresses, symbols) is,
+/// so the threads are held only for the calls.
+fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
+    refuse::check_process(pid).map_err(Failure::Refused)?;
+    let maps = maps_of(pid)?;
+    refuse::check_maps(&maps).map_err(Failure::Refused)?;
+    let agent_path = agent.to_string_lossy().into_owned();
+    let maps = mappings(&maps);
+    let loaded = maps
+        .iter()
+        .any(|m| refuse::file_name(&m.path).starts_with("librtprof"));
+    // Attached before and detached since, or preloaded: the agent is there.
+    let start = if loaded {
+        match agent_function(pid, "rtprof_attach") {
+            // An agent without attach, preloaded: it profiles already.
+            Err(Failure::NoFunction(_)) => return Err(Failure::Refused(Refusal::AlreadyProfiled)),
+            r => Start::At(r?),
+        }
+    } else {
+        let libc = refuse::libc_path(&maps).ok_or(Failure::Refused(Refusal::Static))?;
+        let dlopen = remote_symbol(pid, &maps, libc, &["dlopen", "__libc_dlopen_mode"])
+            .ok_or(Failure::NoFunction("dlopen"))?;
+        let value = inject::symbol_value(&agent_path, &["rtprof_attach"])
+            .ok_or(Failure::NoFunction("rtprof_attach in the agent"))?;
+        Start::AfterDlopen { dlopen, value }
+    };
+    let avoid = lock_takers(&maps);
+    let held = Instant::now();
+    let mut stopped = seize(pid)?;
+    stopped.choose_caller();
+    if !stopped.move_caller_out_of(&avoid, MOVE_LIMIT) {
+        return Err(Failure::Busy);
+    }
+    let start = match start {
+        Start::At(a) => a,
+        Start::AfterDlopen { dlopen, value } => {
+            let handle = call(
+                &mut stopped,
+                dlopen,
+                &[Arg::Str(&agent_path), Arg::Int(libc::RTLD_NOW as u64)],
+            )
+            .map_err(|e| Failure::Call("dlopen", e))?;
+            if handle == 0 {
+                return Err(Failure::DlopenFailed);
+            }
+            // The handle is the library's link_map, whose first field is
+            // its load bias.
+            let bias =
+                inject::read_u64(pid, handle).ok_or(Failure::NoFunction("the agent's link map"))?;
+            bias + value
+        }
+    };
+    let r = call(&mut stopped, start, &[Arg::Str(spec)])
+        .map_err(|e| Failure::Call("rtprof_attach", e))?;
+    drop(stopped);
+    let held = held.elapsed();
+    match r {
+        0 => Ok(held),
+        1 => Err(Failure::Refused(Refusal::AlreadyProfiled)),
+        _ => Err(Failure::AgentSaid(
+            "the agent could not start its thread in the process".into(),
+        )),
+    }
+}
+
+/// How long a busy calling thread may take to be found outside libc.
+const MOVE_LIMIT: Duration = Duration::from_secs(2);
+
+/// The code of libc and the loader: a thread stopped there may hold
+/// malloc's or the loader's lock, which dlopen takes.
+fn lock_takers(maps: &[inject::Mapping]) -> Vec<(u64, u64)> {
+    maps.iter()
+        .filter(|m| {
+            let n = refuse::file_name(&m.path);
+            m.exec
+                && (n.starts_with("libc.so") || n.starts_with("libc-") || n.starts_with("ld-linux"))
+        })
+        .map(|m| (m.start, m.end))
+        .collect()
+}
+
+enum Start {
+    /// The agent is loaded: its entry point.
+    At(u64),
+    /// Load it first; the entry point is its load bias plus `value`.
+    AfterDlopen { dlopen: u64, value: u64 },
+}
+
+/// An exported function of the agent loaded in `pid`.
+fn agent_function(pid: i32, name: &'static str) -> Result<u64, Failure> {
+    let maps = mappings(&maps_of(pid)?);
+    let path = maps
+        .iter()
+        .find(|m| refuse::file_name(&m.path).starts_with("librtprof"))
+        .map(|m| m.path.clone())
+        .ok_or(Failure::NoFunction("librtprof.so"))?;
+    remote_symbol(pid, &maps, &path, &[name]).ok_or(Failure::NoFunction(name))
+}
+
+/// Asks the agent in `pid` to put every entry back; waits until it has.
+fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
+    let status = status_dir.join("detach.status");
+    let f = agent_function(pid, "rtprof_detach")?;
+    let held = Instant::now();
+    let avoid = lock_takers(&mappings(&maps_of(pid)?));
+    let mut stopped = seize(pid)?;
+    stopped.choose_caller();
+    if !stopped.move_caller_out_of(&avoid, MOVE_LIMIT) {
+        return Err(Failure::Busy);
+    }
+    let path = status.to_string_lossy().into_owned();
+    let r =
+        call(&mut stopped, f, &[Arg::Str(&path)]).map_err(|e| Failure::Call("rtprof_detach", e))?;
+    drop(stopped);
+    let held = held.elapsed();
+    if r != 0 {
+        return Err(Failure::AgentSaid(
+            "the agent is not attached in the process".into(),
+        ));
+    }
+    await_status(pid, &status).map(|said| {
+        format!(
+            "{said}; process held {:.1} ms for the call",
+            held.as_secs_f64() * 1e3
+        )
+    })
+}
+
+pub fn run_attach(args: AttachArgs) -> ExitCode {
+    if let Some(m) = &args.modules {
+        if let Err(e) = crate::run::modules_arg::check(m) {
+            eprintln!("rtprof: --modules: {e}; nothing was attached");
+            return ExitCode::from(2);
+        }
+    }
+    let output = match Output::from_args(&args.output) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rtprof: {e}; nothing was attached");
+            return ExitCode::from(2);
+        }
+    };
+    let agent = match crate::agent::find(args.agent.clone()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rtprof: {e}");
+            return ExitCode::from(127);
+        }
+    };
+    let dir = match RunDir::new() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rtprof: cannot create a private directory: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let pid = args.pid;
+    let mut spec = format!(
+        "RTPROF_RUN_DIR={}\nRTPROF_ATTACH_STATUS={}\n",
+        dir.0.display(),
+        dir.0.join("attach.status").display()
+    );
+    if let Some(m) = &args.modules {
+        spec.push_str(&format!("RTPROF_MODULES={m}\n"));
+    }
+    if args.verbose {
+        spec.push_str("RTPROF_VERBOSE=1\n");
+    }
+    if let Some(hz) = args.sample_hz {
+        spec.push_str(&format!("RTPROF_SAMPLE_HZ={hz}\n"));
+    }
+    // What the agent would read from its environment, as rtprof has it.
+    for var in FORWARDED {
+        if let Some(v) = std::env::var_os(var) {
+            spec.push_str(&format!("{var}={}\n", v.to_string_lossy()));
+        }
+    }
+    // Ctrl-C (or a terminal hang-up, a kill) while the threads are held or
+    // the agent is attached must still detach: it only ends the wait.
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installs an async-signal-safe handler (one atomic store).
+        unsafe { libc::signal(sig, on_sigint as *const () as libc::sighandler_t) };
+    }
+    let held = match inject(pid, &agent, &spec) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("rtprof: cannot attach to {pid}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if args.verbose {
+        eprintln!(
+            "rtprof: process {pid} held for {:.1} ms to load the agent",
+            held.as_secs_f64() * 1e3
+        );
+    }
+    match await_status(pid, &dir.0.join("attach.status")) {
+        Ok(said) => {
+            if args.verbose {
+                eprintln!("rtprof: attached to {pid}: {said}");
+            }
+        }
+        Err(e) => {
+            eprintln!("rtprof: cannot attach to {pid}: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let until = args
+        .duration
+        .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    while !INTERRUPTED.load(Ordering::Relaxed)
+        && until.is_none_or(|u| Instant::now() < u)
+        && alive(pid)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut code = ExitCode::SUCCESS;
+    if alive(pid) {
+        // A busy process may take a few tries to catch outside libc.
+        let mut tries = 0;
+        let detached = loop {
+            tries += 1;
+            match detach(pid, &dir.0) {
+                Err(Failure::Busy) if tries < 5 => continue,
+                r => break r,
+            }
+        };
+        match detached {
+            Ok(said) if args.verbose => eprintln!("rtprof: detached from {pid}: {said}"),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("rtprof: detaching from {pid}: {e}");
+                code = ExitCode::from(1);
+            }
+        }
+    }
+    let mut procs = crate::run::segments::collect(&dir.0);
+    crate::source_lines::annotate(&mut procs);
+    if procs.is_empty() {
+        eprintln!("rtprof: no profile was recorded");
+        return ExitCode::from(1);
+    }
+    match output {
+        Some(o) => {
+            let name = format!("pid {pid}");
+            o.write(
+                || report::json(&procs),
+                || model::from_snapshots(&name, &procs),
+            );
+        }
+        None => eprint!(
+            "{}",
+            report::text(
+                &procs,
+                report::TextOptions {
+                    top: args.top,
+                    stats: args.stats,
+                    ..Default::default()
+                }
+            )
+        ),
+    }
+    code
+}
+
+pub fn run_detach(args: DetachArgs) -> ExitCode {
+    let dir = match RunDir::new() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rtprof: cannot create a private directory: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match detach(args.pid, &dir.0) {
+        Ok(_) => {
+            eprintln!("rtprof: detached from {}", args.pid);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rtprof: cannot detach from {}: {e}", args.pid);
+            ExitCode::from(1)
+        }
+    }
+}

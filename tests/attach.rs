@@ -1,0 +1,495 @@
+//! `rtprof attach PID`: the agent loaded into a running multi-threaded
+//! program for a while, its counts checked against the program's own, the
+//! program left running its original code; and every refusal's message.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The target, started; its stdout lines arrive on the channel.
+fn start_target(bin: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            if tx.send(l.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The program's own total in a `tick N calls C` or `done calls C` line.
+fn calls_in(line: &str) -> u64 {
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+fn well_formed(line: &str) -> bool {
+    let w: Vec<&str> = line.split(' ').collect();
+    match w.as_slice() {
+        ["tick", n, "calls", c] => n.parse::<u64>().is_ok() && c.parse::<u64>().is_ok(),
+        ["done", "calls", c] => c.parse::<u64>().is_ok(),
+        _ => false,
+    }
+}
+
+fn calls_of(report: &Value, name: &str) -> u64 {
+    let p = &report["processes"][0];
+    function_named(p, name)["calls"].as_u64().unwrap()
+}
+
+#[test]
+fn attach_counts_the_interval_and_detach_leaves_the_program_running() {
+    let dir = scratch("attach");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let threads = 8;
+    let (mut child, lines) = start_target(&bin, &["6", &threads.to_string()]);
+    let mut seen = Vec::new();
+    // Running for a while before attach.
+    while seen.len() < 8 {
+        seen.push(lines.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+    let before = calls_in(seen.last().unwrap());
+    let json = dir.join("attach.json");
+    let out = Command::new(rtprof())
+        .arg("attach")
+        .arg(child.id().to_string())
+        .args(["--duration", "3", "--verbose", "--output"])
+        .arg(&json)
+        .arg("--agent")
+        .arg(agent())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rtprof attach: {stderr}");
+    // The first tick printed after rtprof returned bounds the interval:
+    // the lines printed meanwhile are waiting in the channel.
+    seen.extend(lines.try_iter());
+    let next = lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    let after = calls_in(&next);
+    seen.push(next);
+    seen.extend(lines.iter());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "target: {status:?}");
+    assert!(
+        seen.iter().all(|l| well_formed(l)),
+        "output changed: {seen:?}"
+    );
+    assert!(seen.last().unwrap().starts_with("done calls "), "{seen:?}");
+    // Every tick of the 6 s run, none lost or doubled.
+    assert_eq!(seen.len(), 61, "{seen:?}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["processes"][0]["ended"], "detached", "{report}");
+    let work = calls_of(&report, "work");
+    let rarely = calls_of(&report, "rarely");
+    assert!(work > 0, "no calls counted: {report}");
+    // Threads that existed before attach are sampled (CPU-time timers).
+    let p = &report["processes"][0];
+    let work_samples = function_named(p, "work")["samples"].as_u64().unwrap();
+    assert!(work_samples > 0, "work() never sampled: {p}");
+    assert!(
+        work <= after - before,
+        "counted {work} calls, the program made {} in a longer interval",
+        after - before
+    );
+    // Exact: each thread calls rarely() once per 1,000 work(); only the
+    // loops cut by attach and detach differ, by under 1,000 per thread
+    // at each end.
+    let gap = work.abs_diff(rarely * 1000);
+    assert!(
+        gap <= 2 * 1000 * threads,
+        "work {work} vs rarely {rarely}: {gap} off"
+    );
+    let held: f64 = stderr
+        .lines()
+        .find_map(|l| l.split("held for ").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no held time in: {stderr}"));
+    eprintln!("target held {held} ms, counted work {work}, rarely {rarely}");
+}
+
+fn attach_err(pid: u32) -> String {
+    attach_err_as(&mut Command::new(rtprof()), pid)
+}
+
+/// rtprof attach through `cmd` (rtprof itself, or a wrapper running it).
+fn attach_err_as(cmd: &mut Command, pid: u32) -> String {
+    let out = cmd
+        .args(["attach", &pid.to_string(), "--duration", "0.1", "--agent"])
+        .arg(agent())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn sleeper(bin: &Path, cmd: &mut Command) -> Child {
+    cmd.arg(bin)
+        .arg("20")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn refusals_each_say_why_and_leave_the_target_alone() {
+    let dir = scratch("attach-refuse");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let stat = dir.join("static_target");
+    let o = Command::new("gcc")
+        .args(["-O2", "-static", "-pthread", "-o"])
+        .arg(&stat)
+        .arg(root().join("tests/c/attach_target.c"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let mut kids = Vec::new();
+    // Statically linked.
+    let mut c = Command::new(&stat);
+    kids.push(c.arg("20").stdout(Stdio::null()).spawn().unwrap());
+    let e = attach_err(kids[0].id());
+    assert!(e.contains("statically linked"), "{e}");
+
+    // Already profiled (the agent preloaded).
+    let mut c = Command::new(&bin);
+    c.env("LD_PRELOAD", agent()).env("RTPROF_DAEMON_SOCKET", "");
+    kids.push(c.arg("20").stdout(Stdio::null()).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    let e = attach_err(kids[1].id());
+    assert!(e.contains("already profiled"), "{e}");
+
+    // Another user's process (we run as root in CI: only then testable).
+    // SAFETY: a plain system call.
+    if unsafe { libc_geteuid() } == 0 {
+        kids.push(sleeper(
+            &bin,
+            Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]),
+        ));
+        // setpriv has changed user and run the program.
+        std::thread::sleep(Duration::from_millis(300));
+        let e = attach_err(kids[2].id());
+        assert!(e.contains("another user"), "{e}");
+
+        // Set-user-ID (a root-owned copy, run by root: same ids, the
+        // file's mode tells).
+        let suid = dir.join("suid_target");
+        std::fs::copy(&bin, &suid).unwrap();
+        sh_ok(&format!("chmod 4755 {}", suid.display()));
+        let k = sleeper(&suid, &mut Command::new("env"));
+        std::thread::sleep(Duration::from_millis(200));
+        let e = attach_err(k.id());
+        kids.push(k);
+        assert!(e.contains("set-user-ID"), "{e}");
+
+        // ptrace refused: rtprof as an ordinary user, the target of the
+        // same user but not dumpable.
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&bin)
+            .args(["20", "2", "nodump"])
+            .stdout(Stdio::null());
+        let k = c.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(rtprof())
+            .env("TMPDIR", "/tmp");
+        let e = attach_err_as(&mut c, k.id());
+        kids.push(k);
+        assert!(
+            e.contains("ptrace refused") && e.contains("CAP_SYS_PTRACE"),
+            "{e}"
+        );
+    }
+
+    // Already traced (by strace, where installed).
+    if Command::new("strace").arg("-V").output().is_ok() {
+        let mut c = Command::new("strace");
+        c.args(["-f", "-o", "/dev/null"]).stderr(Stdio::null());
+        let k = sleeper(&bin, &mut c);
+        std::thread::sleep(Duration::from_millis(500));
+        // strace's child is the target.
+        let target =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", k.id(), k.id())).unwrap();
+        let target: u32 = target.split_whitespace().next().unwrap().parse().unwrap();
+        kids.push(k);
+        let e = attach_err(target);
+        assert!(e.contains("already traced"), "{e}");
+    }
+
+    // Stopped.
+    let mut c = Command::new(&bin);
+    kids.push(c.arg("20").stdout(Stdio::null()).spawn().unwrap());
+    let stopped = kids.last().unwrap().id();
+    sh_ok(&format!("kill -STOP {stopped}"));
+    std::thread::sleep(Duration::from_millis(100));
+    let e = attach_err(stopped);
+    assert!(e.contains("is stopped"), "{e}");
+    sh_ok(&format!("kill -CONT {stopped}"));
+
+    // In a mount namespace of its own.
+    let mut c = Command::new("unshare");
+    c.arg("-m");
+    kids.push(sleeper(&bin, &mut c));
+    std::thread::sleep(Duration::from_millis(300));
+    let e = attach_err(kids.last().unwrap().id());
+    assert!(e.contains("another mount namespace"), "{e}");
+
+    // No such process.
+    let e = attach_err(999_999_999);
+    assert!(e.contains("no such process"), "{e}");
+
+    // Every target is still running, untouched.
+    for k in &mut kids {
+        assert!(k.try_wait().unwrap().is_none(), "a refused target ended");
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+#[test]
+fn attach_to_python_with_libpython_instrumented() {
+    let python = match shared_python() {
+        Ok(p) => p,
+        Err(tried) => panic!("no python3 with a shared libpython: tried {tried:?}"),
+    };
+    let dir = scratch("attach-python");
+    let json = dir.join("py.json");
+    let script = "import time\n\
+                  def f(x): return x * 2\n\
+                  t = time.time(); n = 0\n\
+                  while time.time() - t < 5:\n    \
+                      n += sum(f(i) for i in range(1000))\n\
+                  print('done', n > 0)\n";
+    let (mut child, lines) = start_target(&python, &["-c", script]);
+    std::thread::sleep(Duration::from_millis(800));
+    let out = Command::new(rtprof())
+        .arg("attach")
+        .arg(child.id().to_string())
+        .args(["--modules", "libpython*", "--duration", "1", "--verbose"])
+        .arg("--output")
+        .arg(&json)
+        .arg("--agent")
+        .arg(agent())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rtprof attach: {stderr}");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "python: {status:?}");
+    let printed: Vec<String> = lines.iter().collect();
+    assert_eq!(printed, ["done True"]);
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let p = &report["processes"][0];
+    let in_libpython: u64 = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["module"].as_str().unwrap_or("").contains("libpython"))
+        .map(|f| f["calls"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(in_libpython > 1000, "libpython calls {in_libpython}: {p}");
+    // How long the process was held: for the calls that load the agent,
+    // and for the stop that writes libpython's ~5,000 entries (the goal
+    // is under 50 ms with the plan cached; the bound here only catches
+    // gross regressions on a busy machine).
+    let ms_after = |key: &str| -> f64 {
+        stderr
+            .lines()
+            .find_map(|l| l.split(key).nth(1)?.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no '{key}' in: {stderr}"))
+    };
+    let (calls, longest) = (ms_after("held for "), ms_after("longest "));
+    eprintln!("python: held {calls} ms for the calls, longest entry stop {longest} ms");
+    assert!(calls < 500.0 && longest < 500.0, "{stderr}");
+}
+
+#[test]
+fn attach_and_detach_a_hundred_times_under_eight_busy_threads() {
+    let dir = scratch("attach-loop");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let (mut child, lines) = start_target(&bin, &["3600", "8"]);
+    lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    let pid = child.id().to_string();
+    let mut counted = 0;
+    for i in 0..100 {
+        let out = Command::new(rtprof())
+            .args(["attach", &pid, "--duration", "0.02", "--agent"])
+            .arg(agent())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "cycle {i}: {stderr}");
+        counted += stderr.contains(" work ") as usize;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the target died in cycle {i}"
+        );
+    }
+    // Most cycles catch some calls (20 ms, 8 threads calling).
+    assert!(counted > 50, "only {counted} of 100 reports counted work()");
+
+    // rtprof killed while attached: `rtprof detach` puts the entries back.
+    let mut attach = Command::new(rtprof())
+        .args(["attach", &pid, "--agent"])
+        .arg(agent())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    attach.kill().unwrap();
+    attach.wait().unwrap();
+    let out = Command::new(rtprof())
+        .args(["detach", &pid])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rtprof detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Not attached any more: a second detach says so.
+    let out = Command::new(rtprof())
+        .args(["detach", &pid])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not attached"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Still running and printing as before.
+    let mut more = Vec::new();
+    while more.len() < 3 {
+        more.push(lines.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+    assert!(more.iter().all(|l| well_formed(l)), "{more:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_library_loaded_after_attach_is_instrumented_and_restored() {
+    let python = shared_python().expect("a python3 with a shared libpython");
+    let dir = scratch("attach-late-lib");
+    let json = dir.join("late.json");
+    // _json's accelerator module is loaded by the import, after attach.
+    let script = "import time\n\
+                  time.sleep(1.5)\n\
+                  import json\n\
+                  t = time.time()\n\
+                  while time.time() - t < 2:\n    \
+                      json.dumps({'a': [1, 2, {'b': 'c'}]})\n\
+                  print('done')\n";
+    let (mut child, lines) = start_target(&python, &["-c", script]);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new(rtprof())
+        .arg("attach")
+        .arg(child.id().to_string())
+        .args(["--modules", "_json*", "--duration", "2.5", "--output"])
+        .arg(&json)
+        .arg("--agent")
+        .arg(agent())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rtprof attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(child.wait().unwrap().success());
+    assert_eq!(lines.iter().collect::<Vec<_>>(), ["done"]);
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let p = &report["processes"][0];
+    let in_json: u64 = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["module"].as_str().unwrap_or("").contains("_json"))
+        .map(|f| f["calls"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(in_json > 100, "_json calls {in_json}: {p}");
+}
+
+#[test]
+fn an_attached_process_registers_with_rtprofd() {
+    let dir = scratch("attach-daemon");
+    let bin = compile_o2("attach_target.c", &["-pthread"], &dir);
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    cmd.args(["--tick", "100", "--span", "500", "--buffer-mib", "4"])
+        .stderr(Stdio::null());
+    let d = Rtprofd::start(cmd, &dir);
+    let (mut child, _lines) = start_target(&bin, &["6", "2"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = child.id();
+    let mut attach = Command::new(rtprof())
+        .args(["attach", &pid.to_string(), "--duration", "3", "--agent"])
+        .arg(agent())
+        .env("RTPROF_DAEMON_SOCKET", &d.socket)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The daemon's spans show the process and its calls while attached.
+    let shown = poll(
+        "the attached process in rtprofd",
+        Duration::from_secs(10),
+        || {
+            let out = Command::new(rtprof())
+                .args(["report", "--present"])
+                .arg(&d.present)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            let section = text.split(&format!("pid {pid} ")).nth(1)?.to_string();
+            section
+                .lines()
+                .take(6)
+                .any(|l| l.contains(" work "))
+                .then_some(section)
+        },
+    );
+    assert!(shown.contains("calls/s"), "{shown}");
+    assert!(attach.wait().unwrap().success());
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn attach_to_a_program_busy_in_malloc_never_deadlocks() {
+    let dir = scratch("attach-malloc");
+    let bin = compile_o2("attach_malloc.c", &[], &dir);
+    let (mut child, lines) = start_target(&bin, &["3600"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = child.id().to_string();
+    for i in 0..30 {
+        let out = Command::new(rtprof())
+            .args(["attach", &pid, "--duration", "0.02", "--agent"])
+            .arg(agent())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "cycle {i}: {stderr}");
+        assert!(stderr.contains(" fill "), "cycle {i}: {stderr}");
+        assert!(child.try_wait().unwrap().is_none(), "died in cycle {i}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(lines.try_iter().next().is_none());
+}
