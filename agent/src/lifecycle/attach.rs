@@ -441,22 +441,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     let tls_offset = i32::try_from(threads::tls_offset())
         .map_err(|_| "thread-local storage out of reach".to_string())?;
     let _ = writer.set_exe(exe.as_bytes());
-    let mut recorded = Vec::with_capacity(plans.len());
-    for p in &plans {
-        let r = match p {
-            Planned::Instrument(plan) => {
-                match records::record_module(&segment, &mut writer, plan) {
-                    Ok((present, first)) => (Some(present), first),
-                    Err(records::Full) => break,
-                }
-            }
-            Planned::Sample(m, funcs, why) => (
-                records::record_sampled(&segment, &mut writer, m, funcs.as_deref(), *why),
-                None,
-            ),
-        };
-        recorded.push(r);
-    }
+    let recorded = startup::record_all(&segment, &mut writer, &plans);
     let shared = segment.counters.stripe_ptr(0) as u64;
     crate::callers::start(false);
     let mut stubs = StubMap::keeping_entries();
@@ -494,27 +479,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
         patched += records::record_outcomes(&mut writer, first, &outcomes);
         crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
     }
-    let known = loader::Known(
-        plans
-            .iter()
-            .zip(
-                recorded
-                    .into_iter()
-                    .map(Some)
-                    .chain(std::iter::repeat(None)),
-            )
-            .map(|(p, r)| loader::KnownModule {
-                bias: p.module().bias,
-                file: p.module().file.clone(),
-                area: None,
-                present: r.and_then(|r| r.0),
-                on_demand: match p {
-                    Planned::Sample(m, None, _) => Some(m.clone()),
-                    _ => None,
-                },
-            })
-            .collect(),
-    );
+    let known = startup::known_modules(&plans, recorded);
     let stripe_bytes = segment.counters.layout().stripe_bytes;
     segment
         .counters

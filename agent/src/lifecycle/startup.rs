@@ -254,22 +254,7 @@ pub(crate) fn start() {
 
     // Records for every function first: slot = function index. A module
     // that does not fit ends the list.
-    let mut recorded = Vec::with_capacity(plans.len());
-    for p in &plans {
-        let r = match p {
-            Planned::Instrument(plan) => {
-                match records::record_module(&segment, &mut writer, plan) {
-                    Ok((present, first)) => (Some(present), first),
-                    Err(records::Full) => break,
-                }
-            }
-            Planned::Sample(m, funcs, why) => (
-                records::record_sampled(&segment, &mut writer, m, funcs.as_deref(), *why),
-                None,
-            ),
-        };
-        recorded.push(r);
-    }
+    let recorded = record_all(&segment, &mut writer, &plans);
 
     ph.mark("records");
     // The main thread counts in a stripe of its own from the first patch on.
@@ -304,27 +289,7 @@ pub(crate) fn start() {
         );
     }
     ph.mark("install");
-    let known = loader::Known(
-        plans
-            .iter()
-            .zip(
-                recorded
-                    .into_iter()
-                    .map(Some)
-                    .chain(std::iter::repeat(None)),
-            )
-            .map(|(p, r)| loader::KnownModule {
-                bias: p.module().bias,
-                file: p.module().file.clone(),
-                area: None,
-                present: r.and_then(|r| r.0),
-                on_demand: match p {
-                    Planned::Sample(m, None, _) => Some(m.clone()),
-                    _ => None,
-                },
-            })
-            .collect(),
-    );
+    let known = known_modules(&plans, recorded);
     let stripe_bytes = segment.counters.layout().stripe_bytes;
     segment
         .counters
@@ -375,6 +340,59 @@ pub(crate) fn start() {
     // SAFETY: registers an extern "C" function that lives as long as the
     // library (never unloaded: it is preloaded); no argument.
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
+}
+
+/// Each planned module's record (its place in the address table, its first
+/// function slot): one per plan in order, until a module that did not fit
+/// in the segment (it and those after it are left out).
+pub(crate) type Recorded = (Option<crate::sampling::addrmap::Present>, Option<u32>);
+
+/// Records every planned module's functions first, so that slot =
+/// function index; a module that does not fit ends the list.
+pub(crate) fn record_all(
+    segment: &Segment,
+    writer: &mut rtprof_shared::SegmentWriter,
+    plans: &[Planned],
+) -> Vec<Recorded> {
+    let mut recorded = Vec::with_capacity(plans.len());
+    for p in plans {
+        let r = match p {
+            Planned::Instrument(plan) => match records::record_module(segment, writer, plan) {
+                Ok((present, first)) => (Some(present), first),
+                Err(records::Full) => break,
+            },
+            Planned::Sample(m, funcs, why) => (
+                records::record_sampled(segment, writer, m, funcs.as_deref(), *why),
+                None,
+            ),
+        };
+        recorded.push(r);
+    }
+    recorded
+}
+
+/// What the loader hook knows of the modules planned at start.
+pub(crate) fn known_modules(plans: &[Planned], recorded: Vec<Recorded>) -> loader::Known {
+    let recorded = recorded
+        .into_iter()
+        .map(Some)
+        .chain(std::iter::repeat(None));
+    loader::Known(
+        plans
+            .iter()
+            .zip(recorded)
+            .map(|(p, r)| loader::KnownModule {
+                bias: p.module().bias,
+                file: p.module().file.clone(),
+                area: None,
+                present: r.and_then(|r| r.0),
+                on_demand: match p {
+                    Planned::Sample(m, None, _) => Some(m.clone()),
+                    _ => None,
+                },
+            })
+            .collect(),
+    )
 }
 
 extern "C" {
