@@ -52,6 +52,32 @@ pub(crate) struct Agent {
 
 static AGENT: OnceLock<Agent> = OnceLock::new();
 
+/// Makes the process's agent, with the state start-up (or an attach)
+/// built; false if there is one already.
+pub(crate) fn set_agent(
+    config: Config,
+    segment: Segment,
+    tls_offset: i32,
+    stubs: install::StubMap,
+    known: loader::Known,
+    writer: rtprof_shared::SegmentWriter,
+) -> bool {
+    let state = lifecycle::locked::StateLock::new(lifecycle::locked::Locked {
+        stubs,
+        known,
+        budget: None,
+        writer,
+    });
+    AGENT
+        .set(Agent {
+            config,
+            segment,
+            tls_offset,
+            state,
+        })
+        .is_ok()
+}
+
 /// The running agent, once start-up has completed.
 pub(crate) fn agent() -> Option<&'static Agent> {
     AGENT.get()

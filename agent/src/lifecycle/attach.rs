@@ -33,7 +33,7 @@ use crate::segment::Segment;
 use crate::startup::{self, Planned};
 use crate::stopworld::{Held as StopHeld, StopError, Stopper};
 use crate::switch::{self, EntrySwitch};
-use crate::{agent, loader, modules, now_ns, records, threads, Agent, AGENT};
+use crate::{agent, loader, modules, now_ns, records, threads, Agent};
 use rtprof_shared::Refusal;
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -490,20 +490,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
         .iter()
         .filter(|p| matches!(p, Planned::Instrument(_)))
         .count();
-    if AGENT
-        .set(Agent {
-            config: cfg,
-            segment,
-            tls_offset,
-            state: crate::lifecycle::locked::StateLock::new(crate::lifecycle::locked::Locked {
-                stubs,
-                known,
-                budget: None,
-                writer,
-            }),
-        })
-        .is_err()
-    {
+    if !crate::set_agent(cfg, segment, tls_offset, stubs, known, writer) {
         return Err("the agent is already running in this process".into());
     }
     // Libraries loaded from now on are instrumented as they arrive, as

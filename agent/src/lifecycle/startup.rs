@@ -12,9 +12,7 @@ use crate::maps::Maps;
 use crate::modules::Module;
 use crate::segment::{Segment, SegmentError};
 use crate::symbols::FuncSym;
-use crate::{
-    agent, fork, loader, modules, now_ns, pipeline, records, system, threads, Agent, AGENT,
-};
+use crate::{agent, fork, loader, modules, now_ns, pipeline, records, system, threads, Agent};
 use rtprof_shared::layout::ModuleWhy;
 use rtprof_shared::{report, Capacities};
 use std::time::Instant;
@@ -302,20 +300,7 @@ pub(crate) fn start() {
     crate::sampling::set_stacks(cfg.stacks && cfg.sample_hz != 0);
     crate::sampling::publish_map(&writer, &known.present(), stubs.ranges());
     ph.mark("addrmap");
-    if AGENT
-        .set(Agent {
-            config: cfg,
-            segment,
-            tls_offset,
-            state: crate::lifecycle::locked::StateLock::new(crate::lifecycle::locked::Locked {
-                stubs,
-                known,
-                budget: None,
-                writer,
-            }),
-        })
-        .is_err()
-    {
+    if !crate::set_agent(cfg, segment, tls_offset, stubs, known, writer) {
         return;
     }
     // Libraries loaded later are instrumented as they arrive.

@@ -224,26 +224,7 @@ pub fn arm_current_thread() -> Result<(), Errno> {
     if blocked_here() {
         return Err(Errno(libc::EWOULDBLOCK));
     }
-    let Some(slot) = TIMERS.iter().position(|t| {
-        t.compare_exchange(FREE, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    }) else {
-        return Err(Errno(libc::EAGAIN));
-    };
-    let sev = to_thread(SIGNAL, gettid());
-    let id = match create_timer(libc::CLOCK_THREAD_CPUTIME_ID, &sev) {
-        Ok(id) => id,
-        Err(e) => {
-            TIMERS[slot].store(FREE, Ordering::Release);
-            return Err(e);
-        }
-    };
-    // Stored before it can fire, so a stop finds it.
-    TIMERS[slot].store(id + 1, Ordering::Release);
-    if let Err(e) = run_every(id, PERIOD_NS.load(Ordering::Relaxed)) {
-        release(slot);
-        return Err(e);
-    }
+    let slot = arm(libc::CLOCK_THREAD_CPUTIME_ID, gettid())?;
     // A stop that ran meanwhile may have passed this slot by.
     if !ACTIVE.load(Ordering::SeqCst) {
         release(slot);
@@ -273,27 +254,35 @@ pub fn arm_thread(tid: i32) -> Result<(), Errno> {
     if !active() {
         return Ok(());
     }
+    arm(thread_cpu_clock(tid), tid)?;
+    // The timer goes with the thread's clock when it ends; its slot is
+    // freed by `stop_all` (detach).
+    Ok(())
+}
+
+/// Takes a free slot and starts in it a timer on `clock` signalling
+/// thread `tid` every period: its slot. Allocation-free.
+fn arm(clock: libc::clockid_t, tid: i32) -> Result<usize, Errno> {
     let Some(slot) = TIMERS.iter().position(|t| {
         t.compare_exchange(FREE, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }) else {
         return Err(Errno(libc::EAGAIN));
     };
-    let id = match create_timer(thread_cpu_clock(tid), &to_thread(SIGNAL, tid)) {
+    let id = match create_timer(clock, &to_thread(SIGNAL, tid)) {
         Ok(id) => id,
         Err(e) => {
             TIMERS[slot].store(FREE, Ordering::Release);
             return Err(e);
         }
     };
+    // Stored before it can fire, so a stop finds it.
     TIMERS[slot].store(id + 1, Ordering::Release);
     if let Err(e) = run_every(id, PERIOD_NS.load(Ordering::Relaxed)) {
         release(slot);
         return Err(e);
     }
-    // The timer goes with the thread's clock when it ends; its slot is
-    // freed by `stop_all` (detach).
-    Ok(())
+    Ok(slot)
 }
 
 /// Deletes the timer in `slot` (if still there) and frees the slot.
