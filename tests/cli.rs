@@ -324,6 +324,55 @@ fn no_descriptor_is_added() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Nor for a moment: the agent's threads read files while the program runs
+/// (a module's symbols when a sample first lands in it, its unwind tables,
+/// `/proc/self/maps`, cache files), and a thread of the program that lists
+/// its descriptors the whole time sees none of them.
+#[test]
+fn files_read_by_agent_threads_never_appear_in_the_program() {
+    let dir = scratch("fdwatch");
+    let bin = compile_o2("fd_watch.c", &["-pthread", "-ldl"], &dir);
+    let first = dir.join("libw0.so");
+    let o = Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&first)
+        .arg(root().join("tests/c/fd_watch_lib.c"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Sixteen modules, each named on demand by the drain thread.
+    let libs: Vec<String> = (0..16)
+        .map(|i| {
+            let l = dir.join(format!("libw{i}.so"));
+            if i > 0 {
+                std::fs::copy(&first, &l).unwrap();
+            }
+            l.to_string_lossy().into_owned()
+        })
+        .collect();
+    let args: Vec<&str> = libs.iter().map(String::as_str).collect();
+    let plain = run_plain(&bin, &args);
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "libraries 16, sum nonzero, scanned often\n"
+    );
+    for env in [&[][..], &[("RTPROF_STACKS", "0")][..]] {
+        let mut env = env.to_vec();
+        env.push(("RTPROF_MODULES", "fd_watch"));
+        let prof = run_profiled(&bin, &args, &env, &dir);
+        assert_same_behaviour("fd_watch", &plain, &prof.output);
+        let p = &prof.report["processes"][0];
+        let named = p["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["name"] == "busy" && f["samples"].as_u64().unwrap_or(0) > 0)
+            .count();
+        assert!(named >= 8, "samples named in the libraries: {named}; {p}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// exec replaces a process's image, and the new image is profiled in turn:
 /// three images of one pid, each with its own section and counts.
 #[test]

@@ -22,6 +22,24 @@ pub fn emit(msg: std::fmt::Arguments<'_>) {
 
 pub fn emit_always(msg: std::fmt::Arguments<'_>) {
     let line = format!("rtprof[{}]: {}\n", std::process::id(), msg);
+    if crate::lifecycle::private_files::is_private() {
+        // An agent thread's 2 is not the program's: reach the program's
+        // standard error through the process's table for this one line
+        // (not possible for a socket; the line is then lost).
+        // SAFETY: a static path; the descriptor is this thread's own,
+        // closed right after the write.
+        unsafe {
+            let fd = libc::open(
+                c"/proc/self/fd/2".as_ptr(),
+                libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOCTTY,
+            );
+            if fd >= 0 {
+                libc::write(fd, line.as_ptr().cast(), line.len());
+                libc::close(fd);
+            }
+        }
+        return;
+    }
     // SAFETY: writes the line's own bytes; a closed stderr only fails.
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }

@@ -133,6 +133,7 @@ extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: `p` is the Box `spawn_unprofiled` leaked for this thread,
     // taken back exactly once, here.
     let job = unsafe { Box::from_raw(p as *mut Job) };
+    crate::lifecycle::private_files::enter();
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
     std::ptr::null_mut()
 }

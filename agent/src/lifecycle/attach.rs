@@ -143,6 +143,7 @@ pub unsafe extern "C" fn rtprof_detach(status: *const libc::c_char) -> libc::c_i
     let started = std::thread::Builder::new()
         .name("rtprof-detach".into())
         .spawn(move || {
+            crate::lifecycle::private_files::enter();
             let r = std::panic::catch_unwind(detach_all).unwrap_or(Err("internal error".into()));
             PHASE.store(
                 if r.is_ok() { DETACHED } else { ATTACHED },
@@ -194,6 +195,8 @@ fn answer(path: &str, r: Result<String, String>) {
 }
 
 fn attach_thread(spec: &str) {
+    // The program runs on meanwhile: the files read here stay out of its table.
+    crate::lifecycle::private_files::enter();
     let vars = parse_spec(spec);
     let status = vars
         .get("RTPROF_ATTACH_STATUS")

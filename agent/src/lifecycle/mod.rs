@@ -7,6 +7,7 @@ pub(crate) mod fork;
 pub(crate) mod interpose;
 pub(crate) mod loader;
 pub(crate) mod locked;
+pub(crate) mod private_files;
 pub(crate) mod startup;
 pub mod system;
 pub(crate) mod worker;
