@@ -428,6 +428,68 @@ fn a_library_loaded_after_attach_is_instrumented_and_restored() {
     assert!(in_json > 100, "_json calls {in_json}: {p}");
 }
 
+/// Threads the program creates while attached pass through the agent's
+/// own thread creation (libc's entry is sent to it): each is sampled and
+/// counts in a stripe of its own, folded at its end; after detach libc's
+/// entry is its own again and threads are created as before.
+#[test]
+fn threads_created_while_attached_are_sampled_and_counted_exactly() {
+    let dir = scratch("attach-new-threads");
+    let bin = compile_o2("attach_new_threads.c", &["-pthread"], &dir);
+    let (mut child, lines) = start_target(&bin, &[]);
+    assert_eq!(
+        lines.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "ready"
+    );
+    let pid = child.id();
+    let json = dir.join("threads.json");
+    let mut attach = Command::new(rtprof())
+        .arg("attach")
+        .arg(pid.to_string())
+        .args(["--duration", "4", "--verbose", "--output"])
+        .arg(&json)
+        .arg("--agent")
+        .arg(agent())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = Vec::new();
+    let mut err = BufReader::new(attach.stderr.take().unwrap());
+    loop {
+        let mut l = String::new();
+        assert!(err.read_line(&mut l).unwrap() > 0, "rtprof ended: {said:?}");
+        said.push(l.clone());
+        if l.contains("attached to") {
+            break;
+        }
+        assert!(!l.contains("cannot"), "{said:?}");
+    }
+    // SAFETY: a signal to our own child, which waits for it.
+    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    let done = lines.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(done, "fresh done 8000000");
+    let rest = std::io::read_to_string(err).unwrap();
+    assert!(attach.wait().unwrap().success(), "{said:?} {rest}");
+    assert!(rest.contains("detached from"), "{rest}");
+    // After detach: threads created the program's own way.
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    assert_eq!(
+        lines.recv_timeout(Duration::from_secs(30)).unwrap(),
+        "fresh done 8000000"
+    );
+    assert!(child.wait().unwrap().success());
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let p = &report["processes"][0];
+    let fresh = function_named(p, "fresh");
+    assert_eq!(fresh["calls"].as_u64(), Some(8_000_000), "{p}");
+    assert_eq!(calls_of(&report, "run"), 4, "{p}");
+    assert!(
+        fresh["samples"].as_u64().unwrap_or(0) > 0,
+        "threads created while attached were not sampled: {p}"
+    );
+}
+
 #[test]
 fn an_attached_process_registers_with_rtprofd() {
     let dir = scratch("attach-daemon");

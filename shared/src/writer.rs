@@ -693,6 +693,24 @@ impl Counters {
         unsafe { self.base.add(self.layout.stripe_off(i) as usize) as *mut u64 }
     }
 
+    /// The stripe that starts at `p` and is held by thread `tid` now, if
+    /// any: a thread ending folds the stripe it counts in, which need not be
+    /// the one it was first given (a later attach gives it another).
+    pub fn stripe_held_at(&self, p: *const u64, tid: u32) -> Option<u32> {
+        let off = (p as usize).checked_sub(self.base as usize)? as u64;
+        let rel = off.checked_sub(self.layout.stripes_off)?;
+        if rel % self.layout.stripe_bytes != 0 {
+            return None;
+        }
+        let i = u32::try_from(rel / self.layout.stripe_bytes).ok()?;
+        if i == 0 || i >= self.layout.caps.stripes {
+            return None;
+        }
+        let (st, t) = self.stripe_slot(i);
+        (st.load(Ordering::Acquire) == stripe_state::LIVE && t.load(Ordering::Relaxed) == tid)
+            .then_some(i)
+    }
+
     /// Hands out a stripe for thread `tid`: a folded one if any, else a
     /// never-used one; `None` when all are taken. Lock-free.
     pub fn alloc_stripe(&self, tid: u32) -> Option<u32> {

@@ -33,12 +33,14 @@ static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// At thread exit: later calls of this thread (other destructors) go to the
 /// shared stripe, and its own stripe's counts are folded in there, freeing
 /// the stripe for the next thread.
-unsafe extern "C" fn on_thread_exit(v: *mut libc::c_void) {
-    let idx = v as usize;
-    if idx > 0 {
-        if let Some(a) = crate::agent() {
-            set_stripe(std::ptr::null_mut());
-            a.segment.counters.fold_stripe((idx - 1) as u32);
+unsafe extern "C" fn on_thread_exit(_: *mut libc::c_void) {
+    if let Some(a) = crate::agent() {
+        // The stripe the thread counts in now, if still its own: after a
+        // detach and a new attach it was given another.
+        let held = a.segment.counters.stripe_held_at(stripe(), gettid());
+        set_stripe(std::ptr::null_mut());
+        if let Some(i) = held {
+            a.segment.counters.fold_stripe(i);
         }
     }
 }
@@ -89,14 +91,18 @@ pub fn reset_program_threads_in_child() {
     PROGRAM_THREADS.store(1, Ordering::Relaxed);
 }
 
-pub fn init_exit_key() {
+/// Creates the keys whose destructors follow threads' ends; `caller_is_program`:
+/// the calling thread is one of the program's (start-up, not attach).
+pub fn init_exit_key(caller_is_program: bool) {
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: `key` is ours to write; the destructor is an extern "C" fn
     // that lives as long as the library.
     if unsafe { libc::pthread_key_create(&mut key, Some(on_program_thread_exit)) } == 0 {
         LIVE_KEY.store(key as usize, Ordering::Release);
         // The main thread: its key runs only if it calls pthread_exit.
-        mark_program_thread();
+        if caller_is_program {
+            mark_program_thread();
+        }
     }
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: as for the program-thread key above.
@@ -115,8 +121,8 @@ pub fn attach_current() {
         set_stripe(a.segment.counters.stripe_ptr(idx));
         let key = EXIT_KEY.load(Ordering::Acquire);
         if key != usize::MAX {
-            // SAFETY: a key we created; the value is the stripe index + 1,
-            // an integer carried as a pointer, never dereferenced.
+            // SAFETY: a key we created; the value is only a non-null
+            // marker (so the destructor runs), never dereferenced.
             unsafe {
                 libc::pthread_setspecific(
                     key as libc::pthread_key_t,

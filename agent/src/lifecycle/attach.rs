@@ -18,9 +18,11 @@
 //! its directory at detach or exit. Attaching again after a detach maps a
 //! fresh segment at the same address and writes the kept entries again.
 //!
-//! Not yet done here: a budget, exact callers and call stacks; sampling
-//! threads created after attach (no `pthread_create` hook when loaded
-//! late); another `--modules` on a later attach.
+//! Threads created while attached pass through the agent's thread
+//! creation (`thread_hook`: libc's entry is rewritten with the others).
+//!
+//! Not yet done here: a budget, exact callers and call stacks; another
+//! `--modules` on a later attach.
 // Only the exported entry points reach this, and unit tests export none.
 #![cfg_attr(test, allow(dead_code))]
 
@@ -460,6 +462,12 @@ fn late_start(cfg: Config) -> Result<String, String> {
             install::install_stubs_only(p, first, tls_offset, shared, &mut stubs, &counted);
         installed.push((p, first, outcomes));
     }
+    // Threads the program creates while attached: through our
+    // pthread_create, its entry written with the others.
+    let hooked_threads = crate::lifecycle::thread_hook::prepare(&mut stubs, tls_offset, shared);
+    if let Err(e) = &hooked_threads {
+        vlog!("threads created from now on count in the shared stripe, unsampled: {e}");
+    }
     // Stubs are complete and executable: now the entries, live.
     let (written, held) = write_live(stubs.entries(), true, Some((&segment, tls_offset)))?;
     let failed: Vec<u32> = stubs
@@ -513,7 +521,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     if !hooked {
         vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
-    threads::init_exit_key();
+    threads::init_exit_key(false);
     crate::fork::install_handlers(stripe_bytes);
     let mut sampled = 0;
     if let Some(a) = agent() {

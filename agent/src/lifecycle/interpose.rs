@@ -49,6 +49,17 @@ impl Real {
         f
     }
 
+    /// Its address, if the next object defines it.
+    pub fn original(&self) -> Option<u64> {
+        Some(self.addr() as u64).filter(|&a| a != 0)
+    }
+
+    /// Calls go to `to` from now on: the original, reached through a
+    /// detour once its entry is sent to our wrapper (attach).
+    pub fn redirect(&self, to: u64) {
+        self.addr.store(to as usize, Ordering::Release);
+    }
+
     /// The function as `F`, if the next object defines it.
     ///
     /// # Safety
@@ -206,6 +217,22 @@ pub fn program_threads_gone() {
 #[cfg_attr(not(test), no_mangle)]
 #[cfg_attr(test, allow(dead_code))]
 pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: StartFn,
+    arg: *mut libc::c_void,
+) -> libc::c_int {
+    // SAFETY: the caller's contract is pthread_create's.
+    unsafe { create_thread(thread, attr, start, arg) }
+}
+
+/// What [`pthread_create`] does, under a name of this library alone: where
+/// libc's entry is sent here (attach), the exported name would resolve to
+/// libc's first, and so back to that entry.
+///
+/// # Safety
+/// Same contract as `pthread_create(3)`.
+pub unsafe extern "C" fn create_thread(
     thread: *mut libc::pthread_t,
     attr: *const libc::pthread_attr_t,
     start: StartFn,

@@ -10,4 +10,5 @@ pub(crate) mod locked;
 pub(crate) mod private_files;
 pub(crate) mod startup;
 pub mod system;
+pub(crate) mod thread_hook;
 pub(crate) mod worker;

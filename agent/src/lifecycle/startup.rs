@@ -308,7 +308,7 @@ pub(crate) fn start() {
         vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
     ph.mark("hook");
-    threads::init_exit_key();
+    threads::init_exit_key(true);
     fork::install_handlers(stripe_bytes);
     ph.mark("handlers");
     if let Some(a) = agent() {

@@ -47,6 +47,15 @@ impl StubMap {
     pub fn ranges(&self) -> &[(u64, u64, u32)] {
         &self.ranges
     }
+    /// Keeps `e`, in place of the entry of the same slot if there is one.
+    pub fn put_entry(&mut self, e: EntrySwitch) {
+        let Some(v) = &mut self.entries else { return };
+        match v.binary_search_by_key(&e.slot, |x| x.slot) {
+            Ok(i) => v[i] = e,
+            Err(i) => v.insert(i, e),
+        }
+    }
+
     /// Forgets the stubs in [lo, hi) (an unloaded module's area).
     pub fn remove(&mut self, lo: u64, hi: u64) {
         self.ranges.retain(|r| r.0 < lo || r.0 >= hi);

@@ -1,0 +1,151 @@
+//! Loaded late (`rtprof attach`), the agent's `pthread_create` is not the
+//! one the program calls: the program's calls were bound to libc's long
+//! before. So libc's entry is sent to ours, as any patched entry is sent to
+//! its stub, and ours reaches the original through a detour: libc's first
+//! instructions, moved, then a jump back past them. Threads created while
+//! attached then get a stripe, a timer and a fold at their end, as under a
+//! preloaded agent. The entry is kept with the others: detach restores it,
+//! a later attach writes it again.
+
+use crate::arch::{CounterRef, InstructionSet, Native};
+use crate::install::StubMap;
+use crate::interpose;
+use crate::stubmem::StubArea;
+use crate::switch::EntrySwitch;
+
+/// Why threads created while attached go without the hook.
+#[derive(Debug)]
+pub enum HookError {
+    /// libc's `pthread_create` or its size was not found.
+    NotFound,
+    /// Its first instructions cannot be moved (the reason).
+    Unmovable(rtprof_shared::Refusal),
+    /// A branch, or an indirect jump that could be one, reaches them.
+    BranchInto,
+    /// No memory within jump range for the detour.
+    NoMemory,
+}
+
+impl std::fmt::Display for HookError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HookError::NotFound => write!(f, "libc's pthread_create not found"),
+            HookError::Unmovable(r) => write!(f, "its first instructions cannot be moved: {r:?}"),
+            HookError::BranchInto => write!(f, "a branch reaches its first instructions"),
+            HookError::NoMemory => write!(f, "no memory within jump range"),
+        }
+    }
+}
+
+/// Address and size of libc's `pthread_create` (the definition after
+/// ours), from its symbol.
+fn libc_pthread_create() -> Option<(u64, usize)> {
+    let addr = interpose::PTHREAD_CREATE.original()?;
+    #[repr(C)]
+    struct Sym {
+        name: u32,
+        info: u8,
+        other: u8,
+        shndx: u16,
+        value: u64,
+        size: u64,
+    }
+    extern "C" {
+        fn dladdr1(
+            addr: *const libc::c_void,
+            info: *mut libc::Dl_info,
+            extra: *mut *mut libc::c_void,
+            flags: libc::c_int,
+        ) -> libc::c_int;
+    }
+    const RTLD_DL_SYMENT: libc::c_int = 1;
+    // SAFETY: `Dl_info` is pointers, for which zeros are valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut sym: *mut libc::c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills `info` and points `sym` at the loader's own
+    // symbol entry (an Elf64_Sym, laid out as `Sym`), or fails.
+    let ok = unsafe { dladdr1(addr as *const _, &mut info, &mut sym, RTLD_DL_SYMENT) } != 0;
+    if !ok || sym.is_null() || info.dli_saddr as u64 != addr {
+        return None;
+    }
+    // SAFETY: as above: a live Elf64_Sym of a loaded library.
+    let size = unsafe { (*(sym as *const Sym)).size } as usize;
+    (size > 0).then_some((addr, size))
+}
+
+/// Prepares the hook: the detour (or, when libc is instrumented, its
+/// counting stub) becomes what our `pthread_create` calls, and the entry
+/// that sends libc's to ours joins `stubs`' entries, to be written with
+/// them. Call before the entries are written, with libc's code as loaded.
+pub fn prepare(stubs: &mut StubMap, tls_offset: i32, shared: u64) -> Result<(), HookError> {
+    let (addr, size) = libc_pthread_create().ok_or(HookError::NotFound)?;
+    // SAFETY: the function's own bytes, in libc's text, mapped for good.
+    let code = unsafe { std::slice::from_raw_parts(addr as *const u8, size) };
+    let plan = Native::plan_window(code, addr, size, 0).map_err(HookError::Unmovable)?;
+    let scan = Native::scan_function(code, addr);
+    let window = addr..plan.resume_at.max(plan.patch_at + plan.window as u64);
+    if scan.decode_error
+        || scan.has_indirect_jump
+        || scan.branch_targets.iter().any(|t| window.contains(t))
+    {
+        return Err(HookError::BranchInto);
+    }
+    let counted = stubs.entries().iter().position(|e| e.at == plan.patch_at);
+    let detour_len = match counted {
+        Some(_) => 0,
+        None => Native::stub_len(&plan, false),
+    };
+    let (tramp, tramp_len) = Native::absolute_jump(interpose::create_thread as *const () as u64);
+    let align = Native::STUB_ALIGN as usize;
+    let detour_at = tramp_len.div_ceil(align) * align;
+    let area = StubArea::near(addr, addr + size as u64, (detour_at + detour_len) as u64)
+        .ok_or(HookError::NoMemory)?;
+    // SAFETY: the area is freshly mapped read-write, ours alone, and
+    // nothing runs in it until it is sealed.
+    let mem = unsafe { std::slice::from_raw_parts_mut(area.addr as *mut u8, area.len as usize) };
+    mem.fill(Native::TRAP);
+    mem[..tramp_len].copy_from_slice(&tramp[..tramp_len]);
+    let original = match counted {
+        // Its counting stub counts the call, then runs the moved code.
+        Some(i) => stubs.entries()[i].stub,
+        None => {
+            // A stub whose counting is switched off: only the moved code
+            // and the jump back run. Its counter is never touched.
+            let at = area.addr + detour_at as u64;
+            let counter = CounterRef {
+                tls_offset,
+                slot: 0,
+                shared_counter: shared,
+                caller_hook: 0,
+            };
+            let out = &mut mem[detour_at..];
+            if let Err(r) = Native::emit_stub(&plan, at, &counter, out) {
+                area.release();
+                return Err(HookError::Unmovable(r));
+            }
+            out[..2].copy_from_slice(&Native::counting_switch(false));
+            at
+        }
+    };
+    // Replacing a counted entry keeps its slot and stub (its counting
+    // switch); otherwise the entry has no slot.
+    let (slot, stub) = match counted {
+        Some(i) => (stubs.entries()[i].slot, original),
+        None => (u32::MAX, area.addr),
+    };
+    let entry =
+        Native::entry_patch(&plan, area.addr).and_then(|p| EntrySwitch::new(&plan, slot, stub, &p));
+    let Some(entry) = entry else {
+        area.release();
+        return Err(HookError::NoMemory);
+    };
+    if !area.seal() {
+        area.release();
+        return Err(HookError::NoMemory);
+    }
+    // From now on ours calls the original through the detour; libc's
+    // entry is not written yet, so either way reaches libc's code.
+    interpose::PTHREAD_CREATE.redirect(original);
+    stubs.put_entry(entry);
+    Ok(())
+}
