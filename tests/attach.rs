@@ -533,6 +533,84 @@ fn an_attached_process_registers_with_rtprofd() {
     assert!(child.wait().unwrap().success());
 }
 
+/// A child forked while attached is profiled as under a preloaded agent:
+/// libc's `fork` reaches the agent's, so the child gets a segment and a
+/// sampler of its own, and rtprofd shows its calls and samples.
+#[test]
+fn a_child_forked_while_attached_is_counted_and_sampled() {
+    let dir = scratch("attach-fork");
+    let bin = compile_o2("attach_fork.c", &[], &dir);
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    cmd.args(["--tick", "100", "--span", "500", "--buffer-mib", "4"])
+        .stderr(Stdio::null());
+    let d = Rtprofd::start(cmd, &dir);
+    let (mut child, lines) = start_target(&bin, &[]);
+    assert_eq!(
+        lines.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "ready"
+    );
+    let pid = child.id();
+    let mut attach = Command::new(rtprof())
+        .args([
+            "attach",
+            &pid.to_string(),
+            "--duration",
+            "5",
+            "--verbose",
+            "--agent",
+        ])
+        .arg(agent())
+        .env("RTPROF_DAEMON_SOCKET", &d.socket)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(attach.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("attached to") {
+        assert!(
+            err.read_line(&mut said).unwrap() > 0,
+            "rtprof ended: {said}"
+        );
+        assert!(!said.contains("cannot"), "{said}");
+    }
+    // SAFETY: a signal to our own child, which waits for it.
+    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    let forked = poll(
+        "the forked child in rtprofd",
+        Duration::from_secs(10),
+        || {
+            let out = Command::new(rtprof())
+                .args(["report", "--json", "--present"])
+                .arg(&d.present)
+                .output()
+                .unwrap();
+            let r: Value = serde_json::from_slice(&out.stdout).ok()?;
+            r["processes"].as_array()?.iter().find_map(|p| {
+                let f = p["functions"]
+                    .as_array()?
+                    .iter()
+                    .find(|f| f["name"] == "fresh")?;
+                (p["pid"].as_u64()? != pid as u64
+                    && f["calls"].as_u64()? > 0
+                    && f["samples"].as_u64()? > 0)
+                    .then(|| p.clone())
+            })
+        },
+    );
+    let child_line = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(
+        child_line.starts_with(&format!("child {} called fresh ", forked["pid"])),
+        "{child_line} / {forked}"
+    );
+    assert_eq!(
+        lines.recv_timeout(Duration::from_secs(20)).unwrap(),
+        "parent done 0"
+    );
+    assert!(child.wait().unwrap().success());
+    let _ = std::io::read_to_string(err);
+    assert!(attach.wait().unwrap().success());
+}
+
 #[test]
 fn attach_to_a_program_busy_in_malloc_never_deadlocks() {
     let dir = scratch("attach-malloc");

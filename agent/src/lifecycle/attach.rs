@@ -18,8 +18,9 @@
 //! its directory at detach or exit. Attaching again after a detach maps a
 //! fresh segment at the same address and writes the kept entries again.
 //!
-//! Threads created while attached pass through the agent's thread
-//! creation (`thread_hook`: libc's entry is rewritten with the others).
+//! Threads created and children forked while attached pass through the
+//! agent's `pthread_create` and `fork` (`libc_hooks`: libc's entries are
+//! rewritten with the others).
 //!
 //! Not yet done here: a budget, exact callers and call stacks; another
 //! `--modules` on a later attach.
@@ -464,9 +465,8 @@ fn late_start(cfg: Config) -> Result<String, String> {
     }
     // Threads the program creates while attached: through our
     // pthread_create, its entry written with the others.
-    let hooked_threads = crate::lifecycle::thread_hook::prepare(&mut stubs, tls_offset, shared);
-    if let Err(e) = &hooked_threads {
-        vlog!("threads created from now on count in the shared stripe, unsampled: {e}");
+    for (name, e) in crate::lifecycle::libc_hooks::prepare(&mut stubs, tls_offset, shared) {
+        vlog!("libc's {name} not hooked: {e}");
     }
     // Stubs are complete and executable: now the entries, live.
     let (written, held) = write_live(stubs.entries(), true, Some((&segment, tls_offset)))?;

@@ -266,6 +266,16 @@ pub unsafe extern "C" fn create_thread(
 #[cfg_attr(not(test), no_mangle)]
 #[cfg_attr(test, allow(dead_code))]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
+    // SAFETY: the caller's contract is fork's.
+    unsafe { fork_child() }
+}
+
+/// What [`fork`] does, under a name of this library alone (as
+/// [`create_thread`] for `pthread_create`).
+///
+/// # Safety
+/// Same contract as `fork(2)`.
+pub unsafe extern "C" fn fork_child() -> libc::pid_t {
     let Some(real) = FORK.get::<ForkFn>() else {
         return no_such_function();
     };

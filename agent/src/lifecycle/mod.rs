@@ -5,10 +5,10 @@
 pub(crate) mod attach;
 pub(crate) mod fork;
 pub(crate) mod interpose;
+pub(crate) mod libc_hooks;
 pub(crate) mod loader;
 pub(crate) mod locked;
 pub(crate) mod private_files;
 pub(crate) mod startup;
 pub mod system;
-pub(crate) mod thread_hook;
 pub(crate) mod worker;

@@ -1,11 +1,12 @@
-//! Loaded late (`rtprof attach`), the agent's `pthread_create` is not the
-//! one the program calls: the program's calls were bound to libc's long
-//! before. So libc's entry is sent to ours, as any patched entry is sent to
-//! its stub, and ours reaches the original through a detour: libc's first
-//! instructions, moved, then a jump back past them. Threads created while
-//! attached then get a stripe, a timer and a fold at their end, as under a
-//! preloaded agent. The entry is kept with the others: detach restores it,
-//! a later attach writes it again.
+//! Loaded late (`rtprof attach`), the agent's `pthread_create` and `fork`
+//! are not the ones the program calls: the program's calls were bound to
+//! libc's long before. So libc's entries are sent to ours, as any patched
+//! entry is sent to its stub, and ours reach the originals through a
+//! detour: libc's first instructions, moved, then a jump back past them.
+//! Threads created while attached then get a stripe, a timer and a fold at
+//! their end, and a forked child its sampler, as under a preloaded agent.
+//! The entries are kept with the others: detach restores them, a later
+//! attach writes them again.
 
 use crate::arch::{CounterRef, InstructionSet, Native};
 use crate::install::StubMap;
@@ -13,10 +14,10 @@ use crate::interpose;
 use crate::stubmem::StubArea;
 use crate::switch::EntrySwitch;
 
-/// Why threads created while attached go without the hook.
+/// Why a function of libc goes without its hook.
 #[derive(Debug)]
 pub enum HookError {
-    /// libc's `pthread_create` or its size was not found.
+    /// libc's function or its size was not found.
     NotFound,
     /// Its first instructions cannot be moved (the reason).
     Unmovable(rtprof_shared::Refusal),
@@ -29,7 +30,7 @@ pub enum HookError {
 impl std::fmt::Display for HookError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            HookError::NotFound => write!(f, "libc's pthread_create not found"),
+            HookError::NotFound => write!(f, "libc's definition not found"),
             HookError::Unmovable(r) => write!(f, "its first instructions cannot be moved: {r:?}"),
             HookError::BranchInto => write!(f, "a branch reaches its first instructions"),
             HookError::NoMemory => write!(f, "no memory within jump range"),
@@ -37,10 +38,42 @@ impl std::fmt::Display for HookError {
     }
 }
 
-/// Address and size of libc's `pthread_create` (the definition after
-/// ours), from its symbol.
-fn libc_pthread_create() -> Option<(u64, usize)> {
-    let addr = interpose::PTHREAD_CREATE.original()?;
+/// The functions hooked: libc's definition, and ours (by a name of this
+/// library alone: an exported name would resolve to libc's).
+fn hooks() -> [(&'static str, &'static interpose::Real, u64); 2] {
+    [
+        (
+            "pthread_create",
+            &interpose::PTHREAD_CREATE,
+            interpose::create_thread as *const () as u64,
+        ),
+        (
+            "fork",
+            &interpose::FORK,
+            interpose::fork_child as *const () as u64,
+        ),
+    ]
+}
+
+/// Prepares every hook (see [`prepare_one`]); says which could not be.
+pub fn prepare(
+    stubs: &mut StubMap,
+    tls_offset: i32,
+    shared: u64,
+) -> Vec<(&'static str, HookError)> {
+    hooks()
+        .into_iter()
+        .filter_map(|(name, real, ours)| {
+            prepare_one(stubs, real, ours, tls_offset, shared)
+                .err()
+                .map(|e| (name, e))
+        })
+        .collect()
+}
+
+/// Address and size of libc's definition, from its symbol.
+fn definition(real: &interpose::Real) -> Option<(u64, usize)> {
+    let addr = real.original()?;
     #[repr(C)]
     struct Sym {
         name: u32,
@@ -73,12 +106,18 @@ fn libc_pthread_create() -> Option<(u64, usize)> {
     (size > 0).then_some((addr, size))
 }
 
-/// Prepares the hook: the detour (or, when libc is instrumented, its
-/// counting stub) becomes what our `pthread_create` calls, and the entry
-/// that sends libc's to ours joins `stubs`' entries, to be written with
-/// them. Call before the entries are written, with libc's code as loaded.
-pub fn prepare(stubs: &mut StubMap, tls_offset: i32, shared: u64) -> Result<(), HookError> {
-    let (addr, size) = libc_pthread_create().ok_or(HookError::NotFound)?;
+/// Prepares one hook: the detour (or, when libc is instrumented, its
+/// counting stub) becomes what ours calls as `real`, and the entry that
+/// sends libc's to `ours` joins `stubs`' entries, to be written with them.
+/// Call before the entries are written, with libc's code as loaded.
+fn prepare_one(
+    stubs: &mut StubMap,
+    real: &interpose::Real,
+    ours: u64,
+    tls_offset: i32,
+    shared: u64,
+) -> Result<(), HookError> {
+    let (addr, size) = definition(real).ok_or(HookError::NotFound)?;
     // SAFETY: the function's own bytes, in libc's text, mapped for good.
     let code = unsafe { std::slice::from_raw_parts(addr as *const u8, size) };
     let plan = Native::plan_window(code, addr, size, 0).map_err(HookError::Unmovable)?;
@@ -95,7 +134,7 @@ pub fn prepare(stubs: &mut StubMap, tls_offset: i32, shared: u64) -> Result<(), 
         Some(_) => 0,
         None => Native::stub_len(&plan, false),
     };
-    let (tramp, tramp_len) = Native::absolute_jump(interpose::create_thread as *const () as u64);
+    let (tramp, tramp_len) = Native::absolute_jump(ours);
     let align = Native::STUB_ALIGN as usize;
     let detour_at = tramp_len.div_ceil(align) * align;
     let area = StubArea::near(addr, addr + size as u64, (detour_at + detour_len) as u64)
@@ -128,10 +167,18 @@ pub fn prepare(stubs: &mut StubMap, tls_offset: i32, shared: u64) -> Result<(), 
         }
     };
     // Replacing a counted entry keeps its slot and stub (its counting
-    // switch); otherwise the entry has no slot.
+    // switch); otherwise the entry has a slot of no function, from the top.
     let (slot, stub) = match counted {
         Some(i) => (stubs.entries()[i].slot, original),
-        None => (u32::MAX, area.addr),
+        None => (
+            u32::MAX
+                - stubs
+                    .entries()
+                    .iter()
+                    .filter(|e| e.slot > u32::MAX / 2)
+                    .count() as u32,
+            area.addr,
+        ),
     };
     let entry =
         Native::entry_patch(&plan, area.addr).and_then(|p| EntrySwitch::new(&plan, slot, stub, &p));
@@ -145,7 +192,7 @@ pub fn prepare(stubs: &mut StubMap, tls_offset: i32, shared: u64) -> Result<(), 
     }
     // From now on ours calls the original through the detour; libc's
     // entry is not written yet, so either way reaches libc's code.
-    interpose::PTHREAD_CREATE.redirect(original);
+    real.redirect(original);
     stubs.put_entry(entry);
     Ok(())
 }
