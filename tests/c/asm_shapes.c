@@ -14,6 +14,10 @@ int shape_endbr_ret(void);  /* endbr64; ret */
 int shape_packed(void);     /* 1 byte, next function follows at once */
 int shape_after_packed(void);
 int shape_loop(int);        /* loop back to the first instruction */
+int shape_loop32(int);      /* the same loop, its branch back a jcc rel32 */
+int shape_short(int);       /* push rbx; mov rbx,rdi; then a loop to +4 */
+int shape_fall(int);        /* add edi,1, then runs on through fill into: */
+int shape_fall_into(int);   /* as shape_short: its fill is not dead */
 int shape_riprel(int);      /* mov eax,[rip+x]; add eax,edi; ret */
 int shape_jcc(int);         /* test edi,edi; je ...; short jcc in window */
 uintptr_t shape_call(void); /* call get_ret; ret -> returns its own return address */
@@ -67,6 +71,33 @@ __asm__(
     ".cfi_endproc\n"
     ".size shape_loop, .-shape_loop\n"
     ".p2align 4\n"
+    ".globl shape_loop32\n.type shape_loop32,@function\n"
+    ".cfi_startproc\n"
+    "shape_loop32:\n"
+    "3: add eax, 1\n sub edi, 1\n .byte 0x0f, 0x8f\n .long 3b - (. + 4)\n ret\n"
+    ".cfi_endproc\n"
+    ".size shape_loop32, .-shape_loop32\n"
+    ".p2align 5\n"
+    ".globl shape_short\n.type shape_short,@function\n"
+    ".cfi_startproc\n"
+    "shape_short: push rbx\n mov rbx, rdi\n"
+    "5: add eax, 1\n sub rbx, 1\n jg 5b\n pop rbx\n ret\n"
+    ".cfi_endproc\n"
+    ".size shape_short, .-shape_short\n"
+    ".p2align 4\n"
+    ".globl shape_fall\n.type shape_fall,@function\n"
+    ".cfi_startproc\n"
+    "shape_fall: add edi, 1\n"
+    ".cfi_endproc\n"
+    ".size shape_fall, .-shape_fall\n"
+    ".p2align 5\n"
+    ".globl shape_fall_into\n.type shape_fall_into,@function\n"
+    ".cfi_startproc\n"
+    "shape_fall_into: push rbx\n mov rbx, rdi\n"
+    "6: add eax, 1\n sub rbx, 1\n jg 6b\n pop rbx\n ret\n"
+    ".cfi_endproc\n"
+    ".size shape_fall_into, .-shape_fall_into\n"
+    ".p2align 4\n"
     ".globl shape_riprel\n.type shape_riprel,@function\n"
     ".cfi_startproc\n"
     "shape_riprel: mov eax, DWORD PTR [rip+shape_data]\n add eax, edi\n ret\n"
@@ -93,6 +124,17 @@ __asm__(
     ".size shape_call, .-shape_call\n"
     ".att_syntax prefix\n");
 
+/* Calls a shape that counts its loop's iterations in eax, from 0 (the
+ * call steps over this function's red zone first). */
+static int looped(int (*shape)(int), int n) {
+    int r;
+    __asm__ volatile("xor %%eax, %%eax\n lea -128(%%rsp), %%rsp\n call *%[f]\n lea 128(%%rsp), %%rsp"
+                     : "=&a"(r), "+D"(n)
+                     : [f] "r"(shape)
+                     : "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "memory", "cc");
+    return r;
+}
+
 int main(void) {
     long s = 0;
     for (int i = 0; i < 11; i++) shape_ret1(); /* eax is undefined */
@@ -103,17 +145,29 @@ int main(void) {
     /* shape_loop is called 16 times; eax starts undefined, so only its
      * iteration count matters: it must return having looped. */
     for (int i = 0; i < 16; i++) shape_loop(i + 1);
+    /* A branch back to the entry is a loop, not a call: 20 calls, 210
+     * iterations, and eax counts them from 0 (shape_ret1's xor is not
+     * relied on: eax is set here). */
+    int iterations = 0;
+    for (int i = 0; i < 20; i++) iterations += looped(shape_loop32, i + 1);
+    /* Through the fill that shape_fall runs on into: 22 runs of n + 1
+     * iterations; shape_fall_into's fill is not a place for a trampoline. */
+    for (int i = 0; i < 22; i++) iterations += looped(shape_fall, i + 1);
+    /* The same through a short entry: a loop lands 4 bytes in. */
+    for (int i = 0; i < 21; i++) iterations += looped(shape_short, i + 1);
     for (int i = 0; i < 17; i++) s += shape_riprel(i);
     int pos = 0, neg = 0;
     for (int i = 0; i < 18; i++) (shape_jcc(i % 3) > 0) ? pos++ : neg++;
     int ret_ok = 1;
     for (int i = 0; i < 19; i++)
         ret_ok &= shape_call() == (uintptr_t)shape_call + 5;
-    printf("s=%ld pos=%d neg=%d ret_ok=%d\n", s, pos, neg, ret_ok);
+    printf("s=%ld pos=%d neg=%d ret_ok=%d iterations=%d\n", s, pos, neg, ret_ok, iterations);
     printf("EXPECT shape_ret1 11\nEXPECT shape_xor3 12\nEXPECT shape_lea4 13\n");
     printf("EXPECT shape_endbr_ret 14\nEXPECT shape_after_packed 15\n");
+    printf("EXPECT shape_loop32 20\nEXPECT shape_short 21\n");
     printf("EXPECT shape_riprel 17\nEXPECT shape_jcc 18\nEXPECT shape_call 19\nEXPECT get_ret 19\n");
     printf("EXPECT_REFUSED shape_packed too_small\n");
     printf("EXPECT_REFUSED shape_loop branch_into_window\n");
-    return ret_ok ? 0 : 1;
+    printf("EXPECT_REFUSED shape_fall_into branch_into_window\n");
+    return ret_ok && iterations == 210 + 275 + 231 ? 0 : 1;
 }

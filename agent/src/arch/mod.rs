@@ -27,6 +27,20 @@ pub trait InstructionSet {
     /// The patch plan of the function whose code (with `pad` bytes of fill
     /// after its `size` bytes) starts at `start`, or why there is none.
     fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<Plan, Refusal>;
+    /// For a function whose first bytes cannot all move (a branch lands
+    /// `limit` bytes in): a plan whose entry reaches the stub through a
+    /// trampoline in the fill at offset `tramp` (negative) from `start`.
+    fn plan_short(
+        code: &[u8],
+        start: u64,
+        size: usize,
+        limit: usize,
+        tramp: i8,
+    ) -> Result<Plan, Refusal>;
+    /// A short plan's trampoline: its address and bytes, to reach `stub`.
+    fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])>;
+    /// Whether `code` is alignment fill only (nothing that does anything).
+    fn is_fill(code: &[u8]) -> bool;
     /// One decode of a function: its branch targets and jump-table clues.
     fn scan_function(code: &[u8], ip: u64) -> FunctionScan;
     /// Targets of the function's jump tables (see the x86-64 module).
@@ -55,6 +69,12 @@ pub trait InstructionSet {
     /// If `code` is a function that only returns (the loader's
     /// `_dl_debug_state`), the plan that sends it to a trampoline.
     fn return_only_plan(code: &[u8], at: u64) -> Option<Plan>;
+    /// Where a stub at `stub` runs the moved code without counting: what a
+    /// function's own branches back to its entry are sent to.
+    fn uncounted_entry(stub: u64) -> u64;
+    /// The bytes that make the branch whose displacement field is at
+    /// `field` reach `to`, if it can.
+    fn redirect(field: u64, to: u64) -> Option<[u8; 4]>;
     /// A trampoline that jumps to absolute address `target`: (bytes, length).
     fn absolute_jump(target: u64) -> ([u8; 16], usize);
 

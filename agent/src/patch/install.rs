@@ -2,7 +2,7 @@
 //! jump to them. Runs while the process is single-threaded (the constructor).
 
 use crate::analysis::ModulePlan;
-use crate::arch::{CounterRef, EntryPatch, InstructionSet, Native};
+use crate::arch::{CounterRef, EntryPatch, InstructionSet, Native, Plan};
 use crate::log::vlog;
 use crate::modules::Module;
 use crate::stubmem::StubArea;
@@ -71,6 +71,20 @@ impl StubMap {
             self.ranges.sort_unstable_by_key(|r| r.0);
         }
     }
+}
+
+/// The bytes that send the branch whose rel32 field is at `field` to `to`,
+/// if the field still reaches the plan's entry (the bytes the plan was
+/// made from).
+fn redirect_bytes(plan: &Plan, field: u64, to: u64) -> Option<[u8; 4]> {
+    // SAFETY: the field lies inside the function's code (the plan put it
+    // there, past the entry's bytes), mapped readable with the module.
+    let rel = unsafe { std::ptr::read_unaligned(field as *const i32) };
+    let now = (field + 4).wrapping_add(rel as i64 as u64);
+    if now != plan.start && now != plan.patch_at {
+        return None;
+    }
+    Native::redirect(field, to)
 }
 
 /// Outcome per function of one module, in the plan's order.
@@ -247,6 +261,13 @@ fn install_with(
     let mut ranges = Vec::new();
     for (i, c) in mp.funcs.iter().enumerate() {
         let Ok(plan) = &c.outcome else { continue };
+        // Branches sent past the count and trampolines are written with the
+        // entries, which happens later for a running process (attach): not
+        // done there.
+        if !write_now && (!plan.redirects().is_empty() || plan.trampoline().is_some()) {
+            outcomes[i] = Some(Refusal::BranchIntoWindow);
+            continue;
+        }
         let start = used.div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize;
         // Alignment fill that traps.
         let fill_end = start.min(code.len());
@@ -290,13 +311,54 @@ fn install_with(
         }
         return (outcomes, None);
     }
+    // First what an entry relies on: the function's own branches back to
+    // its entry sent past the count, a short entry's trampoline. An entry
+    // whose part could not be written is not written either.
+    let mut blocked = vec![false; entries.len()];
+    if write_now {
+        let mut parts: Vec<(u64, [u8; 5], usize, usize)> = Vec::new();
+        for (k, &i) in owners.iter().enumerate() {
+            let Ok(plan) = &mp.funcs[i].outcome else {
+                continue;
+            };
+            let stub = ranges[k].0;
+            let to = Native::uncounted_entry(stub);
+            for &r in plan.redirects() {
+                let field = plan.start + r as u64;
+                match redirect_bytes(plan, field, to) {
+                    Some(b) => parts.push((field, [b[0], b[1], b[2], b[3], 0], 4, k)),
+                    None => blocked[k] = true,
+                }
+            }
+            if plan.trampoline().is_some() {
+                match Native::trampoline(plan, stub) {
+                    Some((at, b)) => parts.push((at, b, 5, k)),
+                    None => blocked[k] = true,
+                }
+            }
+        }
+        let patches: Vec<(u64, &[u8])> = parts.iter().map(|(a, b, n, _)| (*a, &b[..*n])).collect();
+        for (ok, &(_, _, _, k)) in write_entries(&mp.module, &patches).iter().zip(&parts) {
+            blocked[k] |= !ok;
+        }
+    }
     // Stubs are complete and executable before any entry jumps to them.
-    let patches: Vec<(u64, &[u8])> = entries.iter().map(|(a, e)| (*a, e.as_slice())).collect();
-    let written = if write_now {
+    let patches: Vec<(u64, &[u8])> = entries
+        .iter()
+        .zip(&blocked)
+        .filter(|(_, b)| !**b)
+        .map(|((a, e), _)| (*a, e.as_slice()))
+        .collect();
+    let mut done = if write_now {
         write_entries(&mp.module, &patches)
     } else {
         vec![true; patches.len()]
-    };
+    }
+    .into_iter();
+    let written: Vec<bool> = blocked
+        .iter()
+        .map(|b| !b && done.next().unwrap_or(false))
+        .collect();
     for (k, &i) in owners.iter().enumerate() {
         if !written[k] {
             outcomes[i] = Some(Refusal::WriteFailed);

@@ -59,6 +59,11 @@ struct Own {
     branches: Vec<u64>,
     tables: Vec<u64>,
     decode_error: bool,
+    /// Branches to the function's first bytes: targets and rel32 fields
+    /// (`None` for a short branch).
+    entry_branches: Vec<(u64, Option<u64>)>,
+    /// The function may run on into the fill after it.
+    falls_through: bool,
 }
 
 /// Decides every function of `m` from its file's bytes alone: the result
@@ -172,7 +177,11 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
     let read = |a: u64, len: usize| mem(maps, a, len as u64);
     for (i, s) in scans.into_iter().enumerate() {
         let Some(s) = s else {
-            own.push(Own::default());
+            // Not decoded: nothing is known of how it ends.
+            own.push(Own {
+                falls_through: true,
+                ..Own::default()
+            });
             continue;
         };
         let (lo, hi) = (starts[i], ends[i]);
@@ -185,6 +194,8 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
             branches: s.branch_targets,
             tables: jt.into_iter().filter(|t| (lo..hi).contains(t)).collect(),
             decode_error: s.decode_error,
+            entry_branches: s.entry_branches,
+            falls_through: s.falls_through,
         });
     }
     for v in [&mut direct, &mut tables] {
@@ -198,29 +209,53 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         if fragment[i] {
             continue;
         }
+        let before = i.checked_sub(1).map(|j| &own[j]);
         let own = &own[i];
         let pad = c.as_ref().map_or(0, |&(_, _, pad)| pad);
+        // The fill before the function, if a trampoline fits at its end:
+        // alignment fill only, no function's, no branch lands in it, and
+        // the function before does not reach it with its own plan.
+        let prev_end = out
+            .iter()
+            .rev()
+            .find_map(|c: &Candidate| c.outcome.as_ref().ok())
+            .map_or(0, |p| p.start + p.original().len() as u64);
+        let tramp_ok = i > 0 && {
+            // Fill decodes from where the function before ends, which must
+            // never run on into it (decoded, and ending in a return, jump
+            // or trap).
+            let lo = ends[i - 1];
+            before.is_some_and(|b| !b.falls_through && !b.decode_error)
+                && start >= lo.max(prev_end) + 5
+                && holder(start - 5).is_none()
+                && !any_in(&direct, lo, start)
+                && !any_in(&tables, lo, start)
+                && code_at(lo, start - lo).is_some_and(Native::is_fill)
+        };
         let outcome = c.and_then(|(bytes, size, pad)| {
-            let plan = Native::plan_window(bytes, start, size as usize, pad as usize)?;
-            if own.decode_error {
-                return Err(Refusal::DecodeError);
+            let full = plan_full(bytes, start, size, pad, own, &direct, &tables);
+            if full != Err(Refusal::BranchIntoWindow) || !tramp_ok || own.decode_error {
+                return full;
             }
-            // A loop back to the entry is not a call: it must not reach the stub.
-            let entry_range = start..plan.resume_at.max(plan.patch_at + plan.window as u64);
-            if own.branches.iter().any(|t| entry_range.contains(t)) {
-                return Err(Refusal::BranchIntoWindow);
+            // A branch lands within the first 5 bytes, past the first
+            // instructions: those move, and a short jump reaches the stub
+            // through the fill before the function.
+            let first = own
+                .branches
+                .iter()
+                .chain(own.tables.iter())
+                .copied()
+                .chain(first_in(&direct, start + 1, start + MAX_REACH))
+                .chain(first_in(&tables, start + 1, start + MAX_REACH))
+                .filter(|&t| t > start && t < start + MAX_REACH)
+                .min();
+            let loops_to_entry = own.branches.contains(&start);
+            match first {
+                Some(t) if !loops_to_entry => {
+                    Native::plan_short(bytes, start, size as usize, (t - start) as usize, -5)
+                }
+                _ => full,
             }
-            if own.tables.iter().any(|t| entry_range.contains(t)) {
-                return Err(Refusal::JumpTableIntoWindow);
-            }
-            let (lo, hi) = (plan.patch_at + 1, plan.patch_at + plan.window as u64);
-            if any_in(&direct, lo, hi) {
-                return Err(Refusal::BranchIntoWindow);
-            }
-            if any_in(&tables, lo, hi) {
-                return Err(Refusal::JumpTableIntoWindow);
-            }
-            Ok(plan)
         });
         out.push(Candidate {
             name: f.name,
@@ -238,6 +273,67 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
     }
 }
 
+/// Reach of a full plan's entry bytes from a function's first byte.
+const MAX_REACH: u64 = 24;
+
+/// The first of sorted `v` in [lo, hi), if any.
+fn first_in(v: &[u64], lo: u64, hi: u64) -> Option<u64> {
+    v.get(v.partition_point(|&x| x < lo))
+        .copied()
+        .filter(|&x| x < hi)
+}
+
+/// A function's plan with a `jmp rel32` entry, or why not: `own` is what
+/// the function's own decode found, `direct` and `tables` every branch
+/// and jump-table target of the module (sorted).
+fn plan_full(
+    bytes: &[u8],
+    start: u64,
+    size: u64,
+    pad: u64,
+    own: &Own,
+    direct: &[u64],
+    tables: &[u64],
+) -> Result<Plan, Refusal> {
+    let plan = Native::plan_window(bytes, start, size as usize, pad as usize)?;
+    if own.decode_error {
+        return Err(Refusal::DecodeError);
+    }
+    // A loop back to the entry is not a call: it must not reach the
+    // stub's count. Where each such branch goes to the entry itself
+    // through a rel32, it is sent past the count instead.
+    let entry_range = start..plan.resume_at.max(plan.patch_at + plan.window as u64);
+    let mut plan = plan;
+    let back = own
+        .branches
+        .iter()
+        .filter(|t| entry_range.contains(t))
+        .count();
+    if back > 0 {
+        let fields: Option<Vec<u64>> = own
+            .entry_branches
+            .iter()
+            .filter(|(t, _)| entry_range.contains(t))
+            .map(|&(t, f)| f.filter(|_| t == start || t == plan.patch_at))
+            .collect();
+        plan = fields
+            .filter(|f| f.len() == back)
+            .and_then(|f| plan.with_redirects(&f))
+            .ok_or(Refusal::BranchIntoWindow)?;
+    }
+    if own.tables.iter().any(|t| entry_range.contains(t)) {
+        return Err(Refusal::JumpTableIntoWindow);
+    }
+    let (lo, hi) = (plan.patch_at + 1, plan.patch_at + plan.window as u64);
+    if any_in(direct, lo, hi) {
+        return Err(Refusal::BranchIntoWindow);
+    }
+    if any_in(tables, lo, hi) {
+        return Err(Refusal::JumpTableIntoWindow);
+    }
+    Ok(plan)
+}
+
 /// What every process must check for itself: the bytes to be overwritten
 /// and moved are, in memory, those the plan was made from (not a
 /// debugger's breakpoint, not another tool's patch); where they are not,
@@ -246,6 +342,17 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
 pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) -> bool {
     for c in &mut p.funcs {
         let Ok(plan) = &c.outcome else { continue };
+        // A short entry's trampoline goes over fill that must still be fill.
+        if let Some(t) = plan.trampoline() {
+            let fill = file.bytes(t, 5);
+            if fill.is_none() {
+                return false;
+            }
+            if mem(maps, t, 5) != fill {
+                c.outcome = Err(Refusal::ModifiedInMemory);
+                continue;
+            }
+        }
         let want = plan.original();
         let len = want.len() as u64;
         if mem(maps, plan.start, len) == Some(want) {

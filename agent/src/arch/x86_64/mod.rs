@@ -59,6 +59,24 @@ impl InstructionSet for X86_64 {
         stub::entry_patch(plan, to)
     }
 
+    fn plan_short(
+        code: &[u8],
+        start: u64,
+        size: usize,
+        limit: usize,
+        tramp: i8,
+    ) -> Result<Plan, Refusal> {
+        window::plan_short(code, start, size, limit, tramp)
+    }
+
+    fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])> {
+        stub::trampoline(plan, stub)
+    }
+
+    fn is_fill(code: &[u8]) -> bool {
+        window::is_fill(code)
+    }
+
     fn counting_switch(on: bool) -> [u8; 2] {
         stub::counting_switch(on)
     }
@@ -85,6 +103,18 @@ impl InstructionSet for X86_64 {
         let original = code.get(..skip as usize + window)?;
         Plan::from_parts(at, skip, window as u8, skip + 1, original, &[0xc3], &[])
             .filter(|_| at.is_multiple_of(16))
+    }
+
+    /// The moved code, right after the counting prologue.
+    fn uncounted_entry(stub: u64) -> u64 {
+        stub + stub::PROLOGUE_LEN as u64
+    }
+
+    /// `target - end of field`, the field being the last four bytes of a
+    /// `jmp`/`jcc rel32`.
+    fn redirect(field: u64, to: u64) -> Option<[u8; 4]> {
+        let rel = to.wrapping_sub(field + 4) as i64;
+        i32::try_from(rel).ok().map(i32::to_le_bytes)
     }
 
     /// `jmp [rip+0]; dq target`.

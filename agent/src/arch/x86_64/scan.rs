@@ -20,17 +20,50 @@ pub struct FunctionScan {
     pub has_indirect_jump: bool,
     /// Some bytes did not decode.
     pub decode_error: bool,
+    /// Branches back to the function's first bytes (a loop whose head is
+    /// the entry, a call to itself made a jump): (target, address of the
+    /// rel32 field), the field `None` for a branch without one (a short
+    /// one), which cannot be sent elsewhere.
+    pub entry_branches: Vec<(u64, Option<u64>)>,
+    /// Its last instruction can go on to the next byte (a conditional
+    /// branch, a call, anything but a return, jump or trap): the fill after
+    /// the function may run (glibc's `__memcpy_chk` falls through it into
+    /// `__memcpy`).
+    pub falls_through: bool,
 }
+
+/// How far from its first byte a branch within a function may land and
+/// still be in the way of its entry patch.
+const ENTRY_REACH: u64 = 24;
 
 pub fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
     let mut s = FunctionScan::default();
     let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut ins = Instruction::default();
+    s.falls_through = true;
     while d.can_decode() {
         d.decode_out(&mut ins);
         if ins.is_invalid() {
             s.decode_error = true;
             break;
+        }
+        s.falls_through = !matches!(
+            ins.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        ) && !matches!(
+            ins.mnemonic(),
+            iced_x86::Mnemonic::Ud2 | iced_x86::Mnemonic::Hlt | iced_x86::Mnemonic::Int3
+        );
+        let near = ins.op0_kind() == OpKind::NearBranch64;
+        if near
+            && matches!(
+                ins.flow_control(),
+                FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+            )
+            && (ip..ip + ENTRY_REACH).contains(&ins.near_branch_target())
+        {
+            s.entry_branches
+                .push((ins.near_branch_target(), rel32_field(code, ip, &ins)));
         }
         match ins.flow_control() {
             FlowControl::UnconditionalBranch if ins.op0_kind() == OpKind::NearBranch64 => {
@@ -59,6 +92,18 @@ pub fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
         }
     }
     s
+}
+
+/// Where the rel32 of branch `ins` is, if it has one: its last four bytes,
+/// when they are what reaches its target (`jmp rel32`, `jcc rel32`).
+fn rel32_field(code: &[u8], ip: u64, ins: &Instruction) -> Option<u64> {
+    if ins.len() < 5 {
+        return None;
+    }
+    let end = (ins.next_ip() - ip) as usize;
+    let rel = i32::from_le_bytes(code.get(end - 4..end)?.try_into().ok()?);
+    (ins.next_ip().wrapping_add(rel as i64 as u64) == ins.near_branch_target())
+        .then_some(ins.next_ip() - 4)
 }
 
 /// Jump-table targets of the function at `[lo, hi)`: reads candidate
@@ -116,6 +161,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn finds_the_rel32_of_branches_back_to_the_entry() {
+        // 0x1000: push rbx ; je 0x1000 (rel32) ; jmp 0x1001 (rel32) ; jne 0x1000 (short)
+        let code = [
+            0x53, // push rbx
+            0x0f, 0x84, 0xf9, 0xff, 0xff, 0xff, // je 0x1000
+            0xe9, 0xf5, 0xff, 0xff, 0xff, // jmp 0x1001
+            0x75, 0xf2, // jne 0x1000
+        ];
+        let s = scan_function(&code, 0x1000);
+        assert_eq!(
+            s.entry_branches,
+            vec![
+                (0x1000, Some(0x1003)),
+                (0x1001, Some(0x1008)),
+                (0x1000, None)
+            ]
+        );
+    }
+
+    #[test]
     fn collects_branches_calls_and_tables() {
         // 0x1000: jne 0x1000 ; call 0x2000 ; lea rax,[rip+0x100] ; jmp rax ; jmp [0x5000+rcx*8]
         let code = [
@@ -133,6 +198,11 @@ mod tests {
         assert_eq!(s.abs_tables, vec![0x5000]);
         assert!(s.has_indirect_jump);
         assert!(!s.decode_error);
+        assert_eq!(
+            s.entry_branches,
+            vec![(0x1000, None)],
+            "a short branch to the entry"
+        );
 
         let table: Vec<u8> = [-0x10e_i32, -0x100, 0x7000]
             .iter()

@@ -48,7 +48,7 @@ pub struct CounterRef {
 }
 
 /// Bytes of the counting prologue, up to the moved instructions.
-const PROLOGUE_LEN: usize = 33;
+pub const PROLOGUE_LEN: usize = 33;
 /// Offset just past the `jrcxz` (its rel8 counts from there).
 const JRCXZ_END: usize = 17;
 /// Offset of `pop rcx`, where the shared path rejoins.
@@ -212,6 +212,17 @@ impl Writer<'_> {
 /// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then
 /// nops to the end of the window.
 pub fn entry_patch(plan: &Plan, stub: u64) -> Option<EntryPatch> {
+    if let Some(t) = plan.trampoline() {
+        // `jmp rel8` to the trampoline; the rest of the window is never
+        // run (a branch lands past it), and traps if it ever were.
+        let mut bytes = [0xcc; 32];
+        bytes[0] = 0xeb;
+        bytes[1] = i8::try_from(t as i64 - (plan.patch_at as i64 + 2)).ok()? as u8;
+        return Some(EntryPatch {
+            bytes,
+            len: plan.window,
+        });
+    }
     let rel = stub as i64 - (plan.patch_at as i64 + 5);
     let rel = i32::try_from(rel).ok()?;
     let mut bytes = [0x90; 32];
@@ -221,6 +232,15 @@ pub fn entry_patch(plan: &Plan, stub: u64) -> Option<EntryPatch> {
         bytes,
         len: plan.window,
     })
+}
+
+/// A short plan's trampoline: where it goes and its `jmp rel32` to `stub`.
+pub fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])> {
+    let t = plan.trampoline()?;
+    let rel = i32::try_from(stub as i64 - (t as i64 + 5)).ok()?;
+    let mut b = [0xe9; 5];
+    b[1..].copy_from_slice(&rel.to_le_bytes());
+    Some((t, b))
 }
 
 #[cfg(test)]
@@ -497,6 +517,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(parts, pa);
+        // Redirects come back as they went, never inside the entry's bytes.
+        let with = pa.with_redirects(&[a + 16]).unwrap();
+        assert_eq!(with.redirects(), &[16]);
+        assert!(pa.with_redirects(&[a + 5]).is_none());
+        let mut bytes = Vec::new();
+        super::super::plan_bytes::encode(&with, &mut bytes);
+        assert_eq!(super::super::plan_bytes::decode(&bytes, a), Some(with));
         assert_eq!(parts.moved_by(b - a), pb);
         let at = b + 0x10_0000;
         assert_eq!(
@@ -504,7 +531,7 @@ mod tests {
             stub(&pb, at, &COUNTER).unwrap()
         );
         // Inconsistent parts are refused.
-        let bad_window = Plan::from_parts(a, skip, 3, resume, pa.original(), pa.code(), &[]);
+        let bad_window = Plan::from_parts(a, skip, 1, resume, pa.original(), pa.code(), &[]);
         assert!(bad_window.is_none());
         let mut fix = pa.fixups().to_vec();
         fix[0].at = pa.code().len() as u8 - 2;

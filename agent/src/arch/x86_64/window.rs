@@ -23,6 +23,10 @@ pub const MAX_FIXUPS: usize = 8;
 /// moved (with an `endbr64` in front and alignment fill behind).
 pub const MAX_ORIGINAL: usize = 24;
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+/// Bytes of a `jmp rel8`: the entry of a short plan.
+pub const SHORT_JUMP: usize = 2;
+/// Most branches back to the entry a plan sends past the count.
+pub const MAX_REDIRECTS: usize = 4;
 
 /// What a fixup writes into the template once the stub's address is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,9 +100,53 @@ pub struct Plan {
     fix_len: u8,
     original: [u8; MAX_ORIGINAL],
     original_len: u8,
+    /// The function's own branches back to its entry (a loop whose head is
+    /// the entry): offsets from `start` of their rel32 fields, which are
+    /// sent to the stub's moved code, past the count (a loop is not a call).
+    redirects: [u32; MAX_REDIRECTS],
+    redirect_len: u8,
+    /// A short plan's trampoline: 5 bytes of alignment fill before the
+    /// function (offset from `start`, negative; 0 for none) that the entry's
+    /// `jmp rel8` reaches and that jumps on to the stub.
+    tramp: i8,
 }
 
 impl Plan {
+    /// Where a short plan's trampoline goes (a `jmp rel32` to the stub).
+    pub fn trampoline(&self) -> Option<u64> {
+        (self.tramp != 0).then(|| self.start.wrapping_add(self.tramp as i64 as u64))
+    }
+
+    /// The trampoline's offset from `start` (0: none), for a cache entry.
+    pub fn tramp_offset(&self) -> i8 {
+        self.tramp
+    }
+
+    /// Offsets from `start` of the rel32 fields of the branches back to
+    /// the entry, sent past the count once the stub exists.
+    pub fn redirects(&self) -> &[u32] {
+        &self.redirects[..self.redirect_len as usize]
+    }
+
+    /// The plan with the branches whose rel32 fields are at `fields` sent
+    /// past the count; `None` if there are too many, or one is not in
+    /// the function's reach.
+    pub fn with_redirects(mut self, fields: &[u64]) -> Option<Plan> {
+        if fields.len() > MAX_REDIRECTS {
+            return None;
+        }
+        for (k, &f) in fields.iter().enumerate() {
+            let off = f.checked_sub(self.start)?;
+            // Never the bytes the entry patch overwrites or moves.
+            if off < self.original_len as u64 {
+                return None;
+            }
+            self.redirects[k] = u32::try_from(off).ok()?;
+        }
+        self.redirect_len = fields.len() as u8;
+        Some(self)
+    }
+
     /// The moved instructions as they run from a stub, ending with the
     /// jump back, before [`Plan::fixups`] are applied.
     pub fn code(&self) -> &[u8] {
@@ -128,7 +176,7 @@ impl Plan {
     ) -> Option<Plan> {
         let (skip, window, resume_off) = (skip as usize, window as usize, resume_off as usize);
         let ok = (skip == 0 || (skip == ENDBR64.len() && original.starts_with(&ENDBR64)))
-            && (MIN_WINDOW..=MAX_WINDOW).contains(&window)
+            && (SHORT_JUMP..=MAX_WINDOW).contains(&window)
             && resume_off > skip
             && original.len() == resume_off.max(skip + window)
             && original.len() <= MAX_ORIGINAL
@@ -177,7 +225,24 @@ impl Plan {
             fix_len: 0,
             original: [0; MAX_ORIGINAL],
             original_len: 0,
+            redirects: [0; MAX_REDIRECTS],
+            redirect_len: 0,
+            tramp: 0,
         }
+    }
+
+    /// The plan made short: its entry a `jmp rel8` to a trampoline at
+    /// offset `tramp` (negative) from `start`. Only for a plan made by
+    /// [`plan_short`] or read back from one.
+    pub fn with_trampoline(mut self, tramp: i8) -> Option<Plan> {
+        let reach = tramp as i64 - (self.patch_at - self.start + SHORT_JUMP as u64) as i64;
+        let ok = tramp <= -5
+            && i8::try_from(reach).is_ok()
+            && (SHORT_JUMP..MIN_WINDOW).contains(&self.window);
+        ok.then(|| {
+            self.tramp = tramp;
+            self
+        })
     }
 
     fn emit(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
@@ -323,6 +388,19 @@ fn jcc_code(c: ConditionCode) -> Option<u8> {
     })
 }
 
+/// Whether `code` decodes to alignment fill only, to its last byte.
+pub fn is_fill(code: &[u8]) -> bool {
+    let mut d = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut ins = Instruction::default();
+    while d.can_decode() {
+        d.decode_out(&mut ins);
+        if ins.is_invalid() || !is_padding(&ins) {
+            return false;
+        }
+    }
+    d.ip() == code.len() as u64
+}
+
 fn is_padding(ins: &Instruction) -> bool {
     matches!(ins.mnemonic(), Mnemonic::Nop | Mnemonic::Int3)
 }
@@ -390,10 +468,31 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
         n += 1;
     }
     let (window, resume_at) = window.unwrap_or(((ip - patch_at) as usize, ip));
-    let moved = &moved[..n];
+    assemble(
+        code,
+        start,
+        patch_at,
+        window,
+        resume_at,
+        &moved[..n],
+        &offsets[..n],
+    )
+}
+
+/// A plan from the instructions to move (`moved`, their constant offsets
+/// `offsets`): checked, its original bytes kept, its code emitted.
+fn assemble(
+    code: &[u8],
+    start: u64,
+    patch_at: u64,
+    window: usize,
+    resume_at: u64,
+    moved: &[Instruction],
+    offsets: &[ConstantOffsets],
+) -> Result<Plan, Refusal> {
     // A moved call pushes its original return address, which must be the
     // first byte after the window: the original code continues from there.
-    if moved[..n - 1].iter().any(is_call) {
+    if moved[..moved.len() - 1].iter().any(is_call) {
         return Err(Refusal::CallInWindow);
     }
     // A branch back into the moved bytes would bypass the entry.
@@ -413,12 +512,71 @@ pub fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<P
     }
     p.original[..original.len()].copy_from_slice(original);
     p.original_len = original.len() as u8;
-    for (m, o) in moved.iter().zip(&offsets) {
+    for (m, o) in moved.iter().zip(offsets) {
         let at = (m.ip() - start) as usize;
         p.emit_moved(m, &code[at..at + m.len()], o)?;
     }
     p.emit_branch(&[0xe9], resume_at)?;
     Ok(p)
+}
+
+/// The plan of a function whose first [`MIN_WINDOW`] bytes cannot all
+/// move (a branch lands `limit` bytes in): the instructions before `limit`,
+/// at least [`SHORT_JUMP`] bytes of them, move to the stub, and the entry
+/// becomes a `jmp rel8` to 5 bytes of fill at offset `tramp` (before the
+/// function) that jump on to the stub. Nothing executes the entry's bytes
+/// after the short jump: the branch lands at or past their end.
+pub fn plan_short(
+    code: &[u8],
+    start: u64,
+    size: usize,
+    limit: usize,
+    tramp: i8,
+) -> Result<Plan, Refusal> {
+    let size = size.min(code.len());
+    let skip = if code[..size].starts_with(&ENDBR64) {
+        ENDBR64.len()
+    } else {
+        0
+    };
+    let patch_at = start + skip as u64;
+    let end = start + limit.min(size) as u64;
+    let mut d = Decoder::with_ip(64, &code[skip..size], patch_at, DecoderOptions::NONE);
+    let mut moved = [Instruction::default(); SHORT_JUMP];
+    let mut offsets = [ConstantOffsets::default(); SHORT_JUMP];
+    let mut n = 0;
+    let mut ins = Instruction::default();
+    let mut ip = patch_at;
+    while ip < patch_at + SHORT_JUMP as u64 {
+        if !d.can_decode() {
+            return Err(Refusal::BranchIntoWindow);
+        }
+        d.decode_out(&mut ins);
+        if ins.is_invalid() {
+            return Err(Refusal::DecodeError);
+        }
+        check_movable(&ins)?;
+        ip = ins.next_ip();
+        moved[n] = ins;
+        offsets[n] = d.get_constant_offsets(&ins);
+        n += 1;
+    }
+    // The branch must land at or past the moved instructions' end.
+    if ip > end {
+        return Err(Refusal::BranchIntoWindow);
+    }
+    let window = (ip - patch_at) as usize;
+    assemble(
+        code,
+        start,
+        patch_at,
+        window,
+        ip,
+        &moved[..n],
+        &offsets[..n],
+    )?
+    .with_trampoline(tramp)
+    .ok_or(Refusal::BranchIntoWindow)
 }
 
 fn is_call(ins: &Instruction) -> bool {
