@@ -812,6 +812,10 @@ impl Counters {
                 self.stripe_slot(i)
                     .0
                     .store(stripe_state::FREE, Ordering::Release);
+            } else {
+                // The forking thread is the child's only one: its id is
+                // the child's pid (its end folds the stripe by that id).
+                self.stripe_slot(i).1.store(pid, Ordering::Relaxed);
             }
         }
         // Only the slots in use: the rest of the capacity may have no
@@ -1051,6 +1055,33 @@ mod tests {
             .collect();
         assert_eq!(names, vec![("main", 1), ("memcpy", 0), ("strlen", 0)]);
         assert!(!after.functions[1].instrumented);
+    }
+
+    #[test]
+    fn a_forked_child_owns_the_forking_threads_stripe_by_its_own_id() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 1,
+            strings: 16,
+            stripes: 4,
+        });
+        let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // `w`.
+        let w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        let c = w.counters();
+        let (a, b) = (c.alloc_stripe(11).unwrap(), c.alloc_stripe(12).unwrap());
+        assert_eq!(c.stripe_held_at(c.stripe_ptr(b), 12), Some(b));
+        assert_eq!(c.stripe_held_at(c.stripe_ptr(b), 11), None, "another's");
+        assert_eq!(
+            c.stripe_held_at(c.stripe_ptr(0), 12),
+            None,
+            "the shared one"
+        );
+        // Thread 12 forks: in child 40 it is thread 40, and the only one.
+        c.reset_for_child(Some(b), 40, 1, 0);
+        assert_eq!(c.stripe_held_at(c.stripe_ptr(b), 40), Some(b));
+        assert_eq!(c.stripe_held_at(c.stripe_ptr(a), 11), None, "freed");
     }
 
     #[test]

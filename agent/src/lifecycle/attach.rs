@@ -468,6 +468,10 @@ fn late_start(cfg: Config) -> Result<String, String> {
     for (name, e) in crate::lifecycle::libc_hooks::prepare(&mut stubs, tls_offset, shared) {
         vlog!("libc's {name} not hooked: {e}");
     }
+    // Thread ends and forks are followed before any entry (libc's
+    // pthread_create and fork among them) can reach the agent.
+    threads::init_exit_key(false);
+    crate::fork::install_handlers(segment.counters.layout().stripe_bytes);
     // Stubs are complete and executable: now the entries, live.
     let (written, held) = write_live(stubs.entries(), true, Some((&segment, tls_offset)))?;
     let failed: Vec<u32> = stubs
@@ -491,7 +495,6 @@ fn late_start(cfg: Config) -> Result<String, String> {
         crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
     }
     let known = startup::known_modules(&plans, recorded);
-    let stripe_bytes = segment.counters.layout().stripe_bytes;
     segment
         .counters
         .set_state(rtprof_shared::layout::state::RUNNING);
@@ -521,8 +524,6 @@ fn late_start(cfg: Config) -> Result<String, String> {
     if !hooked {
         vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
-    threads::init_exit_key(false);
-    crate::fork::install_handlers(stripe_bytes);
     let mut sampled = 0;
     if let Some(a) = agent() {
         sampled = crate::sampling::start_attached(a, &program_threads());

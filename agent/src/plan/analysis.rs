@@ -249,7 +249,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
                 .chain(first_in(&tables, start + 1, start + MAX_REACH))
                 .filter(|&t| t > start && t < start + MAX_REACH)
                 .min();
-            let loops_to_entry = own.branches.contains(&start);
+            let loops_to_entry = own.branches.contains(&start) || own.tables.contains(&start);
             match first {
                 Some(t) if !loops_to_entry => {
                     Native::plan_short(bytes, start, size as usize, (t - start) as usize, -5)
