@@ -43,6 +43,21 @@ fn well_formed(line: &str) -> bool {
     }
 }
 
+/// Reads `rtprof attach --verbose`'s stderr until it says the agent is
+/// in: what it said, and the rest of its stderr to read.
+fn until_attached(attach: &mut Child) -> (String, BufReader<std::process::ChildStderr>) {
+    let mut err = BufReader::new(attach.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("attached to") {
+        assert!(
+            err.read_line(&mut said).unwrap() > 0,
+            "rtprof ended: {said}"
+        );
+        assert!(!said.contains("cannot"), "{said}");
+    }
+    (said, err)
+}
+
 fn calls_of(report: &Value, name: &str) -> u64 {
     let p = &report["processes"][0];
     function_named(p, name)["calls"].as_u64().unwrap()
@@ -453,23 +468,13 @@ fn threads_created_while_attached_are_sampled_and_counted_exactly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut said = Vec::new();
-    let mut err = BufReader::new(attach.stderr.take().unwrap());
-    loop {
-        let mut l = String::new();
-        assert!(err.read_line(&mut l).unwrap() > 0, "rtprof ended: {said:?}");
-        said.push(l.clone());
-        if l.contains("attached to") {
-            break;
-        }
-        assert!(!l.contains("cannot"), "{said:?}");
-    }
+    let (said, err) = until_attached(&mut attach);
     // SAFETY: a signal to our own child, which waits for it.
     unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
     let done = lines.recv_timeout(Duration::from_secs(30)).unwrap();
     assert_eq!(done, "fresh done 8000000");
     let rest = std::io::read_to_string(err).unwrap();
-    assert!(attach.wait().unwrap().success(), "{said:?} {rest}");
+    assert!(attach.wait().unwrap().success(), "{said} {rest}");
     assert!(rest.contains("detached from"), "{rest}");
     // After detach: threads created the program's own way.
     // SAFETY: as above.
@@ -564,15 +569,7 @@ fn a_child_forked_while_attached_is_counted_and_sampled() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(attach.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("attached to") {
-        assert!(
-            err.read_line(&mut said).unwrap() > 0,
-            "rtprof ended: {said}"
-        );
-        assert!(!said.contains("cannot"), "{said}");
-    }
+    let (_, err) = until_attached(&mut attach);
     // SAFETY: a signal to our own child, which waits for it.
     unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
     let forked = poll(

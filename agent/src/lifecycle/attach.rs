@@ -423,16 +423,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), false));
     let maps = Maps::current();
     let plans = startup::plan_modules(&cfg, &maps);
-    let exe = plans
-        .iter()
-        .find(|p| p.module().is_main)
-        .map(|p| p.module().path.clone())
-        .or_else(|| {
-            std::fs::read_link("/proc/self/exe")
-                .ok()
-                .map(|p| p.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default();
+    let exe = startup::exe_path(&plans);
     let caps = startup::capacities(&cfg, &plans, &exe);
     crate::register::set_socket(&cfg.daemon_socket);
     // SAFETY: a system call without arguments.

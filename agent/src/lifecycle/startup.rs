@@ -125,6 +125,20 @@ fn spare_used(cfg: &Config, caps: Capacities) -> u32 {
     cfg.spare_functions.min(caps.functions)
 }
 
+/// The executable's path: the main module's, else what the kernel says.
+pub(crate) fn exe_path(plans: &[Planned]) -> String {
+    plans
+        .iter()
+        .find(|p| p.module().is_main)
+        .map(|p| p.module().path.clone())
+        .or_else(|| {
+            std::fs::read_link("/proc/self/exe")
+                .ok()
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
+}
+
 pub(crate) fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capacities {
     let funcs: usize = plans.iter().map(|p| p.functions().count()).sum();
     let names: usize = plans
@@ -198,16 +212,7 @@ pub(crate) fn start() {
         // SAFETY: ends the process; nothing of ours is pending.
         unsafe { libc::_exit(0) };
     }
-    let exe = plans
-        .iter()
-        .find(|p| p.module().is_main)
-        .map(|p| p.module().path.clone())
-        .or_else(|| {
-            std::fs::read_link("/proc/self/exe")
-                .ok()
-                .map(|p| p.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default();
+    let exe = exe_path(&plans);
     let caps = capacities(&cfg, &plans, &exe);
     crate::register::set_socket(&cfg.daemon_socket);
     // SAFETY: a system call without arguments.

@@ -214,19 +214,21 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         let pad = c.as_ref().map_or(0, |&(_, _, pad)| pad);
         // The fill before the function, if a trampoline fits at its end:
         // alignment fill only, no function's, no branch lands in it, and
-        // the function before does not reach it with its own plan.
-        let prev_end = out
-            .iter()
-            .rev()
-            .find_map(|c: &Candidate| c.outcome.as_ref().ok())
-            .map_or(0, |p| p.start + p.original().len() as u64);
-        let tramp_ok = i > 0 && {
-            // Fill decodes from where the function before ends, which must
-            // never run on into it (decoded, and ending in a return, jump
-            // or trap).
+        // the function before does not reach it with its own plan. Asked
+        // only of the few functions a full plan refuses.
+        let tramp_fits = || {
+            if !before.is_some_and(|b| !b.falls_through && !b.decode_error) {
+                return false;
+            }
+            // Fill decodes from where the function before ends, which
+            // never runs on into it (it ends in a return, jump or trap).
             let lo = ends[i - 1];
-            before.is_some_and(|b| !b.falls_through && !b.decode_error)
-                && start >= lo.max(prev_end) + 5
+            let prev_end = out
+                .iter()
+                .rev()
+                .find_map(|c: &Candidate| c.outcome.as_ref().ok())
+                .map_or(0, |p| p.start + p.original().len() as u64);
+            start >= lo.max(prev_end) + 5
                 && holder(start - 5).is_none()
                 && !any_in(&direct, lo, start)
                 && !any_in(&tables, lo, start)
@@ -234,7 +236,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         };
         let outcome = c.and_then(|(bytes, size, pad)| {
             let full = plan_full(bytes, start, size, pad, own, &direct, &tables);
-            if full != Err(Refusal::BranchIntoWindow) || !tramp_ok || own.decode_error {
+            if full != Err(Refusal::BranchIntoWindow) || own.decode_error || !tramp_fits() {
                 return full;
             }
             // A branch lands within the first 5 bytes, past the first
