@@ -3,6 +3,7 @@
 //! usage: bench-daemon [--procs 500] [--funcs 2000] [--exes 50]
 //!                     [--active 0.1] [--threads 2] [--tick-ms 1000]
 //!                     [--ticks 20] [--reads 20000] [--metrics 1]
+//!                     [--daemon PATH]
 //! (build first: cargo build --release --workspace)
 //!
 //! Starts the real `rtprofd` on a private socket, then `--procs` simulated
@@ -22,7 +23,7 @@
 #[path = "common.rs"]
 mod common;
 
-use common::{arg, here, median};
+use common::{arg, arg_text, here, median};
 use rtprof_shared::layout::{state, Capacities, Layout};
 use rtprof_shared::present::{lookup, read_process_into, read_view, ProcessRows};
 use rtprof_shared::sampling::{Sampler, Why};
@@ -187,7 +188,8 @@ fn main() {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap();
-    let daemon_bin = here().join("rtprofd");
+    // `--daemon PATH` times another build (say, the one before a change).
+    let daemon_bin = arg_text("--daemon").map_or_else(|| here().join("rtprofd"), Into::into);
     assert!(
         daemon_bin.exists(),
         "build first: cargo build --release --workspace"

@@ -19,8 +19,9 @@ struct Meta {
     func_count: u32,
     module_count: u32,
     strings_len: u32,
-    /// Each function slot: what a row needs besides its counts, together
-    /// (a table reads it for slots scattered over the segment).
+    /// Each function slot: what a row of the span's table needs but the
+    /// newest counts, together (a table reads it for the few slots the span
+    /// touched, scattered over thousands: one cache line each).
     funcs: Vec<FuncSlot>,
     /// Module file names, and the row ids of their buckets (`[libc.so.6]`).
     modules: Vec<String>,
@@ -30,6 +31,7 @@ struct Meta {
 }
 
 #[derive(Clone, Copy)]
+#[repr(C, align(32))]
 struct FuncSlot {
     /// Row id (names are in [`Slots`]).
     id: u32,
@@ -38,6 +40,9 @@ struct FuncSlot {
     counted: bool,
     /// Its [`function_flags`] (estimated, accelerated, counting off).
     flags: u32,
+    /// Calls and samples over the span.
+    span_calls: u64,
+    span_samples: u64,
 }
 
 impl Meta {
@@ -53,6 +58,8 @@ impl Meta {
                 module: f.module,
                 counted: false,
                 flags: 0,
+                span_calls: 0,
+                span_samples: 0,
             });
         }
         for (m, f) in self.funcs.iter_mut().zip(&s.functions) {
@@ -85,29 +92,47 @@ impl Meta {
     }
 }
 
-/// Counters of one process (or sums of changes), indexed by slot.
+/// Counters of one process as a tick reads them, indexed by slot.
 #[derive(Default, Clone)]
 pub struct Counts {
     calls: Vec<u64>,
     samples: Vec<u64>,
-    /// Samples in modules outside named functions, per module.
+    rest: Rest,
+}
+
+/// Samples outside named functions (per module and unknown), and the
+/// totals: newest values, or sums over the span.
+#[derive(Default, Clone)]
+struct Rest {
     buckets: Vec<u64>,
     unknown: u64,
     total: u64,
     lost: u64,
 }
 
+/// One function's newest counts, together: every tick compares all of
+/// them with what it read, a table reads both of the few it shows.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(16))]
+struct Slot {
+    calls: u64,
+    samples: u64,
+}
+
 impl Counts {
     fn resize(&mut self, funcs: usize, modules: usize) {
         self.calls.resize(funcs, 0);
         self.samples.resize(funcs, 0);
-        self.buckets.resize(modules, 0);
+        self.rest.buckets.resize(modules, 0);
     }
 
     /// At least this many slots (a shared buffer keeps its largest size).
     fn grow(&mut self, funcs: usize, modules: usize) {
-        if self.calls.len() < funcs || self.buckets.len() < modules {
-            let (f, m) = (funcs.max(self.calls.len()), modules.max(self.buckets.len()));
+        if self.calls.len() < funcs || self.rest.buckets.len() < modules {
+            let (f, m) = (
+                funcs.max(self.calls.len()),
+                modules.max(self.rest.buckets.len()),
+            );
             self.resize(f, m);
         }
     }
@@ -140,12 +165,14 @@ pub struct Tracked {
     pub ended: bool,
     period_ns: u64,
     meta: Meta,
-    /// Counters at the newest tick.
-    newest: Counts,
+    /// Each function's newest counters and span sums.
+    slots: Vec<Slot>,
+    /// The rest of the counters at the newest tick, and their span sums.
+    newest: Rest,
+    sums: Rest,
     newest_ns: u64,
-    /// The span: changes since `base_ns`, and their sums.
+    /// The span: changes since `base_ns`.
     ring: VecDeque<Delta>,
-    sums: Counts,
     /// Slots whose sums may be non-zero (and a flag per slot), so a table
     /// costs what the span touched, not every function.
     active: Vec<u32>,
@@ -206,10 +233,11 @@ impl Tracked {
             ended: false,
             period_ns: s.sample_period_ns,
             meta,
-            newest: Counts::default(),
+            slots: Vec::new(),
+            newest: Rest::default(),
+            sums: Rest::default(),
             newest_ns: now_ns,
             ring: VecDeque::new(),
-            sums: Counts::default(),
             active: Vec::new(),
             is_active: Vec::new(),
             base_ns: if young {
@@ -222,21 +250,28 @@ impl Tracked {
         };
         t.read_flags(bytes, h);
         let (f, m) = (s.functions.len(), s.modules.len());
-        t.sums.resize(f, m);
-        t.is_active.resize(f, false);
+        t.resize(f, m);
         let first = Counts {
             calls: s.functions.iter().map(|f| f.calls).collect(),
             samples: s.functions.iter().map(|f| f.samples).collect(),
-            buckets: s.modules.iter().map(|m| m.samples).collect(),
-            unknown: s.samples_unknown,
-            total: s.samples_total,
-            lost: s.samples_lost,
+            rest: Rest {
+                buckets: s.modules.iter().map(|m| m.samples).collect(),
+                unknown: s.samples_unknown,
+                total: s.samples_total,
+                lost: s.samples_lost,
+            },
         };
         if young {
-            t.newest.resize(f, m);
             t.record(&first, now_ns, span_ns, true);
         } else {
-            t.newest = first;
+            for (sl, (&calls, &samples)) in t
+                .slots
+                .iter_mut()
+                .zip(first.calls.iter().zip(&first.samples))
+            {
+                (sl.calls, sl.samples) = (calls, samples);
+            }
+            t.newest = first.rest;
         }
         Ok((t, seen(h, true)))
     }
@@ -277,9 +312,7 @@ impl Tracked {
             self.meta.func_count as usize,
             self.meta.module_count as usize,
         );
-        self.newest.resize(f, m);
-        self.sums.resize(f, m);
-        self.is_active.resize(f, false);
+        self.resize(f, m);
         scratch.grow(f, m);
         if !sum_calls(bytes, h, &mut scratch.calls[..f]) {
             // No sum of one moment: this tick keeps the last counts.
@@ -292,12 +325,12 @@ impl Tracked {
                 bytes,
                 h,
                 &mut scratch.samples[..f],
-                &mut scratch.buckets[..m],
+                &mut scratch.rest.buckets[..m],
             );
         }
-        scratch.unknown = h.samples_unknown;
-        scratch.total = h.samples_total;
-        scratch.lost = h.samples_lost;
+        scratch.rest.unknown = h.samples_unknown;
+        scratch.rest.total = h.samples_total;
+        scratch.rest.lost = h.samples_lost;
         self.period_ns = h.sample_period_ns;
         self.record(scratch, now_ns, span_ns, sampled);
         // Flags only when the agent changed some: a read touches a cache
@@ -309,6 +342,14 @@ impl Tracked {
             d.at_ns == now_ns && !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0)
         });
         Ok(seen(h, moved))
+    }
+
+    /// Room for `funcs` functions and `modules` modules (they only grow).
+    fn resize(&mut self, funcs: usize, modules: usize) {
+        self.slots.resize(funcs, Slot::default());
+        self.is_active.resize(funcs, false);
+        self.newest.buckets.resize(modules, 0);
+        self.sums.buckets.resize(modules, 0);
     }
 
     fn read_flags(&mut self, bytes: &[u8], h: &Header) {
@@ -325,47 +366,44 @@ impl Tracked {
     /// span are let go. Without `sampled`, samples were not read: they
     /// stayed.
     fn record(&mut self, new: &Counts, now_ns: u64, span_ns: u64, sampled: bool) {
-        let old = &mut self.newest;
+        let (old, rest) = (&mut self.newest, &new.rest);
         let mut d = Delta {
             at_ns: now_ns,
             funcs: Vec::new(),
             buckets: Vec::new(),
-            unknown: new.unknown.saturating_sub(old.unknown),
-            total: new.total.saturating_sub(old.total),
-            lost: new.lost.saturating_sub(old.lost),
+            unknown: rest.unknown.saturating_sub(old.unknown),
+            total: rest.total.saturating_sub(old.total),
+            lost: rest.lost.saturating_sub(old.lost),
         };
         // The newest point is updated in place, slot by slot: a counter
         // that went back (a hostile segment) is taken as it is, adding
         // nothing.
         if sampled {
-            let (calls, samples) = (
-                new.calls.iter().zip(old.calls.iter_mut()),
-                new.samples.iter().zip(old.samples.iter_mut()),
-            );
-            for (i, ((&n, o), (&ns, os))) in calls.zip(samples).enumerate() {
-                let (c, s) = (n.saturating_sub(*o), ns.saturating_sub(*os));
-                (*o, *os) = (n, ns);
+            let read = new.calls.iter().zip(&new.samples);
+            for (i, ((&n, &ns), o)) in read.zip(self.slots.iter_mut()).enumerate() {
+                let (c, s) = (n.saturating_sub(o.calls), ns.saturating_sub(o.samples));
+                (o.calls, o.samples) = (n, ns);
                 if c | s != 0 {
                     d.funcs.push((i as u32, c, s));
                 }
             }
-            for (i, (&n, o)) in new.buckets.iter().zip(old.buckets.iter_mut()).enumerate() {
+            for (i, (&n, o)) in rest.buckets.iter().zip(old.buckets.iter_mut()).enumerate() {
                 if n > *o {
                     d.buckets.push((i as u32, n - *o));
                 }
                 *o = n;
             }
         } else {
-            for (i, (&n, o)) in new.calls.iter().zip(old.calls.iter_mut()).enumerate() {
-                if n != *o {
-                    if n > *o {
-                        d.funcs.push((i as u32, n - *o, 0));
+            for (i, (&n, o)) in new.calls.iter().zip(self.slots.iter_mut()).enumerate() {
+                if n != o.calls {
+                    if n > o.calls {
+                        d.funcs.push((i as u32, n - o.calls, 0));
                     }
-                    *o = n;
+                    o.calls = n;
                 }
             }
         }
-        (old.unknown, old.total, old.lost) = (new.unknown, new.total, new.lost);
+        (old.unknown, old.total, old.lost) = (rest.unknown, rest.total, rest.lost);
         self.apply(&d, true);
         self.ring.push_back(d);
         self.newest_ns = now_ns;
@@ -375,9 +413,10 @@ impl Tracked {
             self.apply(&d, false);
             self.base_ns = d.at_ns;
         }
-        let (sums, flags) = (&self.sums, &mut self.is_active);
+        let (funcs, flags) = (&self.meta.funcs, &mut self.is_active);
         self.active.retain(|&i| {
-            let keep = sums.calls[i as usize] | sums.samples[i as usize] != 0;
+            let sl = &funcs[i as usize];
+            let keep = sl.span_calls | sl.span_samples != 0;
             flags[i as usize] = keep;
             keep
         });
@@ -391,15 +430,16 @@ impl Tracked {
                 a.wrapping_sub(b)
             }
         };
-        let s = &mut self.sums;
         for &(i, c, n) in &d.funcs {
-            op(&mut s.calls[i as usize], c);
-            op(&mut s.samples[i as usize], n);
+            let sl = &mut self.meta.funcs[i as usize];
+            op(&mut sl.span_calls, c);
+            op(&mut sl.span_samples, n);
             if add && !self.is_active[i as usize] {
                 self.is_active[i as usize] = true;
                 self.active.push(i);
             }
         }
+        let s = &mut self.sums;
         for &(i, n) in &d.buckets {
             op(&mut s.buckets[i as usize], n);
         }
@@ -434,11 +474,17 @@ impl Tracked {
         n: usize,
         mut f: impl FnMut(u32, &str, &str, u64, u64),
     ) {
-        let (s, m) = (&self.sums, &self.meta);
+        let (s, m) = (&self.slots, &self.meta);
         let mut hot: Vec<(u64, u64, u32)> = self
             .active
             .iter()
-            .map(|&i| (s.samples[i as usize], s.calls[i as usize], i))
+            .map(|&i| {
+                (
+                    m.funcs[i as usize].span_samples,
+                    m.funcs[i as usize].span_calls,
+                    i,
+                )
+            })
             .collect();
         let hottest = |&(samples, calls, _): &(u64, u64, u32)| std::cmp::Reverse((samples, calls));
         if hot.len() > n && n > 0 {
@@ -448,23 +494,23 @@ impl Tracked {
         hot.sort_unstable_by_key(hottest);
         for &(_, _, i) in hot.iter().take(n) {
             let (fs, i) = (m.funcs[i as usize], i as usize);
-            let calls = if fs.counted { self.newest.calls[i] } else { 0 };
+            let calls = if fs.counted { s[i].calls } else { 0 };
             let module = m
                 .modules
                 .get(fs.module as usize)
                 .map_or("?", |s| s.as_str());
-            let ns = self.newest.samples[i].saturating_mul(self.period_ns);
+            let ns = s[i].samples.saturating_mul(self.period_ns);
             f(fs.id, slots.readable(fs.id), module, calls, ns);
         }
     }
 
     /// The span's sums, as [`Tracked::each_change`] gives a tick's.
     pub fn each_in_span(&self, slots: &Slots, f: impl FnMut(u32, &str, &str, u64, u64)) {
-        let s = &self.sums;
         let funcs = self.active.iter().map(|&i| {
-            let i = i as usize;
-            (i, s.calls[i], s.samples[i])
+            let (i, sl) = (i as usize, &self.meta.funcs[i as usize]);
+            (i, sl.span_calls, sl.span_samples)
         });
+        let s = &self.sums;
         let buckets = s.buckets.iter().copied().enumerate();
         self.each_row(slots, funcs, buckets, s.unknown, f);
     }
@@ -512,33 +558,34 @@ impl Tracked {
     pub fn table(&self) -> ProcTable<'_> {
         let (s, m) = (&self.sums, &self.meta);
         let time = |samples: u64| samples.saturating_mul(self.period_ns);
-        // Sorted as small keys, rows built in order: (time, calls, row),
-        // rows past the functions are module buckets, then `[unknown]`.
+        let slots = &self.slots;
+        // Sorted as small keys, rows built in order: (time and calls in
+        // one integer, so a comparison is one; row), rows past the
+        // functions are module buckets, then `[unknown]`.
+        let key = |time: u64, calls: u64| (time as u128) << 64 | calls as u128;
         let f = m.funcs.len() as u32;
-        let mut order: Vec<(u64, u64, u32)> =
+        let mut order: Vec<(u128, u32)> =
             Vec::with_capacity(self.active.len() + m.buckets.len() + 1);
         for &i in &self.active {
-            let (calls, samples) = (s.calls[i as usize], s.samples[i as usize]);
-            let calls = if m.funcs[i as usize].counted {
-                calls
-            } else {
-                0
-            };
+            let sl = &m.funcs[i as usize];
+            let (calls, samples) = (sl.span_calls, sl.span_samples);
+            let calls = if sl.counted { calls } else { 0 };
             if calls | samples != 0 {
-                order.push((time(samples), calls, i));
+                order.push((key(time(samples), calls), i));
             }
         }
         for (i, &samples) in s.buckets.iter().enumerate().filter(|(_, &n)| n > 0) {
-            order.push((time(samples), 0, f + i as u32));
+            order.push((key(time(samples), 0), f + i as u32));
         }
         if s.unknown > 0 && m.unknown.is_some() {
-            order.push((time(s.unknown), 0, f + m.buckets.len() as u32));
+            order.push((key(time(s.unknown), 0), f + m.buckets.len() as u32));
         }
-        order.sort_unstable_by_key(|&(time, calls, _)| std::cmp::Reverse((time, calls)));
+        order.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
         let module = |i: u32| m.modules.get(i as usize).map_or("?", |s| s.as_str());
         let rows = order
             .iter()
-            .map(|&(time_ns, calls, i)| {
+            .map(|&(k, i)| {
+                let (time_ns, calls) = ((k >> 64) as u64, k as u64);
                 let b = i.saturating_sub(f) as usize;
                 if i < f {
                     let i = i as usize;
@@ -551,9 +598,9 @@ impl Tracked {
                         accelerated: fs.flags & function_flags::ACCELERATED != 0,
                         counting_off: fs.flags & function_flags::COUNTING_OFF != 0,
                         calls,
-                        samples: s.samples[i],
+                        samples: fs.span_samples,
                         time_ns,
-                        total_calls: self.newest.calls[i],
+                        total_calls: slots[i].calls,
                         ..RowIn::default()
                     }
                 } else if b < m.buckets.len() {

@@ -74,13 +74,14 @@ pub struct PresentWriter {
 struct Scratch {
     strings: Vec<u8>,
     entries: Vec<ProcEntry>,
+    /// Process rows, then global rows.
     rows: Vec<Row>,
-    globals: Vec<Row>,
     hash: Vec<u32>,
     /// Processes in pid order (readers find one by binary search).
     order: Vec<u32>,
-    /// Each row's id, in publishing order, and the global row (index in
-    /// `globals`) of each id seen so far, `EMPTY` otherwise.
+    /// Each row's id, in publishing order, and the global row (counted
+    /// from the first global row) of each id seen so far, `EMPTY`
+    /// otherwise.
     ids: Vec<u32>,
     global_of: Vec<u32>,
     /// Each global row's id and key.
@@ -265,7 +266,6 @@ fn build<'a>(
         strings,
         entries,
         rows,
-        globals,
         hash,
         order,
         ids,
@@ -277,7 +277,6 @@ fn build<'a>(
     strings.clear();
     entries.clear();
     rows.clear();
-    globals.clear();
     global_ids.clear();
     order.clear();
     order.extend(0..procs.len() as u32);
@@ -360,6 +359,7 @@ fn build<'a>(
     }
     // The global rows, merged executable by executable: the rows of one
     // program's processes share ids, so what they add up stays in cache.
+    // They follow the process rows in place (no copy of either).
     by_exe.clear();
     by_exe.extend(0..entries.len() as u32);
     by_exe.sort_by_key(|&pi| (entries[pi as usize].exe_off, pi));
@@ -369,15 +369,16 @@ fn build<'a>(
         let first = e.first_row as usize;
         for k in first..first + e.row_count as usize {
             let (id, row) = (ids[k], rows[k]);
-            let g = match globals.get_mut(global_of[id as usize] as usize) {
+            let at = (global_first as usize).saturating_add(global_of[id as usize] as usize);
+            let g = match rows.get_mut(at) {
                 Some(g) => g,
                 None => {
-                    global_of[id as usize] = globals.len() as u32;
+                    global_of[id as usize] = (rows.len() - global_first as usize) as u32;
                     let key = names
                         .map_or_else(|| key_hash(p.exe, p.rows[k - first].name), |n| n.key(id));
                     global_ids.push((id, key));
                     // Its process: the first of the executable in pid order.
-                    globals.push(Row {
+                    rows.push(Row {
                         flags: ROW_GLOBAL,
                         calls: 0,
                         samples: 0,
@@ -385,7 +386,7 @@ fn build<'a>(
                         total_calls: 0,
                         ..row
                     });
-                    globals.last_mut().unwrap()
+                    rows.last_mut().unwrap()
                 }
             };
             // Rows come from segments the daemon does not trust.
@@ -398,7 +399,7 @@ fn build<'a>(
     }
     // Ready for the next publish; every global row is distinct, so its
     // hash slot is the first free one.
-    let cap = hash_cap(globals.len());
+    let cap = hash_cap(global_ids.len());
     hash.clear();
     hash.resize(cap as usize, EMPTY);
     for (k, &(id, key)) in global_ids.iter().enumerate() {
@@ -412,8 +413,7 @@ fn build<'a>(
         }
         hash[h as usize] = global_first + k as u32;
     }
-    let global_count = globals.len() as u32;
-    rows.append(globals);
+    let global_count = global_ids.len() as u32;
     let procs_off = size_of::<BufferHeader>();
     let rows_off = procs_off + entries.len() * 64;
     let hash_off = rows_off + rows.len() * 64;
