@@ -13,7 +13,8 @@ use rtprof_shared::{read_function_flags, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
 /// What a process's segment names, read when it changes: each function's
-/// and module's row id (names are kept once per executable, in [`Slots`]).
+/// and module's row id (names are kept once per executable, in [`Slots`]);
+/// beside each function's, its sums over the span.
 #[derive(Default)]
 struct Meta {
     func_count: u32,
@@ -114,7 +115,7 @@ struct Rest {
 /// them with what it read, a table reads both of the few it shows.
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(16))]
-struct Slot {
+struct Newest {
     calls: u64,
     samples: u64,
 }
@@ -165,8 +166,8 @@ pub struct Tracked {
     pub ended: bool,
     period_ns: u64,
     meta: Meta,
-    /// Each function's newest counters and span sums.
-    slots: Vec<Slot>,
+    /// Each function's newest counts (its span sums are in `meta.funcs`).
+    newest_funcs: Vec<Newest>,
     /// The rest of the counters at the newest tick, and their span sums.
     newest: Rest,
     sums: Rest,
@@ -233,7 +234,7 @@ impl Tracked {
             ended: false,
             period_ns: s.sample_period_ns,
             meta,
-            slots: Vec::new(),
+            newest_funcs: Vec::new(),
             newest: Rest::default(),
             sums: Rest::default(),
             newest_ns: now_ns,
@@ -265,7 +266,7 @@ impl Tracked {
             t.record(&first, now_ns, span_ns, true);
         } else {
             for (sl, (&calls, &samples)) in t
-                .slots
+                .newest_funcs
                 .iter_mut()
                 .zip(first.calls.iter().zip(&first.samples))
             {
@@ -346,7 +347,7 @@ impl Tracked {
 
     /// Room for `funcs` functions and `modules` modules (they only grow).
     fn resize(&mut self, funcs: usize, modules: usize) {
-        self.slots.resize(funcs, Slot::default());
+        self.newest_funcs.resize(funcs, Newest::default());
         self.is_active.resize(funcs, false);
         self.newest.buckets.resize(modules, 0);
         self.sums.buckets.resize(modules, 0);
@@ -380,7 +381,7 @@ impl Tracked {
         // nothing.
         if sampled {
             let read = new.calls.iter().zip(&new.samples);
-            for (i, ((&n, &ns), o)) in read.zip(self.slots.iter_mut()).enumerate() {
+            for (i, ((&n, &ns), o)) in read.zip(self.newest_funcs.iter_mut()).enumerate() {
                 let (c, s) = (n.saturating_sub(o.calls), ns.saturating_sub(o.samples));
                 (o.calls, o.samples) = (n, ns);
                 if c | s != 0 {
@@ -394,7 +395,12 @@ impl Tracked {
                 *o = n;
             }
         } else {
-            for (i, (&n, o)) in new.calls.iter().zip(self.slots.iter_mut()).enumerate() {
+            for (i, (&n, o)) in new
+                .calls
+                .iter()
+                .zip(self.newest_funcs.iter_mut())
+                .enumerate()
+            {
                 if n != o.calls {
                     if n > o.calls {
                         d.funcs.push((i as u32, n - o.calls, 0));
@@ -474,16 +480,13 @@ impl Tracked {
         n: usize,
         mut f: impl FnMut(u32, &str, &str, u64, u64),
     ) {
-        let (s, m) = (&self.slots, &self.meta);
+        let (s, m) = (&self.newest_funcs, &self.meta);
         let mut hot: Vec<(u64, u64, u32)> = self
             .active
             .iter()
             .map(|&i| {
-                (
-                    m.funcs[i as usize].span_samples,
-                    m.funcs[i as usize].span_calls,
-                    i,
-                )
+                let fs = &m.funcs[i as usize];
+                (fs.span_samples, fs.span_calls, i)
             })
             .collect();
         let hottest = |&(samples, calls, _): &(u64, u64, u32)| std::cmp::Reverse((samples, calls));
@@ -558,7 +561,7 @@ impl Tracked {
     pub fn table(&self) -> ProcTable<'_> {
         let (s, m) = (&self.sums, &self.meta);
         let time = |samples: u64| samples.saturating_mul(self.period_ns);
-        let slots = &self.slots;
+        let newest = &self.newest_funcs;
         // Sorted as small keys, rows built in order: (time and calls in
         // one integer, so a comparison is one; row), rows past the
         // functions are module buckets, then `[unknown]`.
@@ -600,7 +603,7 @@ impl Tracked {
                         calls,
                         samples: fs.span_samples,
                         time_ns,
-                        total_calls: slots[i].calls,
+                        total_calls: newest[i].calls,
                         ..RowIn::default()
                     }
                 } else if b < m.buckets.len() {
