@@ -77,7 +77,6 @@ fn rows(names: &[&'static str], k: u64) -> Vec<RowIn<'static>> {
         .map(|(i, n)| RowIn {
             name: n,
             module: "app",
-            id: None,
             counted: true,
             estimated: i == 1,
             accelerated: false,

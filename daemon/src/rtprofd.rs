@@ -241,7 +241,7 @@ fn main() -> std::process::ExitCode {
         let (now, started) = (now_ns(), Instant::now());
         table.observe(now, span_ns, &mut log);
         // Rows carry ids; the table's slots name them.
-        if let Err(e) = writer.publish_named(now, span_ns, &table.tables(), table.slots()) {
+        if let Err(e) = writer.publish_rows(now, span_ns, &table.tables(), table.slots()) {
             eprintln!("rtprofd: cannot publish: {e}");
             if let Some(m) = &metrics {
                 m.publish_failed();

@@ -19,6 +19,8 @@ pub struct Slots {
     /// rest.
     arena: String,
     garbage: usize,
+    /// Moves whenever `arena` does: the writer copies it only then.
+    version: u64,
     /// Per id: where its name is in `arena`, its hash key, its readable
     /// form (compiler copies merged into their function: metrics'
     /// labels), and the followed processes using it (0: free).
@@ -47,6 +49,7 @@ impl Slots {
         }
         let span = (self.arena.len() as u32, name.len() as u32);
         self.arena.push_str(name);
+        self.version += 1;
         let readable = rtprof_shared::names::function(name).into();
         let key = key_hash(exe, name);
         let id = match self.free.pop() {
@@ -116,6 +119,7 @@ impl Slots {
         }
         self.arena = arena;
         self.garbage = 0;
+        self.version += 1;
     }
 
     pub fn generation(&self, id: u32) -> u32 {
@@ -151,6 +155,10 @@ impl RowNames for Slots {
 
     fn key(&self, id: u32) -> u32 {
         self.keys[id as usize]
+    }
+
+    fn version(&self) -> Option<u64> {
+        Some(self.version)
     }
 }
 

@@ -7,7 +7,9 @@
 use crate::slots::Slots;
 use rtprof_shared::layout::function_flags;
 use rtprof_shared::layout::Header;
-use rtprof_shared::present::{ProcTable, RowIn};
+use rtprof_shared::present::{
+    IdRow, ProcRows, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, UNKNOWN_MODULE,
+};
 use rtprof_shared::reader::{read_samples, sum_calls};
 use rtprof_shared::{read_function_flags, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
@@ -39,6 +41,8 @@ struct FuncSlot {
     module: u32,
     /// Instrumented: calls are counted.
     counted: bool,
+    /// In `Tracked::active` (its span sums may be non-zero).
+    active: bool,
     /// Its [`function_flags`] (estimated, accelerated, counting off).
     flags: u32,
     /// Calls and samples over the span.
@@ -58,6 +62,7 @@ impl Meta {
                 id: slots.acquire(&s.exe, &f.name),
                 module: f.module,
                 counted: false,
+                active: false,
                 flags: 0,
                 span_calls: 0,
                 span_samples: 0,
@@ -93,12 +98,15 @@ impl Meta {
     }
 }
 
-/// Counters of one process as a tick reads them, indexed by slot.
+/// Counters of one process as a tick reads them, indexed by slot, and
+/// the order its table is sorted in: one buffer for every process, so it
+/// stays in cache from one to the next.
 #[derive(Default, Clone)]
 pub struct Counts {
     calls: Vec<u64>,
     samples: Vec<u64>,
     rest: Rest,
+    order: Vec<(u64, u32)>,
 }
 
 /// Samples outside named functions (per module and unknown), and the
@@ -174,15 +182,19 @@ pub struct Tracked {
     newest_ns: u64,
     /// The span: changes since `base_ns`.
     ring: VecDeque<Delta>,
-    /// Slots whose sums may be non-zero (and a flag per slot), so a table
-    /// costs what the span touched, not every function.
+    /// Slots whose sums may be non-zero (each flagged `active`), so a
+    /// table costs what the span touched, not every function.
     active: Vec<u32>,
-    is_active: Vec<bool>,
+    /// A delta's list let go, for the next tick's (no allocation a tick).
+    spare: Vec<(u32, u64, u64)>,
     base_ns: u64,
     /// The segment's count of function flag changes when they were read,
     /// and a buffer to read them into.
     flags_changes: u64,
     flags: Vec<u32>,
+    /// The span's table, hottest first: built right after a read, while
+    /// what it reads is in cache.
+    rows: Vec<IdRow>,
 }
 
 fn seen(h: &Header, moved: bool) -> Seen {
@@ -222,6 +234,7 @@ impl Tracked {
         now_ns: u64,
         span_ns: u64,
         slots: &mut Slots,
+        scratch: &mut Counts,
     ) -> Result<(Tracked, Seen), SegmentError> {
         let s = read_snapshot(bytes)?;
         let young = s.start_ns + span_ns >= now_ns;
@@ -240,7 +253,7 @@ impl Tracked {
             newest_ns: now_ns,
             ring: VecDeque::new(),
             active: Vec::new(),
-            is_active: Vec::new(),
+            spare: Vec::new(),
             base_ns: if young {
                 s.start_ns.min(now_ns)
             } else {
@@ -248,6 +261,7 @@ impl Tracked {
             },
             flags_changes: h.flags_changes,
             flags: Vec::new(),
+            rows: Vec::new(),
         };
         t.read_flags(bytes, h);
         let (f, m) = (s.functions.len(), s.modules.len());
@@ -261,6 +275,7 @@ impl Tracked {
                 total: s.samples_total,
                 lost: s.samples_lost,
             },
+            order: Vec::new(),
         };
         if young {
             t.record(&first, now_ns, span_ns, true);
@@ -274,6 +289,7 @@ impl Tracked {
             }
             t.newest = first.rest;
         }
+        t.build_rows(&mut scratch.order);
         Ok((t, seen(h, true)))
     }
 
@@ -339,6 +355,7 @@ impl Tracked {
         if self.flags_changes != h.flags_changes {
             self.read_flags(bytes, h);
         }
+        self.build_rows(&mut scratch.order);
         let moved = self.ring.back().is_some_and(|d| {
             d.at_ns == now_ns && !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0)
         });
@@ -348,7 +365,6 @@ impl Tracked {
     /// Room for `funcs` functions and `modules` modules (they only grow).
     fn resize(&mut self, funcs: usize, modules: usize) {
         self.newest_funcs.resize(funcs, Newest::default());
-        self.is_active.resize(funcs, false);
         self.newest.buckets.resize(modules, 0);
         self.sums.buckets.resize(modules, 0);
     }
@@ -370,7 +386,7 @@ impl Tracked {
         let (old, rest) = (&mut self.newest, &new.rest);
         let mut d = Delta {
             at_ns: now_ns,
-            funcs: Vec::new(),
+            funcs: std::mem::take(&mut self.spare),
             buckets: Vec::new(),
             unknown: rest.unknown.saturating_sub(old.unknown),
             total: rest.total.saturating_sub(old.total),
@@ -415,16 +431,17 @@ impl Tracked {
         self.newest_ns = now_ns;
         let start = now_ns.saturating_sub(span_ns);
         while self.ring.len() > 1 && self.ring[0].at_ns <= start {
-            let d = self.ring.pop_front().unwrap();
+            let mut d = self.ring.pop_front().unwrap();
             self.apply(&d, false);
             self.base_ns = d.at_ns;
+            d.funcs.clear();
+            self.spare = d.funcs;
         }
-        let (funcs, flags) = (&self.meta.funcs, &mut self.is_active);
+        let funcs = &mut self.meta.funcs;
         self.active.retain(|&i| {
-            let sl = &funcs[i as usize];
-            let keep = sl.span_calls | sl.span_samples != 0;
-            flags[i as usize] = keep;
-            keep
+            let sl = &mut funcs[i as usize];
+            sl.active = sl.span_calls | sl.span_samples != 0;
+            sl.active
         });
     }
 
@@ -440,8 +457,8 @@ impl Tracked {
             let sl = &mut self.meta.funcs[i as usize];
             op(&mut sl.span_calls, c);
             op(&mut sl.span_samples, n);
-            if add && !self.is_active[i as usize] {
-                self.is_active[i as usize] = true;
+            if add && !sl.active {
+                sl.active = true;
                 self.active.push(i);
             }
         }
@@ -556,76 +573,79 @@ impl Tracked {
         }
     }
 
-    /// The span's table, hottest first. Rows carry ids, not names: the
-    /// writer names them through [`Slots`] (as `RowNames`).
-    pub fn table(&self) -> ProcTable<'_> {
+    /// Builds the span's table, hottest first, into `rows`. Rows carry
+    /// ids, not names: the writer names them through [`Slots`].
+    fn build_rows(&mut self, order: &mut Vec<(u64, u32)>) {
         let (s, m) = (&self.sums, &self.meta);
         let time = |samples: u64| samples.saturating_mul(self.period_ns);
-        let newest = &self.newest_funcs;
-        // Sorted as small keys, rows built in order: (time and calls in
-        // one integer, so a comparison is one; row), rows past the
-        // functions are module buckets, then `[unknown]`.
-        let key = |time: u64, calls: u64| (time as u128) << 64 | calls as u128;
+        // Sorted as small keys (one process's samples all have its period,
+        // so samples order as time does): samples and calls in one integer,
+        // so a comparison is one; beyond 2^26 samples or 2^38 calls in a
+        // span (far past any real one) rows tie. Rows past the functions
+        // are module buckets, then `[unknown]`.
+        let key =
+            |samples: u64, calls: u64| samples.min((1 << 26) - 1) << 38 | calls.min((1 << 38) - 1);
         let f = m.funcs.len() as u32;
-        let mut order: Vec<(u128, u32)> =
-            Vec::with_capacity(self.active.len() + m.buckets.len() + 1);
+        order.clear();
         for &i in &self.active {
             let sl = &m.funcs[i as usize];
-            let (calls, samples) = (sl.span_calls, sl.span_samples);
-            let calls = if sl.counted { calls } else { 0 };
-            if calls | samples != 0 {
-                order.push((key(time(samples), calls), i));
+            let calls = if sl.counted { sl.span_calls } else { 0 };
+            if calls | sl.span_samples != 0 {
+                order.push((key(sl.span_samples, calls), i));
             }
         }
         for (i, &samples) in s.buckets.iter().enumerate().filter(|(_, &n)| n > 0) {
-            order.push((key(time(samples), 0), f + i as u32));
+            order.push((key(samples, 0), f + i as u32));
         }
         if s.unknown > 0 && m.unknown.is_some() {
-            order.push((key(time(s.unknown), 0), f + m.buckets.len() as u32));
+            order.push((key(s.unknown, 0), f + m.buckets.len() as u32));
         }
         order.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
-        let module = |i: u32| m.modules.get(i as usize).map_or("?", |s| s.as_str());
-        let rows = order
-            .iter()
-            .map(|&(k, i)| {
-                let (time_ns, calls) = ((k >> 64) as u64, k as u64);
-                let b = i.saturating_sub(f) as usize;
-                if i < f {
-                    let i = i as usize;
-                    let fs = m.funcs[i];
-                    RowIn {
-                        id: Some(fs.id),
-                        module: module(fs.module),
-                        counted: fs.counted,
-                        estimated: fs.flags & function_flags::ESTIMATED != 0,
-                        accelerated: fs.flags & function_flags::ACCELERATED != 0,
-                        counting_off: fs.flags & function_flags::COUNTING_OFF != 0,
-                        calls,
-                        samples: fs.span_samples,
-                        time_ns,
-                        total_calls: newest[i].calls,
-                        ..RowIn::default()
-                    }
-                } else if b < m.buckets.len() {
-                    RowIn {
-                        id: Some(m.buckets[b]),
-                        module: module(b as u32),
-                        samples: s.buckets[b],
-                        time_ns,
-                        ..RowIn::default()
-                    }
-                } else {
-                    RowIn {
-                        id: m.unknown,
-                        module: "unknown",
-                        samples: s.unknown,
-                        time_ns,
-                        ..RowIn::default()
-                    }
+        let newest = &self.newest_funcs;
+        let row = |&(_, i): &(u64, u32)| {
+            let b = i.saturating_sub(f) as usize;
+            if i < f {
+                let fs = &m.funcs[i as usize];
+                let flag = |bit: u32, row: u32| if fs.flags & bit != 0 { row } else { 0 };
+                IdRow {
+                    id: fs.id,
+                    module: fs.module,
+                    flags: if fs.counted { ROW_COUNTED } else { 0 }
+                        | flag(function_flags::ESTIMATED, ROW_ESTIMATED)
+                        | flag(function_flags::ACCELERATED, ROW_ACCELERATED)
+                        | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF),
+                    calls: if fs.counted { fs.span_calls } else { 0 },
+                    samples: fs.span_samples,
+                    time_ns: time(fs.span_samples),
+                    total_calls: newest[i as usize].calls,
                 }
-            })
-            .collect();
-        ProcTable {
+            } else if b < m.buckets.len() {
+                IdRow {
+                    id: m.buckets[b],
+                    module: b as u32,
+                    samples: s.buckets[b],
+                    time_ns: time(s.buckets[b]),
+                    ..IdRow::default()
+                }
+            } else {
+                IdRow {
+                    // Pushed above only with an id.
+                    id: m.unknown.unwrap_or_default(),
+                    module: UNKNOWN_MODULE,
+                    samples: s.unknown,
+                    time_ns: time(s.unknown),
+                    ..IdRow::default()
+                }
+            }
+        };
+        self.rows.clear();
+        self.rows.extend(order.iter().map(row));
+    }
+
+    /// The span's table as the last read left it.
+    pub fn table(&self) -> ProcRows<'_> {
+        let s = &self.sums;
+        ProcRows {
             pid: self.pid,
             exe: &self.exe,
             ended: self.ended,
@@ -633,7 +653,8 @@ impl Tracked {
             samples: s.total,
             period_ns: self.period_ns,
             lost: s.lost,
-            rows,
+            modules: &self.meta.modules,
+            rows: &self.rows,
         }
     }
 }
@@ -716,8 +737,15 @@ mod tests {
         let mut slots = Slots::default();
         seg.set(1000, 10, 0);
         // Seen long after it started: the first span counts from then.
-        let (mut t, seen) =
-            Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S, &mut slots).unwrap();
+        let (mut t, seen) = Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            100 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         assert_eq!((seen.pid, seen.state), (5, state::RUNNING));
         assert!(t.table().rows.is_empty());
         for k in 1..=10u64 {
@@ -735,15 +763,19 @@ mod tests {
         let tab = t.table();
         assert_eq!(tab.span_ns, 5 * S);
         assert_eq!(tab.rows.len(), 2, "{:?}", tab.rows);
-        let name = |r: &RowIn| slots.name(r.id.unwrap()).to_string();
+        let name = |r: &IdRow| slots.name(r.id).to_string();
         let hot = &tab.rows[0];
         assert_eq!(name(hot), "hot");
         assert_eq!((hot.calls, hot.samples, hot.total_calls), (500, 5, 2000));
         assert_eq!(hot.time_ns, 5_000_000);
-        assert_eq!(slots.key(hot.id.unwrap()), key_hash("/bin/app", "hot"));
+        assert_eq!(slots.key(hot.id), key_hash("/bin/app", "hot"));
         let libc = &tab.rows[1];
         assert_eq!(
-            (name(libc).as_str(), libc.module, libc.samples),
+            (
+                name(libc).as_str(),
+                &tab.modules[libc.module as usize][..],
+                libc.samples
+            ),
             ("[libc.so.6]", "libc.so.6", 5)
         );
     }
@@ -753,7 +785,15 @@ mod tests {
         let seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(300, 3, 0);
-        let (t, _) = Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S, &mut slots).unwrap();
+        let (t, _) = Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            2 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         let tab = t.table();
         assert_eq!(tab.rows[0].calls, 300);
         assert_eq!(tab.span_ns, 2 * S - 1_000);
@@ -763,8 +803,15 @@ mod tests {
     fn functions_added_later_are_named_and_counted() {
         let mut seg = Seg::new();
         let mut slots = Slots::default();
-        let (mut t, _) =
-            Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S, &mut slots).unwrap();
+        let (mut t, _) = Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            100 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         seg.w.add_module(b"/lib/late.so", 0).unwrap();
         let f = seg.w.add_function(b"late", 0, 1).unwrap();
         seg.w.set_status(f, None);
@@ -782,10 +829,14 @@ mod tests {
         let tab = t.table();
         let r = &tab.rows[0];
         assert_eq!(
-            (slots.name(r.id.unwrap()), r.module, r.calls, r.counted),
+            (
+                slots.name(r.id),
+                &tab.modules[r.module as usize][..],
+                r.calls,
+                r.flags & ROW_COUNTED != 0
+            ),
             ("late", "late.so", 7, true)
         );
-        drop(tab);
         t.release(&mut slots);
         assert_eq!(slots.len(), 0, "every id given back");
     }
@@ -797,9 +848,16 @@ mod tests {
         let mut seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(100, 1, 0);
-        let (mut t, _) =
-            Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S, &mut slots).unwrap();
-        assert!(!t.table().rows[0].estimated);
+        let (mut t, _) = Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            2 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
+        assert_eq!(t.table().rows[0].flags & ROW_ESTIMATED, 0);
         seg.w.set_estimated(0, Some(250));
         seg.set(200, 2, 0);
         t.observe(
@@ -812,7 +870,7 @@ mod tests {
         )
         .unwrap();
         let hot = &t.table().rows[0];
-        assert!(hot.estimated);
+        assert_ne!(hot.flags & ROW_ESTIMATED, 0);
         assert_eq!((hot.calls, hot.samples), (200, 2));
         seg.w.set_estimated(0, None);
         seg.set(300, 3, 0);
@@ -826,7 +884,7 @@ mod tests {
         )
         .unwrap();
         let hot = &t.table().rows[0];
-        assert!(!hot.estimated);
+        assert_eq!(hot.flags & ROW_ESTIMATED, 0);
         assert_eq!((hot.calls, hot.samples), (300, 3));
     }
 
@@ -837,8 +895,15 @@ mod tests {
         let seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(100, 1, 1);
-        let (mut t, _) =
-            Tracked::new(seg.bytes(), &seg.header(), 2 * S, 5 * S, &mut slots).unwrap();
+        let (mut t, _) = Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            2 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         assert_eq!(t.table().rows.len(), 2);
         let mut mem = seg.mem.clone();
         let bytes =
@@ -882,8 +947,15 @@ mod tests {
         let seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(1000, 0, 0);
-        let (mut t, _) =
-            Tracked::new(seg.bytes(), &seg.header(), 100 * S, 5 * S, &mut slots).unwrap();
+        let (mut t, _) = Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            100 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
         seg.set(10, 0, 0);
         t.observe(
             seg.bytes(),

@@ -12,7 +12,7 @@ use crate::registry::{Mapped, Registered, SwitchRequest};
 use crate::slots::Slots;
 use crate::spans::{self, Tracked};
 use rtprof_shared::layout::state;
-use rtprof_shared::present::ProcTable;
+use rtprof_shared::present::ProcRows;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
@@ -94,7 +94,7 @@ impl Entry {
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
-            None => Tracked::new(bytes, &h, now, span_ns, slots).map(|(t, seen)| {
+            None => Tracked::new(bytes, &h, now, span_ns, slots, scratch).map(|(t, seen)| {
                 self.tracked = Some(t);
                 seen
             }),
@@ -389,7 +389,7 @@ impl Table {
     }
 
     /// Each followed process's table for the span.
-    pub fn tables(&self) -> Vec<ProcTable<'_>> {
+    pub fn tables(&self) -> Vec<ProcRows<'_>> {
         self.tracked().map(Tracked::table).collect()
     }
 

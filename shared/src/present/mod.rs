@@ -25,4 +25,4 @@ pub use reader::{
     age, lookup, open_file, read_process, read_process_into, read_view, OpenError, ProcView,
     ProcessRows, RowRef, RowView, View,
 };
-pub use writer::{PresentWriter, ProcTable, RowIn, RowNames};
+pub use writer::{IdRow, PresentWriter, ProcRows, ProcTable, RowIn, RowNames, UNKNOWN_MODULE};

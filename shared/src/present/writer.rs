@@ -1,15 +1,24 @@
-//! The daemon's side: builds each span's table and publishes it into the
-//! idle buffer.
+//! The daemon's side: publishes each span's table straight into the idle
+//! buffer.
+//!
+//! A buffer is laid out so that each region's place is known before it is
+//! written: strings first (the caller's names, then the executables and
+//! modules), then processes, rows and the hash index. Rows go to the
+//! buffer as they are built, global rows merged beside them, so a tick
+//! touches each row once and copies no table. The caller's names, the
+//! bulk of the strings, are copied only when they changed since that
+//! buffer last got them.
 
 use super::layout::{
     key_hash, now_ns, BufferHeader, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
     PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, VERSION,
 };
+use std::collections::HashMap;
 use std::mem::size_of;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-/// What the daemon publishes for one process. Borrows its strings: the
-/// daemon builds these every tick from names it already holds.
+/// A process's table with rows named by their names: converted to
+/// [`ProcRows`] (ids assigned per executable and name) when published.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcTable<'a> {
     pub pid: u32,
@@ -26,12 +35,6 @@ pub struct ProcTable<'a> {
 pub struct RowIn<'a> {
     pub name: &'a str,
     pub module: &'a str,
-    /// The caller's id of (executable, name): rows with one id merge into
-    /// one global row, without their names compared. Ids are small
-    /// integers, unique per (executable, name). With [`RowNames`] every
-    /// row has one, and `name` is not read; without, ids are assigned
-    /// here from the names.
-    pub id: Option<u32>,
     pub counted: bool,
     /// Calls estimated under an overhead budget.
     pub estimated: bool,
@@ -45,15 +48,55 @@ pub struct RowIn<'a> {
     pub total_calls: u64,
 }
 
+/// [`IdRow::module`] of the samples no module claims.
+pub const UNKNOWN_MODULE: u32 = u32::MAX;
+
+/// A row as the daemon builds it: named by the caller's id, its module by
+/// an index into its process's modules.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdRow {
+    /// Unique per (executable, name) (see [`RowNames`]): rows with one id
+    /// merge into one global row without their names compared.
+    pub id: u32,
+    /// Index into [`ProcRows::modules`], or [`UNKNOWN_MODULE`].
+    pub module: u32,
+    /// `ROW_COUNTED`, `ROW_ESTIMATED`, `ROW_ACCELERATED`,
+    /// `ROW_COUNTING_OFF`.
+    pub flags: u32,
+    pub calls: u64,
+    pub samples: u64,
+    pub time_ns: u64,
+    pub total_calls: u64,
+}
+
+/// What the daemon publishes for one process: rows hottest first.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcRows<'a> {
+    pub pid: u32,
+    pub exe: &'a str,
+    pub ended: bool,
+    pub span_ns: u64,
+    pub samples: u64,
+    pub period_ns: u64,
+    pub lost: u64,
+    pub modules: &'a [String],
+    pub rows: &'a [IdRow],
+}
+
 /// Names and hash keys (`key_hash(exe, name)`) of the caller's row ids.
 /// The caller keeps every name in one string, published as it is: a tick
-/// copies it whole instead of touching each name.
+/// copies it whole (when it changed) instead of touching each name.
 pub trait RowNames {
     /// Every name, end to end (names not in use may be among them).
     fn strings(&self) -> &str;
     /// Where id's name lies in [`RowNames::strings`].
     fn span(&self, id: u32) -> (u32, u32);
     fn key(&self, id: u32) -> u32;
+    /// Moves whenever [`RowNames::strings`] changes; `None`: unknown, so
+    /// they are copied every publish.
+    fn version(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Slots of the hash index for up to `globals` global rows: at most half
@@ -62,34 +105,38 @@ fn hash_cap(globals: usize) -> u32 {
     (globals * 2).next_power_of_two().max(8) as u32
 }
 
+fn align64(n: usize) -> usize {
+    n.div_ceil(64) * 64
+}
+
 /// The daemon's side.
 pub struct PresentWriter {
     base: *mut u8,
     header: PresentHeader,
-    /// Kept between publishes: a tick allocates nothing once these grew.
+    /// Kept between publishes: a tick allocates little once these grew.
     scratch: Scratch,
+    /// Per buffer: the caller's names it holds (version, address, length),
+    /// so unchanged names are not copied again.
+    names_in: [Option<(u64, usize, usize)>; 2],
 }
 
 #[derive(Default)]
 struct Scratch {
+    /// The writer's own strings (executables, modules), after the names.
     strings: Vec<u8>,
-    entries: Vec<ProcEntry>,
-    /// Process rows, then global rows.
-    rows: Vec<Row>,
-    hash: Vec<u32>,
-    /// Processes in pid order (readers find one by binary search).
+    /// Per process: its entry (its place in pid order), executable, and
+    /// where its modules' spans start in `modules`.
+    entry_of: Vec<u32>,
+    exe: Vec<(u32, u32)>,
+    module_first: Vec<u32>,
+    modules: Vec<(u32, u32)>,
+    /// Processes in pid order, then by executable (the order rows go in).
     order: Vec<u32>,
-    /// Each row's id, in publishing order, and the global row (counted
-    /// from the first global row) of each id seen so far, `EMPTY`
-    /// otherwise.
-    ids: Vec<u32>,
+    /// The global row (counted from the first) of each id seen so far,
+    /// `EMPTY` otherwise; each global row's id and key.
     global_of: Vec<u32>,
-    /// Each global row's id and key.
     global_ids: Vec<(u32, u32)>,
-    /// Without the caller's names: where each id's name was written.
-    name_of: Vec<(u32, u32)>,
-    /// Processes by executable.
-    by_exe: Vec<u32>,
+    hash: Vec<u32>,
 }
 
 // SAFETY: nothing in the writer is tied to the thread that made it: it is
@@ -122,6 +169,7 @@ impl PresentWriter {
             base,
             header,
             scratch: Scratch::default(),
+            names_in: [None; 2],
         }
     }
 
@@ -134,91 +182,335 @@ impl PresentWriter {
         unsafe { &*(self.base.add(off as usize) as *const AtomicU64) }
     }
 
-    /// Publishes a span's table: written into the idle buffer, then made
-    /// current. Rows are named by their `name`s.
+    /// Publishes a span's table of rows named by their names: ids are
+    /// assigned per (executable, name), in names of the writer's own.
     pub fn publish(
         &mut self,
         span_end_ns: u64,
         span_ns: u64,
         procs: &[ProcTable],
     ) -> Result<(), PresentError> {
-        self.publish_with(span_end_ns, span_ns, procs, None)
+        let mut names = OwnNames::default();
+        let mut modules: Vec<Vec<String>> = Vec::with_capacity(procs.len());
+        let mut rows: Vec<Vec<IdRow>> = Vec::with_capacity(procs.len());
+        for p in procs {
+            let mut mods: Vec<String> = Vec::new();
+            let r = p
+                .rows
+                .iter()
+                .map(|r| {
+                    let module = match mods.iter().position(|m| m == r.module) {
+                        Some(m) => m,
+                        None => {
+                            mods.push(r.module.to_string());
+                            mods.len() - 1
+                        }
+                    };
+                    IdRow {
+                        id: names.id(p.exe, r.name),
+                        module: module as u32,
+                        flags: row_flags(r.counted, r.estimated, r.accelerated, r.counting_off),
+                        calls: r.calls,
+                        samples: r.samples,
+                        time_ns: r.time_ns,
+                        total_calls: r.total_calls,
+                    }
+                })
+                .collect();
+            modules.push(mods);
+            rows.push(r);
+        }
+        let procs: Vec<ProcRows> = procs
+            .iter()
+            .zip(modules.iter().zip(&rows))
+            .map(|(p, (modules, rows))| ProcRows {
+                pid: p.pid,
+                exe: p.exe,
+                ended: p.ended,
+                span_ns: p.span_ns,
+                samples: p.samples,
+                period_ns: p.period_ns,
+                lost: p.lost,
+                modules,
+                rows,
+            })
+            .collect();
+        self.publish_rows(span_end_ns, span_ns, &procs, &names)
     }
 
-    /// [`PresentWriter::publish`] for rows named by their ids: every row
-    /// has one, `names` names it.
-    pub fn publish_named(
+    /// Publishes a span's table: written into the idle buffer, then made
+    /// current. Every row's id is named by `names`.
+    pub fn publish_rows(
         &mut self,
         span_end_ns: u64,
         span_ns: u64,
-        procs: &[ProcTable],
-        names: &dyn RowNames,
-    ) -> Result<(), PresentError> {
-        self.publish_with(span_end_ns, span_ns, procs, Some(names))
-    }
-
-    fn publish_with(
-        &mut self,
-        span_end_ns: u64,
-        span_ns: u64,
-        procs: &[ProcTable],
-        names: Option<&dyn RowNames>,
+        procs: &[ProcRows],
+        names: &impl RowNames,
     ) -> Result<(), PresentError> {
         let gen_off = std::mem::offset_of!(PresentHeader, generation) as u64;
         let gen = self.word(gen_off).load(Ordering::Relaxed);
         let b = ((gen + 1) & 1) as usize;
-        let boff = self.header.buffer_off[b];
-        let (mut hdr, need) = build(&mut self.scratch, span_end_ns, span_ns, procs, names);
-        // Stamped here, not by the caller: the time readers judge the
-        // daemon's liveness by is when the table really became current.
-        hdr.publish_ns = now_ns();
-        if need > self.header.buffer_len {
+        let boff = self.header.buffer_off[b] as usize;
+        // Offsets are 32-bit: a larger buffer is used up to 4 GiB.
+        let cap = self.header.buffer_len.min(u32::MAX as u64) as usize;
+        let (base, sc) = (self.base, &mut self.scratch);
+        let (unknown, bad) = plan(sc, procs, names.strings().len());
+        let names_len = names.strings().len();
+        let strings_off = size_of::<BufferHeader>();
+        let strings_len = names_len + sc.strings.len();
+        let procs_off = align64(strings_off + strings_len);
+        let rows_off = procs_off + procs.len() * size_of::<ProcEntry>();
+        let global_first: usize = procs.iter().map(|p| p.rows.len()).sum();
+        let process_rows_end = rows_off + global_first * size_of::<Row>();
+        if process_rows_end > cap {
+            // Too large even without its global rows and index.
             return Err(PresentError::TooLarge {
-                need,
+                need: process_rows_end as u64,
                 have: self.header.buffer_len,
             });
         }
-        let seq = self.word(boff);
+        // SAFETY: as in `word`: the buffer's first word, 8-aligned, inside
+        // the segment, which outlives this call.
+        let seq = unsafe { &*(base.add(boff) as *const AtomicU64) };
         let s = seq.load(Ordering::Relaxed);
         seq.store(s | 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        // Straight into the idle buffer: header after the sequence word,
-        // then each region in one copy.
-        let sc = &self.scratch;
-        // The caller's names come first in the string region.
-        let (names_bytes, own_strings) = match names {
-            Some(n) => (
-                n.strings().as_bytes(),
-                hdr.strings_off + n.strings().len() as u32,
-            ),
-            None => (&[][..], hdr.strings_off),
+        // SAFETY: `off` is below `cap`, within the idle buffer, which lies
+        // inside the segment (`init` placed it). Readers do not use the
+        // idle buffer: the odd sequence number stored above makes any who
+        // still do discard what they read.
+        let at = |off: usize| unsafe { base.add(boff + off) };
+        let version = names
+            .version()
+            .map(|v| (v, names.strings().as_ptr() as usize, names_len));
+        // SAFETY: the strings region ends before `procs_off`, checked
+        // against `cap` above; the sources are the caller's and the
+        // scratch's, which do not overlap the segment.
+        unsafe {
+            if version.is_none() || self.names_in[b] != version {
+                std::ptr::copy_nonoverlapping(names.strings().as_ptr(), at(strings_off), names_len);
+            }
+            std::ptr::copy_nonoverlapping(
+                sc.strings.as_ptr(),
+                at(strings_off + names_len),
+                sc.strings.len(),
+            );
+        }
+        self.names_in[b] = version;
+        // Room for this many global rows after the process rows.
+        let room = (cap - process_rows_end) / size_of::<Row>();
+        // SAFETY: `rows_off` is a multiple of 64 from the buffer's start
+        // (itself 64-aligned in the page-aligned segment), so `Row`s are
+        // aligned; process rows end within `cap` (checked above) and
+        // global rows are written only up to `room`.
+        let rows = at(rows_off) as *mut Row;
+        let mut next = 0usize;
+        let Scratch {
+            entry_of,
+            exe,
+            module_first,
+            modules,
+            order,
+            global_of,
+            global_ids,
+            ..
+        } = sc;
+        for &pi in order.iter() {
+            let (pi, p) = (pi as usize, &procs[pi as usize]);
+            let entry = entry_of[pi];
+            let e = ProcEntry {
+                pid: p.pid,
+                flags: if p.ended { PROC_ENDED } else { 0 },
+                exe_off: exe[pi].0,
+                exe_len: exe[pi].1,
+                first_row: next as u32,
+                row_count: p.rows.len() as u32,
+                span_ns: p.span_ns,
+                samples: p.samples,
+                period_ns: p.period_ns,
+                lost: p.lost,
+                reserved: 0,
+            };
+            // SAFETY: entry < procs.len(): inside the processes region.
+            unsafe {
+                (at(procs_off) as *mut ProcEntry)
+                    .add(entry as usize)
+                    .write(e)
+            };
+            let mods = &modules[module_first[pi] as usize..];
+            for r in p.rows {
+                let module = match r.module {
+                    UNKNOWN_MODULE => unknown,
+                    m => mods.get(m as usize).copied().unwrap_or(bad),
+                };
+                let (name_off, name_len) = names.span(r.id);
+                let mut row = Row {
+                    name_off,
+                    name_len,
+                    module_off: module.0,
+                    module_len: module.1,
+                    proc_index: entry,
+                    flags: r.flags & !ROW_GLOBAL,
+                    calls: r.calls,
+                    samples: r.samples,
+                    time_ns: r.time_ns,
+                    total_calls: r.total_calls,
+                    check: 0,
+                };
+                row.check = row.checksum();
+                // SAFETY: next < global_first: a process row.
+                unsafe { rows.add(next).write(row) };
+                next += 1;
+                // Its global row: the first process of the executable
+                // with this id (in pid order) names it.
+                let id = r.id as usize;
+                if global_of.len() <= id {
+                    global_of.resize(id + 1, EMPTY);
+                }
+                let g = match global_of[id] {
+                    EMPTY => {
+                        let g = global_ids.len();
+                        global_of[id] = g as u32;
+                        global_ids.push((r.id, names.key(r.id)));
+                        if g < room {
+                            let first = Row {
+                                flags: ROW_GLOBAL,
+                                calls: 0,
+                                samples: 0,
+                                time_ns: 0,
+                                total_calls: 0,
+                                ..row
+                            };
+                            // SAFETY: g < room: inside the buffer.
+                            unsafe { rows.add(global_first + g).write(first) };
+                        }
+                        g
+                    }
+                    g => g as usize,
+                };
+                if g < room {
+                    // SAFETY: as above; no other reference to it is live.
+                    let gr = unsafe { &mut *rows.add(global_first + g) };
+                    // Rows come from segments the daemon does not trust.
+                    gr.calls = gr.calls.saturating_add(row.calls);
+                    gr.samples = gr.samples.saturating_add(row.samples);
+                    gr.time_ns = gr.time_ns.saturating_add(row.time_ns);
+                    gr.total_calls = gr.total_calls.saturating_add(row.total_calls);
+                    gr.flags |= row.flags;
+                }
+            }
+        }
+        let global_count = global_ids.len();
+        let hash_cap = hash_cap(global_count);
+        let hash_off = process_rows_end + global_count * size_of::<Row>();
+        let need = hash_off + hash_cap as usize * 4;
+        // Ready for the next publish, whatever happens to this one.
+        for &(id, _) in global_ids.iter() {
+            global_of[id as usize] = EMPTY;
+        }
+        if need > cap {
+            // The buffer keeps its odd sequence number: never read.
+            self.names_in[b] = None;
+            return Err(PresentError::TooLarge {
+                need: need as u64,
+                have: self.header.buffer_len,
+            });
+        }
+        // Every global row is distinct, so its hash slot is the first free
+        // one.
+        let hash = &mut sc.hash;
+        hash.clear();
+        hash.resize(hash_cap as usize, EMPTY);
+        for (k, &(_, key)) in global_ids.iter().enumerate() {
+            let mut h = key & (hash_cap - 1);
+            while hash[h as usize] != EMPTY {
+                h = (h + 1) & (hash_cap - 1);
+            }
+            hash[h as usize] = (global_first + k) as u32;
+            // SAFETY: a global row written above (k < room, as need <= cap).
+            let gr = unsafe { &mut *rows.add(global_first + k) };
+            gr.check = gr.checksum();
+        }
+        let hdr = BufferHeader {
+            seq: 0,
+            span_end_ns,
+            span_ns,
+            // Stamped here, not by the caller: the time readers judge the
+            // daemon's liveness by is when the table really became current.
+            publish_ns: now_ns(),
+            proc_count: procs.len() as u32,
+            row_count: (global_first + global_count) as u32,
+            global_first: global_first as u32,
+            global_count: global_count as u32,
+            hash_cap,
+            strings_len: strings_len as u32,
+            procs_off: procs_off as u32,
+            rows_off: rows_off as u32,
+            hash_off: hash_off as u32,
+            strings_off: strings_off as u32,
+            reserved: [0; 7],
         };
-        // SAFETY: `need` (the end of the last region) fits in the buffer,
-        // checked above, and the buffer lies inside the segment (`init`
-        // placed it), so every region starts and ends inside it.
-        let at = |off: u32| unsafe { self.base.add(boff as usize + off as usize) };
-        // SAFETY: every destination range is inside the idle buffer (as
-        // above); the sources are the scratch vectors and `hdr`, which do
-        // not overlap the segment. Readers do not use the idle buffer: the
-        // odd sequence number stored above makes any who still do discard
-        // what they read.
+        // SAFETY: the hash index ends at `need` <= `cap`; the header is the
+        // buffer's first 128 bytes, written after its sequence word.
         unsafe {
             let h = as_bytes(std::slice::from_ref(&hdr));
             std::ptr::copy_nonoverlapping(h.as_ptr().add(8), at(8), h.len() - 8);
-            for (off, bytes) in [
-                (hdr.procs_off, as_bytes(&sc.entries)),
-                (hdr.rows_off, as_bytes(&sc.rows)),
-                (hdr.hash_off, as_bytes(&sc.hash)),
-                (hdr.strings_off, names_bytes),
-                (own_strings, &sc.strings[..]),
-            ] {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(off), bytes.len());
-            }
+            let hb = as_bytes(hash);
+            std::ptr::copy_nonoverlapping(hb.as_ptr(), at(hash_off), hb.len());
         }
         seq.store((s | 1) + 1, Ordering::Release);
         self.word(gen_off).store(gen + 1, Ordering::Release);
         Ok(())
     }
+}
+
+fn row_flags(counted: bool, estimated: bool, accelerated: bool, counting_off: bool) -> u32 {
+    (if counted { ROW_COUNTED } else { 0 })
+        | if estimated { ROW_ESTIMATED } else { 0 }
+        | if accelerated { ROW_ACCELERATED } else { 0 }
+        | if counting_off { ROW_COUNTING_OFF } else { 0 }
+}
+
+/// Sets out `sc` for a publish: processes' entries in pid order, rows by
+/// executable (the rows of one program's processes share ids, so the
+/// global rows they add up to stay in cache), and the writer's own strings
+/// (each executable and module once) at `base` and on. Returns where
+/// `unknown` and `?` (a module index out of range) are.
+fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((u32, u32), (u32, u32)) {
+    sc.strings.clear();
+    sc.exe.clear();
+    sc.module_first.clear();
+    sc.modules.clear();
+    sc.global_ids.clear();
+    let mut interned = HashMap::<&'a str, (u32, u32)>::new();
+    let strings = &mut sc.strings;
+    let mut intern = |s: &'a str| -> (u32, u32) {
+        *interned.entry(s).or_insert_with(|| {
+            let off = (base + strings.len()) as u32;
+            strings.extend_from_slice(s.as_bytes());
+            (off, s.len() as u32)
+        })
+    };
+    let missing = (intern("unknown"), intern("?"));
+    for p in procs {
+        sc.exe.push(intern(p.exe));
+        sc.module_first.push(sc.modules.len() as u32);
+        for m in p.modules {
+            sc.modules.push(intern(m));
+        }
+    }
+    // Stable: an image replaced by exec stays before its successor.
+    sc.order.clear();
+    sc.order.extend(0..procs.len() as u32);
+    sc.order.sort_by_key(|&i| procs[i as usize].pid);
+    sc.entry_of.clear();
+    sc.entry_of.resize(procs.len(), 0);
+    for (k, &pi) in sc.order.iter().enumerate() {
+        sc.entry_of[pi as usize] = k as u32;
+    }
+    let exe = &sc.exe;
+    sc.order.sort_by_key(|&i| exe[i as usize].0);
+    missing
 }
 
 /// The bytes of plain `repr(C)` records.
@@ -230,223 +522,39 @@ fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
-/// Each row's id, in publishing order: the caller's (with `names`), or
-/// assigned from (executable, name).
-fn row_ids(procs: &[ProcTable], order: &[u32], named: bool, ids: &mut Vec<u32>) {
-    ids.clear();
-    let rows = order.iter().flat_map(|&pi| {
-        let p = &procs[pi as usize];
-        p.rows.iter().map(move |r| (p.exe, r))
-    });
-    if named {
-        ids.extend(rows.map(|(_, r)| r.id.unwrap_or(0)));
-    } else {
-        let mut by_name = std::collections::HashMap::<(&str, &str), u32>::new();
-        for (exe, r) in rows {
-            let next = by_name.len() as u32;
-            ids.push(*by_name.entry((exe, r.name)).or_insert(next));
-        }
+/// Names of [`PresentWriter::publish`]'s rows: one id per (executable,
+/// name), in an arena of their own.
+#[derive(Default)]
+struct OwnNames<'a> {
+    ids: HashMap<(&'a str, &'a str), u32>,
+    arena: String,
+    spans: Vec<(u32, u32)>,
+    keys: Vec<u32>,
+}
+
+impl<'a> OwnNames<'a> {
+    fn id(&mut self, exe: &'a str, name: &'a str) -> u32 {
+        let next = self.spans.len() as u32;
+        *self.ids.entry((exe, name)).or_insert_with(|| {
+            self.spans
+                .push((self.arena.len() as u32, name.len() as u32));
+            self.arena.push_str(name);
+            self.keys.push(key_hash(exe, name));
+            next
+        })
     }
 }
 
-/// One buffer's regions, in `sc`, and the header that places them.
-///
-/// Global rows are merged by row id while the process rows are written;
-/// a global row's name is written once and shared by its process rows.
-/// Executables and modules are interned. The hash index of (executable,
-/// name) is built from the global rows' keys at the end.
-fn build<'a>(
-    sc: &mut Scratch,
-    span_end_ns: u64,
-    span_ns: u64,
-    procs: &[ProcTable<'a>],
-    names: Option<&'a dyn RowNames>,
-) -> (BufferHeader, u64) {
-    let Scratch {
-        strings,
-        entries,
-        rows,
-        hash,
-        order,
-        ids,
-        global_of,
-        global_ids,
-        name_of,
-        by_exe,
-    } = sc;
-    strings.clear();
-    entries.clear();
-    rows.clear();
-    global_ids.clear();
-    order.clear();
-    order.extend(0..procs.len() as u32);
-    // Stable: an image replaced by exec stays before its successor.
-    order.sort_by_key(|&i| procs[i as usize].pid);
-    row_ids(procs, order, names.is_some(), ids);
-    if let Some(&max) = ids.iter().max() {
-        if global_of.len() <= max as usize {
-            global_of.resize(max as usize + 1, EMPTY);
-        }
+impl RowNames for OwnNames<'_> {
+    fn strings(&self) -> &str {
+        &self.arena
     }
-    // The writer's own strings follow the caller's names.
-    let base = names.map_or(0, |n| n.strings().len());
-    let push_str = |strings: &mut Vec<u8>, s: &str| {
-        let off = (base + strings.len()) as u32;
-        strings.extend_from_slice(s.as_bytes());
-        (off, s.len() as u32)
-    };
-    let mut interned = std::collections::HashMap::<&str, (u32, u32)>::new();
-    let mut intern = |strings: &mut Vec<u8>, s: &'a str| -> (u32, u32) {
-        *interned.entry(s).or_insert_with(|| push_str(strings, s))
-    };
-    // Without the caller's names, each id's name is written once, where
-    // it first comes.
-    if names.is_none() && name_of.len() < global_of.len() {
-        name_of.resize(global_of.len(), (EMPTY, 0));
+    fn span(&self, id: u32) -> (u32, u32) {
+        self.spans[id as usize]
     }
-    let global_first = ids.len() as u32;
-    // The process rows, in pid order.
-    let mut next_id = ids.iter();
-    for (pi, p) in order.iter().map(|&i| &procs[i as usize]).enumerate() {
-        let (exe_off, exe_len) = intern(strings, p.exe);
-        entries.push(ProcEntry {
-            pid: p.pid,
-            flags: if p.ended { PROC_ENDED } else { 0 },
-            exe_off,
-            exe_len,
-            first_row: rows.len() as u32,
-            row_count: p.rows.len() as u32,
-            span_ns: p.span_ns,
-            samples: p.samples,
-            period_ns: p.period_ns,
-            lost: p.lost,
-            reserved: 0,
-        });
-        // Rows of a process mostly share a few modules: skip the lookup.
-        let mut last_module: (&str, (u32, u32)) = ("", (0, 0));
-        for (r, &id) in p.rows.iter().zip(&mut next_id) {
-            if !std::ptr::eq(r.module, last_module.0) {
-                last_module = (r.module, intern(strings, r.module));
-            }
-            let (module_off, module_len) = last_module.1;
-            let (name_off, name_len) = match names {
-                Some(n) => n.span(id),
-                None => {
-                    let at = &mut name_of[id as usize];
-                    if at.0 == EMPTY {
-                        *at = push_str(strings, r.name);
-                    }
-                    *at
-                }
-            };
-            rows.push(Row {
-                name_off,
-                name_len,
-                module_off,
-                module_len,
-                proc_index: pi as u32,
-                flags: if r.counted { ROW_COUNTED } else { 0 }
-                    | if r.estimated { ROW_ESTIMATED } else { 0 }
-                    | if r.accelerated { ROW_ACCELERATED } else { 0 }
-                    | if r.counting_off { ROW_COUNTING_OFF } else { 0 },
-                calls: r.calls,
-                samples: r.samples,
-                time_ns: r.time_ns,
-                total_calls: r.total_calls,
-                check: 0,
-            });
-        }
+    fn key(&self, id: u32) -> u32 {
+        self.keys[id as usize]
     }
-    // The global rows, merged executable by executable: the rows of one
-    // program's processes share ids, so what they add up stays in cache.
-    // They follow the process rows in place (no copy of either).
-    by_exe.clear();
-    by_exe.extend(0..entries.len() as u32);
-    by_exe.sort_by_key(|&pi| (entries[pi as usize].exe_off, pi));
-    for &pi in by_exe.iter() {
-        let e = &entries[pi as usize];
-        let p = &procs[order[pi as usize] as usize];
-        let first = e.first_row as usize;
-        for k in first..first + e.row_count as usize {
-            let (id, row) = (ids[k], rows[k]);
-            let at = (global_first as usize).saturating_add(global_of[id as usize] as usize);
-            let g = match rows.get_mut(at) {
-                Some(g) => g,
-                None => {
-                    global_of[id as usize] = (rows.len() - global_first as usize) as u32;
-                    let key = names
-                        .map_or_else(|| key_hash(p.exe, p.rows[k - first].name), |n| n.key(id));
-                    global_ids.push((id, key));
-                    // Its process: the first of the executable in pid order.
-                    rows.push(Row {
-                        flags: ROW_GLOBAL,
-                        calls: 0,
-                        samples: 0,
-                        time_ns: 0,
-                        total_calls: 0,
-                        ..row
-                    });
-                    rows.last_mut().unwrap()
-                }
-            };
-            // Rows come from segments the daemon does not trust.
-            g.calls = g.calls.saturating_add(row.calls);
-            g.samples = g.samples.saturating_add(row.samples);
-            g.time_ns = g.time_ns.saturating_add(row.time_ns);
-            g.total_calls = g.total_calls.saturating_add(row.total_calls);
-            g.flags |= row.flags;
-        }
-    }
-    // Ready for the next publish; every global row is distinct, so its
-    // hash slot is the first free one.
-    let cap = hash_cap(global_ids.len());
-    hash.clear();
-    hash.resize(cap as usize, EMPTY);
-    for (k, &(id, key)) in global_ids.iter().enumerate() {
-        global_of[id as usize] = EMPTY;
-        if let Some(at) = name_of.get_mut(id as usize) {
-            *at = (EMPTY, 0);
-        }
-        let mut h = key & (cap - 1);
-        while hash[h as usize] != EMPTY {
-            h = (h + 1) & (cap - 1);
-        }
-        hash[h as usize] = global_first + k as u32;
-    }
-    let global_count = global_ids.len() as u32;
-    let procs_off = size_of::<BufferHeader>();
-    let rows_off = procs_off + entries.len() * 64;
-    let hash_off = rows_off + rows.len() * 64;
-    let strings_off = hash_off + hash.len() * 4;
-    for r in rows.iter_mut() {
-        r.check = r.checksum();
-    }
-    // Offsets are 32-bit: a larger table cannot be published at all.
-    let strings_len = base + strings.len();
-    let need = (strings_off + strings_len) as u64;
-    let need = if need > u32::MAX as u64 {
-        u64::MAX
-    } else {
-        need
-    };
-    let h = BufferHeader {
-        seq: 0,
-        span_end_ns,
-        span_ns,
-        publish_ns: 0,
-        proc_count: entries.len() as u32,
-        row_count: rows.len() as u32,
-        global_first,
-        global_count,
-        hash_cap: cap,
-        strings_len: strings_len as u32,
-        procs_off: procs_off as u32,
-        rows_off: rows_off as u32,
-        hash_off: hash_off as u32,
-        strings_off: strings_off as u32,
-        reserved: [0; 7],
-    };
-    (h, need)
 }
 
 /// Fixtures for the writer's tests and the reader's: tables to publish and
@@ -466,7 +574,6 @@ pub(super) mod tests {
                 .map(|(i, n)| RowIn {
                     name: n,
                     module: "app",
-                    id: None,
                     counted: i != 2,
                     estimated: i == 1,
                     accelerated: i == 0,
@@ -528,73 +635,162 @@ pub(super) mod tests {
         unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr() as *mut u8, mem.len() * 8) }
     }
 
+    /// (executable, name) of each id / 7, the names end to end, and their
+    /// version.
+    struct Names(
+        Vec<(&'static str, &'static str)>,
+        String,
+        Vec<(u32, u32)>,
+        u64,
+    );
+    impl RowNames for Names {
+        fn strings(&self) -> &str {
+            &self.1
+        }
+        fn span(&self, id: u32) -> (u32, u32) {
+            self.2[id as usize / 7]
+        }
+        fn key(&self, id: u32) -> u32 {
+            let (exe, name) = self.0[id as usize / 7];
+            key_hash(exe, name)
+        }
+        fn version(&self) -> Option<u64> {
+            Some(self.3)
+        }
+    }
+
+    /// `procs` as rows named by sparse ids, as a daemon's are after
+    /// processes left, with their names in `names`.
+    fn by_id(procs: &[ProcTable<'static>], names: &mut Names) -> Vec<Vec<IdRow>> {
+        procs
+            .iter()
+            .map(|p| {
+                p.rows
+                    .iter()
+                    .map(|r| {
+                        let k = match names.0.iter().position(|&n| n == (p.exe, r.name)) {
+                            Some(k) => k,
+                            None => {
+                                names.0.push((p.exe, r.name));
+                                names.2.push((names.1.len() as u32, r.name.len() as u32));
+                                names.1.push_str(r.name);
+                                names.0.len() - 1
+                            }
+                        };
+                        IdRow {
+                            id: 7 * k as u32,
+                            module: 0,
+                            flags: row_flags(r.counted, r.estimated, r.accelerated, r.counting_off),
+                            calls: r.calls,
+                            samples: r.samples,
+                            time_ns: r.time_ns,
+                            total_calls: r.total_calls,
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn proc_rows<'a>(
+        procs: &[ProcTable<'a>],
+        rows: &'a [Vec<IdRow>],
+        modules: &'a [String],
+    ) -> Vec<ProcRows<'a>> {
+        procs
+            .iter()
+            .zip(rows)
+            .map(|(p, rows)| ProcRows {
+                pid: p.pid,
+                exe: p.exe,
+                ended: p.ended,
+                span_ns: p.span_ns,
+                samples: p.samples,
+                period_ns: p.period_ns,
+                lost: p.lost,
+                modules,
+                rows,
+            })
+            .collect()
+    }
+
     /// Rows merged by the caller's ids publish the same table as rows
     /// merged by name; processes come out in pid order either way.
     #[test]
     fn ids_merge_rows_as_names_do() {
-        /// (executable, name) of each id / 7, and the names end to end.
-        struct Names(Vec<(&'static str, &'static str)>, String, Vec<(u32, u32)>);
-        impl RowNames for Names {
-            fn strings(&self) -> &str {
-                &self.1
-            }
-            fn span(&self, id: u32) -> (u32, u32) {
-                self.2[id as usize / 7]
-            }
-            fn key(&self, id: u32) -> u32 {
-                let (exe, name) = self.0[id as usize / 7];
-                key_hash(exe, name)
-            }
-        }
         let mut by_name = table(3);
         by_name.swap(0, 2);
-        let mut by_id = by_name.clone();
         // A name no row uses, as a daemon's strings hold after a process left.
-        let mut names = Names(Vec::new(), "unused".to_string(), Vec::new());
-        for p in &mut by_id {
-            for r in &mut p.rows {
-                // Sparse ids, as a daemon's are after processes left.
-                let k = match names.0.iter().position(|&n| n == (p.exe, r.name)) {
-                    Some(k) => k,
-                    None => {
-                        names.0.push((p.exe, r.name));
-                        names.2.push((names.1.len() as u32, r.name.len() as u32));
-                        names.1.push_str(r.name);
-                        names.0.len() - 1
-                    }
-                };
-                r.id = Some(7 * k as u32);
-                // Not read: the names come from `names`.
-                r.name = "";
-            }
-        }
-        let view = |t: &[ProcTable], names: Option<&dyn RowNames>| {
+        let mut names = Names(Vec::new(), "unused".to_string(), Vec::new(), 1);
+        let rows = by_id(&by_name, &mut names);
+        let modules = ["app".to_string()];
+        let procs = proc_rows(&by_name, &rows, &modules);
+        let view = |named: bool| {
             let (mem, mut w) = segment(64 * 1024);
             // Twice: what one publish leaves behind must not leak into the next.
             for k in 1..=2 {
-                match names {
-                    Some(n) => w.publish_named(k, 1, t, n).unwrap(),
-                    None => w.publish(k, 1, t).unwrap(),
+                match named {
+                    true => w.publish_rows(k, 1, &procs, &names).unwrap(),
+                    false => w.publish(k, 1, &by_name).unwrap(),
                 }
             }
             let v = read_view(bytes(&mem)).unwrap();
             (mem, v)
         };
-        let ((_, a), (mem, b)) = (view(&by_name, None), view(&by_id, Some(&names)));
+        let ((_, a), (mem, b)) = (view(false), view(true));
         let pids: Vec<u32> = a.procs.iter().map(|p| p.pid).collect();
         assert_eq!(pids, [10, 11, 12]);
         assert_eq!(a.procs, b.procs);
-        assert_eq!(a.rows, b.rows);
-        assert_eq!(a.global, b.global);
-        let globals = &b.rows[b.global.clone()];
-        let main = globals.iter().find(|g| g.name == "main").unwrap();
+        for (pa, pb) in a.procs.iter().zip(&b.procs) {
+            assert_eq!(a.rows[pa.rows.clone()], b.rows[pb.rows.clone()]);
+        }
+        let (ga, gb) = (&a.rows[a.global.clone()], &b.rows[b.global.clone()]);
+        assert_eq!(ga.len(), 4);
+        for g in gb {
+            assert!(ga.contains(g), "{g:?}");
+        }
+        let main = gb.iter().find(|g| g.name == "main").unwrap();
         assert_eq!(main.calls, 3 + 3, "two processes of /bin/app");
-        assert_eq!(globals.len(), 4);
         // Found through the hash index, built from the names' keys.
         let hot = super::super::reader::lookup(bytes(&mem), "/bin/other", "hot")
             .unwrap()
             .unwrap();
         assert_eq!((hot.name.as_str(), hot.calls), ("hot", 3));
+    }
+
+    /// Names of an unchanged version are not copied again into a buffer
+    /// that has them; a new version is.
+    #[test]
+    fn unchanged_names_are_copied_once_per_buffer() {
+        let t = table(1);
+        let mut names = Names(Vec::new(), String::new(), Vec::new(), 1);
+        let rows = by_id(&t, &mut names);
+        let modules = ["app".to_string()];
+        let procs = proc_rows(&t, &rows, &modules);
+        let (mut mem, mut w) = segment(64 * 1024);
+        for k in 1..=2 {
+            w.publish_rows(k, 1, &procs, &names).unwrap();
+        }
+        let h = w.header;
+        // Both buffers have the names: overwrite them there.
+        let scribble = |mem: &mut [u64]| {
+            for off in h.buffer_off {
+                let at = off as usize + size_of::<BufferHeader>();
+                bytes_mut(mem)[at..at + 4].copy_from_slice(b"XXXX");
+            }
+        };
+        scribble(&mut mem);
+        w.publish_rows(3, 1, &procs, &names).unwrap();
+        let first = |mem: &[u64]| read_view(bytes(mem)).unwrap().rows[0].name.clone();
+        assert_eq!(first(&mem), "XXXX", "not copied again");
+        names.3 = 2;
+        w.publish_rows(4, 1, &procs, &names).unwrap();
+        assert_eq!(first(&mem), "main");
+        scribble(&mut mem);
+        // Another writer's names of the same version are copied too.
+        let other = Names(names.0.clone(), names.1.clone(), names.2.clone(), 2);
+        w.publish_rows(5, 1, &procs, &other).unwrap();
+        assert_eq!(first(&mem), "main");
     }
 
     #[test]
