@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! [PresentHeader][buffer 0][buffer 1]
-//! buffer: [BufferHeader][ProcEntry x procs][Row x rows][u32 x hash_cap][strings]
+//! buffer: [BufferHeader][strings][ProcEntry x procs][Row x rows][u32 x hash_cap]
 //! ```
+//!
+//! Each region is found by its offset in the buffer header (readers
+//! assume no order; the writer puts strings first so that their place is
+//! known before any row is written).
 //!
 //! Rows of each process are contiguous (`ProcEntry::first_row`); after them
 //! come the global rows (same executable and function merged across
