@@ -731,21 +731,26 @@ mod tests {
         }
     }
 
+    /// Starts following `seg` at `now` with a span of 5 s.
+    fn track(seg: &Seg, now: u64, slots: &mut Slots) -> (Tracked, Seen) {
+        Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            now,
+            5 * S,
+            slots,
+            &mut Counts::default(),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn deltas_over_the_span() {
         let seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(1000, 10, 0);
         // Seen long after it started: the first span counts from then.
-        let (mut t, seen) = Tracked::new(
-            seg.bytes(),
-            &seg.header(),
-            100 * S,
-            5 * S,
-            &mut slots,
-            &mut Counts::default(),
-        )
-        .unwrap();
+        let (mut t, seen) = track(&seg, 100 * S, &mut slots);
         assert_eq!((seen.pid, seen.state), (5, state::RUNNING));
         assert!(t.table().rows.is_empty());
         for k in 1..=10u64 {
@@ -785,15 +790,7 @@ mod tests {
         let seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(300, 3, 0);
-        let (t, _) = Tracked::new(
-            seg.bytes(),
-            &seg.header(),
-            2 * S,
-            5 * S,
-            &mut slots,
-            &mut Counts::default(),
-        )
-        .unwrap();
+        let (t, _) = track(&seg, 2 * S, &mut slots);
         let tab = t.table();
         assert_eq!(tab.rows[0].calls, 300);
         assert_eq!(tab.span_ns, 2 * S - 1_000);
@@ -803,15 +800,7 @@ mod tests {
     fn functions_added_later_are_named_and_counted() {
         let mut seg = Seg::new();
         let mut slots = Slots::default();
-        let (mut t, _) = Tracked::new(
-            seg.bytes(),
-            &seg.header(),
-            100 * S,
-            5 * S,
-            &mut slots,
-            &mut Counts::default(),
-        )
-        .unwrap();
+        let (mut t, _) = track(&seg, 100 * S, &mut slots);
         seg.w.add_module(b"/lib/late.so", 0).unwrap();
         let f = seg.w.add_function(b"late", 0, 1).unwrap();
         seg.w.set_status(f, None);
@@ -848,15 +837,7 @@ mod tests {
         let mut seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(100, 1, 0);
-        let (mut t, _) = Tracked::new(
-            seg.bytes(),
-            &seg.header(),
-            2 * S,
-            5 * S,
-            &mut slots,
-            &mut Counts::default(),
-        )
-        .unwrap();
+        let (mut t, _) = track(&seg, 2 * S, &mut slots);
         assert_eq!(t.table().rows[0].flags & ROW_ESTIMATED, 0);
         seg.w.set_estimated(0, Some(250));
         seg.set(200, 2, 0);
@@ -895,15 +876,7 @@ mod tests {
         let seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(100, 1, 1);
-        let (mut t, _) = Tracked::new(
-            seg.bytes(),
-            &seg.header(),
-            2 * S,
-            5 * S,
-            &mut slots,
-            &mut Counts::default(),
-        )
-        .unwrap();
+        let (mut t, _) = track(&seg, 2 * S, &mut slots);
         assert_eq!(t.table().rows.len(), 2);
         let mut mem = seg.mem.clone();
         let bytes =
@@ -947,15 +920,7 @@ mod tests {
         let seg = Seg::new();
         let mut slots = Slots::default();
         seg.set(1000, 0, 0);
-        let (mut t, _) = Tracked::new(
-            seg.bytes(),
-            &seg.header(),
-            100 * S,
-            5 * S,
-            &mut slots,
-            &mut Counts::default(),
-        )
-        .unwrap();
+        let (mut t, _) = track(&seg, 100 * S, &mut slots);
         seg.set(10, 0, 0);
         t.observe(
             seg.bytes(),

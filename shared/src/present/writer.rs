@@ -31,6 +31,26 @@ pub struct ProcTable<'a> {
     pub rows: Vec<RowIn<'a>>,
 }
 
+impl<'a> ProcTable<'a> {
+    /// This process with `rows` (modules indexed in `modules`) instead.
+    fn with_rows<'b>(&self, modules: &'b [String], rows: &'b [IdRow]) -> ProcRows<'b>
+    where
+        'a: 'b,
+    {
+        ProcRows {
+            pid: self.pid,
+            exe: self.exe,
+            ended: self.ended,
+            span_ns: self.span_ns,
+            samples: self.samples,
+            period_ns: self.period_ns,
+            lost: self.lost,
+            modules,
+            rows,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RowIn<'a> {
     pub name: &'a str,
@@ -223,17 +243,7 @@ impl PresentWriter {
         let procs: Vec<ProcRows> = procs
             .iter()
             .zip(modules.iter().zip(&rows))
-            .map(|(p, (modules, rows))| ProcRows {
-                pid: p.pid,
-                exe: p.exe,
-                ended: p.ended,
-                span_ns: p.span_ns,
-                samples: p.samples,
-                period_ns: p.period_ns,
-                lost: p.lost,
-                modules,
-                rows,
-            })
+            .map(|(p, (modules, rows))| p.with_rows(modules, rows))
             .collect();
         self.publish_rows(span_end_ns, span_ns, &procs, &names)
     }
@@ -700,17 +710,7 @@ pub(super) mod tests {
         procs
             .iter()
             .zip(rows)
-            .map(|(p, rows)| ProcRows {
-                pid: p.pid,
-                exe: p.exe,
-                ended: p.ended,
-                span_ns: p.span_ns,
-                samples: p.samples,
-                period_ns: p.period_ns,
-                lost: p.lost,
-                modules,
-                rows,
-            })
+            .map(|(p, rows)| p.with_rows(modules, rows))
             .collect()
     }
 
