@@ -15,16 +15,15 @@ use rtprof_shared::{read_function_flags, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
 /// What a process's segment names, read when it changes: each function's
-/// and module's row id (names are kept once per executable, in [`Slots`]);
-/// beside each function's, its sums over the span.
+/// and module's row id (names are kept once per executable, in [`Slots`]),
+/// module and flags.
 #[derive(Default)]
 struct Meta {
     func_count: u32,
     module_count: u32,
     strings_len: u32,
-    /// Each function slot: what a row of the span's table needs but the
-    /// newest counts, together (a table reads it for the few slots the span
-    /// touched, scattered over thousands: one cache line each).
+    /// Each function slot: what names a row of the span's table (read
+    /// for the few rows a table shows; its counts are in [`FuncCounts`]).
     funcs: Vec<FuncSlot>,
     /// Module file names, and the row ids of their buckets (`[libc.so.6]`).
     modules: Vec<String>,
@@ -34,7 +33,7 @@ struct Meta {
 }
 
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(16))]
 struct FuncSlot {
     /// Row id (names are in [`Slots`]).
     id: u32,
@@ -45,9 +44,6 @@ struct FuncSlot {
     active: bool,
     /// Its [`function_flags`] (estimated, accelerated, counting off).
     flags: u32,
-    /// Calls and samples over the span.
-    span_calls: u64,
-    span_samples: u64,
 }
 
 impl Meta {
@@ -64,8 +60,6 @@ impl Meta {
                 counted: false,
                 active: false,
                 flags: 0,
-                span_calls: 0,
-                span_samples: 0,
             });
         }
         for (m, f) in self.funcs.iter_mut().zip(&s.functions) {
@@ -119,13 +113,19 @@ struct Rest {
     lost: u64,
 }
 
-/// One function's newest counts, together: every tick compares all of
-/// them with what it read, a table reads both of the few it shows.
+/// One function's counts, together: every tick streams through all of
+/// them, comparing the newest with what it read and adding what changed
+/// to the span's sums in the same cache line; a table then reads the few
+/// it shows while they are still in cache.
 #[derive(Clone, Copy, Default)]
-#[repr(C, align(16))]
-struct Newest {
+#[repr(C, align(32))]
+struct FuncCounts {
+    /// At the newest tick.
     calls: u64,
     samples: u64,
+    /// Over the span.
+    span_calls: u64,
+    span_samples: u64,
 }
 
 impl Counts {
@@ -174,8 +174,8 @@ pub struct Tracked {
     pub ended: bool,
     period_ns: u64,
     meta: Meta,
-    /// Each function's newest counts (its span sums are in `meta.funcs`).
-    newest_funcs: Vec<Newest>,
+    /// Each function's newest counts and span sums.
+    counts: Vec<FuncCounts>,
     /// The rest of the counters at the newest tick, and their span sums.
     newest: Rest,
     sums: Rest,
@@ -247,7 +247,7 @@ impl Tracked {
             ended: false,
             period_ns: s.sample_period_ns,
             meta,
-            newest_funcs: Vec::new(),
+            counts: Vec::new(),
             newest: Rest::default(),
             sums: Rest::default(),
             newest_ns: now_ns,
@@ -281,7 +281,7 @@ impl Tracked {
             t.record(&first, now_ns, span_ns, true);
         } else {
             for (sl, (&calls, &samples)) in t
-                .newest_funcs
+                .counts
                 .iter_mut()
                 .zip(first.calls.iter().zip(&first.samples))
             {
@@ -364,7 +364,7 @@ impl Tracked {
 
     /// Room for `funcs` functions and `modules` modules (they only grow).
     fn resize(&mut self, funcs: usize, modules: usize) {
-        self.newest_funcs.resize(funcs, Newest::default());
+        self.counts.resize(funcs, FuncCounts::default());
         self.newest.buckets.resize(modules, 0);
         self.sums.buckets.resize(modules, 0);
     }
@@ -379,9 +379,9 @@ impl Tracked {
     }
 
     /// Makes `new` (just read; its first slots are this process's) the
-    /// newest point: its changes become a delta, and deltas older than the
-    /// span are let go. Without `sampled`, samples were not read: they
-    /// stayed.
+    /// newest point: its changes become a delta, added to the span's sums
+    /// as they are found, and deltas older than the span are let go.
+    /// Without `sampled`, samples were not read: they stayed.
     fn record(&mut self, new: &Counts, now_ns: u64, span_ns: u64, sampled: bool) {
         let (old, rest) = (&mut self.newest, &new.rest);
         let mut d = Delta {
@@ -392,16 +392,27 @@ impl Tracked {
             total: rest.total.saturating_sub(old.total),
             lost: rest.lost.saturating_sub(old.lost),
         };
+        let (meta, active) = (&mut self.meta.funcs, &mut self.active);
+        // A change: kept in the delta and added to the span at once.
+        let mut changed = |i: usize, o: &mut FuncCounts, c: u64, s: u64| {
+            if o.span_calls | o.span_samples == 0 && !meta[i].active {
+                meta[i].active = true;
+                active.push(i as u32);
+            }
+            o.span_calls = o.span_calls.wrapping_add(c);
+            o.span_samples = o.span_samples.wrapping_add(s);
+            d.funcs.push((i as u32, c, s));
+        };
         // The newest point is updated in place, slot by slot: a counter
         // that went back (a hostile segment) is taken as it is, adding
         // nothing.
         if sampled {
             let read = new.calls.iter().zip(&new.samples);
-            for (i, ((&n, &ns), o)) in read.zip(self.newest_funcs.iter_mut()).enumerate() {
+            for (i, ((&n, &ns), o)) in read.zip(self.counts.iter_mut()).enumerate() {
                 let (c, s) = (n.saturating_sub(o.calls), ns.saturating_sub(o.samples));
                 (o.calls, o.samples) = (n, ns);
                 if c | s != 0 {
-                    d.funcs.push((i as u32, c, s));
+                    changed(i, o, c, s);
                 }
             }
             for (i, (&n, o)) in rest.buckets.iter().zip(old.buckets.iter_mut()).enumerate() {
@@ -411,17 +422,13 @@ impl Tracked {
                 *o = n;
             }
         } else {
-            for (i, (&n, o)) in new
-                .calls
-                .iter()
-                .zip(self.newest_funcs.iter_mut())
-                .enumerate()
-            {
+            for (i, (&n, o)) in new.calls.iter().zip(self.counts.iter_mut()).enumerate() {
                 if n != o.calls {
-                    if n > o.calls {
-                        d.funcs.push((i as u32, n - o.calls, 0));
-                    }
+                    let c = n.saturating_sub(o.calls);
                     o.calls = n;
+                    if c != 0 {
+                        changed(i, o, c, 0);
+                    }
                 }
             }
         }
@@ -437,14 +444,19 @@ impl Tracked {
             d.funcs.clear();
             self.spare = d.funcs;
         }
-        let funcs = &mut self.meta.funcs;
+        let (counts, meta) = (&self.counts, &mut self.meta.funcs);
         self.active.retain(|&i| {
-            let sl = &mut funcs[i as usize];
-            sl.active = sl.span_calls | sl.span_samples != 0;
-            sl.active
+            let c = &counts[i as usize];
+            let keep = c.span_calls | c.span_samples != 0;
+            if !keep {
+                meta[i as usize].active = false;
+            }
+            keep
         });
     }
 
+    /// Adds (or takes away) a delta's module buckets and totals, and takes
+    /// away its functions' changes (added as they were found).
     fn apply(&mut self, d: &Delta, add: bool) {
         let op = |a: &mut u64, b: u64| {
             *a = if add {
@@ -453,13 +465,11 @@ impl Tracked {
                 a.wrapping_sub(b)
             }
         };
-        for &(i, c, n) in &d.funcs {
-            let sl = &mut self.meta.funcs[i as usize];
-            op(&mut sl.span_calls, c);
-            op(&mut sl.span_samples, n);
-            if add && !sl.active {
-                sl.active = true;
-                self.active.push(i);
+        if !add {
+            for &(i, c, n) in &d.funcs {
+                let o = &mut self.counts[i as usize];
+                op(&mut o.span_calls, c);
+                op(&mut o.span_samples, n);
             }
         }
         let s = &mut self.sums;
@@ -497,13 +507,13 @@ impl Tracked {
         n: usize,
         mut f: impl FnMut(u32, &str, &str, u64, u64),
     ) {
-        let (s, m) = (&self.newest_funcs, &self.meta);
+        let (s, m) = (&self.counts, &self.meta);
         let mut hot: Vec<(u64, u64, u32)> = self
             .active
             .iter()
             .map(|&i| {
-                let fs = &m.funcs[i as usize];
-                (fs.span_samples, fs.span_calls, i)
+                let c = &s[i as usize];
+                (c.span_samples, c.span_calls, i)
             })
             .collect();
         let hottest = |&(samples, calls, _): &(u64, u64, u32)| std::cmp::Reverse((samples, calls));
@@ -527,8 +537,8 @@ impl Tracked {
     /// The span's sums, as [`Tracked::each_change`] gives a tick's.
     pub fn each_in_span(&self, slots: &Slots, f: impl FnMut(u32, &str, &str, u64, u64)) {
         let funcs = self.active.iter().map(|&i| {
-            let (i, sl) = (i as usize, &self.meta.funcs[i as usize]);
-            (i, sl.span_calls, sl.span_samples)
+            let (i, c) = (i as usize, &self.counts[i as usize]);
+            (i, c.span_calls, c.span_samples)
         });
         let s = &self.sums;
         let buckets = s.buckets.iter().copied().enumerate();
@@ -588,10 +598,10 @@ impl Tracked {
         let f = m.funcs.len() as u32;
         order.clear();
         for &i in &self.active {
-            let sl = &m.funcs[i as usize];
-            let calls = if sl.counted { sl.span_calls } else { 0 };
-            if calls | sl.span_samples != 0 {
-                order.push((key(sl.span_samples, calls), i));
+            let (sl, c) = (&m.funcs[i as usize], &self.counts[i as usize]);
+            let calls = if sl.counted { c.span_calls } else { 0 };
+            if calls | c.span_samples != 0 {
+                order.push((key(c.span_samples, calls), i));
             }
         }
         for (i, &samples) in s.buckets.iter().enumerate().filter(|(_, &n)| n > 0) {
@@ -601,11 +611,11 @@ impl Tracked {
             order.push((key(s.unknown, 0), f + m.buckets.len() as u32));
         }
         order.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
-        let newest = &self.newest_funcs;
+        let counts = &self.counts;
         let row = |&(_, i): &(u64, u32)| {
             let b = i.saturating_sub(f) as usize;
             if i < f {
-                let fs = &m.funcs[i as usize];
+                let (fs, c) = (&m.funcs[i as usize], &counts[i as usize]);
                 let flag = |bit: u32, row: u32| if fs.flags & bit != 0 { row } else { 0 };
                 IdRow {
                     id: fs.id,
@@ -614,10 +624,10 @@ impl Tracked {
                         | flag(function_flags::ESTIMATED, ROW_ESTIMATED)
                         | flag(function_flags::ACCELERATED, ROW_ACCELERATED)
                         | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF),
-                    calls: if fs.counted { fs.span_calls } else { 0 },
-                    samples: fs.span_samples,
-                    time_ns: time(fs.span_samples),
-                    total_calls: newest[i as usize].calls,
+                    calls: if fs.counted { c.span_calls } else { 0 },
+                    samples: c.span_samples,
+                    time_ns: time(c.span_samples),
+                    total_calls: c.calls,
                 }
             } else if b < m.buckets.len() {
                 IdRow {

@@ -1,7 +1,8 @@
 /* Function entries of known shapes, written in assembly so every
  * optimisation level sees the same bytes: 1-4-byte functions followed by
  * alignment fill, a packed one that is too small, a loop target at the first
- * instruction (must be refused, never broken), and entries that begin with a
+ * instruction (must be refused, never broken), a loop whose rel32 branch
+ * lands on the second of the moved instructions, and entries that begin with a
  * rip-relative load, a short jcc, or a call. Each has unwind info, as
  * real assembly functions do, so stripped builds still list them. */
 #include <stdio.h>
@@ -16,6 +17,7 @@ int shape_after_packed(void);
 int shape_loop(int);        /* loop back to the first instruction */
 int shape_loop32(int);      /* the same loop, its branch back a jcc rel32 */
 int shape_short(int);       /* push rbx; mov rbx,rdi; then a loop to +4 */
+int shape_mid(int);         /* push rbx; then a loop to +1 through a jcc rel32 */
 int shape_fall(int);        /* add edi,1, then runs on through fill into: */
 int shape_fall_into(int);   /* as shape_short: its fill is not dead */
 int shape_riprel(int);      /* mov eax,[rip+x]; add eax,edi; ret */
@@ -84,6 +86,14 @@ __asm__(
     "5: add eax, 1\n sub rbx, 1\n jg 5b\n pop rbx\n ret\n"
     ".cfi_endproc\n"
     ".size shape_short, .-shape_short\n"
+    ".p2align 4\n"
+    ".globl shape_mid\n.type shape_mid,@function\n"
+    ".cfi_startproc\n"
+    "shape_mid: push rbx\n .cfi_adjust_cfa_offset 8\n"
+    "8: add eax, 3\n sub edi, 1\n .byte 0x0f, 0x8f\n .long 8b - (. + 4)\n"
+    " pop rbx\n .cfi_adjust_cfa_offset -8\n ret\n"
+    ".cfi_endproc\n"
+    ".size shape_mid, .-shape_mid\n"
     ".p2align 4\n"
     ".globl shape_fall\n.type shape_fall,@function\n"
     ".cfi_startproc\n"
@@ -155,6 +165,9 @@ int main(void) {
     for (int i = 0; i < 22; i++) iterations += looped(shape_fall, i + 1);
     /* The same through a short entry: a loop lands 4 bytes in. */
     for (int i = 0; i < 21; i++) iterations += looped(shape_short, i + 1);
+    /* A loop that lands on the second moved instruction: sent to its copy
+     * (no short entry: one byte moves before it), 3 a turn. */
+    for (int i = 0; i < 23; i++) iterations += looped(shape_mid, i + 1);
     for (int i = 0; i < 17; i++) s += shape_riprel(i);
     int pos = 0, neg = 0;
     for (int i = 0; i < 18; i++) (shape_jcc(i % 3) > 0) ? pos++ : neg++;
@@ -164,10 +177,10 @@ int main(void) {
     printf("s=%ld pos=%d neg=%d ret_ok=%d iterations=%d\n", s, pos, neg, ret_ok, iterations);
     printf("EXPECT shape_ret1 11\nEXPECT shape_xor3 12\nEXPECT shape_lea4 13\n");
     printf("EXPECT shape_endbr_ret 14\nEXPECT shape_after_packed 15\n");
-    printf("EXPECT shape_loop32 20\nEXPECT shape_short 21\n");
+    printf("EXPECT shape_loop32 20\nEXPECT shape_short 21\nEXPECT shape_mid 23\n");
     printf("EXPECT shape_riprel 17\nEXPECT shape_jcc 18\nEXPECT shape_call 19\nEXPECT get_ret 19\n");
     printf("EXPECT_REFUSED shape_packed too_small\n");
     printf("EXPECT_REFUSED shape_loop branch_into_window\n");
     printf("EXPECT_REFUSED shape_fall_into branch_into_window\n");
-    return ret_ok && iterations == 210 + 275 + 231 ? 0 : 1;
+    return ret_ok && iterations == 210 + 275 + 231 + 3 * 276 ? 0 : 1;
 }

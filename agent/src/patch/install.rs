@@ -2,7 +2,7 @@
 //! jump to them. Runs while the process is single-threaded (the constructor).
 
 use crate::analysis::ModulePlan;
-use crate::arch::{CounterRef, EntryPatch, InstructionSet, Native, Plan};
+use crate::arch::{CounterRef, EntryPatch, InstructionSet, Native};
 use crate::log::vlog;
 use crate::modules::Module;
 use crate::stubmem::StubArea;
@@ -74,14 +74,14 @@ impl StubMap {
 }
 
 /// The bytes that send the branch whose rel32 field is at `field` to `to`,
-/// if the field still reaches the plan's entry (the bytes the plan was
-/// made from).
-fn redirect_bytes(plan: &Plan, field: u64, to: u64) -> Option<[u8; 4]> {
+/// if the field still reaches `target` (as in the bytes the plan was made
+/// from).
+fn redirect_bytes(field: u64, target: u64, to: u64) -> Option<[u8; 4]> {
     // SAFETY: the field lies inside the function's code (the plan put it
     // there, past the entry's bytes), mapped readable with the module.
     let rel = unsafe { std::ptr::read_unaligned(field as *const i32) };
     let now = (field + 4).wrapping_add(rel as i64 as u64);
-    if now != plan.start && now != plan.patch_at {
+    if now != target {
         return None;
     }
     Native::redirect(field, to)
@@ -322,10 +322,11 @@ fn install_with(
                 continue;
             };
             let stub = ranges[k].0;
-            let to = Native::uncounted_entry(stub);
-            for &r in plan.redirects() {
-                let field = plan.start + r as u64;
-                match redirect_bytes(plan, field, to) {
+            let moved = Native::uncounted_entry(stub);
+            for r in plan.redirects() {
+                let field = plan.start + r.field as u64;
+                let (target, to) = (plan.start + r.target as u64, moved + r.code as u64);
+                match redirect_bytes(field, target, to) {
                     Some(b) => parts.push((field, [b[0], b[1], b[2], b[3], 0], 4, k)),
                     None => blocked[k] = true,
                 }

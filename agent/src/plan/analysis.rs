@@ -187,7 +187,9 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         let (lo, hi) = (starts[i], ends[i]);
         let keep = |t: u64| in_text(t) && holder(t).is_none_or(|j| j == i || fragment[j]);
         let jt = Native::jump_table_targets(&s, lo, hi, &keep, &read);
-        direct.extend_from_slice(&s.branch_targets);
+        // A branch within the function itself is the function's own: its
+        // plan sends those into its entry bytes to their moved copies.
+        direct.extend(s.branch_targets.iter().filter(|&&t| holder(t) != Some(i)));
         direct.extend_from_slice(&s.call_targets);
         tables.extend_from_slice(&jt);
         own.push(Own {
@@ -302,8 +304,10 @@ fn plan_full(
         return Err(Refusal::DecodeError);
     }
     // A loop back to the entry is not a call: it must not reach the
-    // stub's count. Where each such branch goes to the entry itself
-    // through a rel32, it is sent past the count instead.
+    // stub's count. Where each of the function's own branches into its
+    // entry bytes is a rel32 to one of the moved instructions (the
+    // entry's, or a later one's), it is sent to that instruction's copy
+    // in the stub, past the count.
     let entry_range = start..plan.resume_at.max(plan.patch_at + plan.window as u64);
     let mut plan = plan;
     let back = own
@@ -312,11 +316,11 @@ fn plan_full(
         .filter(|t| entry_range.contains(t))
         .count();
     if back > 0 {
-        let fields: Option<Vec<u64>> = own
+        let fields: Option<Vec<(u64, u64)>> = own
             .entry_branches
             .iter()
             .filter(|(t, _)| entry_range.contains(t))
-            .map(|&(t, f)| f.filter(|_| t == start || t == plan.patch_at))
+            .map(|&(t, f)| f.map(|f| (f, t)))
             .collect();
         plan = fields
             .filter(|f| f.len() == back)

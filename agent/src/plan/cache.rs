@@ -34,7 +34,7 @@ use std::sync::OnceLock;
 
 const MAGIC: [u8; 8] = *b"RTPRCACH";
 /// Bumped whenever the entry layout or what the analysis decides changes.
-const FORMAT: u32 = 4;
+const FORMAT: u32 = 5;
 const RECORD: usize = 40;
 /// The cache directory is trimmed to three quarters of this when a write
 /// takes it over.

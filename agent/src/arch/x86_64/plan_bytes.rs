@@ -1,13 +1,16 @@
-//! A plan in a cache entry: an 8-byte head (skip, window, resume offset,
-//! the lengths of its original bytes, code, fixups and redirects, and a
-//! short plan's trampoline offset as i8, 0 for none), the
-//! original bytes, the code, 8 bytes per fixup (at, end, kind, 0, target
-//! as i32) and 4 per redirect (the rel32 field's offset).
+//! A plan in a cache entry: a 9-byte head (skip, window, resume offset,
+//! the lengths of its original bytes, code, fixups and redirects, a
+//! short plan's trampoline offset as i8 (0 for none), and the count of
+//! moved instructions), the original bytes, the code, 8 bytes per fixup
+//! (at, end, kind, 0, target as i32), 6 per redirect (the rel32 field's
+//! offset, its target's, its copy's in the code) and 2 per moved
+//! instruction (its offset, its copy's).
 
-use super::window::{FixKind, Fixup, Plan, MAX_FIXUPS, MAX_REDIRECTS};
+use super::window::{FixKind, Fixup, Plan, Redirect, MAX_FIXUPS, MAX_REDIRECTS, MIN_WINDOW};
 
-const PLAN_HEAD: usize = 8;
-const REDIRECT: usize = 4;
+const PLAN_HEAD: usize = 9;
+const REDIRECT: usize = 6;
+const MOVED: usize = 2;
 const FIXUP: usize = 8;
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -18,9 +21,14 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 pub fn decode(b: &[u8], start: u64) -> Option<Plan> {
     let head = b.get(..PLAN_HEAD)?;
     let (orig, code, nfix) = (head[3] as usize, head[4] as usize, head[5] as usize);
-    let nred = head[6] as usize;
+    let (nred, nmoved) = (head[6] as usize, head[8] as usize);
     let fixups_end = PLAN_HEAD + orig + code + nfix * FIXUP;
-    if nfix > MAX_FIXUPS || nred > MAX_REDIRECTS || b.len() != fixups_end + nred * REDIRECT {
+    let redirects_end = fixups_end + nred * REDIRECT;
+    if nfix > MAX_FIXUPS
+        || nred > MAX_REDIRECTS
+        || nmoved > MIN_WINDOW
+        || b.len() != redirects_end + nmoved * MOVED
+    {
         return None;
     }
     let original = &b[PLAN_HEAD..PLAN_HEAD + orig];
@@ -43,9 +51,19 @@ pub fn decode(b: &[u8], start: u64) -> Option<Plan> {
             target: u32_at(r, 4) as i32,
         };
     }
-    let mut fields = [0u64; MAX_REDIRECTS];
-    for (k, f) in fields.iter_mut().take(nred).enumerate() {
-        *f = start + u32_at(b, fixups_end + k * REDIRECT) as u64;
+    let mut redirects = [Redirect::default(); MAX_REDIRECTS];
+    for (k, r) in redirects.iter_mut().take(nred).enumerate() {
+        let at = fixups_end + k * REDIRECT;
+        *r = Redirect {
+            field: u32_at(b, at),
+            target: b[at + 4],
+            code: b[at + 5],
+        };
+    }
+    let mut moved = [(0u8, 0u8); MIN_WINDOW];
+    for (k, m) in moved.iter_mut().take(nmoved).enumerate() {
+        let at = redirects_end + k * MOVED;
+        *m = (b[at], b[at + 1]);
     }
     Plan::from_parts(
         start,
@@ -56,7 +74,8 @@ pub fn decode(b: &[u8], start: u64) -> Option<Plan> {
         code_bytes,
         &fixups[..nfix],
     )?
-    .with_redirects(&fields[..nred])
+    .with_moved_at(&moved[..nmoved])?
+    .with_resolved_redirects(&redirects[..nred])
     .and_then(|p| match head[7] as i8 {
         0 if p.window >= super::window::MIN_WINDOW => Some(p),
         0 => None,
@@ -75,6 +94,7 @@ pub fn encode(p: &Plan, out: &mut Vec<u8>) {
         p.fixups().len() as u8,
         p.redirects().len() as u8,
         p.tramp_offset() as u8,
+        p.moved_at().len() as u8,
     ]);
     out.extend_from_slice(p.original());
     out.extend_from_slice(p.code());
@@ -83,6 +103,10 @@ pub fn encode(p: &Plan, out: &mut Vec<u8>) {
         out.extend_from_slice(&f.target.to_le_bytes());
     }
     for r in p.redirects() {
-        out.extend_from_slice(&r.to_le_bytes());
+        out.extend_from_slice(&r.field.to_le_bytes());
+        out.extend_from_slice(&[r.target, r.code]);
+    }
+    for &(o, c) in p.moved_at() {
+        out.extend_from_slice(&[o, c]);
     }
 }

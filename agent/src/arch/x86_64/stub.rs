@@ -245,7 +245,7 @@ pub fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::window::plan_window;
+    use super::super::window::{plan_window, Redirect};
     use super::*;
     use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
@@ -493,6 +493,44 @@ mod tests {
         assert_eq!(ins[P + 4].near_branch_target(), plan.resume_at);
     }
 
+    /// A branch of the function's own to a later moved instruction goes to
+    /// that instruction's copy, past the count, and is kept in a cache
+    /// entry; one to the middle of an instruction is refused.
+    #[test]
+    fn branches_to_a_moved_instruction_go_to_its_copy() {
+        // push rbx; add eax,3; sub edi,1; jg rel32 (to the add); pop rbx; ret
+        let code = [
+            0x53, 0x83, 0xc0, 0x03, 0x83, 0xef, 0x01, 0x0f, 0x8f, 0xf4, 0xff, 0xff, 0xff, 0x5b,
+            0xc3,
+        ];
+        let a = 0x40_1000u64;
+        let p = plan_window(&code, a, code.len(), 0).unwrap();
+        assert_eq!(p.resume_at, a + 7);
+        let (second, copy) = p.moved_at()[1];
+        assert_eq!((second, copy), (1, 1), "the add, right after the push");
+        let mid = p.with_redirects(&[(a + 9, a + 1)]).unwrap();
+        assert_eq!(
+            mid.redirects(),
+            &[Redirect {
+                field: 9,
+                target: 1,
+                code: 1
+            }]
+        );
+        assert!(p.with_redirects(&[(a + 9, a + 2)]).is_none());
+        let mut bytes = Vec::new();
+        super::super::plan_bytes::encode(&mid, &mut bytes);
+        assert_eq!(super::super::plan_bytes::decode(&bytes, a), Some(mid));
+        // The copy the branch is sent to: the add, then the sub, then back.
+        let at = 0x50_0000;
+        let ins = decode_all(&stub(&mid, at, &COUNTER).unwrap(), at);
+        let to = at + PROLOGUE_LEN as u64 + copy as u64;
+        let k = ins.iter().position(|i| i.ip() == to).unwrap();
+        assert_eq!(ins[k].mnemonic(), Mnemonic::Add);
+        assert_eq!(ins[k + 1].mnemonic(), Mnemonic::Sub);
+        assert_eq!(ins[k + 2].near_branch_target(), a + 7);
+    }
+
     /// A plan taken apart (as a cache entry holds it) and put together for
     /// the module loaded elsewhere gives the stub a fresh plan would.
     #[test]
@@ -515,12 +553,23 @@ mod tests {
             pa.code(),
             pa.fixups(),
         )
+        .unwrap()
+        .with_moved_at(pa.moved_at())
         .unwrap();
         assert_eq!(parts, pa);
-        // Redirects come back as they went, never inside the entry's bytes.
-        let with = pa.with_redirects(&[a + 16]).unwrap();
-        assert_eq!(with.redirects(), &[16]);
-        assert!(pa.with_redirects(&[a + 5]).is_none());
+        // Redirects come back as they went, never inside the entry's bytes,
+        // always to a moved instruction's first byte.
+        let with = pa.with_redirects(&[(a + 16, a)]).unwrap();
+        assert_eq!(
+            with.redirects(),
+            &[Redirect {
+                field: 16,
+                target: 0,
+                code: 0
+            }]
+        );
+        assert!(pa.with_redirects(&[(a + 5, a)]).is_none());
+
         let mut bytes = Vec::new();
         super::super::plan_bytes::encode(&with, &mut bytes);
         assert_eq!(super::super::plan_bytes::decode(&bytes, a), Some(with));

@@ -25,8 +25,23 @@ pub const MAX_ORIGINAL: usize = 24;
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// Bytes of a `jmp rel8`: the entry of a short plan.
 pub const SHORT_JUMP: usize = 2;
-/// Most branches back to the entry a plan sends past the count.
+/// Most of the function's own branches into its entry bytes a plan sends
+/// to the stub's moved code.
 pub const MAX_REDIRECTS: usize = 4;
+
+/// One of the function's own branches into its entry bytes (a loop whose
+/// head is the entry, or a jump to a later instruction of those moved),
+/// sent to that instruction's copy in the stub, past the count (a loop is
+/// not a call).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Redirect {
+    /// Offset from `start` of the branch's rel32 field.
+    pub field: u32,
+    /// Offset from `start` of where it branches to now.
+    pub target: u8,
+    /// Offset in the moved code of the copy it is sent to.
+    pub code: u8,
+}
 
 /// What a fixup writes into the template once the stub's address is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,11 +115,14 @@ pub struct Plan {
     fix_len: u8,
     original: [u8; MAX_ORIGINAL],
     original_len: u8,
-    /// The function's own branches back to its entry (a loop whose head is
-    /// the entry): offsets from `start` of their rel32 fields, which are
-    /// sent to the stub's moved code, past the count (a loop is not a call).
-    redirects: [u32; MAX_REDIRECTS],
+    /// The function's own branches into its entry bytes.
+    redirects: [Redirect; MAX_REDIRECTS],
     redirect_len: u8,
+    /// Each moved instruction's offset from `start` and its copy's offset
+    /// in `code`: known for a plan just made (one read back from a cache
+    /// has its redirects resolved already).
+    moved_at: [(u8, u8); MIN_WINDOW],
+    moved_len: u8,
     /// A short plan's trampoline: 5 bytes of alignment fill before the
     /// function (offset from `start`, negative; 0 for none) that the entry's
     /// `jmp rel8` reaches and that jumps on to the stub.
@@ -122,28 +140,77 @@ impl Plan {
         self.tramp
     }
 
-    /// Offsets from `start` of the rel32 fields of the branches back to
-    /// the entry, sent past the count once the stub exists.
-    pub fn redirects(&self) -> &[u32] {
+    /// The function's own branches into its entry bytes, sent to the
+    /// stub's moved code once the stub exists.
+    pub fn redirects(&self) -> &[Redirect] {
         &self.redirects[..self.redirect_len as usize]
     }
 
-    /// The plan with the branches whose rel32 fields are at `fields` sent
-    /// past the count; `None` if there are too many, or one is not in
-    /// the function's reach.
-    pub fn with_redirects(mut self, fields: &[u64]) -> Option<Plan> {
-        if fields.len() > MAX_REDIRECTS {
+    /// The plan with the branches whose rel32 fields are at `fields`
+    /// (field, target) sent to the copies of the instructions they reach
+    /// (the entry's: the first moved one); `None` if there are too many,
+    /// one is not in the function's reach, or one reaches no moved
+    /// instruction's first byte.
+    pub fn with_redirects(self, fields: &[(u64, u64)]) -> Option<Plan> {
+        let mut r = [Redirect::default(); MAX_REDIRECTS];
+        for (k, &(f, t)) in fields.iter().enumerate() {
+            let target = t.checked_sub(self.start)?;
+            let code = if t == self.start || t == self.patch_at {
+                0
+            } else {
+                let mut at = self.moved_at[..self.moved_len as usize].iter();
+                at.find(|m| m.0 as u64 == target)?.1
+            };
+            *r.get_mut(k)? = Redirect {
+                field: u32::try_from(f.checked_sub(self.start)?).ok()?,
+                target: u8::try_from(target).ok()?,
+                code,
+            };
+        }
+        self.with_resolved_redirects(&r[..fields.len()])
+    }
+
+    /// Where each moved instruction is, from `start` and in the moved
+    /// code.
+    pub fn moved_at(&self) -> &[(u8, u8)] {
+        &self.moved_at[..self.moved_len as usize]
+    }
+
+    /// The plan with `moved_at` (a cache entry's), checked: each in the
+    /// original bytes and the moved code, in order.
+    pub fn with_moved_at(mut self, moved_at: &[(u8, u8)]) -> Option<Plan> {
+        let ok = moved_at.len() <= MIN_WINDOW
+            && moved_at
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1)
+            && moved_at
+                .iter()
+                .all(|&(o, c)| o < self.original_len && c < self.code_len);
+        if !ok {
             return None;
         }
-        for (k, &f) in fields.iter().enumerate() {
-            let off = f.checked_sub(self.start)?;
-            // Never the bytes the entry patch overwrites or moves.
-            if off < self.original_len as u64 {
+        self.moved_at[..moved_at.len()].copy_from_slice(moved_at);
+        self.moved_len = moved_at.len() as u8;
+        Some(self)
+    }
+
+    /// The plan with `redirects` (a cache entry's), checked: never a
+    /// field in the bytes the entry patch overwrites or moves, always a
+    /// target among them and a copy inside the moved code.
+    pub fn with_resolved_redirects(mut self, redirects: &[Redirect]) -> Option<Plan> {
+        if redirects.len() > MAX_REDIRECTS {
+            return None;
+        }
+        for r in redirects {
+            if r.field < self.original_len as u32
+                || r.target >= self.original_len
+                || r.code >= self.code_len
+            {
                 return None;
             }
-            self.redirects[k] = u32::try_from(off).ok()?;
         }
-        self.redirect_len = fields.len() as u8;
+        self.redirects[..redirects.len()].copy_from_slice(redirects);
+        self.redirect_len = redirects.len() as u8;
         Some(self)
     }
 
@@ -225,8 +292,10 @@ impl Plan {
             fix_len: 0,
             original: [0; MAX_ORIGINAL],
             original_len: 0,
-            redirects: [0; MAX_REDIRECTS],
+            redirects: [Redirect::default(); MAX_REDIRECTS],
             redirect_len: 0,
+            moved_at: [(0, 0); MIN_WINDOW],
+            moved_len: 0,
             tramp: 0,
         }
     }
@@ -512,8 +581,12 @@ fn assemble(
     }
     p.original[..original.len()].copy_from_slice(original);
     p.original_len = original.len() as u8;
-    for (m, o) in moved.iter().zip(offsets) {
+    for (k, (m, o)) in moved.iter().zip(offsets).enumerate() {
         let at = (m.ip() - start) as usize;
+        if let Some(slot) = p.moved_at.get_mut(k) {
+            *slot = (at as u8, p.code_len);
+            p.moved_len = k as u8 + 1;
+        }
         p.emit_moved(m, &code[at..at + m.len()], o)?;
     }
     p.emit_branch(&[0xe9], resume_at)?;
