@@ -27,7 +27,7 @@ pub(crate) mod sampling;
 
 // Each module by its own name, as the rest of the crate uses them.
 pub(crate) use count::{budget, callers, records};
-pub(crate) use count::{register, segment, switching, threads};
+pub(crate) use count::{register, segment, switching, thread_counts, threads};
 pub(crate) use discover::{fileimage, maps, modules, symbols};
 pub(crate) use lifecycle::system;
 pub(crate) use lifecycle::{fork, interpose, loader, startup};

@@ -20,7 +20,7 @@ pub use glob::glob_match;
 pub use layout::{Capacities, Layout};
 pub use reader::{
     read_function_flags, read_header, read_snapshot, Callers, FunctionStats, ModuleStats,
-    SegmentError, Snapshot, Stack, Stacks,
+    SegmentError, Snapshot, Stack, Stacks, ThreadCalls, Threads,
 };
 pub use refusal::Refusal;
 pub use writer::{SegmentWriter, WriteError};

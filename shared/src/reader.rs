@@ -147,6 +147,93 @@ pub struct Snapshot {
     /// Exact callers (`RTPROF_CALLERS=1`; from the file the agent writes
     /// beside its segment, see [`Callers::parse`]).
     pub callers: Callers,
+    /// Exact calls per thread (from the file the agent writes beside its
+    /// segment at exit, see [`Threads::parse`]).
+    pub threads: Threads,
+}
+
+/// The calls of each thread of a process: those that ended while it ran
+/// (up to the agent's bound) and those alive at its end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Threads {
+    pub threads: Vec<ThreadCalls>,
+    /// Threads that ended past the agent's bound: their calls are in the
+    /// totals only.
+    pub dropped: u64,
+}
+
+/// One thread's calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadCalls {
+    pub tid: u32,
+    /// Its name (`comm`), as the kernel keeps it: at most 15 bytes.
+    pub name: String,
+    /// It ended before the process did.
+    pub ended: bool,
+    /// (index in `Snapshot::functions`, calls), for the functions it called.
+    pub calls: Vec<(u32, u64)>,
+}
+
+impl ThreadCalls {
+    pub fn total(&self) -> u64 {
+        self.calls.iter().map(|&(_, c)| c).sum()
+    }
+}
+
+impl Threads {
+    /// Reads the threads file the agent writes: `rtprof-threads 1
+    /// <dropped>`, then per thread `t <tid> <0 live|1 ended> <name in hex>`
+    /// followed by `<slot> <calls>` lines. A slot out of range or a line
+    /// that is neither refuses the file.
+    pub fn parse(text: &str, s: &Snapshot) -> Result<Threads, SegmentError> {
+        let bad = SegmentError::BadReference("threads file");
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().ok_or(bad.clone())?.split(' ').collect();
+        let ["rtprof-threads", "1", dropped] = head[..] else {
+            return Err(bad);
+        };
+        let num = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok()).ok_or(bad.clone());
+        let mut out = Threads {
+            threads: Vec::new(),
+            dropped: num(Some(dropped))?,
+        };
+        for line in lines.filter(|l| !l.is_empty()) {
+            let f: Vec<&str> = line.split(' ').collect();
+            match f[..] {
+                ["t", tid, ended, name] => {
+                    let name = (0..name.len())
+                        .step_by(2)
+                        .map(|i| {
+                            name.get(i..i + 2)
+                                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                        })
+                        .collect::<Option<Vec<u8>>>()
+                        .filter(|n| n.len() <= 16)
+                        .ok_or(bad.clone())?;
+                    out.threads.push(ThreadCalls {
+                        tid: u32::try_from(num(Some(tid))?).map_err(|_| bad.clone())?,
+                        name: String::from_utf8_lossy(&name).into_owned(),
+                        ended: match ended {
+                            "0" => false,
+                            "1" => true,
+                            _ => return Err(bad),
+                        },
+                        calls: Vec::new(),
+                    });
+                }
+                [slot, calls] => {
+                    let t = out.threads.last_mut().ok_or(bad.clone())?;
+                    let slot = num(Some(slot))?;
+                    if slot >= s.functions.len() as u64 {
+                        return Err(bad);
+                    }
+                    t.calls.push((slot as u32, num(Some(calls))?));
+                }
+                _ => return Err(bad),
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Each patched function's callers, counted exactly.
@@ -653,6 +740,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         functions,
         stacks: Stacks::default(),
         callers: Callers::default(),
+        threads: Threads::default(),
     })
 }
 
@@ -862,6 +950,44 @@ mod tests {
             "rtprof-callers 1 0\n0 1\n",
         ] {
             assert!(Callers::parse(bad, &s).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Threads come with their names (hex in the file) and calls; a call
+    /// line before any thread, a slot out of range or a bad name refuses
+    /// the file.
+    #[test]
+    fn thread_files_give_each_thread_its_calls() {
+        let (buf, _) = sample_segment();
+        let s = read_snapshot(as_bytes(&buf)).unwrap();
+        let text = "rtprof-threads 1 3\nt 41 1 776f726b2d31\n0 5\n1 2\nt 40 0 \n1 9\n";
+        let t = Threads::parse(text, &s).unwrap();
+        assert_eq!(t.dropped, 3);
+        assert_eq!(
+            (
+                t.threads[0].tid,
+                t.threads[0].name.as_str(),
+                t.threads[0].ended
+            ),
+            (41, "work-1", true)
+        );
+        assert_eq!(t.threads[0].calls, [(0, 5), (1, 2)]);
+        assert_eq!(t.threads[0].total(), 7);
+        assert_eq!(
+            (t.threads[1].name.as_str(), t.threads[1].ended),
+            ("", false)
+        );
+        for bad in [
+            "",
+            "rtprof-threads 2 0\n",
+            "rtprof-threads 1 0\n0 1\n",
+            "rtprof-threads 1 0\nt 1 0 61\n99 1\n",
+            "rtprof-threads 1 0\nt 1 2 61\n",
+            "rtprof-threads 1 0\nt 1 0 6\n",
+            "rtprof-threads 1 0\nt 1 0 zz\n",
+            "rtprof-threads 1 0\nt 1 0 6161616161616161616161616161616161\n",
+        ] {
+            assert!(Threads::parse(bad, &s).is_err(), "{bad:?}");
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::json::JsonWriter;
 use crate::layout::state;
 use crate::names;
 use crate::reader::{Frame, SourceLine};
-use crate::{FunctionStats, Snapshot};
+use crate::{FunctionStats, Snapshot, ThreadCalls};
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
@@ -65,6 +65,8 @@ pub struct TextOptions {
     /// One row for a function and the copies a compiler made of it
     /// (`.constprop.N`, `.cold`, ...); `false` shows each apart.
     pub merge_copies: bool,
+    /// Each thread's calls after the process's rows.
+    pub threads: bool,
 }
 
 impl Default for TextOptions {
@@ -74,6 +76,7 @@ impl Default for TextOptions {
             stats: false,
             sort: Sort::Time,
             merge_copies: true,
+            threads: false,
         }
     }
 }
@@ -281,6 +284,58 @@ fn duration_s(s: &Snapshot) -> Option<f64> {
     (s.end_ns > s.start_ns).then(|| (s.end_ns - s.start_ns) as f64 / 1e9)
 }
 
+/// A thread's functions, most calls first (then by slot).
+fn thread_rows(t: &ThreadCalls) -> Vec<(u32, u64)> {
+    let mut rows = t.calls.clone();
+    rows.sort_unstable_by_key(|&(slot, calls)| (std::cmp::Reverse(calls), slot));
+    rows
+}
+
+/// Each thread's calls: a line per thread, its functions with the most
+/// calls under it (`top` of them, 0: all).
+fn threads_text(out: &mut String, s: &Snapshot, top: usize) {
+    let th = &s.threads;
+    if th.threads.is_empty() {
+        out.push_str("  threads: none recorded\n");
+        return;
+    }
+    let _ = writeln!(out, "  threads ({}):", th.threads.len());
+    for t in &th.threads {
+        let _ = writeln!(
+            out,
+            "    tid {} {:?}{}: {} calls",
+            t.tid,
+            escape_text(&t.name),
+            if t.ended { " (ended)" } else { "" },
+            t.total()
+        );
+        let rows = thread_rows(t);
+        let shown = if top == 0 {
+            rows.len()
+        } else {
+            top.min(rows.len())
+        };
+        for &(slot, calls) in &rows[..shown] {
+            let f = &s.functions[slot as usize];
+            let _ = writeln!(
+                out,
+                "      {calls:>12}  {}",
+                escape_text(&names::function(&f.name))
+            );
+        }
+        if shown < rows.len() {
+            let _ = writeln!(out, "      ... {} more", rows.len() - shown);
+        }
+    }
+    if th.dropped > 0 {
+        let _ = writeln!(
+            out,
+            "    {} more threads ended past the kept number: in the totals only",
+            th.dropped
+        );
+    }
+}
+
 pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
     let mut out = String::new();
     for s in procs {
@@ -354,6 +409,9 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         }
         if !s.callers.edges.is_empty() {
             callers_text(&mut out, s);
+        }
+        if opts.threads {
+            threads_text(&mut out, s, opts.top.min(10));
         }
         if opts.stats {
             for m in instrumented() {
@@ -685,6 +743,34 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.uint_field("stacks_truncated", s.stacks.truncated);
             w.uint_field("stacks_dropped", s.stacks.dropped);
         }
+        if !s.threads.threads.is_empty() {
+            // Exact calls per thread, most calls first within each.
+            w.key("threads");
+            w.begin_array();
+            for t in &s.threads.threads {
+                w.begin_object();
+                w.uint_field("tid", t.tid as u64);
+                w.string_field("name", &t.name);
+                w.key("ended");
+                w.bool(t.ended);
+                w.uint_field("calls", t.total());
+                w.key("functions");
+                w.begin_array();
+                for (slot, calls) in thread_rows(t) {
+                    let f = &s.functions[slot as usize];
+                    w.begin_object();
+                    w.string_field("name", &f.name);
+                    w.string_field("function", &names::function(&f.name));
+                    w.string_field("module", module_name(s, f.module));
+                    w.uint_field("calls", calls);
+                    w.end_object();
+                }
+                w.end_array();
+                w.end_object();
+            }
+            w.end_array();
+            w.uint_field("threads_dropped", s.threads.dropped);
+        }
         w.key("modules");
         w.begin_array();
         for m in &s.modules {
@@ -773,6 +859,7 @@ mod tests {
                 .collect(),
             stacks: Default::default(),
             callers: Default::default(),
+            threads: Default::default(),
         }
     }
 
@@ -785,6 +872,7 @@ mod tests {
                 stats: true,
                 sort: Sort::Calls,
                 merge_copies: true,
+                threads: false,
             },
         );
         let hi = t.find(" hi ").unwrap();
@@ -869,6 +957,12 @@ mod tests {
         s.exe = "/bin/\x1b]0;title\x07".into();
         s.modules[0].path = "/lib/\x1b[31m.so".into();
         s.functions[0].name = "lo\x1b[2J\u{9b}H".into();
+        s.threads.threads.push(crate::ThreadCalls {
+            tid: 9,
+            name: "t\x1b[2J".into(),
+            ended: false,
+            calls: vec![(0, 1)],
+        });
         let t = text(
             &[s],
             TextOptions {
@@ -876,8 +970,10 @@ mod tests {
                 stats: true,
                 sort: Sort::Time,
                 merge_copies: true,
+                threads: true,
             },
         );
+        assert!(t.contains("tid 9 "), "{t}");
         assert!(!t.contains(['\x1b', '\x07', '\u{9b}']), "{t:?}");
         for want in [
             "/bin/\\x1b]0;title\\x07:",

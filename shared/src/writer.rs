@@ -685,6 +685,25 @@ impl Counters {
         }
     }
 
+    /// The stripes held by a thread now, as (stripe, thread id).
+    pub fn live_stripes(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let count = self.header_u32(offset_of!(Header, stripe_count));
+        let used = count.load(Ordering::Acquire).min(self.layout.caps.stripes);
+        (1..used).filter_map(|i| {
+            let (st, t) = self.stripe_slot(i);
+            (st.load(Ordering::Acquire) == stripe_state::LIVE)
+                .then(|| (i, t.load(Ordering::Relaxed)))
+        })
+    }
+
+    /// Stripe `i`'s non-zero counters, as (function slot, calls).
+    pub fn stripe_counts(&self, i: u32) -> impl Iterator<Item = (u32, u64)> + '_ {
+        (0..self.func_count()).filter_map(move |k| {
+            let v = self.counter(i, k).load(Ordering::Relaxed);
+            (v != 0).then_some((k, v))
+        })
+    }
+
     /// Address of stripe `i`'s first counter.
     pub fn stripe_ptr(&self, i: u32) -> *mut u64 {
         assert!(i < self.layout.caps.stripes);

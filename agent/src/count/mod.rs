@@ -9,4 +9,5 @@ pub(crate) mod records;
 pub mod register;
 pub mod segment;
 pub mod switching;
+pub mod thread_counts;
 pub mod threads;

@@ -541,6 +541,11 @@ impl Segment {
         }
     }
 
+    /// Files are written beside the segment ([`Segment::write_beside`]).
+    pub fn has_run_dir(&self) -> bool {
+        self.run_dir.is_some()
+    }
+
     /// Writes `bytes` to `<run dir>/<pid>-<n>.<suffix>`, beside this
     /// process's segment file (none: nothing is written). A new file,
     /// private, in the private run directory.

@@ -410,6 +410,14 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
                 vlog!("callers not written: {e}");
             }
         }
+        let threads = if crate::thread_counts::wanted(a) {
+            crate::thread_counts::text(a)
+        } else {
+            String::new()
+        };
+        if let Err(e) = a.segment.write_beside("threads", threads.as_bytes()) {
+            vlog!("per-thread counts not written: {e}");
+        }
         let stacks = crate::sampling::stacks::text();
         if let Some(text) = &stacks {
             if let Err(e) = a.segment.write_beside("stacks", text.as_bytes()) {
@@ -420,7 +428,7 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         a.segment.counters.set_exit(status, now_ns());
         crate::lifecycle::attach::after_exit(a);
         if let Some(path) = &a.config.report {
-            write_report(a, path, stacks.as_deref());
+            write_report(a, path, stacks.as_deref(), &threads);
         }
     });
 }
@@ -454,7 +462,7 @@ fn check_report_path(template: &str) {
 
 /// Writes the report next to its final name, then renames it: a reader
 /// never finds a truncated report.
-fn write_report(a: &Agent, path: &str, stacks: Option<&str>) {
+fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str) {
     let mut snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
         Ok(s) => s,
         Err(e) => {
@@ -467,6 +475,7 @@ fn write_report(a: &Agent, path: &str, stacks: Option<&str>) {
         snap.stacks = rtprof_shared::Stacks::parse(st, snap.functions.len(), snap.modules.len())
             .unwrap_or_default();
     }
+    snap.threads = rtprof_shared::Threads::parse(threads, &snap).unwrap_or_default();
     let path = report_path(path);
     let text = if path.ends_with(".json") {
         report::json(std::slice::from_ref(&snap))

@@ -37,6 +37,10 @@ pub struct RunArgs {
     /// ...) as rows of their own instead of in the function's row.
     #[arg(long)]
     no_merge_clones: bool,
+    /// After each process's rows, each thread's exact calls (id, name,
+    /// whether it ended, its functions with the most calls).
+    #[arg(long)]
+    threads: bool,
     /// Samples per second of CPU time (RTPROF_SAMPLE_HZ; 0 switches sampling off).
     #[arg(long, value_name = "HZ")]
     sample_hz: Option<u32>,
@@ -236,6 +240,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                         SortBy::Samples => report::Sort::Samples,
                     },
                     merge_copies: !args.no_merge_clones,
+                    threads: args.threads,
                 }
             )
         );

@@ -1,7 +1,7 @@
 //! Reading back the counter segments the run's processes left behind.
 
 use crate::error::Error;
-use rtprof_shared::{read_snapshot, Callers, Snapshot, Stacks};
+use rtprof_shared::{read_snapshot, Callers, Snapshot, Stacks, Threads};
 use std::path::Path;
 
 /// Maps a segment read-only: the reader touches only the pages it needs
@@ -50,6 +50,16 @@ fn read_callers(p: &Path, s: &Snapshot) -> Callers {
     })
 }
 
+fn read_threads(p: &Path, s: &Snapshot) -> Threads {
+    let Ok(text) = std::fs::read_to_string(p) else {
+        return Threads::default();
+    };
+    Threads::parse(&text, s).unwrap_or_else(|e| {
+        eprintln!("rtprof: per-thread calls of {} not used: {e}", p.display());
+        Threads::default()
+    })
+}
+
 /// Every readable segment in `dir`, oldest process first; unreadable ones
 /// are reported on stderr and skipped.
 pub fn collect(dir: &Path) -> Vec<Snapshot> {
@@ -75,6 +85,7 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
             Ok(mut s) => {
                 s.stacks = read_stacks(&p.with_extension("stacks"), &s);
                 s.callers = read_callers(&p.with_extension("callers"), &s);
+                s.threads = read_threads(&p.with_extension("threads"), &s);
                 out.push(s)
             }
             Err(e) => eprintln!("rtprof: skipping {}: {e}", p.display()),

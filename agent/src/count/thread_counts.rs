@@ -1,0 +1,121 @@
+//! Exact counts per thread. Each thread counts in a stripe of its own;
+//! when it ends, what it counted (its non-zero slots) is kept here with its
+//! id and name before the stripe is folded into the shared one and reused.
+//! At exit they go beside the segment, with the live threads', for the
+//! report (`<segment>.threads`, read by `Threads::parse`).
+
+use crate::Agent;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Ended threads kept; those that end later are only in the totals.
+const MAX_KEPT: usize = 4096;
+/// Calls kept per ended thread are its non-zero slots: bounded by the
+/// functions it called.
+struct Ended {
+    /// The process it ended in (a forked child inherits the list).
+    pid: u32,
+    tid: u32,
+    name: [u8; 16],
+    counts: Vec<(u32, u64)>,
+}
+
+static ENDED: Mutex<Vec<Ended>> = Mutex::new(Vec::new());
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// The list, if it can be had soon: a forked child may inherit it locked
+/// by a thread that is not there, so nobody waits for it for ever.
+fn ended() -> Option<std::sync::MutexGuard<'static, Vec<Ended>>> {
+    for _ in 0..10_000 {
+        match ENDED.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
+/// Whether a report will read them (`rtprof run`, `RTPROF_REPORT`): the
+/// rest of a machine's processes neither keep nor walk them.
+pub fn wanted(a: &Agent) -> bool {
+    a.segment.has_run_dir() || a.config.report.is_some()
+}
+
+/// This thread's name (`PR_GET_NAME`).
+fn own_name() -> [u8; 16] {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into the
+    // buffer it is given.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    name
+}
+
+/// Thread `tid` of this process's name, from /proc.
+fn name_of(tid: u32) -> [u8; 16] {
+    let mut name = [0u8; 16];
+    if let Ok(s) = std::fs::read(format!("/proc/self/task/{tid}/comm")) {
+        let s = s.strip_suffix(b"\n").unwrap_or(&s);
+        let n = s.len().min(15);
+        name[..n].copy_from_slice(&s[..n]);
+    }
+    name
+}
+
+/// Thread `tid`, ending, counted in stripe `stripe`: keeps what it counted
+/// (called before the stripe is folded).
+pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
+    if !wanted(a) {
+        return;
+    }
+    let counts: Vec<(u32, u64)> = a.segment.counters.stripe_counts(stripe).collect();
+    let pid = std::process::id();
+    match ended() {
+        Some(mut v) if v.iter().filter(|e| e.pid == pid).count() < MAX_KEPT => v.push(Ended {
+            pid,
+            tid,
+            name: own_name(),
+            counts,
+        }),
+        _ => {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// In a forked child: the parent's ended threads are not the child's (its
+/// entries are told apart by pid; the count of those not kept restarts).
+pub fn forget_in_child() {
+    DROPPED.store(0, Ordering::Relaxed);
+}
+
+fn hex(name: &[u8; 16]) -> String {
+    let n = name.iter().position(|&b| b == 0).unwrap_or(16);
+    name[..n].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every thread's counts as text: `rtprof-threads 1 <ended threads not
+/// kept>`, then per thread `t <tid> <0 live|1 ended> <name in hex>` and
+/// `<slot> <calls>` per function it called.
+pub fn text(a: &Agent) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("rtprof-threads 1 {}\n", DROPPED.load(Ordering::Relaxed));
+    let mut put =
+        |tid: u32, ended: bool, name: &[u8; 16], counts: &mut dyn Iterator<Item = (u32, u64)>| {
+            let _ = writeln!(out, "t {tid} {} {}", ended as u8, hex(name));
+            for (slot, calls) in counts {
+                let _ = writeln!(out, "{slot} {calls}");
+            }
+        };
+    let pid = std::process::id();
+    if let Some(v) = ended() {
+        for e in v.iter().filter(|e| e.pid == pid) {
+            put(e.tid, true, &e.name, &mut e.counts.iter().copied());
+        }
+    }
+    let c = &a.segment.counters;
+    for (stripe, tid) in c.live_stripes() {
+        put(tid, false, &name_of(tid), &mut c.stripe_counts(stripe));
+    }
+    out
+}

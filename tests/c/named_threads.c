@@ -1,0 +1,51 @@
+/* Eight named threads call functions known numbers of times; a ninth
+ * ("sleeper") is still blocked when main exits. Each function's calls per
+ * thread are printed as THREAD lines for the test to compare with the
+ * profiler's per-thread counts. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+
+__attribute__((noinline)) int work(int x) { __asm__ volatile(""); return x * 3 + 1; }
+__attribute__((noinline)) int shared_step(int x) { __asm__ volatile(""); return x ^ 5; }
+
+static volatile int sink;
+static int gate[2];
+
+static void *worker(void *arg) {
+    long k = (long)arg;
+    char name[16];
+    snprintf(name, sizeof name, "worker-%ld", k);
+    pthread_setname_np(pthread_self(), name);
+    for (long i = 0; i < (k + 1) * 1000; i++) sink += work((int)i);
+    for (long i = 0; i < 100 * k; i++) sink += shared_step((int)i);
+    return NULL;
+}
+
+static void *sleeper(void *arg) {
+    (void)arg;
+    pthread_setname_np(pthread_self(), "sleeper");
+    for (int i = 0; i < 5; i++) sink += work(i);
+    char c;
+    /* Never written: still blocked here when main exits. */
+    while (read(gate[0], &c, 1) < 0) {}
+    return NULL;
+}
+
+int main(void) {
+    pthread_t t[8], s;
+    if (pipe(gate) != 0) return 2;
+    pthread_create(&s, NULL, sleeper, NULL);
+    for (long k = 0; k < 8; k++) pthread_create(&t[k], NULL, worker, (void *)k);
+    for (int k = 0; k < 8; k++) pthread_join(t[k], NULL);
+    for (int i = 0; i < 7; i++) sink += shared_step(i);
+    /* The sleeper has called work() 5 times before main ends. */
+    while (sink == 0) {}
+    usleep(100000);
+    for (long k = 0; k < 8; k++)
+        printf("THREAD worker-%ld work %ld shared_step %ld\n", k, (k + 1) * 1000, 100 * k);
+    printf("THREAD sleeper work 5 shared_step 0\n");
+    printf("THREAD main shared_step 7\n");
+    return 0;
+}

@@ -1,0 +1,76 @@
+//! Exact calls per thread: threads named by the program, each with the
+//! counts it made, ended ones kept with their names, a thread still alive
+//! at exit listed as live; `rtprof run --threads` shows them.
+
+use rtprof_e2e::*;
+use std::collections::HashMap;
+use std::process::Command;
+
+#[test]
+fn every_thread_has_its_exact_calls_and_name() {
+    let dir = scratch("named-threads");
+    let bin = compile_o2("named_threads.c", &["-pthread"], &dir);
+    let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("named_threads.c", &run_plain(&bin, &[]), &prof.output);
+    // What the program itself knows: THREAD <name> (<function> <calls>)...
+    let stdout = String::from_utf8_lossy(&prof.output.stdout).into_owned();
+    let expected: Vec<(String, HashMap<String, u64>)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("THREAD "))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let calls = f[1..]
+                .chunks(2)
+                .map(|c| (c[0].to_string(), c[1].parse().unwrap()))
+                .collect();
+            (f[0].to_string(), calls)
+        })
+        .collect();
+    assert_eq!(expected.len(), 10, "{stdout}");
+    let p = process(&prof.report, &bin);
+    let threads = p["threads"].as_array().expect("threads in the report");
+    let main_name = bin.file_name().unwrap().to_string_lossy()
+        [..15.min(bin.file_name().unwrap().len())]
+        .to_string();
+    for (name, calls) in &expected {
+        let name = if name == "main" { &main_name } else { name };
+        let t = threads
+            .iter()
+            .find(|t| t["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("no thread {name}: {threads:?}"));
+        let ended = name.starts_with("worker-");
+        assert_eq!(t["ended"], ended, "{t}");
+        let of = |f: &str| {
+            t["functions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == f)
+                .map_or(0, |r| r["calls"].as_u64().unwrap())
+        };
+        for (f, n) in calls {
+            assert_eq!(of(f), *n, "{name} {f}: {t}");
+        }
+    }
+    // The per-thread counts add up to the process's.
+    for f in ["work", "shared_step"] {
+        let per_thread: u64 = threads
+            .iter()
+            .flat_map(|t| t["functions"].as_array().unwrap())
+            .filter(|r| r["name"] == f)
+            .map(|r| r["calls"].as_u64().unwrap())
+            .sum();
+        assert_eq!(per_thread, function_named(p, f)["calls"], "{f}");
+    }
+    // The text report lists them on request.
+    let out = Command::new(rtprof())
+        .args(["run", "--threads", "--"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("\"worker-7\" (ended): 8701 calls"), "{text}");
+    assert!(text.contains("\"sleeper\": 6 calls"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
