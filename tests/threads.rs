@@ -1,6 +1,7 @@
 //! Exact calls per thread: threads named by the program, each with the
 //! counts it made, ended ones kept with their names, a thread still alive
-//! at exit listed as live; `rtprof run --threads` shows them.
+//! at exit listed as live, CPU time per thread from its samples;
+//! `rtprof run --threads` shows them.
 
 use rtprof_e2e::*;
 use std::collections::HashMap;
@@ -11,7 +12,19 @@ fn every_thread_has_its_exact_calls_and_name() {
     let dir = scratch("named-threads");
     let bin = compile_o2("named_threads.c", &["-pthread"], &dir);
     let prof = run_profiled(&bin, &[], &[], &dir);
-    assert_same_behaviour("named_threads.c", &run_plain(&bin, &[]), &prof.output);
+    // Same output and status with and without the agent, but for the
+    // spinner's CPU time, which varies by nature.
+    let plain = run_plain(&bin, &[]);
+    let steady = |o: &std::process::Output| {
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let lines: Vec<String> = out
+            .lines()
+            .filter(|l| !l.starts_with("SPIN "))
+            .map(str::to_string)
+            .collect();
+        (lines, o.status.code())
+    };
+    assert_eq!(steady(&plain), steady(&prof.output));
     // What the program itself knows: THREAD <name> (<function> <calls>)...
     let stdout = String::from_utf8_lossy(&prof.output.stdout).into_owned();
     let expected: Vec<(String, HashMap<String, u64>)> = stdout
@@ -62,6 +75,26 @@ fn every_thread_has_its_exact_calls_and_name() {
             .sum();
         assert_eq!(per_thread, function_named(p, f)["calls"], "{f}");
     }
+    // Samples land in the thread that ran: the spinner's time agrees with
+    // its own CPU clock (within sampling's resolution), and no thread has
+    // more samples than the process.
+    let spun: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SPIN "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let spinner = threads.iter().find(|t| t["name"] == "spinner").unwrap();
+    let ns = spinner["time_ns"].as_f64().unwrap();
+    assert!(
+        ns > 0.5 * spun && ns < 1.5 * spun,
+        "spinner: {ns} ns sampled, {spun} ns by its clock"
+    );
+    let sampled: u64 = threads.iter().map(|t| t["samples"].as_u64().unwrap()).sum();
+    assert!(
+        sampled <= p["sampler"]["samples"].as_u64().unwrap(),
+        "{sampled}"
+    );
     // The text report lists them on request.
     let out = Command::new(rtprof())
         .args(["run", "--threads", "--"])

@@ -170,6 +170,8 @@ pub struct ThreadCalls {
     pub name: String,
     /// It ended before the process did.
     pub ended: bool,
+    /// Samples taken in it (CPU time: times the sample period).
+    pub samples: u64,
     /// (index in `Snapshot::functions`, calls), for the functions it called.
     pub calls: Vec<(u32, u64)>,
 }
@@ -182,8 +184,8 @@ impl ThreadCalls {
 
 impl Threads {
     /// Reads the threads file the agent writes: `rtprof-threads 1
-    /// <dropped>`, then per thread `t <tid> <0 live|1 ended> <name in hex>`
-    /// followed by `<slot> <calls>` lines. A slot out of range or a line
+    /// <dropped>`, then per thread `t <tid> <0 live|1 ended> <name in hex>
+    /// <samples>` followed by `<slot> <calls>` lines. A slot out of range or a line
     /// that is neither refuses the file.
     pub fn parse(text: &str, s: &Snapshot) -> Result<Threads, SegmentError> {
         let bad = SegmentError::BadReference("threads file");
@@ -200,7 +202,7 @@ impl Threads {
         for line in lines.filter(|l| !l.is_empty()) {
             let f: Vec<&str> = line.split(' ').collect();
             match f[..] {
-                ["t", tid, ended, name] => {
+                ["t", tid, ended, name, samples] => {
                     let name = (0..name.len())
                         .step_by(2)
                         .map(|i| {
@@ -218,6 +220,7 @@ impl Threads {
                             "1" => true,
                             _ => return Err(bad),
                         },
+                        samples: num(Some(samples))?,
                         calls: Vec::new(),
                     });
                 }
@@ -960,7 +963,7 @@ mod tests {
     fn thread_files_give_each_thread_its_calls() {
         let (buf, _) = sample_segment();
         let s = read_snapshot(as_bytes(&buf)).unwrap();
-        let text = "rtprof-threads 1 3\nt 41 1 776f726b2d31\n0 5\n1 2\nt 40 0 \n1 9\n";
+        let text = "rtprof-threads 1 3\nt 41 1 776f726b2d31 4\n0 5\n1 2\nt 40 0  0\n1 9\n";
         let t = Threads::parse(text, &s).unwrap();
         assert_eq!(t.dropped, 3);
         assert_eq!(
@@ -972,7 +975,7 @@ mod tests {
             (41, "work-1", true)
         );
         assert_eq!(t.threads[0].calls, [(0, 5), (1, 2)]);
-        assert_eq!(t.threads[0].total(), 7);
+        assert_eq!((t.threads[0].total(), t.threads[0].samples), (7, 4));
         assert_eq!(
             (t.threads[1].name.as_str(), t.threads[1].ended),
             ("", false)
@@ -981,11 +984,12 @@ mod tests {
             "",
             "rtprof-threads 2 0\n",
             "rtprof-threads 1 0\n0 1\n",
-            "rtprof-threads 1 0\nt 1 0 61\n99 1\n",
-            "rtprof-threads 1 0\nt 1 2 61\n",
-            "rtprof-threads 1 0\nt 1 0 6\n",
-            "rtprof-threads 1 0\nt 1 0 zz\n",
-            "rtprof-threads 1 0\nt 1 0 6161616161616161616161616161616161\n",
+            "rtprof-threads 1 0\nt 1 0 61 0\n99 1\n",
+            "rtprof-threads 1 0\nt 1 2 61 0\n",
+            "rtprof-threads 1 0\nt 1 0 6 0\n",
+            "rtprof-threads 1 0\nt 1 0 zz 0\n",
+            "rtprof-threads 1 0\nt 1 0 61\n",
+            "rtprof-threads 1 0\nt 1 0 6161616161616161616161616161616161 0\n",
         ] {
             assert!(Threads::parse(bad, &s).is_err(), "{bad:?}");
         }

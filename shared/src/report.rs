@@ -303,11 +303,13 @@ fn threads_text(out: &mut String, s: &Snapshot, top: usize) {
     for t in &th.threads {
         let _ = writeln!(
             out,
-            "    tid {} {:?}{}: {} calls",
+            "    tid {} {:?}{}: {} calls, {:.1} ms of CPU ({} samples)",
             t.tid,
             escape_text(&t.name),
             if t.ended { " (ended)" } else { "" },
-            t.total()
+            t.total(),
+            t.samples.saturating_mul(s.sample_period_ns) as f64 / 1e6,
+            t.samples
         );
         let rows = thread_rows(t);
         let shown = if top == 0 {
@@ -754,6 +756,8 @@ pub fn json(procs: &[Snapshot]) -> String {
                 w.key("ended");
                 w.bool(t.ended);
                 w.uint_field("calls", t.total());
+                w.uint_field("samples", t.samples);
+                w.uint_field("time_ns", t.samples.saturating_mul(s.sample_period_ns));
                 w.key("functions");
                 w.begin_array();
                 for (slot, calls) in thread_rows(t) {
@@ -961,6 +965,7 @@ mod tests {
             tid: 9,
             name: "t\x1b[2J".into(),
             ended: false,
+            samples: 0,
             calls: vec![(0, 1)],
         });
         let t = text(

@@ -712,6 +712,20 @@ impl Counters {
         unsafe { self.base.add(self.layout.stripe_off(i) as usize) as *mut u64 }
     }
 
+    /// The stripe that starts at `p`, by address alone (what a signal
+    /// handler may ask: no state read).
+    pub fn stripe_index(&self, p: *const u64) -> Option<u32> {
+        let off = (p as usize).checked_sub(self.base as usize)? as u64;
+        let rel = off.checked_sub(self.layout.stripes_off)?;
+        let i = u32::try_from(rel / self.layout.stripe_bytes).ok()?;
+        (rel % self.layout.stripe_bytes == 0 && i < self.layout.caps.stripes).then_some(i)
+    }
+
+    /// The stripe thread `tid` holds now, if any.
+    pub fn stripe_of_thread(&self, tid: u32) -> Option<u32> {
+        self.live_stripes().find(|&(_, t)| t == tid).map(|(i, _)| i)
+    }
+
     /// The stripe that starts at `p` and is held by thread `tid` now, if
     /// any: a thread ending folds the stripe it counts in, which need not be
     /// the one it was first given (a later attach gives it another).

@@ -2,11 +2,69 @@
 //! when it ends, what it counted (its non-zero slots) is kept here with its
 //! id and name before the stripe is folded into the shared one and reused.
 //! At exit they go beside the segment, with the live threads', for the
-//! report (`<segment>.threads`, read by `Threads::parse`).
+//! report (`<segment>.threads`, read by `Threads::parse`). Samples are
+//! counted per stripe too, so each thread's CPU time is known.
 
 use crate::Agent;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+
+/// Samples per stripe (stripe 0: threads without one of their own). Set
+/// once at start-up when wanted; a signal handler only loads and adds.
+static SAMPLES: OnceLock<Box<[AtomicU64]>> = OnceLock::new();
+
+/// At start-up: room for samples per stripe, if a report will read them.
+pub fn start(a: &Agent) {
+    if wanted(a) {
+        let n = a.segment.counters.layout().caps.stripes as usize;
+        let _ = SAMPLES.set((0..n).map(|_| AtomicU64::new(0)).collect());
+    }
+}
+
+fn add_samples(stripe: u32, n: u64) {
+    if let Some(s) = SAMPLES.get().and_then(|s| s.get(stripe as usize)) {
+        s.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// `n` samples of the calling thread (in its signal handler:
+/// allocation-free, no system call).
+pub fn sampled_here(a: &Agent, n: u64) {
+    if SAMPLES.get().is_some() {
+        let p = crate::threads::stripe();
+        let stripe = if p.is_null() {
+            Some(0)
+        } else {
+            a.segment.counters.stripe_index(p)
+        };
+        if let Some(i) = stripe {
+            add_samples(i, n);
+        }
+    }
+}
+
+/// `n` samples of thread `tid` (from a perf ring: by the stripe it holds).
+pub fn sampled(a: &Agent, tid: u32, n: u64) {
+    if SAMPLES.get().is_some() {
+        add_samples(a.segment.counters.stripe_of_thread(tid).unwrap_or(0), n);
+    }
+}
+
+/// Takes stripe `i`'s samples (its thread ended: the next holder starts
+/// from 0).
+fn take_samples(i: u32) -> u64 {
+    SAMPLES
+        .get()
+        .and_then(|s| s.get(i as usize))
+        .map_or(0, |s| s.swap(0, Ordering::Relaxed))
+}
+
+fn samples_of(i: u32) -> u64 {
+    SAMPLES
+        .get()
+        .and_then(|s| s.get(i as usize))
+        .map_or(0, |s| s.load(Ordering::Relaxed))
+}
 
 /// Ended threads kept; those that end later are only in the totals.
 const MAX_KEPT: usize = 4096;
@@ -18,6 +76,7 @@ struct Ended {
     tid: u32,
     name: [u8; 16],
     counts: Vec<(u32, u64)>,
+    samples: u64,
 }
 
 static ENDED: Mutex<Vec<Ended>> = Mutex::new(Vec::new());
@@ -69,6 +128,7 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         return;
     }
     let counts: Vec<(u32, u64)> = a.segment.counters.stripe_counts(stripe).collect();
+    let samples = take_samples(stripe);
     let pid = std::process::id();
     match ended() {
         Some(mut v) if v.iter().filter(|e| e.pid == pid).count() < MAX_KEPT => v.push(Ended {
@@ -76,6 +136,7 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
             tid,
             name: own_name(),
             counts,
+            samples,
         }),
         _ => {
             DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -95,27 +156,42 @@ fn hex(name: &[u8; 16]) -> String {
 }
 
 /// Every thread's counts as text: `rtprof-threads 1 <ended threads not
-/// kept>`, then per thread `t <tid> <0 live|1 ended> <name in hex>` and
-/// `<slot> <calls>` per function it called.
+/// kept>`, then per thread `t <tid> <0 live|1 ended> <name in hex>
+/// <samples>` and `<slot> <calls>` per function it called.
 pub fn text(a: &Agent) -> String {
     use std::fmt::Write as _;
     let mut out = format!("rtprof-threads 1 {}\n", DROPPED.load(Ordering::Relaxed));
-    let mut put =
-        |tid: u32, ended: bool, name: &[u8; 16], counts: &mut dyn Iterator<Item = (u32, u64)>| {
-            let _ = writeln!(out, "t {tid} {} {}", ended as u8, hex(name));
-            for (slot, calls) in counts {
-                let _ = writeln!(out, "{slot} {calls}");
-            }
-        };
+    let mut put = |tid: u32,
+                   ended: bool,
+                   name: &[u8; 16],
+                   samples: u64,
+                   counts: &mut dyn Iterator<Item = (u32, u64)>| {
+        let _ = writeln!(out, "t {tid} {} {} {samples}", ended as u8, hex(name));
+        for (slot, calls) in counts {
+            let _ = writeln!(out, "{slot} {calls}");
+        }
+    };
     let pid = std::process::id();
     if let Some(v) = ended() {
         for e in v.iter().filter(|e| e.pid == pid) {
-            put(e.tid, true, &e.name, &mut e.counts.iter().copied());
+            put(
+                e.tid,
+                true,
+                &e.name,
+                e.samples,
+                &mut e.counts.iter().copied(),
+            );
         }
     }
     let c = &a.segment.counters;
     for (stripe, tid) in c.live_stripes() {
-        put(tid, false, &name_of(tid), &mut c.stripe_counts(stripe));
+        put(
+            tid,
+            false,
+            &name_of(tid),
+            samples_of(stripe),
+            &mut c.stripe_counts(stripe),
+        );
     }
     out
 }

@@ -279,6 +279,10 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
                             unnamed = Some(record);
                             return false;
                         }
+                        // Counted now (not held for naming): its thread's too.
+                        if let Some(a) = crate::agent() {
+                            crate::thread_counts::sampled(a, field_u32(body, 12), 1);
+                        }
                         if let Some((sp, bp, stack)) = user_stack(body) {
                             stacks::record(ip, sp, bp, stack);
                         }

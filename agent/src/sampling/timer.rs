@@ -50,6 +50,9 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
             let ip = unsafe { Native::signal_pc(uc) };
             let n = periods(info);
             addrmap::count(ip, n);
+            if let Some(a) = crate::agent() {
+                crate::thread_counts::sampled_here(a, n);
+            }
             if super::STACKS.load(Ordering::Relaxed) {
                 // SAFETY: as for the program counter.
                 let (sp, bp) = unsafe { Native::signal_sp_bp(uc) };
