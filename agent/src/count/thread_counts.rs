@@ -128,6 +128,10 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         return;
     }
     let counts: Vec<(u32, u64)> = a.segment.counters.stripe_counts(stripe).collect();
+    // Its samples still in the perf rings are its own only while it holds
+    // its stripe (a later drain finds no thread with its id). Without
+    // naming modules on demand: that may take the loader's lock.
+    crate::sampling::drain(a, true, false);
     let samples = take_samples(stripe);
     let pid = std::process::id();
     match ended() {
