@@ -85,6 +85,8 @@ fn check(what: &str, bin: &Path, plain: &std::process::Output, p: &Profiled) {
 }
 
 /// Each function of the main module as (name, vaddr, patched, refused, calls).
+/// The executable's functions, by address (the report orders equal
+/// counts by samples, which differ between runs).
 fn table(p: &Profiled, bin: &Path) -> Vec<(String, u64, bool, String, u64)> {
     let main = process(&p.report, bin)["modules"][0]["path"]
         .as_str()
@@ -93,7 +95,7 @@ fn table(p: &Profiled, bin: &Path) -> Vec<(String, u64, bool, String, u64)> {
         .next()
         .unwrap()
         .to_string();
-    process(&p.report, bin)["functions"]
+    let mut t: Vec<_> = process(&p.report, bin)["functions"]
         .as_array()
         .unwrap()
         .iter()
@@ -107,7 +109,9 @@ fn table(p: &Profiled, bin: &Path) -> Vec<(String, u64, bool, String, u64)> {
                 f["calls"].as_u64().unwrap_or(0),
             )
         })
-        .collect()
+        .collect();
+    t.sort_by_key(|r| r.1);
+    t
 }
 
 #[test]
