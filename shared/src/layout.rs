@@ -34,6 +34,8 @@ pub mod state {
 pub mod stripe_state {
     pub const FREE: u32 = 0;
     pub const LIVE: u32 = 1;
+    /// Being handed to a thread (LIVE once its id is set).
+    pub const CLAIMED: u32 = 2;
     // FREE stripes below `stripe_count` were folded into stripe 0 and are
     // zero: a new thread may take them.
 }

@@ -751,16 +751,19 @@ impl Counters {
         let used = count.load(Ordering::Acquire).min(self.layout.caps.stripes);
         for i in 1..used {
             let (st, t) = self.stripe_slot(i);
+            // Claimed first, its thread set, then LIVE: whoever finds it
+            // LIVE finds its new thread's id.
             if st
                 .compare_exchange(
                     stripe_state::FREE,
-                    stripe_state::LIVE,
+                    stripe_state::CLAIMED,
                     Ordering::AcqRel,
                     Ordering::Relaxed,
                 )
                 .is_ok()
             {
                 t.store(tid, Ordering::Relaxed);
+                st.store(stripe_state::LIVE, Ordering::Release);
                 return Some(i);
             }
         }

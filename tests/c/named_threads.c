@@ -31,6 +31,7 @@ __attribute__((noinline)) int work(int x) { __asm__ volatile(""); return x * 3 +
 __attribute__((noinline)) int shared_step(int x) { __asm__ volatile(""); return x ^ 5; }
 
 static volatile int sink;
+static volatile int sleeper_ready;
 static int gate[2];
 
 static void *worker(void *arg) {
@@ -47,6 +48,7 @@ static void *sleeper(void *arg) {
     (void)arg;
     pthread_setname_np(pthread_self(), "sleeper");
     for (int i = 0; i < 5; i++) sink += work(i);
+    sleeper_ready = 1;
     char c;
     /* Never written: still blocked here when main exits. */
     while (read(gate[0], &c, 1) < 0) {}
@@ -63,8 +65,7 @@ int main(void) {
     for (int k = 0; k < 8; k++) pthread_join(t[k], NULL);
     for (int i = 0; i < 7; i++) sink += shared_step(i);
     /* The sleeper has called work() 5 times before main ends. */
-    while (sink == 0) {}
-    usleep(100000);
+    while (!sleeper_ready) usleep(1000);
     for (long k = 0; k < 8; k++)
         printf("THREAD worker-%ld work %ld shared_step %ld\n", k, (k + 1) * 1000, 100 * k);
     printf("THREAD sleeper work 5 shared_step 0\n");

@@ -375,6 +375,7 @@ impl Segment {
             self.counters.release_unused_stripe(idx);
             return None;
         }
+        crate::thread_counts::stripe_given(idx);
         Some(idx)
     }
 

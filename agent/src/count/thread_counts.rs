@@ -50,8 +50,15 @@ pub fn sampled(a: &Agent, tid: u32, n: u64) {
     }
 }
 
-/// Takes stripe `i`'s samples (its thread ended: the next holder starts
-/// from 0).
+/// Stripe `i` was just handed to a thread: its samples start from 0 (late
+/// ones of the thread before are not the new one's).
+pub fn stripe_given(i: u32) {
+    if let Some(s) = SAMPLES.get().and_then(|s| s.get(i as usize)) {
+        s.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Takes stripe `i`'s samples (its thread is ending).
 fn take_samples(i: u32) -> u64 {
     SAMPLES
         .get()
@@ -122,29 +129,51 @@ fn name_of(tid: u32) -> [u8; 16] {
 }
 
 /// Thread `tid`, ending, counted in stripe `stripe`: keeps what it counted
-/// (called before the stripe is folded).
+/// and folds the stripe into the shared one, both under the list's lock
+/// (a report taken meanwhile finds the thread either live or ended, once).
 pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
-    if !wanted(a) {
-        return;
-    }
-    let counts: Vec<(u32, u64)> = a.segment.counters.stripe_counts(stripe).collect();
-    // Its samples still in the perf rings are its own only while it holds
-    // its stripe (a later drain finds no thread with its id). Without
-    // naming modules on demand: that may take the loader's lock.
-    crate::sampling::drain(a, true, false);
-    let samples = take_samples(stripe);
-    let pid = std::process::id();
-    match ended() {
-        Some(mut v) if v.iter().filter(|e| e.pid == pid).count() < MAX_KEPT => v.push(Ended {
-            pid,
-            tid,
-            name: own_name(),
-            counts,
-            samples,
-        }),
-        _ => {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
+    let c = &a.segment.counters;
+    if wanted(a) {
+        // Its samples still in the perf rings are its own only while it
+        // holds its stripe (a later drain finds no thread with its id).
+        // Signals are held meanwhile: a handler that exits would drain
+        // again, waiting for this drain for ever. Not waiting for a drain
+        // under way (the drain thread's covers them); without naming
+        // modules on demand, which may take the loader's lock.
+        held_signals(|| crate::sampling::drain(a, false, false));
+        let counts: Vec<(u32, u64)> = c.stripe_counts(stripe).collect();
+        let samples = take_samples(stripe);
+        let pid = std::process::id();
+        if let Some(mut v) = ended() {
+            if v.iter().filter(|e| e.pid == pid).count() < MAX_KEPT {
+                v.push(Ended {
+                    pid,
+                    tid,
+                    name: own_name(),
+                    counts,
+                    samples,
+                });
+                c.fold_stripe(stripe);
+                return;
+            }
         }
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
+    c.fold_stripe(stripe);
+}
+
+/// Runs `f` with every signal that can be held held.
+fn held_signals<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data, filled by sigfillset; the old mask is
+    // put back before returning.
+    unsafe {
+        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
+            (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r
     }
 }
 
@@ -152,6 +181,9 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
 /// entries are told apart by pid; the count of those not kept restarts).
 pub fn forget_in_child() {
     DROPPED.store(0, Ordering::Relaxed);
+    for s in SAMPLES.get().into_iter().flatten() {
+        s.store(0, Ordering::Relaxed);
+    }
 }
 
 fn hex(name: &[u8; 16]) -> String {
@@ -176,7 +208,10 @@ pub fn text(a: &Agent) -> String {
         }
     };
     let pid = std::process::id();
-    if let Some(v) = ended() {
+    // Held until the live threads are listed too: a thread that ends
+    // meanwhile waits, so it is listed once.
+    let kept = ended();
+    if let Some(v) = &kept {
         for e in v.iter().filter(|e| e.pid == pid) {
             put(
                 e.tid,

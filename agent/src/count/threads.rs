@@ -41,7 +41,6 @@ unsafe extern "C" fn on_thread_exit(_: *mut libc::c_void) {
         set_stripe(std::ptr::null_mut());
         if let Some(i) = held {
             super::thread_counts::thread_ending(a, i, gettid());
-            a.segment.counters.fold_stripe(i);
         }
     }
 }

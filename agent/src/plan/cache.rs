@@ -256,6 +256,8 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, P
                 .checked_add(plan_len)
                 .and_then(|end| plans.get(plan_off..end))
                 .and_then(|p| Native::decode_plan(p, bias.wrapping_add(vaddr)))
+                // A branch sent elsewhere lies inside the function.
+                .filter(|p| p.redirects().iter().all(|r| r.field as u64 + 4 <= size))
                 .ok_or(PlanError::BadPlan)
                 .map(Ok)?,
             c => Err(Refusal::from_code(c).ok_or(PlanError::BadOutcome)?),

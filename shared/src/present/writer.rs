@@ -347,7 +347,8 @@ impl PresentWriter {
                     .add(entry as usize)
                     .write(e)
             };
-            let mods = &modules[module_first[pi] as usize..];
+            let first = module_first[pi] as usize;
+            let mods = &modules[first..first + p.modules.len()];
             for r in p.rows {
                 let module = match r.module {
                     UNKNOWN_MODULE => unknown,
@@ -786,10 +787,14 @@ pub(super) mod tests {
         names.3 = 2;
         w.publish_rows(4, 1, &procs, &names).unwrap();
         assert_eq!(first(&mem), "main");
+        // Both buffers get version 2 of `names`.
+        w.publish_rows(5, 1, &procs, &names).unwrap();
         scribble(&mut mem);
-        // Another writer's names of the same version are copied too.
+        w.publish_rows(6, 1, &procs, &names).unwrap();
+        assert_eq!(first(&mem), "XXXX", "version 2 is in both buffers");
+        // Another caller's names of the same version are copied.
         let other = Names(names.0.clone(), names.1.clone(), names.2.clone(), 2);
-        w.publish_rows(5, 1, &procs, &other).unwrap();
+        w.publish_rows(7, 1, &procs, &other).unwrap();
         assert_eq!(first(&mem), "main");
     }
 

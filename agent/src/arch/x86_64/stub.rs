@@ -518,6 +518,15 @@ mod tests {
             }]
         );
         assert!(p.with_redirects(&[(a + 9, a + 2)]).is_none());
+        // A cache entry's redirect must name a moved instruction and its copy.
+        for (target, code) in [(1, 2), (2, 1), (0, 1)] {
+            let r = Redirect {
+                field: 9,
+                target,
+                code,
+            };
+            assert!(p.with_resolved_redirects(&[r]).is_none(), "{r:?}");
+        }
         let mut bytes = Vec::new();
         super::super::plan_bytes::encode(&mid, &mut bytes);
         assert_eq!(super::super::plan_bytes::decode(&bytes, a), Some(mid));

@@ -119,8 +119,8 @@ pub struct Plan {
     redirects: [Redirect; MAX_REDIRECTS],
     redirect_len: u8,
     /// Each moved instruction's offset from `start` and its copy's offset
-    /// in `code`: known for a plan just made (one read back from a cache
-    /// has its redirects resolved already).
+    /// in `code` (the first at `patch_at` and 0), where redirects may
+    /// send a branch; kept in a cache entry too.
     moved_at: [(u8, u8); MIN_WINDOW],
     moved_len: u8,
     /// A short plan's trampoline: 5 bytes of alignment fill before the
@@ -179,7 +179,9 @@ impl Plan {
     /// The plan with `moved_at` (a cache entry's), checked: each in the
     /// original bytes and the moved code, in order.
     pub fn with_moved_at(mut self, moved_at: &[(u8, u8)]) -> Option<Plan> {
+        let skip = (self.patch_at - self.start) as u8;
         let ok = moved_at.len() <= MIN_WINDOW
+            && moved_at.first().is_none_or(|&m| m == (skip, 0))
             && moved_at
                 .windows(2)
                 .all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1)
@@ -201,10 +203,13 @@ impl Plan {
         if redirects.len() > MAX_REDIRECTS {
             return None;
         }
+        let skip = (self.patch_at - self.start) as u8;
         for r in redirects {
+            // To the entry (before or after its `endbr64`) the first moved
+            // instruction's copy; elsewhere a moved instruction's own.
+            let to_entry = r.code == 0 && (r.target == 0 || r.target == skip);
             if r.field < self.original_len as u32
-                || r.target >= self.original_len
-                || r.code >= self.code_len
+                || !(to_entry || self.moved_at().contains(&(r.target, r.code)))
             {
                 return None;
             }
