@@ -726,6 +726,14 @@ impl Counters {
         self.live_stripes().find(|&(_, t)| t == tid).map(|(i, _)| i)
     }
 
+    /// Whether thread `tid` holds stripe `i` now.
+    pub fn stripe_holds(&self, i: u32, tid: u32) -> bool {
+        i != 0 && i < self.layout.caps.stripes && {
+            let (st, t) = self.stripe_slot(i);
+            st.load(Ordering::Acquire) == stripe_state::LIVE && t.load(Ordering::Relaxed) == tid
+        }
+    }
+
     /// The stripe that starts at `p` and is held by thread `tid` now, if
     /// any: a thread ending folds the stripe it counts in, which need not be
     /// the one it was first given (a later attach gives it another).

@@ -43,11 +43,31 @@ pub fn sampled_here(a: &Agent, n: u64) {
     }
 }
 
+/// Recent (thread id, stripe) pairs of the perf drain, by thread id: a
+/// sample finds its thread's stripe without a walk of the stripe table.
+/// Only the drain writes them (one drain at a time); a pair is checked
+/// against the table before use.
+static RECENT: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
+
 /// `n` samples of thread `tid` (from a perf ring: by the stripe it holds).
 pub fn sampled(a: &Agent, tid: u32, n: u64) {
-    if SAMPLES.get().is_some() {
-        add_samples(a.segment.counters.stripe_of_thread(tid).unwrap_or(0), n);
+    if SAMPLES.get().is_none() {
+        return;
     }
+    let c = &a.segment.counters;
+    let slot = &RECENT[tid as usize % RECENT.len()];
+    let (t, i) = {
+        let v = slot.load(Ordering::Relaxed);
+        ((v >> 32) as u32, v as u32)
+    };
+    let stripe = if t == tid && c.stripe_holds(i, tid) {
+        i
+    } else {
+        let i = c.stripe_of_thread(tid).unwrap_or(0);
+        slot.store((tid as u64) << 32 | i as u64, Ordering::Relaxed);
+        i
+    };
+    add_samples(stripe, n);
 }
 
 /// Stripe `i` was just handed to a thread: its samples start from 0 (late
