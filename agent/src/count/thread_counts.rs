@@ -93,8 +93,10 @@ fn samples_of(i: u32) -> u64 {
         .map_or(0, |s| s.load(Ordering::Relaxed))
 }
 
-/// Ended threads kept; those that end later are only in the totals.
+/// Ended threads kept, and (function, calls) pairs kept over all of them
+/// (16 MiB): threads that end past either are only in the totals.
 const MAX_KEPT: usize = 4096;
+const MAX_PAIRS: usize = 1 << 20;
 /// Calls kept per ended thread are its non-zero slots: bounded by the
 /// functions it called.
 struct Ended {
@@ -165,7 +167,9 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         let samples = take_samples(stripe);
         let pid = std::process::id();
         if let Some(mut v) = ended() {
-            if v.iter().filter(|e| e.pid == pid).count() < MAX_KEPT {
+            let mine = v.iter().filter(|e| e.pid == pid);
+            let pairs: usize = mine.clone().map(|e| e.counts.len()).sum();
+            if mine.count() < MAX_KEPT && pairs + counts.len() <= MAX_PAIRS {
                 v.push(Ended {
                     pid,
                     tid,
