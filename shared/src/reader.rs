@@ -182,6 +182,31 @@ impl ThreadCalls {
     }
 }
 
+/// The first line of a file the agent writes beside its segment,
+/// `<magic> 1 <N numbers>`: the numbers, and the lines after it.
+fn side_file<'a, const N: usize>(
+    text: &'a str,
+    magic: &str,
+    bad: &SegmentError,
+) -> Result<([u64; N], std::str::Lines<'a>), SegmentError> {
+    let mut lines = text.lines();
+    let mut head = lines.next().ok_or(bad.clone())?.split(' ');
+    if head.next() != Some(magic) || head.next() != Some("1") {
+        return Err(bad.clone());
+    }
+    let mut numbers = [0u64; N];
+    for v in &mut numbers {
+        *v = head
+            .next()
+            .and_then(|x| x.parse().ok())
+            .ok_or(bad.clone())?;
+    }
+    match head.next() {
+        Some(_) => Err(bad.clone()),
+        None => Ok((numbers, lines)),
+    }
+}
+
 impl Threads {
     /// Reads the threads file the agent writes: `rtprof-threads 1
     /// <dropped>`, then per thread `t <tid> <0 live|1 ended> <name in hex>
@@ -189,15 +214,11 @@ impl Threads {
     /// that is neither refuses the file.
     pub fn parse(text: &str, s: &Snapshot) -> Result<Threads, SegmentError> {
         let bad = SegmentError::BadReference("threads file");
-        let mut lines = text.lines();
-        let head: Vec<&str> = lines.next().ok_or(bad.clone())?.split(' ').collect();
-        let ["rtprof-threads", "1", dropped] = head[..] else {
-            return Err(bad);
-        };
+        let ([dropped], lines) = side_file(text, "rtprof-threads", &bad)?;
         let num = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok()).ok_or(bad.clone());
         let mut out = Threads {
             threads: Vec::new(),
-            dropped: num(Some(dropped))?,
+            dropped,
         };
         for line in lines.filter(|l| !l.is_empty()) {
             let f: Vec<&str> = line.split(' ').collect();
@@ -267,11 +288,7 @@ impl Callers {
     /// byte before it (the call); a slot out of range refuses the file.
     pub fn parse(text: &str, s: &Snapshot) -> Result<Callers, SegmentError> {
         let bad = SegmentError::BadReference("callers file");
-        let mut lines = text.lines();
-        let head: Vec<&str> = lines.next().ok_or(bad.clone())?.split(' ').collect();
-        let ["rtprof-callers", "1", dropped] = head[..] else {
-            return Err(bad);
-        };
+        let ([dropped], lines) = side_file(text, "rtprof-callers", &bad)?;
         // Functions by address in the process.
         let mut ranges: Vec<(u64, u64, u32)> = s
             .functions
@@ -292,7 +309,7 @@ impl Callers {
         let num = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok()).ok_or(bad.clone());
         let mut out = Callers {
             edges: Vec::new(),
-            dropped: num(Some(dropped))?,
+            dropped,
         };
         for line in lines.filter(|l| !l.is_empty()) {
             let mut it = line.split(' ');
@@ -347,19 +364,12 @@ impl Stacks {
     /// nothing in `functions`/`modules` counts make the file unreadable.
     pub fn parse(text: &str, functions: usize, modules: usize) -> Result<Stacks, SegmentError> {
         let bad = SegmentError::BadReference("stack file");
-        let mut lines = text.lines();
-        let head: Vec<&str> = lines.next().ok_or(bad.clone())?.split(' ').collect();
-        let [magic, version, truncated, dropped] = head[..] else {
-            return Err(bad);
-        };
-        if magic != "rtprof-stacks" || version != "1" {
-            return Err(bad);
-        }
+        let ([truncated, dropped], lines) = side_file(text, "rtprof-stacks", &bad)?;
         let num = |s: &str| s.parse::<u64>().map_err(|_| bad.clone());
         let mut out = Stacks {
             stacks: Vec::new(),
-            truncated: num(truncated)?,
-            dropped: num(dropped)?,
+            truncated,
+            dropped,
         };
         for line in lines.filter(|l| !l.is_empty()) {
             let mut it = line.split(' ');

@@ -738,18 +738,7 @@ impl Counters {
     /// any: a thread ending folds the stripe it counts in, which need not be
     /// the one it was first given (a later attach gives it another).
     pub fn stripe_held_at(&self, p: *const u64, tid: u32) -> Option<u32> {
-        let off = (p as usize).checked_sub(self.base as usize)? as u64;
-        let rel = off.checked_sub(self.layout.stripes_off)?;
-        if rel % self.layout.stripe_bytes != 0 {
-            return None;
-        }
-        let i = u32::try_from(rel / self.layout.stripe_bytes).ok()?;
-        if i == 0 || i >= self.layout.caps.stripes {
-            return None;
-        }
-        let (st, t) = self.stripe_slot(i);
-        (st.load(Ordering::Acquire) == stripe_state::LIVE && t.load(Ordering::Relaxed) == tid)
-            .then_some(i)
+        self.stripe_index(p).filter(|&i| self.stripe_holds(i, tid))
     }
 
     /// Hands out a stripe for thread `tid`: a folded one if any, else a

@@ -21,8 +21,13 @@ pub fn start(a: &Agent) {
     }
 }
 
+/// Stripe `i`'s sample counter, if samples are counted per stripe.
+fn samples(i: u32) -> Option<&'static AtomicU64> {
+    SAMPLES.get().and_then(|s| s.get(i as usize))
+}
+
 fn add_samples(stripe: u32, n: u64) {
-    if let Some(s) = SAMPLES.get().and_then(|s| s.get(stripe as usize)) {
+    if let Some(s) = samples(stripe) {
         s.fetch_add(n, Ordering::Relaxed);
     }
 }
@@ -73,24 +78,14 @@ pub fn sampled(a: &Agent, tid: u32, n: u64) {
 /// Stripe `i` was just handed to a thread: its samples start from 0 (late
 /// ones of the thread before are not the new one's).
 pub fn stripe_given(i: u32) {
-    if let Some(s) = SAMPLES.get().and_then(|s| s.get(i as usize)) {
+    if let Some(s) = samples(i) {
         s.store(0, Ordering::Relaxed);
     }
 }
 
 /// Takes stripe `i`'s samples (its thread is ending).
 fn take_samples(i: u32) -> u64 {
-    SAMPLES
-        .get()
-        .and_then(|s| s.get(i as usize))
-        .map_or(0, |s| s.swap(0, Ordering::Relaxed))
-}
-
-fn samples_of(i: u32) -> u64 {
-    SAMPLES
-        .get()
-        .and_then(|s| s.get(i as usize))
-        .map_or(0, |s| s.load(Ordering::Relaxed))
+    samples(i).map_or(0, |s| s.swap(0, Ordering::Relaxed))
 }
 
 /// Ended threads kept, and (function, calls) pairs kept over all of them
@@ -162,7 +157,7 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         // again, waiting for this drain for ever. Not waiting for a drain
         // under way (the drain thread's covers them); without naming
         // modules on demand, which may take the loader's lock.
-        held_signals(|| crate::sampling::drain(a, false, false));
+        crate::threads::with_signals_blocked(|| crate::sampling::drain(a, false, false));
         let counts: Vec<(u32, u64)> = c.stripe_counts(stripe).collect();
         let samples = take_samples(stripe);
         let pid = std::process::id();
@@ -184,21 +179,6 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
     }
     c.fold_stripe(stripe);
-}
-
-/// Runs `f` with every signal that can be held held.
-fn held_signals<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: sigset_t is plain data, filled by sigfillset; the old mask is
-    // put back before returning.
-    unsafe {
-        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
-            (std::mem::zeroed(), std::mem::zeroed());
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        let r = f();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        r
-    }
 }
 
 /// In a forked child: the parent's ended threads are not the child's (its
@@ -252,7 +232,7 @@ pub fn text(a: &Agent) -> String {
             tid,
             false,
             &name_of(tid),
-            samples_of(stripe),
+            samples(stripe).map_or(0, |s| s.load(Ordering::Relaxed)),
             &mut c.stripe_counts(stripe),
         );
     }

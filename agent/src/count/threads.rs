@@ -144,33 +144,47 @@ extern "C" fn unprofiled_start(p: *mut libc::c_void) -> *mut libc::c_void {
     std::ptr::null_mut()
 }
 
+/// Runs `f` with every signal that can be blocked blocked in this thread,
+/// the mask put back after: a handler of the program never runs inside
+/// it, and a thread created meanwhile starts with them all blocked.
+pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data, filled by sigfillset before use;
+    // the old mask is put back before returning.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r
+    }
+}
+
 /// Starts an agent thread: joinable, no stripe, no timer, every signal
 /// blocked (the program's signals are never delivered to it). Returns the
 /// thread, or the errno on failure.
 pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, Errno> {
     let real = crate::interpose::real_pthread_create().ok_or(Errno(libc::ENOSYS))?;
     let boxed = Box::into_raw(Box::new(job));
-    // SAFETY: sigsets and the attribute are initialised by libc before
-    // use; `real` is the next pthread_create; `boxed` goes to the new
-    // thread, or is taken back here if none starts.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-        libc::pthread_attr_init(&mut attr);
-        libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
-        let mut t: libc::pthread_t = 0;
-        let rc = real(&mut t, &attr, unprofiled_start, boxed as *mut libc::c_void);
-        libc::pthread_attr_destroy(&mut attr);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if rc != 0 {
-            drop(Box::from_raw(boxed));
-            return Err(Errno(rc));
+    with_signals_blocked(|| {
+        // SAFETY: the attribute is initialised by libc before use; `real`
+        // is the next pthread_create; `boxed` goes to the new thread, or is
+        // taken back here if none starts.
+        unsafe {
+            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+            libc::pthread_attr_init(&mut attr);
+            libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
+            let mut t: libc::pthread_t = 0;
+            let rc = real(&mut t, &attr, unprofiled_start, boxed as *mut libc::c_void);
+            libc::pthread_attr_destroy(&mut attr);
+            if rc != 0 {
+                drop(Box::from_raw(boxed));
+                return Err(Errno(rc));
+            }
+            Ok(t)
         }
-        Ok(t)
-    }
+    })
 }
 
 #[cfg(test)]

@@ -227,29 +227,26 @@ fn zeroed_shared() -> Box<Shared> {
 fn spawn_helper(stack: *mut libc::c_void, sp: *mut Shared) -> Result<(i32, i32), Errno> {
     let flags = libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_UNTRACED;
     let mut pidfd: libc::c_int = -1;
-    // SAFETY: sigset_t values filled by libc before use; the helper gets
-    // its own stack and `sp`, which outlive it (the caller reaps it before
-    // touching either); `pidfd` is written by the kernel at clone.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let top = (stack as *mut u8).add(STACK_BYTES) as *mut libc::c_void;
-        let arg = sp as *mut libc::c_void;
-        let mut pid = libc::clone(helper, top, flags | libc::CLONE_PIDFD, arg, &mut pidfd);
-        if pid < 0 && Errno::last() == Errno(libc::EINVAL) {
-            pidfd = -1;
-            pid = libc::clone(helper, top, flags, arg);
+    crate::threads::with_signals_blocked(|| {
+        // SAFETY: the helper gets its own stack and `sp`, which outlive it (the
+        // caller reaps it before touching either); `pidfd` is written by the
+        // kernel at clone.
+        unsafe {
+            let top = (stack as *mut u8).add(STACK_BYTES) as *mut libc::c_void;
+            let arg = sp as *mut libc::c_void;
+            let mut pid = libc::clone(helper, top, flags | libc::CLONE_PIDFD, arg, &mut pidfd);
+            if pid < 0 && Errno::last() == Errno(libc::EINVAL) {
+                pidfd = -1;
+                pid = libc::clone(helper, top, flags, arg);
+            }
+            let e = Errno::last();
+            if pid < 0 {
+                Err(e)
+            } else {
+                Ok((pid, pidfd))
+            }
         }
-        let e = Errno::last();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if pid < 0 {
-            Err(e)
-        } else {
-            Ok((pid, pidfd))
-        }
-    }
+    })
 }
 
 /// Waits for the helper to exit: false if it had to be killed (a thread

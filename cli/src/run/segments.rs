@@ -26,37 +26,21 @@ fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, Error> {
         .map_err(Error::SegmentMap)
 }
 
-/// The call stacks the process sampled, from the file its agent wrote
-/// beside its segment at exit (none: no stacks).
-fn read_stacks(p: &Path, s: &Snapshot) -> Stacks {
+/// What the agent wrote beside a segment at exit, in the file `p`, read
+/// by `parse` (`what` names it in the message if it cannot be): the call
+/// stacks it sampled, the exact callers (`RTPROF_CALLERS=1`), the calls
+/// per thread. No file: none.
+fn read_beside<T: Default, E: std::fmt::Display>(
+    p: &Path,
+    what: &str,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> T {
     let Ok(text) = std::fs::read_to_string(p) else {
-        return Stacks::default();
+        return T::default();
     };
-    Stacks::parse(&text, s.functions.len(), s.modules.len()).unwrap_or_else(|e| {
-        eprintln!("rtprof: stacks of {} not used: {e}", p.display());
-        Stacks::default()
-    })
-}
-
-/// The exact callers the process counted (`RTPROF_CALLERS=1`), from the
-/// file its agent wrote beside its segment at exit.
-fn read_callers(p: &Path, s: &Snapshot) -> Callers {
-    let Ok(text) = std::fs::read_to_string(p) else {
-        return Callers::default();
-    };
-    Callers::parse(&text, s).unwrap_or_else(|e| {
-        eprintln!("rtprof: callers of {} not used: {e}", p.display());
-        Callers::default()
-    })
-}
-
-fn read_threads(p: &Path, s: &Snapshot) -> Threads {
-    let Ok(text) = std::fs::read_to_string(p) else {
-        return Threads::default();
-    };
-    Threads::parse(&text, s).unwrap_or_else(|e| {
-        eprintln!("rtprof: per-thread calls of {} not used: {e}", p.display());
-        Threads::default()
+    parse(&text).unwrap_or_else(|e| {
+        eprintln!("rtprof: {what} of {} not used: {e}", p.display());
+        T::default()
     })
 }
 
@@ -83,9 +67,15 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         };
         match read_snapshot(&bytes) {
             Ok(mut s) => {
-                s.stacks = read_stacks(&p.with_extension("stacks"), &s);
-                s.callers = read_callers(&p.with_extension("callers"), &s);
-                s.threads = read_threads(&p.with_extension("threads"), &s);
+                s.stacks = read_beside(&p.with_extension("stacks"), "stacks", |t| {
+                    Stacks::parse(t, s.functions.len(), s.modules.len())
+                });
+                s.callers = read_beside(&p.with_extension("callers"), "callers", |t| {
+                    Callers::parse(t, &s)
+                });
+                s.threads = read_beside(&p.with_extension("threads"), "per-thread calls", |t| {
+                    Threads::parse(t, &s)
+                });
                 out.push(s)
             }
             Err(e) => eprintln!("rtprof: skipping {}: {e}", p.display()),
