@@ -400,6 +400,50 @@ fn attach_and_detach_a_hundred_times_under_eight_busy_threads() {
     child.wait().unwrap();
 }
 
+/// Threads hit by a stream of queued real-time signals while rtprof
+/// holds them, again and again: each attach and detach succeeds (a thread
+/// may stop in a signal's delivery instead of the interrupt's stop) and
+/// every signal a stop intercepted reaches the program once, with its
+/// value.
+#[test]
+fn every_signal_intercepted_while_held_is_handed_back_once() {
+    let dir = scratch("attach-signals");
+    let bin = compile_o2("signal_storm.c", &["-pthread"], &dir);
+    let mut child = Command::new(&bin)
+        .arg("4")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = child.id().to_string();
+    for i in 0..30 {
+        let out = Command::new(rtprof())
+            .args(["attach", &pid, "--duration", "0.02", "--agent"])
+            .arg(agent())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "cycle {i}: {stderr}");
+        assert!(stderr.contains(" step "), "cycle {i}: {stderr}");
+    }
+    drop(child.stdin.take());
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(child.wait().unwrap().success());
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert!(
+        matches!(w.as_slice(), ["sent", _, _, "got", _, _]),
+        "{line}"
+    );
+    let sent: u64 = w[1].parse().unwrap();
+    assert!(sent > 1000, "{line}");
+    assert_eq!((w[1], w[2]), (w[4], w[5]), "signals sent and received");
+}
+
 #[test]
 fn a_library_loaded_after_attach_is_instrumented_and_restored() {
     let python = shared_python().expect("a python3 with a shared libpython");

@@ -353,8 +353,11 @@ fn stop_all(s: &mut Shared) -> Result<(), Halt> {
         let r = seize_listed(s, fd);
         // SAFETY: our descriptor.
         unsafe { libc::close(fd) };
-        r?;
         // All interrupted first, then waited for: their stops overlap.
+        // Waited for even when the listing failed part-way (a thread held
+        // by another tracer): detach must hand back the signal a thread
+        // stopped in the delivery of, and a thread not yet stopped cannot
+        // be detached at all.
         let mut kept = before;
         for i in before..s.n {
             if let Some(sig) = wait_stopped(s.tids[i]) {
@@ -364,6 +367,7 @@ fn stop_all(s: &mut Shared) -> Result<(), Halt> {
             }
         }
         s.n = kept;
+        r?;
         if s.n == before {
             return Ok(());
         }
@@ -404,6 +408,7 @@ fn seize_listed(s: &mut Shared, fd: i32) -> Result<(), Halt> {
             }
             if seize(tid)? {
                 s.tids[s.n] = tid;
+                s.sigs[s.n] = 0;
                 s.n += 1;
             }
         }

@@ -93,10 +93,19 @@ pub fn call(s: &mut Stopped, func: u64, args: &[Arg]) -> Result<u64, CallError> 
     outcome
 }
 
+/// Lets the calling thread run on (a signal it was stopped in the delivery
+/// of is withheld until detach).
+fn resume(s: &mut Stopped, tid: i32) -> Result<(), CallError> {
+    let t = s.threads.iter_mut().find(|t| t.tid == tid);
+    let t = t.ok_or(CallError::Gone)?;
+    t.resume(libc::PTRACE_CONT)
+        .map_err(|e| CallError::Ptrace("PTRACE_CONT", e))
+}
+
 fn run_call(s: &mut Stopped, tid: i32, regs: &Regs) -> Result<u64, CallError> {
     regs.set(tid)
         .map_err(|e| CallError::Ptrace("PTRACE_SETREGS", e))?;
-    ptrace::cont(tid, 0).map_err(|e| CallError::Ptrace("PTRACE_CONT", e))?;
+    resume(s, tid)?;
     let started = Instant::now();
     let mut released = false;
     loop {
@@ -121,14 +130,12 @@ fn run_call(s: &mut Stopped, tid: i32, regs: &Regs) -> Result<u64, CallError> {
                     }
                     return Err(CallError::Crashed(now.pc()));
                 }
-                if event == 0 {
-                    // A signal for the program: handed back at detach.
-                    let t = s.threads.iter_mut().find(|t| t.tid == tid);
-                    if let Some(t) = t.filter(|t| t.pending == 0) {
-                        t.pending = sig;
-                    }
+                // A signal for the program (handed back at detach), or an
+                // interrupt left pending: on with the call.
+                if let Some(t) = s.threads.iter_mut().find(|t| t.tid == tid) {
+                    t.stopped(sig, event);
                 }
-                ptrace::cont(tid, 0).map_err(|e| CallError::Ptrace("PTRACE_CONT", e))?;
+                resume(s, tid)?;
             }
         }
     }

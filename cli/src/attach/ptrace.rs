@@ -1,6 +1,12 @@
 //! Every thread of a target process held still with ptrace (seize +
 //! interrupt), and let go again when dropped, whatever happened meanwhile:
-//! a signal the stop intercepted is handed back at detach.
+//! every signal a stop intercepted is handed back at detach, once.
+//!
+//! A thread asked to stop may stop in the delivery of a signal instead of
+//! the interrupt's own stop: the kernel clears a pending interrupt at any
+//! stop. That stop holds the thread as well, so it is taken as held; a
+//! thread resumed from it and then stopped for good hands the signal back
+//! by queueing it again.
 
 use std::time::{Duration, Instant};
 
@@ -10,11 +16,61 @@ const STOP_DEADLINE: Duration = Duration::from_secs(2);
 
 pub struct Thread {
     pub tid: i32,
-    /// A signal intercepted while the thread was held: re-injected at detach.
-    pub pending: i32,
+    /// Signals intercepted while the thread was held and withheld from it
+    /// since (it was resumed without them): queued again at detach.
+    withheld: Vec<libc::siginfo_t>,
+    /// The signal whose delivery stop the thread is in now (0: another
+    /// stop): PTRACE_DETACH hands it back itself.
+    stopped_at: i32,
     /// Still attached (a thread let go early is not detached twice).
     attached: bool,
 }
+
+impl Thread {
+    fn new(tid: i32) -> Thread {
+        Thread {
+            tid,
+            withheld: Vec::new(),
+            stopped_at: 0,
+            attached: true,
+        }
+    }
+
+    /// Resumes the thread with `req` (PTRACE_CONT, PTRACE_SINGLESTEP): a
+    /// signal whose delivery stop it leaves is withheld, its siginfo kept
+    /// to queue it again at detach.
+    pub fn resume(&mut self, req: libc::c_uint) -> Result<(), i32> {
+        if self.stopped_at != 0 {
+            // SAFETY: all zero bytes is a valid siginfo_t (a plain C struct).
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let got = ptrace(
+                libc::PTRACE_GETSIGINFO,
+                self.tid,
+                0,
+                &mut info as *mut libc::siginfo_t as usize,
+            );
+            if got.is_err() {
+                // No siginfo to be had: a plain signal of that number.
+                info.si_signo = self.stopped_at;
+                info.si_code = SI_TKILL;
+            }
+            self.withheld.push(info);
+            self.stopped_at = 0;
+        }
+        ptrace(req, self.tid, 0, 0).map(|_| ())
+    }
+
+    /// A stop seen while waiting: a signal-delivery stop is noted, so the
+    /// signal is handed back.
+    pub fn stopped(&mut self, sig: i32, event: i32) {
+        if event == 0 {
+            self.stopped_at = sig;
+        }
+    }
+}
+
+/// `si_code` of a signal sent with tgkill (not exported by the libc crate).
+const SI_TKILL: i32 = -6;
 
 /// Why the threads could not be held.
 #[derive(Debug)]
@@ -55,10 +111,6 @@ fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> Result<libc:
     }
 }
 
-pub fn cont(tid: i32, sig: i32) -> Result<(), i32> {
-    ptrace(libc::PTRACE_CONT, tid, 0, sig as usize).map(|_| ())
-}
-
 fn tasks(pid: i32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
@@ -78,6 +130,9 @@ pub enum Event {
 
 /// Waits for `tid`'s next state change, until `deadline`.
 pub fn wait(tid: i32, deadline: Instant) -> Option<Event> {
+    // A single step or an interrupt stops the thread within microseconds:
+    // yielding first, rather than sleeping, keeps stepping out of libc fast.
+    let mut yields = 0;
     loop {
         let mut status = 0;
         // SAFETY: waits for a thread we trace; `status` is ours.
@@ -97,7 +152,12 @@ pub fn wait(tid: i32, deadline: Instant) -> Option<Event> {
         if Instant::now() > deadline {
             return None;
         }
-        std::thread::sleep(Duration::from_micros(200));
+        if yields < 100 {
+            yields += 1;
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -130,11 +190,7 @@ impl Stopped {
                         ))
                     }
                 }
-                s.threads.push(Thread {
-                    tid,
-                    pending: 0,
-                    attached: true,
-                });
+                s.threads.push(Thread::new(tid));
                 if let Err(e) = ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) {
                     if e != libc::ESRCH {
                         return Err(SeizeError::Other(
@@ -150,27 +206,12 @@ impl Stopped {
         }
         let deadline = Instant::now() + STOP_DEADLINE;
         for t in &mut s.threads {
-            loop {
-                match wait(t.tid, deadline) {
-                    None => return Err(SeizeError::Timeout(t.tid)),
-                    Some(Event::Gone) => {
-                        t.attached = false;
-                        break;
-                    }
-                    // The interrupt (or a group stop): held.
-                    Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => break,
-                    // A signal arrived first: keep it for detach, wait for
-                    // the interrupt's stop.
-                    Some(Event::Stopped { sig, .. }) => {
-                        if t.pending == 0 {
-                            t.pending = sig;
-                        }
-                        if cont(t.tid, 0).is_err() {
-                            t.attached = false;
-                            break;
-                        }
-                    }
-                }
+            match wait(t.tid, deadline) {
+                None => return Err(SeizeError::Timeout(t.tid)),
+                Some(Event::Gone) => t.attached = false,
+                // The interrupt's stop, a group stop, or a signal's
+                // delivery (which took the interrupt's place): held.
+                Some(Event::Stopped { sig, event }) => t.stopped(sig, event),
             }
         }
         s.threads.retain(|t| t.attached);
@@ -210,7 +251,7 @@ impl Stopped {
                 Some(_) => {}
                 None => return false,
             }
-            if cont(t.tid, 0).is_err() {
+            if t.resume(libc::PTRACE_CONT).is_err() {
                 return false;
             }
             std::thread::sleep(Duration::from_micros(300));
@@ -223,8 +264,9 @@ impl Stopped {
 
     /// Lets every thread but `keep` run again.
     pub fn release_others(&mut self, keep: i32) {
+        let pid = self.pid;
         for t in self.threads.iter_mut().filter(|t| t.tid != keep) {
-            detach(t);
+            detach(pid, t);
         }
     }
 }
@@ -240,20 +282,16 @@ fn step_out(t: &mut Thread, avoid: &[(u64, u64)], steps: u32, deadline: Instant)
         if idle || !avoid.iter().any(|&(lo, hi)| r.pc() >= lo && r.pc() < hi) {
             return Some(true);
         }
-        ptrace(libc::PTRACE_SINGLESTEP, t.tid, 0, 0).ok()?;
+        t.resume(libc::PTRACE_SINGLESTEP).ok()?;
         // The step's SIGTRAP; a thread that blocks in a system call
-        // meanwhile is stopped again where it waits.
+        // meanwhile is stopped again where it waits; a signal may come
+        // first (and an interrupt left pending stops it once more).
         match wait(t.tid, deadline) {
             Some(Event::Stopped {
                 sig: libc::SIGTRAP,
                 event: 0,
-            }) => {}
-            Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => {}
-            Some(Event::Stopped { sig, .. }) => {
-                if t.pending == 0 {
-                    t.pending = sig;
-                }
-            }
+            }) if !sent_by_a_process(t.tid) => {}
+            Some(Event::Stopped { sig, event }) => t.stopped(sig, event),
             Some(Event::Gone) => return None,
             None => return interrupt_and_wait(t).then_some(false),
         }
@@ -261,48 +299,73 @@ fn step_out(t: &mut Thread, avoid: &[(u64, u64)], steps: u32, deadline: Instant)
     Some(false)
 }
 
-/// Stops a running thread again; a signal that arrives first is kept for
-/// detach.
+/// Whether the SIGTRAP `tid` stopped in was sent by a process (kill,
+/// tgkill, sigqueue: the program's own) rather than by a single step.
+fn sent_by_a_process(tid: i32) -> bool {
+    // SAFETY: all zero bytes is a valid siginfo_t (a plain C struct).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let at = &mut info as *mut libc::siginfo_t as usize;
+    ptrace(libc::PTRACE_GETSIGINFO, tid, 0, at).is_ok() && info.si_code <= 0
+}
+
+/// Stops a running thread again: in the interrupt's stop, or in the
+/// delivery of a signal that came first (which holds it as well).
 fn interrupt_and_wait(t: &mut Thread) -> bool {
     if ptrace(libc::PTRACE_INTERRUPT, t.tid, 0, 0).is_err() {
         return false;
     }
-    let deadline = Instant::now() + STOP_DEADLINE;
-    loop {
-        match wait(t.tid, deadline) {
-            Some(Event::Stopped { event, .. }) if event == libc::PTRACE_EVENT_STOP => return true,
-            Some(Event::Stopped { sig, .. }) => {
-                if t.pending == 0 {
-                    t.pending = sig;
-                }
-                if cont(t.tid, 0).is_err() {
-                    return false;
-                }
-            }
-            _ => return false,
+    match wait(t.tid, Instant::now() + STOP_DEADLINE) {
+        Some(Event::Stopped { sig, event }) => {
+            t.stopped(sig, event);
+            true
         }
+        _ => false,
     }
 }
 
-fn detach(t: &mut Thread) {
+/// Lets `t` go, handing back the signal it is stopped in the delivery of
+/// (with its siginfo, by the kernel) and queueing again those withheld.
+fn detach(pid: i32, t: &mut Thread) {
     if !t.attached {
         return;
     }
     t.attached = false;
-    if ptrace(libc::PTRACE_DETACH, t.tid, 0, t.pending as usize).is_ok() {
-        return;
+    if ptrace(libc::PTRACE_DETACH, t.tid, 0, t.stopped_at as usize).is_err() {
+        // Not in a stop (running after a failed call): stop it, then detach.
+        if interrupt_and_wait(t) {
+            let _ = ptrace(libc::PTRACE_DETACH, t.tid, 0, t.stopped_at as usize);
+        }
     }
-    // Not in a stop (running after a failed call): stop it, then detach.
-    if ptrace(libc::PTRACE_INTERRUPT, t.tid, 0, 0).is_ok() {
-        let _ = wait(t.tid, Instant::now() + STOP_DEADLINE);
-        let _ = ptrace(libc::PTRACE_DETACH, t.tid, 0, t.pending as usize);
+    for info in t.withheld.drain(..) {
+        requeue(pid, t.tid, &info);
+    }
+}
+
+/// Queues `info`'s signal to `tid` again, with its siginfo where the
+/// kernel allows one process to send it (a timer's, a sigqueue's), else
+/// as a plain signal of the same number (a kill's, a child's exit).
+fn requeue(pid: i32, tid: i32, info: &libc::siginfo_t) {
+    let sig = info.si_signo;
+    // SAFETY: a signal to a thread of the target, `info` read only.
+    let queued = unsafe {
+        libc::syscall(
+            libc::SYS_rt_tgsigqueueinfo,
+            pid,
+            tid,
+            sig,
+            info as *const libc::siginfo_t,
+        )
+    };
+    if queued != 0 {
+        // SAFETY: a plain system call.
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
     }
 }
 
 impl Drop for Stopped {
     fn drop(&mut self) {
         for t in &mut self.threads {
-            detach(t);
+            detach(self.pid, t);
         }
     }
 }
