@@ -10,8 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// The target, started; its stdout lines arrive on the channel.
-fn start_target(bin: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+/// The target, started (and killed when the test ends, also if it fails:
+/// a program left stopped or deadlocked would outlive it); its stdout
+/// lines arrive on the channel.
+fn start_target(bin: &Path, args: &[&str]) -> (Killed, mpsc::Receiver<String>) {
     let mut child = Command::new(bin)
         .args(args)
         .stdout(Stdio::piped())
@@ -26,7 +28,7 @@ fn start_target(bin: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
             }
         }
     });
-    (child, rx)
+    (Killed(child), rx)
 }
 
 /// The program's own total in a `tick N calls C` or `done calls C` line.
@@ -409,12 +411,14 @@ fn attach_and_detach_a_hundred_times_under_eight_busy_threads() {
 fn every_signal_intercepted_while_held_is_handed_back_once() {
     let dir = scratch("attach-signals");
     let bin = compile_o2("signal_storm.c", &["-pthread"], &dir);
-    let mut child = Command::new(&bin)
-        .arg("4")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Killed(
+        Command::new(&bin)
+            .arg("4")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
@@ -673,4 +677,40 @@ fn attach_to_a_program_busy_in_malloc_never_deadlocks() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(lines.try_iter().next().is_none());
+}
+
+/// CPU time the process has used so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// A program whose own signal handler often runs on top of malloc (with
+/// its arena's lock held) while its code is outside libc: rtprof never
+/// calls into the process from inside such a handler, and detaching
+/// takes no lock at all, so the program never deadlocks.
+#[test]
+fn a_signal_handler_on_top_of_malloc_is_never_called_in() {
+    let dir = scratch("attach-handler");
+    let bin = compile_o2("attach_malloc.c", &[], &dir);
+    let (mut child, _lines) = start_target(&bin, &["3600", "handler"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = child.id();
+    for i in 0..20 {
+        let out = Command::new(rtprof())
+            .args(["attach", &pid.to_string(), "--duration", "0.02", "--agent"])
+            .arg(agent())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "cycle {i}: {stderr}");
+        assert!(child.try_wait().unwrap().is_none(), "died in cycle {i}");
+    }
+    // Still running: not stuck on a lock it holds itself.
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = cpu_ticks(pid);
+    assert!(after > before, "the program stopped running after detach");
 }

@@ -474,6 +474,19 @@ pub fn private_machine(overlays: &[&str]) {
 /// A child killed and reaped on drop (also when a test fails).
 pub struct Killed(pub std::process::Child);
 
+impl std::ops::Deref for Killed {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Killed {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
 impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();

@@ -1,8 +1,13 @@
 //! Loaded late, into a running process (`rtprof attach`): the constructor
 //! found the process traced (rtprof holds its threads) and did nothing;
 //! rtprof then calls [`rtprof_attach`] in one held thread. That call only
-//! starts a thread of ours and returns, so the program is held for as
-//! short a time as possible; the thread instruments the selected modules
+//! hands the request to a thread of ours and returns, so the program is
+//! held for as short a time as possible. The thread (the control thread,
+//! started by the first call, which follows a `dlopen` that allocates
+//! anyway) stays for later requests: [`rtprof_detach`] and a second
+//! [`rtprof_attach`] then neither allocate nor take a lock, so they are
+//! safe wherever rtprof stopped the thread it calls them in, even in a
+//! signal handler that interrupted `malloc`. The thread instruments the selected modules
 //! while the program's threads run, writing the entries with them held
 //! still by the stopper (a thread part-way through an entry's original
 //! instructions leaves that entry for a later try), and answers in a
@@ -30,6 +35,7 @@
 use crate::config::Config;
 use crate::error::Errno;
 use crate::install::{self, StubMap};
+use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
 use crate::maps::Maps;
 use crate::segment::Segment;
@@ -38,9 +44,10 @@ use crate::stopworld::{Held as StopHeld, StopError, Stopper};
 use crate::switch::{self, EntrySwitch};
 use crate::{agent, loader, modules, now_ns, records, threads, Agent};
 use rtprof_shared::Refusal;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Where the agent stands: loaded and idle, attaching, attached, detached.
@@ -78,10 +85,76 @@ const WRITE_TRIES: usize = 5;
 /// returns; until then none can be stopped by us.
 const UNTRACED_WITHIN: Duration = Duration::from_secs(3);
 
+/// The thread that attaches and detaches on request.
+static CONTROL: Worker = Worker::new(c"rtprof-control");
+/// An idle control thread wakes this rarely (a request wakes it at once).
+const CONTROL_IDLE_MS: u64 = 60_000;
+
+/// A request from an entry point to the control thread: the text is
+/// written only by the entry point that moved [`PHASE`] to ATTACHING or
+/// DETACHING (one at a time), and read by the control thread only after
+/// `kind` says it is there.
+struct Request {
+    kind: AtomicU8,
+    len: AtomicUsize,
+    text: UnsafeCell<[u8; MAX_REQUEST]>,
+}
+
+// SAFETY: `text` is handed over through `kind` (see above).
+unsafe impl Sync for Request {}
+
+const MAX_REQUEST: usize = 8192;
+const NO_REQUEST: u8 = 0;
+const ATTACH: u8 = 1;
+const DETACH: u8 = 2;
+
+static REQUEST: Request = Request {
+    kind: AtomicU8::new(NO_REQUEST),
+    len: AtomicUsize::new(0),
+    text: UnsafeCell::new([0; MAX_REQUEST]),
+};
+
+/// Hands `text` to the control thread (started if it is not running:
+/// only that allocates). False if it is too long or no thread runs.
+fn post(kind: u8, text: &CStr) -> bool {
+    let bytes = text.to_bytes();
+    if bytes.len() > MAX_REQUEST || CONTROL.start(CONTROL_IDLE_MS, 0, serve).is_err() {
+        return false;
+    }
+    // SAFETY: the caller won PHASE, so no other writer; the control thread
+    // reads only after the Release store of `kind` below.
+    unsafe { (&mut *REQUEST.text.get())[..bytes.len()].copy_from_slice(bytes) };
+    REQUEST.len.store(bytes.len(), Ordering::Relaxed);
+    REQUEST.kind.store(kind, Ordering::Release);
+    CONTROL.wake();
+    true
+}
+
+/// The control thread's tick: serves a request if one was posted.
+fn serve(_gone: bool) -> Next {
+    let kind = REQUEST.kind.swap(NO_REQUEST, Ordering::Acquire);
+    if kind == NO_REQUEST {
+        return Next::Idle;
+    }
+    let len = REQUEST.len.load(Ordering::Relaxed).min(MAX_REQUEST);
+    // SAFETY: posted before `kind` (Acquire above); no other request can be
+    // posted until PHASE leaves ATTACHING or DETACHING, which this serving does.
+    let text = String::from_utf8_lossy(unsafe { &(&*REQUEST.text.get())[..len] }).into_owned();
+    // The program runs on meanwhile: the files read here stay out of its table.
+    if !crate::lifecycle::private_files::is_private() {
+        crate::lifecycle::private_files::enter();
+    }
+    match kind {
+        ATTACH => attach_thread(&text),
+        _ => detach_thread(&text),
+    }
+    Next::Idle
+}
+
 /// Starts attaching: `spec` is `RTPROF_*=value` lines (the environment
-/// the agent would have had). Returns 0 when the attaching thread runs,
-/// 1 if the agent is not idle (already attached or attaching), 2 if the
-/// thread could not start.
+/// the agent would have had). Returns 0 when the control thread has the
+/// request, 1 if the agent is not idle (already attached or attaching), 2
+/// if the thread could not start.
 ///
 /// # Safety
 /// `spec` is a NUL-terminated string.
@@ -91,9 +164,7 @@ pub unsafe extern "C" fn rtprof_attach(spec: *const libc::c_char) -> libc::c_int
         return 2;
     }
     // SAFETY: the caller passes a NUL-terminated string.
-    let spec = unsafe { CStr::from_ptr(spec) }
-        .to_string_lossy()
-        .into_owned();
+    let spec = unsafe { CStr::from_ptr(spec) };
     // Idle and never started (a preloaded agent that started is
     // profiling already), or detached: attach (again).
     let was = match PHASE.compare_exchange(IDLE, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
@@ -110,21 +181,18 @@ pub unsafe extern "C" fn rtprof_attach(spec: *const libc::c_char) -> libc::c_int
         }
         Err(_) => return 1,
     };
-    let started = std::thread::Builder::new()
-        .name("rtprof-attach".into())
-        .spawn(move || attach_thread(&spec));
-    match started {
-        Ok(_) => 0,
-        Err(_) => {
-            PHASE.store(was, Ordering::Release);
-            2
-        }
+    if post(ATTACH, spec) {
+        0
+    } else {
+        PHASE.store(was, Ordering::Release);
+        2
     }
 }
 
 /// Starts detaching: every patched entry gets its own bytes back, and
 /// `status` (a path) gets "ok" or "error: why". Returns 0 when the
-/// detaching thread runs, 1 if the agent is not attached.
+/// control thread has the request, 1 if the agent is not attached (or
+/// the request could not be handed over).
 ///
 /// # Safety
 /// `status` is a NUL-terminated string.
@@ -134,33 +202,46 @@ pub unsafe extern "C" fn rtprof_detach(status: *const libc::c_char) -> libc::c_i
         return 1;
     }
     // SAFETY: the caller passes a NUL-terminated string.
-    let status = unsafe { CStr::from_ptr(status) }
-        .to_string_lossy()
-        .into_owned();
+    let status = unsafe { CStr::from_ptr(status) };
     if PHASE
         .compare_exchange(ATTACHED, DETACHING, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
         return 1;
     }
-    let started = std::thread::Builder::new()
-        .name("rtprof-detach".into())
-        .spawn(move || {
-            crate::lifecycle::private_files::enter();
-            let r = std::panic::catch_unwind(detach_all).unwrap_or(Err("internal error".into()));
-            PHASE.store(
-                if r.is_ok() { DETACHED } else { ATTACHED },
-                Ordering::Release,
-            );
-            answer(&status, r);
-        });
-    match started {
-        Ok(_) => 0,
-        Err(_) => {
-            PHASE.store(ATTACHED, Ordering::Release);
-            1
-        }
+    if post(DETACH, status) {
+        0
+    } else {
+        PHASE.store(ATTACHED, Ordering::Release);
+        1
     }
+}
+
+/// Puts every entry back, then answers in `status`.
+fn detach_thread(status: &str) {
+    let r = std::panic::catch_unwind(detach_all).unwrap_or(Err("internal error".into()));
+    PHASE.store(
+        if r.is_ok() { DETACHED } else { ATTACHED },
+        Ordering::Release,
+    );
+    answer(status, r);
+}
+
+/// The program's last thread has ended: the control thread ends too.
+pub(crate) fn program_threads_gone() {
+    CONTROL.program_gone();
+}
+
+/// Stops the control thread (a process entering a user namespace must be
+/// single-threaded); returns whether one ran. It starts again with the
+/// next request.
+pub(crate) fn pause() -> bool {
+    CONTROL.stop()
+}
+
+/// In a forked child: the parent's control thread does not exist here.
+pub(crate) fn forget_in_child() {
+    CONTROL.forget_in_child();
 }
 
 /// Whether a library loaded now may be instrumented: not once a detach
@@ -198,8 +279,6 @@ fn answer(path: &str, r: Result<String, String>) {
 }
 
 fn attach_thread(spec: &str) {
-    // The program runs on meanwhile: the files read here stay out of its table.
-    crate::lifecycle::private_files::enter();
     let vars = parse_spec(spec);
     let status = vars
         .get("RTPROF_ATTACH_STATUS")

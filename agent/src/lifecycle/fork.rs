@@ -87,6 +87,7 @@ extern "C" fn in_child() {
 /// `p` (the forking thread's) for its only thread.
 pub fn become_child(p: *mut u64) {
     let _ = std::panic::catch_unwind(|| {
+        crate::lifecycle::attach::forget_in_child();
         let Some(a) = agent() else { return };
         a.state.reset_in_child();
         crate::budget::forget_in_child(a);

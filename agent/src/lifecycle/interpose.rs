@@ -207,6 +207,7 @@ extern "C" fn thread_start(p: *mut libc::c_void) -> *mut libc::c_void {
 pub fn program_threads_gone() {
     sampling::program_threads_gone();
     budget::program_threads_gone();
+    crate::lifecycle::attach::program_threads_gone();
 }
 
 /// Wraps thread creation so the new thread has its stripe before its start
@@ -389,11 +390,14 @@ exec_wrapper!(fexecve, FEXECVE, (fd: libc::c_int, argv: Argv, envp: Argv));
 fn single_threaded(needs_one_thread: bool, f: impl Fn() -> libc::c_int) -> libc::c_int {
     let paused = needs_one_thread && sampling::pause_drain();
     let budget_paused = needs_one_thread && budget::pause();
+    // Started again by rtprof's next request.
+    let control_paused = needs_one_thread && crate::lifecycle::attach::pause();
+    let joined = paused || budget_paused || control_paused;
     let mut rc = f();
     // A joined thread leaves the kernel's thread group a moment after
     // join returns; until then the kernel still says EINVAL.
     for _ in 0..200 {
-        if !(paused && rc == -1 && errno() == libc::EINVAL) {
+        if !(joined && rc == -1 && errno() == libc::EINVAL) {
             break;
         }
         std::thread::sleep(std::time::Duration::from_micros(50));

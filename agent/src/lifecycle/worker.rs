@@ -1,5 +1,6 @@
 //! An agent thread's life: started, woken, paused and ended on request.
-//! Two run this way: the sampler's drain thread and the budget's.
+//! Three run this way: the sampler's drain thread, the budget's, and the
+//! control thread of an agent loaded by `rtprof attach`.
 //!
 //! It sleeps on a futex for as long as its tick asks: a tick that found
 //! work asks for the busy interval, an idle one for twice its last sleep
@@ -72,7 +73,9 @@ impl Worker {
         };
     }
 
-    fn wake(&self) {
+    /// Asks the thread to tick now (async-signal-safe: a store and a
+    /// system call).
+    pub fn wake(&self) {
         self.wake.store(1, Ordering::Release);
         // SAFETY: our futex word.
         unsafe {

@@ -59,6 +59,15 @@ impl Regs {
         self.0.rip
     }
 
+    pub fn sp(&self) -> u64 {
+        self.0.rsp
+    }
+
+    /// The code a signal handler returns to (glibc's `__restore_rt`:
+    /// `mov rax, 15; syscall`, rt_sigreturn): its address on a thread's
+    /// stack marks a handler's frame.
+    pub const SIGRETURN: &'static [u8] = &[0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05];
+
     /// The system call the thread was stopped in, if any.
     pub fn syscall(&self) -> Option<u64> {
         ((self.0.orig_rax as i64) >= 0).then_some(self.0.orig_rax)

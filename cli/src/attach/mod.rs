@@ -10,6 +10,7 @@
 //! more call, `rtprof_detach`, which puts every entry back the same way.
 
 mod arch;
+mod hazards;
 mod inject;
 mod ptrace;
 mod refuse;
@@ -17,6 +18,7 @@ mod refuse;
 use crate::export::{model, Output, OutputArgs};
 use crate::run::room::RunDir;
 use clap::Args;
+use hazards::Hazards;
 use inject::{call, mappings, remote_symbol, Arg};
 use ptrace::{SeizeError, Stopped};
 use refuse::Refusal;
@@ -177,10 +179,10 @@ fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
 /// so the threads are held only for the calls.
 fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     refuse::check_process(pid).map_err(Failure::Refused)?;
-    let maps = maps_of(pid)?;
-    refuse::check_maps(&maps).map_err(Failure::Refused)?;
+    let maps_text = maps_of(pid)?;
+    refuse::check_maps(&maps_text).map_err(Failure::Refused)?;
     let agent_path = agent.to_string_lossy().into_owned();
-    let maps = mappings(&maps);
+    let maps = mappings(&maps_text);
     let loaded = maps
         .iter()
         .any(|m| refuse::file_name(&m.path).starts_with("librtprof"));
@@ -199,11 +201,11 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
             .ok_or(Failure::NoFunction("rtprof_attach in the agent"))?;
         Start::AfterDlopen { dlopen, value }
     };
-    let avoid = lock_takers(&maps);
+    let hazards = Hazards::of(pid, &maps_text);
     let held = Instant::now();
     let mut stopped = seize(pid)?;
     stopped.choose_caller();
-    if !stopped.move_caller_out_of(&avoid, MOVE_LIMIT) {
+    if !stopped.move_caller_out_of(&hazards, MOVE_LIMIT) {
         return Err(Failure::Busy);
     }
     let start = match start {
@@ -241,19 +243,6 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
 /// How long a busy calling thread may take to be found outside libc.
 const MOVE_LIMIT: Duration = Duration::from_secs(2);
 
-/// The code of libc and the loader: a thread stopped there may hold
-/// malloc's or the loader's lock, which dlopen takes.
-fn lock_takers(maps: &[inject::Mapping]) -> Vec<(u64, u64)> {
-    maps.iter()
-        .filter(|m| {
-            let n = refuse::file_name(&m.path);
-            m.exec
-                && (n.starts_with("libc.so") || n.starts_with("libc-") || n.starts_with("ld-linux"))
-        })
-        .map(|m| (m.start, m.end))
-        .collect()
-}
-
 enum Start {
     /// The agent is loaded: its entry point.
     At(u64),
@@ -277,10 +266,10 @@ fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
     let status = status_dir.join("detach.status");
     let f = agent_function(pid, "rtprof_detach")?;
     let held = Instant::now();
-    let avoid = lock_takers(&mappings(&maps_of(pid)?));
+    let hazards = Hazards::of(pid, &maps_of(pid)?);
     let mut stopped = seize(pid)?;
     stopped.choose_caller();
-    if !stopped.move_caller_out_of(&avoid, MOVE_LIMIT) {
+    if !stopped.move_caller_out_of(&hazards, MOVE_LIMIT) {
         return Err(Failure::Busy);
     }
     let path = status.to_string_lossy().into_owned();

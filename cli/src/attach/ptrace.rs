@@ -8,6 +8,7 @@
 //! thread resumed from it and then stopped for good hands the signal back
 //! by queueing it again.
 
+use super::hazards::{Hazards, Verdict};
 use std::time::{Duration, Instant};
 
 /// A thread that does not stop within this (in an uninterruptible sleep,
@@ -234,19 +235,20 @@ impl Stopped {
         }
     }
 
-    /// Single-steps the calling thread (the first) until it is outside
-    /// `avoid` (libc's and the loader's code: only there does a thread
-    /// hold malloc's or the loader's lock, which the calls need) or asleep
-    /// in an idle system call. A thread interrupted inside malloc would
-    /// otherwise deadlock on its own lock. Steps come in rounds; between
-    /// rounds the thread runs freely for a moment (a `rep stos` steps one
-    /// byte at a time), until `limit`. False if it never got out.
-    pub fn move_caller_out_of(&mut self, avoid: &[(u64, u64)], limit: Duration) -> bool {
+    /// Single-steps the calling thread (the first) until it is where
+    /// `hazards` allow a call: outside libc's and the loader's code (or
+    /// asleep in an idle system call), and not in a signal handler. A
+    /// thread interrupted inside malloc would otherwise deadlock on its
+    /// own lock. Steps come in rounds; between rounds the thread runs
+    /// freely for a moment (a `rep stos` steps one byte at a time; a
+    /// handler is left to finish), until `limit`. False if it never got
+    /// out.
+    pub fn move_caller_out_of(&mut self, hazards: &Hazards, limit: Duration) -> bool {
         const STEPS_PER_ROUND: u32 = 2000;
         let t = &mut self.threads[0];
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            match step_out(t, avoid, STEPS_PER_ROUND, deadline) {
+            match step_out(t, hazards, STEPS_PER_ROUND, deadline) {
                 Some(out) if out => return true,
                 Some(_) => {}
                 None => return false,
@@ -271,16 +273,18 @@ impl Stopped {
     }
 }
 
-/// Up to `steps` single steps of `t` until it is out of `avoid` (or
-/// asleep in an idle system call): Some(true) if it got out, Some(false)
-/// if not yet, None if the thread is lost or could not be stopped again.
-fn step_out(t: &mut Thread, avoid: &[(u64, u64)], steps: u32, deadline: Instant) -> Option<bool> {
+/// Up to `steps` single steps of `t` until `hazards` allow a call:
+/// Some(true) if it got there, Some(false) if not yet (or it is in a
+/// signal handler, which is not stepped through), None if the thread is
+/// lost or could not be stopped again.
+fn step_out(t: &mut Thread, hazards: &Hazards, steps: u32, deadline: Instant) -> Option<bool> {
     use super::arch::Regs;
     for _ in 0..steps {
         let r = Regs::get(t.tid).ok()?;
-        let idle = r.syscall().is_some_and(Regs::idle_syscall);
-        if idle || !avoid.iter().any(|&(lo, hi)| r.pc() >= lo && r.pc() < hi) {
-            return Some(true);
+        match hazards.verdict(&r) {
+            Verdict::Safe => return Some(true),
+            Verdict::InHandler => return Some(false),
+            Verdict::InLibc => {}
         }
         t.resume(libc::PTRACE_SINGLESTEP).ok()?;
         // The step's SIGTRAP; a thread that blocks in a system call

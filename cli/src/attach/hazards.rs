@@ -1,0 +1,223 @@
+//! Where a thread stopped for a call must not be: in libc's or the
+//! loader's code (only there does a thread hold malloc's or the loader's
+//! lock, which the calls need), or in a signal handler. A handler may
+//! have interrupted `malloc` and runs outside libc: its program counter
+//! alone would call it safe. Its frame gives it away: the handler returns
+//! to libc's sigreturn code, whose address lies on the stack above it.
+
+use super::arch::Regs;
+use super::inject::Mapping;
+use super::refuse;
+use std::os::unix::fs::FileExt;
+
+/// What makes a stopped thread unsafe to call in, for one process.
+pub struct Hazards {
+    pid: i32,
+    /// Every mapping's extent (the stacks among them).
+    ranges: Vec<(u64, u64)>,
+    /// libc's and the loader's code.
+    code: Vec<(u64, u64)>,
+    frames: SignalFrames,
+}
+
+impl Hazards {
+    /// From the process's memory map (`/proc/PID/maps`).
+    pub fn of(pid: i32, maps_text: &str) -> Hazards {
+        let maps = super::inject::mappings(maps_text);
+        let code = lock_takers(&maps);
+        let libc: Vec<(u64, u64)> = maps
+            .iter()
+            .filter(|m| m.exec && is_libc(refuse::file_name(&m.path)))
+            .map(|m| (m.start, m.end))
+            .collect();
+        let frames = SignalFrames::find(pid, &libc);
+        Hazards {
+            pid,
+            ranges: ranges(maps_text),
+            code,
+            frames,
+        }
+    }
+
+    /// Where a thread stopped with `r` is: safe when outside libc and
+    /// the loader (or asleep in an idle system call) and not in a signal
+    /// handler.
+    pub fn verdict(&self, r: &Regs) -> Verdict {
+        let idle = r.syscall().is_some_and(Regs::idle_syscall);
+        let inside = self
+            .code
+            .iter()
+            .any(|&(lo, hi)| r.pc() >= lo && r.pc() < hi);
+        if inside && !idle {
+            Verdict::InLibc
+        } else if self.frames.on_stack(self.pid, &self.ranges, r.sp()) {
+            Verdict::InHandler
+        } else {
+            Verdict::Safe
+        }
+    }
+}
+
+/// Where a stopped thread is, for a call.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Safe,
+    /// In libc's or the loader's code: a step or two may get it out.
+    InLibc,
+    /// In a signal handler: it must finish first.
+    InHandler,
+}
+
+fn is_libc(name: &str) -> bool {
+    name.starts_with("libc.so") || name.starts_with("libc-")
+}
+
+/// The code of libc and the loader: a thread stopped there may hold
+/// malloc's or the loader's lock, which dlopen takes.
+fn lock_takers(maps: &[Mapping]) -> Vec<(u64, u64)> {
+    maps.iter()
+        .filter(|m| {
+            let n = refuse::file_name(&m.path);
+            m.exec && (is_libc(n) || n.starts_with("ld-linux"))
+        })
+        .map(|m| (m.start, m.end))
+        .collect()
+}
+
+/// Stack bytes above the stack pointer searched for a handler's frame.
+const SEARCHED: u64 = 256 * 1024;
+
+/// Where the target's sigreturn code is (in libc).
+pub struct SignalFrames {
+    sigreturns: Vec<u64>,
+}
+
+impl SignalFrames {
+    /// Finds the sigreturn code in the target's libc (in its memory, as
+    /// it runs).
+    pub fn find(pid: i32, libc_code: &[(u64, u64)]) -> SignalFrames {
+        let mut sigreturns = Vec::new();
+        let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+            return SignalFrames { sigreturns };
+        };
+        for &(lo, hi) in libc_code {
+            let mut code = vec![0u8; (hi - lo) as usize];
+            if mem.read_exact_at(&mut code, lo).is_err() {
+                continue;
+            }
+            let n = Regs::SIGRETURN.len();
+            sigreturns.extend(
+                code.windows(n)
+                    .enumerate()
+                    .filter(|(_, w)| *w == Regs::SIGRETURN)
+                    .map(|(i, _)| lo + i as u64),
+            );
+        }
+        SignalFrames { sigreturns }
+    }
+
+    /// Whether the stack above `sp` (within its mapping) holds a
+    /// handler's return address. Unknown (unreadable) counts as yes.
+    pub fn on_stack(&self, pid: i32, known: &[(u64, u64)], sp: u64) -> bool {
+        if self.sigreturns.is_empty() {
+            return false;
+        }
+        let within = |ranges: &[(u64, u64)]| {
+            ranges
+                .iter()
+                .find(|&&(lo, hi)| sp >= lo && sp < hi)
+                .map(|&(_, hi)| hi)
+        };
+        // A stack mapped since the map was read (a new thread's): read again.
+        let fresh = || {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+            within(&ranges(&text))
+        };
+        let Some(end) = within(known).or_else(fresh) else {
+            return true;
+        };
+        let end = end.min(sp.saturating_add(SEARCHED));
+        let start = sp & !7;
+        let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+            return true;
+        };
+        let mut stack = vec![0u8; end.saturating_sub(start) as usize];
+        if mem.read_exact_at(&mut stack, start).is_err() {
+            return true;
+        }
+        has_return_to(&stack, &self.sigreturns)
+    }
+}
+
+/// Every mapping's extent in a `/proc/PID/maps` text, anonymous ones too.
+fn ranges(maps_text: &str) -> Vec<(u64, u64)> {
+    maps_text
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split(' ').next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Whether an aligned word of `stack` is one of `targets`.
+fn has_return_to(stack: &[u8], targets: &[u64]) -> bool {
+    stack
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+        .any(|v| targets.contains(&v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_word_of_the_stack_equal_to_the_sigreturn_code_is_a_frame() {
+        let mut stack = vec![0u8; 64];
+        stack[40..48].copy_from_slice(&0x7f00_1234u64.to_le_bytes());
+        assert!(has_return_to(&stack, &[0x7f00_1234]));
+        assert!(!has_return_to(&stack, &[0x7f00_1235]));
+        // Not at a word boundary: not a return address.
+        let mut odd = vec![0u8; 64];
+        odd[41..49].copy_from_slice(&0x7f00_1234u64.to_le_bytes());
+        assert!(!has_return_to(&odd, &[0x7f00_1234]));
+    }
+
+    #[test]
+    fn this_process_has_its_sigreturn_found_and_seen_in_a_handler() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static SEEN: AtomicBool = AtomicBool::new(false);
+        static HAZARDS: std::sync::OnceLock<Hazards> = std::sync::OnceLock::new();
+        // SAFETY: a system call without pointers.
+        let pid = unsafe { libc::getpid() };
+        let hazards = Hazards::of(pid, &std::fs::read_to_string("/proc/self/maps").unwrap());
+        assert!(
+            !hazards.frames.sigreturns.is_empty(),
+            "no sigreturn code in libc"
+        );
+        assert!(
+            !frames_here(&hazards),
+            "a handler's frame found outside any handler"
+        );
+        let _ = HAZARDS.set(hazards);
+        extern "C" fn on_usr1(_: libc::c_int) {
+            SEEN.store(frames_here(HAZARDS.get().unwrap()), Ordering::Relaxed);
+        }
+        // SAFETY: installs a handler for a signal this test sends itself.
+        unsafe {
+            libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
+            libc::raise(libc::SIGUSR1);
+        }
+        assert!(SEEN.load(Ordering::Relaxed), "no frame found in a handler");
+    }
+
+    fn frames_here(h: &Hazards) -> bool {
+        let marker = 0u64;
+        let sp = &marker as *const u64 as u64;
+        h.frames.on_stack(h.pid, &h.ranges, sp)
+    }
+}
