@@ -541,6 +541,28 @@ fn threads_created_while_attached_are_sampled_and_counted_exactly() {
         fresh["samples"].as_u64().unwrap_or(0) > 0,
         "threads created while attached were not sampled: {p}"
     );
+    // Per thread: the four created and ended while attached, each with
+    // its exact 2,000,000 calls, and the main thread live.
+    let threads = p["threads"].as_array().expect("threads in the report");
+    let ended: Vec<&Value> = threads.iter().filter(|t| t["ended"] == true).collect();
+    assert_eq!(ended.len(), 4, "{threads:?}");
+    for t in &ended {
+        let calls: u64 = t["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["name"] == "fresh")
+            .map(|f| f["calls"].as_u64().unwrap())
+            .sum();
+        assert_eq!(calls, 2_000_000, "{t}");
+    }
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["tid"].as_u64() == Some(pid as u64) && t["ended"] == false),
+        "{threads:?}"
+    );
+    assert_eq!(p["threads_dropped"].as_u64(), Some(0), "{p}");
 }
 
 #[test]

@@ -111,6 +111,27 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
     result
 }
 
+/// Writes `bytes` to `<dir>/<pid>-<n>.<suffix>`, beside this process's
+/// segment file there (none: nothing is written). A new file, private, in
+/// the private run directory.
+fn write_beside_file(dir: &std::ffi::OsStr, suffix: &str, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let at = FILE.load(Ordering::Relaxed);
+    if at == u64::MAX || (at >> 32) as u32 != std::process::id() {
+        return Ok(());
+    }
+    let path =
+        std::path::Path::new(dir).join(format!("{}-{}.{suffix}", at >> 32, at & 0xffff_ffff));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?
+        .write_all(bytes)
+}
+
 /// The pid and number of this process's segment file in the run directory
 /// (`pid << 32 | n`), for the files written beside it.
 static FILE: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -551,26 +572,18 @@ impl Segment {
     /// process's segment file (none: nothing is written). A new file,
     /// private, in the private run directory.
     pub fn write_beside(&self, suffix: &str, bytes: &[u8]) -> io::Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt;
-        let (Some(dir), at) = (&self.run_dir, FILE.load(Ordering::Relaxed)) else {
-            return Ok(());
-        };
-        if at == u64::MAX || (at >> 32) as u32 != std::process::id() {
-            return Ok(());
+        match &self.run_dir {
+            Some(dir) => {
+                write_beside_file(std::ffi::OsStr::from_bytes(dir.as_bytes()), suffix, bytes)
+            }
+            None => Ok(()),
         }
-        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(dir.as_bytes())).join(format!(
-            "{}-{}.{suffix}",
-            at >> 32,
-            at & 0xffff_ffff
-        ));
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?
-            .write_all(bytes)
+    }
+
+    /// As [`Segment::write_beside`], beside the copy
+    /// [`Segment::copy_into_dir`] just made in `dir`.
+    pub fn write_beside_copy(dir: &str, suffix: &str, bytes: &[u8]) -> io::Result<()> {
+        write_beside_file(std::ffi::OsStr::new(dir), suffix, bytes)
     }
 
     /// The whole segment, for building a report of this process.

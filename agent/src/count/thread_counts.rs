@@ -6,18 +6,39 @@
 //! counted per stripe too, so each thread's CPU time is known.
 
 use crate::Agent;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Samples per stripe (stripe 0: threads without one of their own). Set
 /// once at start-up when wanted; a signal handler only loads and adds.
 static SAMPLES: OnceLock<Box<[AtomicU64]>> = OnceLock::new();
 
+/// Attached by `rtprof attach`, which reads them at detach.
+static FOR_ATTACH: AtomicBool = AtomicBool::new(false);
+
 /// At start-up: room for samples per stripe, if a report will read them.
 pub fn start(a: &Agent) {
     if wanted(a) {
-        let n = a.segment.counters.layout().caps.stripes as usize;
-        let _ = SAMPLES.set((0..n).map(|_| AtomicU64::new(0)).collect());
+        room_for(a.segment.counters.layout().caps.stripes as usize);
+    }
+}
+
+fn room_for(stripes: usize) {
+    let _ = SAMPLES.set((0..stripes).map(|_| AtomicU64::new(0)).collect());
+}
+
+/// Attaching (again), with `stripes` stripes: threads are kept from now
+/// on for rtprof to read at detach; those of an earlier attach are not
+/// this one's.
+pub fn start_attached(stripes: usize) {
+    room_for(stripes);
+    FOR_ATTACH.store(true, Ordering::Release);
+    if let Some(mut v) = ended() {
+        v.clear();
+    }
+    DROPPED.store(0, Ordering::Relaxed);
+    for s in SAMPLES.get().into_iter().flatten() {
+        s.store(0, Ordering::Relaxed);
     }
 }
 
@@ -122,7 +143,7 @@ fn ended() -> Option<std::sync::MutexGuard<'static, Vec<Ended>>> {
 /// Whether a report will read them (`rtprof run`, `RTPROF_REPORT`): the
 /// rest of a machine's processes neither keep nor walk them.
 pub fn wanted(a: &Agent) -> bool {
-    a.segment.has_run_dir() || a.config.report.is_some()
+    a.segment.has_run_dir() || a.config.report.is_some() || FOR_ATTACH.load(Ordering::Acquire)
 }
 
 /// This thread's name (`PR_GET_NAME`).

@@ -68,6 +68,11 @@ fn copy_for_rtprof(a: &Agent) {
     if let Some(dir) = dir {
         if let Err(e) = a.segment.copy_into_dir(&dir) {
             vlog!("counts not copied for rtprof: {e}");
+            return;
+        }
+        let threads = crate::thread_counts::text(a);
+        if let Err(e) = Segment::write_beside_copy(&dir, "threads", threads.as_bytes()) {
+            vlog!("per-thread counts not written: {e}");
         }
     }
 }
@@ -516,6 +521,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     }
     let tls_offset = i32::try_from(threads::tls_offset())
         .map_err(|_| "thread-local storage out of reach".to_string())?;
+    crate::thread_counts::start_attached(segment.counters.layout().caps.stripes as usize);
     let _ = writer.set_exe(exe.as_bytes());
     let recorded = startup::record_all(&segment, &mut writer, &plans);
     let shared = segment.counters.stripe_ptr(0) as u64;
@@ -623,6 +629,7 @@ fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> 
     if let Ok(mut d) = RUN_DIR.lock() {
         *d = run_dir.map(str::to_string);
     }
+    crate::thread_counts::start_attached(a.segment.counters.layout().caps.stripes as usize);
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);

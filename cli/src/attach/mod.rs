@@ -49,6 +49,10 @@ pub struct AttachArgs {
     /// Show per-module patch statistics with refusal reasons.
     #[arg(long)]
     stats: bool,
+    /// Each thread's calls and samples after the process's rows (threads
+    /// there at attach, and those created or ended while attached).
+    #[arg(long)]
+    threads: bool,
     /// Agent diagnostics on the process's stderr, and how long it was held.
     #[arg(long)]
     verbose: bool,
@@ -419,6 +423,7 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
                 report::TextOptions {
                     top: args.top,
                     stats: args.stats,
+                    threads: args.threads,
                     ..Default::default()
                 }
             )
