@@ -58,6 +58,9 @@ pub struct Config {
     /// `RTPROF_DEBUG_DIR`: where separate debug files are looked for
     /// (colon-separated; default `/usr/lib/debug`).
     pub debug_dirs: Vec<std::path::PathBuf>,
+    /// `RTPROF_EVENTS=page-faults,cycles:100000`: events sampled besides
+    /// CPU time, each with its period if given.
+    pub events: Vec<(String, Option<u64>)>,
 }
 
 impl Default for Config {
@@ -78,6 +81,7 @@ impl Default for Config {
             cache: None,
             warm_only: false,
             count: Vec::new(),
+            events: Vec::new(),
             nocount: Vec::new(),
             budget: None,
             stacks: true,
@@ -95,6 +99,22 @@ pub fn parse_budget(v: &str) -> Option<f64> {
 
 fn truthy(v: &str) -> bool {
     !matches!(v.trim(), "" | "0" | "no" | "false" | "off")
+}
+
+/// `name[:period]` items, comma-separated; at most
+/// [`crate::sampling::events::MAX_EVENTS`], each name once.
+pub fn parse_events(v: &str) -> Vec<(String, Option<u64>)> {
+    let mut out: Vec<(String, Option<u64>)> = Vec::new();
+    for item in v.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (name, period) = match item.split_once(':') {
+            Some((n, p)) => (n.trim(), p.trim().parse::<u64>().ok().filter(|&p| p > 0)),
+            None => (item, None),
+        };
+        if out.len() < crate::sampling::events::MAX_EVENTS && !out.iter().any(|(n, _)| n == name) {
+            out.push((name.chars().take(64).collect(), period));
+        }
+    }
+    out
 }
 
 impl Config {
@@ -127,6 +147,9 @@ impl Config {
         }
         if let Some(v) = s("RTPROF_DAEMON_SOCKET") {
             c.daemon_socket = v;
+        }
+        if let Some(v) = s("RTPROF_EVENTS") {
+            c.events = parse_events(&v);
         }
         c.instrument = s("RTPROF_INSTRUMENT").is_none_or(|v| truthy(&v));
         let globs = |v: Option<String>| -> Vec<String> {

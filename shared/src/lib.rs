@@ -19,8 +19,8 @@ pub mod writer;
 pub use glob::glob_match;
 pub use layout::{Capacities, Layout};
 pub use reader::{
-    read_function_flags, read_header, read_snapshot, Callers, FunctionStats, ModuleStats,
-    SegmentError, Snapshot, Stack, Stacks, ThreadCalls, Threads,
+    read_function_flags, read_header, read_snapshot, Callers, EventCounts, EventStatus, Events,
+    FunctionStats, ModuleStats, SegmentError, Snapshot, Stack, Stacks, ThreadCalls, Threads,
 };
 pub use refusal::Refusal;
 pub use writer::{SegmentWriter, WriteError};

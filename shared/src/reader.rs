@@ -150,6 +150,157 @@ pub struct Snapshot {
     /// Exact calls per thread (from the file the agent writes beside its
     /// segment at exit, see [`Threads::parse`]).
     pub threads: Threads,
+    /// Events sampled besides CPU time (`RTPROF_EVENTS`; from the file the
+    /// agent writes beside its segment at exit, see [`Events::parse`]).
+    pub events: Events,
+}
+
+/// The events a process asked for: each one's outcome and, for those
+/// that ran, its samples per function, module and thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Events {
+    pub events: Vec<EventCounts>,
+    /// Samples of threads past the agent's table (in the totals only).
+    pub threads_dropped: u64,
+}
+
+/// What became of one event asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventStatus {
+    Ran,
+    /// Not an event rtprof knows.
+    Unknown,
+    /// The kernel refused it (`errno` says why).
+    Unavailable,
+    /// Events are sampled beside the perf sampler, which did not run.
+    NoPerfSampler,
+}
+
+impl EventStatus {
+    fn from_code(c: &str) -> Option<EventStatus> {
+        Some(match c {
+            "0" => EventStatus::Ran,
+            "1" => EventStatus::Unknown,
+            "2" => EventStatus::Unavailable,
+            "3" => EventStatus::NoPerfSampler,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EventStatus::Ran => "ran",
+            EventStatus::Unknown => "unknown event",
+            EventStatus::Unavailable => "unavailable",
+            EventStatus::NoPerfSampler => "needs the perf sampler",
+        }
+    }
+}
+
+/// One event: its outcome, and its samples (each stands for `period`
+/// events) per function, module and thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventCounts {
+    pub name: String,
+    pub status: EventStatus,
+    pub errno: u32,
+    pub period: u64,
+    /// Counted in user mode only (kernel-mode counting was refused).
+    pub user_only: bool,
+    /// Samples the kernel reported lost (its ring was full).
+    pub lost: u64,
+    /// (index in `Snapshot::functions`, samples).
+    pub functions: Vec<(u32, u64)>,
+    /// (index in `Snapshot::modules`, samples) in modules whose functions
+    /// are not listed.
+    pub modules: Vec<(u32, u64)>,
+    /// Samples outside every known module.
+    pub unknown: u64,
+    /// (tid, samples).
+    pub threads: Vec<(u32, u64)>,
+}
+
+impl EventCounts {
+    /// Samples in all.
+    pub fn samples(&self) -> u64 {
+        let f: u64 = self.functions.iter().map(|&(_, n)| n).sum();
+        let m: u64 = self.modules.iter().map(|&(_, n)| n).sum();
+        f + m + self.unknown
+    }
+
+    /// The events the samples stand for.
+    pub fn estimate(&self, samples: u64) -> u64 {
+        samples.saturating_mul(self.period)
+    }
+
+    /// Samples in function `slot`.
+    pub fn in_function(&self, slot: u32) -> u64 {
+        self.functions
+            .iter()
+            .find(|&&(f, _)| f == slot)
+            .map_or(0, |&(_, n)| n)
+    }
+}
+
+impl Events {
+    /// Reads the events file the agent writes: `rtprof-events 1
+    /// <threads' samples not kept apart>`, then per event `e <name>
+    /// <status> <errno> <period> <user only> <lost>` followed by `f <slot>
+    /// <n>`, `m <module> <n>`, `u <n>` and `t <tid> <n>` lines. A slot or
+    /// module out of range, or a line that is none of these, refuses the
+    /// file.
+    pub fn parse(text: &str, s: &Snapshot) -> Result<Events, SegmentError> {
+        let bad = SegmentError::BadReference("events file");
+        let ([threads_dropped], lines) = side_file(text, "rtprof-events", &bad)?;
+        let num = |v: &str| v.parse::<u64>().map_err(|_| bad.clone());
+        let index = |v: &str, len: usize| -> Result<u32, SegmentError> {
+            match num(v)? {
+                i if i < len as u64 => Ok(i as u32),
+                _ => Err(bad.clone()),
+            }
+        };
+        let mut out = Events {
+            events: Vec::new(),
+            threads_dropped,
+        };
+        for line in lines.filter(|l| !l.is_empty()) {
+            let f: Vec<&str> = line.split(' ').collect();
+            if let ["e", name, status, errno, period, user_only, lost] = f[..] {
+                if name.is_empty() || name.len() > 64 {
+                    return Err(bad);
+                }
+                out.events.push(EventCounts {
+                    name: name.to_string(),
+                    status: EventStatus::from_code(status).ok_or(bad.clone())?,
+                    errno: u32::try_from(num(errno)?).map_err(|_| bad.clone())?,
+                    period: num(period)?,
+                    user_only: match user_only {
+                        "0" => false,
+                        "1" => true,
+                        _ => return Err(bad),
+                    },
+                    lost: num(lost)?,
+                    functions: Vec::new(),
+                    modules: Vec::new(),
+                    unknown: 0,
+                    threads: Vec::new(),
+                });
+                continue;
+            }
+            let e = out.events.last_mut().ok_or(bad.clone())?;
+            match f[..] {
+                ["f", slot, n] => e.functions.push((index(slot, s.functions.len())?, num(n)?)),
+                ["m", m, n] => e.modules.push((index(m, s.modules.len())?, num(n)?)),
+                ["u", n] => e.unknown = e.unknown.saturating_add(num(n)?),
+                ["t", tid, n] => {
+                    let tid = u32::try_from(num(tid)?).map_err(|_| bad.clone())?;
+                    e.threads.push((tid, num(n)?));
+                }
+                _ => return Err(bad),
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// The calls of each thread of a process: those that ended while it ran
@@ -754,6 +905,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         stacks: Stacks::default(),
         callers: Callers::default(),
         threads: Threads::default(),
+        events: Events::default(),
     })
 }
 
@@ -1002,6 +1154,48 @@ mod tests {
             "rtprof-threads 1 0\nt 1 0 6161616161616161616161616161616161 0\n",
         ] {
             assert!(Threads::parse(bad, &s).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn event_files_give_each_event_its_outcome_and_samples() {
+        let (buf, _) = sample_segment();
+        let s = read_snapshot(as_bytes(&buf)).unwrap();
+        let text = "rtprof-events 1 2\ne page-faults 0 0 1 0 5\nf 1 40\nm 0 3\nu 2\nt 77 45\n\
+                    e cycles 2 2 1000003 0 0\ne bogus 1 0 1 0 0\n";
+        let e = Events::parse(text, &s).unwrap();
+        assert_eq!(e.threads_dropped, 2);
+        let pf = &e.events[0];
+        assert_eq!(
+            (pf.name.as_str(), pf.status, pf.lost),
+            ("page-faults", EventStatus::Ran, 5)
+        );
+        assert_eq!(
+            (pf.functions.as_slice(), pf.modules.as_slice()),
+            (&[(1, 40)][..], &[(0, 3)][..])
+        );
+        assert_eq!((pf.unknown, pf.samples(), pf.in_function(1)), (2, 45, 40));
+        assert_eq!(pf.threads, [(77, 45)]);
+        assert_eq!(
+            (e.events[1].status, e.events[1].errno),
+            (EventStatus::Unavailable, 2)
+        );
+        assert_eq!(e.events[1].estimate(2), 2_000_006);
+        assert_eq!(e.events[2].status, EventStatus::Unknown);
+        for bad in [
+            "",
+            "rtprof-events 2 0\n",
+            "rtprof-events 1 0\nf 0 1\n",
+            "rtprof-events 1 0\ne x 9 0 1 0 0\n",
+            "rtprof-events 1 0\ne x 0 0 1 2 0\n",
+            "rtprof-events 1 0\ne x 0 0 1 0\n",
+            "rtprof-events 1 0\ne x 0 0 1 0 0\nf 99 1\n",
+            "rtprof-events 1 0\ne x 0 0 1 0 0\nm 99 1\n",
+            "rtprof-events 1 0\ne x 0 0 1 0 0\nf 0 -1\n",
+            "rtprof-events 1 0\ne x 0 0 1 0 0\nt 99999999999 1\n",
+            "rtprof-events 1 0\ne x 0 0 1 0 0\nq 1\n",
+        ] {
+            assert!(Events::parse(bad, &s).is_err(), "{bad:?}");
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Human-readable and JSON reports built from snapshots. Shared by the agent
 //! (`RTPROF_REPORT`) and `rtprof run`, so both print the same thing.
 
+mod events;
+
 use crate::json::JsonWriter;
 use crate::layout::state;
 use crate::names;
@@ -415,6 +417,7 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         if opts.threads {
             threads_text(&mut out, s, opts.top.min(10));
         }
+        events::text(&mut out, s, opts.top.min(10));
         if opts.stats {
             for m in instrumented() {
                 let _ = write!(
@@ -775,6 +778,7 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.end_array();
             w.uint_field("threads_dropped", s.threads.dropped);
         }
+        events::json(&mut w, s);
         w.key("modules");
         w.begin_array();
         for m in &s.modules {
@@ -864,6 +868,7 @@ mod tests {
             stacks: Default::default(),
             callers: Default::default(),
             threads: Default::default(),
+            events: Default::default(),
         }
     }
 

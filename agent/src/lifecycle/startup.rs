@@ -419,6 +419,12 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         if let Err(e) = a.segment.write_beside("threads", threads.as_bytes()) {
             vlog!("per-thread counts not written: {e}");
         }
+        let events = crate::sampling::events::text();
+        if let Some(text) = &events {
+            if let Err(e) = a.segment.write_beside("events", text.as_bytes()) {
+                vlog!("events not written: {e}");
+            }
+        }
         let stacks = crate::sampling::stacks::text();
         if let Some(text) = &stacks {
             if let Err(e) = a.segment.write_beside("stacks", text.as_bytes()) {
@@ -429,7 +435,7 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         a.segment.counters.set_exit(status, now_ns());
         crate::lifecycle::attach::after_exit(a);
         if let Some(path) = &a.config.report {
-            write_report(a, path, stacks.as_deref(), &threads);
+            write_report(a, path, stacks.as_deref(), &threads, events.as_deref());
         }
     });
 }
@@ -463,7 +469,7 @@ fn check_report_path(template: &str) {
 
 /// Writes the report next to its final name, then renames it: a reader
 /// never finds a truncated report.
-fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str) {
+fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, events: Option<&str>) {
     let mut snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
         Ok(s) => s,
         Err(e) => {
@@ -477,6 +483,9 @@ fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str) {
             .unwrap_or_default();
     }
     snap.threads = rtprof_shared::Threads::parse(threads, &snap).unwrap_or_default();
+    if let Some(ev) = events {
+        snap.events = rtprof_shared::reader::Events::parse(ev, &snap).unwrap_or_default();
+    }
     let path = report_path(path);
     let text = if path.ends_with(".json") {
         report::json(std::slice::from_ref(&snap))

@@ -9,6 +9,7 @@
 //! a choice. The header records which ran and why.
 
 pub mod addrmap;
+pub mod events;
 mod perf;
 pub mod ring;
 pub(crate) mod stacks;
@@ -73,6 +74,7 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: Option<Errno>) {
 pub fn start(a: &'static Agent) {
     PID.store(std::process::id(), Ordering::Relaxed);
     choose(a, Why::Default);
+    events::start(a, kind() == Sampler::Perf);
 }
 
 /// perf events, else CPU-time timers, as configured; `default_why` is what
@@ -244,7 +246,7 @@ pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
     // SAFETY: the rings are leaked at start and never freed in this process.
     let rings = unsafe { &*rings };
     let lost = a.segment.counters.samples_lost();
-    let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer));
+    let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer)) + events::drain(pid);
     DRAINING.store(false, Ordering::Release);
     n
 }
@@ -441,6 +443,7 @@ pub fn forget_parent_in_child() {
     addrmap::reset_readers_in_child();
     timer::forget_in_child();
     stacks::forget_in_child();
+    events::forget_in_child();
 }
 
 /// In a forked child, once `fork()` has returned (where allocating and

@@ -95,12 +95,23 @@ fn open_one(cpu: usize, period_ns: u64, stacks: bool) -> std::io::Result<i32> {
 
 /// Opens and maps one event per online CPU. On failure nothing stays open.
 pub fn open(hz: u32, stacks: bool) -> Result<Vec<Ring>, Failure> {
+    let period_ns = 1_000_000_000 / hz.max(1) as u64;
+    open_rings(ring_pages(hz, stacks), |cpu| {
+        open_one(cpu, period_ns, stacks)
+    })
+}
+
+/// Opens (with `open_on`, given a CPU) and maps one event per online CPU,
+/// each with a ring of `pages` data pages. On failure nothing stays open.
+pub fn open_rings(
+    pages: u64,
+    open_on: impl Fn(usize) -> std::io::Result<i32>,
+) -> Result<Vec<Ring>, Failure> {
     let cpus = online_cpus();
     if cpus.len() > MAX_CPUS {
         return Err((Why::TooManyCpus, None));
     }
-    let period_ns = 1_000_000_000 / hz.max(1) as u64;
-    let len = ((1 + ring_pages(hz, stacks)) * 4096) as usize;
+    let len = ((1 + pages) * 4096) as usize;
     let mut rings: Vec<Ring> = Vec::with_capacity(cpus.len());
     let fail = |rings: Vec<Ring>, f: Failure| {
         for r in rings {
@@ -114,8 +125,7 @@ pub fn open(hz: u32, stacks: bool) -> Result<Vec<Ring>, Failure> {
     // Kernels before 5.13 lack inherit_thread (EINVAL); there every
     // descendant would write into our rings, so the timers serve instead.
     for &cpu in &cpus {
-        let fd = open_one(cpu, period_ns, stacks);
-        let fd = match fd {
+        let fd = match open_on(cpu) {
             Ok(fd) => fd,
             // Listed online but gone (hot-unplugged): nothing runs there.
             Err(e) if Errno::of(&e) == Errno(libc::ENODEV) && !rings.is_empty() => continue,

@@ -41,6 +41,12 @@ pub struct RunArgs {
     /// whether it ended, its functions with the most calls).
     #[arg(long)]
     threads: bool,
+    /// Events sampled besides CPU time, counted per function and thread
+    /// (RTPROF_EVENTS: page-faults, context-switches, cpu-migrations,
+    /// task-clock, cycles, instructions, cache-misses, branch-misses, ...;
+    /// NAME:PERIOD samples every PERIOD events).
+    #[arg(long, value_name = "LIST")]
+    events: Option<String>,
     /// Samples per second of CPU time (RTPROF_SAMPLE_HZ; 0 switches sampling off).
     #[arg(long, value_name = "HZ")]
     sample_hz: Option<u32>,
@@ -119,6 +125,9 @@ fn agent_env(cmd: &mut Command, args: &RunArgs, agent: &Path, dir: &Path) {
     }
     if args.no_calls {
         cmd.env("RTPROF_INSTRUMENT", "0");
+    }
+    if let Some(ev) = &args.events {
+        cmd.env("RTPROF_EVENTS", ev);
     }
     if let Some(hz) = args.sample_hz {
         cmd.env("RTPROF_SAMPLE_HZ", hz.to_string());

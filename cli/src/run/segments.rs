@@ -1,7 +1,7 @@
 //! Reading back the counter segments the run's processes left behind.
 
 use crate::error::Error;
-use rtprof_shared::{read_snapshot, Callers, Snapshot, Stacks, Threads};
+use rtprof_shared::{read_snapshot, Callers, Events, Snapshot, Stacks, Threads};
 use std::path::Path;
 
 /// Maps a segment read-only: the reader touches only the pages it needs
@@ -75,6 +75,9 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
                 });
                 s.threads = read_beside(&p.with_extension("threads"), "per-thread calls", |t| {
                     Threads::parse(t, &s)
+                });
+                s.events = read_beside(&p.with_extension("events"), "events", |t| {
+                    Events::parse(t, &s)
                 });
                 out.push(s)
             }

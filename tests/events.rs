@@ -1,0 +1,146 @@
+//! Events besides CPU time (`rtprof run --events`): page faults counted
+//! for the function that makes them and for each thread, exactly (one
+//! sample per fault); an event the machine lacks and a name rtprof does
+//! not know are each reported with why, and nothing else changes.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::process::Command;
+
+fn event<'a>(p: &'a Value, name: &str) -> &'a Value {
+    p["events"]
+        .as_array()
+        .expect("events in the report")
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("no event {name}: {p}"))
+}
+
+#[test]
+fn page_faults_are_counted_per_function_and_thread_and_missing_events_say_why() {
+    let dir = scratch("events");
+    let bin = compile_o2("page_faults.c", &["-pthread"], &dir);
+    let plain = Command::new(&bin).output().unwrap();
+    assert!(plain.status.success());
+    let json = dir.join("events.json");
+    let out = Command::new(rtprof())
+        .args([
+            "run",
+            "--events",
+            "page-faults,cycles,no-such-event",
+            "--output",
+        ])
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let w: Vec<&str> = printed.split_whitespace().collect();
+    assert_eq!(w[..4], ["touched", "400", "1200", "2000"], "{printed}");
+    // The same output as without the agent but for the thread ids.
+    let plain = String::from_utf8_lossy(&plain.stdout);
+    assert_eq!(plain.split_whitespace().nth(3), Some("2000"));
+    let (tid_a, tid_b): (u64, u64) = (w[5].parse().unwrap(), w[6].parse().unwrap());
+
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let p = &report["processes"][0];
+    // Calls are exact as ever.
+    assert_eq!(function_named(p, "touch")["calls"].as_u64(), Some(4), "{p}");
+    assert_eq!(
+        function_named(p, "compute")["calls"].as_u64(),
+        Some(100),
+        "{p}"
+    );
+
+    let pf = event(p, "page-faults");
+    assert_eq!(pf["ran"], true, "{pf}");
+    assert_eq!(pf["period"].as_u64(), Some(1));
+    assert_eq!(pf["lost"].as_u64(), Some(0), "{pf}");
+    let in_fn = |name: &str| {
+        pf["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .map_or(0, |f| f["count"].as_u64().unwrap())
+    };
+    // One fault per page touched: 400 + 1200 + 1000 + 1000.
+    assert_eq!(in_fn("touch"), 3600, "{pf}");
+    assert_eq!(in_fn("compute"), 0, "{pf}");
+    let per_call = pf["functions"][0]["per_call"].as_f64().unwrap();
+    assert!((per_call - 900.0).abs() < 1e-9, "{pf}");
+    // Per thread: each worker's pages, and a few of its stack's.
+    let of_thread = |tid: u64| {
+        pf["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tid"].as_u64() == Some(tid))
+            .map_or(0, |t| t["count"].as_u64().unwrap())
+    };
+    let (a, b) = (of_thread(tid_a), of_thread(tid_b));
+    assert!((400..400 + 64).contains(&a), "thread a: {a}: {pf}");
+    assert!((1200..1200 + 64).contains(&b), "thread b: {b}: {pf}");
+    let per_thread: u64 = pf["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_thread, pf["count"].as_u64().unwrap(), "{pf}");
+
+    // A hardware counter: counted where the machine has it, else said why.
+    let cycles = event(p, "cycles");
+    if cycles["ran"] == true {
+        assert!(cycles["count"].as_u64().unwrap() > 0, "{cycles}");
+    } else {
+        assert!(cycles["errno"].as_u64().unwrap() > 0, "{cycles}");
+        assert!(
+            cycles["why"].as_str().unwrap().starts_with("unavailable"),
+            "{cycles}"
+        );
+    }
+    let unknown = event(p, "no-such-event");
+    assert_eq!(
+        (&unknown["ran"], &unknown["why"]),
+        (&Value::Bool(false), &Value::from("unknown event"))
+    );
+
+    // The text report says the same.
+    let out = Command::new(rtprof())
+        .args(["run", "--events", "page-faults,no-such-event", "--"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("page-faults (one sample every 1):"), "{text}");
+    assert!(text.contains("no-such-event: unknown event"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("touch") && l.contains("900.00 per call")),
+        "{text}"
+    );
+}
+
+#[test]
+fn without_events_the_report_has_none() {
+    let dir = scratch("events-none");
+    let bin = compile_o2("page_faults.c", &["-pthread"], &dir);
+    let json = dir.join("none.json");
+    let out = Command::new(rtprof())
+        .args(["run", "--output"])
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(report["processes"][0].get("events").is_none());
+}
