@@ -9,7 +9,10 @@
 //!    For perf's top five functions, the median sample share of each tool.
 //! 2. Overhead: wall and CPU time of `mix` alone, under the agent sampling
 //!    only (no entry patched) at 1 kHz with call stacks (the default) and
-//!    without, at 100 Hz, counting only, both, and under `perf record` at
+//!    without, at 100 Hz, counting only, both, sampling with the software
+//!    events (page faults, context switches, migrations, task-clock every
+//!    1 ms) and with cycles and instructions (where the machine has
+//!    them), and under `perf record` at
 //!    the same event and rate, flat, with `-g` (frame pointers) and with
 //!    `--call-graph=dwarf` (the cost of kernel sampling itself on this
 //!    machine); R runs each, the order rotated every round: medians and
@@ -264,6 +267,25 @@ fn main() {
             ],
         ),
         ("counting + sampling", vec![("LD_PRELOAD", preload.clone())]),
+        (
+            "sampling + software events",
+            vec![
+                ("LD_PRELOAD", preload.clone()),
+                ("RTPROF_INSTRUMENT", "0".into()),
+                (
+                    "RTPROF_EVENTS",
+                    "page-faults,context-switches,cpu-migrations,task-clock".into(),
+                ),
+            ],
+        ),
+        (
+            "sampling + cycles, instructions",
+            vec![
+                ("LD_PRELOAD", preload.clone()),
+                ("RTPROF_INSTRUMENT", "0".into()),
+                ("RTPROF_EVENTS", "cycles,instructions".into()),
+            ],
+        ),
     ];
     if have_perf {
         configs.push(("perf record (1 kHz)", vec![(PERF, String::new())]));

@@ -248,6 +248,22 @@ mod tests {
     }
 
     #[test]
+    fn events_are_listed_once_with_their_periods() {
+        let e = parse_events(" page-faults, cycles:1000 ,page-faults,x:0,,y:z");
+        assert_eq!(
+            e,
+            [
+                ("page-faults".to_string(), None),
+                ("cycles".to_string(), Some(1000)),
+                ("x".to_string(), None),
+                ("y".to_string(), None),
+            ]
+        );
+        let many: Vec<String> = (0..20).map(|i| format!("e{i}")).collect();
+        assert_eq!(parse_events(&many.join(",")).len(), crate::sampling::events::MAX_EVENTS);
+    }
+
+    #[test]
     fn parses_variables() {
         let env: HashMap<&str, &str> = [
             ("RTPROF_MODULES", "main, libpython*,libfoo.so"),
