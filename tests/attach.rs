@@ -60,6 +60,19 @@ fn until_attached(attach: &mut Child) -> (String, BufReader<std::process::ChildS
     (said, err)
 }
 
+/// One short attach (20 ms) and detach of `pid` by rtprof, which must
+/// succeed: its report (stderr).
+fn attach_briefly(pid: &str, cycle: usize) -> String {
+    let out = Command::new(rtprof())
+        .args(["attach", pid, "--duration", "0.02", "--agent"])
+        .arg(agent())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "cycle {cycle}: {stderr}");
+    stderr
+}
+
 fn calls_of(report: &Value, name: &str) -> u64 {
     let p = &report["processes"][0];
     function_named(p, name)["calls"].as_u64().unwrap()
@@ -345,13 +358,7 @@ fn attach_and_detach_a_hundred_times_under_eight_busy_threads() {
     let pid = child.id().to_string();
     let mut counted = 0;
     for i in 0..100 {
-        let out = Command::new(rtprof())
-            .args(["attach", &pid, "--duration", "0.02", "--agent"])
-            .arg(agent())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "cycle {i}: {stderr}");
+        let stderr = attach_briefly(&pid, i);
         counted += stderr.contains(" work ") as usize;
         assert!(
             child.try_wait().unwrap().is_none(),
@@ -425,13 +432,7 @@ fn every_signal_intercepted_while_held_is_handed_back_once() {
     assert_eq!(line.trim(), "ready");
     let pid = child.id().to_string();
     for i in 0..30 {
-        let out = Command::new(rtprof())
-            .args(["attach", &pid, "--duration", "0.02", "--agent"])
-            .arg(agent())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "cycle {i}: {stderr}");
+        let stderr = attach_briefly(&pid, i);
         assert!(stderr.contains(" step "), "cycle {i}: {stderr}");
     }
     drop(child.stdin.take());
@@ -686,13 +687,7 @@ fn attach_to_a_program_busy_in_malloc_never_deadlocks() {
     std::thread::sleep(Duration::from_millis(200));
     let pid = child.id().to_string();
     for i in 0..30 {
-        let out = Command::new(rtprof())
-            .args(["attach", &pid, "--duration", "0.02", "--agent"])
-            .arg(agent())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "cycle {i}: {stderr}");
+        let stderr = attach_briefly(&pid, i);
         assert!(stderr.contains(" fill "), "cycle {i}: {stderr}");
         assert!(child.try_wait().unwrap().is_none(), "died in cycle {i}");
     }
@@ -721,13 +716,7 @@ fn a_signal_handler_on_top_of_malloc_is_never_called_in() {
     std::thread::sleep(Duration::from_millis(200));
     let pid = child.id();
     for i in 0..20 {
-        let out = Command::new(rtprof())
-            .args(["attach", &pid.to_string(), "--duration", "0.02", "--agent"])
-            .arg(agent())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "cycle {i}: {stderr}");
+        attach_briefly(&pid.to_string(), i);
         assert!(child.try_wait().unwrap().is_none(), "died in cycle {i}");
     }
     // Still running: not stuck on a lock it holds itself.

@@ -260,7 +260,10 @@ mod tests {
             ]
         );
         let many: Vec<String> = (0..20).map(|i| format!("e{i}")).collect();
-        assert_eq!(parse_events(&many.join(",")).len(), crate::sampling::events::MAX_EVENTS);
+        assert_eq!(
+            parse_events(&many.join(",")).len(),
+            crate::sampling::events::MAX_EVENTS
+        );
     }
 
     #[test]
