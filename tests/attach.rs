@@ -725,3 +725,53 @@ fn a_signal_handler_on_top_of_malloc_is_never_called_in() {
     let after = cpu_ticks(pid);
     assert!(after > before, "the program stopped running after detach");
 }
+
+/// A program whose main thread calls pthread_exit ends when its worker
+/// does, also while attached: the agent's control thread does not keep
+/// it alive.
+#[test]
+fn a_program_whose_threads_all_end_while_attached_ends() {
+    let dir = scratch("attach-main-exits");
+    let bin = compile_o2("attach_main_exits.c", &["-pthread"], &dir);
+    let (mut child, lines) = start_target(&bin, &["3"]);
+    assert_eq!(
+        lines.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "ready"
+    );
+    let pid = child.id();
+    let mut attach = Killed(
+        Command::new(rtprof())
+            .args([
+                "attach",
+                &pid.to_string(),
+                "--duration",
+                "60",
+                "--verbose",
+                "--agent",
+            ])
+            .arg(agent())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (_, err) = until_attached(&mut attach);
+    // SAFETY: a signal to our own child, which waits for it.
+    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    // The worker runs 3 s more; a process kept alive would still be there
+    // a minute later.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the process did not end after its last thread"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let rest = std::io::read_to_string(err).unwrap();
+    assert!(attach.wait().unwrap().success(), "{rest}");
+    assert!(rest.contains(" work "), "{rest}");
+}

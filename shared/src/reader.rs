@@ -223,9 +223,11 @@ pub struct EventCounts {
 impl EventCounts {
     /// Samples in all.
     pub fn samples(&self) -> u64 {
-        let f: u64 = self.functions.iter().map(|&(_, n)| n).sum();
-        let m: u64 = self.modules.iter().map(|&(_, n)| n).sum();
-        f + m + self.unknown
+        // Saturating: the numbers come from a file.
+        let sum = |v: &[(u32, u64)]| v.iter().fold(0u64, |a, &(_, n)| a.saturating_add(n));
+        sum(&self.functions)
+            .saturating_add(sum(&self.modules))
+            .saturating_add(self.unknown)
     }
 
     /// The events the samples stand for.

@@ -23,6 +23,11 @@ pub fn start(a: &Agent) {
     }
 }
 
+/// Detached: threads that end from now on are not kept.
+pub fn stop_attached() {
+    FOR_ATTACH.store(false, Ordering::Release);
+}
+
 fn room_for(stripes: usize) {
     let _ = SAMPLES.set((0..stripes).map(|_| AtomicU64::new(0)).collect());
 }

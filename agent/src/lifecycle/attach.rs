@@ -4,10 +4,11 @@
 //! hands the request to a thread of ours and returns, so the program is
 //! held for as short a time as possible. The thread (the control thread,
 //! started by the first call, which follows a `dlopen` that allocates
-//! anyway) stays for later requests: [`rtprof_detach`] and a second
-//! [`rtprof_attach`] then neither allocate nor take a lock, so they are
-//! safe wherever rtprof stopped the thread it calls them in, even in a
-//! signal handler that interrupted `malloc`. The thread instruments the selected modules
+//! anyway) stays while attached: [`rtprof_detach`] then neither
+//! allocates nor takes a lock, so it is safe wherever rtprof stopped the
+//! thread it calls it in, even in a signal handler that interrupted
+//! `malloc`. It ends after a detach (a later attach starts it again, as
+//! the first did) and once it is the process's last thread. The thread instruments the selected modules
 //! while the program's threads run, writing the entries with them held
 //! still by the stopper (a thread part-way through an entry's original
 //! instructions leaves that entry for a later try), and answers in a
@@ -71,6 +72,7 @@ fn copy_for_rtprof(a: &Agent) {
             return;
         }
         let threads = crate::thread_counts::text(a);
+        crate::thread_counts::stop_attached();
         if let Err(e) = Segment::write_beside_copy(&dir, "threads", threads.as_bytes()) {
             vlog!("per-thread counts not written: {e}");
         }
@@ -92,8 +94,9 @@ const UNTRACED_WITHIN: Duration = Duration::from_secs(3);
 
 /// The thread that attaches and detaches on request.
 static CONTROL: Worker = Worker::new(c"rtprof-control");
-/// An idle control thread wakes this rarely (a request wakes it at once).
-const CONTROL_IDLE_MS: u64 = 60_000;
+/// An idle control thread wakes this often (a request wakes it at once),
+/// to end once it is the process's last thread.
+const CONTROL_IDLE_MS: u64 = 1000;
 
 /// A request from an entry point to the control thread: the text is
 /// written only by the entry point that moved [`PHASE`] to ATTACHING or
@@ -139,6 +142,11 @@ fn post(kind: u8, text: &CStr) -> bool {
 fn serve(_gone: bool) -> Next {
     let kind = REQUEST.kind.swap(NO_REQUEST, Ordering::Acquire);
     if kind == NO_REQUEST {
+        // The program's threads have all ended (its main thread called
+        // pthread_exit, say): glibc ends the process once this one has.
+        if only_thread() {
+            CONTROL.program_gone();
+        }
         return Next::Idle;
     }
     let len = REQUEST.len.load(Ordering::Relaxed).min(MAX_REQUEST);
@@ -153,7 +161,34 @@ fn serve(_gone: bool) -> Next {
         ATTACH => attach_thread(&text),
         _ => detach_thread(&text),
     }
+    // Detached: no thread of the agent's stays (the next attach starts one).
+    if PHASE.load(Ordering::Acquire) == DETACHED {
+        CONTROL.program_gone();
+    }
     Next::Idle
+}
+
+/// Whether the calling thread is the process's only one still running (a
+/// main thread that called pthread_exit stays listed, a zombie).
+fn only_thread() -> bool {
+    // SAFETY: a system call without arguments.
+    let me = unsafe { libc::gettid() }.to_string();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    !dir.flatten().any(|e| {
+        let tid = e.file_name();
+        tid.to_str() != Some(me.as_str()) && !zombie(&e.path())
+    })
+}
+
+/// Whether the task at `/proc/self/task/TID` has ended (state Z or X).
+fn zombie(task: &std::path::Path) -> bool {
+    std::fs::read_to_string(task.join("stat")).is_ok_and(|st| {
+        st.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|c| c == 'Z' || c == 'X')
+    })
 }
 
 /// Starts attaching: `spec` is `RTPROF_*=value` lines (the environment

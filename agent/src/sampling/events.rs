@@ -21,6 +21,7 @@ use crate::log::vlog;
 use crate::Agent;
 use perf_event::events::{Event, Hardware, Software};
 use perf_event::{Builder, SampleFlag};
+use rtprof_shared::sampling::Why;
 use std::os::fd::IntoRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -29,6 +30,8 @@ use std::sync::OnceLock;
 pub const MAX_EVENTS: usize = 8;
 /// Ring data pages per CPU and event (256 KiB, 8,192 samples).
 const RING_PAGES: u64 = 64;
+/// Where locked memory for that is refused (a user's perf limit).
+const SMALL_RING_PAGES: u64 = 8;
 /// Threads whose counts are kept apart; later ones count in the totals.
 const MAX_THREADS: usize = 1024;
 /// The user registers a sample carries: ip (`perf_regs` numbering).
@@ -212,10 +215,20 @@ pub fn start(a: &Agent, perf_runs: bool) {
             }
             // Kernel-mode counting first (a fault or a switch happens
             // there); where perf_event_paranoid refuses it, user mode.
-            let mut r = perf::open_rings(RING_PAGES, |cpu| open_on(k.kind, cpu, o.period, false));
-            if matches!(r, Err((_, Some(Errno(libc::EACCES | libc::EPERM))))) {
+            let open = |pages, user_only| {
+                perf::open_rings(pages, |cpu| open_on(k.kind, cpu, o.period, user_only))
+            };
+            let mut r = open(RING_PAGES, false);
+            if matches!(
+                r,
+                Err((Why::PerfRefused, Some(Errno(libc::EACCES | libc::EPERM))))
+            ) {
                 o.user_only = true;
-                r = perf::open_rings(RING_PAGES, |cpu| open_on(k.kind, cpu, o.period, true));
+                r = open(RING_PAGES, true);
+            }
+            // Locked memory for rings is bounded per user: smaller ones.
+            if matches!(r, Err((Why::PerfMapFailed, _))) {
+                r = open(SMALL_RING_PAGES, o.user_only);
             }
             match r {
                 Ok(rings) => {

@@ -145,8 +145,39 @@ impl SignalFrames {
         if mem.read_exact_at(&mut stack, start).is_err() {
             return true;
         }
-        has_return_to(&stack, &self.sigreturns)
+        let mapped = |a: u64| known.iter().any(|&(lo, hi)| a >= lo && a < hi);
+        has_frame(&stack, start, &self.sigreturns, &mapped)
     }
+}
+
+/// Where the interrupted code's stack pointer and program counter lie in
+/// a signal frame, from the word holding the handler's return address:
+/// then the ucontext's flags, link and stack (8 + 8 + 24 bytes), and its
+/// saved r8-r15, rdi, rsi, rbp, rbx, rdx, rax, rcx (15 words).
+const FRAME_SP: usize = 8 + 8 + 8 + 24 + 15 * 8;
+const FRAME_PC: usize = FRAME_SP + 8;
+
+/// Whether `stack` (read from address `at`) holds a signal frame: a word
+/// equal to one of `targets` whose frame saved a stack pointer above it
+/// (or on another stack: a handler on `sigaltstack`) and a program
+/// counter that is `mapped`. A stray copy of the address (glibc leaves
+/// one in `sigaction`'s locals) is not a frame.
+fn has_frame(stack: &[u8], at: u64, targets: &[u64], mapped: &dyn Fn(u64) -> bool) -> bool {
+    let word = |i: usize| {
+        stack
+            .get(i..i + 8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+    };
+    (0..stack.len() / 8).map(|k| k * 8).any(|i| {
+        if !word(i).is_some_and(|v| targets.contains(&v)) {
+            return false;
+        }
+        match (word(i + FRAME_SP), word(i + FRAME_PC)) {
+            (Some(sp), Some(pc)) => (sp > at + i as u64 || !mapped(sp)) && mapped(pc) && pc != 0,
+            // Cut off by the end of what was read: taken as a frame.
+            _ => true,
+        }
+    })
 }
 
 /// Every mapping's extent in a `/proc/PID/maps` text, anonymous ones too.
@@ -163,28 +194,53 @@ fn ranges(maps_text: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Whether an aligned word of `stack` is one of `targets`.
-fn has_return_to(stack: &[u8], targets: &[u64]) -> bool {
-    stack
-        .chunks_exact(8)
-        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
-        .any(|v| targets.contains(&v))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_word_of_the_stack_equal_to_the_sigreturn_code_is_a_frame() {
-        let mut stack = vec![0u8; 64];
-        stack[40..48].copy_from_slice(&0x7f00_1234u64.to_le_bytes());
-        assert!(has_return_to(&stack, &[0x7f00_1234]));
-        assert!(!has_return_to(&stack, &[0x7f00_1235]));
+    fn a_frame_needs_a_saved_stack_pointer_above_it_and_a_mapped_pc() {
+        let restorer = 0x7f00_1234u64;
+        let mapped = |a: u64| (0x1000..0x9000).contains(&a) || (0x40_0000..0x50_0000).contains(&a);
+        let at = 0x1000u64;
+        let frame = |sp: u64, pc: u64| {
+            let mut stack = vec![0u8; 512];
+            stack[40..48].copy_from_slice(&restorer.to_le_bytes());
+            stack[40 + FRAME_SP..48 + FRAME_SP].copy_from_slice(&sp.to_le_bytes());
+            stack[40 + FRAME_PC..48 + FRAME_PC].copy_from_slice(&pc.to_le_bytes());
+            stack
+        };
+        assert!(has_frame(
+            &frame(0x1800, 0x40_1000),
+            at,
+            &[restorer],
+            &mapped
+        ));
+        // Interrupted on another stack (the handler on sigaltstack).
+        assert!(has_frame(
+            &frame(0xa000, 0x40_1000),
+            at,
+            &[restorer],
+            &mapped
+        ));
+        // A stray copy: what follows is no frame.
+        assert!(!has_frame(
+            &frame(0x1010, 0x40_1000),
+            at,
+            &[restorer],
+            &mapped
+        ));
+        assert!(!has_frame(&frame(0x1800, 0), at, &[restorer], &mapped));
+        assert!(!has_frame(
+            &frame(0x1800, 0x40_1000),
+            at,
+            &[restorer + 1],
+            &mapped
+        ));
         // Not at a word boundary: not a return address.
-        let mut odd = vec![0u8; 64];
-        odd[41..49].copy_from_slice(&0x7f00_1234u64.to_le_bytes());
-        assert!(!has_return_to(&odd, &[0x7f00_1234]));
+        let mut odd = vec![0u8; 512];
+        odd[41..49].copy_from_slice(&restorer.to_le_bytes());
+        assert!(!has_frame(&odd, at, &[restorer], &mapped));
     }
 
     #[test]

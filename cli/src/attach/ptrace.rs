@@ -1,6 +1,7 @@
 //! Every thread of a target process held still with ptrace (seize +
 //! interrupt), and let go again when dropped, whatever happened meanwhile:
-//! every signal a stop intercepted is handed back at detach, once.
+//! every signal a stop intercepted is handed back at detach, once (a
+//! fault of the thread's own instruction is delivered at once instead).
 //!
 //! A thread asked to stop may stop in the delivery of a signal instead of
 //! the interrupt's own stop: the kernel clears a pending interrupt at any
@@ -55,8 +56,14 @@ impl Thread {
                 info.si_signo = self.stopped_at;
                 info.si_code = SI_TKILL;
             }
+            let sig = std::mem::replace(&mut self.stopped_at, 0);
+            if is_fault(&info) {
+                // Withheld, the instruction would only fault again: the
+                // program's handler runs now (a thread in it is not called
+                // in).
+                return ptrace(req, self.tid, 0, sig as usize).map(|_| ());
+            }
             self.withheld.push(info);
-            self.stopped_at = 0;
         }
         ptrace(req, self.tid, 0, 0).map(|_| ())
     }
@@ -72,6 +79,15 @@ impl Thread {
 
 /// `si_code` of a signal sent with tgkill (not exported by the libc crate).
 const SI_TKILL: i32 = -6;
+
+/// Whether `info` is a fault of the thread's own instruction (sent by the
+/// kernel, `si_code` above 0): one that happens again if withheld.
+fn is_fault(info: &libc::siginfo_t) -> bool {
+    matches!(
+        info.si_signo,
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP
+    ) && info.si_code > 0
+}
 
 /// Why the threads could not be held.
 #[derive(Debug)]
@@ -206,9 +222,20 @@ impl Stopped {
             return Err(SeizeError::Refused(libc::ESRCH));
         }
         let deadline = Instant::now() + STOP_DEADLINE;
-        for t in &mut s.threads {
+        for i in 0..s.threads.len() {
+            let t = &mut s.threads[i];
             match wait(t.tid, deadline) {
-                None => return Err(SeizeError::Timeout(t.tid)),
+                None => {
+                    // The others may have stopped in a signal's delivery:
+                    // noted, so that detach hands it back.
+                    let late = t.tid;
+                    for t in &mut s.threads[i + 1..] {
+                        if let Some(Event::Stopped { sig, event }) = wait(t.tid, Instant::now()) {
+                            t.stopped(sig, event);
+                        }
+                    }
+                    return Err(SeizeError::Timeout(late));
+                }
                 Some(Event::Gone) => t.attached = false,
                 // The interrupt's stop, a group stop, or a signal's
                 // delivery (which took the interrupt's place): held.
@@ -346,8 +373,9 @@ fn detach(pid: i32, t: &mut Thread) {
 }
 
 /// Queues `info`'s signal to `tid` again, with its siginfo where the
-/// kernel allows one process to send it (a timer's, a sigqueue's), else
-/// as a plain signal of the same number (a kill's, a child's exit).
+/// kernel allows one process to send it (a POSIX timer's, a sigqueue's),
+/// else as a plain signal of the same number from rtprof (a kill's, a
+/// child's exit, an itimer's).
 fn requeue(pid: i32, tid: i32, info: &libc::siginfo_t) {
     let sig = info.si_signo;
     // SAFETY: a signal to a thread of the target, `info` read only.

@@ -92,7 +92,8 @@ pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
         for &(slot, n) in &rows[..shown] {
             let f = &s.functions[slot as usize];
             let count = e.estimate(n);
-            let per_call = if f.calls > 0 {
+            // Calls counted over the whole run only.
+            let per_call = if f.calls > 0 && !f.counting_off {
                 format!("{:>12.2}", count as f64 / f.calls as f64)
             } else {
                 format!("{:>12}", "-")
@@ -144,7 +145,7 @@ pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
             w.string_field("module", module_name(s, f.module));
             w.uint_field("samples", n);
             w.uint_field("count", e.estimate(n));
-            if f.calls > 0 {
+            if f.calls > 0 && !f.counting_off {
                 w.key("per_call");
                 w.float(e.estimate(n) as f64 / f.calls as f64);
             }
