@@ -362,7 +362,12 @@ fn top_into_a_pipe_is_plain_text() {
             .arg(&d.present)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let err = String::from_utf8_lossy(&o.stderr);
+        // rtprofd's first tick may not have come yet.
+        if err.contains("nothing published yet") {
+            return None;
+        }
+        assert!(o.status.success(), "{err}");
         let text = String::from_utf8_lossy(&o.stdout).into_owned();
         text.contains("few_costly").then_some(text)
     });
