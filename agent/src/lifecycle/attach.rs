@@ -171,20 +171,12 @@ fn serve(_gone: bool) -> Next {
 /// Whether the calling thread is the process's only one still running (a
 /// main thread that called pthread_exit stays listed, a zombie).
 fn only_thread() -> bool {
-    // SAFETY: a system call without arguments.
-    let me = unsafe { libc::gettid() }.to_string();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return false;
-    };
-    !dir.flatten().any(|e| {
-        let tid = e.file_name();
-        tid.to_str() != Some(me.as_str()) && !zombie(&e.path())
-    })
+    program_threads().into_iter().all(zombie)
 }
 
-/// Whether the task at `/proc/self/task/TID` has ended (state Z or X).
-fn zombie(task: &std::path::Path) -> bool {
-    std::fs::read_to_string(task.join("stat")).is_ok_and(|st| {
+/// Whether task `tid` of this process has ended (state Z or X).
+fn zombie(tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).is_ok_and(|st| {
         st.rsplit_once(')')
             .and_then(|(_, rest)| rest.trim_start().chars().next())
             .is_some_and(|c| c == 'Z' || c == 'X')
