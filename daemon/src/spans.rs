@@ -409,10 +409,14 @@ impl Tracked {
         if sampled {
             let read = new.calls.iter().zip(&new.samples);
             for (i, ((&n, &ns), o)) in read.zip(self.counts.iter_mut()).enumerate() {
-                let (c, s) = (n.saturating_sub(o.calls), ns.saturating_sub(o.samples));
-                (o.calls, o.samples) = (n, ns);
-                if c | s != 0 {
-                    changed(i, o, c, s);
+                // Written only when it changed: an unchanged line stays
+                // clean, with nothing to write back.
+                if (n, ns) != (o.calls, o.samples) {
+                    let (c, s) = (n.saturating_sub(o.calls), ns.saturating_sub(o.samples));
+                    (o.calls, o.samples) = (n, ns);
+                    if c | s != 0 {
+                        changed(i, o, c, s);
+                    }
                 }
             }
             for (i, (&n, o)) in rest.buckets.iter().zip(old.buckets.iter_mut()).enumerate() {

@@ -82,28 +82,11 @@ const char *rtprof_strerror(int rc) {
     case RTPROF_ERR_VERSION: return "presentation segment of another version (rtprofd and this reader come from different rtprof builds)";
     case RTPROF_ERR_BOUNDS: return "presentation segment malformed: a size, offset or count is out of bounds";
     case RTPROF_ERR_NO_PROCESS: return "no such process in the table";
-    case RTPROF_ERR_CHECKSUM: return "presentation segment corrupted: a row does not match its checksum";
     default: return "unknown rtprof error";
     }
 }
 
 static int within(uint64_t off, uint64_t n, uint64_t len) { return off <= len && n <= len - off; }
-
-/* The same checksum as Row::checksum in shared/src/present/layout.rs. */
-static uint64_t row_checksum(const rtprof_row *r) {
-    uint64_t w[7] = {
-        r->name_off | (uint64_t)r->name_len << 32,
-        r->module_off | (uint64_t)r->module_len << 32,
-        r->proc_index | (uint64_t)r->flags << 32,
-        r->calls, r->samples, r->time_ns, r->total_calls,
-    };
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < 7; i++) {
-        h = (h ^ w[i]) * 0x100000001b3ull;
-        h = h << 17 | h >> 47;
-    }
-    return h;
-}
 
 /* Checks that a buffer header's regions lie in `len` bytes and are aligned
  * for their records; sets *end to the end of the last one. */
@@ -144,7 +127,6 @@ static int contents(const uint8_t *copy, uint64_t len, buf_header *bh) {
     }
     for (uint32_t i = 0; i < bh->row_count; i++) {
         const rtprof_row *r = &rows[i];
-        if (r->check != row_checksum(r)) return RTPROF_ERR_CHECKSUM;
         if (r->proc_index >= bh->proc_count ||
             !within(r->name_off, r->name_len, bh->strings_len) ||
             !within(r->module_off, r->module_len, bh->strings_len))
@@ -321,10 +303,6 @@ static int copy_process(const uint8_t *b, const buf_header *bh, uint32_t pid, rt
     memcpy(rows, b + bh->rows_off + (uint64_t)p->first_row * sizeof(rtprof_row), rows_len);
     uint64_t strings_len = p->exe_len;
     for (uint32_t i = 0; i < p->row_count; i++) {
-        if (rows[i].check != row_checksum(&rows[i])) {
-            free(rows);
-            return RTPROF_ERR_CHECKSUM;
-        }
         if (!within(rows[i].name_off, rows[i].name_len, bh->strings_len) ||
             !within(rows[i].module_off, rows[i].module_len, bh->strings_len)) {
             free(rows);

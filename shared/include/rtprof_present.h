@@ -26,7 +26,7 @@
  *     if (rc != 0) fprintf(stderr, "%s\n", rtprof_strerror(rc));
  * rtprof_take copies the current buffer and checks the daemon did not
  * rewrite it meanwhile, so a view is always one consistent span; it never
- * blocks the daemon. Every offset, count and row checksum is checked before
+ * blocks the daemon. Every offset and count is checked before
  * rtprof_take returns 0: a view's rows, processes and strings can be used
  * as they are.
  */
@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define RTPROF_PRESENT_VERSION 3
+#define RTPROF_PRESENT_VERSION 4
 #define RTPROF_DEFAULT_PRESENT "/run/rtprof/present" /* where rtprofd publishes */
 #define RTPROF_PROC_ENDED 1u   /* rtprof_proc.flags: the process ended */
 #define RTPROF_ROW_COUNTED 1u  /* rtprof_row.flags: calls are counted */
@@ -64,7 +64,7 @@ enum {
     RTPROF_ERR_MAGIC = -6,       /* not a presentation segment */
     RTPROF_ERR_VERSION = -7,     /* another layout version */
     RTPROF_ERR_BOUNDS = -8,      /* a size, offset or count out of bounds */
-    RTPROF_ERR_CHECKSUM = -9,    /* a row does not match its checksum */
+    /* -9 was a row checksum mismatch, before version 4 */
     RTPROF_ERR_NO_PROCESS = -10  /* rtprof_take_process: no such process in the table */
 };
 
@@ -75,7 +75,7 @@ typedef struct {
 
 typedef struct {
     uint32_t name_off, name_len, module_off, module_len, proc_index, flags;
-    uint64_t calls, samples, time_ns, total_calls, check;
+    uint64_t calls, samples, time_ns, total_calls, reserved;
 } rtprof_row;
 
 typedef struct {

@@ -684,16 +684,28 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
     for _ in 0..1000 {
         let before = b.counter(seq_off);
-        calls.iter_mut().for_each(|c| *c = 0);
+        // The first stripe in use is stored, the others added: one pass
+        // over `calls` fewer than zeroing it first.
+        let mut first = true;
         for s in 0..h.stripe_count as u64 {
             if b.u32(h.stripe_table_off + s * 8) == stripe_state::FREE {
                 continue;
             }
             let base = h.stripes_off + s * h.stripe_bytes;
             match counters(bytes, base, n) {
+                Some(stripe) if first => {
+                    for (c, v) in calls[..n].iter_mut().zip(stripe) {
+                        *c = v.load(Ordering::Relaxed);
+                    }
+                }
                 Some(stripe) => {
                     for (c, v) in calls[..n].iter_mut().zip(stripe) {
                         *c = c.wrapping_add(v.load(Ordering::Relaxed));
+                    }
+                }
+                None if first => {
+                    for (i, c) in calls[..n].iter_mut().enumerate() {
+                        *c = b.counter(base + i as u64 * 8);
                     }
                 }
                 None => {
@@ -702,6 +714,10 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
                     }
                 }
             }
+            first = false;
+        }
+        if first {
+            calls[..n].iter_mut().for_each(|c| *c = 0);
         }
         if before % 2 == 0 && b.counter(seq_off) == before {
             return true;

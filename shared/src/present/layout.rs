@@ -1,4 +1,4 @@
-//! Binary layout of the presentation segment (version 3).
+//! Binary layout of the presentation segment (version 4).
 //!
 //! ```text
 //! [PresentHeader][buffer 0][buffer 1]
@@ -16,14 +16,18 @@
 //!
 //! Version 2 added `BufferHeader::publish_ns` (the buffer header grew from
 //! 64 to 128 bytes). Version 3 keeps process entries in pid order, so a
-//! reader finds one process by binary search. `shared/c/rtprof_present.c` and
+//! reader finds one process by binary search. Version 4 drops the row
+//! checksum: the buffer's sequence number already keeps torn rows from
+//! readers, and only the daemon can write the segment, so the checksum
+//! guarded nothing while it cost every publish and every read a hash per
+//! row. `shared/c/rtprof_present.c` and
 //! `shared/include/rtprof_present.h` are the C reader of the same layout:
 //! change them together.
 
 use std::mem::size_of;
 
 pub const MAGIC: [u8; 8] = *b"RTPROFP\0";
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// A free slot of the hash index.
 pub(super) const EMPTY: u32 = u32::MAX;
 
@@ -123,8 +127,7 @@ pub struct Row {
     pub time_ns: u64,
     /// Since the process started (summed over processes in a global row).
     pub total_calls: u64,
-    /// Checksum of the fields above: a torn row cannot pass.
-    pub check: u64,
+    pub reserved: u64,
 }
 
 // Every record is integers only, with no padding: the writer copies them
@@ -133,23 +136,6 @@ const _: () = assert!(size_of::<PresentHeader>() == 64);
 const _: () = assert!(size_of::<BufferHeader>() == 128);
 const _: () = assert!(size_of::<ProcEntry>() == 64);
 const _: () = assert!(size_of::<Row>() == 64);
-
-impl Row {
-    pub fn checksum(&self) -> u64 {
-        let words = [
-            self.name_off as u64 | (self.name_len as u64) << 32,
-            self.module_off as u64 | (self.module_len as u64) << 32,
-            self.proc_index as u64 | (self.flags as u64) << 32,
-            self.calls,
-            self.samples,
-            self.time_ns,
-            self.total_calls,
-        ];
-        words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
-            (h ^ w).wrapping_mul(0x100_0000_01b3).rotate_left(17)
-        })
-    }
-}
 
 /// FNV-1a over executable, a zero byte, and function name.
 pub fn key_hash(exe: &str, name: &str) -> u32 {
@@ -180,12 +166,6 @@ pub enum PresentError {
     BadMagic,
     UnsupportedVersion(u32),
     BadRegion(&'static str),
-    /// Row `row` of the current buffer does not match its checksum: the
-    /// segment was corrupted (a torn write cannot reach a reader, the
-    /// buffer's sequence number rules that out).
-    BadChecksum {
-        row: u32,
-    },
     /// The daemon kept rewriting the buffer while we read (retries exhausted).
     Busy,
     /// The table does not fit in a buffer of this segment.
@@ -207,12 +187,6 @@ impl std::fmt::Display for PresentError {
                  (rtprofd and its readers come from different rtprof builds)"
             ),
             PresentError::BadRegion(r) => write!(f, "{r} out of bounds"),
-            PresentError::BadChecksum { row } => {
-                write!(
-                    f,
-                    "row {row} does not match its checksum (corrupted segment)"
-                )
-            }
             PresentError::Busy => f.write_str("segment rewritten during every read attempt"),
             PresentError::TooLarge { need, have } => {
                 write!(f, "table needs {need} bytes, buffers have {have}")
@@ -228,40 +202,9 @@ impl std::error::Error for PresentError {}
 mod tests {
     use super::*;
 
-    /// A change to any field of a row, or a name moved between executable
-    /// and function, gives another checksum or key.
+    /// A name moved between executable and function gives another key.
     #[test]
-    fn checksums_and_keys_cover_every_field() {
-        let row = Row {
-            name_off: 1,
-            name_len: 2,
-            module_off: 3,
-            module_len: 4,
-            proc_index: 5,
-            flags: ROW_COUNTED,
-            calls: 7,
-            samples: 8,
-            time_ns: 9,
-            total_calls: 10,
-            check: 0,
-        };
-        let edits: [fn(&mut Row); 10] = [
-            |r| r.name_off ^= 1 << 31,
-            |r| r.name_len ^= 1,
-            |r| r.module_off ^= 1,
-            |r| r.module_len ^= 1 << 31,
-            |r| r.proc_index ^= 1,
-            |r| r.flags ^= ROW_ESTIMATED,
-            |r| r.calls ^= 1 << 63,
-            |r| r.samples ^= 1,
-            |r| r.time_ns ^= 1,
-            |r| r.total_calls ^= 1,
-        ];
-        for (i, edit) in edits.iter().enumerate() {
-            let mut r = row;
-            edit(&mut r);
-            assert_ne!(r.checksum(), row.checksum(), "field {i}");
-        }
+    fn keys_keep_executable_and_name_apart() {
         assert_ne!(key_hash("/bin/a", "bc"), key_hash("/bin/ab", "c"));
         assert_eq!(segment_bytes(100), 64 + 2 * 128);
     }

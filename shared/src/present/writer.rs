@@ -355,7 +355,7 @@ impl PresentWriter {
                     m => mods.get(m as usize).copied().unwrap_or(bad),
                 };
                 let (name_off, name_len) = names.span(r.id);
-                let mut row = Row {
+                let row = Row {
                     name_off,
                     name_len,
                     module_off: module.0,
@@ -366,9 +366,8 @@ impl PresentWriter {
                     samples: r.samples,
                     time_ns: r.time_ns,
                     total_calls: r.total_calls,
-                    check: 0,
+                    reserved: 0,
                 };
-                row.check = row.checksum();
                 // SAFETY: next < global_first: a process row.
                 unsafe { rows.add(next).write(row) };
                 next += 1;
@@ -438,9 +437,6 @@ impl PresentWriter {
                 h = (h + 1) & (hash_cap - 1);
             }
             hash[h as usize] = (global_first + k) as u32;
-            // SAFETY: a global row written above (k < room, as need <= cap).
-            let gr = unsafe { &mut *rows.add(global_first + k) };
-            gr.check = gr.checksum();
         }
         let hdr = BufferHeader {
             seq: 0,
