@@ -6,6 +6,7 @@ mod cache;
 mod error;
 mod export;
 mod last_span;
+mod loops;
 mod presentation;
 mod run;
 mod source_lines;

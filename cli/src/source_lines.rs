@@ -44,7 +44,7 @@ pub fn annotate(procs: &mut [Snapshot]) {
 
 /// The source lines of `addrs` (ELF virtual addresses) in the module file
 /// at `path`; empty where the file or its debug information is missing.
-fn lines_of(path: &Path, addrs: &[u64]) -> Vec<(u64, SourceLine)> {
+pub fn lines_of(path: &Path, addrs: &[u64]) -> Vec<(u64, SourceLine)> {
     let Ok(file) = std::fs::File::open(path) else {
         return Vec::new();
     };

@@ -7,6 +7,7 @@ pub mod debuginfo;
 pub mod glob;
 pub mod json;
 pub mod layout;
+pub mod loops;
 pub mod names;
 pub mod present;
 pub mod protocol;

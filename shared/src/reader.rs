@@ -3,6 +3,7 @@
 //! It never trusts an offset, length or count it has not checked.
 
 use crate::layout::*;
+use crate::loops::{LoopStats, Offsets};
 use crate::Refusal;
 use std::fmt;
 use std::mem::size_of;
@@ -153,6 +154,12 @@ pub struct Snapshot {
     /// Events sampled besides CPU time (`RTPROF_EVENTS`; from the file the
     /// agent writes beside its segment at exit, see [`Events::parse`]).
     pub events: Events,
+    /// Samples by their place in their function (from the file the agent
+    /// writes beside its segment at exit, see [`Offsets::parse`]).
+    pub offsets: Offsets,
+    /// Loops of sampled functions with their samples (found by a reader
+    /// with the functions' code at hand: the segment does not carry them).
+    pub loops: Vec<LoopStats>,
 }
 
 /// The events a process asked for: each one's outcome and, for those
@@ -337,7 +344,7 @@ impl ThreadCalls {
 
 /// The first line of a file the agent writes beside its segment,
 /// `<magic> 1 <N numbers>`: the numbers, and the lines after it.
-fn side_file<'a, const N: usize>(
+pub(crate) fn side_file<'a, const N: usize>(
     text: &'a str,
     magic: &str,
     bad: &SegmentError,
@@ -924,6 +931,8 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         callers: Callers::default(),
         threads: Threads::default(),
         events: Events::default(),
+        offsets: Offsets::default(),
+        loops: Vec::new(),
     })
 }
 

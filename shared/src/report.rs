@@ -2,6 +2,7 @@
 //! (`RTPROF_REPORT`) and `rtprof run`, so both print the same thing.
 
 mod events;
+mod loops;
 
 use crate::json::JsonWriter;
 use crate::layout::state;
@@ -417,6 +418,7 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         if opts.threads {
             threads_text(&mut out, s, opts.top.min(10));
         }
+        loops::text(&mut out, s, opts.top.min(10));
         events::text(&mut out, s, opts.top.min(10));
         if opts.stats {
             for m in instrumented() {
@@ -778,6 +780,7 @@ pub fn json(procs: &[Snapshot]) -> String {
             w.end_array();
             w.uint_field("threads_dropped", s.threads.dropped);
         }
+        loops::json(&mut w, s);
         events::json(&mut w, s);
         w.key("modules");
         w.begin_array();
@@ -815,11 +818,11 @@ pub fn json(procs: &[Snapshot]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{ModuleStats, Refusal};
 
-    fn snap() -> Snapshot {
+    pub(crate) fn snap() -> Snapshot {
         Snapshot {
             pid: 7,
             ppid: 1,
@@ -869,6 +872,8 @@ mod tests {
             callers: Default::default(),
             threads: Default::default(),
             events: Default::default(),
+            offsets: Default::default(),
+            loops: Vec::new(),
         }
     }
 

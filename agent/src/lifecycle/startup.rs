@@ -431,6 +431,11 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
                 vlog!("call stacks not written: {e}");
             }
         }
+        if let Some(text) = crate::sampling::offsets::text() {
+            if let Err(e) = a.segment.write_beside("offsets", text.as_bytes()) {
+                vlog!("sampled offsets not written: {e}");
+            }
+        }
         crate::budget::at_exit(a);
         a.segment.counters.set_exit(status, now_ns());
         crate::lifecycle::attach::after_exit(a);

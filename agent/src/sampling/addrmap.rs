@@ -22,6 +22,9 @@ struct Range {
     /// What a stack frame here is: the function slot, or
     /// `stacks::MODULE | record`.
     id: u32,
+    /// A function's own code (not its stub, not a module): a sample here
+    /// is also counted at its offset from `start` (`offsets`).
+    body: bool,
 }
 
 /// A module present in the process: its record in the segment and the
@@ -94,6 +97,7 @@ impl AddrMap {
                 counter: bucket,
                 on_demand,
                 id: super::stacks::MODULE | p.record,
+                body: false,
             }));
             let last = m.first_func.saturating_add(m.func_count).min(func_count);
             for slot in m.first_func..last {
@@ -106,6 +110,7 @@ impl AddrMap {
                         counter: w.counters().function_samples(slot),
                         on_demand: 0,
                         id: slot,
+                        body: true,
                     });
                 }
             }
@@ -120,6 +125,7 @@ impl AddrMap {
                     counter: w.counters().function_samples(slot),
                     on_demand: 0,
                     id: slot,
+                    body: false,
                 }),
         );
         normalise(&mut funcs);
@@ -135,15 +141,19 @@ impl AddrMap {
     /// The counter a sample at `ip` goes to, and the record of the module
     /// named on demand it lands in, if it does (one lookup for both).
     #[inline]
-    fn place(&self, ip: u64) -> (&AtomicU64, Option<u32>) {
-        let (c, on_demand) = match find(&self.funcs, ip) {
-            Some(r) => (r.counter, None),
-            None => find(&self.modules, ip).map_or((self.unknown, None), |r| {
-                (r.counter, r.on_demand.checked_sub(1))
+    fn place(&self, ip: u64) -> (&AtomicU64, Option<u32>, Option<(u32, u32)>) {
+        let (c, on_demand, at) = match find(&self.funcs, ip) {
+            Some(r) => (
+                r.counter,
+                None,
+                r.body.then(|| (r.id, (ip - r.start) as u32)),
+            ),
+            None => find(&self.modules, ip).map_or((self.unknown, None, None), |r| {
+                (r.counter, r.on_demand.checked_sub(1), None)
             }),
         };
         // SAFETY: counters point into the counter segment, mapped for good.
-        (unsafe { &*c }, on_demand)
+        (unsafe { &*c }, on_demand, at)
     }
 
     /// Counts `n` samples at `ip`, unless `hold_unnamed` and it lands in a
@@ -151,13 +161,16 @@ impl AddrMap {
     /// No allocation, no lock: safe in a signal handler.
     #[inline]
     fn count_or_hold(&self, ip: u64, n: u64, hold_unnamed: bool) -> Option<u32> {
-        let (counter, on_demand) = self.place(ip);
+        let (counter, on_demand, at) = self.place(ip);
         if hold_unnamed && on_demand.is_some() {
             return on_demand;
         }
         counter.fetch_add(n, Ordering::Relaxed);
         // SAFETY: as in `place`.
         unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
+        if let Some((slot, offset)) = at {
+            super::offsets::record(slot, offset, n);
+        }
         None
     }
 }
@@ -323,6 +336,7 @@ pub(crate) mod tests {
             counter: c,
             on_demand: 0,
             id: 0,
+            body: true,
         };
         let mut v = vec![r(10, 50), r(0, 20), r(10, 15), r(60, 60)];
         normalise(&mut v);

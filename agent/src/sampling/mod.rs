@@ -10,6 +10,7 @@
 
 pub mod addrmap;
 pub mod events;
+pub mod offsets;
 mod perf;
 pub mod ring;
 pub(crate) mod stacks;
@@ -443,6 +444,7 @@ pub fn forget_parent_in_child() {
     addrmap::reset_readers_in_child();
     timer::forget_in_child();
     stacks::forget_in_child();
+    offsets::forget_in_child();
     events::forget_in_child();
 }
 

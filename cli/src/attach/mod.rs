@@ -404,6 +404,7 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
     }
     let mut procs = crate::run::segments::collect(&dir.0);
     crate::source_lines::annotate(&mut procs);
+    crate::loops::annotate(&mut procs);
     if procs.is_empty() {
         eprintln!("rtprof: no profile was recorded");
         return ExitCode::from(1);

@@ -216,6 +216,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         .map(|d| segments::collect(&d.0))
         .unwrap_or_default();
     crate::source_lines::annotate(&mut procs);
+    crate::loops::annotate(&mut procs);
     if let (Some(d), true) = (&dir, procs.is_empty()) {
         // The agent falls back to anonymous memory when it cannot reserve
         // its segment in the run directory: say so if that is why.

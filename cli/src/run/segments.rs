@@ -1,6 +1,7 @@
 //! Reading back the counter segments the run's processes left behind.
 
 use crate::error::Error;
+use rtprof_shared::loops::Offsets;
 use rtprof_shared::{read_snapshot, Callers, Events, Snapshot, Stacks, Threads};
 use std::path::Path;
 
@@ -78,6 +79,9 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
                 });
                 s.events = read_beside(&p.with_extension("events"), "events", |t| {
                     Events::parse(t, &s)
+                });
+                s.offsets = read_beside(&p.with_extension("offsets"), "sampled offsets", |t| {
+                    Offsets::parse(t, &s)
                 });
                 out.push(s)
             }

@@ -1,0 +1,144 @@
+//! Loops in reports: the hottest loops of sampled functions, each with its
+//! share of the process's samples and of its function's, its depth and
+//! where it is (source line, or its addresses).
+
+use super::{escape_text, module_name};
+use crate::json::JsonWriter;
+use crate::loops::LoopStats;
+use crate::names;
+use crate::Snapshot;
+use std::fmt::Write as _;
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+/// Loops, hottest first (samples, then address).
+fn hottest(s: &Snapshot) -> Vec<&LoopStats> {
+    let mut v: Vec<&LoopStats> = s.loops.iter().collect();
+    v.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.start.cmp(&b.start)));
+    v
+}
+
+fn place(l: &LoopStats) -> String {
+    let at = format!("{:#x}-{:#x}", l.start, l.end);
+    match &l.source {
+        Some(src) => format!("{}:{} ({at})", src.file, src.line),
+        None => at,
+    }
+}
+
+/// The loops section of a process's text report: its `top` hottest loops
+/// (nothing if no loop was sampled).
+pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
+    if s.loops.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  hot loops (sampled; a loop's samples include its nested loops'):\n    \
+         {:>7} {:>8} {:>8} {:>5}  function  loop at",
+        "of proc", "of func", "samples", "depth"
+    );
+    for l in hottest(s).into_iter().take(top) {
+        let f = &s.functions[l.function as usize];
+        let _ = writeln!(
+            out,
+            "    {:>6.1}% {:>7.1}% {:>8} {:>5}  {}  {}",
+            share(l.samples, s.samples_total),
+            share(l.samples, f.samples),
+            l.samples,
+            l.depth,
+            escape_text(&names::function(&f.name)),
+            escape_text(&place(l))
+        );
+    }
+}
+
+/// The `loops` of a process's JSON report, hottest first (nothing if no
+/// loop was sampled).
+pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
+    if s.loops.is_empty() {
+        return;
+    }
+    w.key("loops");
+    w.begin_array();
+    for l in hottest(s) {
+        let f = &s.functions[l.function as usize];
+        w.begin_object();
+        w.string_field("name", &f.name);
+        w.string_field("function", &names::function(&f.name));
+        w.string_field("module", module_name(s, f.module));
+        w.uint_field("start", l.start);
+        w.uint_field("end", l.end);
+        w.uint_field("depth", l.depth as u64);
+        w.uint_field("samples", l.samples);
+        w.uint_field("self_samples", l.self_samples);
+        w.key("function_share");
+        w.float(share(l.samples, f.samples) / 100.0);
+        w.key("process_share");
+        w.float(share(l.samples, s.samples_total) / 100.0);
+        if let Some(src) = &l.source {
+            w.string_field("file", &src.file);
+            w.uint_field("line", src.line as u64);
+        }
+        w.end_object();
+    }
+    w.end_array();
+    w.uint_field("offsets_dropped", s.offsets.dropped);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::loops::LoopStats;
+    use crate::reader::SourceLine;
+    use crate::report::tests::snap;
+
+    #[test]
+    fn hottest_loops_first_with_their_shares() {
+        let mut s = snap();
+        s.samples_total = 100;
+        s.functions[0].samples = 80;
+        let l = |start, samples, source: Option<SourceLine>| LoopStats {
+            function: 0,
+            start,
+            end: start + 0x20,
+            depth: 1,
+            samples,
+            self_samples: samples,
+            source,
+        };
+        let src = SourceLine {
+            file: "x.c".into(),
+            line: 12,
+        };
+        s.loops = vec![l(0x100, 20, None), l(0x200, 40, Some(src))];
+        let mut out = String::new();
+        super::text(&mut out, &s, 10);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].contains("hot loops"), "{out}");
+        assert!(
+            lines[2].contains("40.0%") && lines[2].contains("50.0%"),
+            "{out}"
+        );
+        assert!(lines[2].contains("x.c:12 (0x200-0x220)"), "{out}");
+        assert!(
+            lines[3].contains("0x100-0x120") && lines[3].contains("25.0%"),
+            "{out}"
+        );
+        let mut w = crate::json::JsonWriter::default();
+        w.begin_object();
+        super::json(&mut w, &s);
+        w.end_object();
+        let j = w.finish();
+        assert!(
+            j.contains(r#""start":512,"end":544,"depth":1,"samples":40"#),
+            "{j}"
+        );
+        assert!(j.contains(r#""file":"x.c","line":12"#), "{j}");
+    }
+}

@@ -1,0 +1,34 @@
+/* Loops of known shape for the loop profile. nested(n, m): an outer loop
+ * of n iterations around an inner one of m; two_loops(n): a loop of 3n
+ * iterations, then one of n, with the same body (so the first takes three
+ * quarters of the function's time). Bodies are serial hashes: no closed
+ * form, nothing to vectorise. Each loop's body is on its header's line.
+ * usage: loops ROUNDS */
+#include <stdio.h>
+#include <stdlib.h>
+
+__attribute__((noipa)) unsigned nested(unsigned n, unsigned m) {
+    unsigned acc = 1;
+    for (unsigned i = 0; i < n; i++) { acc ^= i * 2654435761u; /* OUTER */
+        for (unsigned j = 0; j < m; j++) { acc = acc * 1664525u + (acc >> 7) + j; } /* INNER */
+    }
+    return acc;
+}
+
+__attribute__((noipa)) unsigned two_loops(unsigned n) {
+    unsigned a = 1, b = 2;
+    for (unsigned i = 0; i < 3 * n; i++) { a = a * 1664525u + (a >> 7) + i; } /* FIRST */
+    for (unsigned i = 0; i < n; i++) { b = b * 1664525u + (b >> 7) + i; } /* SECOND */
+    return a ^ b;
+}
+
+int main(int argc, char **argv) {
+    unsigned rounds = argc > 1 ? (unsigned)atoi(argv[1]) : 20;
+    unsigned x = 0;
+    for (unsigned r = 0; r < rounds; r++) {
+        x += nested(1000, 20000);
+        x += two_loops(20000000);
+    }
+    printf("%u\n", x);
+    return 0;
+}

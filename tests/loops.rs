@@ -1,0 +1,130 @@
+//! Loop profiles: a program with nested loops and with two loops of known
+//! relative cost, built three ways, has each loop found where its source
+//! says, nested as written, and its share of its function's samples
+//! within sampling noise of what its iterations make it; calls stay exact
+//! and the program's output unchanged.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::process::Command;
+
+/// The line of `tests/c/loops.c` marked `/* MARK */`.
+fn line_of(mark: &str) -> u64 {
+    let src = std::fs::read_to_string(root().join("tests/c/loops.c")).unwrap();
+    let at = src
+        .lines()
+        .position(|l| l.contains(&format!("/* {mark} */")))
+        .unwrap_or_else(|| panic!("no {mark} in loops.c"));
+    at as u64 + 1
+}
+
+/// The loops of function `f` in report `p`, in address order.
+fn loops_of<'a>(p: &'a Value, f: &str) -> Vec<&'a Value> {
+    let mut v: Vec<&Value> = p["loops"]
+        .as_array()
+        .unwrap_or_else(|| panic!("loops in the report: {p}"))
+        .iter()
+        .filter(|l| l["function"] == f)
+        .collect();
+    v.sort_by_key(|l| l["start"].as_u64());
+    v
+}
+
+#[test]
+fn loops_are_found_nested_and_charged_their_share() {
+    let dir = scratch("loops");
+    let rounds = "8";
+    for v in [
+        Variant {
+            opt: "-O2",
+            cf_protection: false,
+            pie: true,
+            strip: false,
+        },
+        Variant {
+            opt: "-O1",
+            cf_protection: false,
+            pie: false,
+            strip: false,
+        },
+        Variant {
+            opt: "-Os",
+            cf_protection: true,
+            pie: true,
+            strip: false,
+        },
+    ] {
+        let tag = v.tag();
+        let (bin, _) = compile("loops.c", &v, &["-g"], &dir);
+        let plain = run_plain(&bin, &[rounds]);
+        let json = dir.join(format!("loops-{tag}.json"));
+        let out = Command::new(rtprof())
+            .args(["run", "--output"])
+            .arg(&json)
+            .arg("--")
+            .arg(&bin)
+            .arg(rounds)
+            .output()
+            .unwrap();
+        assert_same_behaviour(&tag, &plain, &out);
+        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let p = &report["processes"][0];
+        for f in ["nested", "two_loops"] {
+            assert_eq!(function_named(p, f)["calls"].as_u64(), Some(8), "{tag} {f}");
+        }
+        let share = |l: &Value| l["function_share"].as_f64().unwrap();
+        let line = |l: &Value| l["line"].as_u64();
+
+        // two_loops: 3n iterations, then n of the same body.
+        let two = loops_of(p, "two_loops");
+        assert_eq!(two.len(), 2, "{tag}: {two:?}");
+        assert_eq!(line(two[0]), Some(line_of("FIRST")), "{tag}: {two:?}");
+        assert_eq!(line(two[1]), Some(line_of("SECOND")), "{tag}: {two:?}");
+        assert!(two.iter().all(|l| l["depth"] == 1), "{tag}: {two:?}");
+        // At about 1,300 samples in the function, a share's noise is
+        // about 1.2 points: these bounds are many of them wide.
+        assert!((0.67..0.83).contains(&share(two[0])), "{tag}: {two:?}");
+        assert!((0.17..0.33).contains(&share(two[1])), "{tag}: {two:?}");
+        assert!(share(two[0]) + share(two[1]) > 0.95, "{tag}: {two:?}");
+
+        // nested: the inner loop does all the work, inside the outer one.
+        let nest = loops_of(p, "nested");
+        assert_eq!(nest.len(), 2, "{tag}: {nest:?}");
+        let (outer, inner) = (nest[0], nest[1]);
+        assert_eq!(line(outer), Some(line_of("OUTER")), "{tag}: {nest:?}");
+        assert_eq!(line(inner), Some(line_of("INNER")), "{tag}: {nest:?}");
+        assert_eq!(
+            (outer["depth"].as_u64(), inner["depth"].as_u64()),
+            (Some(1), Some(2))
+        );
+        let range = |l: &Value| l["start"].as_u64().unwrap()..l["end"].as_u64().unwrap();
+        let (o, i) = (range(outer), range(inner));
+        assert!(o.start <= i.start && i.end <= o.end, "{tag}: {nest:?}");
+        assert!(share(inner) > 0.9, "{tag}: {nest:?}");
+        assert!(outer["samples"].as_u64() >= inner["samples"].as_u64());
+        assert_eq!(
+            outer["samples"].as_u64().unwrap() - outer["self_samples"].as_u64().unwrap(),
+            inner["samples"].as_u64().unwrap(),
+            "{tag}: an outer loop's samples are its own and its inner loop's"
+        );
+        // Shares of the process: the function's share of it times the loop's.
+        let total = p["sampler"]["samples"].as_f64().unwrap();
+        let f_samples = function_named(p, "two_loops")["samples"].as_f64().unwrap();
+        let want = share(two[0]) * f_samples / total;
+        assert!((two[0]["process_share"].as_f64().unwrap() - want).abs() < 1e-9);
+
+        // The text report lists them too.
+        let text = Command::new(rtprof())
+            .args(["run", "--"])
+            .arg(&bin)
+            .arg("2")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&text.stderr);
+        assert!(err.contains("hot loops"), "{tag}: {err}");
+        assert!(
+            err.contains(&format!("loops.c:{}", line_of("INNER"))),
+            "{tag}: {err}"
+        );
+    }
+}
