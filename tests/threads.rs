@@ -1,7 +1,7 @@
 //! Exact calls per thread: threads named by the program, each with the
 //! counts it made, ended ones kept with their names, a thread still alive
-//! at exit listed as live, CPU time per thread from its samples;
-//! `rtprof run --threads` shows them.
+//! at exit listed as live, CPU time per thread from its samples, and per
+//! thread and function; `rtprof run --threads` shows them.
 
 use rtprof_e2e::*;
 use std::collections::HashMap;
@@ -90,10 +90,59 @@ fn every_thread_has_its_exact_calls_and_name() {
         ns > 0.5 * spun && ns < 1.5 * spun,
         "spinner: {ns} ns sampled, {spun} ns by its clock"
     );
+    // Samples per thread and function: the spinner's are in `spinner`
+    // (but for its clock reads, in the vDSO), and in no other thread's.
+    let samples_in = |t: &serde_json::Value, f: &str| {
+        t["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == f)
+            .map_or(0, |r| r["samples"].as_u64().unwrap())
+    };
+    let own = samples_in(spinner, "spinner");
+    let total = spinner["samples"].as_u64().unwrap();
+    assert!(own > 0 && own as f64 >= 0.8 * total as f64, "{spinner}");
+    let by_thread: u64 = threads.iter().map(|t| samples_in(t, "spinner")).sum();
+    assert_eq!(
+        by_thread, own,
+        "only the spinner runs spinner(): {threads:?}"
+    );
+    assert_eq!(
+        Some(own),
+        function_named(p, "spinner")["samples"].as_u64(),
+        "every sample of spinner() is its thread's"
+    );
+    for t in threads {
+        let listed: u64 = t["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["samples"].as_u64().unwrap())
+            .sum();
+        assert!(listed <= t["samples"].as_u64().unwrap(), "{t}");
+    }
     let sampled: u64 = threads.iter().map(|t| t["samples"].as_u64().unwrap()).sum();
     assert!(
         sampled <= p["sampler"]["samples"].as_u64().unwrap(),
         "{sampled}"
+    );
+    // The same under the timer sampler, whose signal handler counts them.
+    let timer = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", "timer")], &dir);
+    let p = process(&timer.report, &bin);
+    assert_eq!(p["sampler"]["name"], "timer", "{}", p["sampler"]);
+    let threads = p["threads"].as_array().expect("threads in the report");
+    let spinner = threads.iter().find(|t| t["name"] == "spinner").unwrap();
+    let own = samples_in(spinner, "spinner");
+    let total = spinner["samples"].as_u64().unwrap();
+    assert!(
+        own > 0 && own as f64 >= 0.8 * total as f64,
+        "timer: {spinner}"
+    );
+    let by_thread: u64 = threads.iter().map(|t| samples_in(t, "spinner")).sum();
+    assert_eq!(
+        Some(by_thread),
+        function_named(p, "spinner")["samples"].as_u64()
     );
     // The text report lists them on request.
     let out = Command::new(rtprof())
@@ -105,5 +154,10 @@ fn every_thread_has_its_exact_calls_and_name() {
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("\"worker-7\" (ended): 8701 calls"), "{text}");
     assert!(text.contains("\"sleeper\": 6 calls"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" samples  spinner") && !l.contains(" 0 samples")),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

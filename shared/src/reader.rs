@@ -334,6 +334,9 @@ pub struct ThreadCalls {
     pub samples: u64,
     /// (index in `Snapshot::functions`, calls), for the functions it called.
     pub calls: Vec<(u32, u64)>,
+    /// (index in `Snapshot::functions`, samples), for the functions it was
+    /// sampled in.
+    pub function_samples: Vec<(u32, u64)>,
 }
 
 impl ThreadCalls {
@@ -370,8 +373,9 @@ pub(crate) fn side_file<'a, const N: usize>(
 impl Threads {
     /// Reads the threads file the agent writes: `rtprof-threads 1
     /// <dropped>`, then per thread `t <tid> <0 live|1 ended> <name in hex>
-    /// <samples>` followed by `<slot> <calls>` lines. A slot out of range or a line
-    /// that is neither refuses the file.
+    /// <samples>` followed by `<slot> <calls>` and `s <slot> <samples>`
+    /// lines. A slot out of range or a line that is none of these refuses
+    /// the file.
     pub fn parse(text: &str, s: &Snapshot) -> Result<Threads, SegmentError> {
         let bad = SegmentError::BadReference("threads file");
         let ([dropped], lines) = side_file(text, "rtprof-threads", &bad)?;
@@ -403,6 +407,7 @@ impl Threads {
                         },
                         samples: num(Some(samples))?,
                         calls: Vec::new(),
+                        function_samples: Vec::new(),
                     });
                 }
                 [slot, calls] => {
@@ -412,6 +417,14 @@ impl Threads {
                         return Err(bad);
                     }
                     t.calls.push((slot as u32, num(Some(calls))?));
+                }
+                ["s", slot, samples] => {
+                    let t = out.threads.last_mut().ok_or(bad.clone())?;
+                    let slot = num(Some(slot))?;
+                    if slot >= s.functions.len() as u64 {
+                        return Err(bad);
+                    }
+                    t.function_samples.push((slot as u32, num(Some(samples))?));
                 }
                 _ => return Err(bad),
             }
@@ -1152,7 +1165,7 @@ mod tests {
     fn thread_files_give_each_thread_its_calls() {
         let (buf, _) = sample_segment();
         let s = read_snapshot(as_bytes(&buf)).unwrap();
-        let text = "rtprof-threads 1 3\nt 41 1 776f726b2d31 4\n0 5\n1 2\nt 40 0  0\n1 9\n";
+        let text = "rtprof-threads 1 3\nt 41 1 776f726b2d31 4\n0 5\ns 1 3\n1 2\nt 40 0  0\n1 9\n";
         let t = Threads::parse(text, &s).unwrap();
         assert_eq!(t.dropped, 3);
         assert_eq!(
@@ -1164,6 +1177,8 @@ mod tests {
             (41, "work-1", true)
         );
         assert_eq!(t.threads[0].calls, [(0, 5), (1, 2)]);
+        assert_eq!(t.threads[0].function_samples, [(1, 3)]);
+        assert!(t.threads[1].function_samples.is_empty());
         assert_eq!((t.threads[0].total(), t.threads[0].samples), (7, 4));
         assert_eq!(
             (t.threads[1].name.as_str(), t.threads[1].ended),
@@ -1174,6 +1189,9 @@ mod tests {
             "rtprof-threads 2 0\n",
             "rtprof-threads 1 0\n0 1\n",
             "rtprof-threads 1 0\nt 1 0 61 0\n99 1\n",
+            "rtprof-threads 1 0\nt 1 0 61 0\ns 99 1\n",
+            "rtprof-threads 1 0\ns 0 1\n",
+            "rtprof-threads 1 0\nt 1 0 61 0\ns 0 x\n",
             "rtprof-threads 1 0\nt 1 2 61 0\n",
             "rtprof-threads 1 0\nt 1 0 6 0\n",
             "rtprof-threads 1 0\nt 1 0 zz 0\n",

@@ -288,9 +288,20 @@ fn duration_s(s: &Snapshot) -> Option<f64> {
 }
 
 /// A thread's functions, most calls first (then by slot).
-fn thread_rows(t: &ThreadCalls) -> Vec<(u32, u64)> {
-    let mut rows = t.calls.clone();
-    rows.sort_unstable_by_key(|&(slot, calls)| (std::cmp::Reverse(calls), slot));
+/// A thread's functions as (slot, calls, samples): those it called or was
+/// sampled in, most calls first, then most samples.
+fn thread_rows(t: &ThreadCalls) -> Vec<(u32, u64, u64)> {
+    let mut rows: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+    for &(slot, calls) in &t.calls {
+        rows.entry(slot).or_default().0 += calls;
+    }
+    for &(slot, samples) in &t.function_samples {
+        rows.entry(slot).or_default().1 += samples;
+    }
+    let mut rows: Vec<(u32, u64, u64)> = rows.into_iter().map(|(s, (c, n))| (s, c, n)).collect();
+    rows.sort_by_key(|&(slot, calls, samples)| {
+        (std::cmp::Reverse(calls), std::cmp::Reverse(samples), slot)
+    });
     rows
 }
 
@@ -320,11 +331,11 @@ fn threads_text(out: &mut String, s: &Snapshot, top: usize) {
         } else {
             top.min(rows.len())
         };
-        for &(slot, calls) in &rows[..shown] {
+        for &(slot, calls, samples) in &rows[..shown] {
             let f = &s.functions[slot as usize];
             let _ = writeln!(
                 out,
-                "      {calls:>12}  {}",
+                "      {calls:>12} calls {samples:>8} samples  {}",
                 escape_text(&names::function(&f.name))
             );
         }
@@ -765,13 +776,15 @@ pub fn json(procs: &[Snapshot]) -> String {
                 w.uint_field("time_ns", t.samples.saturating_mul(s.sample_period_ns));
                 w.key("functions");
                 w.begin_array();
-                for (slot, calls) in thread_rows(t) {
+                for (slot, calls, samples) in thread_rows(t) {
                     let f = &s.functions[slot as usize];
                     w.begin_object();
                     w.string_field("name", &f.name);
                     w.string_field("function", &names::function(&f.name));
                     w.string_field("module", module_name(s, f.module));
                     w.uint_field("calls", calls);
+                    w.uint_field("samples", samples);
+                    w.uint_field("time_ns", samples.saturating_mul(s.sample_period_ns));
                     w.end_object();
                 }
                 w.end_array();
@@ -977,6 +990,7 @@ pub(crate) mod tests {
             ended: false,
             samples: 0,
             calls: vec![(0, 1)],
+            function_samples: vec![(0, 2)],
         });
         let t = text(
             &[s],

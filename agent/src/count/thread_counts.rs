@@ -3,8 +3,10 @@
 //! id and name before the stripe is folded into the shared one and reused.
 //! At exit they go beside the segment, with the live threads', for the
 //! report (`<segment>.threads`, read by `Threads::parse`). Samples are
-//! counted per stripe too, so each thread's CPU time is known.
+//! counted per stripe too, so each thread's CPU time is known, and by
+//! (thread id, function), so each thread's time in each function is.
 
+use crate::sampling::count_table::CountTable;
 use crate::Agent;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -12,6 +14,23 @@ use std::sync::{Mutex, OnceLock};
 /// Samples per stripe (stripe 0: threads without one of their own). Set
 /// once at start-up when wanted; a signal handler only loads and adds.
 static SAMPLES: OnceLock<Box<[AtomicU64]>> = OnceLock::new();
+
+/// Samples by (thread id, function slot): a thread's key stays with its
+/// id, so a thread that ends keeps its rows without a copy (a later
+/// thread given the same id, rare within a run, adds to them).
+static BY_FUNCTION: CountTable = CountTable::new();
+
+fn key(tid: u32, slot: u32) -> u64 {
+    (tid as u64) << 32 | slot as u64
+}
+
+/// Counts `n` samples of thread `tid` in function `slot`, if samples are
+/// counted per thread. Async-signal-safe.
+fn add_function_samples(tid: u32, slot: Option<u32>, n: u64) {
+    if let (Some(slot), true) = (slot, tid != 0) {
+        BY_FUNCTION.add(key(tid, slot), n);
+    }
+}
 
 /// Attached by `rtprof attach`, which reads them at detach.
 static FOR_ATTACH: AtomicBool = AtomicBool::new(false);
@@ -45,6 +64,7 @@ pub fn start_attached(stripes: usize) {
     for s in SAMPLES.get().into_iter().flatten() {
         s.store(0, Ordering::Relaxed);
     }
+    BY_FUNCTION.clear();
 }
 
 /// Stripe `i`'s sample counter, if samples are counted per stripe.
@@ -58,10 +78,14 @@ fn add_samples(stripe: u32, n: u64) {
     }
 }
 
-/// `n` samples of the calling thread (in its signal handler:
-/// allocation-free, no system call).
-pub fn sampled_here(a: &Agent, n: u64) {
+/// `n` samples of the calling thread, in function `slot` if in one (in its
+/// signal handler: allocation-free; one system call, for the thread id,
+/// when the sample is in a function).
+pub fn sampled_here(a: &Agent, slot: Option<u32>, n: u64) {
     if SAMPLES.get().is_some() {
+        if slot.is_some() {
+            add_function_samples(crate::threads::gettid(), slot, n);
+        }
         let p = crate::threads::stripe();
         let stripe = if p.is_null() {
             Some(0)
@@ -80,11 +104,13 @@ pub fn sampled_here(a: &Agent, n: u64) {
 /// against the table before use.
 static RECENT: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
 
-/// `n` samples of thread `tid` (from a perf ring: by the stripe it holds).
-pub fn sampled(a: &Agent, tid: u32, n: u64) {
+/// `n` samples of thread `tid` (from a perf ring: by the stripe it
+/// holds), in function `slot` if in one.
+pub fn sampled(a: &Agent, tid: u32, slot: Option<u32>, n: u64) {
     if SAMPLES.get().is_none() {
         return;
     }
+    add_function_samples(tid, slot, n);
     let c = &a.segment.counters;
     let slot = &RECENT[tid as usize % RECENT.len()];
     let (t, i) = {
@@ -214,6 +240,7 @@ pub fn forget_in_child() {
     for s in SAMPLES.get().into_iter().flatten() {
         s.store(0, Ordering::Relaxed);
     }
+    BY_FUNCTION.clear_in_child();
 }
 
 fn hex(name: &[u8; 16]) -> String {
@@ -223,10 +250,15 @@ fn hex(name: &[u8; 16]) -> String {
 
 /// Every thread's counts as text: `rtprof-threads 1 <ended threads not
 /// kept>`, then per thread `t <tid> <0 live|1 ended> <name in hex>
-/// <samples>` and `<slot> <calls>` per function it called.
+/// <samples>`, `<slot> <calls>` per function it called and `s <slot>
+/// <samples>` per function it was sampled in.
 pub fn text(a: &Agent) -> String {
     use std::fmt::Write as _;
     let mut out = format!("rtprof-threads 1 {}\n", DROPPED.load(Ordering::Relaxed));
+    // Samples by thread, then function: each thread's found by search.
+    let mut by_function = BY_FUNCTION.entries().unwrap_or_default();
+    by_function.sort_unstable();
+    let mut sampled_listed = std::collections::HashSet::new();
     let mut put = |tid: u32,
                    ended: bool,
                    name: &[u8; 16],
@@ -235,6 +267,15 @@ pub fn text(a: &Agent) -> String {
         let _ = writeln!(out, "t {tid} {} {} {samples}", ended as u8, hex(name));
         for (slot, calls) in counts {
             let _ = writeln!(out, "{slot} {calls}");
+        }
+        // Under the first thread listed with its id only (an ended
+        // thread's id may be a live one's again).
+        if sampled_listed.insert(tid) {
+            let first = by_function.partition_point(|&(k, _)| k < key(tid, 0));
+            let rows = by_function[first..].iter();
+            for &(k, n) in rows.take_while(|e| e.0 >> 32 == tid as u64) {
+                let _ = writeln!(out, "s {} {n}", k as u32);
+            }
         }
     };
     let pid = std::process::id();

@@ -141,37 +141,38 @@ impl AddrMap {
     /// The counter a sample at `ip` goes to, and the record of the module
     /// named on demand it lands in, if it does (one lookup for both).
     #[inline]
-    fn place(&self, ip: u64) -> (&AtomicU64, Option<u32>, Option<(u32, u32)>) {
-        let (c, on_demand, at) = match find(&self.funcs, ip) {
-            Some(r) => (
-                r.counter,
-                None,
-                r.body.then(|| (r.id, (ip - r.start) as u32)),
-            ),
+    fn place(&self, ip: u64) -> (&AtomicU64, Option<u32>, Option<&Range>) {
+        let (c, on_demand, func) = match find(&self.funcs, ip) {
+            Some(r) => (r.counter, None, Some(r)),
             None => find(&self.modules, ip).map_or((self.unknown, None, None), |r| {
                 (r.counter, r.on_demand.checked_sub(1), None)
             }),
         };
         // SAFETY: counters point into the counter segment, mapped for good.
-        (unsafe { &*c }, on_demand, at)
+        (unsafe { &*c }, on_demand, func)
     }
 
     /// Counts `n` samples at `ip`, unless `hold_unnamed` and it lands in a
-    /// module named on demand: then counts nothing and returns its record.
+    /// module named on demand: then counts nothing and says so.
     /// No allocation, no lock: safe in a signal handler.
     #[inline]
-    fn count_or_hold(&self, ip: u64, n: u64, hold_unnamed: bool) -> Option<u32> {
-        let (counter, on_demand, at) = self.place(ip);
-        if hold_unnamed && on_demand.is_some() {
-            return on_demand;
+    fn count_or_hold(&self, ip: u64, n: u64, hold_unnamed: bool) -> Counted {
+        let (counter, on_demand, func) = self.place(ip);
+        if let (true, Some(record)) = (hold_unnamed, on_demand) {
+            return Counted::Held(record);
         }
         counter.fetch_add(n, Ordering::Relaxed);
         // SAFETY: as in `place`.
         unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
-        if let Some((slot, offset)) = at {
-            super::offsets::record(slot, offset, n);
+        match func {
+            Some(r) => {
+                if r.body {
+                    super::offsets::record(r.id, (ip - r.start) as u32, n);
+                }
+                Counted::Function(r.id)
+            }
+            None => Counted::Elsewhere,
         }
-        None
     }
 }
 
@@ -190,19 +191,32 @@ fn with_current<R>(f: impl FnOnce(&AddrMap) -> Option<R>) -> Option<R> {
     r
 }
 
+/// Where a sample was counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    /// For function `slot` (its own code, or its stub's).
+    Function(u32),
+    /// For a module's code outside its functions, unknown code, or nothing
+    /// (no table yet).
+    Elsewhere,
+    /// Not counted: it lands in the module of this record, named on
+    /// demand, whose functions are not listed yet.
+    Held(u32),
+}
+
 /// Counts `n` samples at `ip` against the current table (dropped if none
 /// yet).
 #[inline]
-pub fn count(ip: u64, n: u64) {
-    with_current(|m| m.count_or_hold(ip, n, false));
+pub fn count(ip: u64, n: u64) -> Counted {
+    with_current(|m| Some(m.count_or_hold(ip, n, false))).unwrap_or(Counted::Elsewhere)
 }
 
 /// Counts one sample at `ip`, unless it lands in a module named on demand
-/// (none of its functions listed yet): then returns that module's record
-/// and counts nothing, so the sample can wait for the names.
+/// (none of its functions listed yet): then it is held, and counts
+/// nothing, so the sample can wait for the names.
 #[inline]
-pub fn count_unless_unnamed(ip: u64) -> Option<u32> {
-    with_current(|m| m.count_or_hold(ip, 1, true))
+pub fn count_unless_unnamed(ip: u64) -> Counted {
+    with_current(|m| Some(m.count_or_hold(ip, 1, true))).unwrap_or(Counted::Elsewhere)
 }
 
 /// What the stack frames at `ips` are (see `stacks`), into `out`: each

@@ -9,6 +9,7 @@
 //! a choice. The header records which ran and why.
 
 pub mod addrmap;
+pub mod count_table;
 pub mod events;
 pub mod offsets;
 mod perf;
@@ -274,17 +275,24 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
                     // stacks the user registers and stack (`user_stack`).
                     PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
                         let ip = field_u64(body, 0);
-                        if !may_name {
-                            addrmap::count(ip, 1);
-                        } else if let Some(record) = addrmap::count_unless_unnamed(ip) {
+                        let counted = if may_name {
+                            addrmap::count_unless_unnamed(ip)
+                        } else {
+                            addrmap::count(ip, 1)
+                        };
+                        let slot = match counted {
                             // Read again once its module is named: its
                             // stack is counted then.
-                            unnamed = Some(record);
-                            return false;
-                        }
+                            addrmap::Counted::Held(record) => {
+                                unnamed = Some(record);
+                                return false;
+                            }
+                            addrmap::Counted::Function(slot) => Some(slot),
+                            addrmap::Counted::Elsewhere => None,
+                        };
                         // Counted now (not held for naming): its thread's too.
                         if let Some(a) = crate::agent() {
-                            crate::thread_counts::sampled(a, field_u32(body, 12), 1);
+                            crate::thread_counts::sampled(a, field_u32(body, 12), slot, 1);
                         }
                         if let Some((sp, bp, stack)) = user_stack(body) {
                             stacks::record(ip, sp, bp, stack);

@@ -49,9 +49,12 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
             // SAFETY: the context the kernel passed to this handler.
             let ip = unsafe { Native::signal_pc(uc) };
             let n = periods(info);
-            addrmap::count(ip, n);
+            let slot = match addrmap::count(ip, n) {
+                addrmap::Counted::Function(slot) => Some(slot),
+                _ => None,
+            };
             if let Some(a) = crate::agent() {
-                crate::thread_counts::sampled_here(a, n);
+                crate::thread_counts::sampled_here(a, slot, n);
             }
             if super::STACKS.load(Ordering::Relaxed) {
                 // SAFETY: as for the program counter.
