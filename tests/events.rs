@@ -144,3 +144,59 @@ fn without_events_the_report_has_none() {
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert!(report["processes"][0].get("events").is_none());
 }
+
+/// A forked child samples its own events, counted from nothing: its page
+/// faults in `touch` are its own 700 pages' (and at most a few of its
+/// stack's, copied on write), the parent's stay exactly 3,600.
+#[test]
+fn a_forked_child_counts_its_own_events() {
+    let dir = scratch("events-fork");
+    let bin = compile_o2("page_faults.c", &["-pthread"], &dir);
+    let json = dir.join("fork.json");
+    let out = Command::new(rtprof())
+        .args(["run", "--events", "page-faults", "--output"])
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .arg("fork")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let child: u64 = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("child "))
+        .and_then(|l| l.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{printed}"));
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let procs = report["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{report}");
+    let touch_faults = |p: &Value| {
+        let pf = event(p, "page-faults");
+        assert_eq!(pf["ran"], true, "{pf}");
+        pf["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "touch")
+            .map_or(0, |f| f["count"].as_u64().unwrap())
+    };
+    let (kid, parent): (Vec<&Value>, Vec<&Value>) =
+        procs.iter().partition(|p| p["pid"].as_u64() == Some(child));
+    assert_eq!((kid.len(), parent.len()), (1, 1), "{report}");
+    assert_eq!(touch_faults(parent[0]), 3600, "{}", parent[0]);
+    let k = touch_faults(kid[0]);
+    assert!((700..704).contains(&k), "child: {k}: {}", kid[0]);
+    assert_eq!(function_named(kid[0], "touch")["calls"].as_u64(), Some(1));
+    // Its threads' counts are its own: the one thread it has.
+    let threads = event(kid[0], "page-faults")["threads"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(threads.len(), 1, "{threads:?}");
+    assert_eq!(threads[0]["tid"].as_u64(), Some(child));
+}

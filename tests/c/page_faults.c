@@ -2,11 +2,14 @@
  * maps n fresh pages (no huge pages) and writes one byte in each, n page
  * faults. Two threads touch 400 and 1200 pages, then the main thread
  * 1000 twice (few enough for the agent's rings without a drain); compute() makes none. Prints the pages touched and the
- * threads' ids. */
+ * threads' ids. With the argument "fork", a forked child then touches 700
+ * pages and prints "child <pid> touched 700". */
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 __attribute__((noinline)) long touch(int pages) {
@@ -42,7 +45,7 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     struct job jobs[2] = {{400, 0, 0}, {1200, 0, 0}};
     pthread_t t[2];
     for (int i = 0; i < 2; i++) {
@@ -55,5 +58,17 @@ int main(void) {
         x = compute(x);
     printf("touched %ld %ld %ld tids %ld %ld x %lu\n", jobs[0].touched, jobs[1].touched, mine,
            jobs[0].tid, jobs[1].tid, x & 1);
+    if (argc > 1 && strcmp(argv[1], "fork") == 0) {
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            long n = touch(700);
+            printf("child %ld touched %ld\n", (long)getpid(), n);
+            return 0;
+        }
+        int status = 0;
+        if (child < 0 || waitpid(child, &status, 0) != child || status != 0)
+            return 1;
+    }
     return 0;
 }

@@ -23,7 +23,7 @@ use perf_event::events::{Event, Hardware, Software};
 use perf_event::{Builder, SampleFlag};
 use rtprof_shared::sampling::Why;
 use std::os::fd::IntoRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Events asked for at most.
@@ -147,7 +147,20 @@ struct ThreadEvents {
     counts: [AtomicU64; MAX_EVENTS],
 }
 
-static EVENTS: OnceLock<Vec<Opened>> = OnceLock::new();
+/// The events opened, published once (again in a forked child, where the
+/// parent's are left as they are: their rings hold the parent's samples).
+static EVENTS: AtomicPtr<Vec<Opened>> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The events this process opened, if it did.
+fn events() -> Option<&'static Vec<Opened>> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    let p = EVENTS.load(Ordering::Acquire);
+    // SAFETY: a published list is never freed (a forked child publishes
+    // its own and leaves the parent's).
+    (!p.is_null()).then(|| unsafe { &*p })
+}
 /// Function slots in the counts (module records come after them).
 static FUNCTIONS: OnceLock<u32> = OnceLock::new();
 static THREADS: [ThreadEvents; MAX_THREADS] = [const {
@@ -249,7 +262,7 @@ pub fn start(a: &Agent, perf_runs: bool) {
             s => vlog!("event {}: not counted ({s:?}, errno {})", o.name, o.errno),
         }
     }
-    let _ = EVENTS.set(opened);
+    EVENTS.store(Box::into_raw(Box::new(opened)), Ordering::Release);
 }
 
 /// The entry of thread `tid` in [`THREADS`], taken if free; None when full.
@@ -273,7 +286,7 @@ fn thread_entry(tid: u32) -> Option<&'static ThreadEvents> {
 /// Reads every event ring once (the caller holds the sampler's drain
 /// flag); returns the records read. Allocation-free.
 pub fn drain(pid: u32) -> usize {
-    let Some(events) = EVENTS.get().filter(|_| !FORKED.load(Ordering::Relaxed)) else {
+    let Some(events) = events() else {
         return 0;
     };
     let functions = FUNCTIONS.get().copied().unwrap_or(0);
@@ -324,11 +337,28 @@ pub fn drain(pid: u32) -> usize {
 }
 
 /// In a forked child (allocation-free): the parent's rings are still
-/// mapped here but hold the parent's samples (events are inherited by
-/// threads, not children), and the counts are the parent's. The child
-/// neither drains nor reports them.
+/// mapped here but hold the parent's samples (the child's own samples of
+/// the parent's inherited events go there too), and the counts are the
+/// parent's. The child neither drains nor reports them, and its threads'
+/// counts start from nothing.
 pub fn forget_in_child() {
-    FORKED.store(true, Ordering::Relaxed);
+    FORKED.store(true, Ordering::Release);
+    for t in &THREADS {
+        t.tid.store(0, Ordering::Relaxed);
+        t.counts.iter().for_each(|c| c.store(0, Ordering::Relaxed));
+    }
+    THREADS_DROPPED.store(0, Ordering::Relaxed);
+}
+
+/// In a forked child, once `fork()` has returned (allocating is safe):
+/// its own events, opened afresh, counted from nothing. `perf_runs` as
+/// for [`start`].
+pub fn restart_in_child(a: &Agent, perf_runs: bool) {
+    if EVENTS.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    start(a, perf_runs);
+    FORKED.store(false, Ordering::Release);
 }
 
 /// This process is a forked child of the one that opened the events.
@@ -342,7 +372,7 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 /// every known module, and `t <tid> <samples>` per thread.
 pub fn text() -> Option<String> {
     use std::fmt::Write as _;
-    let events = EVENTS.get().filter(|_| !FORKED.load(Ordering::Relaxed))?;
+    let events = events()?;
     let mut out = format!(
         "rtprof-events 1 {}\n",
         THREADS_DROPPED.load(Ordering::Relaxed)

@@ -470,6 +470,7 @@ pub fn restart_in_child() {
             Err(e) => record(a, Sampler::Off, Why::TimerFailed, Some(e)),
         },
     }
+    events::restart_in_child(a, kind() == Sampler::Perf);
 }
 
 /// Rebuilds and publishes the address table (start-up, and whenever
