@@ -1,8 +1,9 @@
-//! Loop profiles: a program with nested loops and with two loops of known
-//! relative cost, built three ways, has each loop found where its source
-//! says, nested as written, and its share of its function's samples
-//! within sampling noise of what its iterations make it; calls stay exact
-//! and the program's output unchanged.
+//! Loop profiles: a program with nested loops, with two loops of known
+//! relative cost and with a loop whose rarely taken code the compiler
+//! moves out of line, built three ways, has each loop found where its
+//! source says, nested as written, and its share of its function's
+//! samples within sampling noise of what its iterations make it; calls
+//! stay exact and the program's output unchanged.
 
 use rtprof_e2e::*;
 use serde_json::Value;
@@ -69,7 +70,7 @@ fn loops_are_found_nested_and_charged_their_share() {
         assert_same_behaviour(&tag, &plain, &out);
         let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
         let p = &report["processes"][0];
-        for f in ["nested", "two_loops"] {
+        for f in ["nested", "two_loops", "with_cold"] {
             assert_eq!(function_named(p, f)["calls"].as_u64(), Some(8), "{tag} {f}");
         }
         let share = |l: &Value| l["function_share"].as_f64().unwrap();
@@ -101,17 +102,28 @@ fn loops_are_found_nested_and_charged_their_share() {
         let (o, i) = (range(outer), range(inner));
         assert!(o.start <= i.start && i.end <= o.end, "{tag}: {nest:?}");
         assert!(share(inner) > 0.9, "{tag}: {nest:?}");
-        assert!(outer["samples"].as_u64() >= inner["samples"].as_u64());
+        let samples = |l: &Value| l["samples"].as_u64().unwrap();
+        assert!(samples(outer) >= samples(inner), "{tag}: {nest:?}");
         assert_eq!(
             outer["samples"].as_u64().unwrap() - outer["self_samples"].as_u64().unwrap(),
             inner["samples"].as_u64().unwrap(),
             "{tag}: an outer loop's samples are its own and its inner loop's"
         );
-        // Shares of the process: the function's share of it times the loop's.
+        // with_cold: one loop, its rarely taken block moved out of line
+        // (past the return, jumping back) is part of it, not a loop.
+        let cold = loops_of(p, "with_cold");
+        assert_eq!(cold.len(), 1, "{tag}: {cold:?}");
+        assert_eq!(line(cold[0]), Some(line_of("COLD")), "{tag}: {cold:?}");
+        assert_eq!(cold[0]["depth"], 1);
+        assert!(share(cold[0]) > 0.9, "{tag}: {cold:?}");
+
+        // Shares of the process: of all its samples.
         let total = p["sampler"]["samples"].as_f64().unwrap();
-        let f_samples = function_named(p, "two_loops")["samples"].as_f64().unwrap();
-        let want = share(two[0]) * f_samples / total;
-        assert!((two[0]["process_share"].as_f64().unwrap() - want).abs() < 1e-9);
+        for l in two.iter().chain(&nest).chain(&cold) {
+            let want = samples(l) as f64 / total;
+            assert!((l["process_share"].as_f64().unwrap() - want).abs() < 1e-9);
+        }
+        assert_eq!(p["offsets_dropped"].as_u64(), Some(0), "{tag}");
 
         // The text report lists them too.
         let text = Command::new(rtprof())

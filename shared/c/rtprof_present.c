@@ -82,6 +82,7 @@ const char *rtprof_strerror(int rc) {
     case RTPROF_ERR_VERSION: return "presentation segment of another version (rtprofd and this reader come from different rtprof builds)";
     case RTPROF_ERR_BOUNDS: return "presentation segment malformed: a size, offset or count is out of bounds";
     case RTPROF_ERR_NO_PROCESS: return "no such process in the table";
+    case RTPROF_ERR_CHECKSUM: return "presentation segment corrupted (a version 3 row checksum)";
     default: return "unknown rtprof error";
     }
 }

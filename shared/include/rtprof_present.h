@@ -64,7 +64,7 @@ enum {
     RTPROF_ERR_MAGIC = -6,       /* not a presentation segment */
     RTPROF_ERR_VERSION = -7,     /* another layout version */
     RTPROF_ERR_BOUNDS = -8,      /* a size, offset or count out of bounds */
-    /* -9 was a row checksum mismatch, before version 4 */
+    RTPROF_ERR_CHECKSUM = -9,    /* not returned since version 4 (rows carry no checksum) */
     RTPROF_ERR_NO_PROCESS = -10  /* rtprof_take_process: no such process in the table */
 };
 

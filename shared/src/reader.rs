@@ -694,8 +694,8 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
 /// every one handed to a thread), as of one moment: retried while an exited
 /// thread's stripe is being folded into the shared one (`fold_seq` odd or
 /// changed). `h` must come from [`read_header`] over the same `bytes`;
-/// `calls` covers the first `calls.len()` functions (at most `func_count`).
-/// False when 1,000 tries saw no quiet moment: `calls` then holds the last
+/// `calls` covers the first `calls.len()` functions (at most `func_count`;
+/// slots past `func_count` are left as they are). False when 1,000 tries saw no quiet moment: `calls` then holds the last
 /// sum, which may be torn.
 #[must_use = "a torn sum is not one moment's"]
 pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {

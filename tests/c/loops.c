@@ -1,8 +1,10 @@
 /* Loops of known shape for the loop profile. nested(n, m): an outer loop
  * of n iterations around an inner one of m; two_loops(n): a loop of 3n
  * iterations, then one of n, with the same body (so the first takes three
- * quarters of the function's time). Bodies are serial hashes: no closed
- * form, nothing to vectorise. Each loop's body is on its header's line.
+ * quarters of the function's time); with_cold(n): one loop of n
+ * iterations whose rarely taken branch the compiler moves out of line,
+ * past the function's return. Bodies are serial hashes: no closed form,
+ * nothing to vectorise. Each loop's body is on its header's line.
  * usage: loops ROUNDS */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,12 +24,21 @@ __attribute__((noipa)) unsigned two_loops(unsigned n) {
     return a ^ b;
 }
 
+__attribute__((noipa)) void cold_path(unsigned x) { printf("cold %u\n", x); }
+
+__attribute__((noipa)) unsigned with_cold(unsigned n) {
+    unsigned acc = 1;
+    for (unsigned i = 0; i < n; i++) { acc = acc * 1664525u + (acc >> 7) + i; if (__builtin_expect(acc % 1000003u == 0, 0)) cold_path(acc); } /* COLD */
+    return acc;
+}
+
 int main(int argc, char **argv) {
     unsigned rounds = argc > 1 ? (unsigned)atoi(argv[1]) : 20;
     unsigned x = 0;
     for (unsigned r = 0; r < rounds; r++) {
         x += nested(1000, 20000);
         x += two_loops(20000000);
+        x += with_cold(20000000);
     }
     printf("%u\n", x);
     return 0;

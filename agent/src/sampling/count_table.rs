@@ -52,11 +52,15 @@ impl Table {
         }
     }
 
+    /// Zeroes the entries in use only: a forked child reads the table's
+    /// pages but copies only those it writes. Every entry is looked at,
+    /// whatever `len` says (a fork may have caught an `add` between its
+    /// two stores).
     fn clear(&mut self) {
-        if self.len > 0 {
-            self.entries.fill((0, 0));
-            self.len = 0;
+        for e in self.entries.iter_mut().filter(|e| e.0 != 0) {
+            *e = (0, 0);
         }
+        self.len = 0;
     }
 }
 

@@ -1,11 +1,13 @@
 //! Loop profiles of sampled functions. Each function with samples at
-//! known places (`Snapshot::offsets`) is decoded from its module's file;
-//! a loop runs from the target of a branch back (its header) to the end
-//! of the last branch back to it; loops nest by containment; each sample
-//! counts for every loop around it, and for the innermost one's own
-//! instructions. Code a compiler moved out of a loop's address range (a
-//! cold block placed after the function's end) counts for the enclosing
-//! loop, or none.
+//! known places (`Snapshot::offsets`) is decoded from its module's file
+//! into basic blocks; a branch to a block that dominates it (every way in
+//! passes there) closes a natural loop, whose body is every block that
+//! reaches the branch without passing its header. Code a compiler moved
+//! out of line (a rarely taken block after the function's return that
+//! jumps back) is so part of its loop. Loops nest by their headers; each
+//! sample counts for every loop around its block, and for the innermost
+//! one's own. A jump through a table may go to any block nothing else
+//! reaches; a block reached no way is in no loop.
 
 mod x86_64;
 
@@ -51,6 +53,30 @@ fn module_path(s: &Snapshot, function: u32) -> Option<&str> {
     Some(s.modules.get(f.module as usize)?.path.as_str())
 }
 
+/// Where control goes after an instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// To the next instruction (calls included: they return).
+    Next,
+    /// To the target, or on to the next instruction.
+    Branch(u64),
+    /// To the target only.
+    Jump(u64),
+    /// Where the code does not say (a jump through a table or register).
+    Indirect,
+    /// Nowhere in this function (a return, a trap).
+    Stop,
+}
+
+/// One decoded instruction.
+pub struct Insn {
+    pub addr: u64,
+    pub end: u64,
+    pub flow: Flow,
+    /// Alignment fill (a no-op or a trap between pieces of code).
+    pub filler: bool,
+}
+
 /// The loops of `s`'s sampled functions that have samples, each
 /// function's in address order.
 fn loops_of(s: &Snapshot, files: &mut Files) -> Vec<LoopStats> {
@@ -69,12 +95,14 @@ fn loops_of(s: &Snapshot, files: &mut Files) -> Vec<LoopStats> {
         let Some(code) = files.code(path, f.vaddr, f.size as u64) else {
             continue;
         };
-        let spans = spans(&x86_64::back_edges(code, f.vaddr));
+        let cfg = Cfg::new(&x86_64::decode(code, f.vaddr));
+        let loops = cfg.loops();
+        // Offsets are below the function's size: no overflow.
         let samples = by_function[&slot]
             .iter()
             .map(|&(off, n)| (f.vaddr + off as u64, n));
         out.extend(
-            charge(&spans, samples)
+            charge(&cfg, &loops, samples)
                 .into_iter()
                 .filter(|l| l.samples > 0)
                 .map(|l| LoopStats {
@@ -86,58 +114,271 @@ fn loops_of(s: &Snapshot, files: &mut Files) -> Vec<LoopStats> {
     out
 }
 
-/// Loops from branches back, as (header, end, depth): one per header,
-/// ending past its last branch back; sorted by start, outer first; depth
-/// 1 for a loop in no other.
-fn spans(edges: &[(u64, u64)]) -> Vec<(u64, u64, u32)> {
-    let mut by_header: HashMap<u64, u64> = HashMap::new();
-    for &(target, end) in edges {
-        let e = by_header.entry(target).or_insert(end);
-        *e = (*e).max(end);
-    }
-    let mut v: Vec<(u64, u64)> = by_header.into_iter().collect();
-    v.sort_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
-    // Loops that contain the current one, outermost first.
-    let mut around: Vec<(u64, u64)> = Vec::new();
-    v.into_iter()
-        .map(|(start, end)| {
-            // What ends before this one does cannot contain it.
-            while around.last().is_some_and(|&(_, e)| e < end) {
-                around.pop();
-            }
-            around.push((start, end));
-            (start, end, around.len() as u32)
-        })
-        .collect()
+/// A function's code as basic blocks.
+struct Cfg {
+    /// Each block's first and past-last address, in address order.
+    spans: Vec<(u64, u64)>,
+    succ: Vec<Vec<usize>>,
 }
 
-/// Each loop of `spans` with the samples at the addresses of `samples`:
-/// all that fall in its range, and those of them in no deeper loop.
-fn charge(spans: &[(u64, u64, u32)], samples: impl Iterator<Item = (u64, u64)>) -> Vec<LoopStats> {
-    let mut out: Vec<LoopStats> = spans
+/// A natural loop: its header block, the blocks of its body (header
+/// included) and the end of its last branch back.
+struct Loop {
+    header: usize,
+    body: Vec<bool>,
+    end: u64,
+    depth: u32,
+}
+
+impl Cfg {
+    fn new(insns: &[Insn]) -> Cfg {
+        // Leaders: the first instruction, branch targets, and what follows
+        // a branch, a jump or a stop.
+        let mut leaders = vec![false; insns.len()];
+        if let Some(l) = leaders.first_mut() {
+            *l = true;
+        }
+        for (k, i) in insns.iter().enumerate() {
+            if let Flow::Branch(t) | Flow::Jump(t) = i.flow {
+                if let Ok(at) = insns.binary_search_by_key(&t, |i| i.addr) {
+                    leaders[at] = true;
+                }
+            }
+            if i.flow != Flow::Next && k + 1 < insns.len() {
+                leaders[k + 1] = true;
+            }
+        }
+        let mut spans = Vec::new();
+        let mut last = Vec::new();
+        let mut filler = Vec::new();
+        for (k, i) in insns.iter().enumerate() {
+            if leaders[k] {
+                spans.push((i.addr, i.end));
+                last.push(k);
+                filler.push(i.filler);
+            } else if let (Some(s), Some(l), Some(f)) =
+                (spans.last_mut(), last.last_mut(), filler.last_mut())
+            {
+                s.1 = i.end;
+                *l = k;
+                *f &= i.filler;
+            }
+        }
+        let block_at = |a: u64| spans.binary_search_by_key(&a, |s: &(u64, u64)| s.0).ok();
+        let mut indirect = Vec::new();
+        let succ: Vec<Vec<usize>> = last
+            .iter()
+            .enumerate()
+            .map(|(b, &k)| {
+                let i = &insns[k];
+                // The next block, if it starts where this one ends.
+                let next = (b + 1 < spans.len() && spans[b + 1].0 == i.end).then_some(b + 1);
+                match i.flow {
+                    Flow::Next => next.into_iter().collect(),
+                    Flow::Branch(t) => block_at(t).into_iter().chain(next).collect(),
+                    Flow::Jump(t) => block_at(t).into_iter().collect(),
+                    Flow::Indirect => {
+                        indirect.push(b);
+                        Vec::new()
+                    }
+                    Flow::Stop => Vec::new(),
+                }
+            })
+            .collect();
+        let mut cfg = Cfg { spans, succ };
+        // A jump through a table may go to any code nothing else reaches
+        // (a switch's cases), not to fill.
+        if !indirect.is_empty() {
+            let reached = cfg.reachable();
+            let unreached: Vec<usize> = (0..cfg.spans.len())
+                .filter(|&b| !reached[b] && !filler[b])
+                .collect();
+            for b in indirect {
+                cfg.succ[b].extend(&unreached);
+            }
+        }
+        cfg
+    }
+
+    fn reachable(&self) -> Vec<bool> {
+        let mut seen = vec![false; self.spans.len()];
+        let mut stack: Vec<usize> = (!self.spans.is_empty()).then_some(0).into_iter().collect();
+        while let Some(b) = stack.pop() {
+            if !std::mem::replace(&mut seen[b], true) {
+                stack.extend(self.succ[b].iter().copied().filter(|&s| !seen[s]));
+            }
+        }
+        seen
+    }
+
+    /// Each reachable block's immediate dominator (the entry's is itself),
+    /// by the iterative algorithm over reverse postorder.
+    fn dominators(&self) -> Vec<Option<usize>> {
+        let n = self.spans.len();
+        // Postorder by an explicit stack: (block, next successor to visit).
+        let mut order = Vec::new();
+        let mut seen = vec![false; n];
+        let mut stack = Vec::new();
+        if n > 0 {
+            seen[0] = true;
+            stack.push((0usize, 0usize));
+        }
+        while let Some(&mut (b, ref mut k)) = stack.last_mut() {
+            if let Some(&s) = self.succ[b].get(*k) {
+                *k += 1;
+                if !seen[s] {
+                    seen[s] = true;
+                    stack.push((s, 0));
+                }
+            } else {
+                order.push(b);
+                stack.pop();
+            }
+        }
+        let mut rank = vec![usize::MAX; n];
+        for (r, &b) in order.iter().enumerate() {
+            rank[b] = r;
+        }
+        let mut preds = vec![Vec::new(); n];
+        for (b, ss) in self.succ.iter().enumerate().filter(|(b, _)| seen[*b]) {
+            for &s in ss {
+                preds[s].push(b);
+            }
+        }
+        let mut idom: Vec<Option<usize>> = vec![None; n];
+        if n == 0 {
+            return idom;
+        }
+        idom[0] = Some(0);
+        let intersect = |idom: &[Option<usize>], mut a: usize, mut b: usize| {
+            while a != b {
+                while rank[a] < rank[b] {
+                    a = idom[a].unwrap_or(0);
+                }
+                while rank[b] < rank[a] {
+                    b = idom[b].unwrap_or(0);
+                }
+            }
+            a
+        };
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for &b in order.iter().rev().filter(|&&b| b != 0) {
+                let mut new = None;
+                for &p in preds[b].iter().filter(|&&p| idom[p].is_some()) {
+                    new = Some(new.map_or(p, |d| intersect(&idom, p, d)));
+                }
+                if new.is_some() && idom[b] != new {
+                    idom[b] = new;
+                    changed = true;
+                }
+            }
+        }
+        idom
+    }
+
+    /// The natural loops, one per header, with their depth; in address
+    /// order of their headers.
+    fn loops(&self) -> Vec<Loop> {
+        let idom = self.dominators();
+        let dominates = |h: usize, mut b: usize| loop {
+            if b == h {
+                return true;
+            }
+            match idom[b] {
+                Some(d) if d != b => b = d,
+                _ => return false,
+            }
+        };
+        let n = self.spans.len();
+        let mut preds = vec![Vec::new(); n];
+        for (b, ss) in self
+            .succ
+            .iter()
+            .enumerate()
+            .filter(|(b, _)| idom[*b].is_some())
+        {
+            for &s in ss {
+                preds[s].push(b);
+            }
+        }
+        let mut by_header: std::collections::BTreeMap<usize, Loop> = Default::default();
+        for (u, ss) in self
+            .succ
+            .iter()
+            .enumerate()
+            .filter(|(u, _)| idom[*u].is_some())
+        {
+            for &h in ss.iter().filter(|&&h| dominates(h, u)) {
+                let l = by_header.entry(h).or_insert_with(|| {
+                    let mut body = vec![false; n];
+                    body[h] = true;
+                    Loop {
+                        header: h,
+                        body,
+                        end: 0,
+                        depth: 1,
+                    }
+                });
+                l.end = l.end.max(self.spans[u].1);
+                // Everything that reaches the branch back without passing
+                // the header.
+                let mut stack = vec![u];
+                while let Some(b) = stack.pop() {
+                    if !std::mem::replace(&mut l.body[b], true) {
+                        stack.extend(preds[b].iter().copied());
+                    }
+                }
+            }
+        }
+        let mut loops: Vec<Loop> = by_header.into_values().collect();
+        for i in 0..loops.len() {
+            let h = loops[i].header;
+            let around = loops
+                .iter()
+                .enumerate()
+                .filter(|&(j, m)| j != i && m.body[h])
+                .count();
+            loops[i].depth = 1 + around as u32;
+        }
+        loops
+    }
+
+    fn block_of(&self, addr: u64) -> Option<usize> {
+        let b = self.spans.partition_point(|s| s.0 <= addr).checked_sub(1)?;
+        (addr < self.spans[b].1).then_some(b)
+    }
+}
+
+/// Each loop with the samples at the addresses of `samples`: all that
+/// fall in its body, and those of them in no loop nested in it.
+fn charge(cfg: &Cfg, loops: &[Loop], samples: impl Iterator<Item = (u64, u64)>) -> Vec<LoopStats> {
+    let mut out: Vec<LoopStats> = loops
         .iter()
-        .map(|&(start, end, depth)| LoopStats {
+        .map(|l| LoopStats {
             function: 0,
-            start,
-            end,
-            depth,
+            start: cfg.spans[l.header].0,
+            end: l.end,
+            depth: l.depth,
             samples: 0,
             self_samples: 0,
             source: None,
         })
         .collect();
     for (addr, n) in samples {
+        let Some(b) = cfg.block_of(addr) else {
+            continue;
+        };
         let mut innermost: Option<usize> = None;
-        for (i, l) in out.iter_mut().enumerate() {
-            if (l.start..l.end).contains(&addr) {
-                l.samples += n;
-                if innermost.is_none_or(|j| spans[j].2 < l.depth) {
-                    innermost = Some(i);
-                }
+        for (i, l) in loops.iter().enumerate().filter(|(_, l)| l.body[b]) {
+            out[i].samples = out[i].samples.saturating_add(n);
+            if innermost.is_none_or(|j| loops[j].depth < l.depth) {
+                innermost = Some(i);
             }
         }
         if let Some(i) = innermost {
-            out[i].self_samples += n;
+            out[i].self_samples = out[i].self_samples.saturating_add(n);
         }
     }
     out
@@ -168,7 +409,7 @@ impl Files {
         let l = loads
             .iter()
             .find(|l| vaddr >= l.vaddr && end <= l.vaddr.saturating_add(l.filesz))?;
-        let at = usize::try_from(l.offset + (vaddr - l.vaddr)).ok()?;
+        let at = usize::try_from(l.offset.checked_add(vaddr - l.vaddr)?).ok()?;
         map.get(at..at.checked_add(usize::try_from(size).ok()?)?)
     }
 }
@@ -197,29 +438,76 @@ fn open(path: &Path) -> Option<(memmap2::Mmap, Vec<Load>)> {
 mod tests {
     use super::*;
 
+    /// Instructions of one byte each at 0x10 on, as (flow) per address.
+    fn code(flows: &[Flow]) -> Vec<Insn> {
+        flows
+            .iter()
+            .enumerate()
+            .map(|(k, &flow)| Insn {
+                addr: 0x10 + k as u64,
+                end: 0x11 + k as u64,
+                flow,
+                filler: false,
+            })
+            .collect()
+    }
+
     #[test]
-    fn loops_nest_by_containment_and_samples_go_innermost() {
-        // Outer loop 0x10..0x40 (two branches back to its header), inner
-        // 0x18..0x30, and a loop after it, 0x50..0x60.
-        let edges = [
-            (0x10, 0x38),
-            (0x18, 0x30),
-            (0x10, 0x40),
-            (0x50, 0x60),
-            (0x18, 0x2a),
-        ];
-        let s = spans(&edges);
-        assert_eq!(s, [(0x10, 0x40, 1), (0x18, 0x30, 2), (0x50, 0x60, 1)]);
-        let got = charge(
-            &s,
-            [(0x20, 5), (0x12, 2), (0x3f, 1), (0x55, 4), (0x70, 9)].into_iter(),
+    fn nested_loops_and_out_of_line_code() {
+        use Flow::*;
+        // 0x10 entry; 0x11 outer header; 0x12 inner header; 0x13 branch to
+        // out-of-line code at 0x19; 0x14 back to the inner header (0x12);
+        // 0x15 back to the outer (0x11); 0x16 a jump through a table;
+        // 0x17-0x18 fill; 0x19 the out-of-line block, jumping back to
+        // 0x14; 0x1a a loop reached only through the table: 0x1a..0x1b
+        // back to 0x1a; 0x1c return.
+        let mut c = code(&[
+            Next,
+            Next,
+            Next,
+            Branch(0x19),
+            Branch(0x12),
+            Branch(0x11),
+            Indirect,
+            Stop,
+            Stop,
+            Jump(0x14),
+            Next,
+            Branch(0x1a),
+            Stop,
+        ]);
+        c[7].filler = true;
+        c[8].filler = true;
+        let cfg = Cfg::new(&c);
+        let loops = cfg.loops();
+        let got: Vec<(u64, u64, u32)> = loops
+            .iter()
+            .map(|l| (cfg.spans[l.header].0, l.end, l.depth))
+            .collect();
+        // The out-of-line block's jump back is no loop of its own.
+        assert_eq!(got, [(0x11, 0x16, 1), (0x12, 0x15, 2), (0x1a, 0x1c, 1)]);
+        let stats = charge(
+            &cfg,
+            &loops,
+            [
+                (0x19, 5),
+                (0x12, 2),
+                (0x15, 1),
+                (0x1a, 4),
+                (0x16, 9),
+                (0x17, 3),
+            ]
+            .into_iter(),
         );
-        let counts: Vec<_> = got.iter().map(|l| (l.samples, l.self_samples)).collect();
-        assert_eq!(counts, [(8, 3), (5, 5), (4, 4)]);
-        // A loop overlapping another without lying in it is not nested.
-        assert_eq!(
-            spans(&[(0x10, 0x30), (0x20, 0x40)]),
-            [(0x10, 0x30, 1), (0x20, 0x40, 1)]
-        );
+        let counts: Vec<_> = stats.iter().map(|l| (l.samples, l.self_samples)).collect();
+        // The out-of-line block's samples are the inner loop's.
+        assert_eq!(counts, [(8, 1), (7, 7), (4, 4)]);
+    }
+
+    #[test]
+    fn no_code_no_loops() {
+        let cfg = Cfg::new(&[]);
+        assert!(cfg.loops().is_empty());
+        assert_eq!(cfg.block_of(0x10), None);
     }
 }

@@ -59,10 +59,10 @@ pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
     }
 }
 
-/// The `loops` of a process's JSON report, hottest first (nothing if no
-/// loop was sampled).
+/// The `loops` of a process's JSON report, hottest first, and the
+/// samples not placed in their function (nothing if no sample was).
 pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
-    if s.loops.is_empty() {
+    if s.loops.is_empty() && s.offsets.samples.is_empty() && s.offsets.dropped == 0 {
         return;
     }
     w.key("loops");
