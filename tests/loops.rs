@@ -19,7 +19,7 @@ fn line_of(mark: &str) -> u64 {
     at as u64 + 1
 }
 
-/// The loops of function `f` in report `p`, in address order.
+/// The loops of function `f` in report `p`, in the order of their headers.
 fn loops_of<'a>(p: &'a Value, f: &str) -> Vec<&'a Value> {
     let mut v: Vec<&Value> = p["loops"]
         .as_array()
@@ -27,7 +27,7 @@ fn loops_of<'a>(p: &'a Value, f: &str) -> Vec<&'a Value> {
         .iter()
         .filter(|l| l["function"] == f)
         .collect();
-    v.sort_by_key(|l| l["start"].as_u64());
+    v.sort_by_key(|l| l["header"].as_u64());
     v
 }
 

@@ -43,15 +43,15 @@ impl Offsets {
     }
 }
 
-/// A loop of a sampled function, found from its code: the instructions
-/// from the target of a branch back to it (its header) through the last
-/// such branch.
+/// A natural loop of a sampled function, found from its code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoopStats {
     /// Index in `Snapshot::functions`.
     pub function: u32,
-    /// Its first byte and the byte past its last branch back, as file
+    /// Its header (where every way in enters), and the lowest and past the
+    /// highest byte of its code (out-of-line parts included), as file
     /// addresses (`FunctionStats::vaddr`'s).
+    pub header: u64,
     pub start: u64,
     pub end: u64,
     /// 1 for a loop in no other loop of its function.

@@ -27,7 +27,7 @@ pub fn annotate(procs: &mut [Snapshot]) {
     for s in procs.iter() {
         for l in &s.loops {
             if let Some(path) = module_path(s, l.function) {
-                wanted.entry(path.to_string()).or_default().push(l.start);
+                wanted.entry(path.to_string()).or_default().push(l.header);
             }
         }
     }
@@ -42,7 +42,7 @@ pub fn annotate(procs: &mut [Snapshot]) {
         for i in 0..s.loops.len() {
             let path = module_path(s, s.loops[i].function).map(str::to_string);
             if let Some(p) = path {
-                s.loops[i].source = found.get(&(p, s.loops[i].start)).cloned();
+                s.loops[i].source = found.get(&(p, s.loops[i].header)).cloned();
             }
         }
     }
@@ -121,12 +121,11 @@ struct Cfg {
     succ: Vec<Vec<usize>>,
 }
 
-/// A natural loop: its header block, the blocks of its body (header
-/// included) and the end of its last branch back.
+/// A natural loop: its header block and the blocks of its body (header
+/// included).
 struct Loop {
     header: usize,
     body: Vec<bool>,
-    end: u64,
     depth: u32,
 }
 
@@ -317,11 +316,9 @@ impl Cfg {
                     Loop {
                         header: h,
                         body,
-                        end: 0,
                         depth: 1,
                     }
                 });
-                l.end = l.end.max(self.spans[u].1);
                 // Everything that reaches the branch back without passing
                 // the header.
                 let mut stack = vec![u];
@@ -356,14 +353,19 @@ impl Cfg {
 fn charge(cfg: &Cfg, loops: &[Loop], samples: impl Iterator<Item = (u64, u64)>) -> Vec<LoopStats> {
     let mut out: Vec<LoopStats> = loops
         .iter()
-        .map(|l| LoopStats {
-            function: 0,
-            start: cfg.spans[l.header].0,
-            end: l.end,
-            depth: l.depth,
-            samples: 0,
-            self_samples: 0,
-            source: None,
+        .map(|l| {
+            // The code its blocks span (out-of-line parts included).
+            let blocks = || cfg.spans.iter().zip(&l.body).filter(|(_, &b)| b);
+            LoopStats {
+                function: 0,
+                header: cfg.spans[l.header].0,
+                start: blocks().map(|(s, _)| s.0).min().unwrap_or(0),
+                end: blocks().map(|(s, _)| s.1).max().unwrap_or(0),
+                depth: l.depth,
+                samples: 0,
+                self_samples: 0,
+                source: None,
+            }
         })
         .collect();
     for (addr, n) in samples {
@@ -480,12 +482,6 @@ mod tests {
         c[8].filler = true;
         let cfg = Cfg::new(&c);
         let loops = cfg.loops();
-        let got: Vec<(u64, u64, u32)> = loops
-            .iter()
-            .map(|l| (cfg.spans[l.header].0, l.end, l.depth))
-            .collect();
-        // The out-of-line block's jump back is no loop of its own.
-        assert_eq!(got, [(0x11, 0x16, 1), (0x12, 0x15, 2), (0x1a, 0x1c, 1)]);
         let stats = charge(
             &cfg,
             &loops,
@@ -498,6 +494,20 @@ mod tests {
                 (0x17, 3),
             ]
             .into_iter(),
+        );
+        // The out-of-line block's jump back is no loop of its own; it is
+        // part of the inner loop's code.
+        let got: Vec<_> = stats
+            .iter()
+            .map(|l| (l.header, l.start, l.end, l.depth))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0x11, 0x11, 0x1a, 1),
+                (0x12, 0x12, 0x1a, 2),
+                (0x1a, 0x1a, 0x1c, 1)
+            ]
         );
         let counts: Vec<_> = stats.iter().map(|l| (l.samples, l.self_samples)).collect();
         // The out-of-line block's samples are the inner loop's.

@@ -20,7 +20,7 @@ fn share(part: u64, whole: u64) -> f64 {
 /// Loops, hottest first (samples, then address).
 fn hottest(s: &Snapshot) -> Vec<&LoopStats> {
     let mut v: Vec<&LoopStats> = s.loops.iter().collect();
-    v.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.start.cmp(&b.start)));
+    v.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.header.cmp(&b.header)));
     v
 }
 
@@ -73,6 +73,7 @@ pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
         w.string_field("name", &f.name);
         w.string_field("function", &names::function(&f.name));
         w.string_field("module", module_name(s, f.module));
+        w.uint_field("header", l.header);
         w.uint_field("start", l.start);
         w.uint_field("end", l.end);
         w.uint_field("depth", l.depth as u64);
@@ -105,6 +106,7 @@ mod tests {
         s.functions[0].samples = 80;
         let l = |start, samples, source: Option<SourceLine>| LoopStats {
             function: 0,
+            header: start,
             start,
             end: start + 0x20,
             depth: 1,
