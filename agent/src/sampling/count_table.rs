@@ -18,7 +18,14 @@ struct Table {
     /// (key, count); key 0 is a free entry.
     entries: [(u64, u64); CAP],
     len: usize,
+    /// One bit per 4 KiB of `entries` (256 entries) that an entry was
+    /// written in: set before the entry is, so what a clear looks at
+    /// covers every entry in use, even one a fork caught half written.
+    dirty: u64,
 }
+
+/// Entries per bit of [`Table::dirty`].
+const PER_BIT: usize = CAP / 64;
 
 pub struct CountTable {
     busy: AtomicBool,
@@ -44,22 +51,24 @@ impl Table {
                 if self.len >= LIMIT {
                     return false;
                 }
-                *e = (k, n);
+                self.dirty |= 1 << (i / PER_BIT);
                 self.len += 1;
+                self.entries[i] = (k, n);
                 return true;
             }
             i = (i + 1) & (CAP - 1);
         }
     }
 
-    /// Zeroes the entries in use only: a forked child reads the table's
-    /// pages but copies only those it writes. Every entry is looked at,
-    /// whatever `len` says (a fork may have caught an `add` between its
-    /// two stores).
+    /// Zeroes the parts written: a forked child touches (and copies) only
+    /// those, not the whole table.
     fn clear(&mut self) {
-        for e in self.entries.iter_mut().filter(|e| e.0 != 0) {
-            *e = (0, 0);
+        for bit in 0..64 {
+            if self.dirty & 1 << bit != 0 {
+                self.entries[bit * PER_BIT..(bit + 1) * PER_BIT].fill((0, 0));
+            }
         }
+        self.dirty = 0;
         self.len = 0;
     }
 }
@@ -71,6 +80,7 @@ impl CountTable {
             table: UnsafeCell::new(Table {
                 entries: [(0, 0); CAP],
                 len: 0,
+                dirty: 0,
             }),
             dropped: AtomicU64::new(0),
         }
