@@ -2,7 +2,8 @@
  * optimisation level sees the same bytes: 1-4-byte functions followed by
  * alignment fill, a packed one that is too small, a loop target at the first
  * instruction (must be refused, never broken), a loop whose rel32 branch
- * lands on the second of the moved instructions, and entries that begin with a
+ * lands on the second of the moved instructions, one reached through
+ * dead fill inside the function, and entries that begin with a
  * rip-relative load, a short jcc, or a call. Each has unwind info, as
  * real assembly functions do, so stripped builds still list them. */
 #include <stdio.h>
@@ -20,6 +21,7 @@ int shape_short(int);       /* push rbx; mov rbx,rdi; then a loop to +4 */
 int shape_mid(int);         /* push rbx; then a loop to +1 through a jcc rel32 */
 int shape_fall(int);        /* add edi,1, then runs on through fill into: */
 int shape_fall_into(int);   /* as shape_short: its fill is not dead */
+int shape_inner(int);       /* as shape_short, no fill before it: dead fill inside */
 int shape_riprel(int);      /* mov eax,[rip+x]; add eax,edi; ret */
 int shape_jcc(int);         /* test edi,edi; je ...; short jcc in window */
 uintptr_t shape_call(void); /* call get_ret; ret -> returns its own return address */
@@ -107,6 +109,14 @@ __asm__(
     "6: add eax, 1\n sub rbx, 1\n jg 6b\n pop rbx\n ret\n"
     ".cfi_endproc\n"
     ".size shape_fall_into, .-shape_fall_into\n"
+    ".globl shape_inner\n.type shape_inner,@function\n"
+    ".cfi_startproc\n"
+    "shape_inner: push rbx\n mov rbx, rdi\n"
+    "9: add eax, 1\n sub rbx, 1\n jg 9b\n jmp 4f\n"
+    " .byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n"
+    "4: pop rbx\n ret\n"
+    ".cfi_endproc\n"
+    ".size shape_inner, .-shape_inner\n"
     ".p2align 4\n"
     ".globl shape_riprel\n.type shape_riprel,@function\n"
     ".cfi_startproc\n"
@@ -165,6 +175,9 @@ int main(void) {
     for (int i = 0; i < 22; i++) iterations += looped(shape_fall, i + 1);
     /* The same through a short entry: a loop lands 4 bytes in. */
     for (int i = 0; i < 21; i++) iterations += looped(shape_short, i + 1);
+    /* The same with no fill before it: its trampoline goes in the dead
+     * fill after its loop's exit jump. */
+    for (int i = 0; i < 24; i++) iterations += looped(shape_inner, i + 1);
     /* A loop that lands on the second moved instruction: sent to its copy
      * (no short entry: one byte moves before it), 3 a turn. */
     for (int i = 0; i < 23; i++) iterations += looped(shape_mid, i + 1);
@@ -178,9 +191,10 @@ int main(void) {
     printf("EXPECT shape_ret1 11\nEXPECT shape_xor3 12\nEXPECT shape_lea4 13\n");
     printf("EXPECT shape_endbr_ret 14\nEXPECT shape_after_packed 15\n");
     printf("EXPECT shape_loop32 20\nEXPECT shape_short 21\nEXPECT shape_mid 23\n");
+    printf("EXPECT shape_inner 24\n");
     printf("EXPECT shape_riprel 17\nEXPECT shape_jcc 18\nEXPECT shape_call 19\nEXPECT get_ret 19\n");
     printf("EXPECT_REFUSED shape_packed too_small\n");
     printf("EXPECT_REFUSED shape_loop branch_into_window\n");
     printf("EXPECT_REFUSED shape_fall_into branch_into_window\n");
-    return ret_ok && iterations == 210 + 275 + 231 + 3 * 276 ? 0 : 1;
+    return ret_ok && iterations == 210 + 275 + 231 + 300 + 3 * 276 ? 0 : 1;
 }

@@ -41,6 +41,11 @@ pub trait InstructionSet {
     fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])>;
     /// Whether `code` is alignment fill only (nothing that does anything).
     fn is_fill(code: &[u8]) -> bool;
+    /// Runs of alignment fill in a function's `code` (at `start`) that
+    /// nothing runs into (each after a return, jump or trap), as [first
+    /// byte, past the last): where a short entry's trampoline may go when
+    /// no branch lands there.
+    fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)>;
     /// One decode of a function: its branch targets and jump-table clues.
     fn scan_function(code: &[u8], ip: u64) -> FunctionScan;
     /// Targets of the function's jump tables (see the x86-64 module).

@@ -236,14 +236,36 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
                 && !any_in(&tables, lo, start)
                 && code_at(lo, start - lo).is_some_and(Native::is_fill)
         };
+        // Else dead fill inside the function (after a return or jump, no
+        // branch landing in it), past the bytes a short entry moves and
+        // within its jump's reach.
+        let inner_fill = |bytes: &[u8], size: usize| {
+            let landed = |lo: u64, hi: u64| {
+                any_in(&direct, lo, hi)
+                    || any_in(&tables, lo, hi)
+                    || own
+                        .branches
+                        .iter()
+                        .chain(&own.tables)
+                        .any(|t| (lo..hi).contains(t))
+            };
+            let code = &bytes[..size.min(bytes.len())];
+            Native::dead_fill(code, start)
+                .into_iter()
+                .find_map(|(lo, hi)| {
+                    let at = lo.max(start + INNER_TRAMP_FROM);
+                    (at + 5 <= hi && at - start <= i8::MAX as u64 && !landed(lo, hi))
+                        .then(|| (at - start) as i8)
+                })
+        };
         let outcome = c.and_then(|(bytes, size, pad)| {
             let full = plan_full(bytes, start, size, pad, own, &direct, &tables);
-            if full != Err(Refusal::BranchIntoWindow) || own.decode_error || !tramp_fits() {
+            if full != Err(Refusal::BranchIntoWindow) || own.decode_error {
                 return full;
             }
             // A branch lands within the first 5 bytes, past the first
             // instructions: those move, and a short jump reaches the stub
-            // through the fill before the function.
+            // through a trampoline in fill.
             let first = own
                 .branches
                 .iter()
@@ -254,11 +276,17 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
                 .filter(|&t| t > start && t < start + MAX_REACH)
                 .min();
             let loops_to_entry = own.branches.contains(&start) || own.tables.contains(&start);
-            match first {
-                Some(t) if !loops_to_entry => {
-                    Native::plan_short(bytes, start, size as usize, (t - start) as usize, -5)
-                }
-                _ => full,
+            let Some(t) = first.filter(|_| !loops_to_entry) else {
+                return full;
+            };
+            let tramp = if tramp_fits() {
+                Some(-5)
+            } else {
+                inner_fill(bytes, size as usize)
+            };
+            match tramp {
+                Some(k) => Native::plan_short(bytes, start, size as usize, (t - start) as usize, k),
+                None => full,
             }
         });
         out.push(Candidate {
@@ -279,6 +307,9 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
 
 /// Reach of a full plan's entry bytes from a function's first byte.
 const MAX_REACH: u64 = 24;
+/// Where a trampoline in a function's own fill may start at the earliest:
+/// past the most a short entry moves (an `endbr64` and 4 bytes).
+const INNER_TRAMP_FROM: u64 = 8;
 
 /// The first of sorted `v` in [lo, hi), if any.
 fn first_in(v: &[u64], lo: u64, hi: u64) -> Option<u64> {

@@ -77,6 +77,10 @@ impl InstructionSet for X86_64 {
         window::is_fill(code)
     }
 
+    fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
+        window::dead_fill(code, start)
+    }
+
     fn counting_switch(on: bool) -> [u8; 2] {
         stub::counting_switch(on)
     }

@@ -124,8 +124,9 @@ pub struct Plan {
     moved_at: [(u8, u8); MIN_WINDOW],
     moved_len: u8,
     /// A short plan's trampoline: 5 bytes of alignment fill before the
-    /// function (offset from `start`, negative; 0 for none) that the entry's
-    /// `jmp rel8` reaches and that jumps on to the stub.
+    /// function, or of dead fill in it past the entry's moved bytes (offset
+    /// from `start`; 0 for none) that the entry's `jmp rel8` reaches and
+    /// that jumps on to the stub.
     tramp: i8,
 }
 
@@ -306,11 +307,13 @@ impl Plan {
     }
 
     /// The plan made short: its entry a `jmp rel8` to a trampoline at
-    /// offset `tramp` (negative) from `start`. Only for a plan made by
-    /// [`plan_short`] or read back from one.
+    /// offset `tramp` from `start`, before the function or past the bytes
+    /// its entry moves. Only for a plan made by [`plan_short`] or read
+    /// back from one.
     pub fn with_trampoline(mut self, tramp: i8) -> Option<Plan> {
+        let moved_end = (self.patch_at - self.start) as i64 + self.window as i64;
         let reach = tramp as i64 - (self.patch_at - self.start + SHORT_JUMP as u64) as i64;
-        let ok = tramp <= -5
+        let ok = (tramp <= -5 || tramp as i64 >= moved_end)
             && i8::try_from(reach).is_ok()
             && (SHORT_JUMP..MIN_WINDOW).contains(&self.window);
         ok.then(|| {
@@ -463,6 +466,37 @@ fn jcc_code(c: ConditionCode) -> Option<u8> {
 }
 
 /// Whether `code` decodes to alignment fill only, to its last byte.
+/// Runs of alignment fill inside `code` (loaded at `start`) that nothing
+/// runs into: each right after an instruction that does not go on to the
+/// next (a return, a jump, a trap), as [first byte, past the last).
+/// Whether a branch lands in one is for the caller to check.
+pub fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
+    let mut d = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+    let mut ins = Instruction::default();
+    let mut out = Vec::new();
+    // The run being read, if the instruction before it ended the flow.
+    let mut run: Option<(u64, u64)> = None;
+    let mut after_end = false;
+    while d.can_decode() {
+        d.decode_out(&mut ins);
+        if ins.is_invalid() {
+            break;
+        }
+        if is_padding(&ins) {
+            if let Some(r) = run.as_mut() {
+                r.1 = ins.next_ip();
+            } else if after_end {
+                run = Some((ins.ip(), ins.next_ip()));
+            }
+            continue;
+        }
+        out.extend(run.take());
+        after_end = ends_flow(&ins);
+    }
+    out.extend(run);
+    out
+}
+
 pub fn is_fill(code: &[u8]) -> bool {
     let mut d = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut ins = Instruction::default();
@@ -602,7 +636,8 @@ fn assemble(
 /// move (a branch lands `limit` bytes in): the instructions before `limit`,
 /// at least [`SHORT_JUMP`] bytes of them, move to the stub, and the entry
 /// becomes a `jmp rel8` to 5 bytes of fill at offset `tramp` (before the
-/// function) that jump on to the stub. Nothing executes the entry's bytes
+/// function, or dead fill in it past the moved bytes) that jump on to the
+/// stub. Nothing executes the entry's bytes
 /// after the short jump: the branch lands at or past their end.
 pub fn plan_short(
     code: &[u8],
@@ -697,6 +732,19 @@ fn check_movable(ins: &Instruction) -> Result<(), Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dead_fill_follows_what_does_not_go_on() {
+        // 0: nop (runs: at the entry); 1: ret; 2: nopl 5 bytes (dead);
+        // 7: add eax,1; 10: nop (runs on from the add); 11: jmp +0;
+        // 13: int3, nop (dead, to the end)
+        let code = [
+            0x90, 0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x83, 0xc0, 0x01, 0x90, 0xeb, 0x00, 0xcc,
+            0x90,
+        ];
+        assert_eq!(dead_fill(&code, 0x100), [(0x102, 0x107), (0x10d, 0x10f)]);
+        assert!(dead_fill(&[0xc3], 0x100).is_empty());
+    }
 
     #[test]
     fn skips_endbr_and_takes_whole_instructions() {
