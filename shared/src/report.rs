@@ -293,10 +293,12 @@ fn duration_s(s: &Snapshot) -> Option<f64> {
 fn thread_rows(t: &ThreadCalls) -> Vec<(u32, u64, u64)> {
     let mut rows: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
     for &(slot, calls) in &t.calls {
-        rows.entry(slot).or_default().0 += calls;
+        let r = rows.entry(slot).or_default();
+        r.0 = r.0.saturating_add(calls);
     }
     for &(slot, samples) in &t.function_samples {
-        rows.entry(slot).or_default().1 += samples;
+        let r = rows.entry(slot).or_default();
+        r.1 = r.1.saturating_add(samples);
     }
     let mut rows: Vec<(u32, u64, u64)> = rows.into_iter().map(|(s, (c, n))| (s, c, n)).collect();
     rows.sort_by_key(|&(slot, calls, samples)| {

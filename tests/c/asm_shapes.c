@@ -21,7 +21,7 @@ int shape_short(int);       /* push rbx; mov rbx,rdi; then a loop to +4 */
 int shape_mid(int);         /* push rbx; then a loop to +1 through a jcc rel32 */
 int shape_fall(int);        /* add edi,1, then runs on through fill into: */
 int shape_fall_into(int);   /* as shape_short: its fill is not dead */
-int shape_inner(int);       /* as shape_short, no fill before it: dead fill inside */
+int shape_inner(int);       /* as shape_short, no fill before it: aligned dead fill inside */
 int shape_riprel(int);      /* mov eax,[rip+x]; add eax,edi; ret */
 int shape_jcc(int);         /* test edi,edi; je ...; short jcc in window */
 uintptr_t shape_call(void); /* call get_ret; ret -> returns its own return address */
@@ -112,8 +112,8 @@ __asm__(
     ".globl shape_inner\n.type shape_inner,@function\n"
     ".cfi_startproc\n"
     "shape_inner: push rbx\n mov rbx, rdi\n"
-    "9: add eax, 1\n sub rbx, 1\n jg 9b\n jmp 4f\n"
-    " .byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n"
+    "9: add eax, 1\n sub rbx, 1\n jg 9b\n mov ecx, 1\n jmp 4f\n"
+    " .p2align 4\n"
     "4: pop rbx\n ret\n"
     ".cfi_endproc\n"
     ".size shape_inner, .-shape_inner\n"

@@ -64,6 +64,8 @@ struct Own {
     entry_branches: Vec<(u64, Option<u64>)>,
     /// The function may run on into the fill after it.
     falls_through: bool,
+    /// It jumps through a table or register: where to is not all known.
+    indirect: bool,
 }
 
 /// Decides every function of `m` from its file's bytes alone: the result
@@ -198,6 +200,7 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
             decode_error: s.decode_error,
             entry_branches: s.entry_branches,
             falls_through: s.falls_through,
+            indirect: s.has_indirect_jump,
         });
     }
     for v in [&mut direct, &mut tables] {
@@ -236,10 +239,16 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
                 && !any_in(&tables, lo, start)
                 && code_at(lo, start - lo).is_some_and(Native::is_fill)
         };
-        // Else dead fill inside the function (after a return or jump, no
-        // branch landing in it), past the bytes a short entry moves and
-        // within its jump's reach.
+        // Else dead fill inside the function: alignment fill after a
+        // return or jump, ending on an 8-byte boundary (or the function's
+        // end), that no branch lands in and no other function's range
+        // holds, past the bytes a short entry moves and within its jump's
+        // reach. Not in a function that jumps through tables or registers
+        // (a missed table could land in it).
         let inner_fill = |bytes: &[u8], size: usize| {
+            if own.indirect {
+                return None;
+            }
             let landed = |lo: u64, hi: u64| {
                 any_in(&direct, lo, hi)
                     || any_in(&tables, lo, hi)
@@ -254,8 +263,14 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
                 .into_iter()
                 .find_map(|(lo, hi)| {
                     let at = lo.max(start + INNER_TRAMP_FROM);
-                    (at + 5 <= hi && at - start <= i8::MAX as u64 && !landed(lo, hi))
-                        .then(|| (at - start) as i8)
+                    let aligned = hi % 8 == 0 || hi == start + size as u64;
+                    let alone = holder(lo) == Some(i) && holder(hi - 1) == Some(i);
+                    (aligned
+                        && alone
+                        && at + 5 <= hi
+                        && at - start <= i8::MAX as u64
+                        && !landed(lo, hi))
+                    .then(|| (at - start) as i8)
                 })
         };
         let outcome = c.and_then(|(bytes, size, pad)| {
@@ -379,10 +394,11 @@ fn plan_full(
 pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) -> bool {
     for c in &mut p.funcs {
         let Ok(plan) = &c.outcome else { continue };
-        // A short entry's trampoline goes over fill that must still be fill.
+        // A short entry's trampoline goes over fill that must still be fill
+        // (a cache entry saying otherwise is not trusted).
         if let Some(t) = plan.trampoline() {
             let fill = file.bytes(t, 5);
-            if fill.is_none() {
+            if !fill.is_some_and(Native::is_fill) {
                 return false;
             }
             if mem(maps, t, 5) != fill {

@@ -53,6 +53,8 @@ impl Table {
                 }
                 self.dirty |= 1 << (i / PER_BIT);
                 self.len += 1;
+                // The mark first, even to a fork between the two stores.
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
                 self.entries[i] = (k, n);
                 return true;
             }

@@ -336,11 +336,11 @@ pub fn drain(pid: u32) -> usize {
     n
 }
 
-/// In a forked child (allocation-free): the parent's rings are still
-/// mapped here but hold the parent's samples (the child's own samples of
-/// the parent's inherited events go there too), and the counts are the
-/// parent's. The child neither drains nor reports them, and its threads'
-/// counts start from nothing.
+/// In a forked child (allocation-free): the parent's rings are not mapped
+/// here (a fork does not copy perf mappings) and its events are not the
+/// child's (inherited by threads only), and the counts are the parent's.
+/// The child neither drains nor reports them, and its threads' counts
+/// start from nothing.
 pub fn forget_in_child() {
     FORKED.store(true, Ordering::Release);
     for t in &THREADS {

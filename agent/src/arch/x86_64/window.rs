@@ -311,7 +311,8 @@ impl Plan {
     /// its entry moves. Only for a plan made by [`plan_short`] or read
     /// back from one.
     pub fn with_trampoline(mut self, tramp: i8) -> Option<Plan> {
-        let moved_end = (self.patch_at - self.start) as i64 + self.window as i64;
+        // Past every byte the plan overwrites or resumes into.
+        let moved_end = self.original_len as i64;
         let reach = tramp as i64 - (self.patch_at - self.start + SHORT_JUMP as u64) as i64;
         let ok = (tramp <= -5 || tramp as i64 >= moved_end)
             && i8::try_from(reach).is_ok()
@@ -465,11 +466,11 @@ fn jcc_code(c: ConditionCode) -> Option<u8> {
     })
 }
 
-/// Whether `code` decodes to alignment fill only, to its last byte.
 /// Runs of alignment fill inside `code` (loaded at `start`) that nothing
 /// runs into: each right after an instruction that does not go on to the
-/// next (a return, a jump, a trap), as [first byte, past the last).
-/// Whether a branch lands in one is for the caller to check.
+/// next (a return, a jump, a trap), as [first byte, past the last); none
+/// if some bytes do not decode. Whether a branch lands in one is for the
+/// caller to check.
 pub fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
     let mut d = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut ins = Instruction::default();
@@ -480,7 +481,8 @@ pub fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
     while d.can_decode() {
         d.decode_out(&mut ins);
         if ins.is_invalid() {
-            break;
+            // Out of step with the code: nothing here is known to be fill.
+            return Vec::new();
         }
         if is_padding(&ins) {
             if let Some(r) = run.as_mut() {
@@ -497,6 +499,7 @@ pub fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
     out
 }
 
+/// Whether `code` decodes to alignment fill only, to its last byte.
 pub fn is_fill(code: &[u8]) -> bool {
     let mut d = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut ins = Instruction::default();
@@ -744,6 +747,8 @@ mod tests {
         ];
         assert_eq!(dead_fill(&code, 0x100), [(0x102, 0x107), (0x10d, 0x10f)]);
         assert!(dead_fill(&[0xc3], 0x100).is_empty());
+        // Bytes that do not decode: nothing is known to be fill.
+        assert!(dead_fill(&[0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x06], 0x100).is_empty());
     }
 
     #[test]
