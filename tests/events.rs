@@ -16,23 +16,20 @@ fn event<'a>(p: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no event {name}: {p}"))
 }
 
-#[test]
-fn page_faults_are_counted_per_function_and_thread_and_missing_events_say_why() {
-    let dir = scratch("events");
-    let bin = compile_o2("page_faults.c", &["-pthread"], &dir);
-    let plain = Command::new(&bin).output().unwrap();
-    assert!(plain.status.success());
-    let json = dir.join("events.json");
+/// `rtprof run --events EVENTS --output JSON -- BIN ARGS`, which must
+/// succeed.
+fn run_with_events(
+    bin: &std::path::Path,
+    args: &[&str],
+    events: &str,
+    json: &std::path::Path,
+) -> std::process::Output {
     let out = Command::new(rtprof())
-        .args([
-            "run",
-            "--events",
-            "page-faults,cycles,no-such-event",
-            "--output",
-        ])
-        .arg(&json)
+        .args(["run", "--events", events, "--output"])
+        .arg(json)
         .arg("--")
-        .arg(&bin)
+        .arg(bin)
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -40,6 +37,17 @@ fn page_faults_are_counted_per_function_and_thread_and_missing_events_say_why() 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+#[test]
+fn page_faults_are_counted_per_function_and_thread_and_missing_events_say_why() {
+    let dir = scratch("events");
+    let bin = compile_o2("page_faults.c", &["-pthread"], &dir);
+    let plain = Command::new(&bin).output().unwrap();
+    assert!(plain.status.success());
+    let json = dir.join("events.json");
+    let out = run_with_events(&bin, &[], "page-faults,cycles,no-such-event", &json);
     let printed = String::from_utf8_lossy(&out.stdout);
     let w: Vec<&str> = printed.split_whitespace().collect();
     assert_eq!(w[..4], ["touched", "400", "1200", "2000"], "{printed}");
@@ -153,19 +161,7 @@ fn a_forked_child_counts_its_own_events() {
     let dir = scratch("events-fork");
     let bin = compile_o2("page_faults.c", &["-pthread"], &dir);
     let json = dir.join("fork.json");
-    let out = Command::new(rtprof())
-        .args(["run", "--events", "page-faults", "--output"])
-        .arg(&json)
-        .arg("--")
-        .arg(&bin)
-        .arg("fork")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_with_events(&bin, &["fork"], "page-faults", &json);
     let printed = String::from_utf8_lossy(&out.stdout);
     let child: u64 = printed
         .lines()

@@ -7,6 +7,16 @@ use rtprof_e2e::*;
 use std::collections::HashMap;
 use std::process::Command;
 
+/// Field `field` of function `f`'s row under thread `t` (0 without one).
+fn in_thread(t: &serde_json::Value, f: &str, field: &str) -> u64 {
+    t["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == f)
+        .map_or(0, |r| r[field].as_u64().unwrap())
+}
+
 #[test]
 fn every_thread_has_its_exact_calls_and_name() {
     let dir = scratch("named-threads");
@@ -53,16 +63,8 @@ fn every_thread_has_its_exact_calls_and_name() {
             .unwrap_or_else(|| panic!("no thread {name}: {threads:?}"));
         let ended = name.starts_with("worker-");
         assert_eq!(t["ended"], ended, "{t}");
-        let of = |f: &str| {
-            t["functions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["name"] == f)
-                .map_or(0, |r| r["calls"].as_u64().unwrap())
-        };
         for (f, n) in calls {
-            assert_eq!(of(f), *n, "{name} {f}: {t}");
+            assert_eq!(in_thread(t, f, "calls"), *n, "{name} {f}: {t}");
         }
     }
     // The per-thread counts add up to the process's.
@@ -92,14 +94,7 @@ fn every_thread_has_its_exact_calls_and_name() {
     );
     // Samples per thread and function: the spinner's are in `spinner`
     // (but for its clock reads, in the vDSO), and in no other thread's.
-    let samples_in = |t: &serde_json::Value, f: &str| {
-        t["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == f)
-            .map_or(0, |r| r["samples"].as_u64().unwrap())
-    };
+    let samples_in = |t: &serde_json::Value, f: &str| in_thread(t, f, "samples");
     let own = samples_in(spinner, "spinner");
     let total = spinner["samples"].as_u64().unwrap();
     assert!(own > 0 && own as f64 >= 0.8 * total as f64, "{spinner}");
