@@ -75,6 +75,9 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: Option<Errno>) {
 /// Chooses and starts a sampler. Runs after the address table is published.
 pub fn start(a: &'static Agent) {
     PID.store(std::process::id(), Ordering::Relaxed);
+    // Only `rtprof run` reads where samples landed (a machine's other
+    // processes would each fill a 256 KiB table for nothing).
+    offsets::set_wanted(a.segment.has_run_dir());
     choose(a, Why::Default);
     events::start(a, kind() == Sampler::Perf);
 }

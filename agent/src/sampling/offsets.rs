@@ -6,8 +6,16 @@
 //! exit as `<segment>.offsets`.
 
 use super::count_table::CountTable;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 static TABLE: CountTable = CountTable::new();
+/// Whether `rtprof run` will read them (the process has a run directory).
+static WANTED: AtomicBool = AtomicBool::new(false);
+
+/// Set at start-up: places are counted only if `rtprof run` reads them.
+pub fn set_wanted(on: bool) {
+    WANTED.store(on, Ordering::Relaxed);
+}
 
 fn key(slot: u32, offset: u32) -> u64 {
     (slot as u64 + 1) << 32 | offset as u64
@@ -17,7 +25,9 @@ fn key(slot: u32, offset: u32) -> u64 {
 /// Async-signal-safe.
 #[inline]
 pub fn record(slot: u32, offset: u32, n: u64) {
-    TABLE.add(key(slot, offset), n);
+    if WANTED.load(Ordering::Relaxed) {
+        TABLE.add(key(slot, offset), n);
+    }
 }
 
 /// The counts as text: `rtprof-offsets 1 <dropped>`, then one line per
