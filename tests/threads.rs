@@ -95,6 +95,11 @@ fn every_thread_has_its_exact_calls_and_name() {
     // Samples per thread and function: the spinner's are in `spinner`
     // (but for its clock reads, in the vDSO), and in no other thread's.
     let samples_in = |t: &serde_json::Value, f: &str| in_thread(t, f, "samples");
+    assert_eq!(
+        p["thread_function_samples_dropped"].as_u64(),
+        Some(0),
+        "{p}"
+    );
     let own = samples_in(spinner, "spinner");
     let total = spinner["samples"].as_u64().unwrap();
     assert!(own > 0 && own as f64 >= 0.8 * total as f64, "{spinner}");

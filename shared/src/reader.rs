@@ -320,6 +320,9 @@ pub struct Threads {
     /// Threads that ended past the agent's bound: their calls are in the
     /// totals only.
     pub dropped: u64,
+    /// Samples not counted by thread and function (the agent's table was
+    /// full or busy): in their thread's and function's totals only.
+    pub function_samples_dropped: u64,
 }
 
 /// One thread's calls.
@@ -374,8 +377,9 @@ impl Threads {
     /// Reads the threads file the agent writes: `rtprof-threads 1
     /// <dropped>`, then per thread `t <tid> <0 live|1 ended> <name in hex>
     /// <samples>` followed by `<slot> <calls>` and `s <slot> <samples>`
-    /// lines. A slot out of range or a line that is none of these refuses
-    /// the file.
+    /// lines, and a `d <samples>` line for samples not counted by thread
+    /// and function. A slot out of range or a line that is none of these
+    /// refuses the file.
     pub fn parse(text: &str, s: &Snapshot) -> Result<Threads, SegmentError> {
         let bad = SegmentError::BadReference("threads file");
         let ([dropped], lines) = side_file(text, "rtprof-threads", &bad)?;
@@ -383,6 +387,7 @@ impl Threads {
         let mut out = Threads {
             threads: Vec::new(),
             dropped,
+            function_samples_dropped: 0,
         };
         for line in lines.filter(|l| !l.is_empty()) {
             let f: Vec<&str> = line.split(' ').collect();
@@ -409,6 +414,9 @@ impl Threads {
                         calls: Vec::new(),
                         function_samples: Vec::new(),
                     });
+                }
+                ["d", samples] => {
+                    out.function_samples_dropped = num(Some(samples))?;
                 }
                 [slot, calls] => {
                     let t = out.threads.last_mut().ok_or(bad.clone())?;
@@ -1165,9 +1173,10 @@ mod tests {
     fn thread_files_give_each_thread_its_calls() {
         let (buf, _) = sample_segment();
         let s = read_snapshot(as_bytes(&buf)).unwrap();
-        let text = "rtprof-threads 1 3\nt 41 1 776f726b2d31 4\n0 5\ns 1 3\n1 2\nt 40 0  0\n1 9\n";
+        let text =
+            "rtprof-threads 1 3\nd 6\nt 41 1 776f726b2d31 4\n0 5\ns 1 3\n1 2\nt 40 0  0\n1 9\n";
         let t = Threads::parse(text, &s).unwrap();
-        assert_eq!(t.dropped, 3);
+        assert_eq!((t.dropped, t.function_samples_dropped), (3, 6));
         assert_eq!(
             (
                 t.threads[0].tid,
@@ -1192,6 +1201,7 @@ mod tests {
             "rtprof-threads 1 0\nt 1 0 61 0\ns 99 1\n",
             "rtprof-threads 1 0\ns 0 1\n",
             "rtprof-threads 1 0\nt 1 0 61 0\ns 0 x\n",
+            "rtprof-threads 1 0\nd x\n",
             "rtprof-threads 1 0\nt 1 2 61 0\n",
             "rtprof-threads 1 0\nt 1 0 6 0\n",
             "rtprof-threads 1 0\nt 1 0 zz 0\n",

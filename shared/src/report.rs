@@ -794,6 +794,10 @@ pub fn json(procs: &[Snapshot]) -> String {
             }
             w.end_array();
             w.uint_field("threads_dropped", s.threads.dropped);
+            w.uint_field(
+                "thread_function_samples_dropped",
+                s.threads.function_samples_dropped,
+            );
         }
         loops::json(&mut w, s);
         events::json(&mut w, s);

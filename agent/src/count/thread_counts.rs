@@ -251,10 +251,16 @@ fn hex(name: &[u8; 16]) -> String {
 /// Every thread's counts as text: `rtprof-threads 1 <ended threads not
 /// kept>`, then per thread `t <tid> <0 live|1 ended> <name in hex>
 /// <samples>`, `<slot> <calls>` per function it called and `s <slot>
-/// <samples>` per function it was sampled in.
+/// <samples>` per function it was sampled in; first, `d <samples>` if
+/// some were not counted by thread and function.
 pub fn text(a: &Agent) -> String {
     use std::fmt::Write as _;
     let mut out = format!("rtprof-threads 1 {}\n", DROPPED.load(Ordering::Relaxed));
+    // Samples the (thread, function) table had no room for, or was busy.
+    let dropped = BY_FUNCTION.dropped();
+    if dropped > 0 {
+        let _ = writeln!(out, "d {dropped}");
+    }
     // Samples by thread, then function: each thread's found by search.
     let mut by_function = BY_FUNCTION.entries().unwrap_or_default();
     by_function.sort_unstable();
