@@ -490,6 +490,15 @@ fn a_library_loaded_after_attach_is_instrumented_and_restored() {
         .map(|f| f["calls"].as_u64().unwrap_or(0))
         .sum();
     assert!(in_json > 100, "_json calls {in_json}: {p}");
+    // Loops of the sampled functions, from the places samples landed.
+    let loops = p["loops"].as_array().expect("loops while attached");
+    assert!(!loops.is_empty(), "{p}");
+    for l in loops {
+        let f = function_named(p, l["name"].as_str().unwrap());
+        assert!(f["samples"].as_u64().unwrap() > 0, "{l} {f}");
+        assert!(l["samples"].as_u64().unwrap() > 0, "{l}");
+    }
+    assert_eq!(p["offsets_dropped"].as_u64(), Some(0), "{p}");
 }
 
 /// Threads the program creates while attached pass through the agent's

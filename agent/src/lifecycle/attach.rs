@@ -76,6 +76,11 @@ fn copy_for_rtprof(a: &Agent) {
         if let Err(e) = Segment::write_beside_copy(&dir, "threads", threads.as_bytes()) {
             vlog!("per-thread counts not written: {e}");
         }
+        if let Some(text) = crate::sampling::offsets::text() {
+            if let Err(e) = Segment::write_beside_copy(&dir, "offsets", text.as_bytes()) {
+                vlog!("sampled offsets not written: {e}");
+            }
+        }
     }
 }
 

@@ -388,6 +388,7 @@ fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
 /// timer instead. Returns how many.
 pub fn start_attached(a: &'static Agent, tids: &[i32]) -> usize {
     PID.store(std::process::id(), Ordering::Relaxed);
+    offsets::start_attached();
     let hz = a.config.sample_hz;
     if hz == 0 || a.config.sampler == SamplerChoice::Off {
         record(a, Sampler::Off, Why::SwitchedOff, None);
@@ -419,6 +420,7 @@ pub fn start_attached(a: &'static Agent, tids: &[i32]) -> usize {
 /// queued must not meet SIGPROF's default action, which ends the process).
 pub fn stop_attached() {
     timer::stop_all();
+    offsets::set_wanted(false);
 }
 
 /// A new thread of the program: with the timer sampler, it gets a timer.

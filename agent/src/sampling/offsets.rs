@@ -48,6 +48,13 @@ fn lines(entries: &[(u64, u64)], dropped: u64) -> String {
     out
 }
 
+/// Attaching (`rtprof attach`, which reads them beside the copy it gets):
+/// counted from now, none of an earlier attach's.
+pub fn start_attached() {
+    TABLE.clear();
+    set_wanted(true);
+}
+
 /// In a forked child: the parent's samples are not the child's.
 pub fn forget_in_child() {
     TABLE.clear_in_child();
