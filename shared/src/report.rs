@@ -261,6 +261,14 @@ fn module_name(s: &Snapshot, idx: u32) -> &str {
     s.modules.get(idx as usize).map_or("?", |m| m.name())
 }
 
+/// A function's `name`, readable `function` and `module` fields, in the
+/// JSON object being written.
+fn function_fields(w: &mut JsonWriter, s: &Snapshot, f: &crate::FunctionStats) {
+    w.string_field("name", &f.name);
+    w.string_field("function", &names::function(&f.name));
+    w.string_field("module", module_name(s, f.module));
+}
+
 /// How the process (image) ended: "exit", "exec" or "abrupt" (a signal,
 /// `_exit`, or death during start-up); or how its profile did:
 /// "detached" (`rtprof detach`, the process runs on).
@@ -781,9 +789,7 @@ pub fn json(procs: &[Snapshot]) -> String {
                 for (slot, calls, samples) in thread_rows(t) {
                     let f = &s.functions[slot as usize];
                     w.begin_object();
-                    w.string_field("name", &f.name);
-                    w.string_field("function", &names::function(&f.name));
-                    w.string_field("module", module_name(s, f.module));
+                    function_fields(&mut w, s, f);
                     w.uint_field("calls", calls);
                     w.uint_field("samples", samples);
                     w.uint_field("time_ns", samples.saturating_mul(s.sample_period_ns));

@@ -211,8 +211,9 @@ impl Cfg {
     }
 
     /// Each reachable block's immediate dominator (the entry's is itself),
-    /// by the iterative algorithm over reverse postorder.
-    fn dominators(&self) -> Vec<Option<usize>> {
+    /// by the iterative algorithm over reverse postorder, and each block's
+    /// reachable predecessors.
+    fn dominators(&self) -> (Vec<Option<usize>>, Vec<Vec<usize>>) {
         let n = self.spans.len();
         // Postorder by an explicit stack: (block, next successor to visit).
         let mut order = Vec::new();
@@ -246,7 +247,7 @@ impl Cfg {
         }
         let mut idom: Vec<Option<usize>> = vec![None; n];
         if n == 0 {
-            return idom;
+            return (idom, preds);
         }
         idom[0] = Some(0);
         let intersect = |idom: &[Option<usize>], mut a: usize, mut b: usize| {
@@ -274,13 +275,13 @@ impl Cfg {
                 }
             }
         }
-        idom
+        (idom, preds)
     }
 
     /// The natural loops, one per header, with their depth; in address
     /// order of their headers.
     fn loops(&self) -> Vec<Loop> {
-        let idom = self.dominators();
+        let (idom, preds) = self.dominators();
         let dominates = |h: usize, mut b: usize| loop {
             if b == h {
                 return true;
@@ -291,17 +292,6 @@ impl Cfg {
             }
         };
         let n = self.spans.len();
-        let mut preds = vec![Vec::new(); n];
-        for (b, ss) in self
-            .succ
-            .iter()
-            .enumerate()
-            .filter(|(b, _)| idom[*b].is_some())
-        {
-            for &s in ss {
-                preds[s].push(b);
-            }
-        }
         let mut by_header: std::collections::BTreeMap<usize, Loop> = Default::default();
         for (u, ss) in self
             .succ

@@ -3,7 +3,7 @@
 //! counted), per module and per thread, and ratios of two events where
 //! both ran (instructions per cycle).
 
-use super::{escape_text, module_name};
+use super::{escape_text, function_fields, module_name};
 use crate::json::JsonWriter;
 use crate::names;
 use crate::reader::{EventCounts, EventStatus};
@@ -140,9 +140,7 @@ pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
         for (slot, n) in rows(e) {
             let f = &s.functions[slot as usize];
             w.begin_object();
-            w.string_field("name", &f.name);
-            w.string_field("function", &names::function(&f.name));
-            w.string_field("module", module_name(s, f.module));
+            function_fields(w, s, f);
             w.uint_field("samples", n);
             w.uint_field("count", e.estimate(n));
             if f.calls > 0 && !f.counting_off {

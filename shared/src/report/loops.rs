@@ -2,7 +2,7 @@
 //! share of the process's samples and of its function's, its depth and
 //! where it is (source line, or its addresses).
 
-use super::{escape_text, module_name};
+use super::{escape_text, function_fields};
 use crate::json::JsonWriter;
 use crate::loops::LoopStats;
 use crate::names;
@@ -70,9 +70,7 @@ pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
     for l in hottest(s) {
         let f = &s.functions[l.function as usize];
         w.begin_object();
-        w.string_field("name", &f.name);
-        w.string_field("function", &names::function(&f.name));
-        w.string_field("module", module_name(s, f.module));
+        function_fields(w, s, f);
         w.uint_field("header", l.header);
         w.uint_field("start", l.start);
         w.uint_field("end", l.end);
