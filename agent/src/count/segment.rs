@@ -113,7 +113,10 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
 
 /// Writes `bytes` to `<dir>/<pid>-<n>.<suffix>`, beside this process's
 /// segment file there (none: nothing is written). A new file, private, in
-/// the private run directory.
+/// the private run directory. It appears whole or not at all: written
+/// under a hidden name first, then linked to its own. `rtprof run` reads
+/// the directory once its program has exited, while a process the program
+/// left behind (a helper ending after it) may still be writing.
 fn write_beside_file(dir: &std::ffi::OsStr, suffix: &str, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;
@@ -121,15 +124,20 @@ fn write_beside_file(dir: &std::ffi::OsStr, suffix: &str, bytes: &[u8]) -> io::R
     if at == u64::MAX || (at >> 32) as u32 != std::process::id() {
         return Ok(());
     }
-    let path =
-        std::path::Path::new(dir).join(format!("{}-{}.{suffix}", at >> 32, at & 0xffff_ffff));
-    std::fs::OpenOptions::new()
+    let name = format!("{}-{}.{suffix}", at >> 32, at & 0xffff_ffff);
+    let dir = std::path::Path::new(dir);
+    let (part, path) = (dir.join(format!(".{name}.part")), dir.join(name));
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?
-        .write_all(bytes)
+        .open(&part)?
+        .write_all(bytes);
+    // A link, not a rename: an existing file of that name is never replaced.
+    let linked = written.and_then(|()| std::fs::hard_link(&part, &path));
+    let _ = std::fs::remove_file(&part);
+    linked
 }
 
 /// The pid and number of this process's segment file in the run directory
@@ -685,7 +693,7 @@ mod tests {
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let _s1 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
-        let _s2 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
+        let s2 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();
         let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
         files.sort_by_key(|e| e.file_name());
         let pid = std::process::id();
@@ -698,6 +706,17 @@ mod tests {
         for f in &files {
             assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600);
         }
+        // Beside the newest segment: whole, private, under its own name
+        // only (no hidden part left), and never replacing a file.
+        s2.0.write_beside("stacks", b"first").unwrap();
+        assert!(s2.0.write_beside("stacks", b"second").is_err());
+        let beside = dir.join(format!("{pid}-1.stacks"));
+        assert_eq!(std::fs::read(&beside).unwrap(), b"first");
+        assert_eq!(
+            beside.metadata().unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

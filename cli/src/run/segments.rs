@@ -34,9 +34,10 @@ fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, Error> {
 fn read_beside<T: Default, E: std::fmt::Display>(
     p: &Path,
     what: &str,
+    text: Option<String>,
     parse: impl FnOnce(&str) -> Result<T, E>,
 ) -> T {
-    let Ok(text) = std::fs::read_to_string(p) else {
+    let Some(text) = text else {
         return T::default();
     };
     parse(&text).unwrap_or_else(|e| {
@@ -44,6 +45,9 @@ fn read_beside<T: Default, E: std::fmt::Display>(
         T::default()
     })
 }
+
+/// The files an agent writes beside its segment at exit.
+const BESIDE: [&str; 5] = ["stacks", "callers", "threads", "events", "offsets"];
 
 /// Every readable segment in `dir`, oldest process first; unreadable ones
 /// are reported on stderr and skipped.
@@ -57,6 +61,10 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         if p.extension().is_none_or(|x| x != "seg") {
             continue;
         }
+        // Read before the segment: a process the program left behind may
+        // still be running, and its files name only functions its segment
+        // already lists once they exist (they appear whole, at its exit).
+        let texts = BESIDE.map(|x| std::fs::read_to_string(p.with_extension(x)).ok());
         let bytes = match map_file(&p) {
             Ok(Some(b)) => b,
             // No data, nothing to complain about.
@@ -68,19 +76,21 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         };
         match read_snapshot(&bytes) {
             Ok(mut s) => {
-                s.stacks = read_beside(&p.with_extension("stacks"), "stacks", |t| {
+                let [stacks, callers, threads, events, offsets] = texts;
+                let beside = |x: &str| p.with_extension(x);
+                s.stacks = read_beside(&beside("stacks"), "stacks", stacks, |t| {
                     Stacks::parse(t, s.functions.len(), s.modules.len())
                 });
-                s.callers = read_beside(&p.with_extension("callers"), "callers", |t| {
+                s.callers = read_beside(&beside("callers"), "callers", callers, |t| {
                     Callers::parse(t, &s)
                 });
-                s.threads = read_beside(&p.with_extension("threads"), "per-thread calls", |t| {
+                s.threads = read_beside(&beside("threads"), "per-thread calls", threads, |t| {
                     Threads::parse(t, &s)
                 });
-                s.events = read_beside(&p.with_extension("events"), "events", |t| {
+                s.events = read_beside(&beside("events"), "events", events, |t| {
                     Events::parse(t, &s)
                 });
-                s.offsets = read_beside(&p.with_extension("offsets"), "sampled offsets", |t| {
+                s.offsets = read_beside(&beside("offsets"), "sampled offsets", offsets, |t| {
                     Offsets::parse(t, &s)
                 });
                 out.push(s)
