@@ -40,8 +40,6 @@ struct FuncSlot {
     module: u32,
     /// Instrumented: calls are counted.
     counted: bool,
-    /// In `Tracked::active` (its span sums may be non-zero).
-    active: bool,
     /// Its [`function_flags`] (estimated, accelerated, counting off).
     flags: u32,
 }
@@ -58,7 +56,6 @@ impl Meta {
                 id: slots.acquire(&s.exe, &f.name),
                 module: f.module,
                 counted: false,
-                active: false,
                 flags: 0,
             });
         }
@@ -113,19 +110,55 @@ struct Rest {
     lost: u64,
 }
 
-/// One function's counts, together: every tick streams through all of
-/// them, comparing the newest with what it read and adding what changed
-/// to the span's sums in the same cache line; a table then reads the few
-/// it shows while they are still in cache.
+/// One function's newest counts, 16 bytes: every tick streams through all
+/// of them (memory, not arithmetic, is what a tick costs), comparing them
+/// with what it read. The same word that holds the samples says where the
+/// function's span sums are, so a change reaches them without another
+/// cache miss: in [`Tracked::spans`], a small table of the functions the
+/// span touched, which stays in cache.
 #[derive(Clone, Copy, Default)]
-#[repr(C, align(32))]
+#[repr(C, align(16))]
 struct FuncCounts {
     /// At the newest tick.
     calls: u64,
+    /// Samples at the newest tick (the low [`SAMPLE_BITS`]), and its index
+    /// in [`Tracked::spans`] + 1 (0: none) above them.
+    packed: u64,
+}
+
+/// 2^40 samples: 35 years of one CPU at 1 kHz. A hostile segment's larger
+/// counts are taken as this.
+const SAMPLE_BITS: u32 = 40;
+const SAMPLES_MAX: u64 = (1 << SAMPLE_BITS) - 1;
+/// Span indexes fit the other 24 bits: the daemon follows processes of
+/// fewer functions than this.
+const MAX_FUNCTIONS: u32 = (1 << (64 - SAMPLE_BITS)) - 1;
+
+impl FuncCounts {
+    fn samples(&self) -> u64 {
+        self.packed & SAMPLES_MAX
+    }
+    fn set_samples(&mut self, n: u64) {
+        self.packed = (self.packed & !SAMPLES_MAX) | n.min(SAMPLES_MAX);
+    }
+    /// Its index in [`Tracked::spans`].
+    fn span(&self) -> Option<usize> {
+        (self.packed >> SAMPLE_BITS)
+            .checked_sub(1)
+            .map(|a| a as usize)
+    }
+    fn set_span(&mut self, at: Option<usize>) {
+        let a = at.map_or(0, |a| a as u64 + 1);
+        self.packed = self.samples() | a << SAMPLE_BITS;
+    }
+}
+
+/// A function's sums over the span.
+#[derive(Clone, Copy)]
+struct SpanSums {
+    slot: u32,
+    calls: u64,
     samples: u64,
-    /// Over the span.
-    span_calls: u64,
-    span_samples: u64,
 }
 
 impl Counts {
@@ -174,7 +207,7 @@ pub struct Tracked {
     pub ended: bool,
     period_ns: u64,
     meta: Meta,
-    /// Each function's newest counts and span sums.
+    /// Each function's newest counts, and where its span sums are.
     counts: Vec<FuncCounts>,
     /// The rest of the counters at the newest tick, and their span sums.
     newest: Rest,
@@ -182,9 +215,10 @@ pub struct Tracked {
     newest_ns: u64,
     /// The span: changes since `base_ns`.
     ring: VecDeque<Delta>,
-    /// Slots whose sums may be non-zero (each flagged `active`), so a
-    /// table costs what the span touched, not every function.
-    active: Vec<u32>,
+    /// The sums of the functions the span touched (each one's
+    /// [`FuncCounts::span`] points here), so a table costs what the span
+    /// touched, not every function.
+    spans: Vec<SpanSums>,
     /// A delta's list let go, for the next tick's (no allocation a tick).
     spare: Vec<(u32, u64, u64)>,
     base_ns: u64,
@@ -236,6 +270,11 @@ impl Tracked {
         slots: &mut Slots,
         scratch: &mut Counts,
     ) -> Result<(Tracked, Seen), SegmentError> {
+        if h.func_count > MAX_FUNCTIONS {
+            return Err(SegmentError::BadCount(
+                "functions (more than rtprofd follows)",
+            ));
+        }
         let s = read_snapshot(bytes)?;
         let young = s.start_ns + span_ns >= now_ns;
         let mut meta = Meta::default();
@@ -252,7 +291,7 @@ impl Tracked {
             sums: Rest::default(),
             newest_ns: now_ns,
             ring: VecDeque::new(),
-            active: Vec::new(),
+            spans: Vec::new(),
             spare: Vec::new(),
             base_ns: if young {
                 s.start_ns.min(now_ns)
@@ -285,7 +324,8 @@ impl Tracked {
                 .iter_mut()
                 .zip(first.calls.iter().zip(&first.samples))
             {
-                (sl.calls, sl.samples) = (calls, samples);
+                sl.calls = calls;
+                sl.set_samples(samples);
             }
             t.newest = first.rest;
         }
@@ -307,6 +347,11 @@ impl Tracked {
         scratch: &mut Counts,
     ) -> Result<Seen, SegmentError> {
         let grown = self.meta.stale(h);
+        if h.func_count > MAX_FUNCTIONS {
+            return Err(SegmentError::BadCount(
+                "functions (more than rtprofd follows)",
+            ));
+        }
         if grown {
             // Slots are only ever added, under one executable: anything
             // else would leave rows and ids of slots that are gone.
@@ -392,15 +437,21 @@ impl Tracked {
             total: rest.total.saturating_sub(old.total),
             lost: rest.lost.saturating_sub(old.lost),
         };
-        let (meta, active) = (&mut self.meta.funcs, &mut self.active);
+        let spans = &mut self.spans;
         // A change: kept in the delta and added to the span at once.
         let mut changed = |i: usize, o: &mut FuncCounts, c: u64, s: u64| {
-            if o.span_calls | o.span_samples == 0 && !meta[i].active {
-                meta[i].active = true;
-                active.push(i as u32);
-            }
-            o.span_calls = o.span_calls.wrapping_add(c);
-            o.span_samples = o.span_samples.wrapping_add(s);
+            let at = o.span().unwrap_or_else(|| {
+                spans.push(SpanSums {
+                    slot: i as u32,
+                    calls: 0,
+                    samples: 0,
+                });
+                o.set_span(Some(spans.len() - 1));
+                spans.len() - 1
+            });
+            let sums = &mut spans[at];
+            sums.calls = sums.calls.wrapping_add(c);
+            sums.samples = sums.samples.wrapping_add(s);
             d.funcs.push((i as u32, c, s));
         };
         // The newest point is updated in place, slot by slot: a counter
@@ -409,11 +460,13 @@ impl Tracked {
         if sampled {
             let read = new.calls.iter().zip(&new.samples);
             for (i, ((&n, &ns), o)) in read.zip(self.counts.iter_mut()).enumerate() {
+                let ns = ns.min(SAMPLES_MAX);
                 // Written only when it changed: an unchanged line stays
                 // clean, with nothing to write back.
-                if (n, ns) != (o.calls, o.samples) {
-                    let (c, s) = (n.saturating_sub(o.calls), ns.saturating_sub(o.samples));
-                    (o.calls, o.samples) = (n, ns);
+                if (n, ns) != (o.calls, o.samples()) {
+                    let (c, s) = (n.saturating_sub(o.calls), ns.saturating_sub(o.samples()));
+                    o.calls = n;
+                    o.set_samples(ns);
                     if c | s != 0 {
                         changed(i, o, c, s);
                     }
@@ -448,15 +501,21 @@ impl Tracked {
             d.funcs.clear();
             self.spare = d.funcs;
         }
-        let (counts, meta) = (&self.counts, &mut self.meta.funcs);
-        self.active.retain(|&i| {
-            let c = &counts[i as usize];
-            let keep = c.span_calls | c.span_samples != 0;
-            if !keep {
-                meta[i as usize].active = false;
+        // Functions the span no longer touches leave the table; the last
+        // one takes the place of each.
+        let (counts, spans) = (&mut self.counts, &mut self.spans);
+        let mut k = 0;
+        while k < spans.len() {
+            if spans[k].calls | spans[k].samples != 0 {
+                k += 1;
+                continue;
             }
-            keep
-        });
+            let gone = spans.swap_remove(k);
+            counts[gone.slot as usize].set_span(None);
+            if let Some(moved) = spans.get(k) {
+                counts[moved.slot as usize].set_span(Some(k));
+            }
+        }
     }
 
     /// Adds (or takes away) a delta's module buckets and totals, and takes
@@ -471,9 +530,12 @@ impl Tracked {
         };
         if !add {
             for &(i, c, n) in &d.funcs {
-                let o = &mut self.counts[i as usize];
-                op(&mut o.span_calls, c);
-                op(&mut o.span_samples, n);
+                // Sums of hostile counts may have wrapped to zero and left.
+                if let Some(at) = self.counts[i as usize].span() {
+                    let o = &mut self.spans[at];
+                    op(&mut o.calls, c);
+                    op(&mut o.samples, n);
+                }
             }
         }
         let s = &mut self.sums;
@@ -513,12 +575,9 @@ impl Tracked {
     ) {
         let (s, m) = (&self.counts, &self.meta);
         let mut hot: Vec<(u64, u64, u32)> = self
-            .active
+            .spans
             .iter()
-            .map(|&i| {
-                let c = &s[i as usize];
-                (c.span_samples, c.span_calls, i)
-            })
+            .map(|c| (c.samples, c.calls, c.slot))
             .collect();
         let hottest = |&(samples, calls, _): &(u64, u64, u32)| std::cmp::Reverse((samples, calls));
         if hot.len() > n && n > 0 {
@@ -533,17 +592,17 @@ impl Tracked {
                 .modules
                 .get(fs.module as usize)
                 .map_or("?", |s| s.as_str());
-            let ns = s[i].samples.saturating_mul(self.period_ns);
+            let ns = s[i].samples().saturating_mul(self.period_ns);
             f(fs.id, slots.readable(fs.id), module, calls, ns);
         }
     }
 
     /// The span's sums, as [`Tracked::each_change`] gives a tick's.
     pub fn each_in_span(&self, slots: &Slots, f: impl FnMut(u32, &str, &str, u64, u64)) {
-        let funcs = self.active.iter().map(|&i| {
-            let (i, c) = (i as usize, &self.counts[i as usize]);
-            (i, c.span_calls, c.span_samples)
-        });
+        let funcs = self
+            .spans
+            .iter()
+            .map(|c| (c.slot as usize, c.calls, c.samples));
         let s = &self.sums;
         let buckets = s.buckets.iter().copied().enumerate();
         self.each_row(slots, funcs, buckets, s.unknown, f);
@@ -595,17 +654,21 @@ impl Tracked {
         // Sorted as small keys (one process's samples all have its period,
         // so samples order as time does): samples and calls in one integer,
         // so a comparison is one; beyond 2^26 samples or 2^38 calls in a
-        // span (far past any real one) rows tie. Rows past the functions
-        // are module buckets, then `[unknown]`.
+        // span (far past any real one) rows tie. A function's row is its
+        // index in `spans`; rows past the functions are module buckets,
+        // then `[unknown]`.
         let key =
             |samples: u64, calls: u64| samples.min((1 << 26) - 1) << 38 | calls.min((1 << 38) - 1);
         let f = m.funcs.len() as u32;
         order.clear();
-        for &i in &self.active {
-            let (sl, c) = (&m.funcs[i as usize], &self.counts[i as usize]);
-            let calls = if sl.counted { c.span_calls } else { 0 };
-            if calls | c.span_samples != 0 {
-                order.push((key(c.span_samples, calls), i));
+        for (at, c) in self.spans.iter().enumerate() {
+            let calls = if m.funcs[c.slot as usize].counted {
+                c.calls
+            } else {
+                0
+            };
+            if calls | c.samples != 0 {
+                order.push((key(c.samples, calls), at as u32));
             }
         }
         for (i, &samples) in s.buckets.iter().enumerate().filter(|(_, &n)| n > 0) {
@@ -615,11 +678,13 @@ impl Tracked {
             order.push((key(s.unknown, 0), f + m.buckets.len() as u32));
         }
         order.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
-        let counts = &self.counts;
+        let (counts, spans) = (&self.counts, &self.spans);
         let row = |&(_, i): &(u64, u32)| {
             let b = i.saturating_sub(f) as usize;
             if i < f {
-                let (fs, c) = (&m.funcs[i as usize], &counts[i as usize]);
+                // A function's row: `i` is where its span sums are.
+                let sp = &spans[i as usize];
+                let (fs, c) = (&m.funcs[sp.slot as usize], &counts[sp.slot as usize]);
                 let flag = |bit: u32, row: u32| if fs.flags & bit != 0 { row } else { 0 };
                 IdRow {
                     id: fs.id,
@@ -628,9 +693,9 @@ impl Tracked {
                         | flag(function_flags::ESTIMATED, ROW_ESTIMATED)
                         | flag(function_flags::ACCELERATED, ROW_ACCELERATED)
                         | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF),
-                    calls: if fs.counted { c.span_calls } else { 0 },
-                    samples: c.span_samples,
-                    time_ns: time(c.span_samples),
+                    calls: if fs.counted { sp.calls } else { 0 },
+                    samples: sp.samples,
+                    time_ns: time(sp.samples),
                     total_calls: c.calls,
                 }
             } else if b < m.buckets.len() {
@@ -797,6 +862,56 @@ mod tests {
             ),
             ("[libc.so.6]", "libc.so.6", 5)
         );
+    }
+
+    /// A function whose changes all leave the span leaves the table; the
+    /// others keep their sums (their places in it move), and it comes
+    /// back with its next change.
+    #[test]
+    fn functions_leave_the_span_and_come_back() {
+        let seg = Seg::new();
+        let mut slots = Slots::default();
+        let (mut t, _) = track(&seg, 100 * S, &mut slots);
+        let c = *seg.w.counters();
+        let tick = |t: &mut Tracked, slots: &mut Slots, k: u64, hot: u64, cold: u64| {
+            // SAFETY: slots 0 and 1 of the shared stripe, inside `mem`.
+            unsafe { (*c.stripe_ptr(0), *c.stripe_ptr(0).add(1)) = (hot, cold) };
+            let h = seg.header();
+            t.observe(
+                seg.bytes(),
+                &h,
+                (100 + k) * S,
+                5 * S,
+                slots,
+                &mut Counts::default(),
+            )
+            .unwrap();
+        };
+        let calls = |t: &Tracked, slots: &Slots| {
+            let mut v: Vec<(String, u64)> = t
+                .table()
+                .rows
+                .iter()
+                .map(|r| (slots.name(r.id).to_string(), r.calls))
+                .collect();
+            v.sort();
+            v
+        };
+        tick(&mut t, &mut slots, 1, 100, 50);
+        for k in 2..=6 {
+            tick(&mut t, &mut slots, k, 100, 50 + 10 * (k - 1));
+        }
+        assert_eq!(calls(&t, &slots), vec![("cold".to_string(), 50)]);
+        tick(&mut t, &mut slots, 7, 107, 110);
+        assert_eq!(
+            calls(&t, &slots),
+            vec![("cold".to_string(), 50), ("hot".to_string(), 7)]
+        );
+        for k in 8..=13 {
+            tick(&mut t, &mut slots, k, 107, 110);
+        }
+        assert!(t.table().rows.is_empty());
+        assert!(t.spans.is_empty());
     }
 
     #[test]
