@@ -11,14 +11,34 @@ use std::path::Path;
 struct Tally {
     functions: u64,
     patched: u64,
+    /// Of those patched, through a trap.
+    trapped: u64,
 }
+
+/// The agent's environment that turns trap entries on.
+const TRAPS: &[(&str, &str)] = &[("RTPROF_TRAPS", "1")];
 
 /// Runs one compiled variant and checks behaviour and counts; returns the
 /// main module's (functions, patched), not counting functions the program
-/// declares unpatchable by design.
+/// declares unpatchable by design (and still unpatched).
 fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: &Path) -> Tally {
+    check_variant_with(bin, unstripped, what, args, &[], dir)
+}
+
+/// As [`check_variant`], with the agent's environment `env`. With trap
+/// entries on, no function the program counts may stay unpatched, and one
+/// unpatchable by design may be patched only through a trap.
+fn check_variant_with(
+    bin: &Path,
+    unstripped: &Path,
+    what: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    dir: &Path,
+) -> Tally {
+    let traps = env.contains(&TRAPS[0]);
     let plain = run_plain(bin, args);
-    let prof = run_profiled(bin, args, &[], dir);
+    let prof = run_profiled(bin, args, env, dir);
     // A program whose call counts depend on timing (signals) prints them in
     // EXPECT lines: everything else must match, and the counts must be the
     // ones it saw in the profiled run.
@@ -51,7 +71,7 @@ fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: 
         let f = lookup(name);
         // Only a function shorter than a jump, with no fill after it (as at
         // -Os), may stay unpatched; it then has no count.
-        let too_small = f["refused"] == "too_small" && f["size"].as_u64().unwrap() < 9;
+        let too_small = !traps && f["refused"] == "too_small" && f["size"].as_u64().unwrap() < 9;
         assert!(
             f["patched"] == true || too_small,
             "{what}: {name} was not patched ({})",
@@ -60,8 +80,14 @@ fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: 
         let want = if too_small { 0 } else { *n };
         assert_eq!(f["calls"].as_u64(), Some(want), "{what}: calls of {name}");
     }
+    let mut still_refused = 0;
     for (name, reason) in &refused {
         let f = lookup(name);
+        if traps && f["entry"] == "trap" {
+            assert_eq!(f["patched"], true, "{what}: {name}");
+            continue;
+        }
+        still_refused += 1;
         assert_eq!(f["patched"], false, "{what}: {name} must be refused");
         assert_eq!(
             f["refused"].as_str(),
@@ -85,9 +111,18 @@ fn check_variant(bin: &Path, unstripped: &Path, what: &str, args: &[&str], dir: 
         }
     }
     let m = &p["modules"][0];
+    // Trap entries only with trap entries on.
+    let trapped = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["entry"] == "trap")
+        .count();
+    assert!(traps || trapped == 0, "{what}: {trapped} trap entries");
     Tally {
-        functions: m["functions"].as_u64().unwrap() - refused.len() as u64,
+        functions: m["functions"].as_u64().unwrap() - still_refused,
         patched: m["patched"].as_u64().unwrap(),
+        trapped: trapped as u64,
     }
 }
 
@@ -97,12 +132,25 @@ fn corpus(
     args: &[&str],
     keep: impl Fn(&Variant) -> bool,
 ) -> Vec<(Variant, Tally)> {
-    let dir = scratch(src);
+    corpus_with(src, extra, args, &[], keep)
+}
+
+fn corpus_with(
+    src: &str,
+    extra: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+    keep: impl Fn(&Variant) -> bool,
+) -> Vec<(Variant, Tally)> {
+    let dir = scratch(&format!(
+        "{src}{}",
+        if env.is_empty() { "" } else { "-env" }
+    ));
     let mut out = Vec::new();
     for v in Variant::all().into_iter().filter(|v| keep(v)) {
         let (bin, unstripped) = compile(src, &v, extra, &dir);
         let what = format!("{src} {}", v.tag());
-        let t = check_variant(&bin, &unstripped, &what, args, &dir);
+        let t = check_variant_with(&bin, &unstripped, &what, args, env, &dir);
         out.push((v, t));
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -205,6 +253,47 @@ fn backtrace_names_the_right_callers() {
     assert!(
         order.windows(2).all(|w| w[0] < w[1]),
         "callers out of order:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With trap entries on (`RTPROF_TRAPS=1`), every function of the corpus
+/// at -Os is patched and counted exactly: the ones too short for a jump
+/// (`xor eax,eax; ret` packed against the next function) through traps.
+/// At -O2 nothing needs one.
+#[test]
+fn every_function_at_os_through_traps() {
+    let mut trapped = 0;
+    for (src, extra, args) in [
+        ("calls.c", &[][..], &["1234"][..]),
+        ("asm_shapes.c", &[], &[]),
+        ("workload.c", &[], &[]),
+        ("signals.c", &[], &[]),
+        ("threads.c", &["-pthread"], &[]),
+    ] {
+        for (v, t) in corpus_with(src, extra, args, TRAPS, |v| v.opt == "-Os" && !v.strip) {
+            assert_eq!(
+                t.patched,
+                t.functions,
+                "{src} {}: every function patched with traps",
+                v.tag()
+            );
+            trapped += t.trapped;
+        }
+    }
+    // calls.c's op_add and tail_caller, asm_shapes.c's shape_packed, ...
+    assert!(trapped >= 3, "only {trapped} trap entries at -Os");
+    let dir = scratch("traps-o2");
+    let bin = compile_o2("calls.c", &[], &dir);
+    let prof = run_profiled(&bin, &["1234"], TRAPS, &dir);
+    let p = process(&prof.report, &bin);
+    assert!(
+        p["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["entry"] != "trap"),
+        "a trap entry at -O2, where jumps fit"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

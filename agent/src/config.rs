@@ -61,6 +61,9 @@ pub struct Config {
     /// `RTPROF_EVENTS=page-faults,cycles:100000`: events sampled besides
     /// CPU time, each with its period if given.
     pub events: Vec<(String, Option<u64>)>,
+    /// `RTPROF_TRAPS=1`: functions whose entry can take no jump get a
+    /// trap instead (see `patch::traps`).
+    pub traps: bool,
 }
 
 impl Default for Config {
@@ -82,6 +85,7 @@ impl Default for Config {
             warm_only: false,
             count: Vec::new(),
             events: Vec::new(),
+            traps: false,
             nocount: Vec::new(),
             budget: None,
             stacks: true,
@@ -167,6 +171,7 @@ impl Config {
         c.budget = s("RTPROF_BUDGET").and_then(|v| parse_budget(&v));
         c.stacks = s("RTPROF_STACKS").is_none_or(|v| truthy(&v));
         c.callers = s("RTPROF_CALLERS").is_some_and(|v| truthy(&v));
+        c.traps = s("RTPROF_TRAPS").is_some_and(|v| truthy(&v));
         c.debug_dirs = crate::debuginfo::dirs_from(s("RTPROF_DEBUG_DIR").as_deref());
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")

@@ -31,7 +31,7 @@ pub(crate) use count::{register, segment, switching, thread_counts, threads};
 pub(crate) use discover::{fileimage, maps, modules, symbols};
 pub(crate) use lifecycle::system;
 pub(crate) use lifecycle::{fork, interpose, loader, startup};
-pub(crate) use patch::{install, stopworld, stubmem, switch};
+pub(crate) use patch::{install, stopworld, stubmem, switch, traps};
 pub(crate) use plan::pipeline;
 pub(crate) use plan::{analysis, cache};
 pub(crate) use rtprof_shared::debuginfo;

@@ -194,6 +194,9 @@ pub mod function_flags {
     /// The program added calls to it through the C API
     /// (`rtprof_add_calls`): work done elsewhere, on an accelerator.
     pub const ACCELERATED: u32 = 4;
+    /// Its entry is a trap (`RTPROF_TRAPS=1`): counted exactly, at the
+    /// cost of a signal per call.
+    pub const TRAPPED: u32 = 8;
     /// Bits 16..32 of an estimated function's flags: the bound on the
     /// estimate's error, in hundredths of a percent of its calls.
     pub const BOUND_SHIFT: u32 = 16;

@@ -104,6 +104,8 @@ pub struct FunctionStats {
     /// Counted in bursts under an overhead budget: `calls` is an estimate,
     /// within this many hundredths of a percent of the true count.
     pub estimated: Option<u16>,
+    /// Entered through a trap (`RTPROF_TRAPS=1`): exact, a signal per call.
+    pub trapped: bool,
     /// Where the function is defined, if debug information says (filled in
     /// by the reader of a report for the rows it shows: the segment does
     /// not carry it).
@@ -922,6 +924,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             counting_off: f.reserved & function_flags::COUNTING_OFF != 0,
             estimated: (f.reserved & function_flags::ESTIMATED != 0)
                 .then_some((f.reserved >> function_flags::BOUND_SHIFT) as u16),
+            trapped: f.reserved & function_flags::TRAPPED != 0,
             source: None,
         });
     }

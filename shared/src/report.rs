@@ -141,6 +141,7 @@ struct Merged<'a> {
     samples: u64,
     counting_off: bool,
     estimated: Option<u16>,
+    trapped: bool,
     source: Option<&'a SourceLine>,
 }
 
@@ -163,6 +164,7 @@ fn merged(s: &Snapshot, merge: bool) -> Vec<Merged<'_>> {
             samples: f.samples,
             counting_off: f.counting_off,
             estimated: f.estimated,
+            trapped: f.trapped,
             source: f.source.as_ref(),
         };
         match merge.then(|| at.get(&(f.module, name.clone()))).flatten() {
@@ -176,6 +178,7 @@ fn merged(s: &Snapshot, merge: bool) -> Vec<Merged<'_>> {
                 m.samples += one.samples;
                 m.counting_off |= one.counting_off;
                 m.estimated = m.estimated.max(one.estimated);
+                m.trapped |= one.trapped;
                 m.source = m.source.or(one.source);
             }
             None => {
@@ -205,6 +208,8 @@ pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
                     (false, Some(b), _) => {
                         format!("{}{copies} [estimated ±{}]", f.name, bound_text(b)).into()
                     }
+                    // Exact, but each call cost a trap.
+                    (false, None, _) if f.trapped => format!("{}{copies} [trap]", f.name).into(),
                     (false, None, true) => f.name,
                     (false, None, false) => format!("{}{copies}", f.name).into(),
                 },
@@ -424,11 +429,16 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         let instrumented = || s.modules.iter().filter(|m| !m.sampled_only);
         let total: u32 = instrumented().map(|m| m.functions).sum();
         let patched: u32 = instrumented().map(|m| m.patched).sum();
+        let trapped = s.functions.iter().filter(|f| f.trapped).count();
         let _ = writeln!(
             out,
-            "  patched {patched} of {total} functions ({:.1}%) in {} module(s)",
+            "  patched {patched} of {total} functions ({:.1}%) in {} module(s){}",
             percent(patched, total),
-            instrumented().count()
+            instrumented().count(),
+            match trapped {
+                0 => String::new(),
+                n => format!(", {n} through a trap (a signal per call)"),
+            }
         );
         if !s.stacks.stacks.is_empty() {
             call_graph_text(&mut out, s);
@@ -745,6 +755,11 @@ pub fn json(procs: &[Snapshot]) -> String {
                 w.key("error_bound");
                 w.uint(bound_calls(f.calls, b));
             }
+            if f.trapped {
+                // Entered through a trap (RTPROF_TRAPS=1).
+                w.key("entry");
+                w.string("trap");
+            }
             if let Some(r) = f.refused {
                 w.key("refused");
                 w.string(r.name());
@@ -890,6 +905,7 @@ pub(crate) mod tests {
                     samples: if *n == "lo" { 7 } else { 0 },
                     counting_off: false,
                     estimated: None,
+                    trapped: false,
                     source: None,
                 })
                 .collect(),
@@ -938,6 +954,18 @@ pub(crate) mod tests {
 
     /// A function counted in bursts says so, with its bound, in text and
     /// JSON (the bound in calls).
+    #[test]
+    fn trap_entries_are_flagged() {
+        let mut s = snap();
+        s.functions[1].trapped = true;
+        let t = text(std::slice::from_ref(&s), TextOptions::default());
+        assert!(t.contains("hi [trap]"), "{t}");
+        assert!(!t.contains("lo [trap]"), "{t}");
+        assert!(t.contains(", 1 through a trap"), "{t}");
+        let j = json(std::slice::from_ref(&s));
+        assert_eq!(j.matches(r#""entry":"trap""#).count(), 1, "{j}");
+    }
+
     #[test]
     fn estimated_functions_show_their_bound() {
         let mut s = snap();

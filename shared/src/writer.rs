@@ -427,6 +427,12 @@ impl SegmentWriter {
         self.update_function_flags(idx, |flags| flags | ACCELERATED);
     }
 
+    /// Says that function `idx` is entered through a trap.
+    pub fn set_trapped(&mut self, idx: u32) {
+        use crate::layout::function_flags::TRAPPED;
+        self.update_function_flags(idx, |flags| flags | TRAPPED);
+    }
+
     /// Says whether function `idx`'s calls are estimated (under a budget),
     /// with the bound on the error in hundredths of a percent.
     pub fn set_estimated(&mut self, idx: u32, bound: Option<u16>) {

@@ -37,6 +37,10 @@ pub trait InstructionSet {
         limit: usize,
         tramp: i8,
     ) -> Result<Plan, Refusal>;
+    /// For a function whose entry can take no jump: a plan whose entry
+    /// is a trap ([`InstructionSet::TRAP`]) that the trap handler turns
+    /// into a jump to the stub (`RTPROF_TRAPS=1`).
+    fn plan_trap(code: &[u8], start: u64, size: usize) -> Result<Plan, Refusal>;
     /// A short plan's trampoline: its address and bytes, to reach `stub`.
     fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])>;
     /// Whether `code` is alignment fill only (nothing that does anything).
@@ -95,6 +99,14 @@ pub trait InstructionSet {
     /// # Safety
     /// `uc` is the `ucontext_t` the kernel passed to an SA_SIGINFO handler.
     unsafe fn signal_pc(uc: *const libc::ucontext_t) -> u64;
+    /// Makes the interrupted thread resume at `pc` when the handler
+    /// returns.
+    ///
+    /// # Safety
+    /// As for [`InstructionSet::signal_pc`].
+    unsafe fn set_signal_pc(uc: *mut libc::ucontext_t, pc: u64);
+    /// The address of the trap instruction whose trap interrupted at `pc`.
+    fn trap_site(pc: u64) -> u64;
     /// The interrupted stack pointer and frame pointer, there.
     ///
     /// # Safety

@@ -188,6 +188,21 @@ pub fn refuse_from(w: &mut SegmentWriter, first: u32) {
 
 /// Records the outcome of each function from slot `first`; returns how
 /// many were patched.
+/// Flags the functions of `mp` (slots from `first`) patched with a trap
+/// entry.
+pub fn mark_traps(
+    w: &mut SegmentWriter,
+    first: u32,
+    mp: &crate::analysis::ModulePlan,
+    outcomes: &Outcomes,
+) {
+    for (k, (c, o)) in mp.funcs.iter().zip(outcomes).enumerate() {
+        if o.is_none() && c.outcome.as_ref().is_ok_and(|p| p.is_trap()) {
+            w.set_trapped(first + k as u32);
+        }
+    }
+}
+
 pub fn record_outcomes(w: &mut SegmentWriter, first: u32, outcomes: &Outcomes) -> usize {
     for (k, o) in outcomes.iter().enumerate() {
         w.set_status(first + k as u32, *o);

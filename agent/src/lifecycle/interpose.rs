@@ -15,7 +15,9 @@
 //! - the profiling signal: `sigaction`, `signal` (the program taking
 //!   SIGPROF over stops the timers; it sees its own disposition, not ours),
 //!   `sigprocmask`, `pthread_sigmask` (a timer waiting for SIGPROF to be
-//!   unblocked starts).
+//!   unblocked starts);
+//! - with trap entries (`traps`), SIGTRAP: the program's handler for it
+//!   is kept aside, and no mask it sets blocks it.
 //!
 //! The real functions are looked up from the agent's constructor, so a
 //! vfork child, which must not take the loader's locks, never calls
@@ -455,12 +457,28 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
+    if sig == libc::SIGTRAP && crate::traps::on() {
+        return crate::traps::program_sigaction(act, old);
+    }
     let shown = sampling::timer::program_view(sig);
     if !act.is_null() {
         sampling::timer::program_takes_signal(sig, (*act).sa_sigaction);
     }
     let Some(real) = real_sigaction() else {
         return no_such_function();
+    };
+    // A handler of the program's runs with SIGTRAP unblocked.
+    let mut unmasked: libc::sigaction;
+    let act = match act.is_null() {
+        false => match crate::traps::without_trap(&(*act).sa_mask) {
+            Some(mask) => {
+                unmasked = *act;
+                unmasked.sa_mask = mask;
+                &unmasked as *const libc::sigaction
+            }
+            None => act,
+        },
+        true => act,
     };
     let rc = real(sig, act, old);
     if let (Some(view), 0, false) = (shown, rc, old.is_null()) {
@@ -482,6 +500,9 @@ pub unsafe extern "C" fn signal(
     sig: libc::c_int,
     handler: libc::sighandler_t,
 ) -> libc::sighandler_t {
+    if sig == libc::SIGTRAP && crate::traps::on() {
+        return crate::traps::program_signal(handler);
+    }
     let shown = sampling::timer::program_view(sig);
     sampling::timer::program_takes_signal(sig, handler);
     let Some(real) = SIGNAL.get::<SignalFn>() else {
@@ -538,6 +559,14 @@ unsafe fn masked(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
+    // SIGTRAP stays unblocked while trap entries exist.
+    let unmasked = match how {
+        libc::SIG_UNBLOCK => None,
+        _ => crate::traps::without_trap(set),
+    };
+    let set = unmasked
+        .as_ref()
+        .map_or(set, |s| s as *const libc::sigset_t);
     let rc = real(how, set, old);
     if rc == 0 && !set.is_null() {
         sampling::timer::mask_changed();

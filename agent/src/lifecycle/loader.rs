@@ -352,6 +352,7 @@ fn instrument(
     let counted = |name: &str| a.config.counts_from_start(name.as_bytes());
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, stubs, &counted);
     let patched = records::record_outcomes(w, first, &outcomes);
+    records::mark_traps(w, first, &plan, &outcomes);
     crate::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
     vlog!(
         "{}: loaded; {} functions ({}), {} patched",

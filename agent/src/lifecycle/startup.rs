@@ -202,6 +202,9 @@ pub(crate) fn start() {
         return;
     }
     crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), secure_mode()));
+    if cfg.traps && !cfg.warm_only && crate::traps::enable() {
+        vlog!("trap entries on (RTPROF_TRAPS)");
+    }
     ph.mark("checks");
     let maps = Maps::current();
     let plans = plan_modules(&cfg, &maps);
@@ -281,6 +284,7 @@ pub(crate) fn start() {
         let (outcomes, _area) =
             install::install(p, first, tls_offset, shared, &mut stubs, &counted);
         let patched = records::record_outcomes(&mut writer, first, &outcomes);
+        records::mark_traps(&mut writer, first, p, &outcomes);
         crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
         vlog!(
             "{}: {} functions ({}), {} patched, {:.1} ms",

@@ -264,7 +264,9 @@ fn install_with(
         // Branches sent past the count and trampolines are written with the
         // entries, which happens later for a running process (attach): not
         // done there.
-        if !write_now && (!plan.redirects().is_empty() || plan.trampoline().is_some()) {
+        if !write_now
+            && (!plan.redirects().is_empty() || plan.trampoline().is_some() || plan.is_trap())
+        {
             outcomes[i] = Some(Refusal::BranchIntoWindow);
             continue;
         }
@@ -342,6 +344,17 @@ fn install_with(
         for (ok, &(_, _, _, k)) in write_entries(&mp.module, &patches).iter().zip(&parts) {
             blocked[k] |= !ok;
         }
+        // A trap entry's handler must know its stub before the trap is
+        // there.
+        let traps: Vec<(u64, u64)> = owners
+            .iter()
+            .enumerate()
+            .filter_map(|(k, &i)| {
+                let plan = mp.funcs[i].outcome.as_ref().ok()?;
+                (plan.is_trap() && !blocked[k]).then_some((plan.patch_at, ranges[k].0))
+            })
+            .collect();
+        crate::traps::add(&traps);
     }
     // Stubs are complete and executable before any entry jumps to them.
     let patches: Vec<(u64, &[u8])> = entries

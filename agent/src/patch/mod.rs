@@ -5,3 +5,4 @@ pub mod install;
 pub mod stopworld;
 pub mod stubmem;
 pub mod switch;
+pub mod traps;

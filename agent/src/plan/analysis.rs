@@ -27,6 +27,8 @@ pub struct ModulePlan {
     pub source: &'static str,
     /// The loader writes into this file's code (DT_TEXTREL).
     pub text_relocations: bool,
+    /// Functions whose entry can take no jump got trap entries.
+    pub traps: bool,
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -71,7 +73,15 @@ struct Own {
 /// Decides every function of `m` from its file's bytes alone: the result
 /// depends on nothing else, and may be cached (see [`check_live`] for what
 /// must be checked in each process).
-pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> ModulePlan {
+/// With `traps`, a function no jump can enter gets a trap entry where one
+/// is safe.
+pub fn analyze(
+    m: Module,
+    list: FunctionList,
+    maps: &Maps,
+    file: &FileImage,
+    traps: bool,
+) -> ModulePlan {
     let funcs = list.funcs;
     let n = funcs.len();
     let starts: Vec<u64> = funcs.iter().map(|f| m.bias.wrapping_add(f.vaddr)).collect();
@@ -304,6 +314,12 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
                 None => full,
             }
         });
+        let outcome = match (outcome, c) {
+            (Err(why), Ok((bytes, size, _))) if traps && trap_may_help(why) => {
+                plan_trap(bytes, start, size, own, &direct, &tables).map_err(|_| why)
+            }
+            (outcome, _) => outcome,
+        };
         out.push(Candidate {
             name: f.name,
             vaddr: f.vaddr,
@@ -317,7 +333,51 @@ pub fn analyze(m: Module, list: FunctionList, maps: &Maps, file: &FileImage) -> 
         funcs: out,
         source: list.source,
         text_relocations: list.text_relocations,
+        traps,
     }
+}
+
+/// Refusals a trap entry avoids: those of the bytes after the first one.
+fn trap_may_help(why: Refusal) -> bool {
+    matches!(
+        why,
+        Refusal::TooSmall
+            | Refusal::BranchIntoWindow
+            | Refusal::JumpTableIntoWindow
+            | Refusal::CallInWindow
+    )
+}
+
+/// A trap entry's plan, or why not: only the first instruction moves, so
+/// only branches into it matter. The function's own branches to its entry
+/// (a loop, not a call) would count as calls: none may exist.
+fn plan_trap(
+    bytes: &[u8],
+    start: u64,
+    size: u64,
+    own: &Own,
+    direct: &[u64],
+    tables: &[u64],
+) -> Result<Plan, Refusal> {
+    if own.decode_error {
+        return Err(Refusal::DecodeError);
+    }
+    let plan = Native::plan_trap(bytes, start, size as usize)?;
+    let moved = start..plan.resume_at;
+    if own
+        .branches
+        .iter()
+        .chain(&own.tables)
+        .any(|t| moved.contains(t))
+    {
+        return Err(Refusal::BranchIntoWindow);
+    }
+    if any_in(direct, plan.patch_at + 1, plan.resume_at)
+        || any_in(tables, plan.patch_at + 1, plan.resume_at)
+    {
+        return Err(Refusal::BranchIntoWindow);
+    }
+    Ok(plan)
 }
 
 /// Reach of a full plan's entry bytes from a function's first byte.

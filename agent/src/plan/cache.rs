@@ -41,15 +41,21 @@ const RECORD: usize = 40;
 const MAX_BYTES: u64 = 256 << 20;
 const SOURCES: [&str; 4] = ["symtab", "dynsym", "eh_frame", "dynsym+eh_frame"];
 
-/// What an entry holds: a module's plan, or the function list of a module
-/// that is only sampled (names and ranges for attributing samples).
+/// What an entry holds: a module's plan (with trap entries or without),
+/// or the function list of a module that is only sampled (names and
+/// ranges for attributing samples).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
     Plan = 0,
     Sampled = 1,
+    /// A plan made with trap entries (`RTPROF_TRAPS=1`): only a process
+    /// that handles their traps may install it.
+    PlanWithTraps = 2,
 }
 /// Bit of the header's flags that says the entry is [`Kind::Sampled`].
 const SAMPLED_FLAG: u32 = 2;
+/// Bit of the header's flags that says it is [`Kind::PlanWithTraps`].
+const TRAPS_FLAG: u32 = 4;
 
 /// Where entries are looked up (in order) and written.
 #[derive(Debug, Default, Clone)]
@@ -207,7 +213,9 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, P
     if b.len() < HEADER || b[..8] != MAGIC {
         return Err(PlanError::NotACacheEntry);
     }
-    if (u32_at(b, 12) & SAMPLED_FLAG != 0) != (kind == Kind::Sampled) {
+    if (u32_at(b, 12) & SAMPLED_FLAG != 0) != (kind == Kind::Sampled)
+        || (u32_at(b, 12) & TRAPS_FLAG != 0) != (kind == Kind::PlanWithTraps)
+    {
         return Err(PlanError::OtherKind);
     }
     if u32_at(b, 8) != FORMAT || u64_at(b, 16) != fingerprint() {
@@ -256,8 +264,10 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, P
                 .checked_add(plan_len)
                 .and_then(|end| plans.get(plan_off..end))
                 .and_then(|p| Native::decode_plan(p, bias.wrapping_add(vaddr)))
-                // A branch sent elsewhere lies inside the function.
+                // A branch sent elsewhere lies inside the function; a trap
+                // entry only where its trap is handled.
                 .filter(|p| p.redirects().iter().all(|r| r.field as u64 + 4 <= size))
+                .filter(|p| !p.is_trap() || kind == Kind::PlanWithTraps)
                 .ok_or(PlanError::BadPlan)
                 .map(Ok)?,
             c => Err(Refusal::from_code(c).ok_or(PlanError::BadOutcome)?),
@@ -291,7 +301,7 @@ pub fn encode(p: &ModulePlan, id: &Identity) -> Vec<u8> {
         pad: c.pad,
         outcome: c.outcome.as_ref().map_err(|r| *r),
     });
-    let flags = p.text_relocations as u32;
+    let flags = p.text_relocations as u32 | if p.traps { TRAPS_FLAG } else { 0 };
     encode_records(funcs, p.funcs.len(), flags, p.source, id)
 }
 
@@ -507,12 +517,13 @@ fn trim(dir: &Path, adding: u64) {
 }
 
 /// The plan of module `m` from its cache entry.
-pub fn plan_from(m: Module, e: Entry) -> ModulePlan {
+pub fn plan_from(m: Module, e: Entry, traps: bool) -> ModulePlan {
     ModulePlan {
         module: m,
         funcs: e.funcs,
         source: e.source,
         text_relocations: e.text_relocations,
+        traps,
     }
 }
 
@@ -566,6 +577,7 @@ mod tests {
             funcs,
             source: "dynsym+eh_frame",
             text_relocations: true,
+            traps: false,
         }
     }
 
@@ -598,10 +610,42 @@ mod tests {
         // are the ones made there.
         let elsewhere = plan_at(0x7f12_3456_0000);
         let e = decode(&encode(&p, &id()), &id(), Kind::Plan, elsewhere.module.bias).unwrap();
-        let back = plan_from(elsewhere.module.clone(), e);
+        let back = plan_from(elsewhere.module.clone(), e, false);
         for (a, b) in back.funcs.iter().zip(&elsewhere.funcs) {
             assert_eq!(a.outcome, b.outcome);
         }
+    }
+
+    /// A trap entry is cached in an entry of its own kind only, and read
+    /// back only as that kind: a process that does not handle the traps
+    /// never installs one.
+    #[test]
+    fn trap_entries_stay_in_their_kind() {
+        let mut p = plan();
+        let start = p.module.bias + 0x1010;
+        // `xor eax,eax; ret`: no room for a jump.
+        p.funcs[1].outcome = Native::plan_trap(&[0x31, 0xc0, 0xc3], start, 3);
+        assert!(p.funcs[1].outcome.as_ref().unwrap().is_trap());
+        let bias = p.module.bias;
+        p.traps = true;
+        let with = encode(&p, &id());
+        let e = decode(&with, &id(), Kind::PlanWithTraps, bias).unwrap();
+        assert_eq!(e.funcs[1].outcome, p.funcs[1].outcome);
+        assert!(matches!(
+            decode(&with, &id(), Kind::Plan, bias),
+            Err(PlanError::OtherKind)
+        ));
+        // The same plans in an entry of the other kind: refused whole.
+        p.traps = false;
+        let without = encode(&p, &id());
+        assert!(matches!(
+            decode(&without, &id(), Kind::Plan, bias),
+            Err(PlanError::BadPlan)
+        ));
+        assert!(matches!(
+            decode(&without, &id(), Kind::PlanWithTraps, bias),
+            Err(PlanError::OtherKind)
+        ));
     }
 
     #[test]

@@ -31,8 +31,14 @@ fn open_with_debug(m: &Module, maps: &Maps) -> Result<(FileImage, Option<DebugFi
 pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
     let (file, debug) = open_with_debug(&m, maps)?;
-    let cached = cache::lookup(&m, &file.identity, Kind::Plan).and_then(|e| {
-        let mut p = cache::plan_from(m.clone(), e);
+    let traps = crate::traps::on() && crate::traps::allowed_in(&m.path);
+    let kind = if traps {
+        Kind::PlanWithTraps
+    } else {
+        Kind::Plan
+    };
+    let cached = cache::lookup(&m, &file.identity, kind).and_then(|e| {
+        let mut p = cache::plan_from(m.clone(), e, traps);
         if analysis::check_live(&mut p, maps, &file) {
             return Some(p);
         }
@@ -46,9 +52,9 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
         Some(p) => (p, "cached"),
         None => {
             let list = symbols::list_functions(file.data(), debug.as_ref().map(|d| d.data()))?;
-            let mut p = analysis::analyze(m, list, maps, &file);
+            let mut p = analysis::analyze(m, list, maps, &file, traps);
             let entry = cache::encode(&p, &file.identity);
-            cache::store(&p.module.path, &file.identity, Kind::Plan, &entry);
+            cache::store(&p.module.path, &file.identity, kind, &entry);
             // Plans made from the file's bytes: this only finds changed memory.
             analysis::check_live(&mut p, maps, &file);
             (p, "analysed")

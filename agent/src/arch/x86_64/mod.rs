@@ -69,6 +69,10 @@ impl InstructionSet for X86_64 {
         window::plan_short(code, start, size, limit, tramp)
     }
 
+    fn plan_trap(code: &[u8], start: u64, size: usize) -> Result<Plan, Refusal> {
+        window::plan_trap(code, start, size)
+    }
+
     fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])> {
         stub::trampoline(plan, stub)
     }
@@ -144,6 +148,17 @@ impl InstructionSet for X86_64 {
     unsafe fn signal_pc(uc: *const libc::ucontext_t) -> u64 {
         // SAFETY: the caller passes the kernel's context (see the trait).
         (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
+    }
+
+    unsafe fn set_signal_pc(uc: *mut libc::ucontext_t, pc: u64) {
+        // SAFETY: the caller passes the kernel's context (see the trait),
+        // which the kernel restores the registers from on return.
+        (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = pc as i64;
+    }
+
+    /// `int3` reports the address after it.
+    fn trap_site(pc: u64) -> u64 {
+        pc.wrapping_sub(1)
     }
 
     unsafe fn signal_sp_bp(uc: *const libc::ucontext_t) -> (u64, u64) {

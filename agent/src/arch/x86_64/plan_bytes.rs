@@ -1,6 +1,7 @@
 //! A plan in a cache entry: a 9-byte head (skip, window, resume offset,
 //! the lengths of its original bytes, code, fixups and redirects, a
-//! short plan's trampoline offset as i8 (0 for none), and the count of
+//! short plan's trampoline offset as i8 (0 for none, -128 for a trap
+//! entry), and the count of
 //! moved instructions), the original bytes, the code, 8 bytes per fixup
 //! (at, end, kind, 0, target as i32), 6 per redirect (the rel32 field's
 //! offset, its target's, its copy's in the code) and 2 per moved
@@ -79,6 +80,7 @@ pub fn decode(b: &[u8], start: u64) -> Option<Plan> {
     .and_then(|p| match head[7] as i8 {
         0 if p.window >= super::window::MIN_WINDOW => Some(p),
         0 => None,
+        i8::MIN => p.with_trap(),
         t => p.with_trampoline(t),
     })
 }

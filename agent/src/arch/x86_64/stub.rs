@@ -212,6 +212,13 @@ impl Writer<'_> {
 /// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then
 /// nops to the end of the window.
 pub fn entry_patch(plan: &Plan, stub: u64) -> Option<EntryPatch> {
+    if plan.is_trap() {
+        // `int3` over the first byte; the rest of the first instruction
+        // stays, never run (the stub resumes past it).
+        let mut bytes = [0xcc; 32];
+        bytes[1..].fill(0);
+        return Some(EntryPatch { bytes, len: 1 });
+    }
     if let Some(t) = plan.trampoline() {
         // `jmp rel8` to the trampoline; the rest of the window is never
         // run (a branch lands past it), and traps if it ever were.
@@ -589,7 +596,7 @@ mod tests {
             stub(&pb, at, &COUNTER).unwrap()
         );
         // Inconsistent parts are refused.
-        let bad_window = Plan::from_parts(a, skip, 1, resume, pa.original(), pa.code(), &[]);
+        let bad_window = Plan::from_parts(a, skip, 0, resume, pa.original(), pa.code(), &[]);
         assert!(bad_window.is_none());
         let mut fix = pa.fixups().to_vec();
         fix[0].at = pa.code().len() as u8 - 2;

@@ -130,10 +130,31 @@ pub struct Plan {
     tramp: i8,
 }
 
+/// [`Plan::tramp`] of a plan whose entry is a trap: never a trampoline's
+/// offset (one that far is beyond a `jmp rel8`'s reach).
+const TRAP_ENTRY: i8 = i8::MIN;
+
 impl Plan {
     /// Where a short plan's trampoline goes (a `jmp rel32` to the stub).
     pub fn trampoline(&self) -> Option<u64> {
-        (self.tramp != 0).then(|| self.start.wrapping_add(self.tramp as i64 as u64))
+        (self.tramp != 0 && self.tramp != TRAP_ENTRY)
+            .then(|| self.start.wrapping_add(self.tramp as i64 as u64))
+    }
+
+    /// The entry is an `int3`: the trap handler sends the thread on to
+    /// the stub, which runs the first instruction and jumps back past it.
+    pub fn is_trap(&self) -> bool {
+        self.tramp == TRAP_ENTRY
+    }
+
+    /// The plan with a trap for its entry. Only for a plan made by
+    /// [`plan_trap`] or read back from one: one byte overwritten, one
+    /// instruction moved.
+    pub fn with_trap(mut self) -> Option<Plan> {
+        (self.window == 1 && self.moved_len == 1).then(|| {
+            self.tramp = TRAP_ENTRY;
+            self
+        })
     }
 
     /// The trampoline's offset from `start` (0: none), for a cache entry.
@@ -249,7 +270,7 @@ impl Plan {
     ) -> Option<Plan> {
         let (skip, window, resume_off) = (skip as usize, window as usize, resume_off as usize);
         let ok = (skip == 0 || (skip == ENDBR64.len() && original.starts_with(&ENDBR64)))
-            && (SHORT_JUMP..=MAX_WINDOW).contains(&window)
+            && (1..=MAX_WINDOW).contains(&window)
             && resume_off > skip
             && original.len() == resume_off.max(skip + window)
             && original.len() <= MAX_ORIGINAL
@@ -693,6 +714,34 @@ pub fn plan_short(
     )?
     .with_trampoline(tramp)
     .ok_or(Refusal::BranchIntoWindow)
+}
+
+/// The plan of a function whose entry can take no jump (it is too short,
+/// or a branch lands in its first bytes): its first instruction moves to
+/// the stub and only its first byte becomes an `int3`. Nothing can land
+/// inside one instruction, so no branch is in the way; the caller still
+/// rules out the function's own branches to its entry.
+pub fn plan_trap(code: &[u8], start: u64, size: usize) -> Result<Plan, Refusal> {
+    let size = size.min(code.len());
+    let skip = if code[..size].starts_with(&ENDBR64) {
+        ENDBR64.len()
+    } else {
+        0
+    };
+    let patch_at = start + skip as u64;
+    let mut d = Decoder::with_ip(64, &code[skip..size], patch_at, DecoderOptions::NONE);
+    if !d.can_decode() {
+        return Err(Refusal::TooSmall);
+    }
+    let ins = d.decode();
+    if ins.is_invalid() {
+        return Err(Refusal::DecodeError);
+    }
+    check_movable(&ins)?;
+    let offsets = d.get_constant_offsets(&ins);
+    assemble(code, start, patch_at, 1, ins.next_ip(), &[ins], &[offsets])?
+        .with_trap()
+        .ok_or(Refusal::TooSmall)
 }
 
 fn is_call(ins: &Instruction) -> bool {
