@@ -32,10 +32,17 @@ impl Daemon {
 
     /// A daemon publishing every `tick_ms` over spans of five ticks.
     fn start_ticking(dir: &Path, tick_ms: u64) -> Daemon {
+        Daemon::start_with(dir, tick_ms, 5 * tick_ms, &[])
+    }
+
+    /// A daemon publishing every `tick_ms` over spans of `span_ms`, with
+    /// `extra` options.
+    fn start_with(dir: &Path, tick_ms: u64, span_ms: u64, extra: &[&str]) -> Daemon {
         let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
         cmd.args(["--tick", &tick_ms.to_string()])
-            .args(["--span", &(5 * tick_ms).to_string()])
+            .args(["--span", &span_ms.to_string()])
             .args(["--buffer-mib", "4", "--log-interval", "2"])
+            .args(extra)
             .stderr(Stdio::piped());
         let mut d = Rtprofd::start(cmd, dir);
         let log = Arc::new(Mutex::new(String::new()));
@@ -411,6 +418,69 @@ fn agents_running_before_the_daemon_are_found() {
 }
 
 /// The scheduler examples, in C (through the C reader) and in Rust, read
+/// `--thread-rows`: each live thread's calls per function, exact (every
+/// thread counts in a stripe of its own), under the thread's name; the
+/// process's own rows are all its calls, as without the option.
+#[test]
+fn rows_per_thread_on_request() {
+    use std::io::BufRead;
+    let dir = scratch("daemon-threads");
+    let bin = compile_o2("thread_rows.c", &["-pthread"], &dir);
+    // A span far longer than the test: the calls stay in it.
+    let d = Daemon::start_with(&dir, 200, 600_000, &["--thread-rows", "4"]);
+    let mut child = Command::new(&bin)
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_DAEMON_SOCKET", &d.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id();
+    // (thread name, work calls, tick calls) per thread, by name.
+    type Seen = Vec<(String, u64, u64)>;
+    let per_thread = |v: &rtprof_shared::present::View| -> Option<(Seen, u64, u64)> {
+        let p = v.procs.iter().find(|p| p.pid == pid)?;
+        let calls = |rows: &[RowView], name: &str| {
+            rows.iter().find(|r| r.name == name).map_or(0, |r| r.calls)
+        };
+        let mut seen: Seen = p
+            .threads
+            .iter()
+            .map(|t| {
+                let rows = &v.rows[t.rows.clone()];
+                assert!(rows.iter().all(|r| r.thread == Some(t.tid)));
+                (t.name.clone(), calls(rows, "work"), calls(rows, "tick"))
+            })
+            .collect();
+        seen.sort();
+        let own = &v.rows[p.rows.clone()];
+        assert!(own.iter().all(|r| r.thread.is_none()));
+        Some((seen, calls(own, "work"), calls(own, "tick")))
+    };
+    // The main thread goes by the program's name (as the kernel cuts it).
+    let main = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    let want: Seen = vec![
+        (main.trim_end().to_string(), 0, 5),
+        ("worker-0".into(), 1000, 1),
+        ("worker-1".into(), 2000, 2),
+        ("worker-2".into(), 3000, 3),
+    ];
+    let got = d.wait_for("every thread's rows", |m| {
+        let got = per_thread(&read_view(m).ok()?)?;
+        (got.0 == want).then_some(got)
+    });
+    assert_eq!((got.1, got.2), (6000, 11), "the process's own rows");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    d.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// the live daemon's spans and name the hot function with a decision;
 /// `rtprof top` and `rtprof report --json` show it too.
 #[test]

@@ -12,6 +12,7 @@ mod registry;
 mod slots;
 mod spans;
 mod table;
+mod thread_spans;
 
 use accept::{Acceptor, Outcome};
 use clap::Parser;
@@ -77,6 +78,11 @@ struct Args {
     /// over the last span. Off (0) by default: pids make many series.
     #[arg(long, value_name = "N", default_value_t = 0)]
     metrics_per_process: usize,
+    /// Publish rows per live thread too: each thread's N hottest functions
+    /// by calls over the span (exact: each thread counts in a stripe of
+    /// its own). Off (0) by default.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    thread_rows: usize,
 }
 
 /// Raises the soft limit on descriptors to the hard one (connections wait
@@ -184,6 +190,7 @@ fn main() -> std::process::ExitCode {
         per_user: a.max_segments_per_user,
         total: a.max_segments,
     });
+    table.set_thread_rows(a.thread_rows);
     let mut acceptor = Acceptor::new(
         listener,
         accept::Limits {

@@ -5,6 +5,7 @@
 //! one that falls out of the span is subtracted.
 
 use crate::slots::Slots;
+use crate::thread_spans::ThreadSpans;
 use rtprof_shared::layout::function_flags;
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{
@@ -229,6 +230,10 @@ pub struct Tracked {
     /// The span's table, hottest first: built right after a read, while
     /// what it reads is in cache.
     rows: Vec<IdRow>,
+    /// Rows per thread (`--thread-rows`): each thread's this many
+    /// hottest functions (0: none).
+    thread_top: usize,
+    threads: ThreadSpans,
 }
 
 fn seen(h: &Header, moved: bool) -> Seen {
@@ -301,6 +306,8 @@ impl Tracked {
             flags_changes: h.flags_changes,
             flags: Vec::new(),
             rows: Vec::new(),
+            thread_top: 0,
+            threads: ThreadSpans::default(),
         };
         t.read_flags(bytes, h);
         let (f, m) = (s.functions.len(), s.modules.len());
@@ -401,10 +408,54 @@ impl Tracked {
             self.read_flags(bytes, h);
         }
         self.build_rows(&mut scratch.order);
+        self.observe_threads(bytes, h, now_ns, span_ns, false);
         let moved = self.ring.back().is_some_and(|d| {
             d.at_ns == now_ns && !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0)
         });
         Ok(seen(h, moved))
+    }
+
+    /// Publishes the `top` hottest functions of each live thread too (0:
+    /// none), from this read at `now_ns` on: a process that started within
+    /// the span counts its threads' calls from their start, as its own.
+    pub fn follow_threads(
+        &mut self,
+        top: usize,
+        bytes: &[u8],
+        h: &Header,
+        now_ns: u64,
+        span_ns: u64,
+    ) {
+        self.thread_top = top;
+        let young = self.start_ns + span_ns >= now_ns;
+        self.observe_threads(bytes, h, now_ns, span_ns, young);
+    }
+
+    fn observe_threads(
+        &mut self,
+        bytes: &[u8],
+        h: &Header,
+        now_ns: u64,
+        span_ns: u64,
+        young: bool,
+    ) {
+        if self.thread_top == 0 {
+            return;
+        }
+        let m = &self.meta;
+        let id_of = |slot: usize| {
+            let f = &m.funcs[slot];
+            (f.id, f.module, f.counted)
+        };
+        self.threads.observe(
+            bytes,
+            h,
+            m.funcs.len(),
+            (self.pid, young),
+            (now_ns, span_ns),
+            self.thread_top,
+            id_of,
+        );
     }
 
     /// Room for `funcs` functions and `modules` modules (they only grow).
@@ -734,6 +785,7 @@ impl Tracked {
             lost: s.lost,
             modules: &self.meta.modules,
             rows: &self.rows,
+            threads: self.threads.tables(),
         }
     }
 }

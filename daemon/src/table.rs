@@ -84,6 +84,7 @@ impl Entry {
         &mut self,
         now: u64,
         span_ns: u64,
+        thread_top: usize,
         slots: &mut Slots,
         scratch: &mut spans::Counts,
     ) -> Result<Option<spans::Seen>, Error> {
@@ -94,7 +95,10 @@ impl Entry {
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
-            None => Tracked::new(bytes, &h, now, span_ns, slots, scratch).map(|(t, seen)| {
+            None => Tracked::new(bytes, &h, now, span_ns, slots, scratch).map(|(mut t, seen)| {
+                if thread_top > 0 {
+                    t.follow_threads(thread_top, bytes, &h, now, span_ns);
+                }
                 self.tracked = Some(t);
                 seen
             }),
@@ -141,6 +145,9 @@ pub struct Table {
     /// Segments refused or dropped as unreadable or not the sender's.
     pub rejected: u64,
     /// Row ids of the followed processes' functions.
+    /// Rows per live thread: each thread's this many hottest functions
+    /// (`--thread-rows`; 0: none).
+    thread_top: usize,
     slots: Slots,
     /// What each process's counters are read into, in turn.
     scratch: spans::Counts,
@@ -159,9 +166,16 @@ impl Table {
             by_pid: HashMap::new(),
             by_uid: HashMap::new(),
             rejected: 0,
+            thread_top: 0,
             slots: Slots::default(),
             scratch: spans::Counts::default(),
         }
+    }
+
+    /// Publishes each live thread's `top` hottest functions too, for
+    /// processes followed from now on (0: none).
+    pub fn set_thread_rows(&mut self, top: usize) {
+        self.thread_top = top;
     }
 
     pub fn len(&self) -> usize {
@@ -292,7 +306,8 @@ impl Table {
         let t = Instant::now();
         let mut gone = Vec::new();
         for (&seq, e) in &mut self.entries {
-            let seen = match e.observe(now, span_ns, &mut self.slots, &mut self.scratch) {
+            let top = self.thread_top;
+            let seen = match e.observe(now, span_ns, top, &mut self.slots, &mut self.scratch) {
                 Ok(Some(s)) => s,
                 Ok(None) if e.unfilled < UNFILLED_TICKS => {
                     e.unfilled += 1;

@@ -48,6 +48,8 @@ extern "C" {
 #define RTPROF_ROW_ESTIMATED 4u /* rtprof_row.flags: calls estimated under a budget */
 #define RTPROF_ROW_ACCELERATED 8u /* rtprof_row.flags: calls added through the C API */
 #define RTPROF_ROW_COUNTING_OFF 16u /* rtprof_row.flags: counting switched off */
+#define RTPROF_ROW_THREAD 32u /* rtprof_row.flags: one thread's calls (rtprofd --thread-rows) */
+#define RTPROF_ROW_THREAD_HEAD 64u /* with RTPROF_ROW_THREAD: a thread's first row, its name */
 
 /* A view is stale when it is older than this many ticks (plus a second of
  * slack): the daemon that published it has stopped. */
@@ -70,12 +72,14 @@ enum {
 
 typedef struct {
     uint32_t pid, flags, exe_off, exe_len, first_row, row_count;
-    uint64_t span_ns, samples, period_ns, lost, reserved;
+    uint64_t span_ns, samples, period_ns, lost;
+    uint64_t thread_rows; /* its threads' rows, after its row_count rows */
 } rtprof_proc;
 
 typedef struct {
     uint32_t name_off, name_len, module_off, module_len, proc_index, flags;
-    uint64_t calls, samples, time_ns, total_calls, reserved;
+    uint64_t calls, samples, time_ns, total_calls;
+    uint64_t tid; /* a thread row's thread, else 0 */
 } rtprof_row;
 
 typedef struct {

@@ -757,6 +757,40 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     false
 }
 
+/// The stripes handed to threads that live now, as (stripe, thread id),
+/// into `out`; the shared stripe (0: threads beyond the stripes, and the
+/// counts of threads that ended) is not among them. `h` as for
+/// [`sum_calls`].
+pub fn live_stripes(bytes: &[u8], h: &Header, out: &mut Vec<(u32, u32)>) {
+    let b = Bytes(bytes);
+    out.clear();
+    for s in 1..h.stripe_count.min(h.stripe_cap) {
+        let at = h.stripe_table_off + s as u64 * 8;
+        if b.u32(at) == stripe_state::LIVE {
+            out.push((s, b.u32(at + 4)));
+        }
+    }
+}
+
+/// Stripe `s`'s calls of the first `out.len()` functions (at most
+/// `func_count`); false if the stripe is not in the segment. `h` as for
+/// [`sum_calls`].
+pub fn stripe_calls(bytes: &[u8], h: &Header, s: u32, out: &mut [u64]) -> bool {
+    let n = out.len().min(h.func_count as usize);
+    if s >= h.stripe_cap {
+        return false;
+    }
+    match counters(bytes, h.stripes_off + s as u64 * h.stripe_bytes, n) {
+        Some(stripe) => {
+            for (o, v) in out.iter_mut().zip(stripe) {
+                *o = v.load(Ordering::Relaxed);
+            }
+            true
+        }
+        None => false,
+    }
+}
+
 /// Each function's [`function_flags`] (the first `out.len()`, at most
 /// `func_count`): they change while the process runs (counting switched,
 /// calls estimated), and [`Header::flags_changes`] moves when they do.

@@ -246,6 +246,7 @@ pub mod tests {
             samples: time_ns / 1_000_000,
             time_ns,
             total_calls: calls,
+            thread: None,
         }
     }
 
@@ -271,6 +272,7 @@ pub mod tests {
             period_ns: 1_000_000,
             lost: 0,
             rows,
+            threads: Vec::new(),
         };
         View {
             generation: 1,

@@ -92,7 +92,10 @@ pub struct ProcEntry {
     pub samples: u64,
     pub period_ns: u64,
     pub lost: u64,
-    pub reserved: u64,
+    /// Rows of its threads right after its own `row_count` rows (only
+    /// from `rtprofd --thread-rows`; readers that do not know them read
+    /// past none of them).
+    pub thread_rows: u64,
 }
 
 /// `Row::flags`: calls are counted (the function is instrumented).
@@ -109,6 +112,12 @@ pub const ROW_ACCELERATED: u32 = 8;
 /// `Row::flags`: its counting is switched off now (in a global row: in
 /// one of the processes at least).
 pub const ROW_COUNTING_OFF: u32 = 16;
+/// `Row::flags`: a thread's row (`rtprofd --thread-rows`), among its
+/// process's thread rows: calls of one function by thread `Row::tid`.
+pub const ROW_THREAD: u32 = 32;
+/// `Row::flags`, with [`ROW_THREAD`]: the first row of a thread, named by
+/// the thread's name, its calls the sum of its rows that follow.
+pub const ROW_THREAD_HEAD: u32 = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,7 +136,8 @@ pub struct Row {
     pub time_ns: u64,
     /// Since the process started (summed over processes in a global row).
     pub total_calls: u64,
-    pub reserved: u64,
+    /// The thread of a thread row ([`ROW_THREAD`]); 0 otherwise.
+    pub tid: u64,
 }
 
 // Every record is integers only, with no padding: the writer copies them

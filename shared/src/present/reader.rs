@@ -5,8 +5,8 @@
 
 use super::layout::{
     key_hash, BufferHeader, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC, PROC_ENDED,
-    ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, STALE_SLACK_NS,
-    STALE_TICKS, VERSION,
+    ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, ROW_THREAD,
+    ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
 };
 use std::mem::size_of;
 use std::ops::Range;
@@ -112,6 +112,8 @@ pub struct RowView {
     pub samples: u64,
     pub time_ns: u64,
     pub total_calls: u64,
+    /// A thread row's thread (see [`ProcView::threads`]).
+    pub thread: Option<u32>,
 }
 
 impl RowView {
@@ -140,6 +142,20 @@ pub struct ProcView {
     pub period_ns: u64,
     pub lost: u64,
     /// Its rows in [`View::rows`].
+    pub rows: Range<usize>,
+    /// Its live threads (`rtprofd --thread-rows`), with their rows in
+    /// [`View::rows`] (after the process's own).
+    pub threads: Vec<ThreadView>,
+}
+
+/// One thread of a process and its rows: its functions' calls over the
+/// span, hottest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadView {
+    pub tid: u32,
+    pub name: String,
+    /// Its calls over the span (of the functions in its rows).
+    pub calls: u64,
     pub rows: Range<usize>,
 }
 
@@ -261,9 +277,43 @@ impl<'a> Buffer<'a> {
             _ => Err(PresentError::BadRegion("process rows")),
         }
     }
+    /// A process's threads: the thread rows after its own, each thread's
+    /// head row (its name) first.
+    fn threads_of(&self, e: &ProcEntry, after: u32) -> Result<Vec<ThreadView>, PresentError> {
+        let end = u32::try_from(e.thread_rows)
+            .ok()
+            .and_then(|n| after.checked_add(n))
+            .filter(|&end| end <= self.h.global_first)
+            .ok_or(PresentError::BadRegion("thread rows"))?;
+        let mut out: Vec<ThreadView> = Vec::new();
+        for i in after..end {
+            let r = self.raw_row(i)?;
+            if r.flags & ROW_THREAD == 0 {
+                return Err(PresentError::BadRegion("thread rows"));
+            }
+            if r.flags & ROW_THREAD_HEAD != 0 {
+                out.push(ThreadView {
+                    tid: r.tid as u32,
+                    name: self.string(r.name_off, r.name_len)?,
+                    calls: r.calls,
+                    rows: i as usize + 1..i as usize + 1,
+                });
+            } else {
+                let t = out
+                    .last_mut()
+                    .ok_or(PresentError::BadRegion("thread rows"))?;
+                t.rows.end = i as usize + 1;
+            }
+        }
+        Ok(out)
+    }
     fn proc(&self, i: u32) -> Result<ProcView, PresentError> {
         let e = self.entry(i)?;
         let rows = self.rows_of(&e)?;
+        let threads = match e.thread_rows {
+            0 => Vec::new(),
+            _ => self.threads_of(&e, rows.end)?,
+        };
         Ok(ProcView {
             pid: e.pid,
             exe: self.string(e.exe_off, e.exe_len)?,
@@ -273,6 +323,7 @@ impl<'a> Buffer<'a> {
             period_ns: e.period_ns,
             lost: e.lost,
             rows: rows.start as usize..rows.end as usize,
+            threads,
         })
     }
     /// Row `i` as stored, unchecked.
@@ -304,6 +355,7 @@ impl<'a> Buffer<'a> {
             samples: r.samples,
             time_ns: r.time_ns,
             total_calls: r.total_calls,
+            thread: (r.flags & ROW_THREAD != 0).then_some(r.tid as u32),
         })
     }
 }

@@ -11,7 +11,8 @@
 
 use super::layout::{
     key_hash, now_ns, BufferHeader, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
-    PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, VERSION,
+    PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
+    ROW_THREAD, ROW_THREAD_HEAD, VERSION,
 };
 use std::collections::HashMap;
 use std::mem::size_of;
@@ -47,6 +48,7 @@ impl<'a> ProcTable<'a> {
             lost: self.lost,
             modules,
             rows,
+            threads: &[],
         }
     }
 }
@@ -101,6 +103,17 @@ pub struct ProcRows<'a> {
     pub lost: u64,
     pub modules: &'a [String],
     pub rows: &'a [IdRow],
+    /// Its live threads' rows (`rtprofd --thread-rows`), each thread's
+    /// hottest first.
+    pub threads: &'a [ThreadRows],
+}
+
+/// One thread's rows: calls of its functions over the span.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadRows {
+    pub tid: u32,
+    pub name: String,
+    pub rows: Vec<IdRow>,
 }
 
 /// Names and hash keys (`key_hash(exe, name)`) of the caller's row ids.
@@ -157,6 +170,14 @@ struct Scratch {
     global_of: Vec<u32>,
     global_ids: Vec<(u32, u32)>,
     hash: Vec<u32>,
+    /// Every process's threads' names, and where each process's start.
+    thread_names: Vec<(u32, u32)>,
+    thread_first: Vec<u32>,
+}
+
+/// Rows a process's threads take: a head row each and theirs.
+fn thread_rows(p: &ProcRows) -> usize {
+    p.threads.iter().map(|t| 1 + t.rows.len()).sum()
 }
 
 // SAFETY: nothing in the writer is tied to the thread that made it: it is
@@ -270,7 +291,7 @@ impl PresentWriter {
         let strings_len = names_len + sc.strings.len();
         let procs_off = align64(strings_off + strings_len);
         let rows_off = procs_off + procs.len() * size_of::<ProcEntry>();
-        let global_first: usize = procs.iter().map(|p| p.rows.len()).sum();
+        let global_first: usize = procs.iter().map(|p| p.rows.len() + thread_rows(p)).sum();
         let process_rows_end = rows_off + global_first * size_of::<Row>();
         if process_rows_end > cap {
             // Too large even without its global rows and index.
@@ -323,6 +344,8 @@ impl PresentWriter {
             order,
             global_of,
             global_ids,
+            thread_names,
+            thread_first,
             ..
         } = sc;
         for &pi in order.iter() {
@@ -339,7 +362,7 @@ impl PresentWriter {
                 samples: p.samples,
                 period_ns: p.period_ns,
                 lost: p.lost,
-                reserved: 0,
+                thread_rows: thread_rows(p) as u64,
             };
             // SAFETY: entry < procs.len(): inside the processes region.
             unsafe {
@@ -366,7 +389,7 @@ impl PresentWriter {
                     samples: r.samples,
                     time_ns: r.time_ns,
                     total_calls: r.total_calls,
-                    reserved: 0,
+                    tid: 0,
                 };
                 // SAFETY: next < global_first: a process row.
                 unsafe { rows.add(next).write(row) };
@@ -407,6 +430,42 @@ impl PresentWriter {
                     gr.time_ns = gr.time_ns.saturating_add(row.time_ns);
                     gr.total_calls = gr.total_calls.saturating_add(row.total_calls);
                     gr.flags |= row.flags;
+                }
+            }
+            // Its threads' rows: after its own, in no global row.
+            let thread_names = &thread_names[thread_first[pi] as usize..];
+            for (t, &(name_off, name_len)) in p.threads.iter().zip(thread_names) {
+                let head = Row {
+                    name_off,
+                    name_len,
+                    proc_index: entry,
+                    flags: ROW_THREAD | ROW_THREAD_HEAD,
+                    calls: t.rows.iter().fold(0u64, |a, r| a.saturating_add(r.calls)),
+                    tid: t.tid as u64,
+                    ..Row::default()
+                };
+                // SAFETY: next < global_first: thread rows are counted in it.
+                unsafe { rows.add(next).write(head) };
+                next += 1;
+                for r in &t.rows {
+                    let module = mods.get(r.module as usize).copied().unwrap_or(bad);
+                    let (name_off, name_len) = names.span(r.id);
+                    let row = Row {
+                        name_off,
+                        name_len,
+                        module_off: module.0,
+                        module_len: module.1,
+                        proc_index: entry,
+                        flags: (r.flags & !(ROW_GLOBAL | ROW_THREAD_HEAD)) | ROW_THREAD,
+                        calls: r.calls,
+                        samples: r.samples,
+                        time_ns: r.time_ns,
+                        total_calls: r.total_calls,
+                        tid: t.tid as u64,
+                    };
+                    // SAFETY: as above.
+                    unsafe { rows.add(next).write(row) };
+                    next += 1;
                 }
             }
         }
@@ -499,11 +558,17 @@ fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((u32, u32
         })
     };
     let missing = (intern("unknown"), intern("?"));
+    sc.thread_names.clear();
+    sc.thread_first.clear();
     for p in procs {
         sc.exe.push(intern(p.exe));
         sc.module_first.push(sc.modules.len() as u32);
         for m in p.modules {
             sc.modules.push(intern(m));
+        }
+        sc.thread_first.push(sc.thread_names.len() as u32);
+        for t in p.threads {
+            sc.thread_names.push(intern(&t.name));
         }
     }
     // Stable: an image replaced by exec stays before its successor.
@@ -753,6 +818,74 @@ pub(super) mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((hot.name.as_str(), hot.calls), ("hot", 3));
+    }
+
+    /// Thread rows follow their process's own rows, each thread's under a
+    /// head row with its name; they join no global row, and a reader of
+    /// the process's rows alone never sees them.
+    #[test]
+    fn thread_rows_stay_with_their_process() {
+        let t = table(1);
+        let mut names = Names(Vec::new(), String::new(), Vec::new(), 1);
+        let rows = by_id(&t, &mut names);
+        let modules = ["app".to_string()];
+        let mut procs = proc_rows(&t, &rows, &modules);
+        let hot = rows[0][1];
+        let threads = [
+            ThreadRows {
+                tid: 41,
+                name: "worker".into(),
+                rows: vec![
+                    IdRow { calls: 7, ..hot },
+                    IdRow {
+                        calls: 2,
+                        ..rows[0][0]
+                    },
+                ],
+            },
+            ThreadRows {
+                tid: 42,
+                name: "idle".into(),
+                rows: Vec::new(),
+            },
+        ];
+        procs[0].threads = &threads;
+        let (mem, mut w) = segment(64 * 1024);
+        w.publish_rows(1, 1, &procs, &names).unwrap();
+        let v = read_view(bytes(&mem)).unwrap();
+        let p = v.procs.iter().find(|p| p.pid == 10).unwrap();
+        assert_eq!(p.rows.len(), 3);
+        assert!(v.rows[p.rows.clone()].iter().all(|r| r.thread.is_none()));
+        // (tid, name, calls, [(function, calls)]) per thread.
+        type Seen<'a> = (u32, &'a str, u64, Vec<(&'a str, u64)>);
+        let got: Vec<Seen> = p
+            .threads
+            .iter()
+            .map(|t| {
+                let rows = &v.rows[t.rows.clone()];
+                assert!(rows.iter().all(|r| r.thread == Some(t.tid)));
+                let calls = rows.iter().map(|r| (r.name.as_str(), r.calls)).collect();
+                (t.tid, t.name.as_str(), t.calls, calls)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (41, "worker", 9, vec![("hot", 7), ("main", 2)]),
+                (42, "idle", 0, vec![])
+            ]
+        );
+        // Global rows: the processes' own rows only.
+        let g = &v.rows[v.global.clone()];
+        let hot_all = g
+            .iter()
+            .find(|r| r.name == "hot" && v.exe_of(r) == Some("/bin/app"));
+        assert_eq!(hot_all.unwrap().calls, 2 + 2);
+        // One process read alone: its own rows.
+        let (_, own) = super::super::reader::read_process(bytes(&mem), 10)
+            .unwrap()
+            .unwrap();
+        assert_eq!(own.len(), 3);
     }
 
     /// Names of an unchanged version are not copied again into a buffer
