@@ -186,8 +186,6 @@ pub fn refuse_from(w: &mut SegmentWriter, first: u32) {
     }
 }
 
-/// Records the outcome of each function from slot `first`; returns how
-/// many were patched.
 /// Flags the functions of `mp` (slots from `first`) patched with a trap
 /// entry.
 pub fn mark_traps(
@@ -203,6 +201,8 @@ pub fn mark_traps(
     }
 }
 
+/// Records the outcome of each function from slot `first`; returns how
+/// many were patched.
 pub fn record_outcomes(w: &mut SegmentWriter, first: u32, outcomes: &Outcomes) -> usize {
     for (k, o) in outcomes.iter().enumerate() {
         w.set_status(first + k as u32, *o);

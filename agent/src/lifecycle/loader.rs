@@ -148,6 +148,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
         if !present {
             if let Some(area) = k.area.take() {
                 stubs.remove(area.addr, area.addr + area.len);
+                crate::traps::remove_stubs_in(area.addr, area.addr + area.len);
                 area.release();
             }
             vlog!("{}: unloaded", k.file);

@@ -202,8 +202,11 @@ pub(crate) fn start() {
         return;
     }
     crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), secure_mode()));
-    if cfg.traps && !cfg.warm_only && crate::traps::enable() {
-        vlog!("trap entries on (RTPROF_TRAPS)");
+    // A trap costs a thousand counted calls: no budget could pay for it.
+    if cfg.traps && cfg.budget.is_some() {
+        vlog!("no trap entries under an overhead budget");
+    } else if cfg.traps && crate::traps::want() {
+        vlog!("trap entries planned (RTPROF_TRAPS)");
     }
     ph.mark("checks");
     let maps = Maps::current();
@@ -274,6 +277,9 @@ pub(crate) fn start() {
         Some(_) => StubMap::keeping_entries(),
         None => StubMap::default(),
     };
+    if crate::traps::wanted() && !crate::traps::arm() {
+        vlog!("cannot handle SIGTRAP: no trap entries");
+    }
     for (p, (_, first)) in plans.iter().zip(&recorded) {
         let (Planned::Instrument(p), Some(first)) = (p, *first) else {
             continue;

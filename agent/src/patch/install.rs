@@ -270,6 +270,11 @@ fn install_with(
             outcomes[i] = Some(Refusal::BranchIntoWindow);
             continue;
         }
+        // A trap entry only where its trap is handled.
+        if plan.is_trap() && !crate::traps::on() {
+            outcomes[i] = Some(Refusal::TooSmall);
+            continue;
+        }
         let start = used.div_ceil(STUB_ALIGN as usize) * STUB_ALIGN as usize;
         // Alignment fill that traps.
         let fill_end = start.min(code.len());

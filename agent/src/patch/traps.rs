@@ -3,112 +3,222 @@
 //! branches into the first bytes). Its first byte becomes a trap; the
 //! handler here sends the thread on to the function's stub, which counts
 //! the call, runs the first instruction and jumps back past it. Exact, but
-//! a call costs a signal (about a microsecond): the report flags these
-//! functions.
+//! a call costs a signal (microseconds): the report flags these functions.
 //!
-//! A trap whose signal is blocked or ignored kills the process, so while
-//! trap entries exist the program is kept from blocking SIGTRAP or taking
-//! it over: its masks and handlers' masks lose SIGTRAP (see `interpose`),
-//! and a handler it installs for SIGTRAP is kept here and called for traps
-//! that are not ours. Code that blocks every signal with raw system calls
-//! (the C library's own, around `clone` and `fork`) must never reach a
-//! trap entry: the C runtime's modules get none. Never enabled for a
-//! process that has a SIGTRAP handler or a tracer at start-up, nor under
-//! `rtprof attach`.
+//! A trap whose signal is blocked kills the process, so while trap entries
+//! exist the program is kept from blocking SIGTRAP or taking it over: the
+//! masks it hands the C library lose SIGTRAP (see `interpose`), new threads
+//! start with it unblocked, and a handler it installs for SIGTRAP is kept
+//! here and called for traps that are not ours. Code that blocks every
+//! signal with raw system calls (the C library's own, around `clone` and
+//! `fork`) must never reach a trap entry: the C runtime's modules get none.
+//! Never used in a process that has a SIGTRAP handler or a tracer at
+//! start-up, under an overhead budget (a trap costs a thousand times a
+//! counted call), nor under `rtprof attach`.
 
 use crate::arch::{InstructionSet, Native};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
-/// Trap entries are in use in this process.
+/// Trap entries may be planned (set at start-up, before planning).
+static WANTED: AtomicBool = AtomicBool::new(false);
+/// The handler is installed: trap entries may be written, and SIGTRAP is
+/// kept unblocked.
 static ON: AtomicBool = AtomicBool::new(false);
 
 /// (trap address, stub) sorted by address, as the handler reads it.
 struct Table(Vec<(u64, u64)>);
 
-/// The current table. Tables are replaced when a library adds trap
-/// entries and the old one is never freed (a handler on another thread
-/// may be reading it): a few bytes per library load with trap entries.
+/// The current table. Tables are replaced when libraries with trap entries
+/// come and go, and an old one is never freed (a handler on another thread
+/// may be reading it): a few bytes per such load or unload.
 static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
-/// Every trap entry, for building the next table.
-static ALL: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
-/// The program's own SIGTRAP disposition, as it set it: handler and
-/// flags (`SIG_DFL` until it sets one).
-static PROGRAM_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
-static PROGRAM_FLAGS: AtomicI32 = AtomicI32::new(0);
+/// Every trap entry, for building the next table: changed only with the
+/// lock held; a forked child, whose other threads are gone, resets it.
+struct Sites {
+    busy: AtomicBool,
+    all: UnsafeCell<Vec<(u64, u64)>>,
+}
 
-/// Whether trap entries are in use.
+// SAFETY: `all` is only reached with `busy` held (see `with_sites`).
+unsafe impl Sync for Sites {}
+
+static SITES: Sites = Sites {
+    busy: AtomicBool::new(false),
+    all: UnsafeCell::new(Vec::new()),
+};
+
+/// Runs `f` on every trap entry, then publishes them as the new table.
+fn with_sites(f: impl FnOnce(&mut Vec<(u64, u64)>)) {
+    while SITES.busy.swap(true, Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    // SAFETY: `busy` is ours: no other reference to the list exists.
+    let all = unsafe { &mut *SITES.all.get() };
+    f(all);
+    all.sort_unstable_by_key(|e| e.0);
+    let table = Box::into_raw(Box::new(Table(all.clone())));
+    // The old table is left as it is (see TABLE).
+    TABLE.store(table, Ordering::Release);
+    SITES.busy.store(false, Ordering::Release);
+}
+
+/// In a forked child (one thread): a parent's thread that held the list
+/// does not exist here.
+pub fn reset_in_child() {
+    SITES.busy.store(false, Ordering::Release);
+}
+
+/// The program's own SIGTRAP disposition as it set it, in one word so a
+/// trap never sees a handler with another's flags: the handler's address
+/// (`SIG_DFL` until it sets one) and its flags in the top bits.
+static PROGRAM: AtomicU64 = AtomicU64::new(libc::SIG_DFL as u64);
+const P_SIGINFO: u64 = 1 << 63;
+const P_RESETHAND: u64 = 1 << 62;
+const P_NODEFER: u64 = 1 << 61;
+const P_HANDLER: u64 = (1 << 56) - 1;
+/// Its `sa_mask`, signals 1 to 64 (bit n-1 for signal n).
+static PROGRAM_MASK: AtomicU64 = AtomicU64::new(0);
+
+fn pack(handler: usize, flags: i32) -> u64 {
+    let bit = |f: i32, b: u64| if flags & f != 0 { b } else { 0 };
+    (handler as u64 & P_HANDLER)
+        | bit(libc::SA_SIGINFO, P_SIGINFO)
+        | bit(libc::SA_RESETHAND, P_RESETHAND)
+        | bit(libc::SA_NODEFER, P_NODEFER)
+}
+
+fn unpack(p: u64) -> (usize, i32) {
+    let bit = |b: u64, f: i32| if p & b != 0 { f } else { 0 };
+    (
+        (p & P_HANDLER) as usize,
+        bit(P_SIGINFO, libc::SA_SIGINFO)
+            | bit(P_RESETHAND, libc::SA_RESETHAND)
+            | bit(P_NODEFER, libc::SA_NODEFER),
+    )
+}
+
+/// Whether trap entries are planned for modules analysed from now on.
+pub fn wanted() -> bool {
+    WANTED.load(Ordering::Acquire)
+}
+
+/// Whether trap entries are in use (their handler is installed).
 pub fn on() -> bool {
     ON.load(Ordering::Acquire)
 }
 
 /// Whether a module may get trap entries: not the C runtime, which runs
-/// code with every signal blocked by raw system calls.
+/// code with every signal blocked by raw system calls (and helper threads
+/// that start so).
 pub fn allowed_in(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
-    !["libc.so", "libc-", "ld-linux", "ld-", "libpthread"]
-        .iter()
-        .any(|p| name.starts_with(p))
+    ![
+        "libc.so",
+        "libc-2.",
+        "ld-linux",
+        "ld-2.",
+        "libpthread",
+        "librt.",
+        "librt-",
+        "libanl",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
 }
 
-/// Turns trap entries on, at start-up (one thread, no tracer): only if
-/// the program has no SIGTRAP handler of its own yet. Installs the
-/// handler and unblocks SIGTRAP.
-pub fn enable() -> bool {
+/// Decides, at start-up (one thread, no tracer), whether trap entries are
+/// planned: only if the program has no SIGTRAP handler of its own.
+pub fn want() -> bool {
     let Some(real) = crate::interpose::real_sigaction() else {
         return false;
     };
-    // SAFETY: zeroed sigaction structs are valid; `real` is libc's
-    // sigaction, given a live struct to fill.
-    unsafe {
+    // SAFETY: a zeroed sigaction is valid; `real` is libc's sigaction,
+    // given a live struct to fill.
+    let old = unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
         if real(libc::SIGTRAP, std::ptr::null(), &mut old) != 0 {
             return false;
         }
-        if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN {
-            crate::log::vlog!("the program handles SIGTRAP: no trap entries");
-            return false;
-        }
-        PROGRAM_HANDLER.store(old.sa_sigaction, Ordering::Relaxed);
+        old
+    };
+    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN {
+        crate::log::vlog!("the program handles SIGTRAP: no trap entries");
+        return false;
+    }
+    PROGRAM.store(pack(old.sa_sigaction, 0), Ordering::Release);
+    WANTED.store(true, Ordering::Release);
+    true
+}
+
+/// Installs the handler and unblocks SIGTRAP, before the first trap entry
+/// is written; false (and no trap entry is written) if it cannot.
+pub fn arm() -> bool {
+    if !wanted() {
+        return false;
+    }
+    let Some(real) = crate::interpose::real_sigaction() else {
+        return false;
+    };
+    // SAFETY: a zeroed sigaction and sigset are valid; `real` is libc's
+    // sigaction, given live structs.
+    unsafe {
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = on_trap as *const () as usize;
-        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // Not deferred: a program's handler we call may run into a trap
+        // entry itself. On the alternate stack where there is one.
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER | libc::SA_ONSTACK;
         libc::sigemptyset(&mut act.sa_mask);
         if real(libc::SIGTRAP, &act, std::ptr::null_mut()) != 0 {
             return false;
         }
+    }
+    unblock_here();
+    ON.store(true, Ordering::Release);
+    true
+}
+
+/// Unblocks SIGTRAP in the calling thread.
+pub fn unblock_here() {
+    // SAFETY: a local signal set, initialised before use.
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTRAP);
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
-    ON.store(true, Ordering::Release);
-    true
 }
 
 /// Adds trap entries (trap address, stub), before their traps are
-/// written.
+/// written; an entry at an address already there replaces it.
 pub fn add(sites: &[(u64, u64)]) {
     if sites.is_empty() {
         return;
     }
-    let mut all = ALL.lock().unwrap_or_else(|e| e.into_inner());
-    all.extend_from_slice(sites);
-    all.sort_unstable();
-    let table = Box::into_raw(Box::new(Table(all.clone())));
-    // The old table is left as it is (see TABLE).
-    TABLE.store(table, Ordering::Release);
+    with_sites(|all| {
+        all.retain(|e| !sites.iter().any(|s| s.0 == e.0));
+        all.extend_from_slice(sites);
+    });
+}
+
+/// Forgets the trap entries whose stubs lie in [lo, hi): their module was
+/// unloaded and its stub area goes.
+pub fn remove_stubs_in(lo: u64, hi: u64) {
+    let here = |e: &(u64, u64)| (lo..hi).contains(&e.1);
+    // SAFETY: a read of the published table, never freed.
+    let any =
+        unsafe { TABLE.load(Ordering::Acquire).as_ref() }.is_some_and(|t| t.0.iter().any(here));
+    if any {
+        with_sites(|all| all.retain(|e| !here(e)));
+    }
 }
 
 /// The stub of the trap entry at `site`.
 fn stub_of(site: u64) -> Option<u64> {
-    let t = TABLE.load(Ordering::Acquire);
-    if t.is_null() {
-        return None;
-    }
     // SAFETY: tables are published whole and never freed.
-    let v = unsafe { &(*t).0 };
+    let t = unsafe { TABLE.load(Ordering::Acquire).as_ref() }?;
+    let v = &t.0;
     v.binary_search_by_key(&site, |e| e.0).ok().map(|i| v[i].1)
 }
 
@@ -130,61 +240,119 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut lib
             return;
         }
     }
-    let handler = PROGRAM_HANDLER.load(Ordering::Acquire);
+    let (handler, flags) = unpack(PROGRAM.load(Ordering::Acquire));
     match handler {
         libc::SIG_IGN if !from_trap => {}
-        // What the kernel does to a trap nobody handles, or to a signal
-        // whose disposition is the default: the process ends, with a core.
-        libc::SIG_DFL | libc::SIG_IGN => {
-            if let Some(real) = crate::interpose::real_sigaction() {
-                // SAFETY: a zeroed sigaction is SIG_DFL with no flags;
-                // raised while SIGTRAP is blocked in this handler, it is
-                // delivered, with that disposition, once the handler returns.
-                unsafe {
-                    let dfl: libc::sigaction = std::mem::zeroed();
-                    real(libc::SIGTRAP, &dfl, std::ptr::null_mut());
-                    libc::raise(libc::SIGTRAP);
-                }
+        // What the kernel does to a trap nobody handles (ignored or not),
+        // or to a signal left to its default: the process ends, with a
+        // core dump.
+        libc::SIG_DFL | libc::SIG_IGN => die_of_sigtrap(),
+        h => call_program(h, flags, sig, info, uc as *mut libc::c_void),
+    }
+}
+
+/// Ends the process as an unhandled SIGTRAP does.
+fn die_of_sigtrap() {
+    let Some(real) = crate::interpose::real_sigaction() else {
+        // SAFETY: ends the process.
+        unsafe { libc::abort() }
+    };
+    // SAFETY: a zeroed sigaction is SIG_DFL with no flags; SIGTRAP raised
+    // with that disposition, unblocked, ends the process.
+    unsafe {
+        let dfl: libc::sigaction = std::mem::zeroed();
+        real(libc::SIGTRAP, &dfl, std::ptr::null_mut());
+        libc::raise(libc::SIGTRAP);
+    }
+    unblock_here();
+    // SAFETY: ends the process, should the signal not have.
+    unsafe { libc::_exit(128 + libc::SIGTRAP) }
+}
+
+/// Calls the program's SIGTRAP handler `h` as the kernel would have: with
+/// its mask (SIGTRAP itself never blocked: its handler may run into a trap
+/// entry), and its disposition reset first if it asked for that.
+fn call_program(
+    h: usize,
+    flags: i32,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uc: *mut libc::c_void,
+) {
+    if flags & libc::SA_RESETHAND != 0 {
+        PROGRAM.store(libc::SIG_DFL as u64, Ordering::Release);
+    }
+    let bits = PROGRAM_MASK.load(Ordering::Acquire);
+    // SAFETY: local signal sets; pthread_sigmask is async-signal-safe in
+    // practice (one system call), and the old mask is put back.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in 1..=64 {
+            if bits & (1 << (s - 1)) != 0 && s != libc::SIGTRAP {
+                libc::sigaddset(&mut set, s);
             }
         }
-        h if PROGRAM_FLAGS.load(Ordering::Acquire) & libc::SA_SIGINFO != 0 => {
-            type Action = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
-            // SAFETY: the program installed `h` as an SA_SIGINFO handler.
-            let f: Action = unsafe { std::mem::transmute(h) };
-            f(sig, info, uc as *mut libc::c_void);
-        }
-        h => {
-            type Handler = extern "C" fn(libc::c_int);
-            // SAFETY: the program installed `h` as a plain handler.
-            let f: Handler = unsafe { std::mem::transmute(h) };
-            f(sig);
-        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    };
+    if flags & libc::SA_SIGINFO != 0 {
+        type Action = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+        // SAFETY: the program installed `h` as an SA_SIGINFO handler.
+        let f: Action = unsafe { std::mem::transmute(h) };
+        f(sig, info, uc);
+    } else {
+        type Handler = extern "C" fn(libc::c_int);
+        // SAFETY: the program installed `h` as a plain handler.
+        let f: Handler = unsafe { std::mem::transmute(h) };
+        f(sig);
     }
+    // SAFETY: the mask this handler started with, from above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
 }
 
 /// The program's `sigaction(SIGTRAP, act, old)` while trap entries are
 /// in use: it keeps its disposition here, not in the kernel. Returns 0.
 ///
 /// # Safety
-/// `act` and `old` are null or valid, as for `sigaction(2)`.
+/// `act` and `old` are null or valid, as for `sigaction(2)` (they may be
+/// the same struct).
 pub unsafe fn program_sigaction(act: *const libc::sigaction, old: *mut libc::sigaction) -> i32 {
+    // Read before `old` is written: they may be one struct.
+    let new = (!act.is_null()).then(|| *act);
     if !old.is_null() {
+        let (h, flags) = unpack(PROGRAM.load(Ordering::Acquire));
         // SAFETY: the caller's struct; all-zero is a valid value.
         *old = std::mem::zeroed();
-        (*old).sa_sigaction = PROGRAM_HANDLER.load(Ordering::Acquire);
-        (*old).sa_flags = PROGRAM_FLAGS.load(Ordering::Acquire);
+        (*old).sa_sigaction = h;
+        (*old).sa_flags = flags;
+        libc::sigemptyset(&mut (*old).sa_mask);
+        let bits = PROGRAM_MASK.load(Ordering::Acquire);
+        for s in 1..=64 {
+            if bits & (1 << (s - 1)) != 0 {
+                libc::sigaddset(&mut (*old).sa_mask, s);
+            }
+        }
     }
-    if !act.is_null() {
-        PROGRAM_FLAGS.store((*act).sa_flags, Ordering::Release);
-        PROGRAM_HANDLER.store((*act).sa_sigaction, Ordering::Release);
+    if let Some(a) = new {
+        let mut bits = 0u64;
+        for s in 1..=64 {
+            if libc::sigismember(&a.sa_mask, s) == 1 {
+                bits |= 1 << (s - 1);
+            }
+        }
+        PROGRAM_MASK.store(bits, Ordering::Release);
+        PROGRAM.store(pack(a.sa_sigaction, a.sa_flags), Ordering::Release);
     }
     0
 }
 
-/// The program's `signal(SIGTRAP, handler)` likewise: the previous one.
+/// The program's `signal(SIGTRAP, handler)` (or `sigset`, `sysv_signal`,
+/// `bsd_signal`) likewise: the previous handler.
 pub fn program_signal(handler: libc::sighandler_t) -> libc::sighandler_t {
-    PROGRAM_FLAGS.store(0, Ordering::Release);
-    PROGRAM_HANDLER.swap(handler, Ordering::AcqRel)
+    PROGRAM_MASK.store(0, Ordering::Release);
+    unpack(PROGRAM.swap(pack(handler, 0), Ordering::AcqRel)).0
 }
 
 /// `set` without SIGTRAP, if it holds it and trap entries are in use:
@@ -201,6 +369,16 @@ pub unsafe fn without_trap(set: *const libc::sigset_t) -> Option<libc::sigset_t>
     Some(s)
 }
 
+/// A BSD-style mask (bit n-1 for signal n) without SIGTRAP while trap
+/// entries are in use.
+pub fn without_trap_bits(mask: libc::c_int) -> libc::c_int {
+    if on() {
+        mask & !(1 << (libc::SIGTRAP - 1))
+    } else {
+        mask
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +389,7 @@ mod tests {
             "/lib/x86_64-linux-gnu/libc.so.6",
             "/lib64/ld-linux-x86-64.so.2",
             "/usr/lib/libpthread.so.0",
+            "/lib/x86_64-linux-gnu/librt.so.1",
         ] {
             assert!(!allowed_in(p), "{p}");
         }
@@ -218,18 +397,40 @@ mod tests {
             "/usr/bin/app",
             "/usr/lib/libpython3.11.so.1.0",
             "libcrypto.so.3",
+            "libc-client.so.2007e",
         ] {
             assert!(allowed_in(p), "{p}");
         }
     }
 
     #[test]
-    fn tables_find_their_sites() {
+    fn tables_find_their_sites_and_lose_unloaded_ones() {
         add(&[(0x3000, 0x9000), (0x1000, 0x8000)]);
         add(&[(0x2000, 0x7000)]);
         assert_eq!(stub_of(0x1000), Some(0x8000));
         assert_eq!(stub_of(0x2000), Some(0x7000));
         assert_eq!(stub_of(0x3000), Some(0x9000));
         assert_eq!(stub_of(0x2001), None);
+        // Unloaded: its stubs' sites go; a module loaded at the same place
+        // brings its own.
+        remove_stubs_in(0x8000, 0x9000);
+        assert_eq!(stub_of(0x1000), None);
+        assert_eq!(stub_of(0x3000), Some(0x9000));
+        add(&[(0x1000, 0x8800), (0x3000, 0x9100)]);
+        assert_eq!(stub_of(0x1000), Some(0x8800));
+        assert_eq!(stub_of(0x3000), Some(0x9100));
+    }
+
+    #[test]
+    fn dispositions_keep_their_flags() {
+        let h = 0x7f12_3456_789a_usize;
+        for flags in [
+            0,
+            libc::SA_SIGINFO,
+            libc::SA_SIGINFO | libc::SA_RESETHAND,
+        ] {
+            assert_eq!(unpack(pack(h, flags)), (h, flags));
+        }
+        assert_eq!(unpack(pack(libc::SIG_IGN, 0)), (libc::SIG_IGN, 0));
     }
 }

@@ -31,7 +31,7 @@ fn open_with_debug(m: &Module, maps: &Maps) -> Result<(FileImage, Option<DebugFi
 pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
     let (file, debug) = open_with_debug(&m, maps)?;
-    let traps = crate::traps::on() && crate::traps::allowed_in(&m.path);
+    let traps = crate::traps::wanted() && crate::traps::allowed_in(&m.path);
     let kind = if traps {
         Kind::PlanWithTraps
     } else {
