@@ -424,11 +424,7 @@ mod tests {
     #[test]
     fn dispositions_keep_their_flags() {
         let h = 0x7f12_3456_789a_usize;
-        for flags in [
-            0,
-            libc::SA_SIGINFO,
-            libc::SA_SIGINFO | libc::SA_RESETHAND,
-        ] {
+        for flags in [0, libc::SA_SIGINFO, libc::SA_SIGINFO | libc::SA_RESETHAND] {
             assert_eq!(unpack(pack(h, flags)), (h, flags));
         }
         assert_eq!(unpack(pack(libc::SIG_IGN, 0)), (libc::SIG_IGN, 0));

@@ -70,6 +70,10 @@ pub struct RunArgs {
     /// estimated, with an error bound.
     #[arg(long, value_name = "PERCENT")]
     budget: Option<f64>,
+    /// Count the functions no jump can enter through traps (RTPROF_TRAPS):
+    /// exact, a signal per call, flagged [trap].
+    #[arg(long)]
+    traps: bool,
     /// Agent diagnostics on stderr (RTPROF_VERBOSE).
     #[arg(long)]
     verbose: bool,
@@ -122,6 +126,9 @@ fn agent_env(cmd: &mut Command, args: &RunArgs, agent: &Path, dir: &Path) {
     }
     if args.verbose {
         cmd.env("RTPROF_VERBOSE", "1");
+    }
+    if args.traps {
+        cmd.env("RTPROF_TRAPS", "1");
     }
     if args.no_calls {
         cmd.env("RTPROF_INSTRUMENT", "0");
