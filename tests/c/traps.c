@@ -6,8 +6,11 @@
  * under sigprocmask, sigsetmask, sigblock and sighold, in a context whose
  * mask blocks everything, and in the program's own SIGTRAP handler, which
  * must still see the program's own traps (installed by sigaction, which
- * may read and write one struct, and by sigset). Every call of zero() is
- * counted by the program too. */
+ * may read and write one struct, and by sigset; a vfork child resetting
+ * its own does not take the parent's), and after sigignore. ppoll is the
+ * fortified one. Every call of zero() is counted by the program too. */
+#undef _FORTIFY_SOURCE
+#define _FORTIFY_SOURCE 2
 #define _GNU_SOURCE
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <poll.h>
@@ -15,6 +18,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -73,8 +77,12 @@ static void wait_for_usr1(int with_ppoll) {
     sigfillset(&rest);
     sigdelset(&rest, SIGUSR1);
     if (with_ppoll) {
+        /* A counted array and a count the compiler cannot see: the
+         * fortified ppoll (__ppoll_chk). */
+        struct pollfd fds[1];
+        static volatile int none = 0;
         struct timespec ts = {5, 0};
-        ppoll(NULL, 0, &ts, &rest);
+        ppoll(fds, none, &ts, &rest);
     } else {
         sigsuspend(&rest);
     }
@@ -137,9 +145,18 @@ int main(void) {
     printf("own handler %s\n", st.sa_sigaction == on_trap ? "kept" : "lost");
     for (int i = 0; i < 3; i++) __asm__ volatile("int3");
     raise(SIGTRAP);
+    pid_t child = vfork();
+    if (child == 0) {
+        signal(SIGTRAP, SIG_DFL);
+        _exit(0);
+    }
+    waitpid(child, NULL, 0);
+    raise(SIGTRAP);
     sigset(SIGTRAP, on_trap_plain);
     __asm__ volatile("int3");
     printf("traps seen %d\n", traps_seen);
+    sigignore(SIGTRAP);
+    sink += ZERO();
 
     for (int i = 0; i < 5; i++) sink += same(i);
     printf("usr1 %d\n", usr1);

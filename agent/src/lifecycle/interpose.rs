@@ -18,9 +18,9 @@
 //!   unblocked starts);
 //! - with trap entries (`traps`), SIGTRAP: the program's handler for it
 //!   is kept aside (`sigaction`, `signal`, `sigset`, `sysv_signal`,
-//!   `bsd_signal`), and no mask it hands the C library blocks it
-//!   (`sigprocmask`, `pthread_sigmask`, handlers' masks, `sigsuspend`,
-//!   `ppoll`, `pselect`, `epoll_pwait`, `epoll_pwait2`,
+//!   `bsd_signal`, `sigignore`), and no mask it hands the C library blocks
+//!   it (`sigprocmask`, `pthread_sigmask`, handlers' masks, `sigsuspend`,
+//!   `ppoll` and its fortified form, `pselect`, `epoll_pwait`, `epoll_pwait2`,
 //!   `pthread_attr_setsigmask_np`, `sigsetmask`, `sigblock`, `sighold`,
 //!   `setcontext`, `swapcontext`); a new thread starts with it unblocked.
 //!
@@ -31,6 +31,10 @@
 use crate::{budget, fork, sampling, threads};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// [`Real::addr`] of a function looked up and not found (never a
+/// function's address: odd, in the zero page).
+const MISSING: usize = 1;
 
 /// The next definition of a wrapped function, looked up once.
 pub struct Real {
@@ -46,14 +50,22 @@ impl Real {
         }
     }
 
+    /// Its address, or 0 if the next object has none (looked up once:
+    /// [`MISSING`] remembers a failed lookup, so a vfork child never calls
+    /// `dlsym` for a function this C library lacks).
     fn addr(&self) -> usize {
         let mut f = self.addr.load(Ordering::Acquire);
         if f == 0 {
             // SAFETY: a NUL-terminated name; dlsym only looks it up.
             f = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) } as usize;
-            self.addr.store(f, Ordering::Release);
+            self.addr
+                .store(if f == 0 { MISSING } else { f }, Ordering::Release);
         }
-        f
+        if f == MISSING {
+            0
+        } else {
+            f
+        }
     }
 
     /// Its address, if the next object defines it.
@@ -112,8 +124,11 @@ pub static SYSV_SIGNAL: Real = Real::new(c"sysv_signal");
 pub static BSD_SIGNAL: Real = Real::new(c"bsd_signal");
 pub static SETCONTEXT: Real = Real::new(c"setcontext");
 pub static SWAPCONTEXT: Real = Real::new(c"swapcontext");
+pub static SIGIGNORE: Real = Real::new(c"sigignore");
+pub static PPOLL_CHK: Real = Real::new(c"__ppoll_chk");
+pub static SIGSUSPEND2: Real = Real::new(c"__sigsuspend");
 
-static ALL: [&Real; 31] = [
+static ALL: [&Real; 34] = [
     &EXIT,
     &EXIT2,
     &EXECVE,
@@ -145,6 +160,9 @@ static ALL: [&Real; 31] = [
     &BSD_SIGNAL,
     &SETCONTEXT,
     &SWAPCONTEXT,
+    &SIGIGNORE,
+    &PPOLL_CHK,
+    &SIGSUSPEND2,
 ];
 
 /// Looks every wrapped function up now: from the agent's constructor,
@@ -538,7 +556,7 @@ pub unsafe extern "C" fn signal(
     handler: libc::sighandler_t,
 ) -> libc::sighandler_t {
     if sig == libc::SIGTRAP && crate::traps::on() {
-        return crate::traps::program_signal(handler);
+        return crate::traps::program_signal(handler, 0);
     }
     let shown = sampling::timer::program_view(sig);
     sampling::timer::program_takes_signal(sig, handler);
@@ -657,6 +675,8 @@ macro_rules! unmasking {
 unmasking! {
     /// `sigsuspend(2)`.
     sigsuspend / SIGSUSPEND (; mask) -> libc::c_int, no_such_function();
+    /// `__sigsuspend`, its other name.
+    __sigsuspend / SIGSUSPEND2 (; mask) -> libc::c_int, no_such_function();
     /// `ppoll(2)`.
     ppoll / PPOLL (fds: *mut libc::pollfd, n: libc::nfds_t, timeout: *const libc::timespec; mask)
         -> libc::c_int, no_such_function();
@@ -722,7 +742,7 @@ pub unsafe extern "C" fn sighold(sig: libc::c_int) -> libc::c_int {
 /// Declares wrappers of `signal`'s relatives: SIGTRAP's handler is kept
 /// aside while trap entries exist.
 macro_rules! signal_like {
-    ($($(#[$doc:meta])* $name:ident / $real:ident;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident / $real:ident, $flags:expr;)*) => {$(
         $(#[$doc])*
         ///
         /// # Safety
@@ -737,7 +757,7 @@ macro_rules! signal_like {
             if sig == libc::SIGTRAP && crate::traps::on() {
                 return match handler {
                     2 => unpacked_program_handler(),
-                    h => crate::traps::program_signal(h),
+                    h => crate::traps::program_signal(h, $flags),
                 };
             }
             match $real.get::<SignalFn>() {
@@ -750,11 +770,58 @@ macro_rules! signal_like {
 
 signal_like! {
     /// `sigset(3)`.
-    sigset / SIGSET;
-    /// `sysv_signal(3)`.
-    sysv_signal / SYSV_SIGNAL;
+    sigset / SIGSET, 0;
+    /// `sysv_signal(3)`: a one-shot handler.
+    sysv_signal / SYSV_SIGNAL, libc::SA_RESETHAND | libc::SA_NODEFER;
     /// `bsd_signal(3)`.
-    bsd_signal / BSD_SIGNAL;
+    bsd_signal / BSD_SIGNAL, 0;
+}
+
+/// `sigignore(3)`: ignoring SIGTRAP is kept aside like a handler.
+///
+/// # Safety
+/// The C library function's contract.
+#[cfg_attr(not(test), no_mangle)]
+#[cfg_attr(test, allow(dead_code))]
+pub unsafe extern "C" fn sigignore(sig: libc::c_int) -> libc::c_int {
+    if sig == libc::SIGTRAP && crate::traps::on() {
+        crate::traps::program_signal(libc::SIG_IGN, 0);
+        return 0;
+    }
+    type F = unsafe extern "C" fn(libc::c_int) -> libc::c_int;
+    match SIGIGNORE.get::<F>() {
+        Some(real) => real(sig),
+        None => no_such_function(),
+    }
+}
+
+/// `ppoll` as `_FORTIFY_SOURCE` calls it (`fdslen`: the array's size).
+///
+/// # Safety
+/// The C library function's contract.
+#[cfg_attr(not(test), no_mangle)]
+#[cfg_attr(test, allow(dead_code))]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+    fdslen: libc::size_t,
+) -> libc::c_int {
+    // SAFETY: an all-zero sigset_t is valid; `unmasked` fills it.
+    let mut keep: libc::sigset_t = std::mem::zeroed();
+    let mask = unmasked(mask, &mut keep);
+    type F = unsafe extern "C" fn(
+        *mut libc::pollfd,
+        libc::nfds_t,
+        *const libc::timespec,
+        *const libc::sigset_t,
+        libc::size_t,
+    ) -> libc::c_int;
+    match PPOLL_CHK.get::<F>() {
+        Some(real) => real(fds, n, timeout, mask, fdslen),
+        None => no_such_function(),
+    }
 }
 
 /// The program's SIGTRAP handler as it set it.

@@ -18,13 +18,16 @@
 
 use crate::arch::{InstructionSet, Native};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 /// Trap entries may be planned (set at start-up, before planning).
 static WANTED: AtomicBool = AtomicBool::new(false);
 /// The handler is installed: trap entries may be written, and SIGTRAP is
 /// kept unblocked.
 static ON: AtomicBool = AtomicBool::new(false);
+/// The process whose handler that is. A vfork child shares our memory but
+/// not our signal handlers: its calls go straight to the C library.
+static OWNER: AtomicI32 = AtomicI32::new(0);
 
 /// (trap address, stub) sorted by address, as the handler reads it.
 struct Table(Vec<(u64, u64)>);
@@ -38,6 +41,9 @@ static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
 /// lock held; a forked child, whose other threads are gone, resets it.
 struct Sites {
     busy: AtomicBool,
+    /// A forked child may have taken the list in the middle of a change:
+    /// it is made again from the published table before its next use.
+    stale: AtomicBool,
     all: UnsafeCell<Vec<(u64, u64)>>,
 }
 
@@ -46,6 +52,7 @@ unsafe impl Sync for Sites {}
 
 static SITES: Sites = Sites {
     busy: AtomicBool::new(false),
+    stale: AtomicBool::new(false),
     all: UnsafeCell::new(Vec::new()),
 };
 
@@ -56,6 +63,13 @@ fn with_sites(f: impl FnOnce(&mut Vec<(u64, u64)>)) {
     }
     // SAFETY: `busy` is ours: no other reference to the list exists.
     let all = unsafe { &mut *SITES.all.get() };
+    if SITES.stale.swap(false, Ordering::AcqRel) {
+        all.clear();
+        // SAFETY: a published table, never freed.
+        if let Some(t) = unsafe { TABLE.load(Ordering::Acquire).as_ref() } {
+            all.extend_from_slice(&t.0);
+        }
+    }
     f(all);
     all.sort_unstable_by_key(|e| e.0);
     let table = Box::into_raw(Box::new(Table(all.clone())));
@@ -64,10 +78,14 @@ fn with_sites(f: impl FnOnce(&mut Vec<(u64, u64)>)) {
     SITES.busy.store(false, Ordering::Release);
 }
 
-/// In a forked child (one thread): a parent's thread that held the list
-/// does not exist here.
+/// In a forked child (one thread, allocation-free): a parent's thread that
+/// held the list does not exist here, and the handler is now this
+/// process's.
 pub fn reset_in_child() {
+    SITES.stale.store(true, Ordering::Release);
     SITES.busy.store(false, Ordering::Release);
+    // SAFETY: takes nothing.
+    OWNER.store(unsafe { libc::getpid() }, Ordering::Release);
 }
 
 /// The program's own SIGTRAP disposition as it set it, in one word so a
@@ -104,9 +122,11 @@ pub fn wanted() -> bool {
     WANTED.load(Ordering::Acquire)
 }
 
-/// Whether trap entries are in use (their handler is installed).
+/// Whether trap entries are in use (their handler is installed) in this
+/// process: not in a vfork child, whose signal calls are its own.
 pub fn on() -> bool {
-    ON.load(Ordering::Acquire)
+    // SAFETY: takes nothing.
+    ON.load(Ordering::Acquire) && OWNER.load(Ordering::Acquire) == unsafe { libc::getpid() }
 }
 
 /// Whether a module may get trap entries: not the C runtime, which runs
@@ -175,6 +195,8 @@ pub fn arm() -> bool {
         }
     }
     unblock_here();
+    // SAFETY: takes nothing.
+    OWNER.store(unsafe { libc::getpid() }, Ordering::Release);
     ON.store(true, Ordering::Release);
     true
 }
@@ -348,11 +370,12 @@ pub unsafe fn program_sigaction(act: *const libc::sigaction, old: *mut libc::sig
     0
 }
 
-/// The program's `signal(SIGTRAP, handler)` (or `sigset`, `sysv_signal`,
-/// `bsd_signal`) likewise: the previous handler.
-pub fn program_signal(handler: libc::sighandler_t) -> libc::sighandler_t {
+/// The program's `signal(SIGTRAP, handler)` (or `sigset`, `sysv_signal`
+/// with its one-shot `flags`, `bsd_signal`, `sigignore`) likewise: the
+/// previous handler.
+pub fn program_signal(handler: libc::sighandler_t, flags: i32) -> libc::sighandler_t {
     PROGRAM_MASK.store(0, Ordering::Release);
-    unpack(PROGRAM.swap(pack(handler, 0), Ordering::AcqRel)).0
+    unpack(PROGRAM.swap(pack(handler, flags), Ordering::AcqRel)).0
 }
 
 /// `set` without SIGTRAP, if it holds it and trap entries are in use:
