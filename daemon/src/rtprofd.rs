@@ -18,7 +18,7 @@ use accept::{Acceptor, Outcome};
 use clap::Parser;
 use log::{Kind, Limiter};
 use registry::Registered;
-use rtprof_shared::present::now_ns;
+use rtprof_shared::present::{now_ns, PresentError};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use table::{Refusal, Table};
@@ -191,6 +191,8 @@ fn main() -> std::process::ExitCode {
         total: a.max_segments,
     });
     table.set_thread_rows(a.thread_rows);
+    // Said once: thread rows did not fit the buffer.
+    let mut warned_threads = false;
     let mut acceptor = Acceptor::new(
         listener,
         accept::Limits {
@@ -247,8 +249,23 @@ fn main() -> std::process::ExitCode {
         }
         let (now, started) = (now_ns(), Instant::now());
         table.observe(now, span_ns, &mut log);
-        // Rows carry ids; the table's slots name them.
-        if let Err(e) = writer.publish_rows(now, span_ns, &table.tables(), table.slots()) {
+        // Rows carry ids; the table's slots name them. Thread rows are the
+        // first to go when the buffer cannot hold everything.
+        let mut tables = table.tables();
+        let mut published = writer.publish_rows(now, span_ns, &tables, table.slots());
+        if matches!(published, Err(PresentError::TooLarge { .. }))
+            && tables.iter().any(|t| !t.threads.is_empty())
+        {
+            if !warned_threads {
+                eprintln!(
+                    "rtprofd: the buffer cannot hold every thread's rows; published without them (--buffer-mib)"
+                );
+                warned_threads = true;
+            }
+            tables.iter_mut().for_each(|t| t.threads = &[]);
+            published = writer.publish_rows(now, span_ns, &tables, table.slots());
+        }
+        if let Err(e) = published {
             eprintln!("rtprofd: cannot publish: {e}");
             if let Some(m) = &metrics {
                 m.publish_failed();

@@ -408,7 +408,7 @@ impl Tracked {
             self.read_flags(bytes, h);
         }
         self.build_rows(&mut scratch.order);
-        self.observe_threads(bytes, h, now_ns, span_ns, false);
+        self.observe_threads(bytes, h, (now_ns, span_ns), false, scratch);
         let moved = self.ring.back().is_some_and(|d| {
             d.at_ns == now_ns && !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0)
         });
@@ -421,23 +421,22 @@ impl Tracked {
     pub fn follow_threads(
         &mut self,
         top: usize,
-        bytes: &[u8],
-        h: &Header,
-        now_ns: u64,
-        span_ns: u64,
+        (bytes, h): (&[u8], &Header),
+        (now_ns, span_ns): (u64, u64),
+        scratch: &mut Counts,
     ) {
         self.thread_top = top;
         let young = self.start_ns + span_ns >= now_ns;
-        self.observe_threads(bytes, h, now_ns, span_ns, young);
+        self.observe_threads(bytes, h, (now_ns, span_ns), young, scratch);
     }
 
     fn observe_threads(
         &mut self,
         bytes: &[u8],
         h: &Header,
-        now_ns: u64,
-        span_ns: u64,
+        (now_ns, span_ns): (u64, u64),
         young: bool,
+        scratch: &mut Counts,
     ) {
         if self.thread_top == 0 {
             return;
@@ -450,7 +449,7 @@ impl Tracked {
         self.threads.observe(
             bytes,
             h,
-            m.funcs.len(),
+            (m.funcs.len(), &mut scratch.calls),
             (self.pid, young),
             (now_ns, span_ns),
             self.thread_top,

@@ -97,7 +97,7 @@ impl Entry {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
             None => Tracked::new(bytes, &h, now, span_ns, slots, scratch).map(|(mut t, seen)| {
                 if thread_top > 0 {
-                    t.follow_threads(thread_top, bytes, &h, now, span_ns);
+                    t.follow_threads(thread_top, (bytes, &h), (now, span_ns), scratch);
                 }
                 self.tracked = Some(t);
                 seen

@@ -5,24 +5,33 @@
 //! thread's `N` hottest functions become its rows. A thread that ended has
 //! left its stripe (its counts fold into the process's shared stripe): its
 //! rows go with it, and its calls stay in the process's rows.
+//!
+//! What is kept per thread is proportional to the functions it called,
+//! not to the process's functions, and at most [`MAX_THREADS`] threads of
+//! a process are followed.
 
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{IdRow, ThreadRows, ROW_COUNTED};
 use rtprof_shared::reader::{live_stripes, stripe_calls};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+
+/// Threads of one process followed at most (those in its first stripes).
+pub const MAX_THREADS: usize = 64;
+/// A thread's name is read again this often, in ticks (threads name
+/// themselves once started, thread pools when they take work).
+const RENAME_TICKS: u32 = 16;
 
 /// One thread, by the stripe it counts in.
 struct Thread {
     stripe: u32,
     tid: u32,
-    /// Its stripe's counts at the newest tick.
-    newest: Vec<u64>,
-    /// Its calls over the span, per function.
-    sums: Vec<u64>,
+    /// Its stripe's non-zero counts at the newest tick, by slot.
+    newest: Vec<(u32, u64)>,
+    /// Its calls over the span, per function it called in it.
+    sums: HashMap<u32, u64>,
     /// (tick, [(slot, calls)]): what each tick added.
     ring: VecDeque<(u64, Vec<(u32, u64)>)>,
-    /// Ticks until its name is read again (threads name themselves after
-    /// they start).
+    /// Ticks until its name is read again.
     rename_in: u32,
     rows: ThreadRows,
 }
@@ -31,10 +40,9 @@ struct Thread {
 #[derive(Default)]
 pub struct ThreadSpans {
     threads: Vec<Thread>,
-    /// Tables, kept in step with `threads`, for the writer.
+    /// The rows of the threads with calls in the span, for the writer.
     tables: Vec<ThreadRows>,
     live: Vec<(u32, u32)>,
-    scratch: Vec<u64>,
     /// Read once at least: threads seen from now on started since.
     observed: bool,
 }
@@ -46,22 +54,79 @@ fn thread_name(pid: u32, tid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// Names are read again this many ticks after a thread is first seen.
-const RENAME_TICKS: u32 = 3;
+impl Thread {
+    /// Takes the stripe's counts now (`now`, every function's): what rose
+    /// since the last read is this tick's delta. A count that went down
+    /// means another thread has the stripe (the kernel gave the ended
+    /// one's id again) or the stripe is being folded: it starts over,
+    /// from zero.
+    fn take(&mut self, now: &[u64], at_ns: u64) -> Vec<(u32, u64)> {
+        let mut newest = Vec::with_capacity(self.newest.len());
+        let mut delta = Vec::new();
+        let mut old = self.newest.iter().peekable();
+        let mut went_back = false;
+        for (slot, &n) in now.iter().enumerate() {
+            let slot = slot as u32;
+            let was = match old.peek() {
+                Some(&&(s, v)) if s == slot => {
+                    old.next();
+                    v
+                }
+                _ => 0,
+            };
+            went_back |= n < was;
+            if n != 0 {
+                newest.push((slot, n));
+            }
+            if n > was {
+                delta.push((slot, n - was));
+            }
+        }
+        if went_back {
+            self.sums.clear();
+            self.ring.clear();
+            self.rename_in = 0;
+            delta = newest.clone();
+        }
+        self.newest = newest;
+        for &(slot, c) in &delta {
+            let s = self.sums.entry(slot).or_insert(0);
+            *s = s.saturating_add(c);
+        }
+        self.ring.push_back((at_ns, delta.clone()));
+        delta
+    }
+
+    /// Lets go of what fell out of the span (ticks at or before `start`).
+    fn expire(&mut self, start: u64) {
+        while self.ring.len() > 1 && self.ring[0].0 <= start {
+            let (_, gone) = self.ring.pop_front().unwrap_or_default();
+            for (slot, c) in gone {
+                if let Some(s) = self.sums.get_mut(&slot) {
+                    *s = s.saturating_sub(c);
+                    if *s == 0 {
+                        self.sums.remove(&slot);
+                    }
+                }
+            }
+        }
+    }
+}
 
 impl ThreadSpans {
     /// Reads the live threads' stripes of the process `pid` (segment
-    /// `bytes`, header `h`, its first `funcs` functions) at `now_ns`; each
-    /// thread's rows are its `top` hottest functions over the span, named
-    /// through `id_of` (slot -> row id, module, counted). The threads a
-    /// first read finds count from then on, unless the process is `young`
-    /// (it started within the span), as the process's own rows do.
+    /// `bytes`, header `h`, its first `funcs` functions, read through
+    /// `scratch`) at `now_ns`; each thread's rows are its `top` hottest
+    /// functions over the span, named through `id_of` (slot -> row id,
+    /// module, counted). The threads a first read finds count from then
+    /// on, unless the process is `young` (it started within the span), as
+    /// the process's own rows do.
     #[allow(clippy::too_many_arguments)]
     pub fn observe(
         &mut self,
         bytes: &[u8],
         h: &Header,
-        funcs: usize,
+        (funcs, scratch): (usize, &mut Vec<u64>),
         (pid, young): (u32, bool),
         (now_ns, span_ns): (u64, u64),
         top: usize,
@@ -71,82 +136,68 @@ impl ThreadSpans {
         let from_now = !self.observed && !young;
         self.observed = true;
         live_stripes(bytes, h, &mut self.live);
+        self.live.truncate(MAX_THREADS);
         let live = &self.live;
         // A stripe handed to another thread is a new thread.
         self.threads
             .retain(|t| live.iter().any(|&(s, tid)| s == t.stripe && tid == t.tid));
+        scratch.resize(scratch.len().max(funcs), 0);
+        let now = &mut scratch[..funcs];
         for &(stripe, tid) in live {
-            if !self.threads.iter().any(|t| t.stripe == stripe) {
-                let mut newest = Vec::new();
-                if from_now {
-                    newest.resize(funcs, 0);
-                    stripe_calls(bytes, h, stripe, &mut newest);
-                }
-                self.threads.push(Thread {
-                    stripe,
-                    tid,
-                    newest,
-                    sums: Vec::new(),
-                    ring: VecDeque::new(),
-                    rename_in: RENAME_TICKS,
-                    rows: ThreadRows {
-                        tid,
-                        name: thread_name(pid, tid),
-                        rows: Vec::new(),
-                    },
-                });
-            }
-        }
-        self.threads.sort_by_key(|t| t.tid);
-        self.scratch.resize(funcs, 0);
-        let start = now_ns.saturating_sub(span_ns);
-        for t in &mut self.threads {
-            if !stripe_calls(bytes, h, t.stripe, &mut self.scratch[..funcs]) {
+            if self.threads.iter().any(|t| t.stripe == stripe) {
                 continue;
             }
-            t.newest.resize(funcs, 0);
-            t.sums.resize(funcs, 0);
-            let mut delta = Vec::new();
-            for (slot, (&n, o)) in self.scratch.iter().zip(t.newest.iter_mut()).enumerate() {
-                if n != *o {
-                    // A count that went back (a hostile segment) adds nothing.
-                    let c = n.saturating_sub(*o);
-                    *o = n;
-                    if c > 0 {
-                        t.sums[slot] = t.sums[slot].saturating_add(c);
-                        delta.push((slot as u32, c));
-                    }
+            let mut t = Thread {
+                stripe,
+                tid,
+                newest: Vec::new(),
+                sums: HashMap::new(),
+                ring: VecDeque::new(),
+                rename_in: RENAME_TICKS,
+                rows: ThreadRows {
+                    tid,
+                    name: thread_name(pid, tid),
+                    rows: Vec::new(),
+                },
+            };
+            // Seen by a first read of an older process: its calls so far
+            // are before the span.
+            if from_now && stripe_calls(bytes, h, stripe, now) {
+                t.take(now, now_ns);
+                t.sums.clear();
+                t.ring.clear();
+            }
+            self.threads.push(t);
+        }
+        self.threads.sort_by_key(|t| t.tid);
+        let start = now_ns.saturating_sub(span_ns);
+        self.tables.clear();
+        for t in &mut self.threads {
+            if !stripe_calls(bytes, h, t.stripe, now) {
+                continue;
+            }
+            t.take(now, now_ns);
+            t.expire(start);
+            t.rename_in = t.rename_in.saturating_sub(1);
+            if t.rename_in == 0 {
+                t.rename_in = RENAME_TICKS;
+                let name = thread_name(pid, t.tid);
+                if !name.is_empty() {
+                    t.rows.name = name;
                 }
             }
-            t.ring.push_back((now_ns, delta));
-            while t.ring.len() > 1 && t.ring[0].0 <= start {
-                let (_, gone) = t.ring.pop_front().unwrap_or_default();
-                for (slot, c) in gone {
-                    t.sums[slot as usize] = t.sums[slot as usize].saturating_sub(c);
-                }
-            }
-            if t.rename_in > 0 {
-                t.rename_in -= 1;
-                if t.rename_in == 0 {
-                    let name = thread_name(pid, t.tid);
-                    if !name.is_empty() {
-                        t.rows.name = name;
-                    }
-                }
-            }
-            let mut hot: Vec<(u64, u32)> = t
-                .sums
-                .iter()
-                .enumerate()
-                .filter(|(_, &c)| c > 0)
-                .map(|(slot, &c)| (c, slot as u32))
-                .collect();
+            let mut hot: Vec<(u64, u32)> = t.sums.iter().map(|(&slot, &c)| (c, slot)).collect();
             let hottest = |&(c, slot): &(u64, u32)| (std::cmp::Reverse(c), slot);
             if hot.len() > top && top > 0 {
                 hot.select_nth_unstable_by_key(top - 1, hottest);
                 hot.truncate(top);
             }
             hot.sort_unstable_by_key(hottest);
+            let total = |slot: u32| {
+                t.newest
+                    .binary_search_by_key(&slot, |e| e.0)
+                    .map_or(0, |i| t.newest[i].1)
+            };
             t.rows.rows.clear();
             t.rows.rows.extend(hot.iter().map(|&(calls, slot)| {
                 let (id, module, counted) = id_of(slot as usize);
@@ -155,18 +206,53 @@ impl ThreadSpans {
                     module,
                     flags: if counted { ROW_COUNTED } else { 0 },
                     calls,
-                    total_calls: t.newest[slot as usize],
+                    total_calls: total(slot),
                     ..IdRow::default()
                 }
             }));
+            // A thread with no calls in the span has no rows.
+            if !t.rows.rows.is_empty() {
+                self.tables.push(t.rows.clone());
+            }
         }
-        self.tables.clear();
-        self.tables
-            .extend(self.threads.iter().map(|t| t.rows.clone()));
     }
 
-    /// Each live thread's rows, by thread id.
+    /// The rows of each live thread with calls in the span, by thread id.
     pub fn tables(&self) -> &[ThreadRows] {
         &self.tables
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread() -> Thread {
+        Thread {
+            stripe: 1,
+            tid: 7,
+            newest: Vec::new(),
+            sums: HashMap::new(),
+            ring: VecDeque::new(),
+            rename_in: RENAME_TICKS,
+            rows: ThreadRows::default(),
+        }
+    }
+
+    /// Deltas over the span, kept for the functions called only; a stripe
+    /// whose counts go down starts over from zero.
+    #[test]
+    fn deltas_leave_the_span_and_a_new_occupant_starts_over() {
+        let mut t = thread();
+        assert_eq!(t.take(&[0, 5, 0, 2], 1), vec![(1, 5), (3, 2)]);
+        assert_eq!(t.take(&[0, 8, 0, 2], 2), vec![(1, 3)]);
+        assert_eq!(t.newest, vec![(1, 8), (3, 2)]);
+        assert_eq!(t.sums, HashMap::from([(1, 8), (3, 2)]));
+        t.expire(1);
+        assert_eq!(t.sums, HashMap::from([(1, 3)]));
+        // The kernel gave the ended thread's id again, and its stripe.
+        assert_eq!(t.take(&[4, 1, 0, 0], 3), vec![(0, 4), (1, 1)]);
+        assert_eq!(t.sums, HashMap::from([(0, 4), (1, 1)]));
+        assert_eq!(t.ring.len(), 1);
     }
 }

@@ -122,7 +122,9 @@ static int contents(const uint8_t *copy, uint64_t len, buf_header *bh) {
     const uint32_t *hash = (const uint32_t *)(copy + bh->hash_off);
     for (uint32_t i = 0; i < bh->proc_count; i++) {
         const rtprof_proc *p = &procs[i];
-        if ((uint64_t)p->first_row + p->row_count > bh->global_first ||
+        /* Its rows, then its threads' rows, all before the global rows. */
+        if (p->thread_rows > bh->global_first ||
+            (uint64_t)p->first_row + p->row_count + p->thread_rows > bh->global_first ||
             !within(p->exe_off, p->exe_len, bh->strings_len))
             return RTPROF_ERR_BOUNDS;
     }
@@ -297,6 +299,8 @@ static int copy_process(const uint8_t *b, const buf_header *bh, uint32_t pid, rt
     if (p->pid != pid) return RTPROF_ERR_NO_PROCESS;
     if ((uint64_t)p->first_row + p->row_count > bh->global_first || !within(p->exe_off, p->exe_len, bh->strings_len))
         return RTPROF_ERR_BOUNDS;
+    /* Its own rows only are copied: the view holds no thread rows. */
+    p->thread_rows = 0;
     /* Rows first, then the strings they name, sized from the copy. */
     uint64_t rows_len = (uint64_t)p->row_count * sizeof(rtprof_row);
     rtprof_row *rows = malloc(rows_len ? rows_len : 1);

@@ -5,7 +5,8 @@
  * function. Layout: a 64-byte header, then two buffers; the header's
  * generation says which buffer is current (generation & 1). Each buffer:
  * a 128-byte buffer header (with the time it was published), process
- * entries, rows (per-process rows, then global rows merged by executable
+ * entries, rows (each process's rows followed by its threads' rows when
+ * rtprofd runs with --thread-rows, then global rows merged by executable
  * and function), a hash index, strings. All little-endian; see
  * shared/src/present/layout.rs for the layout and writer.rs beside it for
  * the writer.
@@ -40,7 +41,7 @@
 extern "C" {
 #endif
 
-#define RTPROF_PRESENT_VERSION 4
+#define RTPROF_PRESENT_VERSION 5
 #define RTPROF_DEFAULT_PRESENT "/run/rtprof/present" /* where rtprofd publishes */
 #define RTPROF_PROC_ENDED 1u   /* rtprof_proc.flags: the process ended */
 #define RTPROF_ROW_COUNTED 1u  /* rtprof_row.flags: calls are counted */
@@ -73,7 +74,8 @@ enum {
 typedef struct {
     uint32_t pid, flags, exe_off, exe_len, first_row, row_count;
     uint64_t span_ns, samples, period_ns, lost;
-    uint64_t thread_rows; /* its threads' rows, after its row_count rows */
+    uint64_t thread_rows; /* its threads' rows, after its row_count rows
+                             (0 in a rtprof_take_process view) */
 } rtprof_proc;
 
 typedef struct {

@@ -1,4 +1,4 @@
-//! Binary layout of the presentation segment (version 4).
+//! Binary layout of the presentation segment (version 5).
 //!
 //! ```text
 //! [PresentHeader][buffer 0][buffer 1]
@@ -9,8 +9,9 @@
 //! assume no order; the writer puts strings first so that their place is
 //! known before any row is written).
 //!
-//! Rows of each process are contiguous (`ProcEntry::first_row`); after them
-//! come the global rows (same executable and function merged across
+//! Rows of each process are contiguous (`ProcEntry::first_row`), then its
+//! threads' rows (`ProcEntry::thread_rows`, from `rtprofd --thread-rows`);
+//! after every process's come the global rows (same executable and function merged across
 //! processes), indexed by an open-addressing hash of (executable, name).
 //! Little-endian, fixed widths; readers check every offset and count.
 //!
@@ -20,14 +21,17 @@
 //! checksum: the buffer's sequence number already keeps torn rows from
 //! readers, and only the daemon can write the segment, so the checksum
 //! guarded nothing while it cost every publish and every read a hash per
-//! row. `shared/c/rtprof_present.c` and
+//! row. Version 5 gives the reserved words of process entries and rows a
+//! meaning (thread rows): a reader of version 4 that took every row before
+//! the global ones for a process's own would count a thread's twice.
+//! `shared/c/rtprof_present.c` and
 //! `shared/include/rtprof_present.h` are the C reader of the same layout:
 //! change them together.
 
 use std::mem::size_of;
 
 pub const MAGIC: [u8; 8] = *b"RTPROFP\0";
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// A free slot of the hash index.
 pub(super) const EMPTY: u32 = u32::MAX;
 

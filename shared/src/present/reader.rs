@@ -143,8 +143,9 @@ pub struct ProcView {
     pub lost: u64,
     /// Its rows in [`View::rows`].
     pub rows: Range<usize>,
-    /// Its live threads (`rtprofd --thread-rows`), with their rows in
-    /// [`View::rows`] (after the process's own).
+    /// Its live threads with calls in the span (`rtprofd --thread-rows`),
+    /// with their rows in [`View::rows`] (after the process's own); none
+    /// from [`read_process`], which reads the process's own rows only.
     pub threads: Vec<ThreadView>,
 }
 
@@ -307,11 +308,13 @@ impl<'a> Buffer<'a> {
         }
         Ok(out)
     }
-    fn proc(&self, i: u32) -> Result<ProcView, PresentError> {
+    /// Process `i`, with its threads if `threads` (their rows are in the
+    /// whole table only).
+    fn proc(&self, i: u32, threads: bool) -> Result<ProcView, PresentError> {
         let e = self.entry(i)?;
         let rows = self.rows_of(&e)?;
         let threads = match e.thread_rows {
-            0 => Vec::new(),
+            n if n == 0 || !threads => Vec::new(),
             _ => self.threads_of(&e, rows.end)?,
         };
         Ok(ProcView {
@@ -431,7 +434,7 @@ fn consistent<T>(
 pub fn read_view(bytes: &[u8]) -> Result<View, PresentError> {
     consistent(bytes, |b, generation, h| {
         let procs = (0..b.h.proc_count)
-            .map(|i| b.proc(i))
+            .map(|i| b.proc(i, true))
             .collect::<Result<Vec<_>, _>>()?;
         let rows = (0..b.h.row_count)
             .map(|i| b.row(i))
@@ -458,7 +461,7 @@ pub fn read_process(
         let Some(i) = b.find(pid)? else {
             return Ok(None);
         };
-        let p = b.proc(i)?;
+        let p = b.proc(i, false)?;
         let rows = p
             .rows
             .clone()
