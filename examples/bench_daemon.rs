@@ -3,7 +3,7 @@
 //! usage: bench-daemon [--procs 500] [--funcs 2000] [--exes 50]
 //!                     [--active 0.1] [--threads 2] [--tick-ms 1000]
 //!                     [--ticks 20] [--reads 20000] [--metrics 1]
-//!                     [--daemon PATH]
+//!                     [--thread-rows N] [--daemon PATH]
 //! (build first: cargo build --release --workspace)
 //!
 //! Starts the real `rtprofd` on a private socket, then `--procs` simulated
@@ -18,7 +18,8 @@
 //! (one process's table, one function by the hash index, the whole view).
 //! With `--metrics 1` the daemon also serves Prometheus metrics (with
 //! per-process series of 5 functions), and the scrape's time and size
-//! are measured.
+//! are measured. With `--thread-rows N` the daemon publishes each
+//! simulated thread's N hottest functions too.
 
 #[path = "common.rs"]
 mod common;
@@ -184,6 +185,7 @@ fn main() {
     let ticks = arg("--ticks", 20.0) as u64;
     let reads = arg("--reads", 20000.0) as usize;
     let metrics = arg("--metrics", 0.0) != 0.0;
+    let thread_rows = arg("--thread-rows", 0.0) as usize;
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -204,6 +206,9 @@ fn main() {
         daemon
             .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
             .args(["--metrics-per-process", "5"]);
+    }
+    if thread_rows > 0 {
+        daemon.args(["--thread-rows", &thread_rows.to_string()]);
     }
     let mut daemon = daemon
         .arg("--socket")
@@ -273,7 +278,9 @@ fn main() {
     let shmem = status_kb(dpid, "RssShmem:");
 
     let view = read_view(&map).unwrap();
-    let rows = view.rows.len() - view.global.len();
+    // Each process's own rows (thread rows, if any, counted apart).
+    let rows: usize = view.procs.iter().map(|p| p.rows.len()).sum();
+    let thread_rows = view.rows.len() - view.global.len() - rows;
     let p = &view.procs[view.procs.len() / 2];
     let (pid, exe) = (p.pid, p.exe.clone());
     let p_rows = p.rows.len();
@@ -292,7 +299,7 @@ fn main() {
     });
 
     println!(
-        "published: {} processes, {rows} process rows, {} global rows",
+        "published: {} processes, {rows} process rows, {thread_rows} thread rows, {} global rows",
         view.procs.len(),
         view.global.len()
     );
