@@ -12,7 +12,7 @@
 
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{IdRow, ThreadRows, ROW_COUNTED};
-use rtprof_shared::reader::{live_stripes, stripe_calls};
+use rtprof_shared::reader::{fold_seq, live_stripes, stripe_calls};
 use std::collections::{HashMap, VecDeque};
 
 /// Threads of one process followed at most (those in its first stripes).
@@ -43,8 +43,13 @@ pub struct ThreadSpans {
     /// The rows of the threads with calls in the span, for the writer.
     tables: Vec<ThreadRows>,
     live: Vec<(u32, u32)>,
+    /// Threads live at the last read but beyond [`MAX_THREADS`]: one that
+    /// is followed later counts from then on, as a thread seen late does.
+    unfollowed: Vec<(u32, u32)>,
     /// Read once at least: threads seen from now on started since.
     observed: bool,
+    /// Threads followed at most (0: [`MAX_THREADS`]).
+    max: usize,
 }
 
 /// The name the kernel has for thread `tid` of `pid` (empty if gone).
@@ -133,10 +138,17 @@ impl ThreadSpans {
         id_of: impl Fn(usize) -> (u32, u32, bool),
     ) {
         let funcs = funcs.min(h.func_count as usize);
+        // A stripe being folded (its thread ended) is read another tick:
+        // half-zeroed, it would look like a new thread's.
+        let seq = fold_seq(bytes);
+        if seq % 2 == 1 {
+            return;
+        }
         let from_now = !self.observed && !young;
         self.observed = true;
         live_stripes(bytes, h, &mut self.live);
-        self.live.truncate(MAX_THREADS);
+        let max = if self.max == 0 { MAX_THREADS } else { self.max };
+        let beyond = self.live.split_off(self.live.len().min(max));
         let live = &self.live;
         // A stripe handed to another thread is a new thread.
         self.threads
@@ -160,20 +172,28 @@ impl ThreadSpans {
                     rows: Vec::new(),
                 },
             };
-            // Seen by a first read of an older process: its calls so far
-            // are before the span.
-            if from_now && stripe_calls(bytes, h, stripe, now) {
+            // Seen by a first read of an older process, or by an earlier
+            // read that did not follow it: its calls so far are not this
+            // tick's.
+            let seen_before = self.unfollowed.contains(&(stripe, tid));
+            if (from_now || seen_before) && stripe_calls(bytes, h, stripe, now) {
                 t.take(now, now_ns);
                 t.sums.clear();
                 t.ring.clear();
             }
             self.threads.push(t);
         }
+        self.unfollowed = beyond;
         self.threads.sort_by_key(|t| t.tid);
         let start = now_ns.saturating_sub(span_ns);
         self.tables.clear();
         for t in &mut self.threads {
-            if !stripe_calls(bytes, h, t.stripe, now) {
+            // Not read while a fold began: this thread and the rest wait
+            // for the next tick (their last rows stay).
+            if !stripe_calls(bytes, h, t.stripe, now) || fold_seq(bytes) != seq {
+                if !t.rows.rows.is_empty() {
+                    self.tables.push(t.rows.clone());
+                }
                 continue;
             }
             t.take(now, now_ns);
@@ -226,6 +246,82 @@ impl ThreadSpans {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rtprof_shared::layout::{Capacities, Layout};
+    use rtprof_shared::{read_header, SegmentWriter};
+
+    /// A segment of 4 functions and room for 4 threads' stripes.
+    fn segment() -> (Vec<u64>, SegmentWriter) {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 4,
+            strings: 64,
+            stripes: 5,
+        });
+        let mut mem = vec![0u64; (layout.total_size / 8) as usize];
+        // SAFETY: `mem` is zeroed, 8-aligned, the layout's size, and kept
+        // by the caller as long as the writer.
+        let mut w = unsafe { SegmentWriter::init(mem.as_mut_ptr() as *mut u8, layout, 5, 1, 0) };
+        w.add_module(b"/bin/app", 0).unwrap();
+        for n in ["a", "b", "c", "d"] {
+            w.add_function(n.as_bytes(), 0, 1).unwrap();
+        }
+        (mem, w)
+    }
+
+    fn bytes(mem: &[u64]) -> &[u8] {
+        // SAFETY: the bytes of `mem`, borrowed as long as it is.
+        unsafe { std::slice::from_raw_parts(mem.as_ptr() as *const u8, mem.len() * 8) }
+    }
+
+    /// A thread first followed after others ended (the cap let it in)
+    /// counts from then on; its calls before are not the span's.
+    #[test]
+    fn a_thread_followed_late_counts_from_then_on() {
+        let (mem, w) = segment();
+        let c = *w.counters();
+        let stripes: Vec<u32> = (0..3).map(|t| c.alloc_stripe(100 + t).unwrap()).collect();
+        for &s in &stripes {
+            // SAFETY: slot 2 of a stripe inside `mem`.
+            unsafe { *c.stripe_ptr(s).add(2) = 1000 };
+        }
+        let mut t = ThreadSpans {
+            max: 1,
+            ..ThreadSpans::default()
+        };
+        let mut scratch = Vec::new();
+        let mut read = |t: &mut ThreadSpans, at: u64| {
+            let h = read_header(bytes(&mem)).unwrap();
+            t.observe(
+                bytes(&mem),
+                &h,
+                (4, &mut scratch),
+                (5, true),
+                (at, 1_000),
+                4,
+                |s| (s as u32, 0, true),
+            );
+        };
+        // A young process: its one followed thread from its start.
+        read(&mut t, 10);
+        let calls = |t: &ThreadSpans| -> Vec<(u32, u64)> {
+            t.tables()
+                .iter()
+                .map(|r| (r.tid, r.rows[0].calls))
+                .collect()
+        };
+        assert_eq!(calls(&t), vec![(100, 1000)]);
+        c.fold_stripe(stripes[0]);
+        read(&mut t, 20);
+        assert_eq!(
+            calls(&t),
+            vec![],
+            "its 1000 calls came before it was followed"
+        );
+        // SAFETY: as above.
+        unsafe { *c.stripe_ptr(stripes[1]).add(2) = 1010 };
+        read(&mut t, 30);
+        assert_eq!(calls(&t), vec![(101, 10)]);
+    }
 
     fn thread() -> Thread {
         Thread {

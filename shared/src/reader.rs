@@ -757,6 +757,12 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     false
 }
 
+/// The segment's fold sequence now: odd while an ended thread's stripe is
+/// being folded into the shared one, moved by each fold.
+pub fn fold_seq(bytes: &[u8]) -> u64 {
+    Bytes(bytes).counter(std::mem::offset_of!(Header, fold_seq) as u64)
+}
+
 /// The stripes handed to threads that live now, as (stripe, thread id),
 /// into `out`; the shared stripe (0: threads beyond the stripes, and the
 /// counts of threads that ended) is not among them. `h` as for

@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -26,6 +27,8 @@
 
 NOINLINE int zero(void) { return 0; }
 NOINLINE int same(int x) { return x; }
+/* Called by a child that shares the counters (no count expected). */
+NOINLINE int twice(int x) { return x + x; }
 
 static volatile int sink, zeros, usr1, traps_seen;
 #define ZERO() (zeros++, zero())
@@ -157,6 +160,17 @@ int main(void) {
     printf("traps seen %d\n", traps_seen);
     sigignore(SIGTRAP);
     sink += ZERO();
+    /* A child forked by a raw system call (no fork handlers) blocks every
+     * signal and calls a trap-entry function. */
+    pid_t raw = syscall(SYS_fork);
+    if (raw == 0) {
+        sigprocmask(SIG_BLOCK, &all, NULL);
+        _exit(twice(21) == 42 ? 0 : 1);
+    }
+    int status = -1;
+    waitpid(raw, &status, 0);
+    printf("raw fork child: %s %d\n", WIFEXITED(status) ? "exit" : "signal",
+           WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 
     for (int i = 0; i < 5; i++) sink += same(i);
     printf("usr1 %d\n", usr1);

@@ -86,6 +86,8 @@ extern "C" fn in_child() {
 /// Gives this new child process its own segment, keeping the stripe at
 /// `p` (the forking thread's) for its only thread.
 pub fn become_child(p: *mut u64) {
+    // First: the trap handler is this child's whatever else fails.
+    crate::traps::reset_in_child();
     let _ = std::panic::catch_unwind(|| {
         crate::lifecycle::attach::forget_in_child();
         let Some(a) = agent() else { return };
@@ -102,7 +104,6 @@ pub fn become_child(p: *mut u64) {
         let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
         crate::sampling::forget_parent_in_child();
         crate::callers::forget_in_child();
-        crate::traps::reset_in_child();
         crate::thread_counts::forget_in_child();
         crate::threads::reset_program_threads_in_child();
         if let Err(e) = a.segment.reopen_in_child(keep, pid, ppid, crate::now_ns()) {

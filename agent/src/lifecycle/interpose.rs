@@ -512,7 +512,7 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
-    if sig == libc::SIGTRAP && crate::traps::on() {
+    if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
         return crate::traps::program_sigaction(act, old);
     }
     let shown = sampling::timer::program_view(sig);
@@ -555,7 +555,7 @@ pub unsafe extern "C" fn signal(
     sig: libc::c_int,
     handler: libc::sighandler_t,
 ) -> libc::sighandler_t {
-    if sig == libc::SIGTRAP && crate::traps::on() {
+    if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
         return crate::traps::program_signal(handler, 0);
     }
     let shown = sampling::timer::program_view(sig);
@@ -754,7 +754,7 @@ macro_rules! signal_like {
             handler: libc::sighandler_t,
         ) -> libc::sighandler_t {
             // SIG_HOLD (2) asks for SIGTRAP blocked: it stays as it is.
-            if sig == libc::SIGTRAP && crate::traps::on() {
+            if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
                 return match handler {
                     2 => unpacked_program_handler(),
                     h => crate::traps::program_signal(h, $flags),
@@ -784,7 +784,7 @@ signal_like! {
 #[cfg_attr(not(test), no_mangle)]
 #[cfg_attr(test, allow(dead_code))]
 pub unsafe extern "C" fn sigignore(sig: libc::c_int) -> libc::c_int {
-    if sig == libc::SIGTRAP && crate::traps::on() {
+    if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
         crate::traps::program_signal(libc::SIG_IGN, 0);
         return 0;
     }

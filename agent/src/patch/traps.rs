@@ -64,7 +64,9 @@ fn with_sites(f: impl FnOnce(&mut Vec<(u64, u64)>)) {
     // SAFETY: `busy` is ours: no other reference to the list exists.
     let all = unsafe { &mut *SITES.all.get() };
     if SITES.stale.swap(false, Ordering::AcqRel) {
-        all.clear();
+        // The parent may have been moving it when it forked: let the old
+        // one go untouched.
+        std::mem::forget(std::mem::take(all));
         // SAFETY: a published table, never freed.
         if let Some(t) = unsafe { TABLE.load(Ordering::Acquire).as_ref() } {
             all.extend_from_slice(&t.0);
@@ -122,11 +124,46 @@ pub fn wanted() -> bool {
     WANTED.load(Ordering::Acquire)
 }
 
-/// Whether trap entries are in use (their handler is installed) in this
-/// process: not in a vfork child, whose signal calls are its own.
+/// Whether trap entries are in use (their handler is installed): masks
+/// keep SIGTRAP out.
 pub fn on() -> bool {
+    ON.load(Ordering::Acquire)
+}
+
+/// Whether the program's SIGTRAP disposition is kept here: trap entries
+/// are in use and this is the process that installed their handler, or a
+/// child of it with memory of its own (one forked without our fork
+/// handlers, by a raw system call, becomes the owner here). A vfork
+/// child shares our memory but not our signal handlers: its calls go
+/// straight to the C library, and it writes nothing here.
+pub fn owns_disposition() -> bool {
+    if !on() {
+        return false;
+    }
     // SAFETY: takes nothing.
-    ON.load(Ordering::Acquire) && OWNER.load(Ordering::Acquire) == unsafe { libc::getpid() }
+    let me = unsafe { libc::getpid() };
+    let owner = OWNER.load(Ordering::Acquire);
+    if me == owner {
+        return true;
+    }
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: compares two processes' address spaces; takes no pointer.
+    let shared = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            me as libc::c_long,
+            owner as libc::c_long,
+            KCMP_VM,
+            0,
+            0,
+        )
+    };
+    if shared == 1 || shared == 2 {
+        OWNER.store(me, Ordering::Release);
+        return true;
+    }
+    // The same memory, or no way to tell: leave it to the C library.
+    false
 }
 
 /// Whether a module may get trap entries: not the C runtime, which runs
@@ -384,7 +421,7 @@ pub fn program_signal(handler: libc::sighandler_t, flags: i32) -> libc::sighandl
 /// # Safety
 /// `set` is null or a valid signal set.
 pub unsafe fn without_trap(set: *const libc::sigset_t) -> Option<libc::sigset_t> {
-    if !on() || set.is_null() || libc::sigismember(set, libc::SIGTRAP) != 1 {
+    if set.is_null() || !on() || libc::sigismember(set, libc::SIGTRAP) != 1 {
         return None;
     }
     let mut s = *set;
