@@ -372,25 +372,29 @@ impl PresentWriter {
             };
             let first = module_first[pi] as usize;
             let mods = &modules[first..first + p.modules.len()];
-            for r in p.rows {
+            // A row of this process (or of one of its threads, `tid`).
+            let row_of = |r: &IdRow, flags: u32, tid: u64| {
                 let module = match r.module {
                     UNKNOWN_MODULE => unknown,
                     m => mods.get(m as usize).copied().unwrap_or(bad),
                 };
                 let (name_off, name_len) = names.span(r.id);
-                let row = Row {
+                Row {
                     name_off,
                     name_len,
                     module_off: module.0,
                     module_len: module.1,
                     proc_index: entry,
-                    flags: r.flags & !ROW_GLOBAL,
+                    flags,
                     calls: r.calls,
                     samples: r.samples,
                     time_ns: r.time_ns,
                     total_calls: r.total_calls,
-                    tid: 0,
-                };
+                    tid,
+                }
+            };
+            for r in p.rows {
+                let row = row_of(r, r.flags & !ROW_GLOBAL, 0);
                 // SAFETY: next < global_first: a process row.
                 unsafe { rows.add(next).write(row) };
                 next += 1;
@@ -448,21 +452,8 @@ impl PresentWriter {
                 unsafe { rows.add(next).write(head) };
                 next += 1;
                 for r in &t.rows {
-                    let module = mods.get(r.module as usize).copied().unwrap_or(bad);
-                    let (name_off, name_len) = names.span(r.id);
-                    let row = Row {
-                        name_off,
-                        name_len,
-                        module_off: module.0,
-                        module_len: module.1,
-                        proc_index: entry,
-                        flags: (r.flags & !(ROW_GLOBAL | ROW_THREAD_HEAD)) | ROW_THREAD,
-                        calls: r.calls,
-                        samples: r.samples,
-                        time_ns: r.time_ns,
-                        total_calls: r.total_calls,
-                        tid: t.tid as u64,
-                    };
+                    let flags = (r.flags & !(ROW_GLOBAL | ROW_THREAD_HEAD)) | ROW_THREAD;
+                    let row = row_of(r, flags, t.tid as u64);
                     // SAFETY: as above.
                     unsafe { rows.add(next).write(row) };
                     next += 1;
