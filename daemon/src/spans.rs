@@ -408,10 +408,15 @@ impl Tracked {
             self.read_flags(bytes, h);
         }
         self.build_rows(&mut scratch.order);
-        self.observe_threads(bytes, h, (now_ns, span_ns), false, scratch);
         let moved = self.ring.back().is_some_and(|d| {
             d.at_ns == now_ns && !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0)
         });
+        // A thread's calls moved only if the process's did.
+        let calls_moved = self
+            .ring
+            .back()
+            .is_some_and(|d| d.at_ns == now_ns && !d.funcs.is_empty());
+        self.observe_threads(bytes, h, (now_ns, span_ns), (false, calls_moved), scratch);
         Ok(seen(h, moved))
     }
 
@@ -427,7 +432,7 @@ impl Tracked {
     ) {
         self.thread_top = top;
         let young = self.start_ns + span_ns >= now_ns;
-        self.observe_threads(bytes, h, (now_ns, span_ns), young, scratch);
+        self.observe_threads(bytes, h, (now_ns, span_ns), (young, true), scratch);
     }
 
     fn observe_threads(
@@ -435,7 +440,7 @@ impl Tracked {
         bytes: &[u8],
         h: &Header,
         (now_ns, span_ns): (u64, u64),
-        young: bool,
+        (young, moved): (bool, bool),
         scratch: &mut Counts,
     ) {
         if self.thread_top == 0 {
@@ -450,7 +455,7 @@ impl Tracked {
             bytes,
             h,
             (m.funcs.len(), &mut scratch.calls),
-            (self.pid, young),
+            (self.pid, young, moved),
             (now_ns, span_ns),
             self.thread_top,
             id_of,

@@ -33,6 +33,8 @@ struct Thread {
     ring: VecDeque<(u64, Vec<(u32, u64)>)>,
     /// Ticks until its name is read again.
     rename_in: u32,
+    /// Its stripe was read at least once.
+    read: bool,
     rows: ThreadRows,
 }
 
@@ -50,6 +52,8 @@ pub struct ThreadSpans {
     observed: bool,
     /// Threads followed at most (0: [`MAX_THREADS`]).
     max: usize,
+    /// The fold sequence at the last read.
+    last_seq: Option<u64>,
 }
 
 /// The name the kernel has for thread `tid` of `pid` (empty if gone).
@@ -102,8 +106,10 @@ impl Thread {
         delta
     }
 
-    /// Lets go of what fell out of the span (ticks at or before `start`).
-    fn expire(&mut self, start: u64) {
+    /// Lets go of what fell out of the span (ticks at or before `start`);
+    /// whether anything did.
+    fn expire(&mut self, start: u64) -> bool {
+        let before = self.ring.len();
         while self.ring.len() > 1 && self.ring[0].0 <= start {
             let (_, gone) = self.ring.pop_front().unwrap_or_default();
             for (slot, c) in gone {
@@ -115,6 +121,7 @@ impl Thread {
                 }
             }
         }
+        self.ring.len() != before
     }
 }
 
@@ -125,14 +132,16 @@ impl ThreadSpans {
     /// functions over the span, named through `id_of` (slot -> row id,
     /// module, counted). The threads a first read finds count from then
     /// on, unless the process is `young` (it started within the span), as
-    /// the process's own rows do.
+    /// the process's own rows do. Unless the process's counts `moved`
+    /// since the last read (or a thread ended), no thread's did: their
+    /// stripes are not read again, only their spans move on.
     #[allow(clippy::too_many_arguments)]
     pub fn observe(
         &mut self,
         bytes: &[u8],
         h: &Header,
         (funcs, scratch): (usize, &mut Vec<u64>),
-        (pid, young): (u32, bool),
+        (pid, young, moved): (u32, bool, bool),
         (now_ns, span_ns): (u64, u64),
         top: usize,
         id_of: impl Fn(usize) -> (u32, u32, bool),
@@ -166,6 +175,7 @@ impl ThreadSpans {
                 sums: HashMap::new(),
                 ring: VecDeque::new(),
                 rename_in: RENAME_TICKS,
+                read: false,
                 rows: ThreadRows {
                     tid,
                     name: thread_name(pid, tid),
@@ -180,6 +190,7 @@ impl ThreadSpans {
                 t.take(now, now_ns);
                 t.sums.clear();
                 t.ring.clear();
+                t.read = true;
             }
             self.threads.push(t);
         }
@@ -187,17 +198,31 @@ impl ThreadSpans {
         self.threads.sort_by_key(|t| t.tid);
         let start = now_ns.saturating_sub(span_ns);
         self.tables.clear();
+        let quiet = !moved && self.last_seq == Some(seq);
+        self.last_seq = Some(seq);
         for t in &mut self.threads {
-            // Not read while a fold began: this thread and the rest wait
-            // for the next tick (their last rows stay).
-            if !stripe_calls(bytes, h, t.stripe, now) || fold_seq(bytes) != seq {
+            if quiet && t.read {
+                // Nothing new (this tick added nothing); the rows change
+                // only if calls left the span.
+                t.ring.push_back((now_ns, Vec::new()));
+                if !t.expire(start) {
+                    if !t.rows.rows.is_empty() {
+                        self.tables.push(t.rows.clone());
+                    }
+                    continue;
+                }
+            } else if !stripe_calls(bytes, h, t.stripe, now) || fold_seq(bytes) != seq {
+                // Not read while a fold began: this thread and the rest
+                // wait for the next tick (their last rows stay).
                 if !t.rows.rows.is_empty() {
                     self.tables.push(t.rows.clone());
                 }
                 continue;
+            } else {
+                t.take(now, now_ns);
+                t.read = true;
+                t.expire(start);
             }
-            t.take(now, now_ns);
-            t.expire(start);
             t.rename_in = t.rename_in.saturating_sub(1);
             if t.rename_in == 0 {
                 t.rename_in = RENAME_TICKS;
@@ -273,6 +298,43 @@ mod tests {
         unsafe { std::slice::from_raw_parts(mem.as_ptr() as *const u8, mem.len() * 8) }
     }
 
+    /// Ticks where the process's counts did not move read no stripe, and
+    /// still let calls leave the span.
+    #[test]
+    fn quiet_ticks_read_nothing_and_calls_still_leave_the_span() {
+        let (mem, w) = segment();
+        let c = *w.counters();
+        let s = c.alloc_stripe(100).unwrap();
+        // SAFETY: slot 1 of a stripe inside `mem`.
+        unsafe { *c.stripe_ptr(s).add(1) = 7 };
+        let mut t = ThreadSpans::default();
+        let mut scratch = Vec::new();
+        let mut read = |t: &mut ThreadSpans, at: u64, moved: bool| {
+            let h = read_header(bytes(&mem)).unwrap();
+            t.observe(
+                bytes(&mem),
+                &h,
+                (4, &mut scratch),
+                (5, true, moved),
+                (at, 1_000),
+                4,
+                |s| (s as u32, 0, true),
+            );
+            t.tables()
+                .iter()
+                .map(|r| (r.tid, r.rows[0].calls))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(read(&mut t, 2_000, true), vec![(100, 7)]);
+        // A call the process's counts would have shown: not read when
+        // they say nothing moved.
+        // SAFETY: as above.
+        unsafe { *c.stripe_ptr(s).add(1) = 8 };
+        assert_eq!(read(&mut t, 2_500, false), vec![(100, 7)]);
+        assert_eq!(read(&mut t, 3_500, false), vec![], "out of the span");
+        assert_eq!(read(&mut t, 3_600, true), vec![(100, 1)]);
+    }
+
     /// A thread first followed after others ended (the cap let it in)
     /// counts from then on; its calls before are not the span's.
     #[test]
@@ -295,7 +357,7 @@ mod tests {
                 bytes(&mem),
                 &h,
                 (4, &mut scratch),
-                (5, true),
+                (5, true, true),
                 (at, 1_000),
                 4,
                 |s| (s as u32, 0, true),
@@ -331,6 +393,7 @@ mod tests {
             sums: HashMap::new(),
             ring: VecDeque::new(),
             rename_in: RENAME_TICKS,
+            read: false,
             rows: ThreadRows::default(),
         }
     }
