@@ -192,6 +192,16 @@ struct Delta {
     lost: u64,
 }
 
+/// Keeps the `n` first of `v` by `key` (all of them if `n` is 0), in
+/// order; only those are sorted.
+pub fn keep_first<T, K: Ord>(v: &mut Vec<T>, n: usize, key: impl Fn(&T) -> K) {
+    if n > 0 && v.len() > n {
+        v.select_nth_unstable_by_key(n - 1, &key);
+        v.truncate(n);
+    }
+    v.sort_unstable_by_key(key);
+}
+
 /// What the daemon needs to know of a process each tick.
 pub struct Seen {
     pub pid: u32,
@@ -408,14 +418,11 @@ impl Tracked {
             self.read_flags(bytes, h);
         }
         self.build_rows(&mut scratch.order);
-        let moved = self.ring.back().is_some_and(|d| {
-            d.at_ns == now_ns && !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0)
-        });
+        let this_tick = self.ring.back().filter(|d| d.at_ns == now_ns);
+        let moved = this_tick
+            .is_some_and(|d| !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0));
         // A thread's calls moved only if the process's did.
-        let calls_moved = self
-            .ring
-            .back()
-            .is_some_and(|d| d.at_ns == now_ns && !d.funcs.is_empty());
+        let calls_moved = this_tick.is_some_and(|d| !d.funcs.is_empty());
         self.observe_threads(bytes, h, (now_ns, span_ns), (false, calls_moved), scratch);
         Ok(seen(h, moved))
     }
@@ -634,12 +641,9 @@ impl Tracked {
             .iter()
             .map(|c| (c.samples, c.calls, c.slot))
             .collect();
-        let hottest = |&(samples, calls, _): &(u64, u64, u32)| std::cmp::Reverse((samples, calls));
-        if hot.len() > n && n > 0 {
-            hot.select_nth_unstable_by_key(n - 1, hottest);
-            hot.truncate(n);
-        }
-        hot.sort_unstable_by_key(hottest);
+        keep_first(&mut hot, n, |&(samples, calls, _)| {
+            std::cmp::Reverse((samples, calls))
+        });
         for &(_, _, i) in hot.iter().take(n) {
             let (fs, i) = (m.funcs[i as usize], i as usize);
             let calls = if fs.counted { s[i].calls } else { 0 };

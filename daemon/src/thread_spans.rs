@@ -10,6 +10,7 @@
 //! not to the process's functions, and at most [`MAX_THREADS`] threads of
 //! a process are followed.
 
+use crate::spans::keep_first;
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{IdRow, ThreadRows, ROW_COUNTED};
 use rtprof_shared::reader::{fold_seq, live_stripes, stripe_calls};
@@ -232,12 +233,7 @@ impl ThreadSpans {
                 }
             }
             let mut hot: Vec<(u64, u32)> = t.sums.iter().map(|(&slot, &c)| (c, slot)).collect();
-            let hottest = |&(c, slot): &(u64, u32)| (std::cmp::Reverse(c), slot);
-            if hot.len() > top && top > 0 {
-                hot.select_nth_unstable_by_key(top - 1, hottest);
-                hot.truncate(top);
-            }
-            hot.sort_unstable_by_key(hottest);
+            keep_first(&mut hot, top, |&(c, slot)| (std::cmp::Reverse(c), slot));
             let total = |slot: u32| {
                 t.newest
                     .binary_search_by_key(&slot, |e| e.0)

@@ -756,7 +756,7 @@ macro_rules! signal_like {
             // SIG_HOLD (2) asks for SIGTRAP blocked: it stays as it is.
             if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
                 return match handler {
-                    2 => unpacked_program_handler(),
+                    2 => crate::traps::program_handler(),
                     h => crate::traps::program_signal(h, $flags),
                 };
             }
@@ -822,20 +822,6 @@ pub unsafe extern "C" fn __ppoll_chk(
         Some(real) => real(fds, n, timeout, mask, fdslen),
         None => no_such_function(),
     }
-}
-
-/// The program's SIGTRAP handler as it set it.
-fn unpacked_program_handler() -> libc::sighandler_t {
-    let mut old: libc::sigaction = unsafe_zeroed();
-    // SAFETY: a query into a live local.
-    unsafe { crate::traps::program_sigaction(std::ptr::null(), &mut old) };
-    old.sa_sigaction
-}
-
-fn unsafe_zeroed() -> libc::sigaction {
-    // SAFETY: integers, a handler address and a signal set: all valid as
-    // zero bytes.
-    unsafe { std::mem::zeroed() }
 }
 
 /// A context's mask without SIGTRAP while trap entries exist (in place:

@@ -407,6 +407,11 @@ pub unsafe fn program_sigaction(act: *const libc::sigaction, old: *mut libc::sig
     0
 }
 
+/// The program's SIGTRAP handler as it set it.
+pub fn program_handler() -> libc::sighandler_t {
+    unpack(PROGRAM.load(Ordering::Acquire)).0
+}
+
 /// The program's `signal(SIGTRAP, handler)` (or `sigset`, `sysv_signal`
 /// with its one-shot `flags`, `bsd_signal`, `sigignore`) likewise: the
 /// previous handler.
