@@ -64,6 +64,9 @@ pub struct Config {
     /// `RTPROF_TRAPS=1`: functions whose entry can take no jump get a
     /// trap instead (see `patch::traps`).
     pub traps: bool,
+    /// `RTPROF_LOOPS`: name globs of functions whose loops are counted
+    /// exactly (see `patch::loop_probes`).
+    pub loops: Vec<String>,
 }
 
 impl Default for Config {
@@ -86,6 +89,7 @@ impl Default for Config {
             count: Vec::new(),
             events: Vec::new(),
             traps: false,
+            loops: Vec::new(),
             nocount: Vec::new(),
             budget: None,
             stacks: true,
@@ -168,6 +172,7 @@ impl Config {
         };
         c.count = globs(s("RTPROF_COUNT"));
         c.nocount = globs(s("RTPROF_NOCOUNT"));
+        c.loops = globs(s("RTPROF_LOOPS"));
         c.budget = s("RTPROF_BUDGET").and_then(|v| parse_budget(&v));
         c.stacks = s("RTPROF_STACKS").is_none_or(|v| truthy(&v));
         c.callers = s("RTPROF_CALLERS").is_some_and(|v| truthy(&v));

@@ -26,14 +26,14 @@ pub(crate) mod plan;
 pub(crate) mod sampling;
 
 // Each module by its own name, as the rest of the crate uses them.
-pub(crate) use count::{budget, callers, records};
+pub(crate) use count::{budget, callers, loop_counts, records};
 pub(crate) use count::{register, segment, switching, thread_counts, threads};
 pub(crate) use discover::{fileimage, maps, modules, symbols};
 pub(crate) use lifecycle::system;
 pub(crate) use lifecycle::{fork, interpose, loader, startup};
-pub(crate) use patch::{install, stopworld, stubmem, switch, traps};
+pub(crate) use patch::{install, loop_probes, stopworld, stubmem, switch, traps};
 pub(crate) use plan::pipeline;
-pub(crate) use plan::{analysis, cache};
+pub(crate) use plan::{analysis, cache, loops};
 pub(crate) use rtprof_shared::debuginfo;
 
 use config::Config;

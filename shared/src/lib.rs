@@ -2,6 +2,7 @@
 //! layout, a writer for the agent, a validating reader, and reports.
 
 pub mod cachedir;
+pub mod cfg;
 mod codes;
 pub mod debuginfo;
 pub mod glob;

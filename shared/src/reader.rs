@@ -3,7 +3,7 @@
 //! It never trusts an offset, length or count it has not checked.
 
 use crate::layout::*;
-use crate::loops::{LoopStats, Offsets};
+use crate::loops::{LoopCounts, LoopStats, Offsets};
 use crate::Refusal;
 use std::fmt;
 use std::mem::size_of;
@@ -159,6 +159,10 @@ pub struct Snapshot {
     /// Samples by their place in their function (from the file the agent
     /// writes beside its segment at exit, see [`Offsets::parse`]).
     pub offsets: Offsets,
+    /// Exact counts of the loops of functions named in `RTPROF_LOOPS`
+    /// (from the file the agent writes beside its segment at exit, see
+    /// [`LoopCounts::parse`]).
+    pub loop_counts: LoopCounts,
     /// Loops of sampled functions with their samples (found by a reader
     /// with the functions' code at hand: the segment does not carry them).
     pub loops: Vec<LoopStats>,
@@ -996,6 +1000,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         threads: Threads::default(),
         events: Events::default(),
         offsets: Offsets::default(),
+        loop_counts: LoopCounts::default(),
         loops: Vec::new(),
     })
 }

@@ -914,6 +914,7 @@ pub(crate) mod tests {
             threads: Default::default(),
             events: Default::default(),
             offsets: Default::default(),
+            loop_counts: Default::default(),
             loops: Vec::new(),
         }
     }

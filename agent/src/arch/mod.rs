@@ -6,8 +6,11 @@
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
-pub use self::x86_64::{CounterRef, FunctionScan, Plan, X86_64 as Native};
+pub use self::x86_64::{
+    CounterRef, FunctionScan, LoopSpan, LoopWindow, Plan, Way, X86_64 as Native,
+};
 
+use rtprof_shared::loops::LoopRefusal;
 use rtprof_shared::Refusal;
 
 /// Everything the agent needs to know about the machine's instructions and
@@ -86,6 +89,38 @@ pub trait InstructionSet {
     fn redirect(field: u64, to: u64) -> Option<[u8; 4]>;
     /// A trampoline that jumps to absolute address `target`: (bytes, length).
     fn absolute_jump(target: u64) -> ([u8; 16], usize);
+
+    /// A function's instructions at `start`, each with where control goes
+    /// after it (up to the first bytes that are no instruction).
+    fn decode_flow(code: &[u8], start: u64) -> Vec<rtprof_shared::cfg::Insn>;
+    /// The stretch of the block [lo, hi) of `code` (which starts at
+    /// `code_start`) that a loop probe takes over (see `LoopSpan`), or why
+    /// none fits.
+    fn loop_window(
+        code: &[u8],
+        code_start: u64,
+        lo: u64,
+        hi: u64,
+        span: LoopSpan,
+    ) -> Result<LoopWindow, LoopRefusal>;
+    /// Whether the flags may be live where the block [at, hi) starts.
+    fn loop_flags_live(code: &[u8], code_start: u64, at: u64, hi: u64) -> bool;
+    /// Bytes of a loop probe (`head`: counting entries; `ways` as
+    /// `LoopWindow::ways`; `flags`: counts save the flags).
+    fn probe_len(w: &LoopWindow, head: bool, ways: &[Way], flags: bool) -> usize;
+    /// Writes a loop probe to run at `at` into `out`: the count of entries
+    /// at `head`'s counter if any, the window's moved code, its ways on.
+    /// Returns the address past the count of entries.
+    fn emit_probe(
+        w: &LoopWindow,
+        at: u64,
+        head: Option<u64>,
+        ways: &[Way],
+        flags: bool,
+        out: &mut [u8],
+    ) -> Option<u64>;
+    /// The bytes written over a loop window to send it to its probe.
+    fn window_patch(w: &LoopWindow, probe: u64) -> Option<Vec<u8>>;
 
     /// Offset from the thread pointer of the per-thread stripe pointer.
     fn stripe_tls_offset() -> i64;

@@ -607,7 +607,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
         .counters
         .set_state(rtprof_shared::layout::state::RUNNING);
     crate::sampling::set_stacks(false);
-    crate::sampling::publish_map(&writer, &known.present(), stubs.ranges());
+    crate::sampling::publish_map(&writer, &known.present(), stubs.ranges(), stubs.probes());
     let modules = plans
         .iter()
         .filter(|p| matches!(p, Planned::Instrument(_)))

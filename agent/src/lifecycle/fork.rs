@@ -104,6 +104,7 @@ pub fn become_child(p: *mut u64) {
         let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
         crate::sampling::forget_parent_in_child();
         crate::callers::forget_in_child();
+        crate::loop_counts::forget_in_child();
         crate::thread_counts::forget_in_child();
         crate::threads::reset_program_threads_in_child();
         if let Err(e) = a.segment.reopen_in_child(keep, pid, ppid, crate::now_ns()) {

@@ -176,7 +176,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
         changed = true;
     }
     if changed {
-        crate::sampling::publish_map(w, &known.present(), stubs.ranges());
+        crate::sampling::publish_map(w, &known.present(), stubs.ranges(), stubs.probes());
     }
 }
 
@@ -313,7 +313,7 @@ pub fn name_on_demand(a: &Agent, records: &[u32]) {
         w.set_named_on_demand(r, false);
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crate::sampling::publish_map(w, &known.present(), stubs.ranges());
+        crate::sampling::publish_map(w, &known.present(), stubs.ranges(), stubs.probes());
     }));
 }
 

@@ -208,6 +208,13 @@ pub(crate) fn start() {
     } else if cfg.traps && crate::traps::want() {
         vlog!("trap entries planned (RTPROF_TRAPS)");
     }
+    if !cfg.loops.is_empty() {
+        crate::loop_counts::select(&cfg.loops);
+        vlog!(
+            "loops counted in functions named {:?} (RTPROF_LOOPS)",
+            cfg.loops
+        );
+    }
     ph.mark("checks");
     let maps = Maps::current();
     let plans = plan_modules(&cfg, &maps);
@@ -292,6 +299,9 @@ pub(crate) fn start() {
         let patched = records::record_outcomes(&mut writer, first, &outcomes);
         records::mark_traps(&mut writer, first, p, &outcomes);
         crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+        if !p.loops.is_empty() {
+            stubs.add_probes(crate::loop_probes::install(p, first));
+        }
         vlog!(
             "{}: {} functions ({}), {} patched, {:.1} ms",
             p.module.path,
@@ -301,6 +311,8 @@ pub(crate) fn start() {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
+    // Libraries loaded later get no loop probes.
+    crate::loop_counts::end_planning();
     ph.mark("install");
     let known = known_modules(&plans, recorded);
     let stripe_bytes = segment.counters.layout().stripe_bytes;
@@ -313,7 +325,7 @@ pub(crate) fn start() {
         .find(|m| modules::skip_reason(m, &|_| true) == Some(modules::Skip::Loader))
         .cloned();
     crate::sampling::set_stacks(cfg.stacks && cfg.sample_hz != 0);
-    crate::sampling::publish_map(&writer, &known.present(), stubs.ranges());
+    crate::sampling::publish_map(&writer, &known.present(), stubs.ranges(), stubs.probes());
     ph.mark("addrmap");
     if !crate::set_agent(cfg, segment, tls_offset, stubs, known, writer) {
         return;
@@ -419,6 +431,11 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         if let Some(text) = crate::callers::text() {
             if let Err(e) = a.segment.write_beside("callers", text.as_bytes()) {
                 vlog!("callers not written: {e}");
+            }
+        }
+        if let Some(text) = crate::loop_counts::text() {
+            if let Err(e) = a.segment.write_beside("loops", text.as_bytes()) {
+                vlog!("loop counts not written: {e}");
             }
         }
         let threads = if crate::thread_counts::wanted(a) {

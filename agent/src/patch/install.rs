@@ -20,6 +20,9 @@ pub struct StubMap {
     ranges: Vec<(u64, u64, u32)>,
     /// Entries that can be switched between jump and original, by slot.
     entries: Option<Vec<EntrySwitch>>,
+    /// Loop probes: (start, end, function slot, its window's offset in
+    /// the function), sorted by start.
+    probes: Vec<crate::loop_probes::ProbeRange>,
 }
 
 impl StubMap {
@@ -29,6 +32,7 @@ impl StubMap {
         StubMap {
             ranges: Vec::new(),
             entries: Some(Vec::new()),
+            probes: Vec::new(),
         }
     }
 
@@ -47,6 +51,17 @@ impl StubMap {
     pub fn ranges(&self) -> &[(u64, u64, u32)] {
         &self.ranges
     }
+    /// Every loop probe's place, sorted.
+    pub fn probes(&self) -> &[crate::loop_probes::ProbeRange] {
+        &self.probes
+    }
+
+    /// Adds loop probes' places.
+    pub fn add_probes(&mut self, mut v: Vec<crate::loop_probes::ProbeRange>) {
+        self.probes.append(&mut v);
+        self.probes.sort_unstable_by_key(|r| r.0);
+    }
+
     /// Keeps `e`, in place of the entry of the same slot if there is one.
     pub fn put_entry(&mut self, e: EntrySwitch) {
         let Some(v) = &mut self.entries else { return };

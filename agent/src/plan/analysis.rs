@@ -29,6 +29,8 @@ pub struct ModulePlan {
     pub text_relocations: bool,
     /// Functions whose entry can take no jump got trap entries.
     pub traps: bool,
+    /// The loops of the functions named in `RTPROF_LOOPS` (never cached).
+    pub loops: Vec<crate::loops::FunctionLoops>,
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -74,13 +76,15 @@ struct Own {
 /// depends on nothing else, and may be cached (see [`check_live`] for what
 /// must be checked in each process).
 /// With `traps`, a function no jump can enter gets a trap entry where one
-/// is safe.
+/// is safe. With `loops`, the loops of the functions `RTPROF_LOOPS` names
+/// get probes where they fit.
 pub fn analyze(
     m: Module,
     list: FunctionList,
     maps: &Maps,
     file: &FileImage,
     traps: bool,
+    loops: bool,
 ) -> ModulePlan {
     let funcs = list.funcs;
     let n = funcs.len();
@@ -219,6 +223,7 @@ pub fn analyze(
     }
 
     let mut out = Vec::with_capacity(n);
+    let mut function_loops = Vec::new();
     for (i, (f, c)) in funcs.into_iter().zip(code).enumerate() {
         let start = starts[i];
         if fragment[i] {
@@ -320,6 +325,35 @@ pub fn analyze(
             }
             (outcome, _) => outcome,
         };
+        if let (true, Ok((bytes, size, _))) = (loops && crate::loop_counts::wanted_for(&f.name), c)
+        {
+            // Probes start past what the entry's patch takes.
+            let entry_end = outcome.as_ref().map_or(start, |p| {
+                (p.start + p.original().len() as u64).max(p.patch_at + p.window as u64)
+            });
+            let lo = direct.partition_point(|&t| t <= start);
+            let hi = direct.partition_point(|&t| t < start + size);
+            let (tlo, thi) = (
+                tables.partition_point(|&t| t <= start),
+                tables.partition_point(|&t| t < start + size),
+            );
+            let mut foreign: Vec<u64> = direct[lo..hi]
+                .iter()
+                .chain(&tables[tlo..thi])
+                .copied()
+                .collect();
+            foreign.sort_unstable();
+            let cx = crate::loops::Context {
+                entry_end,
+                foreign: &foreign,
+                indirect: own.indirect,
+            };
+            let mut fl = crate::loops::plan(bytes, start, size, &cx);
+            if !fl.sites.is_empty() {
+                fl.func = out.len();
+                function_loops.push(fl);
+            }
+        }
         out.push(Candidate {
             name: f.name,
             vaddr: f.vaddr,
@@ -334,6 +368,7 @@ pub fn analyze(
         source: list.source,
         text_relocations: list.text_relocations,
         traps,
+        loops: function_loops,
     }
 }
 

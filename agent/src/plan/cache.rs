@@ -524,6 +524,7 @@ pub fn plan_from(m: Module, e: Entry, traps: bool) -> ModulePlan {
         source: e.source,
         text_relocations: e.text_relocations,
         traps,
+        loops: Vec::new(),
     }
 }
 
@@ -578,6 +579,7 @@ mod tests {
             source: "dynsym+eh_frame",
             text_relocations: true,
             traps: false,
+            loops: Vec::new(),
         }
     }
 

@@ -3,4 +3,5 @@
 
 pub mod analysis;
 pub mod cache;
+pub mod loops;
 pub(crate) mod pipeline;

@@ -37,8 +37,18 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     } else {
         Kind::Plan
     };
+    // Loop probes are planned afresh (never cached) where a function's
+    // loops are wanted, at start-up, outside the C runtime.
+    let loops = crate::loop_counts::planning() && crate::traps::allowed_in(&m.path);
     let cached = cache::lookup(&m, &file.identity, kind).and_then(|e| {
         let mut p = cache::plan_from(m.clone(), e, traps);
+        if loops
+            && p.funcs
+                .iter()
+                .any(|c| crate::loop_counts::wanted_for(&c.name))
+        {
+            return None;
+        }
         if analysis::check_live(&mut p, maps, &file) {
             return Some(p);
         }
@@ -52,7 +62,7 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
         Some(p) => (p, "cached"),
         None => {
             let list = symbols::list_functions(file.data(), debug.as_ref().map(|d| d.data()))?;
-            let mut p = analysis::analyze(m, list, maps, &file, traps);
+            let mut p = analysis::analyze(m, list, maps, &file, traps, loops);
             let entry = cache::encode(&p, &file.identity);
             cache::store(&p.module.path, &file.identity, kind, &entry);
             // Plans made from the file's bytes: this only finds changed memory.

@@ -22,9 +22,20 @@ struct Range {
     /// What a stack frame here is: the function slot, or
     /// `stacks::MODULE | record`.
     id: u32,
-    /// A function's own code (not its stub, not a module): a sample here
-    /// is also counted at its offset from `start` (`offsets`).
-    body: bool,
+    /// Where in its function a sample here is counted (`offsets`).
+    at: Offset,
+}
+
+/// Where in its function a sample in a range is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Offset {
+    /// Nowhere (a stub, a module).
+    None,
+    /// At its offset from the range's start (the function's own code).
+    FromStart,
+    /// At this offset (a loop probe: the code it runs stands for the
+    /// window's, in one block of the function).
+    Fixed(u32),
 }
 
 /// A module present in the process: its record in the segment and the
@@ -76,7 +87,13 @@ fn normalise(v: &mut Vec<Range>) {
 impl AddrMap {
     /// Builds the table for the modules in `present` from their records in
     /// `w`; `stubs` are (start, end, function slot).
-    pub fn build(w: &SegmentWriter, present: &[Present], stubs: &[(u64, u64, u32)]) -> AddrMap {
+    /// `probes` are loop probes: (start, end, function slot, offset).
+    pub fn build(
+        w: &SegmentWriter,
+        present: &[Present],
+        stubs: &[(u64, u64, u32)],
+        probes: &[(u64, u64, u32, u32)],
+    ) -> AddrMap {
         let mut funcs = Vec::new();
         let mut modules = Vec::new();
         let func_count = w.func_count();
@@ -97,7 +114,7 @@ impl AddrMap {
                 counter: bucket,
                 on_demand,
                 id: super::stacks::MODULE | p.record,
-                body: false,
+                at: Offset::None,
             }));
             let last = m.first_func.saturating_add(m.func_count).min(func_count);
             for slot in m.first_func..last {
@@ -110,7 +127,7 @@ impl AddrMap {
                         counter: w.counters().function_samples(slot),
                         on_demand: 0,
                         id: slot,
-                        body: true,
+                        at: Offset::FromStart,
                     });
                 }
             }
@@ -125,7 +142,20 @@ impl AddrMap {
                     counter: w.counters().function_samples(slot),
                     on_demand: 0,
                     id: slot,
-                    body: false,
+                    at: Offset::None,
+                }),
+        );
+        funcs.extend(
+            probes
+                .iter()
+                .filter(|s| s.2 < func_count)
+                .map(|&(start, end, slot, off)| Range {
+                    start,
+                    end,
+                    counter: w.counters().function_samples(slot),
+                    on_demand: 0,
+                    id: slot,
+                    at: Offset::Fixed(off),
                 }),
         );
         normalise(&mut funcs);
@@ -166,8 +196,10 @@ impl AddrMap {
         unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
         match func {
             Some(r) => {
-                if r.body {
-                    super::offsets::record(r.id, (ip - r.start) as u32, n);
+                match r.at {
+                    Offset::FromStart => super::offsets::record(r.id, (ip - r.start) as u32, n),
+                    Offset::Fixed(off) => super::offsets::record(r.id, off, n),
+                    Offset::None => {}
                 }
                 Counted::Function(r.id)
             }
@@ -326,19 +358,28 @@ pub(crate) mod tests {
     #[test]
     fn attributes_functions_stubs_modules_and_unknown() {
         let (_buf, w) = fixture();
-        let m = AddrMap::build(&w, &present(), &[(0x900000, 0x900020, 1)]);
+        let m = AddrMap::build(
+            &w,
+            &present(),
+            &[(0x900000, 0x900020, 1)],
+            &[(0xa00000, 0xa00040, 2, 4)],
+        );
         for ip in [
-            0x10100, 0x1013f, 0x10200, 0x10207, 0x10208, 0x900010, 0x10400, 0x5,
+            0x10100, 0x1013f, 0x10200, 0x10207, 0x10208, 0x900010, 0x10400, 0x5, 0xa0003f,
         ] {
             m.count_or_hold(ip, 1, false);
         }
         assert_eq!(samples(&w, 0), 2, "f: first and last byte");
         assert_eq!(samples(&w, 1), 3, "g: twice, and once from its stub");
-        assert_eq!(samples(&w, 2), 1, "h: from where g ends");
+        assert_eq!(
+            samples(&w, 2),
+            2,
+            "h: from where g ends, and its loop probe"
+        );
         assert_eq!(samples(&w, 3), 0, "z has no size");
         assert_eq!(w.counters().module_samples(0).load(Ordering::Relaxed), 1);
         assert_eq!(w.counters().samples_unknown().load(Ordering::Relaxed), 1);
-        assert_eq!(w.counters().samples_total().load(Ordering::Relaxed), 8);
+        assert_eq!(w.counters().samples_total().load(Ordering::Relaxed), 9);
     }
 
     #[test]
@@ -350,7 +391,7 @@ pub(crate) mod tests {
             counter: c,
             on_demand: 0,
             id: 0,
-            body: true,
+            at: Offset::FromStart,
         };
         let mut v = vec![r(10, 50), r(0, 20), r(10, 15), r(60, 60)];
         normalise(&mut v);

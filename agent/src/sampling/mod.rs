@@ -480,8 +480,14 @@ pub fn restart_in_child() {
 
 /// Rebuilds and publishes the address table (start-up, and whenever
 /// libraries come or go), from the records in `w`.
-pub fn publish_map(w: &SegmentWriter, present: &[addrmap::Present], stubs: &[(u64, u64, u32)]) {
-    addrmap::publish(addrmap::AddrMap::build(w, present, stubs));
+/// `probes` are loop probes: (start, end, function slot, offset in it).
+pub fn publish_map(
+    w: &SegmentWriter,
+    present: &[addrmap::Present],
+    stubs: &[(u64, u64, u32)],
+    probes: &[(u64, u64, u32, u32)],
+) {
+    addrmap::publish(addrmap::AddrMap::build(w, present, stubs, probes));
     if STACKS.load(Ordering::Relaxed) {
         // The unwinder follows the same modules (the vDSO has no file).
         // Not the agent itself: the program's stacks do not run through
@@ -545,7 +551,7 @@ mod tests {
             record: lib2,
             exec: vec![(0x60000, 0x61000)],
         });
-        addrmap::publish(addrmap::AddrMap::build(&w, &present, &[]));
+        addrmap::publish(addrmap::AddrMap::build(&w, &present, &[], &[]));
         let w = std::cell::RefCell::new(w);
         let mut f = FakeRing::new(4096);
         let rings = vec![f.ring()];
@@ -563,7 +569,7 @@ mod tests {
                 // liby cannot be named: it stays without functions.
                 w.set_named_on_demand(r, false);
             }
-            addrmap::publish(addrmap::AddrMap::build(&w, &present, &[]));
+            addrmap::publish(addrmap::AddrMap::build(&w, &present, &[], &[]));
         };
         let lost = AtomicU64::new(0);
         assert_eq!(drain_rings(&rings, 1, &lost, Some(&name)), 5);
@@ -583,7 +589,7 @@ mod tests {
             record: lib3,
             exec: vec![(0x70000, 0x71000)],
         });
-        addrmap::publish(addrmap::AddrMap::build(&w, &present, &[]));
+        addrmap::publish(addrmap::AddrMap::build(&w, &present, &[], &[]));
         f.sample(0x70010, 1, 1);
         let stuck = |_: &[u32]| {};
         assert_eq!(drain_rings(&rings, 1, &lost, Some(&stuck)), 1);
@@ -595,7 +601,7 @@ mod tests {
     fn drain_and_attribution_do_not_allocate_per_sample() {
         let _turn = TABLE.lock().unwrap_or_else(|e| e.into_inner());
         let (_buf, w) = fixture();
-        addrmap::publish(addrmap::AddrMap::build(&w, &present(), &[]));
+        addrmap::publish(addrmap::AddrMap::build(&w, &present(), &[], &[]));
         let mut f = FakeRing::new(4096);
         let rings = vec![f.ring()];
         let lost = AtomicU64::new(0);

@@ -9,9 +9,8 @@
 //! one's own. A jump through a table may go to any block nothing else
 //! reaches; a block reached no way is in no loop.
 
-mod x86_64;
-
-use rtprof_shared::loops::LoopStats;
+use rtprof_shared::cfg::{x86_64, Cfg, Loop};
+use rtprof_shared::loops::{LoopCount, LoopStats};
 use rtprof_shared::Snapshot;
 use std::collections::HashMap;
 use std::path::Path;
@@ -53,36 +52,18 @@ fn module_path(s: &Snapshot, function: u32) -> Option<&str> {
     Some(s.modules.get(f.module as usize)?.path.as_str())
 }
 
-/// Where control goes after an instruction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
-    /// To the next instruction (calls included: they return).
-    Next,
-    /// To the target, or on to the next instruction.
-    Branch(u64),
-    /// To the target only.
-    Jump(u64),
-    /// Where the code does not say (a jump through a table or register).
-    Indirect,
-    /// Nowhere in this function (a return, a trap).
-    Stop,
-}
-
-/// One decoded instruction.
-pub struct Insn {
-    pub addr: u64,
-    pub end: u64,
-    pub flow: Flow,
-    /// Alignment fill (a no-op or a trap between pieces of code).
-    pub filler: bool,
-}
-
-/// The loops of `s`'s sampled functions that have samples, each
-/// function's in address order.
+/// The loops of `s`'s functions: those with samples, and every loop of a
+/// function whose loops the agent counted exactly (with its counts);
+/// each function's in address order.
 fn loops_of(s: &Snapshot, files: &mut Files) -> Vec<LoopStats> {
     let mut by_function: HashMap<u32, Vec<(u32, u64)>> = HashMap::new();
     for &(slot, offset, n) in &s.offsets.samples {
         by_function.entry(slot).or_default().push((offset, n));
+    }
+    let mut counts: HashMap<(u32, u32), LoopCount> = HashMap::new();
+    for &(slot, offset, c) in &s.loop_counts.loops {
+        by_function.entry(slot).or_default();
+        counts.insert((slot, offset), c);
     }
     let mut slots: Vec<u32> = by_function.keys().copied().collect();
     slots.sort_unstable();
@@ -101,241 +82,17 @@ fn loops_of(s: &Snapshot, files: &mut Files) -> Vec<LoopStats> {
         let samples = by_function[&slot]
             .iter()
             .map(|&(off, n)| (f.vaddr + off as u64, n));
-        out.extend(
-            charge(&cfg, &loops, samples)
-                .into_iter()
-                .filter(|l| l.samples > 0)
-                .map(|l| LoopStats {
-                    function: slot,
-                    ..l
-                }),
-        );
+        out.extend(charge(&cfg, &loops, samples).into_iter().filter_map(|l| {
+            // Headers are in the function: the offset fits.
+            let count = counts.get(&(slot, (l.header - f.vaddr) as u32)).copied();
+            (l.samples > 0 || count.is_some()).then_some(LoopStats {
+                function: slot,
+                count,
+                ..l
+            })
+        }));
     }
     out
-}
-
-/// A function's code as basic blocks.
-struct Cfg {
-    /// Each block's first and past-last address, in address order.
-    spans: Vec<(u64, u64)>,
-    succ: Vec<Vec<usize>>,
-}
-
-/// A natural loop: its header block and the blocks of its body (header
-/// included).
-struct Loop {
-    header: usize,
-    body: Vec<bool>,
-    depth: u32,
-}
-
-impl Cfg {
-    fn new(insns: &[Insn]) -> Cfg {
-        // Leaders: the first instruction, branch targets, and what follows
-        // a branch, a jump or a stop.
-        let mut leaders = vec![false; insns.len()];
-        if let Some(l) = leaders.first_mut() {
-            *l = true;
-        }
-        for (k, i) in insns.iter().enumerate() {
-            if let Flow::Branch(t) | Flow::Jump(t) = i.flow {
-                if let Ok(at) = insns.binary_search_by_key(&t, |i| i.addr) {
-                    leaders[at] = true;
-                }
-            }
-            if i.flow != Flow::Next && k + 1 < insns.len() {
-                leaders[k + 1] = true;
-            }
-        }
-        let mut spans = Vec::new();
-        let mut last = Vec::new();
-        let mut filler = Vec::new();
-        for (k, i) in insns.iter().enumerate() {
-            if leaders[k] {
-                spans.push((i.addr, i.end));
-                last.push(k);
-                filler.push(i.filler);
-            } else if let (Some(s), Some(l), Some(f)) =
-                (spans.last_mut(), last.last_mut(), filler.last_mut())
-            {
-                s.1 = i.end;
-                *l = k;
-                *f &= i.filler;
-            }
-        }
-        let block_at = |a: u64| spans.binary_search_by_key(&a, |s: &(u64, u64)| s.0).ok();
-        let mut indirect = Vec::new();
-        let succ: Vec<Vec<usize>> = last
-            .iter()
-            .enumerate()
-            .map(|(b, &k)| {
-                let i = &insns[k];
-                // The next block, if it starts where this one ends.
-                let next = (b + 1 < spans.len() && spans[b + 1].0 == i.end).then_some(b + 1);
-                match i.flow {
-                    Flow::Next => next.into_iter().collect(),
-                    Flow::Branch(t) => block_at(t).into_iter().chain(next).collect(),
-                    Flow::Jump(t) => block_at(t).into_iter().collect(),
-                    Flow::Indirect => {
-                        indirect.push(b);
-                        Vec::new()
-                    }
-                    Flow::Stop => Vec::new(),
-                }
-            })
-            .collect();
-        let mut cfg = Cfg { spans, succ };
-        // A jump through a table may go to any code nothing else reaches
-        // (a switch's cases), not to fill.
-        if !indirect.is_empty() {
-            let reached = cfg.reachable();
-            let unreached: Vec<usize> = (0..cfg.spans.len())
-                .filter(|&b| !reached[b] && !filler[b])
-                .collect();
-            for b in indirect {
-                cfg.succ[b].extend(&unreached);
-            }
-        }
-        cfg
-    }
-
-    fn reachable(&self) -> Vec<bool> {
-        let mut seen = vec![false; self.spans.len()];
-        let mut stack: Vec<usize> = (!self.spans.is_empty()).then_some(0).into_iter().collect();
-        while let Some(b) = stack.pop() {
-            if !std::mem::replace(&mut seen[b], true) {
-                stack.extend(self.succ[b].iter().copied().filter(|&s| !seen[s]));
-            }
-        }
-        seen
-    }
-
-    /// Each reachable block's immediate dominator (the entry's is itself),
-    /// by the iterative algorithm over reverse postorder, and each block's
-    /// reachable predecessors.
-    fn dominators(&self) -> (Vec<Option<usize>>, Vec<Vec<usize>>) {
-        let n = self.spans.len();
-        // Postorder by an explicit stack: (block, next successor to visit).
-        let mut order = Vec::new();
-        let mut seen = vec![false; n];
-        let mut stack = Vec::new();
-        if n > 0 {
-            seen[0] = true;
-            stack.push((0usize, 0usize));
-        }
-        while let Some(&mut (b, ref mut k)) = stack.last_mut() {
-            if let Some(&s) = self.succ[b].get(*k) {
-                *k += 1;
-                if !seen[s] {
-                    seen[s] = true;
-                    stack.push((s, 0));
-                }
-            } else {
-                order.push(b);
-                stack.pop();
-            }
-        }
-        let mut rank = vec![usize::MAX; n];
-        for (r, &b) in order.iter().enumerate() {
-            rank[b] = r;
-        }
-        let mut preds = vec![Vec::new(); n];
-        for (b, ss) in self.succ.iter().enumerate().filter(|(b, _)| seen[*b]) {
-            for &s in ss {
-                preds[s].push(b);
-            }
-        }
-        let mut idom: Vec<Option<usize>> = vec![None; n];
-        if n == 0 {
-            return (idom, preds);
-        }
-        idom[0] = Some(0);
-        let intersect = |idom: &[Option<usize>], mut a: usize, mut b: usize| {
-            while a != b {
-                while rank[a] < rank[b] {
-                    a = idom[a].unwrap_or(0);
-                }
-                while rank[b] < rank[a] {
-                    b = idom[b].unwrap_or(0);
-                }
-            }
-            a
-        };
-        let mut changed = true;
-        while changed {
-            changed = false;
-            for &b in order.iter().rev().filter(|&&b| b != 0) {
-                let mut new = None;
-                for &p in preds[b].iter().filter(|&&p| idom[p].is_some()) {
-                    new = Some(new.map_or(p, |d| intersect(&idom, p, d)));
-                }
-                if new.is_some() && idom[b] != new {
-                    idom[b] = new;
-                    changed = true;
-                }
-            }
-        }
-        (idom, preds)
-    }
-
-    /// The natural loops, one per header, with their depth; in address
-    /// order of their headers.
-    fn loops(&self) -> Vec<Loop> {
-        let (idom, preds) = self.dominators();
-        let dominates = |h: usize, mut b: usize| loop {
-            if b == h {
-                return true;
-            }
-            match idom[b] {
-                Some(d) if d != b => b = d,
-                _ => return false,
-            }
-        };
-        let n = self.spans.len();
-        let mut by_header: std::collections::BTreeMap<usize, Loop> = Default::default();
-        for (u, ss) in self
-            .succ
-            .iter()
-            .enumerate()
-            .filter(|(u, _)| idom[*u].is_some())
-        {
-            for &h in ss.iter().filter(|&&h| dominates(h, u)) {
-                let l = by_header.entry(h).or_insert_with(|| {
-                    let mut body = vec![false; n];
-                    body[h] = true;
-                    Loop {
-                        header: h,
-                        body,
-                        depth: 1,
-                    }
-                });
-                // Everything that reaches the branch back without passing
-                // the header.
-                let mut stack = vec![u];
-                while let Some(b) = stack.pop() {
-                    if !std::mem::replace(&mut l.body[b], true) {
-                        stack.extend(preds[b].iter().copied());
-                    }
-                }
-            }
-        }
-        let mut loops: Vec<Loop> = by_header.into_values().collect();
-        for i in 0..loops.len() {
-            let h = loops[i].header;
-            let around = loops
-                .iter()
-                .enumerate()
-                .filter(|&(j, m)| j != i && m.body[h])
-                .count();
-            loops[i].depth = 1 + around as u32;
-        }
-        loops
-    }
-
-    fn block_of(&self, addr: u64) -> Option<usize> {
-        let b = self.spans.partition_point(|s| s.0 <= addr).checked_sub(1)?;
-        (addr < self.spans[b].1).then_some(b)
-    }
 }
 
 /// Each loop with the samples at the addresses of `samples`: all that
@@ -355,6 +112,7 @@ fn charge(cfg: &Cfg, loops: &[Loop], samples: impl Iterator<Item = (u64, u64)>) 
                 samples: 0,
                 self_samples: 0,
                 source: None,
+                count: None,
             }
         })
         .collect();
@@ -429,6 +187,7 @@ fn open(path: &Path) -> Option<(memmap2::Mmap, Vec<Load>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rtprof_shared::cfg::{Flow, Insn};
 
     /// Instructions of one byte each at 0x10 on, as (flow) per address.
     fn code(flows: &[Flow]) -> Vec<Insn> {
@@ -502,12 +261,5 @@ mod tests {
         let counts: Vec<_> = stats.iter().map(|l| (l.samples, l.self_samples)).collect();
         // The out-of-line block's samples are the inner loop's.
         assert_eq!(counts, [(8, 1), (7, 7), (4, 4)]);
-    }
-
-    #[test]
-    fn no_code_no_loops() {
-        let cfg = Cfg::new(&[]);
-        assert!(cfg.loops().is_empty());
-        assert_eq!(cfg.block_of(0x10), None);
     }
 }

@@ -74,6 +74,11 @@ pub struct RunArgs {
     /// exact, a signal per call, flagged [trap].
     #[arg(long)]
     traps: bool,
+    /// Count the loops of these functions exactly (RTPROF_LOOPS), e.g.
+    /// 'nested,lua_V*': executions and iterations of each loop, from
+    /// probes at its header and its branches back.
+    #[arg(long, value_name = "GLOBS")]
+    loops: Option<String>,
     /// Agent diagnostics on stderr (RTPROF_VERBOSE).
     #[arg(long)]
     verbose: bool,
@@ -129,6 +134,9 @@ fn agent_env(cmd: &mut Command, args: &RunArgs, agent: &Path, dir: &Path) {
     }
     if args.traps {
         cmd.env("RTPROF_TRAPS", "1");
+    }
+    if let Some(l) = &args.loops {
+        cmd.env("RTPROF_LOOPS", l);
     }
     if args.no_calls {
         cmd.env("RTPROF_INSTRUMENT", "0");

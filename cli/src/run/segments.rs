@@ -1,7 +1,7 @@
 //! Reading back the counter segments the run's processes left behind.
 
 use crate::error::Error;
-use rtprof_shared::loops::Offsets;
+use rtprof_shared::loops::{LoopCounts, Offsets};
 use rtprof_shared::{read_snapshot, Callers, Events, Snapshot, Stacks, Threads};
 use std::path::Path;
 
@@ -47,7 +47,7 @@ fn read_beside<T: Default, E: std::fmt::Display>(
 }
 
 /// The files an agent writes beside its segment at exit.
-const BESIDE: [&str; 5] = ["stacks", "callers", "threads", "events", "offsets"];
+const BESIDE: [&str; 6] = ["stacks", "callers", "threads", "events", "offsets", "loops"];
 
 /// Every readable segment in `dir`, oldest process first; unreadable ones
 /// are reported on stderr and skipped.
@@ -76,7 +76,7 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         };
         match read_snapshot(&bytes) {
             Ok(mut s) => {
-                let [stacks, callers, threads, events, offsets] = texts;
+                let [stacks, callers, threads, events, offsets, loops] = texts;
                 let beside = |x: &str| p.with_extension(x);
                 s.stacks = read_beside(&beside("stacks"), "stacks", stacks, |t| {
                     Stacks::parse(t, s.functions.len(), s.modules.len())
@@ -92,6 +92,9 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
                 });
                 s.offsets = read_beside(&beside("offsets"), "sampled offsets", offsets, |t| {
                     Offsets::parse(t, &s)
+                });
+                s.loop_counts = read_beside(&beside("loops"), "loop counts", loops, |t| {
+                    LoopCounts::parse(t, &s)
                 });
                 out.push(s)
             }

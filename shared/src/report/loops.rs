@@ -1,10 +1,11 @@
 //! Loops in reports: the hottest loops of sampled functions, each with its
 //! share of the process's samples and of its function's, its depth and
-//! where it is (source line, or its addresses).
+//! where it is (source line, or its addresses); and the loops counted
+//! exactly (`RTPROF_LOOPS`), with their executions and iterations.
 
 use super::{escape_text, function_fields};
 use crate::json::JsonWriter;
-use crate::loops::LoopStats;
+use crate::loops::{LoopCount, LoopStats};
 use crate::names;
 use crate::Snapshot;
 use std::fmt::Write as _;
@@ -32,10 +33,53 @@ fn place(l: &LoopStats) -> String {
     }
 }
 
-/// The loops section of a process's text report: its `top` hottest loops
-/// (nothing if no loop was sampled).
+/// Iterations per execution (0 for none).
+fn per_execution(iterations: u64, entries: u64) -> f64 {
+    if entries == 0 {
+        0.0
+    } else {
+        iterations as f64 / entries as f64
+    }
+}
+
+/// The loops section of a process's text report: every loop counted
+/// exactly, in address order, then its `top` hottest loops (nothing if no
+/// loop was counted or sampled).
 pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
-    if s.loops.is_empty() {
+    let mut counted: Vec<&LoopStats> = s.loops.iter().filter(|l| l.count.is_some()).collect();
+    counted.sort_by_key(|l| (l.function, l.header));
+    if !counted.is_empty() {
+        let _ = writeln!(
+            out,
+            "  loops counted exactly (an iteration is a run of the loop's body):
+    \
+             {:>12} {:>14} {:>12} {:>5}  function  loop at",
+            "executions", "iterations", "per exec", "depth"
+        );
+    }
+    for l in counted {
+        let f = &s.functions[l.function as usize];
+        let what = match (l.count, l.count.and_then(|c| c.iterations())) {
+            (Some(LoopCount::Counted { entries, .. }), Some(it)) => format!(
+                "{:>12} {:>14} {:>12.1}",
+                entries,
+                it,
+                per_execution(it, entries)
+            ),
+            (Some(LoopCount::Refused(why)), _) => {
+                format!("{:>40}", format!("not counted: {}", why.name()))
+            }
+            _ => continue,
+        };
+        let _ = writeln!(
+            out,
+            "    {what} {:>5}  {}  {}",
+            l.depth,
+            escape_text(&names::function(&f.name)),
+            escape_text(&place(l))
+        );
+    }
+    if s.loops.iter().all(|l| l.samples == 0) {
         return;
     }
     let _ = writeln!(
@@ -44,7 +88,7 @@ pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
          {:>7} {:>8} {:>8} {:>5}  function  loop at",
         "of proc", "of func", "samples", "depth"
     );
-    for l in hottest(s).into_iter().take(top) {
+    for l in hottest(s).into_iter().filter(|l| l.samples > 0).take(top) {
         let f = &s.functions[l.function as usize];
         let _ = writeln!(
             out,
@@ -85,6 +129,25 @@ pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
             w.string_field("file", &src.file);
             w.uint_field("line", src.line as u64);
         }
+        match l.count {
+            Some(
+                c @ LoopCount::Counted {
+                    entries,
+                    back,
+                    top_exits,
+                },
+            ) => {
+                let it = c.iterations().unwrap_or(0);
+                w.uint_field("executions", entries);
+                w.uint_field("iterations", it);
+                w.key("iterations_per_execution");
+                w.float(per_execution(it, entries));
+                w.uint_field("branches_back", back);
+                w.uint_field("top_exits", top_exits);
+            }
+            Some(LoopCount::Refused(why)) => w.string_field("not_counted", why.name()),
+            None => {}
+        }
         w.end_object();
     }
     w.end_array();
@@ -111,6 +174,7 @@ mod tests {
             samples,
             self_samples: samples,
             source,
+            count: None,
         };
         let src = SourceLine {
             file: "x.c".into(),
@@ -140,5 +204,53 @@ mod tests {
             "{j}"
         );
         assert!(j.contains(r#""file":"x.c","line":12"#), "{j}");
+    }
+
+    #[test]
+    fn counted_loops_show_executions_and_iterations() {
+        use crate::loops::{LoopCount, LoopRefusal};
+        let mut s = snap();
+        let l = |header, count| LoopStats {
+            function: 0,
+            header,
+            start: header,
+            end: header + 0x10,
+            depth: 1,
+            samples: 0,
+            self_samples: 0,
+            source: None,
+            count: Some(count),
+        };
+        s.loops = vec![
+            l(0x300, LoopCount::Refused(LoopRefusal::ShortLatch)),
+            l(
+                0x100,
+                LoopCount::Counted {
+                    entries: 8,
+                    back: 7992,
+                    top_exits: 0,
+                },
+            ),
+        ];
+        let mut out = String::new();
+        super::text(&mut out, &s, 10);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].contains("loops counted exactly"), "{out}");
+        assert!(
+            lines[2].contains("8") && lines[2].contains("8000") && lines[2].contains("1000.0"),
+            "{out}"
+        );
+        assert!(lines[3].contains("not counted: short_latch"), "{out}");
+        assert!(!out.contains("hot loops"), "{out}");
+        let mut w = crate::json::JsonWriter::default();
+        w.begin_object();
+        super::json(&mut w, &s);
+        w.end_object();
+        let j = w.finish();
+        assert!(
+            j.contains(r#""executions":8,"iterations":8000,"iterations_per_execution":1000"#),
+            "{j}"
+        );
+        assert!(j.contains(r#""not_counted":"short_latch""#), "{j}");
     }
 }

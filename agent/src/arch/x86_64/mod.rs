@@ -1,16 +1,19 @@
 //! x86-64: decoding with iced-x86, stubs and patches encoded by hand.
 
+mod loop_probe;
 mod plan_bytes;
 mod scan;
 mod stub;
 mod tls;
 mod window;
 
+pub use loop_probe::{LoopWindow, Span as LoopSpan, Way};
 pub use scan::FunctionScan;
 pub use stub::CounterRef;
 pub use window::Plan;
 
 use super::{EntryPatch, InstructionSet};
+use rtprof_shared::loops::LoopRefusal;
 use rtprof_shared::Refusal;
 
 /// This build's instruction set.
@@ -26,6 +29,43 @@ impl InstructionSet for X86_64 {
 
     fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<Plan, Refusal> {
         window::plan_window(code, start, size, pad)
+    }
+
+    fn decode_flow(code: &[u8], start: u64) -> Vec<rtprof_shared::cfg::Insn> {
+        rtprof_shared::cfg::x86_64::decode(code, start)
+    }
+
+    fn loop_window(
+        code: &[u8],
+        code_start: u64,
+        lo: u64,
+        hi: u64,
+        span: LoopSpan,
+    ) -> Result<LoopWindow, LoopRefusal> {
+        loop_probe::window(code, code_start, lo, hi, span)
+    }
+
+    fn loop_flags_live(code: &[u8], code_start: u64, at: u64, hi: u64) -> bool {
+        loop_probe::flags_live(code, code_start, at, hi)
+    }
+
+    fn probe_len(w: &LoopWindow, head: bool, ways: &[Way], flags: bool) -> usize {
+        loop_probe::probe_len(w, head, ways, flags)
+    }
+
+    fn emit_probe(
+        w: &LoopWindow,
+        at: u64,
+        head: Option<u64>,
+        ways: &[Way],
+        flags: bool,
+        out: &mut [u8],
+    ) -> Option<u64> {
+        loop_probe::emit_probe(w, at, head, ways, flags, out)
+    }
+
+    fn window_patch(w: &LoopWindow, probe: u64) -> Option<Vec<u8>> {
+        loop_probe::window_patch(w, probe)
     }
 
     fn scan_function(code: &[u8], ip: u64) -> FunctionScan {

@@ -464,7 +464,7 @@ fn is_prefix(b: u8) -> bool {
 }
 
 /// The low nibble of `jcc rel32` (0F 8x) for a condition.
-fn jcc_code(c: ConditionCode) -> Option<u8> {
+pub(super) fn jcc_code(c: ConditionCode) -> Option<u8> {
     use ConditionCode as C;
     Some(match c {
         C::o => 0x0,

@@ -1,0 +1,652 @@
+//! Loop probes: a stretch of one basic block of a loop (at its header, or
+//! ending with a branch back to it) whose bytes a `jmp rel32` to a probe
+//! takes over. The probe counts, runs the moved instructions, and sends
+//! each way out of the block on: a branch back to a counted loop's header
+//! is counted and goes to that header's probe past its count; every other
+//! way goes to its original address.
+//!
+//! ```text
+//! probe:  [count entries]                ; a header's window only
+//! body:   <moved instructions>           ; rip-relative operands re-aimed
+//!         jcc  taken                     ; the block's conditional branch
+//!         <way on: fall through>
+//! taken:  <way on: the branch's target>
+//! way on: [count back edge] ; jmp header's body   (a branch back)
+//!         jmp  original                          (any other way)
+//! count:  lea  rsp, [rsp-128]            ; step over the red zone
+//!         push rcx
+//!         pushfq                         ; only if the flags are live
+//!         mov  rcx, &counter
+//!         lock inc qword [rcx]           ; threads share the counter
+//!         popfq
+//!         pop  rcx
+//!         lea  rsp, [rsp+128]
+//! ```
+//!
+//! Unlike a function's entry, a loop's header may see live flags and any
+//! live register: the count saves what it touches, and the flags too
+//! unless the header's code sets them before it reads them.
+
+use super::window::jcc_code;
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, OpKind, RflagsBits};
+use rtprof_shared::loops::LoopRefusal;
+
+/// Bytes of a `jmp rel32`.
+const JMP: usize = 5;
+/// Bytes of a `jcc rel32`.
+const JCC: usize = 6;
+/// Bytes of a count of one counter without and with the flags saved, and
+/// of each further counter.
+const COUNT: usize = 29;
+const COUNT_FLAGS: usize = 31;
+const COUNT_MORE: usize = 14;
+/// The SysV red zone below `rsp`.
+const RED_ZONE: i32 = 128;
+/// Longest window: a whole short block.
+const MAX_WINDOW: u64 = 64;
+
+/// Which of a range's instructions a window takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// The fewest from its start (through conditional branches: a header's
+    /// short block and the blocks it runs on into).
+    Head,
+    /// The fewest up to its end, in one block.
+    Tail,
+    /// All of one block.
+    Whole,
+}
+
+/// How a window ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Last {
+    /// Before its block's branch, or with a block that runs on into the
+    /// next: control goes on at the window's end.
+    Falls,
+    /// With a conditional branch at `from` (condition code `cc`).
+    Cond { cc: u8, from: u64, target: u64 },
+    /// With an unconditional direct jump at `from`.
+    Jump { from: u64, target: u64 },
+}
+
+/// One instruction a window moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Piece {
+    /// Moved as it is: its offset in the window, length, and the offset
+    /// of its rip-relative disp32 in it (0 for none).
+    Insn { off: u8, len: u8, disp: u8 },
+    /// A conditional branch out of a header's short block, at `from`, in
+    /// a window that goes on into the block after it.
+    Exit { cc: u8, from: u64, target: u64 },
+}
+
+/// The bytes of one block (or of a header's short block and the block it
+/// runs on into) that a probe takes over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopWindow {
+    /// First byte (where the jump goes) and past the last.
+    pub at: u64,
+    pub end: u64,
+    pub last: Last,
+    bytes: Vec<u8>,
+    pieces: Vec<Piece>,
+    /// Address of the last instruction taken.
+    last_at: u64,
+}
+
+/// Where one way out of a probe goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Way {
+    /// To its original address.
+    To(u64),
+    /// Counted at each of `counters`, then on to `to` (for a branch back,
+    /// the header probe's body, past its count of arrivals).
+    Counted { counters: Vec<u64>, to: u64 },
+}
+
+impl LoopWindow {
+    /// The ways out of the window, as (address of the instruction that
+    /// takes it, where to): branches out of the middle first, then the
+    /// last instruction's target and the address after the window.
+    pub fn ways(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self
+            .pieces
+            .iter()
+            .filter_map(|p| match *p {
+                Piece::Exit { from, target, .. } => Some((from, target)),
+                Piece::Insn { .. } => None,
+            })
+            .collect();
+        match self.last {
+            Last::Falls => v.push((self.last_at, self.end)),
+            Last::Cond { from, target, .. } => v.extend([(from, target), (from, self.end)]),
+            Last::Jump { from, target } => v.push((from, target)),
+        }
+        v
+    }
+}
+
+/// The instructions of [lo, hi) in `code` (which starts at `code_start`),
+/// with their constant offsets; `None` if they do not decode exactly.
+fn decode_block(code: &[u8], code_start: u64, lo: u64, hi: u64) -> Option<Vec<Instruction>> {
+    let from = usize::try_from(lo.checked_sub(code_start)?).ok()?;
+    let to = usize::try_from(hi.checked_sub(code_start)?).ok()?;
+    let mut d = Decoder::with_ip(64, code.get(from..to)?, lo, DecoderOptions::NONE);
+    let mut out = Vec::new();
+    while d.can_decode() {
+        let i = d.decode();
+        if i.is_invalid() {
+            return None;
+        }
+        out.push(i);
+    }
+    (out.last()?.next_ip() == hi).then_some(out)
+}
+
+fn is_near(i: &Instruction) -> bool {
+    i.op0_kind() == OpKind::NearBranch64
+}
+
+/// The window at the start (`head`) or end of [lo, hi): the fewest whole
+/// instructions that hold a `jmp rel32`. A tail window is in one block; a
+/// head window may run through conditional branches (the range is then a
+/// header's short block and the blocks it runs on into, which nothing
+/// else enters).
+pub fn window(
+    code: &[u8],
+    code_start: u64,
+    lo: u64,
+    hi: u64,
+    span: Span,
+) -> Result<LoopWindow, LoopRefusal> {
+    let head = span == Span::Head;
+    let short = if head {
+        LoopRefusal::ShortHeader
+    } else {
+        LoopRefusal::ShortLatch
+    };
+    let insns = decode_block(code, code_start, lo, hi).ok_or(LoopRefusal::Undecoded)?;
+    let n = insns.len();
+    // Which instructions the window takes: [first, past).
+    let (first, past) = match span {
+        Span::Head => {
+            let mut k = 0;
+            while k < n && insns[k].ip() < lo + JMP as u64 {
+                k += 1;
+            }
+            (0, k)
+        }
+        Span::Tail => {
+            let mut k = n;
+            while k > 0 && hi - insns[k - 1].ip() < JMP as u64 {
+                k -= 1;
+            }
+            if k == 0 {
+                return Err(short);
+            }
+            (k - 1, n)
+        }
+        Span::Whole => (0, n),
+    };
+    let at = insns[first].ip();
+    let end = if past == n { hi } else { insns[past].ip() };
+    if end - at < JMP as u64 || end - at > MAX_WINDOW {
+        return Err(short);
+    }
+    let mut pieces = Vec::new();
+    let mut last = Last::Falls;
+    for (k, i) in insns.iter().enumerate().take(past).skip(first) {
+        let final_one = k == n - 1;
+        let near = is_near(i);
+        match i.flow_control() {
+            FlowControl::Next => {
+                let raw =
+                    &code[(i.ip() - code_start) as usize..(i.next_ip() - code_start) as usize];
+                let disp = if i.is_ip_rel_memory_operand() {
+                    let mut d = Decoder::with_ip(64, raw, i.ip(), DecoderOptions::NONE);
+                    let again = d.decode();
+                    let c = d.get_constant_offsets(&again);
+                    if c.displacement_size() != 4 {
+                        return Err(LoopRefusal::Unmovable);
+                    }
+                    c.displacement_offset() as u8
+                } else {
+                    0
+                };
+                pieces.push(Piece::Insn {
+                    off: (i.ip() - at) as u8,
+                    len: i.len() as u8,
+                    disp,
+                });
+            }
+            FlowControl::ConditionalBranch if near && (final_one || head) => {
+                let cc = jcc_code(i.condition_code()).ok_or(LoopRefusal::Unmovable)?;
+                let (from, target) = (i.ip(), i.near_branch_target());
+                if final_one {
+                    last = Last::Cond { cc, from, target };
+                } else {
+                    pieces.push(Piece::Exit { cc, from, target });
+                }
+            }
+            FlowControl::UnconditionalBranch if near && final_one => {
+                last = Last::Jump {
+                    from: i.ip(),
+                    target: i.near_branch_target(),
+                };
+            }
+            _ => return Err(LoopRefusal::Unmovable),
+        }
+    }
+    let from = (at - code_start) as usize;
+    Ok(LoopWindow {
+        at,
+        end,
+        last,
+        bytes: code[from..from + (end - at) as usize].to_vec(),
+        pieces,
+        last_at: insns[past - 1].ip(),
+    })
+}
+
+/// Whether the flags may be live at `at`, the first byte of block [at,
+/// hi): true unless an instruction of the block sets every status flag
+/// before any instruction reads one.
+pub fn flags_live(code: &[u8], code_start: u64, at: u64, hi: u64) -> bool {
+    const STATUS: u32 = RflagsBits::OF
+        | RflagsBits::SF
+        | RflagsBits::ZF
+        | RflagsBits::AF
+        | RflagsBits::CF
+        | RflagsBits::PF;
+    let Some(insns) = decode_block(code, code_start, at, hi) else {
+        return true;
+    };
+    let mut set = 0;
+    for i in &insns {
+        if i.rflags_read() & !set & STATUS != 0 {
+            return true;
+        }
+        set |= i.rflags_written() | i.rflags_cleared() | i.rflags_set() | i.rflags_undefined();
+        if set & STATUS == STATUS {
+            return false;
+        }
+    }
+    true
+}
+
+fn count_len(flags: bool) -> usize {
+    if flags {
+        COUNT_FLAGS
+    } else {
+        COUNT
+    }
+}
+
+fn way_len(w: &Way, flags: bool) -> usize {
+    match w {
+        Way::To(_) => JMP,
+        Way::Counted { counters, .. } => {
+            count_len(flags) + counters.len().saturating_sub(1) * COUNT_MORE + JMP
+        }
+    }
+}
+
+/// Bytes of the probe for `w` (`head`: with a count of entries; `ways`
+/// as [`LoopWindow::ways`]; `flags`: counts save the flags).
+pub fn probe_len(w: &LoopWindow, head: bool, ways: &[Way], flags: bool) -> usize {
+    let pieces: usize = w
+        .pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Insn { len, .. } => *len as usize,
+            Piece::Exit { .. } => JCC,
+        })
+        .sum();
+    let jcc = matches!(w.last, Last::Cond { .. }) as usize * JCC;
+    let ways: usize = ways.iter().map(|x| way_len(x, flags)).sum();
+    head as usize * count_len(flags) + pieces + jcc + ways
+}
+
+struct Out<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+    at: u64,
+}
+
+impl Out<'_> {
+    fn put(&mut self, b: &[u8]) {
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+    fn here(&self) -> u64 {
+        self.at + self.len as u64
+    }
+    fn jmp(&mut self, to: u64) -> Option<()> {
+        let rel = to as i64 - (self.here() + JMP as u64) as i64;
+        self.put(&[0xe9]);
+        self.put(&i32::try_from(rel).ok()?.to_le_bytes());
+        Some(())
+    }
+    /// A `jcc rel32` whose target is filled in later; returns its field.
+    fn jcc(&mut self, cc: u8) -> usize {
+        self.put(&[0x0f, 0x80 | cc, 0, 0, 0, 0]);
+        self.len - 4
+    }
+    /// Aims the rel32 field at `field` (ending 4 bytes on) here.
+    fn land(&mut self, field: usize) -> Option<()> {
+        let rel = i32::try_from(self.len - (field + 4)).ok()?;
+        self.buf[field..field + 4].copy_from_slice(&rel.to_le_bytes());
+        Some(())
+    }
+    fn count(&mut self, counters: &[u64], flags: bool) {
+        self.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
+        self.put(&[0x51]); // push rcx
+        if flags {
+            self.put(&[0x9c]); // pushfq
+        }
+        for c in counters {
+            self.put(&[0x48, 0xb9]); // mov rcx, imm64
+            self.put(&c.to_le_bytes());
+            self.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+        }
+        if flags {
+            self.put(&[0x9d]); // popfq
+        }
+        self.put(&[0x59]); // pop rcx
+        self.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
+        self.put(&RED_ZONE.to_le_bytes());
+    }
+    fn way(&mut self, w: &Way, flags: bool) -> Option<()> {
+        match w {
+            Way::To(to) => self.jmp(*to),
+            Way::Counted { counters, to } => {
+                self.count(counters, flags);
+                self.jmp(*to)
+            }
+        }
+    }
+}
+
+/// Writes the probe for `w` to run at `at` into `out` (at least
+/// [`probe_len`] bytes); returns where its body starts (past the count of
+/// entries), or `None` if a target is out of reach.
+pub fn emit_probe(
+    w: &LoopWindow,
+    at: u64,
+    head: Option<u64>,
+    ways: &[Way],
+    flags: bool,
+    out: &mut [u8],
+) -> Option<u64> {
+    let len = probe_len(w, head.is_some(), ways, flags);
+    let mut o = Out {
+        buf: out.get_mut(..len)?,
+        len: 0,
+        at,
+    };
+    if let Some(c) = head {
+        o.count(&[c], flags);
+    }
+    let body = o.here();
+    // Branches out of the middle, landed once their ways are placed.
+    let mut exits = Vec::new();
+    for p in &w.pieces {
+        match *p {
+            Piece::Insn { off, len, disp } => {
+                let start = o.len;
+                o.put(&w.bytes[off as usize..(off + len) as usize]);
+                if disp != 0 {
+                    let field = start + disp as usize;
+                    let old = i32::from_le_bytes(o.buf[field..field + 4].try_into().ok()?);
+                    // The operand's address, from where the instruction was.
+                    let target = (w.at + off as u64 + len as u64).wrapping_add(old as i64 as u64);
+                    let now = at + (start + len as usize) as u64;
+                    let rel = i32::try_from(target as i64 - now as i64).ok()?;
+                    o.buf[field..field + 4].copy_from_slice(&rel.to_le_bytes());
+                }
+            }
+            Piece::Exit { cc, .. } => exits.push(o.jcc(cc)),
+        }
+    }
+    let (mid, last) = ways.split_at_checked(exits.len())?;
+    match (w.last, last) {
+        (Last::Cond { cc, .. }, [taken, fall]) => {
+            // jcc over the fall-through way to the taken one.
+            let field = o.jcc(cc);
+            o.way(fall, flags)?;
+            o.land(field)?;
+            o.way(taken, flags)?;
+        }
+        (Last::Falls | Last::Jump { .. }, [only]) => o.way(only, flags)?,
+        _ => return None,
+    }
+    for (field, way) in exits.into_iter().zip(mid) {
+        o.land(field)?;
+        o.way(way, flags)?;
+    }
+    debug_assert_eq!(o.len, len);
+    Some(body)
+}
+
+/// The `jmp rel32` that sends the window to its probe at `probe`, the
+/// window's other bytes traps (nothing runs them).
+pub fn window_patch(w: &LoopWindow, probe: u64) -> Option<Vec<u8>> {
+    let rel = i32::try_from(probe as i64 - (w.at + JMP as u64) as i64).ok()?;
+    let mut b = vec![0xcc; (w.end - w.at) as usize];
+    b[0] = 0xe9;
+    b[1..JMP].copy_from_slice(&rel.to_le_bytes());
+    Some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A loop: 0: mov eax,[rip+0x100] (6); 6: add ecx,eax (2);
+    // 8: cmp ecx,edx (2); 10: jne 0 (2). One block of 12 bytes.
+    const LOOP: [u8; 12] = [
+        0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x01, 0xc1, 0x39, 0xd1, 0x75, 0xf4,
+    ];
+
+    #[test]
+    fn head_and_tail_windows_take_the_fewest_whole_instructions() {
+        let base = 0x40_0000;
+        let head = window(&LOOP, base, base, base + 12, Span::Head).unwrap();
+        assert_eq!(
+            (head.at, head.end, head.last),
+            (base, base + 6, Last::Falls)
+        );
+        assert_eq!(head.ways(), [(base, base + 6)]);
+        let tail = window(&LOOP, base, base, base + 12, Span::Tail).unwrap();
+        let jne = Last::Cond {
+            cc: 5,
+            from: base + 10,
+            target: base,
+        };
+        assert_eq!((tail.at, tail.end, tail.last), (base + 6, base + 12, jne));
+        assert_eq!(tail.ways(), [(base + 10, base), (base + 10, base + 12)]);
+        // A 4-byte block (add ecx,eax; jne back) holds no jump.
+        let short = [0x01, 0xc1, 0x75, 0xfc];
+        let w = window(&short, base, base, base + 4, Span::Head);
+        assert_eq!(w.unwrap_err(), LoopRefusal::ShortHeader);
+        // add rcx,1; cmp ecx,edx; jne back: the head stops before the
+        // branch, the tail takes the whole block (and so serves as both).
+        let code = [0x48, 0x83, 0xc1, 0x01, 0x39, 0xd1, 0x75, 0xf8];
+        let head = window(&code, base, base, base + 8, Span::Head).unwrap();
+        assert_eq!(
+            (head.at, head.end, head.last),
+            (base, base + 6, Last::Falls)
+        );
+        let tail = window(&code, base, base, base + 8, Span::Tail).unwrap();
+        assert_eq!((tail.at, tail.end), (base, base + 8));
+        assert_eq!(
+            tail.last,
+            Last::Cond {
+                cc: 5,
+                from: base + 6,
+                target: base
+            }
+        );
+        // add ecx,eax; cmp; jne: 6 bytes, the head takes them whole.
+        let code = [0x01, 0xc1, 0x39, 0xd1, 0x75, 0xfa];
+        let whole = window(&code, base, base, base + 6, Span::Head).unwrap();
+        assert_eq!((whole.at, whole.end), (base, base + 6));
+        // A header's short block (cmp esi,ecx; je out) and the block it
+        // runs on into (imul): the window goes through the branch out.
+        let code = [
+            0x39, 0xf1, 0x74, 0x10, 0x44, 0x69, 0xc0, 0x0d, 0x66, 0x19, 0x00,
+        ];
+        assert_eq!(
+            window(&code, base, base, base + 4, Span::Head).unwrap_err(),
+            LoopRefusal::ShortHeader
+        );
+        let run = window(&code, base, base, base + 11, Span::Head).unwrap();
+        assert_eq!((run.at, run.end, run.last), (base, base + 11, Last::Falls));
+        assert_eq!(run.ways(), [(base + 2, base + 0x14), (base + 4, base + 11)]);
+        // Not through a branch in a window of one block.
+        let w = window(&code, base, base, base + 11, Span::Whole);
+        assert_eq!(w.unwrap_err(), LoopRefusal::Unmovable);
+        // A whole block: mov; cmp; jb (8 bytes), where a head (6) and a
+        // tail (5) would overlap.
+        let code = [0x8b, 0x45, 0xf8, 0x3b, 0x45, 0xec, 0x72, 0xb8];
+        let whole = window(&code, base, base, base + 8, Span::Whole).unwrap();
+        assert_eq!((whole.at, whole.end), (base, base + 8));
+        assert!(matches!(whole.last, Last::Cond { cc: 2, .. }));
+        // A call cannot move.
+        let call = [0xe8, 0, 0, 0, 0, 0x75, 0xf9];
+        let w = window(&call, base, base, base + 7, Span::Head);
+        assert_eq!(w.unwrap_err(), LoopRefusal::Unmovable);
+    }
+
+    /// Each instruction of `code` (at `ip`): its mnemonic, and its target,
+    /// rip-relative address, immediate, displacement or lock prefix.
+    fn described(code: &[u8], ip: u64) -> Vec<String> {
+        Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+            .into_iter()
+            .map(|i| {
+                let m = format!("{:?}", i.mnemonic());
+                if is_near(&i) {
+                    format!("{m} {:#x}", i.near_branch_target())
+                } else if i.is_ip_rel_memory_operand() {
+                    format!("{m} [{:#x}]", i.ip_rel_memory_address())
+                } else if i.op1_kind() == OpKind::Immediate64 {
+                    format!("{m} {:#x}", i.immediate64())
+                } else if i.has_lock_prefix() {
+                    format!("{m} lock")
+                } else if m == "Lea" {
+                    format!("{m} {}", i.memory_displacement64() as i64)
+                } else {
+                    m
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn probes_count_and_send_each_way_on() {
+        let base = 0x40_0000u64;
+        let w = window(&LOOP, base, base, base + 12, Span::Head).unwrap();
+        let probe = base + 0x1000;
+        let ways = [Way::To(base + 6)];
+        let len = probe_len(&w, true, &ways, true);
+        let mut out = vec![0u8; len];
+        let body = emit_probe(&w, probe, Some(0x1122_3344_5566), &ways, true, &mut out).unwrap();
+        assert_eq!(body, probe + COUNT_FLAGS as u64);
+        assert_eq!(
+            described(&out, probe),
+            [
+                "Lea -128",
+                "Push",
+                "Pushfq",
+                "Mov 0x112233445566",
+                "Inc lock",
+                "Popfq",
+                "Pop",
+                "Lea 128",
+                // The operand still reads the same address.
+                "Mov [0x400106]",
+                "Jmp 0x400006",
+            ]
+        );
+        // A tail: the branch back counted and sent to the body, the way
+        // out to the original code.
+        let t = window(&LOOP, base, base, base + 12, Span::Tail).unwrap();
+        let ways = [
+            Way::Counted {
+                counters: vec![0x7000],
+                to: body,
+            },
+            Way::To(base + 12),
+        ];
+        let len = probe_len(&t, false, &ways, false);
+        let mut out = vec![0u8; len];
+        let at = probe + 0x100;
+        assert_eq!(emit_probe(&t, at, None, &ways, false, &mut out), Some(at));
+        assert_eq!(
+            described(&out, at),
+            [
+                "Add",
+                "Cmp",
+                &format!("Jne {:#x}", at + 15),
+                "Jmp 0x40000c",
+                "Lea -128",
+                "Push",
+                "Mov 0x7000",
+                "Inc lock",
+                "Pop",
+                "Lea 128",
+                &format!("Jmp {body:#x}"),
+            ]
+        );
+        let patch = window_patch(&t, at).unwrap();
+        assert_eq!(patch.len(), 6);
+        assert_eq!(patch[0], 0xe9);
+        assert_eq!(patch[5], 0xcc);
+        // A branch out of the middle: its way placed after the last one.
+        let code = [
+            0x39, 0xf1, 0x74, 0x10, 0x44, 0x69, 0xc0, 0x0d, 0x66, 0x19, 0x00,
+        ];
+        let run = window(&code, base, base, base + 11, Span::Head).unwrap();
+        let ways = [
+            Way::Counted {
+                counters: vec![0x8000, 0x9000],
+                to: base + 0x14,
+            },
+            Way::To(base + 11),
+        ];
+        let len = probe_len(&run, false, &ways, false);
+        let mut out = vec![0u8; len];
+        assert_eq!(emit_probe(&run, at, None, &ways, false, &mut out), Some(at));
+        assert_eq!(
+            described(&out, at),
+            [
+                "Cmp",
+                &format!("Je {:#x}", at + 2 + 6 + 7 + 5),
+                "Imul",
+                "Jmp 0x40000b",
+                "Lea -128",
+                "Push",
+                "Mov 0x8000",
+                "Inc lock",
+                "Mov 0x9000",
+                "Inc lock",
+                "Pop",
+                "Lea 128",
+                "Jmp 0x400014",
+            ]
+        );
+    }
+
+    #[test]
+    fn flags_are_live_unless_set_before_read() {
+        let base = 0x1000;
+        // add ecx,eax sets them all first.
+        assert!(!flags_live(&LOOP, base, base + 6, base + 12));
+        // adc reads CF first.
+        let adc = [0x11, 0xc1, 0x39, 0xd1, 0x75, 0xfa];
+        assert!(flags_live(&adc, base, base, base + 6));
+        // inc leaves CF: a later jb reads it.
+        let inc = [0xff, 0xc1, 0x72, 0xfc];
+        assert!(flags_live(&inc, base, base, base + 4));
+    }
+}
