@@ -3,7 +3,10 @@
 //! moves out of line, built three ways, has each loop found where its
 //! source says, nested as written, and its share of its function's
 //! samples within sampling noise of what its iterations make it; calls
-//! stay exact and the program's output unchanged.
+//! stay exact and the program's output unchanged. With `--loops`, every
+//! loop of the functions named is counted exactly at every optimisation
+//! level: executions and iterations equal to the trip counts the program
+//! runs, with its output unchanged, cached plan or not.
 
 use rtprof_e2e::*;
 use serde_json::Value;
@@ -139,4 +142,130 @@ fn loops_are_found_nested_and_charged_their_share() {
             "{tag}: {err}"
         );
     }
+}
+
+/// The counts of `loops` (in header order) as (executions, iterations).
+fn counts(tag: &str, loops: &[&Value]) -> Vec<(u64, u64)> {
+    loops
+        .iter()
+        .map(|l| {
+            let (e, i) = (l["executions"].as_u64(), l["iterations"].as_u64());
+            match (e, i) {
+                (Some(e), Some(i)) => (e, i),
+                _ => panic!("{tag}: not counted: {l}"),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn loops_are_counted_exactly_at_every_level() {
+    let dir = scratch("loop-counts");
+    let (rounds, divisor) = (3u64, 100u64);
+    let (n, m) = (20_000_000 / divisor, 20_000 / divisor);
+    let variants = [
+        ("-O0", false, false),
+        ("-O1", false, false),
+        ("-O2", true, false),
+        ("-O3", true, true),
+        ("-Os", true, true),
+    ];
+    for (opt, pie, cf_protection) in variants {
+        let v = Variant {
+            opt,
+            cf_protection,
+            pie,
+            strip: false,
+        };
+        let tag = v.tag();
+        let (bin, _) = compile("loops.c", &v, &["-g"], &dir);
+        let (r, d) = (rounds.to_string(), divisor.to_string());
+        let args = [r.as_str(), d.as_str()];
+        let plain = run_plain(&bin, &args);
+        // Twice: the module's plan is cached after the first run; loop
+        // probes are planned afresh each time.
+        for run in 0..2 {
+            let json = dir.join(format!("counts-{tag}-{run}.json"));
+            let out = Command::new(rtprof())
+                .args(["run", "--loops", "nested,two_*,with_cold", "--output"])
+                .arg(&json)
+                .arg("--")
+                .arg(&bin)
+                .args(&args)
+                .output()
+                .unwrap();
+            assert_same_behaviour(&tag, &plain, &out);
+            let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            let p = &report["processes"][0];
+            for f in ["nested", "two_loops", "with_cold"] {
+                assert_eq!(function_named(p, f)["calls"].as_u64(), Some(rounds), "{tag} {f}");
+            }
+            // Outer: once per call, 1000 times round; inner: once per
+            // outer iteration, m times round (inner first at -O0, whose
+            // outer header is its test at the bottom).
+            let mut nest = counts(&tag, &loops_of(p, "nested"));
+            nest.sort();
+            assert_eq!(nest, [(rounds, rounds * 1000), (rounds * 1000, rounds * 1000 * m)], "{tag}");
+            assert_eq!(
+                counts(&tag, &loops_of(p, "two_loops")),
+                [(rounds, rounds * 3 * n), (rounds, rounds * n)],
+                "{tag}"
+            );
+            let cold = loops_of(p, "with_cold");
+            match cold[0]["not_counted"].as_str() {
+                // At -O0 the loop's last block ends in the call to its
+                // cold path: no probe can take it.
+                Some("unmovable") if opt == "-O0" => {}
+                _ => assert_eq!(counts(&tag, &cold), [(rounds, rounds * n)], "{tag}"),
+            }
+            let per = loops_of(p, "two_loops")[1]["iterations_per_execution"].as_f64();
+            assert_eq!(per, Some(n as f64), "{tag}");
+        }
+        // The text report says the same.
+        let text = Command::new(rtprof())
+            .args(["run", "--loops", "two_loops", "--"])
+            .arg(&bin)
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&text.stderr);
+        let line = err
+            .lines()
+            .find(|l| l.contains(&format!(" {} ", rounds * 3 * n)))
+            .unwrap_or_else(|| panic!("{tag}: {err}"));
+        assert!(line.contains(&format!("{:.1}", 3 * n)), "{tag}: {line}");
+        assert!(err.contains("loops counted exactly"), "{tag}: {err}");
+    }
+}
+
+#[test]
+fn counted_loops_keep_their_share_of_the_samples() {
+    // Samples in a loop's probes count for the block they stand for: the
+    // first loop of two_loops still has three quarters of its function's.
+    let dir = scratch("loop-counts-shares");
+    let v = Variant {
+        opt: "-O2",
+        cf_protection: false,
+        pie: true,
+        strip: false,
+    };
+    let (bin, _) = compile("loops.c", &v, &["-g"], &dir);
+    let json = dir.join("shares.json");
+    let out = Command::new(rtprof())
+        .args(["run", "--loops", "two_loops", "--output"])
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .arg("3")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let p = &report["processes"][0];
+    let two = loops_of(p, "two_loops");
+    assert_eq!(counts("O2", &two), [(3, 180_000_000), (3, 60_000_000)]);
+    let share = |l: &Value| l["function_share"].as_f64().unwrap();
+    assert!((0.67..0.83).contains(&share(two[0])), "{two:?}");
+    assert!((0.17..0.33).contains(&share(two[1])), "{two:?}");
+    assert!(share(two[0]) + share(two[1]) > 0.95, "{two:?}");
 }

@@ -5,7 +5,8 @@
  * iterations whose rarely taken branch the compiler moves out of line,
  * past the function's return. Bodies are serial hashes: no closed form,
  * nothing to vectorise. Each loop's body is on its header's line.
- * usage: loops ROUNDS */
+ * usage: loops ROUNDS [DIVISOR]: every trip count but the outer one of
+ * nested() divided by DIVISOR (default 1). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -34,11 +35,12 @@ __attribute__((noipa)) unsigned with_cold(unsigned n) {
 
 int main(int argc, char **argv) {
     unsigned rounds = argc > 1 ? (unsigned)atoi(argv[1]) : 20;
+    unsigned d = argc > 2 ? (unsigned)atoi(argv[2]) : 1;
     unsigned x = 0;
     for (unsigned r = 0; r < rounds; r++) {
-        x += nested(1000, 20000);
-        x += two_loops(20000000);
-        x += with_cold(20000000);
+        x += nested(1000, 20000 / d);
+        x += two_loops(20000000 / d);
+        x += with_cold(20000000 / d);
     }
     printf("%u\n", x);
     return 0;
