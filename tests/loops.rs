@@ -191,21 +191,29 @@ fn loops_are_counted_exactly_at_every_level() {
                 .arg(&json)
                 .arg("--")
                 .arg(&bin)
-                .args(&args)
+                .args(args)
                 .output()
                 .unwrap();
             assert_same_behaviour(&tag, &plain, &out);
             let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
             let p = &report["processes"][0];
             for f in ["nested", "two_loops", "with_cold"] {
-                assert_eq!(function_named(p, f)["calls"].as_u64(), Some(rounds), "{tag} {f}");
+                assert_eq!(
+                    function_named(p, f)["calls"].as_u64(),
+                    Some(rounds),
+                    "{tag} {f}"
+                );
             }
             // Outer: once per call, 1000 times round; inner: once per
             // outer iteration, m times round (inner first at -O0, whose
             // outer header is its test at the bottom).
             let mut nest = counts(&tag, &loops_of(p, "nested"));
             nest.sort();
-            assert_eq!(nest, [(rounds, rounds * 1000), (rounds * 1000, rounds * 1000 * m)], "{tag}");
+            assert_eq!(
+                nest,
+                [(rounds, rounds * 1000), (rounds * 1000, rounds * 1000 * m)],
+                "{tag}"
+            );
             assert_eq!(
                 counts(&tag, &loops_of(p, "two_loops")),
                 [(rounds, rounds * 3 * n), (rounds, rounds * n)],
@@ -225,7 +233,7 @@ fn loops_are_counted_exactly_at_every_level() {
         let text = Command::new(rtprof())
             .args(["run", "--loops", "two_loops", "--"])
             .arg(&bin)
-            .args(&args)
+            .args(args)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&text.stderr);
@@ -268,4 +276,68 @@ fn counted_loops_keep_their_share_of_the_samples() {
     assert!((0.67..0.83).contains(&share(two[0])), "{two:?}");
     assert!((0.17..0.33).contains(&share(two[1])), "{two:?}");
     assert!(share(two[0]) + share(two[1]) > 0.95, "{two:?}");
+    // Stacks sampled in a probe are whole: unwound from the code the
+    // probe stands for.
+    let folded = dir.join("shares.folded");
+    let out = Command::new(rtprof())
+        .args(["run", "--loops", "two_loops", "--output"])
+        .arg(&folded)
+        .arg("--")
+        .arg(&bin)
+        .arg("2")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let mut seen = 0;
+    for line in text.lines().filter(|l| l.contains("two_loops")) {
+        assert!(line.contains(";main;two_loops "), "cut: {line}\n{text}");
+        seen += 1;
+    }
+    assert!(seen > 0, "{text}");
+}
+
+#[test]
+fn loops_are_counted_exactly_across_threads_and_a_fork() {
+    // Threads count in arrays of their own, folded in when they end; a
+    // forked child starts from zero.
+    let dir = scratch("loop-threads");
+    for opt in ["-O2", "-Os"] {
+        let v = Variant {
+            opt,
+            cf_protection: false,
+            pie: true,
+            strip: false,
+        };
+        let tag = v.tag();
+        let (bin, _) = compile("loop_threads.c", &v, &["-pthread"], &dir);
+        let plain = run_plain(&bin, &[]);
+        let json = dir.join(format!("threads-{tag}.json"));
+        let out = Command::new(rtprof())
+            .args(["run", "--loops", "work", "--output"])
+            .arg(&json)
+            .arg("--")
+            .arg(&bin)
+            .output()
+            .unwrap();
+        assert_same_behaviour(&tag, &plain, &out);
+        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let procs = report["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 2, "{tag}: parent and child");
+        // (calls of work, its loop's executions and iterations)
+        let got: Vec<(u64, Vec<(u64, u64)>)> = procs
+            .iter()
+            .map(|p| {
+                let calls = function_named(p, "work")["calls"].as_u64().unwrap();
+                (calls, counts(&tag, &loops_of(p, "work")))
+            })
+            .collect();
+        let threads: u64 = (0..8).map(|t| (1000 + t) * 10).sum();
+        let parent = (85, vec![(85, threads + 5 * 7)]);
+        let child = (3, vec![(3, 3 * 11)]);
+        assert!(
+            got == [parent.clone(), child.clone()] || got == [child, parent],
+            "{tag}: {got:?}"
+        );
+    }
 }

@@ -7,7 +7,7 @@
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub use self::x86_64::{
-    CounterRef, FunctionScan, LoopSpan, LoopWindow, Plan, Way, X86_64 as Native,
+    CounterRef, FunctionScan, LoopSpan, LoopWindow, Plan, ProbeCounter, Way, X86_64 as Native,
 };
 
 use rtprof_shared::loops::LoopRefusal;
@@ -108,22 +108,29 @@ pub trait InstructionSet {
     /// Bytes of a loop probe (`head`: counting entries; `ways` as
     /// `LoopWindow::ways`; `flags`: counts save the flags).
     fn probe_len(w: &LoopWindow, head: bool, ways: &[Way], flags: bool) -> usize;
-    /// Writes a loop probe to run at `at` into `out`: the count of entries
-    /// at `head`'s counter if any, the window's moved code, its ways on.
+    /// Writes a loop probe to run at `at` into `out`: the count of arrivals
+    /// at `head`'s counter if any, the window's moved code, its ways on;
+    /// counts go to the thread's own counters (see `loops_tls_offset`).
     /// Returns the address past the count of entries.
     fn emit_probe(
         w: &LoopWindow,
         at: u64,
-        head: Option<u64>,
+        head: Option<ProbeCounter>,
         ways: &[Way],
         flags: bool,
         out: &mut [u8],
     ) -> Option<u64>;
+    /// How far a loop probe's code moved the stack pointer by the time it
+    /// reaches the end of `code` (its bytes from its first, at `start`).
+    fn probe_sp_shift(code: &[u8], start: u64) -> i64;
     /// The bytes written over a loop window to send it to its probe.
     fn window_patch(w: &LoopWindow, probe: u64) -> Option<Vec<u8>>;
 
     /// Offset from the thread pointer of the per-thread stripe pointer.
     fn stripe_tls_offset() -> i64;
+    /// Offset from the thread pointer of the per-thread loop counters
+    /// pointer.
+    fn loops_tls_offset() -> i64;
     /// This thread's word at `offset` from the thread pointer.
     fn thread_word(offset: i64) -> u64;
     /// Sets this thread's word at `offset` from the thread pointer.

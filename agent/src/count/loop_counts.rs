@@ -1,32 +1,60 @@
 //! Exact loop counts (`RTPROF_LOOPS=globs`): for each loop of the functions
-//! named, two counters in one process-wide table (times control came into
-//! the loop, times a branch went back to its header), bumped by the loop's
-//! probes with an atomic add; and the list of every such loop with its
-//! counters or why it has none, written beside the counter segment at exit.
+//! named, four counters (arrivals at its header's probe, branches back sent
+//! past that count, branches back that reached it, times it left from its
+//! top). Like calls, they are counted per thread: each thread has its own
+//! array, reached from a thread-local pointer, that its probes bump
+//! without an atomic; a thread without one (its array not yet given, or
+//! already folded at its end) bumps the shared array atomically. At
+//! exit, the list of every loop with its counts (or why it has none) is
+//! written beside the counter segment.
 
+use crate::arch::{InstructionSet, Native};
 use rtprof_shared::loops::LoopRefusal;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// Loops counted at most (four 8-byte counters each: 2 MiB).
+/// Loops counted at most.
 const LOOPS: usize = 1 << 16;
 const PER_LOOP: usize = 4;
 
 static GLOBS: OnceLock<Vec<String>> = OnceLock::new();
 /// Loops are planned for the modules present at start-up only.
 static PLANNING: AtomicBool = AtomicBool::new(false);
-static TABLE: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+/// The shared array (LOOPS * PER_LOOP counters).
+static SHARED: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
 static CLAIMED: AtomicU32 = AtomicU32::new(0);
+/// pthread key whose destructor folds a thread's array at its end.
+static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+
 /// A loop of a named function: (slot, header's offset in it, its
 /// counters' index or why none).
 type Site = (u32, u32, Result<u32, LoopRefusal>);
 /// Every loop of a named function. Written at start-up, read at exit.
 static SITES: Mutex<Vec<Site>> = Mutex::new(Vec::new());
 
+/// Per-thread arrays: (address, in use by a thread). Never unmapped; an
+/// array whose thread ended is folded and given to the next thread.
+struct Array(*mut AtomicU64, bool);
+// SAFETY: the pointer is to a mapping that is never unmapped, whose
+// counters are atomics.
+unsafe impl Send for Array {}
+static ARRAYS: Mutex<Vec<Array>> = Mutex::new(Vec::new());
+
 /// Sets the function name globs whose loops are counted (start-up).
 pub fn select(globs: &[String]) {
     let _ = GLOBS.set(globs.to_vec());
     PLANNING.store(true, Ordering::Release);
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is ours to write; the destructor is an extern "C" fn
+    // that lives as long as the library.
+    if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
+        EXIT_KEY.store(key as usize, Ordering::Release);
+    }
+}
+
+/// Whether any function's loops are to be counted.
+pub fn wanted() -> bool {
+    GLOBS.get().is_some_and(|g| !g.is_empty())
 }
 
 /// Whether modules planned now get loop probes.
@@ -39,11 +67,6 @@ pub fn end_planning() {
     PLANNING.store(false, Ordering::Release);
 }
 
-/// Whether any function's loops are to be counted.
-pub fn wanted() -> bool {
-    GLOBS.get().is_some_and(|g| !g.is_empty())
-}
-
 /// Whether the loops of the function named `name` are to be counted.
 pub fn wanted_for(name: &str) -> bool {
     GLOBS.get().is_some_and(|g| {
@@ -52,74 +75,160 @@ pub fn wanted_for(name: &str) -> bool {
     })
 }
 
-fn table() -> Option<&'static [AtomicU64]> {
-    let mut t = TABLE.load(Ordering::Acquire);
+fn map(counters: usize) -> *mut AtomicU64 {
+    let len = (counters * 8).max(1);
+    // SAFETY: an anonymous private mapping, ours alone.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+fn shared() -> Option<&'static [AtomicU64]> {
+    let mut t = SHARED.load(Ordering::Acquire);
     if t.is_null() {
-        // SAFETY: an anonymous private mapping, ours alone.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LOOPS * PER_LOOP * 8,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+        // Start-up: one thread.
+        t = map(LOOPS * PER_LOOP);
+        if t.is_null() {
             return None;
         }
-        match TABLE.compare_exchange(
-            std::ptr::null_mut(),
-            p.cast(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => t = p.cast(),
-            Err(other) => {
-                // SAFETY: our mapping, which nobody else has seen.
-                unsafe { libc::munmap(p, LOOPS * PER_LOOP * 8) };
-                t = other;
-            }
-        }
+        SHARED.store(t, Ordering::Release);
     }
-    // SAFETY: mapped once, zeroed, PER_LOOP * LOOPS atomics, never unmapped.
+    // SAFETY: mapped once, zeroed, LOOPS * PER_LOOP atomics, never unmapped.
     Some(unsafe { std::slice::from_raw_parts(t, LOOPS * PER_LOOP) })
 }
 
-/// One loop's counters: its index in the table and their addresses.
+/// One loop's counters: its index, where each lies in a thread's array
+/// (counter number), and its address in the shared array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counters {
     pub index: u32,
-    pub arrivals: u64,
-    pub back: u64,
-    pub back_through: u64,
-    pub top_exits: u64,
+    pub arrivals: Counter,
+    pub back: Counter,
+    pub back_through: Counter,
+    pub top_exits: Counter,
 }
 
-/// The counters of one more loop.
+/// One counter: its number in a thread's array, and its address in the
+/// shared array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counter {
+    pub number: u32,
+    pub shared: u64,
+}
+
+/// The counters of one more loop (start-up only: threads' arrays are
+/// sized for the loops claimed by then).
 pub fn claim() -> Result<Counters, LoopRefusal> {
-    let t = table().ok_or(LoopRefusal::NoMemory)?;
+    let t = shared().ok_or(LoopRefusal::NoMemory)?;
     let i = CLAIMED
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
             ((n as usize) < LOOPS).then_some(n + 1)
         })
         .map_err(|_| LoopRefusal::TooMany)?;
-    let c = &t[i as usize * PER_LOOP..];
+    let at = |k: usize| {
+        let n = i as usize * PER_LOOP + k;
+        Counter {
+            number: n as u32,
+            shared: t[n].as_ptr() as u64,
+        }
+    };
     Ok(Counters {
         index: i,
-        arrivals: c[0].as_ptr() as u64,
-        back: c[1].as_ptr() as u64,
-        back_through: c[2].as_ptr() as u64,
-        top_exits: c[3].as_ptr() as u64,
+        arrivals: at(0),
+        back: at(1),
+        back_through: at(2),
+        top_exits: at(3),
     })
 }
 
+/// Counters in each thread's array.
+fn per_thread() -> usize {
+    CLAIMED.load(Ordering::Acquire) as usize * PER_LOOP
+}
+
+/// Gives the calling thread an array of its own (the main thread once
+/// the probes are in, each new thread as it starts).
+pub fn attach_thread() {
+    let n = per_thread();
+    if n == 0 || Native::thread_word(Native::loops_tls_offset()) != 0 {
+        return;
+    }
+    let mut arrays = ARRAYS.lock().unwrap_or_else(|e| e.into_inner());
+    let p = match arrays.iter_mut().find(|a| !a.1) {
+        Some(a) => {
+            a.1 = true;
+            a.0
+        }
+        None => {
+            let p = map(n);
+            if p.is_null() {
+                return;
+            }
+            arrays.push(Array(p, true));
+            p
+        }
+    };
+    drop(arrays);
+    Native::set_thread_word(Native::loops_tls_offset(), p as u64);
+    let key = EXIT_KEY.load(Ordering::Acquire);
+    if key != usize::MAX {
+        // SAFETY: a key we created; the value is the array, read back by
+        // the destructor only.
+        unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, p.cast()) };
+    }
+}
+
+/// At a thread's end: later probes of the thread (other destructors) go
+/// to the shared array; its own array's counts are added there, and the
+/// array is cleared for the next thread.
+unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
+    Native::set_thread_word(Native::loops_tls_offset(), 0);
+    let (Some(t), n) = (shared(), per_thread()) else {
+        return;
+    };
+    let p: *mut AtomicU64 = p.cast();
+    // SAFETY: `p` is this thread's array of `n` counters (never unmapped),
+    // which no probe bumps any more: the thread pointer is cleared.
+    let mine = unsafe { std::slice::from_raw_parts(p, n) };
+    for (s, m) in t.iter().zip(mine) {
+        let v = m.swap(0, Ordering::Relaxed);
+        if v != 0 {
+            s.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+    let mut arrays = ARRAYS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = arrays.iter_mut().find(|a| a.0 == p) {
+        a.1 = false;
+    }
+}
+
 /// Records the loops of one function (slot), each with its header's
-/// offset and its counter pair or why none.
+/// offset and its counters' index or why none.
 pub fn note(slot: u32, loops: impl IntoIterator<Item = (u32, Result<u32, LoopRefusal>)>) {
     let mut s = SITES.lock().unwrap_or_else(|e| e.into_inner());
     s.extend(loops.into_iter().map(|(off, o)| (slot, off, o)));
+}
+
+/// Counter `i` summed over the shared array and every thread's.
+fn total(shared: &[AtomicU64], arrays: &[Array], i: usize) -> u64 {
+    let mut v = shared[i].load(Ordering::Relaxed);
+    for a in arrays {
+        // SAFETY: every array holds `per_thread()` counters, more than `i`.
+        v = v.wrapping_add(unsafe { &*a.0.add(i) }.load(Ordering::Relaxed));
+    }
+    v
 }
 
 /// The loops noted, as text: `rtprof-loops 1`, then `<slot> <header
@@ -131,14 +240,14 @@ pub fn text() -> Option<String> {
         return None;
     }
     let sites = SITES.lock().unwrap_or_else(|e| e.into_inner());
-    let t = table();
+    let arrays = ARRAYS.lock().unwrap_or_else(|e| e.into_inner());
+    let t = shared();
     let mut out = String::from("rtprof-loops 1\n");
     for &(slot, off, o) in sites.iter() {
         let _ = match (o, t) {
             (Ok(i), Some(t)) => {
-                let c = &t[i as usize * PER_LOOP..];
-                let [arrivals, back, through, top] =
-                    [0, 1, 2, 3].map(|k| c[k].load(Ordering::Relaxed));
+                let c = i as usize * PER_LOOP;
+                let [arrivals, back, through, top] = [0, 1, 2, 3].map(|k| total(t, &arrays, c + k));
                 // Branches back through the header's probe arrived there too.
                 let entries = arrivals.saturating_sub(through);
                 let back = back.saturating_add(through);
@@ -152,14 +261,26 @@ pub fn text() -> Option<String> {
 }
 
 /// In a forked child (one thread, allocation-free): the parent's loops
-/// ran in the parent; the child's counts start from zero.
+/// ran in the parent; the child's counts start from zero, in the forking
+/// thread's array (the others' threads do not exist here).
 pub fn forget_in_child() {
-    let t = TABLE.load(Ordering::Acquire);
-    if !t.is_null() {
-        let n = CLAIMED.load(Ordering::Relaxed) as usize * PER_LOOP;
-        // SAFETY: the table's first `n` counters, mapped for good.
-        for c in unsafe { std::slice::from_raw_parts(t, n) } {
+    if SHARED.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    let n = per_thread();
+    let zero = |p: *mut AtomicU64| {
+        // SAFETY: an array of at least `n` counters, mapped for good.
+        for c in unsafe { std::slice::from_raw_parts(p, n) } {
             c.store(0, Ordering::Relaxed);
+        }
+    };
+    zero(SHARED.load(Ordering::Acquire));
+    let mine = Native::thread_word(Native::loops_tls_offset()) as *mut AtomicU64;
+    // The lock may have been held by a thread that is not in the child.
+    if let Ok(mut arrays) = ARRAYS.try_lock() {
+        for a in arrays.iter_mut() {
+            zero(a.0);
+            a.1 = a.0 == mine;
         }
     }
 }
@@ -169,25 +290,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pairs_are_claimed_counted_and_listed() {
+    fn counters_are_claimed_counted_per_thread_and_listed() {
         select(&["hot*".to_string()]);
         assert!(wanted() && wanted_for("hot_loop") && !wanted_for("cold"));
         let c = claim().unwrap();
-        assert_eq!(
-            (c.back, c.back_through, c.top_exits),
-            (c.arrivals + 8, c.arrivals + 16, c.arrivals + 24)
-        );
-        // 3 entries, 20 branches back past the count and 10 through it.
-        for (at, n) in [
-            (c.arrivals, 13),
-            (c.back, 20),
-            (c.back_through, 10),
-            (c.top_exits, 2),
-        ] {
-            // SAFETY: a counter claim() handed out.
-            unsafe { (*(at as *const AtomicU64)).fetch_add(n, Ordering::Relaxed) };
-        }
+        assert_eq!(c.back.number, c.arrivals.number + 1);
+        assert_eq!(c.top_exits.shared, c.arrivals.shared + 24);
         note(7, [(16, Ok(c.index)), (48, Err(LoopRefusal::ShortLatch))]);
+        // 3 entries, 20 branches back past the count and 10 through it,
+        // 2 leavings from the top: some in the shared array, some in a
+        // thread's own, which is folded in at its end.
+        let bump = |at: u64, n: u64| {
+            // SAFETY: a counter of an array of ours.
+            unsafe { (*(at as *const AtomicU64)).fetch_add(n, Ordering::Relaxed) };
+        };
+        bump(c.arrivals.shared, 5);
+        bump(c.back.shared, 20);
+        std::thread::spawn(move || {
+            attach_thread();
+            let mine = Native::thread_word(Native::loops_tls_offset());
+            assert_ne!(mine, 0);
+            for (k, n) in [(c.arrivals, 8), (c.back_through, 10), (c.top_exits, 2)] {
+                bump(mine + k.number as u64 * 8, n);
+            }
+            let t = text().unwrap();
+            assert!(t.contains("7 16 3 30 2\n"), "{t}");
+        })
+        .join()
+        .unwrap();
         let t = text().unwrap();
         assert!(t.starts_with("rtprof-loops 1\n"), "{t}");
         assert!(t.contains("7 16 3 30 2\n"), "{t}");

@@ -311,8 +311,10 @@ pub(crate) fn start() {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
-    // Libraries loaded later get no loop probes.
+    // Libraries loaded later get no loop probes; this thread counts its
+    // loops in counters of its own.
     crate::loop_counts::end_planning();
+    crate::loop_counts::attach_thread();
     ph.mark("install");
     let known = known_modules(&plans, recorded);
     let stripe_bytes = segment.counters.layout().stripe_bytes;

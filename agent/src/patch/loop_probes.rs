@@ -5,10 +5,10 @@
 //! modules present at start-up.
 
 use crate::analysis::ModulePlan;
-use crate::arch::{InstructionSet, Native, Way};
+use crate::arch::{InstructionSet, Native, ProbeCounter, Way};
 use crate::install::write_entries;
 use crate::log::vlog;
-use crate::loop_counts::Counters;
+use crate::loop_counts::{Counter, Counters};
 use crate::loops::WayCount;
 use crate::stubmem::StubArea;
 use rtprof_shared::loops::LoopRefusal;
@@ -99,7 +99,19 @@ fn install_function(
     // the header's probe has its place (lengths do not depend on it).
     let ways = |i: usize, bodies: &[u64]| -> Vec<Way> {
         let p = &fl.probes[i];
-        let counter = |k: usize, pick: fn(&Counters) -> u64| outcome[k].as_ref().map_or(0, pick);
+        let counter = |k: usize, pick: fn(&Counters) -> Counter| {
+            let c = outcome[k].as_ref().map_or(
+                Counter {
+                    number: 0,
+                    shared: 0,
+                },
+                pick,
+            );
+            ProbeCounter {
+                number: c.number,
+                shared: c.shared,
+            }
+        };
         p.window
             .ways()
             .iter()
@@ -174,7 +186,11 @@ fn install_function(
         let off = (at[k] - area.addr) as usize;
         let head = p
             .head
-            .map(|h| outcome[h].as_ref().map_or(0, |c| c.arrivals));
+            .and_then(|h| outcome[h].as_ref().ok())
+            .map(|c| ProbeCounter {
+                number: c.arrivals.number,
+                shared: c.arrivals.shared,
+            });
         let ok = Native::emit_probe(
             &p.window,
             at[k],

@@ -24,6 +24,8 @@ struct Range {
     id: u32,
     /// Where in its function a sample here is counted (`offsets`).
     at: Offset,
+    /// For a loop probe: the address of the window it stands for.
+    origin: u64,
 }
 
 /// Where in its function a sample in a range is counted.
@@ -115,6 +117,7 @@ impl AddrMap {
                 on_demand,
                 id: super::stacks::MODULE | p.record,
                 at: Offset::None,
+                origin: 0,
             }));
             let last = m.first_func.saturating_add(m.func_count).min(func_count);
             for slot in m.first_func..last {
@@ -128,6 +131,7 @@ impl AddrMap {
                         on_demand: 0,
                         id: slot,
                         at: Offset::FromStart,
+                        origin: 0,
                     });
                 }
             }
@@ -143,6 +147,7 @@ impl AddrMap {
                     on_demand: 0,
                     id: slot,
                     at: Offset::None,
+                    origin: 0,
                 }),
         );
         funcs.extend(
@@ -156,6 +161,10 @@ impl AddrMap {
                     on_demand: 0,
                     id: slot,
                     at: Offset::Fixed(off),
+                    origin: {
+                        let m = w.module(w.function(slot).module);
+                        m.base.wrapping_add(w.function(slot).vaddr) + off as u64
+                    },
                 }),
         );
         normalise(&mut funcs);
@@ -266,6 +275,16 @@ pub fn place_ids(ips: &[u64], out: &mut [u32], unknown: u32) {
     if found.is_none() {
         out.iter_mut().for_each(|o| *o = unknown);
     }
+}
+
+/// If `ip` is in a loop probe: the probe's first byte and the address of
+/// the window it stands for.
+pub fn probe_at(ip: u64) -> Option<(u64, u64)> {
+    with_current(|m| {
+        find(&m.funcs, ip)
+            .filter(|r| r.origin != 0)
+            .map(|r| (r.start, r.origin))
+    })
 }
 
 /// The record of the module named on demand that a sample at `ip` lands
@@ -392,6 +411,7 @@ pub(crate) mod tests {
             on_demand: 0,
             id: 0,
             at: Offset::FromStart,
+            origin: 0,
         };
         let mut v = vec![r(10, 50), r(0, 20), r(10, 15), r(60, 60)];
         normalise(&mut v);

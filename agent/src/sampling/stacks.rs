@@ -15,6 +15,7 @@
 //! handler; after that a sample allocates nothing and opens nothing.
 
 use super::addrmap;
+use crate::arch::{InstructionSet, Native};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{
     ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
@@ -282,7 +283,23 @@ impl State {
             let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
             Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
         };
-        let regs = UnwindRegsX86_64::new(ip, sp, bp);
+        // In a loop probe: unwound from the window it stands for, with the
+        // stack pointer where the window's code has it.
+        let (ip, at_sp) = match addrmap::probe_at(ip) {
+            Some((start, origin)) => {
+                // SAFETY: loop probes are never unmapped, and the probe's
+                // code runs from `start` to `ip`.
+                let code = unsafe {
+                    std::slice::from_raw_parts(start as *const u8, (ip - start) as usize)
+                };
+                (
+                    origin,
+                    sp.wrapping_add_signed(-Native::probe_sp_shift(code, start)),
+                )
+            }
+            None => (ip, sp),
+        };
+        let regs = UnwindRegsX86_64::new(ip, at_sp, bp);
         let mut frames = self
             .unwinder
             .iter_frames(ip, regs, &mut self.cache, &mut read_stack);

@@ -46,8 +46,13 @@ fn per_execution(iterations: u64, entries: u64) -> f64 {
 /// exactly, in address order, then its `top` hottest loops (nothing if no
 /// loop was counted or sampled).
 pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
+    // Most iterations first, those not counted last.
     let mut counted: Vec<&LoopStats> = s.loops.iter().filter(|l| l.count.is_some()).collect();
-    counted.sort_by_key(|l| (l.function, l.header));
+    counted.sort_by_key(|l| {
+        let it = l.count.and_then(|c| c.iterations());
+        (it.is_none(), std::cmp::Reverse(it), l.function, l.header)
+    });
+    let more = counted.len().saturating_sub(top);
     if !counted.is_empty() {
         let _ = writeln!(
             out,
@@ -57,7 +62,7 @@ pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
             "executions", "iterations", "per exec", "depth"
         );
     }
-    for l in counted {
+    for l in counted.into_iter().take(top) {
         let f = &s.functions[l.function as usize];
         let what = match (l.count, l.count.and_then(|c| c.iterations())) {
             (Some(LoopCount::Counted { entries, .. }), Some(it)) => format!(
@@ -77,6 +82,12 @@ pub(super) fn text(out: &mut String, s: &Snapshot, top: usize) {
             l.depth,
             escape_text(&names::function(&f.name)),
             escape_text(&place(l))
+        );
+    }
+    if more > 0 {
+        let _ = writeln!(
+            out,
+            "    ... and {more} more (all of them in the JSON report)"
         );
     }
     if s.loops.iter().all(|l| l.samples == 0) {
@@ -242,6 +253,13 @@ mod tests {
         );
         assert!(lines[3].contains("not counted: short_latch"), "{out}");
         assert!(!out.contains("hot loops"), "{out}");
+        let mut out = String::new();
+        super::text(&mut out, &s, 1);
+        assert!(
+            out.contains("1000.0") && !out.contains("short_latch"),
+            "{out}"
+        );
+        assert!(out.contains("... and 1 more"), "{out}");
         let mut w = crate::json::JsonWriter::default();
         w.begin_object();
         super::json(&mut w, &s);

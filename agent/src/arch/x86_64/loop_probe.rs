@@ -6,19 +6,23 @@
 //! way goes to its original address.
 //!
 //! ```text
-//! probe:  [count entries]                ; a header's window only
+//! probe:  [count arrivals]               ; a header's window only
 //! body:   <moved instructions>           ; rip-relative operands re-aimed
 //!         jcc  taken                     ; the block's conditional branch
 //!         <way on: fall through>
 //! taken:  <way on: the branch's target>
-//! way on: [count back edge] ; jmp header's body   (a branch back)
-//!         jmp  original                          (any other way)
+//! way on: [count] ; jmp header's body    (a branch back)
+//!         [count] ; jmp original         (any other way)
 //! count:  lea  rsp, [rsp-128]            ; step over the red zone
 //!         push rcx
 //!         pushfq                         ; only if the flags are live
-//!         mov  rcx, &counter
-//!         lock inc qword [rcx]           ; threads share the counter
-//!         popfq
+//!         mov  rcx, fs:[loops]           ; this thread's counters, or 0
+//!         test rcx, rcx
+//!         jnz  own
+//!         mov  rcx, &shared ; lock inc qword [rcx]   ; per counter
+//!         jmp  done
+//! own:    inc  qword [rcx + number*8]    ; per counter: no atomic needed
+//! done:   popfq
 //!         pop  rcx
 //!         lea  rsp, [rsp+128]
 //! ```
@@ -28,18 +32,21 @@
 //! unless the header's code sets them before it reads them.
 
 use super::window::jcc_code;
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, OpKind, RflagsBits};
+use iced_x86::{
+    Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register, RflagsBits,
+};
 use rtprof_shared::loops::LoopRefusal;
 
 /// Bytes of a `jmp rel32`.
 const JMP: usize = 5;
 /// Bytes of a `jcc rel32`.
 const JCC: usize = 6;
-/// Bytes of a count of one counter without and with the flags saved, and
-/// of each further counter.
-const COUNT: usize = 29;
-const COUNT_FLAGS: usize = 31;
-const COUNT_MORE: usize = 14;
+/// Bytes of a count without its counters, and per counter: the shared
+/// path's `mov rcx, imm64; lock inc` and the own path's `inc [rcx+d32]`.
+const COUNT: usize = 31;
+const PER_COUNTER: usize = 21;
+/// `pushfq` and `popfq`.
+const FLAGS: usize = 2;
 /// The SysV red zone below `rsp`.
 const RED_ZONE: i32 = 128;
 /// Longest window: a whole short block.
@@ -94,6 +101,15 @@ pub struct LoopWindow {
     last_at: u64,
 }
 
+/// One counter a probe bumps: its number in a thread's array (reached
+/// from the thread-local pointer), and its address in the shared array
+/// (for a thread without one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeCounter {
+    pub number: u32,
+    pub shared: u64,
+}
+
 /// Where one way out of a probe goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Way {
@@ -101,7 +117,10 @@ pub enum Way {
     To(u64),
     /// Counted at each of `counters`, then on to `to` (for a branch back,
     /// the header probe's body, past its count of arrivals).
-    Counted { counters: Vec<u64>, to: u64 },
+    Counted {
+        counters: Vec<ProbeCounter>,
+        to: u64,
+    },
 }
 
 impl LoopWindow {
@@ -274,20 +293,14 @@ pub fn flags_live(code: &[u8], code_start: u64, at: u64, hi: u64) -> bool {
     true
 }
 
-fn count_len(flags: bool) -> usize {
-    if flags {
-        COUNT_FLAGS
-    } else {
-        COUNT
-    }
+fn count_len(counters: usize, flags: bool) -> usize {
+    COUNT + counters * PER_COUNTER + flags as usize * FLAGS
 }
 
 fn way_len(w: &Way, flags: bool) -> usize {
     match w {
         Way::To(_) => JMP,
-        Way::Counted { counters, .. } => {
-            count_len(flags) + counters.len().saturating_sub(1) * COUNT_MORE + JMP
-        }
+        Way::Counted { counters, .. } => count_len(counters.len(), flags) + JMP,
     }
 }
 
@@ -304,13 +317,15 @@ pub fn probe_len(w: &LoopWindow, head: bool, ways: &[Way], flags: bool) -> usize
         .sum();
     let jcc = matches!(w.last, Last::Cond { .. }) as usize * JCC;
     let ways: usize = ways.iter().map(|x| way_len(x, flags)).sum();
-    head as usize * count_len(flags) + pieces + jcc + ways
+    head as usize * count_len(1, flags) + pieces + jcc + ways
 }
 
 struct Out<'a> {
     buf: &'a mut [u8],
     len: usize,
     at: u64,
+    /// Offset of the thread's loop counters pointer from `fs`.
+    tls: i32,
 }
 
 impl Out<'_> {
@@ -338,16 +353,26 @@ impl Out<'_> {
         self.buf[field..field + 4].copy_from_slice(&rel.to_le_bytes());
         Some(())
     }
-    fn count(&mut self, counters: &[u64], flags: bool) {
+    fn count(&mut self, counters: &[ProbeCounter], flags: bool) -> Option<()> {
         self.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
         self.put(&[0x51]); // push rcx
         if flags {
             self.put(&[0x9c]); // pushfq
         }
+        self.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
+        self.put(&self.tls.to_le_bytes());
+        self.put(&[0x48, 0x85, 0xc9]); // test rcx, rcx
+        let shared = counters.len() * 14 + 2;
+        self.put(&[0x75, u8::try_from(shared).ok()?]); // jnz own
         for c in counters {
             self.put(&[0x48, 0xb9]); // mov rcx, imm64
-            self.put(&c.to_le_bytes());
+            self.put(&c.shared.to_le_bytes());
             self.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+        }
+        self.put(&[0xeb, u8::try_from(counters.len() * 7).ok()?]); // jmp done
+        for c in counters {
+            self.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
+            self.put(&i32::try_from(c.number as u64 * 8).ok()?.to_le_bytes());
         }
         if flags {
             self.put(&[0x9d]); // popfq
@@ -355,12 +380,13 @@ impl Out<'_> {
         self.put(&[0x59]); // pop rcx
         self.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
         self.put(&RED_ZONE.to_le_bytes());
+        Some(())
     }
     fn way(&mut self, w: &Way, flags: bool) -> Option<()> {
         match w {
             Way::To(to) => self.jmp(*to),
             Way::Counted { counters, to } => {
-                self.count(counters, flags);
+                self.count(counters, flags)?;
                 self.jmp(*to)
             }
         }
@@ -368,14 +394,16 @@ impl Out<'_> {
 }
 
 /// Writes the probe for `w` to run at `at` into `out` (at least
-/// [`probe_len`] bytes); returns where its body starts (past the count of
-/// entries), or `None` if a target is out of reach.
+/// [`probe_len`] bytes), its counts reaching a thread's counters at `tls`
+/// from `fs`; returns where its body starts (past the count of
+/// arrivals), or `None` if a target is out of reach.
 pub fn emit_probe(
     w: &LoopWindow,
     at: u64,
-    head: Option<u64>,
+    head: Option<ProbeCounter>,
     ways: &[Way],
     flags: bool,
+    tls: i32,
     out: &mut [u8],
 ) -> Option<u64> {
     let len = probe_len(w, head.is_some(), ways, flags);
@@ -383,9 +411,10 @@ pub fn emit_probe(
         buf: out.get_mut(..len)?,
         len: 0,
         at,
+        tls,
     };
     if let Some(c) = head {
-        o.count(&[c], flags);
+        o.count(&[c], flags)?;
     }
     let body = o.here();
     // Branches out of the middle, landed once their ways are placed.
@@ -426,6 +455,25 @@ pub fn emit_probe(
     }
     debug_assert_eq!(o.len, len);
     Some(body)
+}
+
+/// How far a probe's code before `ip` moved the stack pointer, for the
+/// probe's bytes `code` from its first byte up to `ip` (negative: below
+/// where the window's code has it). Its counts step over the red zone and
+/// save registers; the moved code runs with the stack as it was.
+pub fn sp_shift(code: &[u8], start: u64) -> i64 {
+    let mut shift = 0i64;
+    for i in Decoder::with_ip(64, code, start, DecoderOptions::NONE) {
+        match i.mnemonic() {
+            Mnemonic::Push | Mnemonic::Pushfq => shift -= 8,
+            Mnemonic::Pop | Mnemonic::Popfq => shift += 8,
+            Mnemonic::Lea if i.op0_register() == Register::RSP => {
+                shift += i.memory_displacement64() as i64;
+            }
+            _ => {}
+        }
+    }
+    shift
 }
 
 /// The `jmp rel32` that sends the window to its probe at `probe`, the
@@ -518,23 +566,31 @@ mod tests {
         assert_eq!(w.unwrap_err(), LoopRefusal::Unmovable);
     }
 
-    /// Each instruction of `code` (at `ip`): its mnemonic, and its target,
-    /// rip-relative address, immediate, displacement or lock prefix.
+    /// Each instruction of `code` (at `ip`): its mnemonic, and its target
+    /// (`@offset` within `code`), rip-relative address, immediate, `fs`
+    /// operand, displacement or lock prefix.
     fn described(code: &[u8], ip: u64) -> Vec<String> {
         Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
             .into_iter()
             .map(|i| {
                 let m = format!("{:?}", i.mnemonic());
                 if is_near(&i) {
-                    format!("{m} {:#x}", i.near_branch_target())
+                    let t = i.near_branch_target();
+                    if (ip..ip + code.len() as u64).contains(&t) {
+                        format!("{m} @{}", t - ip)
+                    } else {
+                        format!("{m} {t:#x}")
+                    }
                 } else if i.is_ip_rel_memory_operand() {
                     format!("{m} [{:#x}]", i.ip_rel_memory_address())
                 } else if i.op1_kind() == OpKind::Immediate64 {
                     format!("{m} {:#x}", i.immediate64())
+                } else if i.segment_prefix() == iced_x86::Register::FS {
+                    format!("{m} fs")
                 } else if i.has_lock_prefix() {
                     format!("{m} lock")
-                } else if m == "Lea" {
-                    format!("{m} {}", i.memory_displacement64() as i64)
+                } else if m == "Lea" || (m == "Inc" && i.op0_kind() == OpKind::Memory) {
+                    format!("{m} {:+}", i.memory_displacement64() as i64)
                 } else {
                     m
                 }
@@ -542,27 +598,53 @@ mod tests {
             .collect()
     }
 
+    fn counter(number: u32, shared: u64) -> ProbeCounter {
+        ProbeCounter { number, shared }
+    }
+
     #[test]
     fn probes_count_and_send_each_way_on() {
         let base = 0x40_0000u64;
+        let tls = -64;
         let w = window(&LOOP, base, base, base + 12, Span::Head).unwrap();
         let probe = base + 0x1000;
         let ways = [Way::To(base + 6)];
         let len = probe_len(&w, true, &ways, true);
         let mut out = vec![0u8; len];
-        let body = emit_probe(&w, probe, Some(0x1122_3344_5566), &ways, true, &mut out).unwrap();
-        assert_eq!(body, probe + COUNT_FLAGS as u64);
+        let head = Some(counter(3, 0x1122_3344_5566));
+        let body = emit_probe(&w, probe, head, &ways, true, tls, &mut out).unwrap();
+        assert_eq!(body, probe + 54);
+        // Where the stack pointer is, along the probe: below the red zone
+        // and two saved words inside the count, back where it was after.
+        let shift = |upto: usize| sp_shift(&out[..upto], probe);
+        assert_eq!(
+            [
+                shift(5),
+                shift(6),
+                shift(7),
+                shift(44),
+                shift(46),
+                shift(54)
+            ],
+            [-128, -136, -144, -144, -128, 0]
+        );
         assert_eq!(
             described(&out, probe),
             [
                 "Lea -128",
                 "Push",
                 "Pushfq",
+                "Mov fs",
+                "Test",
+                // A thread without counters of its own: the shared ones.
+                "Jne @37",
                 "Mov 0x112233445566",
                 "Inc lock",
+                "Jmp @44",
+                "Inc +24",
                 "Popfq",
                 "Pop",
-                "Lea 128",
+                "Lea +128",
                 // The operand still reads the same address.
                 "Mov [0x400106]",
                 "Jmp 0x400006",
@@ -573,7 +655,7 @@ mod tests {
         let t = window(&LOOP, base, base, base + 12, Span::Tail).unwrap();
         let ways = [
             Way::Counted {
-                counters: vec![0x7000],
+                counters: vec![counter(5, 0x7000)],
                 to: body,
             },
             Way::To(base + 12),
@@ -581,20 +663,28 @@ mod tests {
         let len = probe_len(&t, false, &ways, false);
         let mut out = vec![0u8; len];
         let at = probe + 0x100;
-        assert_eq!(emit_probe(&t, at, None, &ways, false, &mut out), Some(at));
+        assert_eq!(
+            emit_probe(&t, at, None, &ways, false, tls, &mut out),
+            Some(at)
+        );
         assert_eq!(
             described(&out, at),
             [
                 "Add",
                 "Cmp",
-                &format!("Jne {:#x}", at + 15),
+                "Jne @15",
                 "Jmp 0x40000c",
                 "Lea -128",
                 "Push",
+                "Mov fs",
+                "Test",
+                "Jne @51",
                 "Mov 0x7000",
                 "Inc lock",
+                "Jmp @58",
+                "Inc +40",
                 "Pop",
-                "Lea 128",
+                "Lea +128",
                 &format!("Jmp {body:#x}"),
             ]
         );
@@ -602,36 +692,46 @@ mod tests {
         assert_eq!(patch.len(), 6);
         assert_eq!(patch[0], 0xe9);
         assert_eq!(patch[5], 0xcc);
-        // A branch out of the middle: its way placed after the last one.
+        // A branch out of the middle, counted twice: its way placed after
+        // the last one.
         let code = [
             0x39, 0xf1, 0x74, 0x10, 0x44, 0x69, 0xc0, 0x0d, 0x66, 0x19, 0x00,
         ];
         let run = window(&code, base, base, base + 11, Span::Head).unwrap();
         let ways = [
             Way::Counted {
-                counters: vec![0x8000, 0x9000],
+                counters: vec![counter(1, 0x8000), counter(2, 0x9000)],
                 to: base + 0x14,
             },
             Way::To(base + 11),
         ];
         let len = probe_len(&run, false, &ways, false);
         let mut out = vec![0u8; len];
-        assert_eq!(emit_probe(&run, at, None, &ways, false, &mut out), Some(at));
+        assert_eq!(
+            emit_probe(&run, at, None, &ways, false, tls, &mut out),
+            Some(at)
+        );
         assert_eq!(
             described(&out, at),
             [
                 "Cmp",
-                &format!("Je {:#x}", at + 2 + 6 + 7 + 5),
+                "Je @20",
                 "Imul",
                 "Jmp 0x40000b",
                 "Lea -128",
                 "Push",
+                "Mov fs",
+                "Test",
+                "Jne @70",
                 "Mov 0x8000",
                 "Inc lock",
                 "Mov 0x9000",
                 "Inc lock",
+                "Jmp @84",
+                "Inc +8",
+                "Inc +16",
                 "Pop",
-                "Lea 128",
+                "Lea +128",
                 "Jmp 0x400014",
             ]
         );

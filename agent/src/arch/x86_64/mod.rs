@@ -7,7 +7,7 @@ mod stub;
 mod tls;
 mod window;
 
-pub use loop_probe::{LoopWindow, Span as LoopSpan, Way};
+pub use loop_probe::{LoopWindow, ProbeCounter, Span as LoopSpan, Way};
 pub use scan::FunctionScan;
 pub use stub::CounterRef;
 pub use window::Plan;
@@ -56,12 +56,17 @@ impl InstructionSet for X86_64 {
     fn emit_probe(
         w: &LoopWindow,
         at: u64,
-        head: Option<u64>,
+        head: Option<ProbeCounter>,
         ways: &[Way],
         flags: bool,
         out: &mut [u8],
     ) -> Option<u64> {
-        loop_probe::emit_probe(w, at, head, ways, flags, out)
+        let tls = i32::try_from(tls::loops_offset()).ok()?;
+        loop_probe::emit_probe(w, at, head, ways, flags, tls, out)
+    }
+
+    fn probe_sp_shift(code: &[u8], start: u64) -> i64 {
+        loop_probe::sp_shift(code, start)
     }
 
     fn window_patch(w: &LoopWindow, probe: u64) -> Option<Vec<u8>> {
@@ -175,6 +180,10 @@ impl InstructionSet for X86_64 {
 
     fn stripe_tls_offset() -> i64 {
         tls::offset()
+    }
+
+    fn loops_tls_offset() -> i64 {
+        tls::loops_offset()
     }
 
     fn thread_word(offset: i64) -> u64 {

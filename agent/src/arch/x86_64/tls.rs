@@ -1,5 +1,6 @@
 //! The per-thread stripe pointer in static TLS, at a fixed offset from the
-//! `fs` base: stubs reach it with one `mov rcx, fs:[offset]`.
+//! `fs` base: stubs reach it with one `mov rcx, fs:[offset]`; and the same
+//! for the thread's loop counters (`RTPROF_LOOPS`), which loop probes reach.
 
 // An initial-exec TLS variable: a preloaded library's TLS block sits at a
 // fixed offset from the thread pointer in every thread.
@@ -11,6 +12,20 @@ std::arch::global_asm!(
     ".size rtprof_tls_stripe, 8",
     "rtprof_tls_stripe:",
     ".zero 8",
+    ".hidden rtprof_tls_loops",
+    ".type rtprof_tls_loops, @object",
+    ".size rtprof_tls_loops, 8",
+    "rtprof_tls_loops:",
+    ".zero 8",
+    ".popsection",
+    ".pushsection .text.rtprof_tls_loops_offset,\"ax\",@progbits",
+    ".globl rtprof_tls_loops_offset",
+    ".hidden rtprof_tls_loops_offset",
+    ".type rtprof_tls_loops_offset, @function",
+    "rtprof_tls_loops_offset:",
+    "mov rax, qword ptr [rip + rtprof_tls_loops@GOTTPOFF]",
+    "ret",
+    ".size rtprof_tls_loops_offset, . - rtprof_tls_loops_offset",
     ".popsection",
     ".pushsection .text.rtprof_tls_offset,\"ax\",@progbits",
     ".globl rtprof_tls_offset",
@@ -25,6 +40,13 @@ std::arch::global_asm!(
 
 extern "C" {
     fn rtprof_tls_offset() -> i64;
+    fn rtprof_tls_loops_offset() -> i64;
+}
+
+/// Offset of the loop counters pointer from the thread pointer.
+pub fn loops_offset() -> i64 {
+    // SAFETY: a leaf function that only reads its GOT entry.
+    unsafe { rtprof_tls_loops_offset() }
 }
 
 /// Offset of the stripe pointer from the thread pointer (negative).
