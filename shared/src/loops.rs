@@ -72,10 +72,13 @@ pub enum LoopRefusal {
     TooMany = 9,
     /// Its code could not be written.
     WriteFailed = 10,
+    /// The bytes a probe would take are not in memory what the file has
+    /// (the loader or a debugger changed them).
+    Changed = 11,
 }
 
 impl LoopRefusal {
-    pub const ALL: [LoopRefusal; 10] = [
+    pub const ALL: [LoopRefusal; 11] = [
         LoopRefusal::Undecoded,
         LoopRefusal::JumpTable,
         LoopRefusal::AtEntry,
@@ -86,6 +89,7 @@ impl LoopRefusal {
         LoopRefusal::NoMemory,
         LoopRefusal::TooMany,
         LoopRefusal::WriteFailed,
+        LoopRefusal::Changed,
     ];
 
     /// The name the side file and the report use.
@@ -101,6 +105,7 @@ impl LoopRefusal {
             LoopRefusal::NoMemory => "no_memory",
             LoopRefusal::TooMany => "too_many",
             LoopRefusal::WriteFailed => "write_failed",
+            LoopRefusal::Changed => "changed",
         }
     }
 

@@ -300,7 +300,7 @@ pub(crate) fn start() {
         records::mark_traps(&mut writer, first, p, &outcomes);
         crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
         if !p.loops.is_empty() {
-            stubs.add_probes(crate::loop_probes::install(p, first));
+            stubs.add_probes(crate::loop_probes::install(p, first, &maps));
         }
         vlog!(
             "{}: {} functions ({}), {} patched, {:.1} ms",

@@ -8,6 +8,7 @@ use crate::analysis::ModulePlan;
 use crate::arch::{InstructionSet, Native, ProbeCounter, Way};
 use crate::install::write_entries;
 use crate::log::vlog;
+use crate::maps::Maps;
 use crate::loop_counts::{Counter, Counters};
 use crate::loops::WayCount;
 use crate::stubmem::StubArea;
@@ -21,8 +22,9 @@ pub type ProbeRange = (u64, u64, u32, u32);
 
 /// Installs the loop probes of `mp`, whose functions' counters are slots
 /// `first_slot..`; notes every loop with its counters or why none, and
-/// returns the probes' places.
-pub fn install(mp: &ModulePlan, first_slot: u32) -> Vec<ProbeRange> {
+/// returns the probes' places. `maps` is the memory map the module's code
+/// is checked against.
+pub fn install(mp: &ModulePlan, first_slot: u32, maps: &Maps) -> Vec<ProbeRange> {
     let mut ranges = Vec::new();
     for fl in &mp.loops {
         let Some(c) = mp.funcs.get(fl.func) else {
@@ -35,6 +37,22 @@ pub fn install(mp: &ModulePlan, first_slot: u32) -> Vec<ProbeRange> {
             .iter()
             .map(|s| s.outcome.and_then(|()| crate::loop_counts::claim()))
             .collect();
+        // Probes are made from the file's bytes: a loop whose bytes differ
+        // in memory (text relocations, a breakpoint) is left alone.
+        for p in &fl.probes {
+            let (at, want) = (p.window.at, p.window.original());
+            let same = maps.readable(at, want.len() as u64) && {
+                // SAFETY: mapped readable, as the memory map says: the
+                // module's code, loaded for good at start-up.
+                let now = unsafe { std::slice::from_raw_parts(at as *const u8, want.len()) };
+                now == want
+            };
+            if !same {
+                for k in p.loops() {
+                    outcome[k] = Err(LoopRefusal::Changed);
+                }
+            }
+        }
         let got = install_function(mp, fl, &mut outcome);
         ranges.extend(got.into_iter().map(|(a, b, off)| (a, b, slot, off)));
         crate::loop_counts::note(
@@ -58,12 +76,7 @@ fn install_function(
     let fstart = mp.module.bias.wrapping_add(mp.funcs[fl.func].vaddr);
     // A probe serves the loops whose counters it bumps; with any of them
     // without counters, it is left out and so are they.
-    let serves = |p: &crate::loops::ProbeSpec| -> Vec<usize> {
-        let ways = p.ways.iter().flatten().map(|w| match *w {
-            WayCount::Back(k) | WayCount::BackThrough(k) | WayCount::TopExit(k) => k,
-        });
-        p.head.into_iter().chain(ways).collect()
-    };
+    let serves = |p: &crate::loops::ProbeSpec| p.loops();
     let fail = |outcome: &mut [Result<Counters, LoopRefusal>], ks: &[usize], why| {
         for &k in ks {
             if outcome[k].is_ok() {

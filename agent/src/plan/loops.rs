@@ -54,6 +54,16 @@ pub struct ProbeSpec {
     pub flags: bool,
 }
 
+impl ProbeSpec {
+    /// The loops (indices in the sites) whose counters it bumps.
+    pub fn loops(&self) -> Vec<usize> {
+        let ways = self.ways.iter().flatten().map(|w| match *w {
+            WayCount::Back(k) | WayCount::BackThrough(k) | WayCount::TopExit(k) => k,
+        });
+        self.head.into_iter().chain(ways).collect()
+    }
+}
+
 /// The loops of one function and the probes of those that are counted.
 #[derive(Clone, Debug, Default)]
 pub struct FunctionLoops {

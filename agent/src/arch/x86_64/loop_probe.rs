@@ -124,6 +124,11 @@ pub enum Way {
 }
 
 impl LoopWindow {
+    /// The bytes it takes, as the file has them.
+    pub fn original(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// The ways out of the window, as (address of the instruction that
     /// takes it, where to): branches out of the middle first, then the
     /// last instruction's target and the address after the window.
