@@ -29,16 +29,21 @@ static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// A loop of a named function: (slot, header's offset in it, its
 /// counters' index or why none).
 type Site = (u32, u32, Result<u32, LoopRefusal>);
-/// Every loop of a named function. Written at start-up, read at exit.
-static SITES: Mutex<Vec<Site>> = Mutex::new(Vec::new());
+/// Every loop of a named function, noted at start-up...
+static NOTED: Mutex<Vec<Site>> = Mutex::new(Vec::new());
+/// ...and kept for good when it ends: read at exit without a lock (a
+/// forked child may exit while a thread not in it held one).
+static SITES: OnceLock<Vec<Site>> = OnceLock::new();
 
-/// Per-thread arrays: (address, in use by a thread). Never unmapped; an
-/// array whose thread ended is folded and given to the next thread.
-struct Array(*mut AtomicU64, bool);
-// SAFETY: the pointer is to a mapping that is never unmapped, whose
-// counters are atomics.
-unsafe impl Send for Array {}
-static ARRAYS: Mutex<Vec<Array>> = Mutex::new(Vec::new());
+/// Threads with an array of their own at once, at most; others count in
+/// the shared array.
+const ARRAYS: usize = 4096;
+/// Per-thread arrays, mapped as threads need them and never unmapped; an
+/// array whose thread ended is folded and given to the next thread. No
+/// lock: a thread claims a free one with a compare-and-swap.
+static ARRAY: [AtomicPtr<AtomicU64>; ARRAYS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; ARRAYS];
+static IN_USE: [AtomicBool; ARRAYS] = [const { AtomicBool::new(false) }; ARRAYS];
 
 /// Sets the function name globs whose loops are counted (start-up).
 pub fn select(globs: &[String]) {
@@ -62,9 +67,14 @@ pub fn planning() -> bool {
     PLANNING.load(Ordering::Acquire) && wanted()
 }
 
-/// Start-up is over: modules loaded later get no loop probes.
+/// Start-up is over: modules loaded later get no loop probes, and the
+/// loops noted are kept for the report.
 pub fn end_planning() {
     PLANNING.store(false, Ordering::Release);
+    if wanted() {
+        let noted = std::mem::take(&mut *NOTED.lock().unwrap_or_else(|e| e.into_inner()));
+        let _ = SITES.set(noted);
+    }
 }
 
 /// Whether the loops of the function named `name` are to be counted.
@@ -165,22 +175,22 @@ pub fn attach_thread() {
     if n == 0 || Native::thread_word(Native::loops_tls_offset()) != 0 {
         return;
     }
-    let mut arrays = ARRAYS.lock().unwrap_or_else(|e| e.into_inner());
-    let p = match arrays.iter_mut().find(|a| !a.1) {
-        Some(a) => {
-            a.1 = true;
-            a.0
-        }
-        None => {
-            let p = map(n);
-            if p.is_null() {
-                return;
-            }
-            arrays.push(Array(p, true));
-            p
-        }
+    let Some(i) = (0..ARRAYS).find(|&i| {
+        IN_USE[i]
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        return;
     };
-    drop(arrays);
+    let mut p = ARRAY[i].load(Ordering::Acquire);
+    if p.is_null() {
+        p = map(n);
+        if p.is_null() {
+            IN_USE[i].store(false, Ordering::Release);
+            return;
+        }
+        ARRAY[i].store(p, Ordering::Release);
+    }
     Native::set_thread_word(Native::loops_tls_offset(), p as u64);
     let key = EXIT_KEY.load(Ordering::Acquire);
     if key != usize::MAX {
@@ -208,25 +218,28 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
             s.fetch_add(v, Ordering::Relaxed);
         }
     }
-    let mut arrays = ARRAYS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(a) = arrays.iter_mut().find(|a| a.0 == p) {
-        a.1 = false;
+    if let Some(i) = (0..ARRAYS).find(|&i| ARRAY[i].load(Ordering::Acquire) == p) {
+        IN_USE[i].store(false, Ordering::Release);
     }
 }
 
 /// Records the loops of one function (slot), each with its header's
 /// offset and its counters' index or why none.
 pub fn note(slot: u32, loops: impl IntoIterator<Item = (u32, Result<u32, LoopRefusal>)>) {
-    let mut s = SITES.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = NOTED.lock().unwrap_or_else(|e| e.into_inner());
     s.extend(loops.into_iter().map(|(off, o)| (slot, off, o)));
 }
 
 /// Counter `i` summed over the shared array and every thread's.
-fn total(shared: &[AtomicU64], arrays: &[Array], i: usize) -> u64 {
+fn total(shared: &[AtomicU64], i: usize) -> u64 {
     let mut v = shared[i].load(Ordering::Relaxed);
-    for a in arrays {
-        // SAFETY: every array holds `per_thread()` counters, more than `i`.
-        v = v.wrapping_add(unsafe { &*a.0.add(i) }.load(Ordering::Relaxed));
+    for a in &ARRAY {
+        let p = a.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: every array holds `per_thread()` counters, more than
+            // `i`, and is never unmapped.
+            v = v.wrapping_add(unsafe { &*p.add(i) }.load(Ordering::Relaxed));
+        }
     }
     v
 }
@@ -239,15 +252,14 @@ pub fn text() -> Option<String> {
     if !wanted() {
         return None;
     }
-    let sites = SITES.lock().unwrap_or_else(|e| e.into_inner());
-    let arrays = ARRAYS.lock().unwrap_or_else(|e| e.into_inner());
+    let sites = SITES.get()?;
     let t = shared();
     let mut out = String::from("rtprof-loops 1\n");
     for &(slot, off, o) in sites.iter() {
         let _ = match (o, t) {
             (Ok(i), Some(t)) => {
                 let c = i as usize * PER_LOOP;
-                let [arrivals, back, through, top] = [0, 1, 2, 3].map(|k| total(t, &arrays, c + k));
+                let [arrivals, back, through, top] = [0, 1, 2, 3].map(|k| total(t, c + k));
                 // Branches back through the header's probe arrived there too.
                 let entries = arrivals.saturating_sub(through);
                 let back = back.saturating_add(through);
@@ -276,12 +288,12 @@ pub fn forget_in_child() {
     };
     zero(SHARED.load(Ordering::Acquire));
     let mine = Native::thread_word(Native::loops_tls_offset()) as *mut AtomicU64;
-    // The lock may have been held by a thread that is not in the child.
-    if let Ok(mut arrays) = ARRAYS.try_lock() {
-        for a in arrays.iter_mut() {
-            zero(a.0);
-            a.1 = a.0 == mine;
+    for (a, used) in ARRAY.iter().zip(&IN_USE) {
+        let p = a.load(Ordering::Acquire);
+        if !p.is_null() {
+            zero(p);
         }
+        used.store(!p.is_null() && p == mine, Ordering::Release);
     }
 }
 
@@ -297,6 +309,7 @@ mod tests {
         assert_eq!(c.back.number, c.arrivals.number + 1);
         assert_eq!(c.top_exits.shared, c.arrivals.shared + 24);
         note(7, [(16, Ok(c.index)), (48, Err(LoopRefusal::ShortLatch))]);
+        end_planning();
         // 3 entries, 20 branches back past the count and 10 through it,
         // 2 leavings from the top: some in the shared array, some in a
         // thread's own, which is folded in at its end.

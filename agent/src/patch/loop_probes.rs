@@ -8,9 +8,9 @@ use crate::analysis::ModulePlan;
 use crate::arch::{InstructionSet, Native, ProbeCounter, Way};
 use crate::install::write_entries;
 use crate::log::vlog;
-use crate::maps::Maps;
 use crate::loop_counts::{Counter, Counters};
 use crate::loops::WayCount;
+use crate::maps::Maps;
 use crate::stubmem::StubArea;
 use rtprof_shared::loops::LoopRefusal;
 
