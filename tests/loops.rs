@@ -6,10 +6,13 @@
 //! stay exact and the program's output unchanged. With `--loops`, every
 //! loop of the functions named is counted exactly at every optimisation
 //! level: executions and iterations equal to the trip counts the program
-//! runs, with its output unchanged, cached plan or not.
+//! runs, with its output unchanged, cached plan or not; and on gzip and
+//! xz's liblzma, each loop's header runs equal valgrind's count of its
+//! header instruction.
 
 use rtprof_e2e::*;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::process::Command;
 
 /// The line of `tests/c/loops.c` marked `/* MARK */`.
@@ -338,6 +341,188 @@ fn loops_are_counted_exactly_across_threads_and_a_fork() {
         assert!(
             got == [parent.clone(), child.clone()] || got == [child, parent],
             "{tag}: {got:?}"
+        );
+    }
+}
+
+/// Each instruction's executions in a callgrind output written with
+/// `--dump-instr=yes`, by (object file name, address as the file has it).
+/// A cost line is `<instr> <line> <Ir> ...`, its instruction absolute
+/// (`0x..`), relative to the last cost line's (`+n`, `-n`) or the same
+/// (`*`); the line after `calls=` is the call's inclusive cost, and the
+/// line after `jump=`/`jcnd=` a branch's source: neither counts nor moves
+/// the position. Object names are numbered once (`ob=(n) name`, then
+/// `ob=(n)`), `cob=` sharing the numbers.
+fn callgrind_counts(text: &str) -> HashMap<(String, u64), u64> {
+    let mut names: HashMap<String, String> = HashMap::new();
+    let mut out = HashMap::new();
+    let (mut ob, mut last, mut skip) = (String::new(), 0u64, false);
+    for line in text.lines() {
+        let Some(c) = line.chars().next() else {
+            continue;
+        };
+        if c.is_ascii_digit() || "+-*".contains(c) {
+            let mut it = line.split_whitespace();
+            let pos = it.next().unwrap();
+            let at = match pos {
+                "*" => last,
+                p if p.starts_with('+') => last + p[1..].parse::<u64>().unwrap(),
+                p if p.starts_with('-') => last - p[1..].parse::<u64>().unwrap(),
+                p => u64::from_str_radix(p.trim_start_matches("0x"), 16).unwrap(),
+            };
+            if std::mem::take(&mut skip) {
+                continue;
+            }
+            let ir: u64 = it.nth(1).map_or(0, |v| v.parse().unwrap());
+            last = at;
+            *out.entry((ob.clone(), at)).or_insert(0) += ir;
+        } else if let Some(v) = line
+            .strip_prefix("ob=")
+            .or_else(|| line.strip_prefix("cob="))
+        {
+            let name = match v.split_once(") ") {
+                Some((id, name)) => {
+                    names.insert(id.to_string(), name.to_string());
+                    name.to_string()
+                }
+                None => names
+                    .get(v.trim_end_matches(')'))
+                    .cloned()
+                    .unwrap_or(v.to_string()),
+            };
+            if line.starts_with("ob=") {
+                ob = name.rsplit('/').next().unwrap_or(&name).to_string();
+            }
+        } else if line.starts_with("calls=")
+            || line.starts_with("jump=")
+            || line.starts_with("jcnd=")
+        {
+            skip = true;
+        }
+    }
+    out
+}
+
+/// Text of about `n` bytes: words from a fixed generator, so that gzip and
+/// xz have matches to find.
+fn words(n: usize) -> Vec<u8> {
+    let dict = [
+        "loop",
+        "count",
+        "exact",
+        "header",
+        "branch",
+        "back",
+        "entry",
+        "probe",
+        "thread",
+        "sample",
+        "the",
+        "of",
+        "and",
+        "a",
+        "in",
+        "profile",
+        "function",
+        "iteration",
+        "execution",
+        "window",
+    ];
+    let (mut x, mut out) = (0x9e37_79b9u32, Vec::with_capacity(n + 16));
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        out.extend_from_slice(dict[(x % 20) as usize].as_bytes());
+        out.push(if x % 11 == 0 { b'\n' } else { b' ' });
+    }
+    out
+}
+
+#[test]
+fn loop_counts_match_callgrind_on_gzip_and_xz() {
+    // Real programs as Debian builds them: every loop rtprof counts has
+    // its header run (executions + branches back) exactly as often as
+    // valgrind counts its header's first instruction.
+    let dir = scratch("loops-callgrind");
+    let input = dir.join("in.txt");
+    std::fs::write(&input, words(300_000)).unwrap();
+    let runs: [(&str, &[&str], &[&str]); 2] = [
+        ("gzip", &[], &["/usr/bin/gzip", "-9", "-c"]),
+        (
+            "liblzma.so.5",
+            &["--modules", "liblzma*"],
+            &["/usr/bin/xz", "-1", "-T1", "-c"],
+        ),
+    ];
+    for (module, extra, cmd) in runs {
+        let plain = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(plain.status.success(), "{cmd:?}");
+        let json = dir.join(format!("{module}.json"));
+        let out = Command::new(rtprof())
+            .args(["run", "--loops", "*"])
+            .args(extra)
+            .arg("--output")
+            .arg(&json)
+            .arg("--")
+            .args(cmd)
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{module}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout == plain.stdout, "{module}: output changed");
+        let cg = dir.join(format!("{module}.cg"));
+        let vg = Command::new("valgrind")
+            .args(["-q", "--tool=callgrind", "--dump-instr=yes"])
+            .arg(format!("--callgrind-out-file={}", cg.display()))
+            .args(cmd)
+            .arg(&input)
+            .output()
+            .expect("valgrind runs");
+        assert!(
+            vg.stdout == plain.stdout,
+            "{module}: output under callgrind"
+        );
+        let counts = callgrind_counts(&std::fs::read_to_string(&cg).unwrap());
+        // valgrind names a library by its file (liblzma.so.5.4.1), rtprof
+        // by the name it was loaded as (liblzma.so.5).
+        let object = counts
+            .keys()
+            .map(|k| k.0.clone())
+            .find(|o| o == module || o.starts_with(&format!("{module}.")))
+            .unwrap_or_else(|| panic!("{module} not in callgrind's output"));
+        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let p = &report["processes"][0];
+        let (mut compared, mut ran) = (0, 0);
+        for l in p["loops"].as_array().unwrap() {
+            let (Some(e), Some(b)) = (l["executions"].as_u64(), l["branches_back"].as_u64()) else {
+                continue;
+            };
+            if l["module"] != module {
+                continue;
+            }
+            let header = l["header"].as_u64().unwrap();
+            let cg_runs = counts.get(&(object.clone(), header)).copied().unwrap_or(0);
+            assert_eq!(
+                e + b,
+                cg_runs,
+                "{module}: loop at {header:#x} in {}: {l}",
+                l["name"]
+            );
+            compared += 1;
+            ran += (cg_runs > 0) as u32;
+        }
+        assert!(
+            compared >= 100 && ran >= 20,
+            "{module}: {compared} loops, {ran} ran"
         );
     }
 }
