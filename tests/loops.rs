@@ -526,3 +526,72 @@ fn loop_counts_match_callgrind_on_gzip_and_xz() {
         );
     }
 }
+
+#[test]
+fn loops_with_cold_parts_short_tops_and_exits_are_refused_or_exact() {
+    // Each loop of these shapes is either left uncounted (with a reason)
+    // or counted exactly, and the program behaves as without rtprof: a
+    // `.cold` part jumps back into its loop's bytes, a loop's short test
+    // runs on into the code after it, a call in the block back to the
+    // header never returns.
+    let dir = scratch("loop-edges");
+    for (opt, pie) in [
+        ("-O0", false),
+        ("-O2", false),
+        ("-O3", true),
+        ("-Os", false),
+    ] {
+        let v = Variant {
+            opt,
+            cf_protection: false,
+            pie,
+            strip: false,
+        };
+        let tag = v.tag();
+        let (bin, _) = compile("loop_edges.c", &v, &[], &dir);
+        let run = |mode: &str, n: &str| {
+            let plain = run_plain(&bin, &[mode, n]);
+            let json = dir.join(format!("{tag}-{mode}.json"));
+            let out = Command::new(rtprof())
+                .args(["run", "--loops", "scan*,f,loop", "--output"])
+                .arg(&json)
+                .arg("--")
+                .arg(&bin)
+                .args([mode, n])
+                .output()
+                .unwrap();
+            assert_same_behaviour(&format!("{tag} {mode}"), &plain, &out);
+            let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            (plain, report["processes"][0].clone())
+        };
+        let (_, p) = run("cold", "100");
+        for l in loops_of(&p, "scan") {
+            if let Some(e) = l["executions"].as_u64() {
+                assert_eq!((e, l["iterations"].as_u64()), (1, Some(100)), "{tag}: {l}");
+            }
+        }
+        let (plain, p) = run("top", "60");
+        let want: u64 = String::from_utf8_lossy(&plain.stdout)
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        for l in loops_of(&p, "f") {
+            if let Some(it) = l["iterations"].as_u64() {
+                assert_eq!(it, want, "{tag}: {l}");
+            }
+        }
+        let (plain, p) = run("exit", "40");
+        assert_eq!(plain.status.code(), Some(3));
+        for l in loops_of(&p, "loop") {
+            if let Some(e) = l["executions"].as_u64() {
+                assert_eq!(
+                    (e, l["branches_back"].as_u64()),
+                    (1, Some(40)),
+                    "{tag}: {l}"
+                );
+            }
+        }
+    }
+}

@@ -75,10 +75,13 @@ pub enum LoopRefusal {
     /// The bytes a probe would take are not in memory what the file has
     /// (the loader or a debugger changed them).
     Changed = 11,
+    /// Part of the loop is code outside the function (a `.cold` part it
+    /// jumps to), or it leaves by a jump to another function.
+    Split = 12,
 }
 
 impl LoopRefusal {
-    pub const ALL: [LoopRefusal; 11] = [
+    pub const ALL: [LoopRefusal; 12] = [
         LoopRefusal::Undecoded,
         LoopRefusal::JumpTable,
         LoopRefusal::AtEntry,
@@ -90,6 +93,7 @@ impl LoopRefusal {
         LoopRefusal::TooMany,
         LoopRefusal::WriteFailed,
         LoopRefusal::Changed,
+        LoopRefusal::Split,
     ];
 
     /// The name the side file and the report use.
@@ -106,6 +110,7 @@ impl LoopRefusal {
             LoopRefusal::TooMany => "too_many",
             LoopRefusal::WriteFailed => "write_failed",
             LoopRefusal::Changed => "changed",
+            LoopRefusal::Split => "split",
         }
     }
 

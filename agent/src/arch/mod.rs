@@ -53,6 +53,9 @@ pub trait InstructionSet {
     /// byte, past the last): where a short entry's trampoline may go when
     /// no branch lands there.
     fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)>;
+    /// Every direct branch and call target in code no listed function
+    /// covers, bytes that are no instruction skipped.
+    fn sweep_targets(code: &[u8], ip: u64) -> Vec<u64>;
     /// One decode of a function: its branch targets and jump-table clues.
     fn scan_function(code: &[u8], ip: u64) -> FunctionScan;
     /// Targets of the function's jump tables (see the x86-64 module).
@@ -103,6 +106,9 @@ pub trait InstructionSet {
         hi: u64,
         span: LoopSpan,
     ) -> Result<LoopWindow, LoopRefusal>;
+    /// Whether the block [lo, hi) only does register arithmetic and ends
+    /// in a direct jump: entered, it surely reaches the jump's target.
+    fn loop_block_plain(code: &[u8], code_start: u64, lo: u64, hi: u64) -> bool;
     /// Whether the flags may be live where the block [at, hi) starts.
     fn loop_flags_live(code: &[u8], code_start: u64, at: u64, hi: u64) -> bool;
     /// Bytes of a loop probe (`head`: counting entries; `ways` as

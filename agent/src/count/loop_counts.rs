@@ -212,10 +212,14 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     // SAFETY: `p` is this thread's array of `n` counters (never unmapped),
     // which no probe bumps any more: the thread pointer is cleared.
     let mine = unsafe { std::slice::from_raw_parts(p, n) };
+    // Counters never bumped are not written: their pages stay unbacked.
+    // Added to the shared array first: a report read meanwhile sees a
+    // count twice rather than not at all.
     for (s, m) in t.iter().zip(mine) {
-        let v = m.swap(0, Ordering::Relaxed);
+        let v = m.load(Ordering::Relaxed);
         if v != 0 {
             s.fetch_add(v, Ordering::Relaxed);
+            m.fetch_sub(v, Ordering::Relaxed);
         }
     }
     if let Some(i) = (0..ARRAYS).find(|&i| ARRAY[i].load(Ordering::Acquire) == p) {
@@ -283,7 +287,10 @@ pub fn forget_in_child() {
     let zero = |p: *mut AtomicU64| {
         // SAFETY: an array of at least `n` counters, mapped for good.
         for c in unsafe { std::slice::from_raw_parts(p, n) } {
-            c.store(0, Ordering::Relaxed);
+            // Pages never written stay unbacked.
+            if c.load(Ordering::Relaxed) != 0 {
+                c.store(0, Ordering::Relaxed);
+            }
         }
     };
     zero(SHARED.load(Ordering::Acquire));

@@ -222,6 +222,31 @@ pub fn analyze(
         v.dedup();
     }
 
+    // Where loops are counted: code no listed function covers (`.cold`
+    // parts, which the list leaves out) may jump into a loop's blocks.
+    let loops = loops
+        && funcs
+            .iter()
+            .any(|f| crate::loop_counts::wanted_for(&f.name));
+    let mut unlisted: Vec<u64> = Vec::new();
+    if loops {
+        for &(lo, hi) in &text {
+            let mut at = lo;
+            let gaps = starts
+                .iter()
+                .zip(&ends)
+                .filter(|(s, _)| (lo..hi).contains(*s));
+            for (&s, &e) in gaps.chain(std::iter::once((&hi, &hi))) {
+                if s > at {
+                    if let Some(bytes) = code_at(at, s - at) {
+                        unlisted.extend(Native::sweep_targets(bytes, at));
+                    }
+                }
+                at = at.max(e);
+            }
+        }
+        unlisted.sort_unstable();
+    }
     let mut out = Vec::with_capacity(n);
     let mut function_loops = Vec::new();
     for (i, (f, c)) in funcs.into_iter().zip(code).enumerate() {
@@ -337,9 +362,14 @@ pub fn analyze(
                 tables.partition_point(|&t| t <= start),
                 tables.partition_point(|&t| t < start + size),
             );
+            let (ulo, uhi) = (
+                unlisted.partition_point(|&t| t <= start),
+                unlisted.partition_point(|&t| t < start + size),
+            );
             let mut foreign: Vec<u64> = direct[lo..hi]
                 .iter()
                 .chain(&tables[tlo..thi])
+                .chain(&unlisted[ulo..uhi])
                 .copied()
                 .collect();
             foreign.sort_unstable();

@@ -91,9 +91,20 @@ const MAX_RUN: usize = 4;
 pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
     let code = &code[..(size as usize).min(code.len())];
     let insns = Native::decode_flow(code, start);
-    let whole = insns
-        .last()
-        .is_some_and(|i| i.end == start + code.len() as u64);
+    let end = start + code.len() as u64;
+    let whole = insns.last().is_some_and(|i| i.end == end);
+    // The function's own branches to no instruction's start (a jump into
+    // the middle of one): no window may hold them.
+    let mut foreign = cx.foreign.to_vec();
+    foreign.extend(insns.iter().filter_map(|i| match i.flow {
+        Flow::Branch(t) | Flow::Jump(t)
+            if (start..end).contains(&t) && insns.binary_search_by_key(&t, |i| i.addr).is_err() =>
+        {
+            Some(t)
+        }
+        _ => None,
+    }));
+    foreign.sort_unstable();
     let cfg = Cfg::new(&insns);
     let loops = cfg.loops();
     let refuse_all = |why| FunctionLoops {
@@ -144,12 +155,18 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
         .zip(&latches)
         .map(|(l, ls)| {
             let h = l.header;
-            // A branch out of the function (a tail call) leaves it too.
-            let away = match cfg.last[h] {
-                Flow::Branch(t) | Flow::Jump(t) => cfg.block_of(t).is_none(),
+            !ls.contains(&h) && cfg.succ[h].iter().any(|&s| !l.body[s])
+        })
+        .collect();
+    // A loop with a branch out of the function (to a `.cold` part that
+    // may come back, or a tail call that does not) has ways nobody sees.
+    let split: Vec<bool> = loops
+        .iter()
+        .map(|l| {
+            (0..n).filter(|&b| l.body[b]).any(|b| match cfg.last[b] {
+                Flow::Branch(t) | Flow::Jump(t) => !(start..end).contains(&t),
                 _ => false,
-            };
-            !ls.contains(&h) && (away || cfg.succ[h].iter().any(|&s| !l.body[s]))
+            })
         })
         .collect();
     let mut need_head = vec![false; n];
@@ -165,8 +182,8 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
         if w.at < cx.entry_end {
             return Err(LoopRefusal::AtEntry);
         }
-        let i = cx.foreign.partition_point(|&t| t <= w.at);
-        if cx.foreign.get(i).is_some_and(|&t| t < w.end) {
+        let i = foreign.partition_point(|&t| t <= w.at);
+        if foreign.get(i).is_some_and(|&t| t < w.end) {
             return Err(LoopRefusal::BranchInside);
         }
         // A branch to the entry bytes may be sent elsewhere by the entry's
@@ -183,6 +200,9 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
     // (each entered from the one before only, and no header).
     let head_window = |b: usize| -> Result<LoopWindow, LoopRefusal> {
         let (lo, mut hi) = cfg.spans[b];
+        // Only into the loop's own blocks: a way out inside the window
+        // would leave it unseen.
+        let body = loops.iter().find(|l| l.header == b).map(|l| &l.body);
         let mut last = b;
         loop {
             let got = Native::loop_window(code, start, lo, hi, LoopSpan::Head)
@@ -193,6 +213,7 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
                 && next - b < MAX_RUN
                 && cfg.spans[next].0 == hi
                 && preds[next] == [last]
+                && body.is_some_and(|body| body[next])
                 && !need_head[next];
             if !runs_on {
                 return got;
@@ -271,10 +292,15 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
     let mut through: Vec<Option<usize>> = vec![None; n];
     for (k, (l, ls)) in loops.iter().zip(&latches).enumerate() {
         for &u in ls {
-            if ends[u].is_err()
+            // Only a block that surely reaches the header once entered:
+            // arithmetic on registers and locals, and its jump (no call
+            // that may not return, no access through a pointer).
+            let (lo, hi) = cfg.spans[u];
+            if ends[u] == Err(LoopRefusal::ShortLatch)
                 && u != l.header
                 && cfg.succ[u] == [l.header]
                 && !preds[u].is_empty()
+                && Native::loop_block_plain(code, start, lo, hi)
             {
                 through[u] = Some(k);
             }
@@ -322,6 +348,14 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
                 header: cfg.spans[h].0,
                 outcome,
             }
+        })
+        .zip(&split)
+        .map(|(site, &split)| match split {
+            true => LoopSite {
+                outcome: Err(LoopRefusal::Split),
+                ..site
+            },
+            false => site,
         })
         .collect();
     let counted = |k: usize| sites[k].outcome.is_ok();

@@ -272,6 +272,57 @@ pub fn window(
     })
 }
 
+/// Whether the block [lo, hi) only does arithmetic on registers and the
+/// frame's locals, then jumps or runs on into the next block: once entered,
+/// it surely leaves by its end (no call, no access through a pointer,
+/// nothing that traps).
+pub fn block_plain(code: &[u8], code_start: u64, lo: u64, hi: u64) -> bool {
+    let Some(insns) = decode_block(code, code_start, lo, hi) else {
+        return false;
+    };
+    // Its last instruction a direct jump, or it runs on into the next block.
+    let before = match insns.split_last() {
+        Some((last, before))
+            if last.flow_control() == FlowControl::UnconditionalBranch && is_near(last) =>
+        {
+            before
+        }
+        Some(_) => &insns[..],
+        None => return false,
+    };
+    before.iter().all(|i| {
+        i.flow_control() == FlowControl::Next
+            && (0..i.op_count()).all(|k| match i.op_kind(k) {
+                OpKind::Register => true,
+                // A local in the frame (`addl $1,-8(%rbp)` at -O0).
+                OpKind::Memory => {
+                    matches!(i.memory_base(), Register::RBP | Register::RSP)
+                        && i.memory_index() == Register::None
+                }
+                k => is_immediate(k),
+            })
+            && !matches!(
+                i.mnemonic(),
+                Mnemonic::Div | Mnemonic::Idiv | Mnemonic::Push | Mnemonic::Pop
+            )
+    })
+}
+
+fn is_immediate(k: OpKind) -> bool {
+    matches!(
+        k,
+        OpKind::Immediate8
+            | OpKind::Immediate8_2nd
+            | OpKind::Immediate16
+            | OpKind::Immediate32
+            | OpKind::Immediate64
+            | OpKind::Immediate8to16
+            | OpKind::Immediate8to32
+            | OpKind::Immediate8to64
+            | OpKind::Immediate32to64
+    )
+}
+
 /// Whether the flags may be live at `at`, the first byte of block [at,
 /// hi): true unless an instruction of the block sets every status flag
 /// before any instruction reads one.
@@ -368,13 +419,13 @@ impl Out<'_> {
         self.put(&self.tls.to_le_bytes());
         self.put(&[0x48, 0x85, 0xc9]); // test rcx, rcx
         let shared = counters.len() * 14 + 2;
-        self.put(&[0x75, u8::try_from(shared).ok()?]); // jnz own
+        self.put(&[0x75, i8::try_from(shared).ok()? as u8]); // jnz own
         for c in counters {
             self.put(&[0x48, 0xb9]); // mov rcx, imm64
             self.put(&c.shared.to_le_bytes());
             self.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
         }
-        self.put(&[0xeb, u8::try_from(counters.len() * 7).ok()?]); // jmp done
+        self.put(&[0xeb, i8::try_from(counters.len() * 7).ok()? as u8]); // jmp done
         for c in counters {
             self.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
             self.put(&i32::try_from(c.number as u64 * 8).ok()?.to_le_bytes());
@@ -472,7 +523,9 @@ pub fn sp_shift(code: &[u8], start: u64) -> i64 {
         match i.mnemonic() {
             Mnemonic::Push | Mnemonic::Pushfq => shift -= 8,
             Mnemonic::Pop | Mnemonic::Popfq => shift += 8,
-            Mnemonic::Lea if i.op0_register() == Register::RSP => {
+            Mnemonic::Lea
+                if i.op0_register() == Register::RSP && i.memory_base() == Register::RSP =>
+            {
                 shift += i.memory_displacement64() as i64;
             }
             _ => {}
@@ -740,6 +793,26 @@ mod tests {
                 "Jmp 0x400014",
             ]
         );
+    }
+
+    #[test]
+    fn only_register_arithmetic_and_a_jump_is_plain() {
+        let base = 0x1000;
+        // inc edx; jmp back
+        assert!(block_plain(&[0xff, 0xc2, 0xeb, 0xf0], base, base, base + 4));
+        // addl $1,-8(%rbp); jmp back: a local
+        let local = [0x83, 0x45, 0xf8, 0x01, 0xeb, 0xf0];
+        assert!(block_plain(&local, base, base, base + 6));
+        // addl $1,(%rax); jmp back: through a pointer
+        let ptr = [0x83, 0x00, 0x01, 0xeb, 0xf0];
+        assert!(!block_plain(&ptr, base, base, base + 5));
+        // inc edx; jne back: not a jump
+        assert!(!block_plain(
+            &[0xff, 0xc2, 0x75, 0xf0],
+            base,
+            base,
+            base + 4
+        ));
     }
 
     #[test]

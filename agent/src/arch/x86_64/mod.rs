@@ -45,6 +45,10 @@ impl InstructionSet for X86_64 {
         loop_probe::window(code, code_start, lo, hi, span)
     }
 
+    fn loop_block_plain(code: &[u8], code_start: u64, lo: u64, hi: u64) -> bool {
+        loop_probe::block_plain(code, code_start, lo, hi)
+    }
+
     fn loop_flags_live(code: &[u8], code_start: u64, at: u64, hi: u64) -> bool {
         loop_probe::flags_live(code, code_start, at, hi)
     }
@@ -71,6 +75,10 @@ impl InstructionSet for X86_64 {
 
     fn window_patch(w: &LoopWindow, probe: u64) -> Option<Vec<u8>> {
         loop_probe::window_patch(w, probe)
+    }
+
+    fn sweep_targets(code: &[u8], ip: u64) -> Vec<u64> {
+        scan::sweep_targets(code, ip)
     }
 
     fn scan_function(code: &[u8], ip: u64) -> FunctionScan {

@@ -36,6 +36,27 @@ pub struct FunctionScan {
 /// still be in the way of its entry patch.
 const ENTRY_REACH: u64 = 24;
 
+/// Every direct branch and call target in `code` (at `ip`), decoded from
+/// its start, a byte that is no instruction skipped: code that no listed
+/// function covers (`.cold` parts, stubs), read for what it jumps to.
+pub fn sweep_targets(code: &[u8], ip: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < code.len() {
+        let mut d = Decoder::with_ip(64, &code[at..], ip + at as u64, DecoderOptions::NONE);
+        let ins = d.decode();
+        if ins.is_invalid() {
+            at += 1;
+            continue;
+        }
+        if ins.op0_kind() == OpKind::NearBranch64 {
+            out.push(ins.near_branch_target());
+        }
+        at += ins.len();
+    }
+    out
+}
+
 pub fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
     let mut s = FunctionScan::default();
     let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
