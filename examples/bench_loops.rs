@@ -12,22 +12,9 @@
 #[path = "common.rs"]
 mod common;
 
-use common::{arg, here, median};
-use std::path::{Path, PathBuf};
+use common::{arg, compile_workload, here, median};
+use std::path::Path;
 use std::process::Command;
-
-fn compile(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/loop_cost.c");
-    let bin = dir.join("loop_cost");
-    let st = Command::new("gcc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("gcc runs");
-    assert!(st.success(), "compiling loop_cost.c failed");
-    bin
-}
 
 /// Nanoseconds per iteration, as the program measures them.
 fn per_iteration(bin: &Path, n: u64, threads: u32, agent: Option<&Path>, loops: bool) -> f64 {
@@ -57,7 +44,7 @@ fn main() {
     );
     let dir = std::env::temp_dir().join(format!("rtprof-bench-loops-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let bin = compile(&dir);
+    let bin = compile_workload("loop_cost", &dir);
     println!("loop_cost: {n} iterations per thread, median of {runs} alternating runs");
     println!(
         "{:>8} {:>10} {:>12} {:>13} {:>10} {:>7}",

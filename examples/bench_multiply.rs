@@ -13,22 +13,9 @@
 #[path = "common.rs"]
 mod common;
 
-use common::{arg, here, median};
-use std::path::{Path, PathBuf};
+use common::{arg, compile_workload, here, median};
+use std::path::Path;
 use std::process::Command;
-
-fn compile(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/multiply.c");
-    let bin = dir.join("multiply");
-    let st = Command::new("gcc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("gcc runs");
-    assert!(st.success(), "compiling multiply.c failed");
-    bin
-}
 
 /// Loop time in ns reported by the program itself.
 /// With `callers`, exact callers are counted too (`RTPROF_CALLERS=1`).
@@ -59,7 +46,7 @@ fn main() {
     );
     let dir = std::env::temp_dir().join(format!("rtprof-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let bin = compile(&dir);
+    let bin = compile_workload("multiply", &dir);
 
     println!("multiply: {calls} calls per thread, median of {runs} alternating runs");
     println!(

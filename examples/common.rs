@@ -1,6 +1,7 @@
 //! Helpers the benchmarks share: medians, arguments, where the build is.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -41,4 +42,19 @@ pub fn arg_text(name: &str) -> Option<String> {
 #[allow(dead_code)] // not every benchmark takes flags
 pub fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)
+}
+
+/// `workloads/NAME.c` built with `gcc -O2 -pthread` into `dir/NAME`.
+#[allow(dead_code)] // not every benchmark builds a workload
+pub fn compile_workload(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("workloads/{name}.c"));
+    let bin = dir.join(name);
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("gcc runs");
+    assert!(st.success(), "compiling {name}.c failed");
+    bin
 }

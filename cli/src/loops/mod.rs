@@ -189,20 +189,6 @@ mod tests {
     use super::*;
     use rtprof_shared::cfg::{Flow, Insn};
 
-    /// Instructions of one byte each at 0x10 on, as (flow) per address.
-    fn code(flows: &[Flow]) -> Vec<Insn> {
-        flows
-            .iter()
-            .enumerate()
-            .map(|(k, &flow)| Insn {
-                addr: 0x10 + k as u64,
-                end: 0x11 + k as u64,
-                flow,
-                filler: false,
-            })
-            .collect()
-    }
-
     #[test]
     fn nested_loops_and_out_of_line_code() {
         use Flow::*;
@@ -212,7 +198,7 @@ mod tests {
         // 0x17-0x18 fill; 0x19 the out-of-line block, jumping back to
         // 0x14; 0x1a a loop reached only through the table: 0x1a..0x1b
         // back to 0x1a; 0x1c return.
-        let mut c = code(&[
+        let mut c = Insn::one_byte_each(&[
             Next,
             Next,
             Next,

@@ -35,6 +35,23 @@ pub struct Insn {
     pub filler: bool,
 }
 
+impl Insn {
+    /// Instructions of one byte each from 0x10 on, with these flows: a
+    /// function's shape, for tests.
+    pub fn one_byte_each(flows: &[Flow]) -> Vec<Insn> {
+        flows
+            .iter()
+            .enumerate()
+            .map(|(k, &flow)| Insn {
+                addr: 0x10 + k as u64,
+                end: 0x11 + k as u64,
+                flow,
+                filler: false,
+            })
+            .collect()
+    }
+}
+
 /// A function's code as basic blocks.
 pub struct Cfg {
     /// Each block's first and past-last address, in address order.
@@ -275,26 +292,19 @@ impl Cfg {
 mod tests {
     use super::*;
 
-    /// Instructions of one byte each at 0x10 on, as (flow) per address.
-    pub fn code(flows: &[Flow]) -> Vec<Insn> {
-        flows
-            .iter()
-            .enumerate()
-            .map(|(k, &flow)| Insn {
-                addr: 0x10 + k as u64,
-                end: 0x11 + k as u64,
-                flow,
-                filler: false,
-            })
-            .collect()
-    }
-
     #[test]
     fn nested_loops_share_no_header_and_know_their_depth() {
         use Flow::*;
         // 0x10 entry; 0x11 outer header; 0x12 inner header; 0x13 back to
         // the inner header; 0x14 back to the outer; 0x15 return.
-        let cfg = Cfg::new(&code(&[Next, Next, Next, Branch(0x12), Branch(0x11), Stop]));
+        let cfg = Cfg::new(&Insn::one_byte_each(&[
+            Next,
+            Next,
+            Next,
+            Branch(0x12),
+            Branch(0x11),
+            Stop,
+        ]));
         let loops = cfg.loops();
         let got: Vec<_> = loops
             .iter()
