@@ -131,12 +131,8 @@ pub struct Counters {
 }
 
 /// One counter: its number in a thread's array, and its address in the
-/// shared array.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counter {
-    pub number: u32,
-    pub shared: u64,
-}
+/// shared array (what a probe bumps).
+pub type Counter = crate::arch::ProbeCounter;
 
 /// The counters of one more loop (start-up only: threads' arrays are
 /// sized for the loops claimed by then).

@@ -112,19 +112,13 @@ fn install_function(
     // the header's probe has its place (lengths do not depend on it).
     let ways = |i: usize, bodies: &[u64]| -> Vec<Way> {
         let p = &fl.probes[i];
-        let counter = |k: usize, pick: fn(&Counters) -> Counter| {
-            let c = outcome[k].as_ref().map_or(
-                Counter {
-                    number: 0,
-                    shared: 0,
-                },
-                pick,
-            );
-            ProbeCounter {
-                number: c.number,
-                shared: c.shared,
-            }
+        // Only loops with counters have probes: the default is never used.
+        let none = ProbeCounter {
+            number: 0,
+            shared: 0,
         };
+        let counter =
+            |k: usize, pick: fn(&Counters) -> Counter| outcome[k].as_ref().map_or(none, pick);
         p.window
             .ways()
             .iter()
@@ -200,10 +194,7 @@ fn install_function(
         let head = p
             .head
             .and_then(|h| outcome[h].as_ref().ok())
-            .map(|c| ProbeCounter {
-                number: c.arrivals.number,
-                shared: c.arrivals.shared,
-            });
+            .map(|c| c.arrivals);
         let ok = Native::emit_probe(
             &p.window,
             at[k],
