@@ -323,7 +323,8 @@ fn hostile_segments_are_rejected() {
     let mut header = vec![0u8; 4096];
     header[..8].copy_from_slice(b"RTPROFC\0");
     header[8..12].copy_from_slice(&rtprof_shared::layout::VERSION.to_le_bytes());
-    header[12..16].copy_from_slice(&248u32.to_le_bytes());
+    let size = std::mem::size_of::<rtprof_shared::layout::Header>() as u32;
+    header[12..16].copy_from_slice(&size.to_le_bytes());
     header[16..24].copy_from_slice(&4096u64.to_le_bytes());
     let mut out_of_range = header.clone();
     // modules_off far beyond the file.
@@ -417,70 +418,118 @@ fn agents_running_before_the_daemon_are_found() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The scheduler examples, in C (through the C reader) and in Rust, read
 /// `--thread-rows`: each live thread's calls per function, exact (every
-/// thread counts in a stripe of its own), under the thread's name; the
-/// process's own rows are all its calls, as without the option.
+/// thread counts in a stripe of its own), under the thread's name; its
+/// samples per function are its own (worker-k alone runs burn_k: all of
+/// the process's burn_k samples are worker-k's, none another thread's),
+/// and its head row has all its samples; the process's own rows are all
+/// its calls, as without the option.
 #[test]
 fn rows_per_thread_on_request() {
     use std::io::BufRead;
     let dir = scratch("daemon-threads");
     let bin = compile_o2("thread_rows.c", &["-pthread"], &dir);
-    // A span far longer than the test: the calls stay in it.
+    // A span far longer than the test: the counts stay in it.
     let d = Daemon::start_with(&dir, 200, 600_000, &["--thread-rows", "4"]);
-    let mut child = Command::new(&bin)
-        .env("LD_PRELOAD", agent())
-        .env("RTPROF_DAEMON_SOCKET", &d.socket)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line, "ready\n");
-    let pid = child.id();
-    // (thread name, work calls, tick calls) per thread, by name.
-    type Seen = Vec<(String, u64, u64)>;
-    let per_thread = |v: &rtprof_shared::present::View| -> Option<(Seen, u64, u64)> {
-        let p = v.procs.iter().find(|p| p.pid == pid)?;
-        let calls = |rows: &[RowView], name: &str| {
-            rows.iter().find(|r| r.name == name).map_or(0, |r| r.calls)
+    // Both samplers: the drain thread's (perf), and each thread's own
+    // timer signal (which counts where the thread is).
+    for sampler in ["timer", "perf"] {
+        let mut child = Command::new(&bin)
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_SAMPLER", sampler)
+            .env("RTPROF_DAEMON_SOCKET", &d.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n");
+        let pid = child.id();
+        let burns = ["burn_0", "burn_1", "burn_2"];
+        // (thread name, work calls, tick calls, [samples in burn_k]) per
+        // thread, by name; and the process's own.
+        type Seen = Vec<(String, u64, u64, Vec<u64>)>;
+        type Own = (u64, u64, Vec<u64>);
+        let per_thread = |v: &rtprof_shared::present::View| -> Option<(Seen, Own)> {
+            let p = v.procs.iter().find(|p| p.pid == pid)?;
+            let find = |rows: &[RowView], name: &str| {
+                rows.iter()
+                    .find(|r| r.name == name)
+                    .map(|r| (r.calls, r.samples))
+            };
+            let calls = |rows: &[RowView], name: &str| find(rows, name).map_or(0, |r| r.0);
+            let samples = |rows: &[RowView]| -> Vec<u64> {
+                burns
+                    .iter()
+                    .map(|b| find(rows, b).map_or(0, |r| r.1))
+                    .collect()
+            };
+            let mut seen: Seen = p
+                .threads
+                .iter()
+                .map(|t| {
+                    let rows = &v.rows[t.rows.clone()];
+                    assert!(rows.iter().all(|r| r.thread == Some(t.tid)));
+                    let in_rows: u64 = rows.iter().map(|r| r.samples).sum();
+                    assert!(
+                        t.samples >= in_rows,
+                        "{}: {} < {in_rows}",
+                        t.name,
+                        t.samples
+                    );
+                    assert_eq!(t.time_ns, t.samples * p.period_ns);
+                    let s = samples(rows);
+                    (t.name.clone(), calls(rows, "work"), calls(rows, "tick"), s)
+                })
+                .collect();
+            seen.sort();
+            let own = &v.rows[p.rows.clone()];
+            assert!(own.iter().all(|r| r.thread.is_none()));
+            Some((seen, (calls(own, "work"), calls(own, "tick"), samples(own))))
         };
-        let mut seen: Seen = p
-            .threads
-            .iter()
-            .map(|t| {
-                let rows = &v.rows[t.rows.clone()];
-                assert!(rows.iter().all(|r| r.thread == Some(t.tid)));
-                (t.name.clone(), calls(rows, "work"), calls(rows, "tick"))
-            })
-            .collect();
-        seen.sort();
-        let own = &v.rows[p.rows.clone()];
-        assert!(own.iter().all(|r| r.thread.is_none()));
-        Some((seen, calls(own, "work"), calls(own, "tick")))
-    };
-    // The main thread goes by the program's name (as the kernel cuts it).
-    let main = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
-    let want: Seen = vec![
-        (main.trim_end().to_string(), 0, 5),
-        ("worker-0".into(), 1000, 1),
-        ("worker-1".into(), 2000, 2),
-        ("worker-2".into(), 3000, 3),
-    ];
-    let got = d.wait_for("every thread's rows", |m| {
-        let got = per_thread(&read_view(m).ok()?)?;
-        (got.0 == want).then_some(got)
-    });
-    assert_eq!((got.1, got.2), (6000, 11), "the process's own rows");
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success());
+        // The main thread goes by the program's name (as the kernel cuts it).
+        let main = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        let main = main.trim_end().to_string();
+        let got = d.wait_for("every thread's rows and samples", |m| {
+            let (seen, own) = per_thread(&read_view(m).ok()?)?;
+            let names: Vec<&str> = seen.iter().map(|t| t.0.as_str()).collect();
+            // Every burn sample the process has is in a thread's rows.
+            let in_threads: Vec<u64> = (0..3).map(|k| seen.iter().map(|t| t.3[k]).sum()).collect();
+            (names == [main.as_str(), "worker-0", "worker-1", "worker-2"]
+                && own.2.iter().all(|&n| n > 0)
+                && in_threads == own.2)
+                .then_some((seen, own))
+        });
+        let (seen, own) = got;
+        let calls: Vec<(&str, u64, u64)> = seen.iter().map(|t| (t.0.as_str(), t.1, t.2)).collect();
+        assert_eq!(
+            calls,
+            vec![
+                (main.as_str(), 0, 5),
+                ("worker-0", 1000, 1),
+                ("worker-1", 2000, 2),
+                ("worker-2", 3000, 3)
+            ]
+        );
+        assert_eq!((own.0, own.1), (6000, 11), "the process's own rows");
+        // Each burn_k's samples are worker-k's, all of them.
+        assert_eq!(seen[0].3, vec![0, 0, 0], "the main thread never burned");
+        for k in 0..3 {
+            let mut want = vec![0; 3];
+            want[k] = own.2[k];
+            assert_eq!(seen[k + 1].3, want, "{sampler}: worker-{k}");
+        }
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
     d.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The scheduler examples, in C (through the C reader) and in Rust, read
 /// the live daemon's spans and name the hot function with a decision;
 /// `rtprof top` and `rtprof report --json` show it too.
 #[test]

@@ -421,9 +421,8 @@ impl Tracked {
         let this_tick = self.ring.back().filter(|d| d.at_ns == now_ns);
         let moved = this_tick
             .is_some_and(|d| !(d.funcs.is_empty() && d.buckets.is_empty() && d.total == 0));
-        // A thread's calls moved only if the process's did.
-        let calls_moved = this_tick.is_some_and(|d| !d.funcs.is_empty());
-        self.observe_threads(bytes, h, (now_ns, span_ns), (false, calls_moved), scratch);
+        // A thread's counts moved only if the process's did.
+        self.observe_threads(bytes, h, (now_ns, span_ns), (false, moved), scratch);
         Ok(seen(h, moved))
     }
 

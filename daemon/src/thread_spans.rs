@@ -1,19 +1,23 @@
-//! Calls per thread over the span (`rtprofd --thread-rows N`): each live
-//! thread of a process counts in a stripe of its own, so its calls of
-//! each function are exact. Every tick reads those stripes; what changed
-//! is kept as a sparse delta, as for the process's own rows, and each
-//! thread's `N` hottest functions become its rows. A thread that ended has
-//! left its stripe (its counts fold into the process's shared stripe): its
-//! rows go with it, and its calls stay in the process's rows.
+//! Calls and samples per thread over the span (`rtprofd --thread-rows
+//! N`): each live thread of a process counts in a stripe of its own, so
+//! its calls of each function are exact; its samples are counted by
+//! stripe (its CPU time) and by (thread id, function) in the segment.
+//! Every tick reads them; what changed is kept as a sparse delta, as for
+//! the process's own rows, and each thread's `N` hottest functions (by
+//! time, then calls) become its rows. A thread that ended has left its
+//! stripe (its counts fold into the process's shared stripe): its rows go
+//! with it, and its calls and samples stay in the process's rows.
 //!
-//! What is kept per thread is proportional to the functions it called,
-//! not to the process's functions, and at most [`MAX_THREADS`] threads of
-//! a process are followed.
+//! What is kept per thread is proportional to the functions it ran, not
+//! to the process's functions, and at most [`MAX_THREADS`] threads of a
+//! process are followed.
 
 use crate::spans::keep_first;
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{IdRow, ThreadRows, ROW_COUNTED};
-use rtprof_shared::reader::{fold_seq, live_stripes, stripe_calls};
+use rtprof_shared::reader::{
+    fold_seq, live_stripes, stripe_calls, stripe_samples, thread_function_samples,
+};
 use std::collections::{HashMap, VecDeque};
 
 /// Threads of one process followed at most (those in its first stripes).
@@ -22,16 +26,37 @@ pub const MAX_THREADS: usize = 64;
 /// themselves once started, thread pools when they take work).
 const RENAME_TICKS: u32 = 16;
 
+/// A function's (calls, samples).
+type Pair = (u64, u64);
+
+/// What one tick added to a thread: per function it ran, and its samples
+/// in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Tick {
+    at_ns: u64,
+    funcs: Vec<(u32, Pair)>,
+    samples: u64,
+}
+
+/// A thread's counters at one read: (slot, calls, samples) of the
+/// functions it ran, by slot, and its samples in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Reading {
+    funcs: Vec<(u32, Pair)>,
+    samples: u64,
+}
+
 /// One thread, by the stripe it counts in.
 struct Thread {
     stripe: u32,
     tid: u32,
-    /// Its stripe's non-zero counts at the newest tick, by slot.
-    newest: Vec<(u32, u64)>,
-    /// Its calls over the span, per function it called in it.
-    sums: HashMap<u32, u64>,
-    /// (tick, [(slot, calls)]): what each tick added.
-    ring: VecDeque<(u64, Vec<(u32, u64)>)>,
+    /// Its counters at the newest tick.
+    newest: Reading,
+    /// Its calls and samples over the span, per function it ran in it.
+    sums: HashMap<u32, Pair>,
+    /// Its samples over the span.
+    samples: u64,
+    ring: VecDeque<Tick>,
     /// Ticks until its name is read again.
     rename_in: u32,
     /// Its stripe was read at least once.
@@ -55,6 +80,8 @@ pub struct ThreadSpans {
     max: usize,
     /// The fold sequence at the last read.
     last_seq: Option<u64>,
+    /// (thread id, slot, samples) of the followed threads at this read.
+    sampled: Vec<(u32, u32, u64)>,
 }
 
 /// The name the kernel has for thread `tid` of `pid` (empty if gone).
@@ -64,59 +91,115 @@ fn thread_name(pid: u32, tid: u32) -> String {
         .unwrap_or_default()
 }
 
-impl Thread {
-    /// Takes the stripe's counts now (`now`, every function's): what rose
-    /// since the last read is this tick's delta. A count that went down
-    /// means another thread has the stripe (the kernel gave the ended
-    /// one's id again) or the stripe is being folded: it starts over,
-    /// from zero.
-    fn take(&mut self, now: &[u64], at_ns: u64) -> Vec<(u32, u64)> {
-        let mut newest = Vec::with_capacity(self.newest.len());
-        let mut delta = Vec::new();
-        let mut old = self.newest.iter().peekable();
-        let mut went_back = false;
-        for (slot, &n) in now.iter().enumerate() {
-            let slot = slot as u32;
-            let was = match old.peek() {
-                Some(&&(s, v)) if s == slot => {
-                    old.next();
-                    v
-                }
-                _ => 0,
-            };
-            went_back |= n < was;
-            if n != 0 {
-                newest.push((slot, n));
+/// A reading of `calls` (every function's, by slot) and `samples` (the
+/// functions sampled, by slot), and `total` samples.
+fn reading(calls: &[u64], samples: &[(u32, u64)], total: u64) -> Reading {
+    let mut funcs = Vec::new();
+    let mut s = samples.iter().peekable();
+    for (slot, &c) in calls.iter().enumerate() {
+        let slot = slot as u32;
+        // Slots past the calls read (a hostile table): not the process's.
+        let mut n = 0;
+        while let Some(&&(k, v)) = s.peek() {
+            if k > slot {
+                break;
             }
-            if n > was {
-                delta.push((slot, n - was));
+            if k == slot {
+                n = v;
+            }
+            s.next();
+        }
+        if c != 0 || n != 0 {
+            funcs.push((slot, (c, n)));
+        }
+    }
+    Reading {
+        funcs,
+        samples: total,
+    }
+}
+
+impl Thread {
+    fn new(stripe: u32, tid: u32, name: String) -> Thread {
+        Thread {
+            stripe,
+            tid,
+            newest: Reading::default(),
+            sums: HashMap::new(),
+            samples: 0,
+            ring: VecDeque::new(),
+            rename_in: RENAME_TICKS,
+            read: false,
+            rows: ThreadRows {
+                tid,
+                name,
+                ..ThreadRows::default()
+            },
+        }
+    }
+
+    /// Takes the thread's counters now: what rose since the last read is
+    /// this tick's delta. A count that went down means another thread has
+    /// the stripe (the kernel gave the ended one's id again) or the
+    /// stripe is being folded: it starts over, from zero.
+    fn take(&mut self, now: Reading, at_ns: u64) {
+        let mut delta = Vec::new();
+        let mut old = self.newest.funcs.iter().peekable();
+        let mut went_back = now.samples < self.newest.samples;
+        for &(slot, (c, n)) in &now.funcs {
+            let mut was = (0, 0);
+            while let Some(&&(k, v)) = old.peek() {
+                if k > slot {
+                    break;
+                }
+                if k == slot {
+                    was = v;
+                } else {
+                    // Counted before, not now.
+                    went_back = true;
+                }
+                old.next();
+            }
+            went_back |= c < was.0 || n < was.1;
+            let d = (c.saturating_sub(was.0), n.saturating_sub(was.1));
+            if d != (0, 0) {
+                delta.push((slot, d));
             }
         }
+        went_back |= old.next().is_some();
+        let mut samples = now.samples.saturating_sub(self.newest.samples);
         if went_back {
             self.sums.clear();
             self.ring.clear();
+            self.samples = 0;
             self.rename_in = 0;
-            delta = newest.clone();
+            delta = now.funcs.clone();
+            samples = now.samples;
         }
-        self.newest = newest;
-        for &(slot, c) in &delta {
-            let s = self.sums.entry(slot).or_insert(0);
-            *s = s.saturating_add(c);
+        self.newest = now;
+        for &(slot, (c, n)) in &delta {
+            let s = self.sums.entry(slot).or_insert((0, 0));
+            *s = (s.0.saturating_add(c), s.1.saturating_add(n));
         }
-        self.ring.push_back((at_ns, delta.clone()));
-        delta
+        self.samples = self.samples.saturating_add(samples);
+        self.ring.push_back(Tick {
+            at_ns,
+            funcs: delta,
+            samples,
+        });
     }
 
     /// Lets go of what fell out of the span (ticks at or before `start`);
     /// whether anything did.
     fn expire(&mut self, start: u64) -> bool {
         let before = self.ring.len();
-        while self.ring.len() > 1 && self.ring[0].0 <= start {
-            let (_, gone) = self.ring.pop_front().unwrap_or_default();
-            for (slot, c) in gone {
+        while self.ring.len() > 1 && self.ring[0].at_ns <= start {
+            let gone = self.ring.pop_front().unwrap_or_default();
+            self.samples = self.samples.saturating_sub(gone.samples);
+            for (slot, (c, n)) in gone.funcs {
                 if let Some(s) = self.sums.get_mut(&slot) {
-                    *s = s.saturating_sub(c);
-                    if *s == 0 {
+                    *s = (s.0.saturating_sub(c), s.1.saturating_sub(n));
+                    if *s == (0, 0) {
                         self.sums.remove(&slot);
                     }
                 }
@@ -127,7 +210,7 @@ impl Thread {
 }
 
 impl ThreadSpans {
-    /// Reads the live threads' stripes of the process `pid` (segment
+    /// Reads the live threads' counters of the process `pid` (segment
     /// `bytes`, header `h`, its first `funcs` functions, read through
     /// `scratch`) at `now_ns`; each thread's rows are its `top` hottest
     /// functions over the span, named through `id_of` (slot -> row id,
@@ -135,7 +218,7 @@ impl ThreadSpans {
     /// on, unless the process is `young` (it started within the span), as
     /// the process's own rows do. Unless the process's counts `moved`
     /// since the last read (or a thread ended), no thread's did: their
-    /// stripes are not read again, only their spans move on.
+    /// counters are not read again, only their spans move on.
     #[allow(clippy::too_many_arguments)]
     pub fn observe(
         &mut self,
@@ -163,34 +246,48 @@ impl ThreadSpans {
         // A stripe handed to another thread is a new thread.
         self.threads
             .retain(|t| live.iter().any(|&(s, tid)| s == t.stripe && tid == t.tid));
+        let quiet = !moved && self.last_seq == Some(seq);
+        self.last_seq = Some(seq);
+        // Samples by (thread, function) of the threads followed: one scan
+        // of the segment's table, unless nothing moved.
+        let mut tids: Vec<u32> = live.iter().map(|&(_, tid)| tid).collect();
+        tids.sort_unstable();
+        self.sampled.clear();
+        if !quiet {
+            let sampled = &mut self.sampled;
+            thread_function_samples(bytes, h, |tid, slot, n| {
+                if (slot as usize) < funcs && tids.binary_search(&tid).is_ok() {
+                    sampled.push((tid, slot, n));
+                }
+            });
+            sampled.sort_unstable();
+        }
+        let sampled = &self.sampled;
+        let samples_of = |tid: u32| {
+            let first = sampled.partition_point(|e| e.0 < tid);
+            let n = sampled[first..].partition_point(|e| e.0 == tid);
+            sampled[first..first + n]
+                .iter()
+                .map(|&(_, slot, n)| (slot, n))
+                .collect::<Vec<_>>()
+        };
         scratch.resize(scratch.len().max(funcs), 0);
         let now = &mut scratch[..funcs];
         for &(stripe, tid) in live {
             if self.threads.iter().any(|t| t.stripe == stripe) {
                 continue;
             }
-            let mut t = Thread {
-                stripe,
-                tid,
-                newest: Vec::new(),
-                sums: HashMap::new(),
-                ring: VecDeque::new(),
-                rename_in: RENAME_TICKS,
-                read: false,
-                rows: ThreadRows {
-                    tid,
-                    name: thread_name(pid, tid),
-                    rows: Vec::new(),
-                },
-            };
+            let mut t = Thread::new(stripe, tid, thread_name(pid, tid));
             // Seen by a first read of an older process, or by an earlier
-            // read that did not follow it: its calls so far are not this
+            // read that did not follow it: its counts so far are not this
             // tick's.
             let seen_before = self.unfollowed.contains(&(stripe, tid));
             if (from_now || seen_before) && stripe_calls(bytes, h, stripe, now) {
-                t.take(now, now_ns);
+                let total = stripe_samples(bytes, h, stripe);
+                t.take(reading(now, &samples_of(tid), total), now_ns);
                 t.sums.clear();
                 t.ring.clear();
+                t.samples = 0;
                 t.read = true;
             }
             self.threads.push(t);
@@ -199,13 +296,14 @@ impl ThreadSpans {
         self.threads.sort_by_key(|t| t.tid);
         let start = now_ns.saturating_sub(span_ns);
         self.tables.clear();
-        let quiet = !moved && self.last_seq == Some(seq);
-        self.last_seq = Some(seq);
         for t in &mut self.threads {
             if quiet && t.read {
                 // Nothing new (this tick added nothing); the rows change
-                // only if calls left the span.
-                t.ring.push_back((now_ns, Vec::new()));
+                // only if counts left the span.
+                t.ring.push_back(Tick {
+                    at_ns: now_ns,
+                    ..Tick::default()
+                });
                 if !t.expire(start) {
                     if !t.rows.rows.is_empty() {
                         self.tables.push(t.rows.clone());
@@ -220,7 +318,8 @@ impl ThreadSpans {
                 }
                 continue;
             } else {
-                t.take(now, now_ns);
+                let total = stripe_samples(bytes, h, t.stripe);
+                t.take(reading(now, &samples_of(t.tid), total), now_ns);
                 t.read = true;
                 t.expire(start);
             }
@@ -232,26 +331,35 @@ impl ThreadSpans {
                     t.rows.name = name;
                 }
             }
-            let mut hot: Vec<(u64, u32)> = t.sums.iter().map(|(&slot, &c)| (c, slot)).collect();
-            keep_first(&mut hot, top, |&(c, slot)| (std::cmp::Reverse(c), slot));
+            let mut hot: Vec<(Pair, u32)> = t.sums.iter().map(|(&slot, &c)| (c, slot)).collect();
+            // By time, then calls, as the process's rows.
+            keep_first(&mut hot, top, |&((c, n), slot)| {
+                (std::cmp::Reverse((n, c)), slot)
+            });
             let total = |slot: u32| {
-                t.newest
-                    .binary_search_by_key(&slot, |e| e.0)
-                    .map_or(0, |i| t.newest[i].1)
+                let f = &t.newest.funcs;
+                f.binary_search_by_key(&slot, |e| e.0)
+                    .map_or(0, |i| f[i].1 .0)
             };
+            let period = h.sample_period_ns;
+            t.rows.samples = t.samples;
             t.rows.rows.clear();
-            t.rows.rows.extend(hot.iter().map(|&(calls, slot)| {
-                let (id, module, counted) = id_of(slot as usize);
-                IdRow {
-                    id,
-                    module,
-                    flags: if counted { ROW_COUNTED } else { 0 },
-                    calls,
-                    total_calls: total(slot),
-                    ..IdRow::default()
-                }
-            }));
-            // A thread with no calls in the span has no rows.
+            t.rows
+                .rows
+                .extend(hot.iter().map(|&((calls, samples), slot)| {
+                    let (id, module, counted) = id_of(slot as usize);
+                    IdRow {
+                        id,
+                        module,
+                        flags: if counted { ROW_COUNTED } else { 0 },
+                        calls,
+                        samples,
+                        time_ns: samples.saturating_mul(period),
+                        total_calls: total(slot),
+                    }
+                }));
+            // A thread that neither called nor ran a function in the
+            // span has no rows.
             if !t.rows.rows.is_empty() {
                 self.tables.push(t.rows.clone());
             }
@@ -294,6 +402,22 @@ mod tests {
         unsafe { std::slice::from_raw_parts(mem.as_ptr() as *const u8, mem.len() * 8) }
     }
 
+    /// One tick of a young process (pid 5, 4 functions, a span of 1,000
+    /// ns, 4 rows per thread) at `at`; rows of slot `s` have id `s`, and
+    /// are counted unless `s` is 3.
+    fn observe(t: &mut ThreadSpans, mem: &[u64], at: u64, moved: bool) {
+        let h = read_header(bytes(mem)).unwrap();
+        t.observe(
+            bytes(mem),
+            &h,
+            (4, &mut Vec::new()),
+            (5, true, moved),
+            (at, 1_000),
+            4,
+            |s| (s as u32, 0, s != 3),
+        );
+    }
+
     /// Ticks where the process's counts did not move read no stripe, and
     /// still let calls leave the span.
     #[test]
@@ -304,18 +428,8 @@ mod tests {
         // SAFETY: slot 1 of a stripe inside `mem`.
         unsafe { *c.stripe_ptr(s).add(1) = 7 };
         let mut t = ThreadSpans::default();
-        let mut scratch = Vec::new();
-        let mut read = |t: &mut ThreadSpans, at: u64, moved: bool| {
-            let h = read_header(bytes(&mem)).unwrap();
-            t.observe(
-                bytes(&mem),
-                &h,
-                (4, &mut scratch),
-                (5, true, moved),
-                (at, 1_000),
-                4,
-                |s| (s as u32, 0, true),
-            );
+        let read = |t: &mut ThreadSpans, at: u64, moved: bool| {
+            observe(t, &mem, at, moved);
             t.tables()
                 .iter()
                 .map(|r| (r.tid, r.rows[0].calls))
@@ -346,19 +460,7 @@ mod tests {
             max: 1,
             ..ThreadSpans::default()
         };
-        let mut scratch = Vec::new();
-        let mut read = |t: &mut ThreadSpans, at: u64| {
-            let h = read_header(bytes(&mem)).unwrap();
-            t.observe(
-                bytes(&mem),
-                &h,
-                (4, &mut scratch),
-                (5, true, true),
-                (at, 1_000),
-                4,
-                |s| (s as u32, 0, true),
-            );
-        };
+        let read = |t: &mut ThreadSpans, at: u64| observe(t, &mem, at, true);
         // A young process: its one followed thread from its start.
         read(&mut t, 10);
         let calls = |t: &ThreadSpans| -> Vec<(u32, u64)> {
@@ -381,33 +483,73 @@ mod tests {
         assert_eq!(calls(&t), vec![(101, 10)]);
     }
 
-    fn thread() -> Thread {
-        Thread {
-            stripe: 1,
-            tid: 7,
-            newest: Vec::new(),
-            sums: HashMap::new(),
-            ring: VecDeque::new(),
-            rename_in: RENAME_TICKS,
-            read: false,
-            rows: ThreadRows::default(),
-        }
-    }
-
-    /// Deltas over the span, kept for the functions called only; a stripe
-    /// whose counts go down starts over from zero.
+    /// Deltas over the span, kept for the functions that ran only; a
+    /// stripe whose counts go down starts over from zero.
     #[test]
     fn deltas_leave_the_span_and_a_new_occupant_starts_over() {
-        let mut t = thread();
-        assert_eq!(t.take(&[0, 5, 0, 2], 1), vec![(1, 5), (3, 2)]);
-        assert_eq!(t.take(&[0, 8, 0, 2], 2), vec![(1, 3)]);
-        assert_eq!(t.newest, vec![(1, 8), (3, 2)]);
-        assert_eq!(t.sums, HashMap::from([(1, 8), (3, 2)]));
+        let mut t = Thread::new(1, 7, String::new());
+        let last = |t: &Thread| t.ring.back().unwrap().funcs.clone();
+        t.take(reading(&[0, 5, 0, 2], &[(2, 3)], 4), 1);
+        assert_eq!(last(&t), vec![(1, (5, 0)), (2, (0, 3)), (3, (2, 0))]);
+        t.take(reading(&[0, 8, 0, 2], &[(2, 3), (3, 1)], 6), 2);
+        assert_eq!(last(&t), vec![(1, (3, 0)), (3, (0, 1))]);
+        assert_eq!(t.newest.funcs, vec![(1, (8, 0)), (2, (0, 3)), (3, (2, 1))]);
+        assert_eq!(
+            t.sums,
+            HashMap::from([(1, (8, 0)), (2, (0, 3)), (3, (2, 1))])
+        );
+        assert_eq!(t.samples, 6);
         t.expire(1);
-        assert_eq!(t.sums, HashMap::from([(1, 3)]));
+        assert_eq!(t.sums, HashMap::from([(1, (3, 0)), (3, (0, 1))]));
+        assert_eq!(t.samples, 2);
         // The kernel gave the ended thread's id again, and its stripe.
-        assert_eq!(t.take(&[4, 1, 0, 0], 3), vec![(0, 4), (1, 1)]);
-        assert_eq!(t.sums, HashMap::from([(0, 4), (1, 1)]));
-        assert_eq!(t.ring.len(), 1);
+        t.take(reading(&[4, 9, 0, 2], &[], 1), 3);
+        assert_eq!(last(&t), vec![(0, (4, 0)), (1, (9, 0)), (3, (2, 0))]);
+        assert_eq!(t.sums.len(), 3);
+        assert_eq!((t.ring.len(), t.samples), (1, 1));
+    }
+
+    /// Samples by (thread, function) in the segment reach each thread's
+    /// rows, ranked by time before calls; a thread that only ran (no call
+    /// counted) has rows too, and its head carries all its samples.
+    #[test]
+    fn samples_per_thread_rank_the_rows() {
+        let (mem, w) = segment();
+        let c = *w.counters();
+        let (a, b) = (c.alloc_stripe(100).unwrap(), c.alloc_stripe(101).unwrap());
+        // SAFETY: slots 0 and 1 of a stripe inside `mem`.
+        unsafe {
+            *c.stripe_ptr(a) = 50;
+            *c.stripe_ptr(a).add(1) = 2;
+        }
+        let table = c.thread_samples(None);
+        table.add(100 << 32 | 1, 7);
+        table.add(101 << 32 | 3, 4);
+        // A thread that is not the process's, and a slot past its functions.
+        table.add(999 << 32 | 1, 5);
+        table.add(101 << 32 | 9, 5);
+        c.stripe_samples(a)
+            .store(9, std::sync::atomic::Ordering::Relaxed);
+        c.stripe_samples(b)
+            .store(4, std::sync::atomic::Ordering::Relaxed);
+        let mut t = ThreadSpans::default();
+        observe(&mut t, &mem, 10, true);
+        // (tid, samples, [(row id, calls, samples)]) per thread.
+        type Seen = (u32, u64, Vec<(u32, u64, u64)>);
+        let rows: Vec<Seen> = t
+            .tables()
+            .iter()
+            .map(|r| {
+                let f = r.rows.iter().map(|r| (r.id, r.calls, r.samples));
+                (r.tid, r.samples, f.collect())
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (100, 9, vec![(1, 2, 7), (0, 50, 0)]),
+                (101, 4, vec![(3, 0, 4)])
+            ]
+        );
     }
 }

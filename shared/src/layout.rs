@@ -1,4 +1,4 @@
-//! Binary layout of the counter segment (ABI version 3).
+//! Binary layout of the counter segment (ABI version 4).
 //!
 //! All fields are little-endian with fixed widths. The segment is laid out as:
 //!
@@ -6,16 +6,27 @@
 //! [Header][ModuleRecord × module_cap][FunctionRecord × func_cap][strings]
 //! [samples: u64 × func_cap][stripe table: StripeSlot × stripe_cap]
 //! [stripe 0 (shared, atomic)][stripe 1]...[stripe stripe_cap-1]   (page aligned)
+//! [TableHead][stripe samples: u64 × stripe_cap]
+//! [thread samples: (key u64, count u64) × TableHead::cap]        (page aligned)
 //! ```
 //!
 //! A stripe is one `u64` call counter per function slot. Each thread counts
 //! into its own stripe without atomics; threads without one use stripe 0 with
 //! `lock inc`. A function's call count is the sum over all used stripes.
+//!
+//! Samples are counted per stripe (its thread's CPU time) and by (thread
+//! id, function slot) in a hash table ([`crate::count_table`]) keyed
+//! `tid << 32 | slot`, so a reader knows each thread's time in each
+//! function. Version 3 (a header of 248 bytes) has neither.
 
 use std::mem::size_of;
 
 pub const MAGIC: [u8; 8] = *b"RTPROFC\0";
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
+/// The version before per-thread samples, still read.
+pub const VERSION_3: u32 = 3;
+/// Its header: [`Header`] without `thread_samples_off`.
+pub const HEADER_3_SIZE: u32 = 248;
 pub const PAGE: u64 = 4096;
 /// Number of refusal-reason slots in a module record (index = reason code).
 pub const REASON_SLOTS: usize = 16;
@@ -105,6 +116,9 @@ pub struct Header {
     /// Bumped after every change of a function's flags: a reader re-reads
     /// them only when it moved.
     pub flags_changes: u64,
+    /// Where the per-thread samples are: a [`TableHead`], the samples of
+    /// each stripe, then the table's entries (page aligned). 0: none.
+    pub thread_samples_off: u64,
 }
 
 /// rtprofd relays a request to switch counting of the functions whose
@@ -245,7 +259,30 @@ pub struct StripeSlot {
     pub tid: u32,
 }
 
-const _: () = assert!(size_of::<Header>() == 248);
+/// The head of a count table in the segment (see [`crate::count_table`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TableHead {
+    /// Unused (0).
+    pub reserved: u32,
+    /// Entries in use.
+    pub len: u32,
+    /// Bit `b`: entries `b * cap / 64 ..` were written to (the rest are
+    /// zero, and may have no memory behind them).
+    pub dirty: u64,
+    /// Counts left out (the table full).
+    pub dropped: u64,
+    /// Entries: a power of two, at least 64.
+    pub cap: u32,
+    pub pad: u32,
+}
+
+/// Entries of the per-thread sample table: 256 KiB of address space, whose
+/// pages get memory as samples reach them.
+pub const THREAD_SAMPLE_ENTRIES: u32 = 1 << 14;
+
+const _: () = assert!(size_of::<Header>() == 256);
+const _: () = assert!(size_of::<TableHead>() == 32);
 const _: () = assert!(control::PATTERN >= size_of::<Header>());
 const _: () = assert!(size_of::<ModuleRecord>() == 104);
 const _: () = assert!(size_of::<FunctionRecord>() == 32);
@@ -271,7 +308,20 @@ pub struct Layout {
     pub stripe_table_off: u64,
     pub stripes_off: u64,
     pub stripe_bytes: u64,
+    /// [`TableHead`], then a `u64` per stripe: samples of its thread.
+    pub thread_samples_off: u64,
+    /// The table's entries, 16 bytes each.
+    pub thread_entries_off: u64,
     pub total_size: u64,
+}
+
+/// Where a per-thread sample table's entries start, after its head at
+/// `off` and the samples of `stripes` stripes.
+pub fn thread_entries_off(off: u64, stripes: u32) -> u64 {
+    align_up(
+        off + size_of::<TableHead>() as u64 + stripes as u64 * 8,
+        PAGE,
+    )
 }
 
 pub fn align_up(v: u64, a: u64) -> u64 {
@@ -295,7 +345,9 @@ impl Layout {
         );
         // Page-sized stripes: threads never share a cache line or a page.
         let stripe_bytes = align_up((caps.functions as u64 * 8).max(8), PAGE);
-        let total_size = stripes_off + stripe_bytes * caps.stripes as u64;
+        let thread_samples_off = stripes_off + stripe_bytes * caps.stripes as u64;
+        let thread_entries_off = thread_entries_off(thread_samples_off, caps.stripes);
+        let total_size = thread_entries_off + THREAD_SAMPLE_ENTRIES as u64 * 16;
         Layout {
             caps,
             modules_off,
@@ -305,6 +357,8 @@ impl Layout {
             stripe_table_off,
             stripes_off,
             stripe_bytes,
+            thread_samples_off,
+            thread_entries_off,
             total_size,
         }
     }
@@ -341,6 +395,12 @@ mod tests {
         assert_eq!(l.stripes_off % PAGE, 0);
         assert_eq!(l.stripe_bytes % PAGE, 0);
         assert!(l.stripe_bytes >= 1001 * 8);
-        assert_eq!(l.total_size, l.stripe_off(5));
+        assert_eq!(l.thread_samples_off, l.stripe_off(5));
+        assert_eq!(l.thread_entries_off % PAGE, 0);
+        assert!(l.thread_entries_off >= l.thread_samples_off + 32 + 5 * 8);
+        assert_eq!(
+            l.total_size,
+            l.thread_entries_off + THREAD_SAMPLE_ENTRIES as u64 * 16
+        );
     }
 }

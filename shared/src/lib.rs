@@ -4,6 +4,7 @@
 pub mod cachedir;
 pub mod cfg;
 mod codes;
+pub mod count_table;
 pub mod debuginfo;
 pub mod glob;
 pub mod json;

@@ -633,15 +633,21 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
     // Copy out first, so later checks and uses see one consistent header.
     // SAFETY: `bytes` holds at least a Header (checked above), which is
     // plain integers: any bytes are a valid value.
-    let h: Header = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Header) };
+    let mut h: Header = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Header) };
     if h.magic != MAGIC {
         return Err(SegmentError::BadMagic);
     }
-    if h.version != VERSION {
+    let v3 = h.version == VERSION_3;
+    if h.version != VERSION && !v3 {
         return Err(SegmentError::UnsupportedVersion(h.version));
     }
-    if h.header_size as u64 != need {
+    let size = if v3 { HEADER_3_SIZE as u64 } else { need };
+    if h.header_size as u64 != size {
         return Err(SegmentError::BadHeaderSize(h.header_size));
+    }
+    if v3 {
+        // What follows its shorter header is not a header field.
+        h.thread_samples_off = 0;
     }
     let total = h.total_size;
     if total > bytes.len() as u64 {
@@ -701,7 +707,66 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
     if h.stripe_count > h.stripe_cap {
         return Err(SegmentError::BadCount("stripes"));
     }
+    if h.thread_samples_off != 0 {
+        region(
+            "thread samples",
+            h.thread_samples_off,
+            mul(h.stripe_cap as u64, 8, "thread samples")?
+                .checked_add(size_of::<TableHead>() as u64)
+                .ok_or(SegmentError::BadRegion("thread samples"))?,
+            total,
+        )?;
+    }
     Ok(h)
+}
+
+/// Samples of the thread holding stripe `s` (of threads without a stripe
+/// for 0); 0 if the segment keeps none. `h` as for [`sum_calls`].
+pub fn stripe_samples(bytes: &[u8], h: &Header, s: u32) -> u64 {
+    if h.thread_samples_off == 0 || s >= h.stripe_cap {
+        return 0;
+    }
+    let at = h.thread_samples_off + size_of::<TableHead>() as u64 + s as u64 * 8;
+    Bytes(bytes).counter(at)
+}
+
+/// Calls `f(thread id, function slot, samples)` for every pair the
+/// segment counted samples of; false if it keeps none, or its table is
+/// not one (its size is read live, and checked each time). `h` as for
+/// [`sum_calls`].
+pub fn thread_function_samples(bytes: &[u8], h: &Header, mut f: impl FnMut(u32, u32, u64)) -> bool {
+    if h.thread_samples_off == 0 {
+        return false;
+    }
+    let b = Bytes(bytes);
+    let head = h.thread_samples_off;
+    let cap = b.u32(head + std::mem::offset_of!(TableHead, cap) as u64);
+    if !cap.is_power_of_two() || !(64..=1 << 20).contains(&cap) {
+        return false;
+    }
+    let first = thread_entries_off(head, h.stripe_cap);
+    if region(
+        "thread sample entries",
+        first,
+        cap as u64 * 16,
+        h.total_size,
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let dirty = b.counter(head + std::mem::offset_of!(TableHead, dirty) as u64);
+    let per_bit = cap as u64 / 64;
+    for bit in (0..64).filter(|b| dirty & 1 << b != 0) {
+        for i in bit * per_bit..(bit + 1) * per_bit {
+            let at = first + i * 16;
+            let key = b.counter(at);
+            if key != 0 {
+                f((key >> 32) as u32, key as u32, b.counter(at + 8));
+            }
+        }
+    }
+    true
 }
 
 /// Sums each function's calls over the stripes in use (the shared one and
@@ -1049,6 +1114,9 @@ mod tests {
             .store(5, Ordering::Relaxed);
         w.counters().module_samples(lc).store(7, Ordering::Relaxed);
         w.counters().samples_unknown().store(1, Ordering::Relaxed);
+        w.counters().thread_samples(None).add(100 << 32 | 2, 6);
+        w.counters().thread_samples(None).add(7 << 32, 1);
+        w.counters().stripe_samples(s1).store(8, Ordering::Relaxed);
         w.counters().set_sampler(
             crate::sampling::Sampler::Timer,
             crate::sampling::Why::PerfRefused,
@@ -1155,6 +1223,55 @@ mod tests {
             read_snapshot(bytes),
             Err(SegmentError::BadRegion(_))
         ));
+    }
+
+    /// Samples per thread and function are read from the segment's table;
+    /// a hostile table size reads nothing, a region past the end is
+    /// refused, and a version 3 segment (no such table) still reads.
+    #[test]
+    fn samples_per_thread_are_read_and_checked() {
+        let (mut buf, layout) = sample_segment();
+        {
+            let bytes = as_bytes(&buf);
+            let h = read_header(bytes).unwrap();
+            let mut got = Vec::new();
+            assert!(thread_function_samples(bytes, &h, |t, s, n| got.push((t, s, n))));
+            got.sort();
+            assert_eq!(got, [(7, 0, 1), (100, 2, 6)]);
+            assert_eq!(stripe_samples(bytes, &h, 1), 8);
+            assert_eq!(stripe_samples(bytes, &h, 99), 0);
+        }
+        // SAFETY: `buf`'s own memory, as bytes, for as long as `buf`.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * 8) };
+        let cap = layout.thread_samples_off as usize + std::mem::offset_of!(TableHead, cap);
+        for bad in [100u32, 32, 1 << 30] {
+            bytes[cap..cap + 4].copy_from_slice(&bad.to_le_bytes());
+            let h = read_header(bytes).unwrap();
+            assert!(!thread_function_samples(bytes, &h, |_, _, _| panic!(
+                "read"
+            )));
+        }
+        let off = std::mem::offset_of!(Header, thread_samples_off);
+        bytes[off..off + 8].copy_from_slice(&(layout.total_size - 16).to_le_bytes());
+        assert_eq!(
+            read_header(bytes).err(),
+            Some(SegmentError::BadRegion("thread samples"))
+        );
+        // Version 3: a shorter header; what follows it is not read as one.
+        bytes[8..12].copy_from_slice(&VERSION_3.to_le_bytes());
+        bytes[12..16].copy_from_slice(&HEADER_3_SIZE.to_le_bytes());
+        let h = read_header(bytes).unwrap();
+        assert_eq!(h.thread_samples_off, 0);
+        assert!(!thread_function_samples(bytes, &h, |_, _, _| panic!(
+            "read"
+        )));
+        assert_eq!(read_snapshot(bytes).unwrap().functions[0].calls, 7);
+        bytes[12..16].copy_from_slice(&256u32.to_le_bytes());
+        assert_eq!(
+            read_header(bytes).err(),
+            Some(SegmentError::BadHeaderSize(256))
+        );
     }
 
     /// A stacks file names functions and modules by index: anything out of

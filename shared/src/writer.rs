@@ -82,11 +82,24 @@ impl SegmentWriter {
             stripe_bytes: layout.stripe_bytes,
             stripe_cap: layout.caps.stripes,
             stripe_count: 1,
+            thread_samples_off: layout.thread_samples_off,
             ..Header::default()
         };
         // SAFETY: the caller's contract: `base` is writable, aligned and
         // holds at least a header; nothing reads it yet.
         unsafe { std::ptr::write_volatile(base as *mut Header, h) };
+        let head = TableHead {
+            cap: THREAD_SAMPLE_ENTRIES,
+            ..TableHead::default()
+        };
+        // SAFETY: the layout puts a TableHead at `thread_samples_off`
+        // (8-aligned) inside the `total_size` bytes the caller provides.
+        unsafe {
+            std::ptr::write_volatile(
+                base.add(layout.thread_samples_off as usize) as *mut TableHead,
+                head,
+            )
+        };
         let counters = Counters { base, layout };
         counters
             .stripe_slot(0)
@@ -766,6 +779,8 @@ impl Counters {
                 .is_ok()
             {
                 t.store(tid, Ordering::Relaxed);
+                // Late samples of the thread before are not the new one's.
+                self.stripe_samples(i).store(0, Ordering::Relaxed);
                 st.store(stripe_state::LIVE, Ordering::Release);
                 return Some(i);
             }
@@ -857,6 +872,12 @@ impl Counters {
                 self.stripe_slot(i).1.store(pid, Ordering::Relaxed);
             }
         }
+        // No thread was sampled yet; the table's entries are new zero
+        // memory (not copied), only its head is the parent's.
+        for i in 0..self.layout.caps.stripes {
+            self.stripe_samples(i).store(0, Ordering::Relaxed);
+        }
+        self.thread_samples(None).forget_in_child();
         // Only the slots in use: the rest of the capacity may have no
         // memory behind it.
         for slot in 0..self.func_count() {
@@ -895,6 +916,40 @@ impl Counters {
     pub fn pid(&self) -> u32 {
         self.header_u32(offset_of!(Header, pid))
             .load(Ordering::Acquire)
+    }
+
+    /// Samples of the thread holding stripe `i` (stripe 0: of threads
+    /// without one).
+    pub fn stripe_samples(&self, i: u32) -> &AtomicU64 {
+        assert!(i < self.layout.caps.stripes);
+        let at = self.layout.thread_samples_off as usize + size_of::<TableHead>() + i as usize * 8;
+        // SAFETY: entry `i` (below the capacity, asserted) of the stripe
+        // samples after the table head: 8-aligned, inside the mapping,
+        // only accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.base.add(at) as *mut u64) }
+    }
+
+    /// Samples by (thread id, function slot): keys `tid << 32 | slot`.
+    /// `back` gives memory to a part of it before its first entry is
+    /// written.
+    pub fn thread_samples(
+        &self,
+        back: Option<crate::count_table::Back>,
+    ) -> crate::count_table::Table<'_> {
+        use crate::count_table::{Entry, Meta, Table};
+        let l = &self.layout;
+        // SAFETY: the layout puts the table's head (a `Meta`, same layout
+        // as `TableHead`) at `thread_samples_off` and its
+        // THREAD_SAMPLE_ENTRIES entries at `thread_entries_off`, 8-aligned,
+        // inside the mapping; every access to them is atomic.
+        unsafe {
+            let meta = &*(self.base.add(l.thread_samples_off as usize) as *const Meta);
+            let entries = std::slice::from_raw_parts(
+                self.base.add(l.thread_entries_off as usize) as *const Entry,
+                THREAD_SAMPLE_ENTRIES as usize,
+            );
+            Table::new(meta, entries, back)
+        }
     }
 
     /// Sample counter of function `slot`.

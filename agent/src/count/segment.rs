@@ -195,12 +195,26 @@ fn reserve(fd: libc::c_int, off: u64, len: u64) -> io::Result<()> {
 }
 
 /// The parts of a segment whose size does not depend on how many functions
-/// it holds: header and module table, stripe table. (offset, length)
-fn fixed_ranges(l: &Layout) -> [(u64, u64); 2] {
+/// it holds: header and module table, stripe table, the head of the
+/// per-thread samples and each stripe's samples. (offset, length)
+fn fixed_ranges(l: &Layout) -> [(u64, u64); 3] {
     [
         (0, l.funcs_off),
         (l.stripe_table_off, l.stripes_off - l.stripe_table_off),
+        (
+            l.thread_samples_off,
+            l.thread_entries_off - l.thread_samples_off,
+        ),
     ]
+}
+
+/// Gives memory to `len` bytes of the segment at `p` before they are first
+/// written (the per-thread sample table's pages, as samples reach them):
+/// whether it could. Async-signal-safe.
+pub fn back_pages(p: *mut u8, len: usize) -> bool {
+    let lo = p as usize / PAGE as usize * PAGE as usize;
+    let hi = (p as usize + len).div_ceil(PAGE as usize) * PAGE as usize;
+    populate(lo as *mut u64, (hi - lo) as u64).is_ok()
 }
 
 /// The parts that hold the first `funcs` functions and `strings` bytes of
@@ -404,7 +418,6 @@ impl Segment {
             self.counters.release_unused_stripe(idx);
             return None;
         }
-        crate::thread_counts::stripe_given(idx);
         Some(idx)
     }
 

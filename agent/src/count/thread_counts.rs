@@ -6,75 +6,56 @@
 //! counted per stripe too, so each thread's CPU time is known, and by
 //! (thread id, function), so each thread's time in each function is.
 
-use crate::sampling::count_table::CountTable;
 use crate::Agent;
+use rtprof_shared::count_table::Table;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
-/// Samples per stripe (stripe 0: threads without one of their own). Set
-/// once at start-up when wanted; a signal handler only loads and adds.
-static SAMPLES: OnceLock<Box<[AtomicU64]>> = OnceLock::new();
-
-/// Samples by (thread id, function slot): a thread's key stays with its
-/// id, so a thread that ends keeps its rows without a copy (a later
-/// thread given the same id, rare within a run, adds to them).
-static BY_FUNCTION: CountTable = CountTable::new();
+/// Samples by (thread id, function slot), in the segment (rtprofd reads
+/// them for its rows per thread): a thread's key stays with its id, so a
+/// thread that ends keeps its rows without a copy (a later thread given
+/// the same id, rare within a run, adds to them). Its pages get memory as
+/// samples reach them.
+fn by_function(a: &Agent) -> Table<'_> {
+    a.segment
+        .counters
+        .thread_samples(Some(crate::segment::back_pages))
+}
 
 fn key(tid: u32, slot: u32) -> u64 {
     (tid as u64) << 32 | slot as u64
 }
 
-/// Counts `n` samples of thread `tid` in function `slot`, if samples are
-/// counted per thread. Async-signal-safe.
-fn add_function_samples(tid: u32, slot: Option<u32>, n: u64) {
+/// Counts `n` samples of thread `tid` in function `slot`. Async-signal-safe.
+fn add_function_samples(a: &Agent, tid: u32, slot: Option<u32>, n: u64) {
     if let (Some(slot), true) = (slot, tid != 0) {
-        BY_FUNCTION.add(key(tid, slot), n);
+        by_function(a).add(key(tid, slot), n);
     }
 }
 
 /// Attached by `rtprof attach`, which reads them at detach.
 static FOR_ATTACH: AtomicBool = AtomicBool::new(false);
 
-/// At start-up: room for samples per stripe, if a report will read them.
-pub fn start(a: &Agent) {
-    if wanted(a) {
-        room_for(a.segment.counters.layout().caps.stripes as usize);
-    }
-}
-
 /// Detached: threads that end from now on are not kept.
 pub fn stop_attached() {
     FOR_ATTACH.store(false, Ordering::Release);
 }
 
-fn room_for(stripes: usize) {
-    let _ = SAMPLES.set((0..stripes).map(|_| AtomicU64::new(0)).collect());
-}
-
-/// Attaching (again), with `stripes` stripes: threads are kept from now
-/// on for rtprof to read at detach; those of an earlier attach are not
-/// this one's.
-pub fn start_attached(stripes: usize) {
-    room_for(stripes);
+/// Attaching (again): threads are kept from now on for rtprof to read at
+/// detach; those of an earlier attach are not this one's (the segment,
+/// and its samples per thread, are new).
+pub fn start_attached() {
     FOR_ATTACH.store(true, Ordering::Release);
     if let Some(mut v) = ended() {
         v.clear();
     }
     DROPPED.store(0, Ordering::Relaxed);
-    for s in SAMPLES.get().into_iter().flatten() {
-        s.store(0, Ordering::Relaxed);
-    }
-    BY_FUNCTION.clear();
 }
 
-/// Stripe `i`'s sample counter, if samples are counted per stripe.
-fn samples(i: u32) -> Option<&'static AtomicU64> {
-    SAMPLES.get().and_then(|s| s.get(i as usize))
-}
-
-fn add_samples(stripe: u32, n: u64) {
-    if let Some(s) = samples(stripe) {
-        s.fetch_add(n, Ordering::Relaxed);
+fn add_samples(a: &Agent, stripe: u32, n: u64) {
+    let c = &a.segment.counters;
+    if stripe < c.layout().caps.stripes {
+        c.stripe_samples(stripe).fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -82,19 +63,17 @@ fn add_samples(stripe: u32, n: u64) {
 /// signal handler: allocation-free; one system call, for the thread id,
 /// when the sample is in a function).
 pub fn sampled_here(a: &Agent, slot: Option<u32>, n: u64) {
-    if SAMPLES.get().is_some() {
-        if slot.is_some() {
-            add_function_samples(crate::threads::gettid(), slot, n);
-        }
-        let p = crate::threads::stripe();
-        let stripe = if p.is_null() {
-            Some(0)
-        } else {
-            a.segment.counters.stripe_index(p)
-        };
-        if let Some(i) = stripe {
-            add_samples(i, n);
-        }
+    if slot.is_some() {
+        add_function_samples(a, crate::threads::gettid(), slot, n);
+    }
+    let p = crate::threads::stripe();
+    let stripe = if p.is_null() {
+        Some(0)
+    } else {
+        a.segment.counters.stripe_index(p)
+    };
+    if let Some(i) = stripe {
+        add_samples(a, i, n);
     }
 }
 
@@ -107,10 +86,7 @@ static RECENT: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
 /// `n` samples of thread `tid` (from a perf ring: by the stripe it
 /// holds), in function `slot` if in one.
 pub fn sampled(a: &Agent, tid: u32, slot: Option<u32>, n: u64) {
-    if SAMPLES.get().is_none() {
-        return;
-    }
-    add_function_samples(tid, slot, n);
+    add_function_samples(a, tid, slot, n);
     let c = &a.segment.counters;
     let slot = &RECENT[tid as usize % RECENT.len()];
     let (t, i) = {
@@ -124,20 +100,15 @@ pub fn sampled(a: &Agent, tid: u32, slot: Option<u32>, n: u64) {
         slot.store((tid as u64) << 32 | i as u64, Ordering::Relaxed);
         i
     };
-    add_samples(stripe, n);
-}
-
-/// Stripe `i` was just handed to a thread: its samples start from 0 (late
-/// ones of the thread before are not the new one's).
-pub fn stripe_given(i: u32) {
-    if let Some(s) = samples(i) {
-        s.store(0, Ordering::Relaxed);
-    }
+    add_samples(a, stripe, n);
 }
 
 /// Takes stripe `i`'s samples (its thread is ending).
-fn take_samples(i: u32) -> u64 {
-    samples(i).map_or(0, |s| s.swap(0, Ordering::Relaxed))
+fn take_samples(a: &Agent, i: u32) -> u64 {
+    a.segment
+        .counters
+        .stripe_samples(i)
+        .swap(0, Ordering::Relaxed)
 }
 
 /// Ended threads kept, and (function, calls) pairs kept over all of them
@@ -211,7 +182,7 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         // modules on demand, which may take the loader's lock.
         crate::threads::with_signals_blocked(|| crate::sampling::drain(a, false, false));
         let counts: Vec<(u32, u64)> = c.stripe_counts(stripe).collect();
-        let samples = take_samples(stripe);
+        let samples = take_samples(a, stripe);
         let pid = std::process::id();
         if let Some(mut v) = ended() {
             let mine = v.iter().filter(|e| e.pid == pid);
@@ -235,12 +206,9 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
 
 /// In a forked child: the parent's ended threads are not the child's (its
 /// entries are told apart by pid; the count of those not kept restarts).
+/// Its samples per thread start from zero with its own segment.
 pub fn forget_in_child() {
     DROPPED.store(0, Ordering::Relaxed);
-    for s in SAMPLES.get().into_iter().flatten() {
-        s.store(0, Ordering::Relaxed);
-    }
-    BY_FUNCTION.clear_in_child();
 }
 
 fn hex(name: &[u8; 16]) -> String {
@@ -256,13 +224,14 @@ fn hex(name: &[u8; 16]) -> String {
 pub fn text(a: &Agent) -> String {
     use std::fmt::Write as _;
     let mut out = format!("rtprof-threads 1 {}\n", DROPPED.load(Ordering::Relaxed));
-    // Samples the (thread, function) table had no room for, or was busy.
-    let dropped = BY_FUNCTION.dropped();
+    // Samples the (thread, function) table had no room for.
+    let table = by_function(a);
+    let dropped = table.dropped();
     if dropped > 0 {
         let _ = writeln!(out, "d {dropped}");
     }
     // Samples by thread, then function: each thread's found by search.
-    let mut by_function = BY_FUNCTION.entries().unwrap_or_default();
+    let mut by_function = table.entries();
     by_function.sort_unstable();
     let mut sampled_listed = std::collections::HashSet::new();
     let mut put = |tid: u32,
@@ -305,7 +274,7 @@ pub fn text(a: &Agent) -> String {
             tid,
             false,
             &name_of(tid),
-            samples(stripe).map_or(0, |s| s.load(Ordering::Relaxed)),
+            c.stripe_samples(stripe).load(Ordering::Relaxed),
             &mut c.stripe_counts(stripe),
         );
     }

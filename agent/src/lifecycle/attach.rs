@@ -553,7 +553,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     }
     let tls_offset = i32::try_from(threads::tls_offset())
         .map_err(|_| "thread-local storage out of reach".to_string())?;
-    crate::thread_counts::start_attached(segment.counters.layout().caps.stripes as usize);
+    crate::thread_counts::start_attached();
     let _ = writer.set_exe(exe.as_bytes());
     let recorded = startup::record_all(&segment, &mut writer, &plans);
     let shared = segment.counters.stripe_ptr(0) as u64;
@@ -661,7 +661,7 @@ fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> 
     if let Ok(mut d) = RUN_DIR.lock() {
         *d = run_dir.map(str::to_string);
     }
-    crate::thread_counts::start_attached(a.segment.counters.layout().caps.stripes as usize);
+    crate::thread_counts::start_attached();
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);

@@ -341,7 +341,6 @@ pub(crate) fn start() {
     fork::install_handlers(stripe_bytes);
     ph.mark("handlers");
     if let Some(a) = agent() {
-        crate::thread_counts::start(a);
         crate::sampling::start(a);
         crate::budget::start(a);
         ph.mark("sampler");

@@ -31,10 +31,9 @@ pub fn record(slot: u32, offset: u32, n: u64) {
 }
 
 /// The counts as text: `rtprof-offsets 1 <dropped>`, then one line per
-/// place, `<slot> <offset> <samples>`; `None` if nothing was sampled (or
-/// the table stayed busy).
+/// place, `<slot> <offset> <samples>`; `None` if nothing was sampled.
 pub fn text() -> Option<String> {
-    let entries = TABLE.entries()?;
+    let entries = TABLE.entries();
     let dropped = TABLE.dropped();
     (!entries.is_empty() || dropped > 0).then(|| lines(&entries, dropped))
 }
@@ -57,7 +56,7 @@ pub fn start_attached() {
 
 /// In a forked child: the parent's samples are not the child's.
 pub fn forget_in_child() {
-    TABLE.clear_in_child();
+    TABLE.clear();
 }
 
 #[cfg(test)]

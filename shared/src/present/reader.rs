@@ -157,6 +157,9 @@ pub struct ThreadView {
     pub name: String,
     /// Its calls over the span (of the functions in its rows).
     pub calls: u64,
+    /// Its samples over the span (in any function), and their CPU time.
+    pub samples: u64,
+    pub time_ns: u64,
     pub rows: Range<usize>,
 }
 
@@ -297,6 +300,8 @@ impl<'a> Buffer<'a> {
                     tid: r.tid as u32,
                     name: self.string(r.name_off, r.name_len)?,
                     calls: r.calls,
+                    samples: r.samples,
+                    time_ns: r.time_ns,
                     rows: i as usize + 1..i as usize + 1,
                 });
             } else {

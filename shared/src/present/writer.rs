@@ -108,11 +108,13 @@ pub struct ProcRows<'a> {
     pub threads: &'a [ThreadRows],
 }
 
-/// One thread's rows: calls of its functions over the span.
+/// One thread's rows: calls and samples of its functions over the span.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ThreadRows {
     pub tid: u32,
     pub name: String,
+    /// Its samples over the span, in any function (its CPU time).
+    pub samples: u64,
     pub rows: Vec<IdRow>,
 }
 
@@ -445,6 +447,8 @@ impl PresentWriter {
                     proc_index: entry,
                     flags: ROW_THREAD | ROW_THREAD_HEAD,
                     calls: t.rows.iter().fold(0u64, |a, r| a.saturating_add(r.calls)),
+                    samples: t.samples,
+                    time_ns: t.samples.saturating_mul(p.period_ns),
                     tid: t.tid as u64,
                     ..Row::default()
                 };
@@ -826,6 +830,7 @@ pub(super) mod tests {
             ThreadRows {
                 tid: 41,
                 name: "worker".into(),
+                samples: 5,
                 rows: vec![
                     IdRow { calls: 7, ..hot },
                     IdRow {
@@ -837,6 +842,7 @@ pub(super) mod tests {
             ThreadRows {
                 tid: 42,
                 name: "idle".into(),
+                samples: 0,
                 rows: Vec::new(),
             },
         ];
@@ -849,6 +855,9 @@ pub(super) mod tests {
         assert!(v.rows[p.rows.clone()].iter().all(|r| r.thread.is_none()));
         // (tid, name, calls, [(function, calls)]) per thread.
         type Seen<'a> = (u32, &'a str, u64, Vec<(&'a str, u64)>);
+        let head: Vec<(u64, u64)> = p.threads.iter().map(|t| (t.samples, t.time_ns)).collect();
+        assert_eq!(head, [(5, 5 * p.period_ns), (0, 0)]);
+        assert!(p.period_ns > 0);
         let got: Vec<Seen> = p
             .threads
             .iter()
