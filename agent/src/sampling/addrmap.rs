@@ -9,7 +9,7 @@
 
 use rtprof_shared::layout::module_flags;
 use rtprof_shared::SegmentWriter;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// [start, end) -> counter.
 #[derive(Clone, Copy, Debug)]
@@ -277,9 +277,17 @@ pub fn place_ids(ips: &[u64], out: &mut [u32], unknown: u32) {
     }
 }
 
+/// Set once a table with loop probes is published: until then (and in
+/// every process that counts no loop) a stacked sample asks nothing.
+static ANY_PROBE: AtomicBool = AtomicBool::new(false);
+
 /// If `ip` is in a loop probe: the probe's first byte and the address of
 /// the window it stands for.
+#[inline]
 pub fn probe_at(ip: u64) -> Option<(u64, u64)> {
+    if !ANY_PROBE.load(Ordering::Relaxed) {
+        return None;
+    }
     with_current(|m| {
         find(&m.funcs, ip)
             .filter(|r| r.origin != 0)
@@ -297,6 +305,9 @@ pub fn named_on_demand_at(ip: u64) -> Option<u32> {
 /// [`count`]; a reader that never finishes (a thread stopped in a signal
 /// handler) makes us keep it rather than wait for ever.
 pub fn publish(map: AddrMap) {
+    if map.funcs.iter().any(|r| r.origin != 0) {
+        ANY_PROBE.store(true, Ordering::Relaxed);
+    }
     let old = CURRENT.swap(Box::into_raw(Box::new(map)), Ordering::SeqCst);
     if old.is_null() {
         return;
