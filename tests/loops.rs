@@ -6,7 +6,8 @@
 //! stay exact and the program's output unchanged. With `--loops`, every
 //! loop of the functions named is counted exactly at every optimisation
 //! level: executions and iterations equal to the trip counts the program
-//! runs, with its output unchanged, cached plan or not; and on gzip and
+//! runs, with its output unchanged, cached plan or not, in a library
+//! loaded by `dlopen` too; and on gzip and
 //! xz's liblzma, each loop's header runs equal valgrind's count of its
 //! header instruction.
 
@@ -343,6 +344,41 @@ fn loops_are_counted_exactly_across_threads_and_a_fork() {
             "{tag}: {got:?}"
         );
     }
+}
+
+/// A library loaded with `dlopen` while four threads run gets loop probes
+/// too: its loop counted exactly across the threads, then again in a
+/// second load after a `dlclose` (a module of its own, with its own
+/// counts), at three optimisation levels.
+#[test]
+fn loops_of_libraries_loaded_later_are_counted() {
+    let dir = scratch("loop-dlopen");
+    let bin = compile_o2("dlopen_main.c", &["-pthread", "-ldl"], &dir);
+    for opt in ["-O2", "-O0", "-Os"] {
+        let lib = dir.join(format!("libplugin{opt}.so"));
+        let o = Command::new("gcc")
+            .arg(opt)
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(root().join("tests/c/plugin.c"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let lib_arg = lib.to_str().unwrap();
+        let plain = run_plain(&bin, &[lib_arg]);
+        let env = [
+            ("RTPROF_MODULES", "libplugin*"),
+            ("RTPROF_LOOPS", "plugin_*"),
+        ];
+        let prof = run_profiled(&bin, &[lib_arg], &env, &dir);
+        assert_same_behaviour(opt, &plain, &prof.output);
+        let p = &prof.report["processes"][0];
+        let mut got = counts(opt, &loops_of(p, "plugin_entry"));
+        got.sort();
+        // Four threads' 50,000 iterations each, then one call of 10.
+        assert_eq!(got, [(1, 10), (4, 4 * 50_000)], "{opt}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Each instruction's executions in a callgrind output written with

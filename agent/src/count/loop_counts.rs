@@ -4,22 +4,23 @@
 //! top). Like calls, they are counted per thread: each thread has its own
 //! array, reached from a thread-local pointer, that its probes bump
 //! without an atomic; a thread without one (its array not yet given, or
-//! already folded at its end) bumps the shared array atomically. At
-//! exit, the list of every loop with its counts (or why it has none) is
-//! written beside the counter segment.
+//! already folded at its end) bumps the shared array atomically. Every
+//! array has room for every loop, in address space only: a page gets
+//! memory when a probe first bumps a counter in it, so libraries loaded
+//! later (`dlopen`) get probes and counters like those present at
+//! start-up. At exit, the list of every loop with its counts (or why it
+//! has none) is written beside the counter segment.
 
 use crate::arch::{InstructionSet, Native};
 use rtprof_shared::loops::LoopRefusal;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// Loops counted at most.
 const LOOPS: usize = 1 << 16;
 const PER_LOOP: usize = 4;
 
 static GLOBS: OnceLock<Vec<String>> = OnceLock::new();
-/// Loops are planned for the modules present at start-up only.
-static PLANNING: AtomicBool = AtomicBool::new(false);
 /// The shared array (LOOPS * PER_LOOP counters).
 static SHARED: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
 static CLAIMED: AtomicU32 = AtomicU32::new(0);
@@ -29,11 +30,17 @@ static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// A loop of a named function: (slot, header's offset in it, its
 /// counters' index or why none).
 type Site = (u32, u32, Result<u32, LoopRefusal>);
-/// Every loop of a named function, noted at start-up...
-static NOTED: Mutex<Vec<Site>> = Mutex::new(Vec::new());
-/// ...and kept for good when it ends: read at exit without a lock (a
-/// forked child may exit while a thread not in it held one).
-static SITES: OnceLock<Vec<Site>> = OnceLock::new();
+/// Loops noted at most (counted or not).
+const SITES: usize = 1 << 17;
+/// Every loop of a named function, in the order noted: two words each,
+/// `slot << 32 | offset` and its counters' index, or [`REFUSED`] with the
+/// reason's code. Written by one thread at a time (start-up, or the
+/// loader's hook under the agent's lock), each loop before the count is
+/// raised past it: read at exit without a lock (a forked child may exit
+/// while a thread not in it held one).
+static SITE_WORDS: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+static SITE_COUNT: AtomicUsize = AtomicUsize::new(0);
+const REFUSED: u64 = 1 << 63;
 
 /// Threads with an array of their own at once, at most; others count in
 /// the shared array.
@@ -48,7 +55,6 @@ static IN_USE: [AtomicBool; ARRAYS] = [const { AtomicBool::new(false) }; ARRAYS]
 /// Sets the function name globs whose loops are counted (start-up).
 pub fn select(globs: &[String]) {
     let _ = GLOBS.set(globs.to_vec());
-    PLANNING.store(true, Ordering::Release);
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: `key` is ours to write; the destructor is an extern "C" fn
     // that lives as long as the library.
@@ -62,21 +68,6 @@ pub fn wanted() -> bool {
     GLOBS.get().is_some_and(|g| !g.is_empty())
 }
 
-/// Whether modules planned now get loop probes.
-pub fn planning() -> bool {
-    PLANNING.load(Ordering::Acquire) && wanted()
-}
-
-/// Start-up is over: modules loaded later get no loop probes, and the
-/// loops noted are kept for the report.
-pub fn end_planning() {
-    PLANNING.store(false, Ordering::Release);
-    if wanted() {
-        let noted = std::mem::take(&mut *NOTED.lock().unwrap_or_else(|e| e.into_inner()));
-        let _ = SITES.set(noted);
-    }
-}
-
 /// Whether the loops of the function named `name` are to be counted.
 pub fn wanted_for(name: &str) -> bool {
     GLOBS.get().is_some_and(|g| {
@@ -85,6 +76,8 @@ pub fn wanted_for(name: &str) -> bool {
     })
 }
 
+/// `counters` zero words of address space, whose pages get memory when
+/// first written.
 fn map(counters: usize) -> *mut AtomicU64 {
     let len = (counters * 8).max(1);
     // SAFETY: an anonymous private mapping, ours alone.
@@ -93,7 +86,7 @@ fn map(counters: usize) -> *mut AtomicU64 {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
@@ -134,8 +127,7 @@ pub struct Counters {
 /// shared array (what a probe bumps).
 pub type Counter = crate::arch::ProbeCounter;
 
-/// The counters of one more loop (start-up only: threads' arrays are
-/// sized for the loops claimed by then).
+/// The counters of one more loop.
 pub fn claim() -> Result<Counters, LoopRefusal> {
     let t = shared().ok_or(LoopRefusal::NoMemory)?;
     let i = CLAIMED
@@ -159,7 +151,7 @@ pub fn claim() -> Result<Counters, LoopRefusal> {
     })
 }
 
-/// Counters in each thread's array.
+/// Counters in use in each array (each has room for every loop's).
 fn per_thread() -> usize {
     CLAIMED.load(Ordering::Acquire) as usize * PER_LOOP
 }
@@ -167,8 +159,7 @@ fn per_thread() -> usize {
 /// Gives the calling thread an array of its own (the main thread once
 /// the probes are in, each new thread as it starts).
 pub fn attach_thread() {
-    let n = per_thread();
-    if n == 0 || Native::thread_word(Native::loops_tls_offset()) != 0 {
+    if !wanted() || Native::thread_word(Native::loops_tls_offset()) != 0 {
         return;
     }
     let Some(i) = (0..ARRAYS).find(|&i| {
@@ -180,7 +171,7 @@ pub fn attach_thread() {
     };
     let mut p = ARRAY[i].load(Ordering::Acquire);
     if p.is_null() {
-        p = map(n);
+        p = map(LOOPS * PER_LOOP);
         if p.is_null() {
             IN_USE[i].store(false, Ordering::Release);
             return;
@@ -205,8 +196,9 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
         return;
     };
     let p: *mut AtomicU64 = p.cast();
-    // SAFETY: `p` is this thread's array of `n` counters (never unmapped),
-    // which no probe bumps any more: the thread pointer is cleared.
+    // SAFETY: `p` is this thread's array of LOOPS * PER_LOOP >= `n`
+    // counters (never unmapped), which no probe bumps any more: the
+    // thread pointer is cleared.
     let mine = unsafe { std::slice::from_raw_parts(p, n) };
     // Counters never bumped are not written: their pages stay unbacked.
     // Added to the shared array first: a report read meanwhile sees a
@@ -224,10 +216,57 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
 }
 
 /// Records the loops of one function (slot), each with its header's
-/// offset and its counters' index or why none.
+/// offset and its counters' index or why none. One caller at a time
+/// (start-up, or the loader's hook under the agent's lock).
 pub fn note(slot: u32, loops: impl IntoIterator<Item = (u32, Result<u32, LoopRefusal>)>) {
-    let mut s = NOTED.lock().unwrap_or_else(|e| e.into_inner());
-    s.extend(loops.into_iter().map(|(off, o)| (slot, off, o)));
+    let mut words = SITE_WORDS.load(Ordering::Acquire);
+    if words.is_null() {
+        words = map(SITES * 2);
+        if words.is_null() {
+            return;
+        }
+        SITE_WORDS.store(words, Ordering::Release);
+    }
+    // SAFETY: mapped once, SITES * 2 words, never unmapped.
+    let words = unsafe { std::slice::from_raw_parts(words, SITES * 2) };
+    let mut n = SITE_COUNT.load(Ordering::Relaxed);
+    for (off, o) in loops {
+        if n == SITES {
+            break;
+        }
+        let what = match o {
+            Ok(i) => i as u64,
+            Err(why) => REFUSED | why as u64,
+        };
+        words[2 * n].store((slot as u64) << 32 | off as u64, Ordering::Relaxed);
+        words[2 * n + 1].store(what, Ordering::Relaxed);
+        n += 1;
+        // Readers see a loop only once it is written.
+        SITE_COUNT.store(n, Ordering::Release);
+    }
+}
+
+/// The loops noted so far.
+fn sites() -> impl Iterator<Item = Site> {
+    let n = SITE_COUNT.load(Ordering::Acquire);
+    let words = SITE_WORDS.load(Ordering::Acquire);
+    let words: &[AtomicU64] = if words.is_null() {
+        &[]
+    } else {
+        // SAFETY: as in `note`; the first `n` loops are written.
+        unsafe { std::slice::from_raw_parts(words, n * 2) }
+    };
+    words.chunks(2).map(|w| {
+        let (at, what) = (w[0].load(Ordering::Relaxed), w[1].load(Ordering::Relaxed));
+        let o = match what & REFUSED {
+            0 => Ok(what as u32),
+            _ => Err(LoopRefusal::ALL
+                .into_iter()
+                .find(|&r| r as u64 == what & !REFUSED)
+                .unwrap_or(LoopRefusal::Undecoded)),
+        };
+        ((at >> 32) as u32, at as u32, o)
+    })
 }
 
 /// Counter `i` summed over the shared array and every thread's.
@@ -252,10 +291,9 @@ pub fn text() -> Option<String> {
     if !wanted() {
         return None;
     }
-    let sites = SITES.get()?;
     let t = shared();
     let mut out = String::from("rtprof-loops 1\n");
-    for &(slot, off, o) in sites.iter() {
+    for (slot, off, o) in sites() {
         let _ = match (o, t) {
             (Ok(i), Some(t)) => {
                 let c = i as usize * PER_LOOP;
@@ -312,7 +350,6 @@ mod tests {
         assert_eq!(c.back.number, c.arrivals.number + 1);
         assert_eq!(c.top_exits.shared, c.arrivals.shared + 24);
         note(7, [(16, Ok(c.index)), (48, Err(LoopRefusal::ShortLatch))]);
-        end_planning();
         // 3 entries, 20 branches back past the count and 10 through it,
         // 2 leavings from the top: some in the shared array, some in a
         // thread's own, which is folded in at its end.

@@ -44,8 +44,9 @@ static R_DEBUG: AtomicPtr<RDebug> = AtomicPtr::new(std::ptr::null_mut());
 pub struct KnownModule {
     pub bias: u64,
     pub file: String,
-    /// Stub area of an instrumented module loaded later.
-    pub area: Option<StubArea>,
+    /// Stub and loop probe areas of an instrumented module loaded later
+    /// (those of modules present at start-up stay for good).
+    pub areas: Vec<StubArea>,
     /// Its record, for sample attribution (none if the segment was full).
     pub present: Option<Present>,
     /// A sampled-only module whose functions are listed when a sample
@@ -146,7 +147,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
     known.0.retain_mut(|k| {
         let present = now.iter().any(|m| m.bias == k.bias && m.file == k.file);
         if !present {
-            if let Some(area) = k.area.take() {
+            for area in std::mem::take(&mut k.areas) {
                 stubs.remove(area.addr, area.addr + area.len);
                 crate::traps::remove_stubs_in(area.addr, area.addr + area.len);
                 area.release();
@@ -164,12 +165,12 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
             continue;
         }
         let (bias, file) = (m.bias, m.file.clone());
-        let (area, present, on_demand) =
+        let (areas, present, on_demand) =
             add_module(a, m, maps.get_or_insert_with(Maps::current), stubs, w);
         known.0.push(KnownModule {
             bias,
             file,
-            area,
+            areas,
             present,
             on_demand,
         });
@@ -200,7 +201,7 @@ fn add_sampled(
     why: ModuleWhy,
 ) -> Added {
     if !room_for_sampled(w) {
-        return (None, None, None);
+        return (Vec::new(), None, None);
     }
     let left = w.counters().layout().caps.functions - w.func_count();
     let fits = (funcs.len() as u32).saturating_add(a.config.spare_functions / 2) <= left;
@@ -209,15 +210,15 @@ fn add_sampled(
         false => (&[][..], ModuleWhy::NoRoom),
     };
     (
-        None,
+        Vec::new(),
         records::record_sampled(&a.segment, w, m, Some(funcs), why),
         None,
     )
 }
 
-/// What recording a new module leaves: its stub area, its place for
-/// samples, and the module itself if it is named on demand.
-type Added = (Option<StubArea>, Option<Present>, Option<Module>);
+/// What recording a new module leaves: its stub and loop probe areas, its
+/// place for samples, and the module itself if it is named on demand.
+type Added = (Vec<StubArea>, Option<Present>, Option<Module>);
 
 /// Records a newly loaded module: instrumented if selected, otherwise with
 /// its symbols for sample attribution only (listed when a sample lands
@@ -235,12 +236,12 @@ fn add_module(
     let detached = !crate::lifecycle::attach::may_instrument_new();
     if !a.config.instrument || skip.is_some() || detached {
         if !room_for_sampled(w) {
-            return (None, None, None);
+            return (Vec::new(), None, None);
         }
         let why = skip.map_or(ModuleWhy::None, modules::Skip::why);
         if crate::sampling::names_on_demand() {
             let present = records::record_sampled(&a.segment, w, &m, None, why);
-            return (None, present, Some(m));
+            return (Vec::new(), present, Some(m));
         }
         let funcs = pipeline::sampled_functions(&m, maps);
         return add_sampled(a, w, &m, &funcs, why);
@@ -270,8 +271,8 @@ fn add_module(
         return add_sampled(a, w, &m, &funcs, ModuleWhy::TextRelocations);
     }
     // A full segment leaves the module out entirely.
-    let (area, present) = instrument(a, plan, stubs, w).unwrap_or_default();
-    (area, present, None)
+    let (areas, present) = instrument(a, plan, maps, stubs, w).unwrap_or_default();
+    (areas, present, None)
 }
 
 /// Lists the functions of the modules recorded as `records` that are named
@@ -338,16 +339,18 @@ pub fn name_all_on_demand(a: &Agent) {
     }
 }
 
-/// Analyses and patches one newly loaded, selected module.
+/// Analyses and patches one newly loaded, selected module (with the probes
+/// of its loops `RTPROF_LOOPS` names).
 fn instrument(
     a: &Agent,
     plan: analysis::ModulePlan,
+    maps: &Maps,
     stubs: &mut StubMap,
     w: &mut SegmentWriter,
-) -> Result<(Option<StubArea>, Option<Present>), records::Full> {
+) -> Result<(Vec<StubArea>, Option<Present>), records::Full> {
     let (present, first) = records::record_module(&a.segment, w, &plan)?;
     let Some(first) = first else {
-        return Ok((None, Some(present)));
+        return Ok((Vec::new(), Some(present)));
     };
     let shared = a.segment.counters.stripe_ptr(0) as u64;
     let counted = |name: &str| a.config.counts_from_start(name.as_bytes());
@@ -355,6 +358,12 @@ fn instrument(
     let patched = records::record_outcomes(w, first, &outcomes);
     records::mark_traps(w, first, &plan, &outcomes);
     crate::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
+    let mut areas: Vec<StubArea> = area.into_iter().collect();
+    if !plan.loops.is_empty() {
+        let (probes, probe_areas) = crate::loop_probes::install(&plan, first, maps);
+        stubs.add_probes(probes);
+        areas.extend(probe_areas);
+    }
     vlog!(
         "{}: loaded; {} functions ({}), {} patched",
         plan.module.path,
@@ -362,5 +371,5 @@ fn instrument(
         plan.source,
         patched
     );
-    Ok((area, Some(present)))
+    Ok((areas, Some(present)))
 }

@@ -300,7 +300,9 @@ pub(crate) fn start() {
         records::mark_traps(&mut writer, first, p, &outcomes);
         crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
         if !p.loops.is_empty() {
-            stubs.add_probes(crate::loop_probes::install(p, first, &maps));
+            // Kept for good, as the module's stub area.
+            let (probes, _areas) = crate::loop_probes::install(p, first, &maps);
+            stubs.add_probes(probes);
         }
         vlog!(
             "{}: {} functions ({}), {} patched, {:.1} ms",
@@ -311,9 +313,7 @@ pub(crate) fn start() {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
-    // Libraries loaded later get no loop probes; this thread counts its
-    // loops in counters of its own.
-    crate::loop_counts::end_planning();
+    // This thread counts its loops in counters of its own.
     crate::loop_counts::attach_thread();
     ph.mark("install");
     let known = known_modules(&plans, recorded);
@@ -398,7 +398,7 @@ pub(crate) fn known_modules(plans: &[Planned], recorded: Vec<Recorded>) -> loade
             .map(|(p, r)| loader::KnownModule {
                 bias: p.module().bias,
                 file: p.module().file.clone(),
-                area: None,
+                areas: Vec::new(),
                 present: r.and_then(|r| r.0),
                 on_demand: match p {
                     Planned::Sample(m, None, _) => Some(m.clone()),

@@ -71,9 +71,11 @@ impl StubMap {
         }
     }
 
-    /// Forgets the stubs in [lo, hi) (an unloaded module's area).
+    /// Forgets the stubs and loop probes in [lo, hi) (an unloaded
+    /// module's area).
     pub fn remove(&mut self, lo: u64, hi: u64) {
         self.ranges.retain(|r| r.0 < lo || r.0 >= hi);
+        self.probes.retain(|r| r.0 < lo || r.0 >= hi);
         if let Some(e) = &mut self.entries {
             e.retain(|e| e.stub < lo || e.stub >= hi);
         }

@@ -22,10 +22,12 @@ pub type ProbeRange = (u64, u64, u32, u32);
 
 /// Installs the loop probes of `mp`, whose functions' counters are slots
 /// `first_slot..`; notes every loop with its counters or why none, and
-/// returns the probes' places. `maps` is the memory map the module's code
-/// is checked against.
-pub fn install(mp: &ModulePlan, first_slot: u32, maps: &Maps) -> Vec<ProbeRange> {
+/// returns the probes' places and the areas they are in (released when
+/// the module is unloaded). `maps` is the memory map the module's code is
+/// checked against.
+pub fn install(mp: &ModulePlan, first_slot: u32, maps: &Maps) -> (Vec<ProbeRange>, Vec<StubArea>) {
     let mut ranges = Vec::new();
+    let mut areas = Vec::new();
     for fl in &mp.loops {
         let Some(c) = mp.funcs.get(fl.func) else {
             continue;
@@ -53,8 +55,9 @@ pub fn install(mp: &ModulePlan, first_slot: u32, maps: &Maps) -> Vec<ProbeRange>
                 }
             }
         }
-        let got = install_function(mp, fl, &mut outcome);
+        let (got, area) = install_function(mp, fl, &mut outcome);
         ranges.extend(got.into_iter().map(|(a, b, off)| (a, b, slot, off)));
+        areas.extend(area);
         crate::loop_counts::note(
             slot,
             fl.sites
@@ -63,16 +66,20 @@ pub fn install(mp: &ModulePlan, first_slot: u32, maps: &Maps) -> Vec<ProbeRange>
                 .map(|(s, o)| ((s.header - start) as u32, o.map(|c| c.index))),
         );
     }
-    ranges
+    (ranges, areas)
 }
 
+/// A probe's (start, end, the window's offset in its function).
+type Placed = Vec<(u64, u64, u32)>;
+
 /// The probes of one function: written if the loops they serve have
-/// counters (`outcome`, which a failure here turns into a refusal).
+/// counters (`outcome`, which a failure here turns into a refusal), with
+/// the area they are in.
 fn install_function(
     mp: &ModulePlan,
     fl: &crate::loops::FunctionLoops,
     outcome: &mut [Result<Counters, LoopRefusal>],
-) -> Vec<(u64, u64, u32)> {
+) -> (Placed, Option<StubArea>) {
     let fstart = mp.module.bias.wrapping_add(mp.funcs[fl.func].vaddr);
     // A probe serves the loops whose counters it bumps; with any of them
     // without counters, it is left out and so are they.
@@ -106,7 +113,7 @@ fn install_function(
     };
     let probes = live(outcome);
     if probes.is_empty() {
-        return Vec::new();
+        return (Vec::new(), None);
     }
     // Ways with their counters; `to` of a branch back is filled in once
     // the header's probe has its place (lengths do not depend on it).
@@ -167,7 +174,7 @@ fn install_function(
             &(0..outcome.len()).collect::<Vec<_>>(),
             LoopRefusal::NoMemory,
         );
-        return Vec::new();
+        return (Vec::new(), None);
     };
     // Places, and where each counted header's probe body starts.
     let mut at = Vec::with_capacity(probes.len());
@@ -216,7 +223,7 @@ fn install_function(
                     &(0..outcome.len()).collect::<Vec<_>>(),
                     LoopRefusal::Unmovable,
                 );
-                return Vec::new();
+                return (Vec::new(), None);
             }
         }
     }
@@ -227,7 +234,7 @@ fn install_function(
             &(0..outcome.len()).collect::<Vec<_>>(),
             LoopRefusal::WriteFailed,
         );
-        return Vec::new();
+        return (Vec::new(), None);
     }
     let slices: Vec<(u64, &[u8])> = patches.iter().map(|(a, b)| (*a, b.as_slice())).collect();
     let written = write_entries(&mp.module, &slices);
@@ -236,7 +243,7 @@ fn install_function(
             fail(outcome, &serves(&fl.probes[i]), LoopRefusal::WriteFailed);
         }
     }
-    probes
+    let placed = probes
         .iter()
         .zip(&at)
         .zip(&lens)
@@ -244,5 +251,6 @@ fn install_function(
             let w = &fl.probes[i].window;
             (a, a + len as u64, (w.at - fstart) as u32)
         })
-        .collect()
+        .collect();
+    (placed, Some(area))
 }

@@ -38,8 +38,8 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
         Kind::Plan
     };
     // Loop probes are planned afresh (never cached) where a function's
-    // loops are wanted, at start-up, outside the C runtime.
-    let loops = crate::loop_counts::planning() && crate::traps::allowed_in(&m.path);
+    // loops are wanted, outside the C runtime.
+    let loops = crate::loop_counts::wanted() && crate::traps::allowed_in(&m.path);
     let cached = cache::lookup(&m, &file.identity, kind).and_then(|e| {
         let mut p = cache::plan_from(m.clone(), e, traps);
         if loops
