@@ -1,7 +1,7 @@
 //! Calls and samples per thread over the span (`rtprofd --thread-rows
 //! N`): each live thread of a process counts in a stripe of its own, so
 //! its calls of each function are exact; its samples are counted by
-//! stripe (its CPU time) and by (thread id, function) in the segment.
+//! stripe (its CPU time) and by (stripe, function) in the segment.
 //! Every tick reads them; what changed is kept as a sparse delta, as for
 //! the process's own rows, and each thread's `N` hottest functions (by
 //! time, then calls) become its rows. A thread that ended has left its
@@ -80,8 +80,10 @@ pub struct ThreadSpans {
     max: usize,
     /// The fold sequence at the last read.
     last_seq: Option<u64>,
-    /// (thread id, slot, samples) of the followed threads at this read.
+    /// (stripe, slot, samples) of the followed threads at this read.
     sampled: Vec<(u32, u32, u64)>,
+    /// (stripe, samples) of the live threads at this read.
+    totals: Vec<(u32, u64)>,
 }
 
 /// The name the kernel has for thread `tid` of `pid` (empty if gone).
@@ -246,26 +248,41 @@ impl ThreadSpans {
         // A stripe handed to another thread is a new thread.
         self.threads
             .retain(|t| live.iter().any(|&(s, tid)| s == t.stripe && tid == t.tid));
-        let quiet = !moved && self.last_seq == Some(seq);
+        // Each thread's samples before the table: a sample is counted in
+        // the table before its stripe's total, so every sample a total
+        // read here has is in the table read after it.
+        self.totals.clear();
+        self.totals
+            .extend(live.iter().map(|&(s, _)| (s, stripe_samples(bytes, h, s))));
+        let totals = &self.totals;
+        let total_of = |stripe: u32| totals.iter().find(|t| t.0 == stripe).map_or(0, |t| t.1);
+        // Quiet: nothing moved since the last read, not even a thread's
+        // samples (the process's total moves before them).
+        let quiet = !moved
+            && self.last_seq == Some(seq)
+            && self
+                .threads
+                .iter()
+                .all(|t| !t.read || total_of(t.stripe) == t.newest.samples);
         self.last_seq = Some(seq);
-        // Samples by (thread, function) of the threads followed: one scan
+        // Samples by (stripe, function) of the threads followed: one scan
         // of the segment's table, unless nothing moved.
-        let mut tids: Vec<u32> = live.iter().map(|&(_, tid)| tid).collect();
-        tids.sort_unstable();
+        let mut stripes: Vec<u32> = live.iter().map(|&(s, _)| s).collect();
+        stripes.sort_unstable();
         self.sampled.clear();
         if !quiet {
             let sampled = &mut self.sampled;
-            thread_function_samples(bytes, h, |tid, slot, n| {
-                if (slot as usize) < funcs && tids.binary_search(&tid).is_ok() {
-                    sampled.push((tid, slot, n));
+            thread_function_samples(bytes, h, |stripe, slot, n| {
+                if (slot as usize) < funcs && stripes.binary_search(&stripe).is_ok() {
+                    sampled.push((stripe, slot, n));
                 }
             });
             sampled.sort_unstable();
         }
         let sampled = &self.sampled;
-        let samples_of = |tid: u32| {
-            let first = sampled.partition_point(|e| e.0 < tid);
-            let n = sampled[first..].partition_point(|e| e.0 == tid);
+        let samples_of = |stripe: u32| {
+            let first = sampled.partition_point(|e| e.0 < stripe);
+            let n = sampled[first..].partition_point(|e| e.0 == stripe);
             sampled[first..first + n]
                 .iter()
                 .map(|&(_, slot, n)| (slot, n))
@@ -283,8 +300,8 @@ impl ThreadSpans {
             // tick's.
             let seen_before = self.unfollowed.contains(&(stripe, tid));
             if (from_now || seen_before) && stripe_calls(bytes, h, stripe, now) {
-                let total = stripe_samples(bytes, h, stripe);
-                t.take(reading(now, &samples_of(tid), total), now_ns);
+                let total = total_of(stripe);
+                t.take(reading(now, &samples_of(stripe), total), now_ns);
                 t.sums.clear();
                 t.ring.clear();
                 t.samples = 0;
@@ -318,8 +335,8 @@ impl ThreadSpans {
                 }
                 continue;
             } else {
-                let total = stripe_samples(bytes, h, t.stripe);
-                t.take(reading(now, &samples_of(t.tid), total), now_ns);
+                let total = total_of(t.stripe);
+                t.take(reading(now, &samples_of(t.stripe), total), now_ns);
                 t.read = true;
                 t.expire(start);
             }
@@ -523,11 +540,12 @@ mod tests {
             *c.stripe_ptr(a).add(1) = 2;
         }
         let table = c.thread_samples(None);
-        table.add(100 << 32 | 1, 7);
-        table.add(101 << 32 | 3, 4);
-        // A thread that is not the process's, and a slot past its functions.
-        table.add(999 << 32 | 1, 5);
-        table.add(101 << 32 | 9, 5);
+        let key = |stripe: u32, slot: u64| (stripe as u64) << 32 | slot;
+        table.add(key(a, 1), 7);
+        table.add(key(b, 3), 4);
+        // A stripe no thread holds, and a slot past the functions.
+        table.add(key(4, 1), 5);
+        table.add(key(b, 9), 5);
         c.stripe_samples(a)
             .store(9, std::sync::atomic::Ordering::Relaxed);
         c.stripe_samples(b)

@@ -114,22 +114,43 @@ impl<'a> Table<'a> {
         }
     }
 
+    /// Whether entry `i`'s part of the table was ever written (the rest is
+    /// zero, and not read: on a full tmpfs its page may have no memory).
+    fn written(&self, i: usize) -> bool {
+        self.meta.dirty.load(Ordering::Acquire) & 1 << (i / self.per_bit()) != 0
+    }
+
     fn insert(&self, k: u64, n: u64) -> bool {
         let cap = self.entries.len();
         let bits = cap.trailing_zeros();
         // Fibonacci hashing: nearby keys spread over the table.
         let mut i = (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize;
-        for _ in 0..cap {
+        let mut steps = 0;
+        while steps < cap {
             let e = &self.entries[i];
-            let at = e.key.load(Ordering::Acquire);
-            if at == 0 && self.claim(i, k) == Err(false) {
-                return false;
+            let at = if self.written(i) {
+                e.key.load(Ordering::Acquire)
+            } else {
+                0
+            };
+            if at == 0 {
+                match self.claim(i, k) {
+                    Ok(()) => {
+                        e.count.fetch_add(n, Ordering::Relaxed);
+                        return true;
+                    }
+                    Err(false) => return false,
+                    // Taken meanwhile (for this key or another): looked
+                    // at again.
+                    Err(true) => continue,
+                }
             }
-            if e.key.load(Ordering::Acquire) == k {
+            if at == k {
                 e.count.fetch_add(n, Ordering::Relaxed);
                 return true;
             }
             i = (i + 1) & (cap - 1);
+            steps += 1;
         }
         false
     }
@@ -186,6 +207,24 @@ impl<'a> Table<'a> {
             }
         });
         v
+    }
+
+    /// Zeroes the counts of every key `pick` chooses; the keys stay (in
+    /// use again when counted again), so nothing moves under a reader or
+    /// a concurrent add of another key.
+    pub fn zero_where(&self, pick: impl Fn(u64) -> bool) {
+        self.each_dirty(|e| {
+            let k = e.key.load(Ordering::Acquire);
+            if k != 0 && pick(k) && e.count.load(Ordering::Relaxed) != 0 {
+                e.count.store(0, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Which parts of the table were written (bit `b`: entries `b *
+    /// part_len()..`), and how many entries a part holds.
+    pub fn written_parts(&self) -> (u64, usize) {
+        (self.meta.dirty.load(Ordering::Acquire), self.per_bit())
     }
 
     fn each_dirty(&self, mut f: impl FnMut(&Entry)) {
@@ -268,6 +307,22 @@ mod tests {
         let t = Table::new(&m, &e, Some(|_, len| len == 4 * 16));
         t.add(9, 4);
         assert_eq!(t.entries(), [(9, 4)]);
+    }
+
+    /// Counts zeroed for some keys start again from zero; the others keep
+    /// theirs.
+    #[test]
+    fn zeroed_keys_count_again_from_zero() {
+        let (m, e) = table();
+        let t = Table::new(&m, &e, None);
+        for k in 1..=100u64 {
+            t.add(k, k);
+        }
+        t.zero_where(|k| k % 2 == 0);
+        t.add(2, 5);
+        let got: std::collections::HashMap<u64, u64> = t.entries().into_iter().collect();
+        assert_eq!(got.len(), 100, "the keys stay");
+        assert_eq!((got[&1], got[&2], got[&4], got[&99]), (1, 5, 0, 99));
     }
 
     /// Threads adding at once (as timer handlers do) lose nothing.

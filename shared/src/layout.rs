@@ -14,10 +14,11 @@
 //! into its own stripe without atomics; threads without one use stripe 0 with
 //! `lock inc`. A function's call count is the sum over all used stripes.
 //!
-//! Samples are counted per stripe (its thread's CPU time) and by (thread
-//! id, function slot) in a hash table ([`crate::count_table`]) keyed
-//! `tid << 32 | slot`, so a reader knows each thread's time in each
-//! function. Version 3 (a header of 248 bytes) has neither.
+//! Samples are counted per stripe (its thread's CPU time) and by (stripe,
+//! function slot) in a hash table ([`crate::count_table`]) keyed
+//! `stripe << 32 | slot`, so a reader knows each thread's time in each
+//! function. A stripe given to a new thread has its counts zeroed first.
+//! Version 3 (a header of 248 bytes) has neither.
 
 use std::mem::size_of;
 

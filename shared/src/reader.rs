@@ -730,8 +730,9 @@ pub fn stripe_samples(bytes: &[u8], h: &Header, s: u32) -> u64 {
     Bytes(bytes).counter(at)
 }
 
-/// Calls `f(thread id, function slot, samples)` for every pair the
-/// segment counted samples of; false if it keeps none, or its table is
+/// Calls `f(stripe, function slot, samples)` for every pair the segment
+/// counted samples of (the thread holding the stripe now, or the one
+/// before it if the stripe is not live); false if it keeps none, or its table is
 /// not one (its size is read live, and checked each time). `h` as for
 /// [`sum_calls`].
 pub fn thread_function_samples(bytes: &[u8], h: &Header, mut f: impl FnMut(u32, u32, u64)) -> bool {
@@ -1114,8 +1115,8 @@ mod tests {
             .store(5, Ordering::Relaxed);
         w.counters().module_samples(lc).store(7, Ordering::Relaxed);
         w.counters().samples_unknown().store(1, Ordering::Relaxed);
-        w.counters().thread_samples(None).add(100 << 32 | 2, 6);
-        w.counters().thread_samples(None).add(7 << 32, 1);
+        w.counters().thread_samples(None).add(1 << 32 | 2, 6);
+        w.counters().thread_samples(None).add(2 << 32, 1);
         w.counters().stripe_samples(s1).store(8, Ordering::Relaxed);
         w.counters().set_sampler(
             crate::sampling::Sampler::Timer,
@@ -1237,7 +1238,7 @@ mod tests {
             let mut got = Vec::new();
             assert!(thread_function_samples(bytes, &h, |t, s, n| got.push((t, s, n))));
             got.sort();
-            assert_eq!(got, [(7, 0, 1), (100, 2, 6)]);
+            assert_eq!(got, [(1, 2, 6), (2, 0, 1)]);
             assert_eq!(stripe_samples(bytes, &h, 1), 8);
             assert_eq!(stripe_samples(bytes, &h, 99), 0);
         }

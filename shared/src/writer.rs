@@ -779,8 +779,12 @@ impl Counters {
                 .is_ok()
             {
                 t.store(tid, Ordering::Relaxed);
-                // Late samples of the thread before are not the new one's.
-                self.stripe_samples(i).store(0, Ordering::Relaxed);
+                // The samples of the thread before are not the new one's
+                // (its by function only if it had any).
+                if self.stripe_samples(i).swap(0, Ordering::Relaxed) != 0 {
+                    self.thread_samples(None)
+                        .zero_where(|k| k >> 32 == i as u64);
+                }
                 st.store(stripe_state::LIVE, Ordering::Release);
                 return Some(i);
             }
@@ -929,7 +933,7 @@ impl Counters {
         unsafe { AtomicU64::from_ptr(self.base.add(at) as *mut u64) }
     }
 
-    /// Samples by (thread id, function slot): keys `tid << 32 | slot`.
+    /// Samples by (stripe, function slot): keys `stripe << 32 | slot`.
     /// `back` gives memory to a part of it before its first entry is
     /// written.
     pub fn thread_samples(
@@ -1241,7 +1245,14 @@ mod tests {
             *w.counters().stripe_ptr(s1).add(1) = 5;
             *w.counters().stripe_ptr(0).add(1) = 2;
         }
+        // Its thread's samples, all and by function, stay readable after
+        // its end, and are not the next thread's.
+        let c = *w.counters();
+        c.stripe_samples(s1).store(3, Ordering::Relaxed);
+        c.thread_samples(None).add((s1 as u64) << 32 | 1, 3);
+        c.thread_samples(None).add((s2 as u64) << 32 | 1, 4);
         w.counters().fold_stripe(s1);
+        assert_eq!(c.stripe_samples(s1).load(Ordering::Relaxed), 3);
         // SAFETY: the buffer's own bytes, borrowed while it lives.
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) };
         let snap = crate::read_snapshot(bytes).unwrap();
@@ -1251,6 +1262,11 @@ mod tests {
             Some(s1),
             "a folded stripe is reused"
         );
+        assert_eq!(c.stripe_samples(s1).load(Ordering::Relaxed), 0);
+        let mut by = c.thread_samples(None).entries();
+        by.sort();
+        let key = |s: u32| (s as u64) << 32 | 1;
+        assert_eq!(by, [(key(s1), 0), (key(s2), 4)]);
         assert_eq!(
             // SAFETY: slots below func_count of stripes handed out, inside the buffer; no other
             // thread uses it.

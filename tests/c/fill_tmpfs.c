@@ -1,10 +1,12 @@
-/* Fills the file system of $FILL while running, then starts threads that
- * call a counted function: the agent must find no memory for their
- * counter stripes and count them in the shared one, exactly, without
- * faulting. */
+/* Fills the file system of $FILL while running, then runs 300 ms of CPU
+ * time in spin() and starts threads that call a counted function: the
+ * agent must find no memory for the thread's samples by function (left
+ * out) nor for the threads' counter stripes (they count in the shared
+ * one, exactly), without faulting. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define THREADS 8
 #define CALLS 10000
@@ -21,6 +23,17 @@ static void *run(void *arg) {
     return NULL;
 }
 
+__attribute__((noinline)) void spin(long ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    long end = t.tv_sec * 1000 + t.tv_nsec / 1000000 + ms;
+    static volatile long sink;
+    do {
+        for (int i = 0; i < 1000000; i++) sink += i;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    } while (t.tv_sec * 1000 + t.tv_nsec / 1000000 < end);
+}
+
 static void fill(const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) { perror("fill"); exit(2); }
@@ -35,6 +48,7 @@ int main(void) {
     for (long i = 0; i < CALLS; i++) before += work(i);
     const char *path = getenv("FILL");
     if (path) fill(path);
+    spin(300);
     pthread_t t[THREADS];
     long sums[THREADS];
     for (int i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, run, &sums[i]);

@@ -55,6 +55,11 @@ static IN_USE: [AtomicBool; ARRAYS] = [const { AtomicBool::new(false) }; ARRAYS]
 /// Sets the function name globs whose loops are counted (start-up).
 pub fn select(globs: &[String]) {
     let _ = GLOBS.set(globs.to_vec());
+    // The shared array now, while the process has one thread: loops are
+    // claimed later from any thread (a library loaded by `dlopen`).
+    if wanted() && SHARED.load(Ordering::Acquire).is_null() {
+        SHARED.store(map(LOOPS * PER_LOOP), Ordering::Release);
+    }
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: `key` is ours to write; the destructor is an extern "C" fn
     // that lives as long as the library.
@@ -98,18 +103,11 @@ fn map(counters: usize) -> *mut AtomicU64 {
     }
 }
 
+/// The shared array, if it could be mapped (at [`select`]).
 fn shared() -> Option<&'static [AtomicU64]> {
-    let mut t = SHARED.load(Ordering::Acquire);
-    if t.is_null() {
-        // Start-up: one thread.
-        t = map(LOOPS * PER_LOOP);
-        if t.is_null() {
-            return None;
-        }
-        SHARED.store(t, Ordering::Release);
-    }
+    let t = SHARED.load(Ordering::Acquire);
     // SAFETY: mapped once, zeroed, LOOPS * PER_LOOP atomics, never unmapped.
-    Some(unsafe { std::slice::from_raw_parts(t, LOOPS * PER_LOOP) })
+    (!t.is_null()).then(|| unsafe { std::slice::from_raw_parts(t, LOOPS * PER_LOOP) })
 }
 
 /// One loop's counters: its index, where each lies in a thread's array

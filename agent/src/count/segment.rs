@@ -550,10 +550,18 @@ impl Segment {
         let base = self.counters.base();
         let w = &self.counters;
         let stripe = self.stripe_used_bytes();
+        // The parts of the per-thread sample table that were written (and
+        // so have memory): the head's marks say which.
+        let (written, per_part) = w.thread_samples(None).written_parts();
+        let part = per_part as u64 * 16;
+        let parts = (0..64u64)
+            .filter(move |b| written & 1 << b != 0)
+            .map(move |b| (l.thread_entries_off + b * part, part));
         let ranges = fixed_ranges(&l)
             .into_iter()
             .chain(record_ranges(&l, w.func_count(), w.strings_len()))
-            .chain((1..w.stripe_count()).map(|i| (l.stripe_off(i), stripe)));
+            .chain((1..w.stripe_count()).map(|i| (l.stripe_off(i), stripe)))
+            .chain(parts);
         // SAFETY: our new file; takes integers only.
         let mut ok = unsafe { libc::ftruncate(fd, l.total_size as libc::off_t) } == 0;
         for (off, len) in ranges.filter(|&(_, len)| len > 0) {

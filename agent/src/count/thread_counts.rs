@@ -4,32 +4,35 @@
 //! At exit they go beside the segment, with the live threads', for the
 //! report (`<segment>.threads`, read by `Threads::parse`). Samples are
 //! counted per stripe too, so each thread's CPU time is known, and by
-//! (thread id, function), so each thread's time in each function is.
+//! (stripe, function), so each thread's time in each function is.
 
 use crate::Agent;
 use rtprof_shared::count_table::Table;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// Samples by (thread id, function slot), in the segment (rtprofd reads
-/// them for its rows per thread): a thread's key stays with its id, so a
-/// thread that ends keeps its rows without a copy (a later thread given
-/// the same id, rare within a run, adds to them). Its pages get memory as
-/// samples reach them.
+/// Samples by (stripe, function slot), in the segment (rtprofd reads them
+/// for its rows per thread). A stripe's keys stay when its thread ends:
+/// the next thread given the stripe finds their counts zeroed (see
+/// `Counters::alloc_stripe`), so the keys in use are bounded by the
+/// stripes ever used times the functions sampled, however many threads
+/// come and go. Its pages get memory as samples reach them.
 fn by_function(a: &Agent) -> Table<'_> {
     a.segment
         .counters
         .thread_samples(Some(crate::segment::back_pages))
 }
 
-fn key(tid: u32, slot: u32) -> u64 {
-    (tid as u64) << 32 | slot as u64
+fn key(stripe: u32, slot: u32) -> u64 {
+    (stripe as u64) << 32 | slot as u64
 }
 
-/// Counts `n` samples of thread `tid` in function `slot`. Async-signal-safe.
-fn add_function_samples(a: &Agent, tid: u32, slot: Option<u32>, n: u64) {
-    if let (Some(slot), true) = (slot, tid != 0) {
-        by_function(a).add(key(tid, slot), n);
+/// Counts `n` samples of the thread holding `stripe` (not the shared
+/// one, which threads without their own use) in function `slot`.
+/// Async-signal-safe.
+fn add_function_samples(a: &Agent, stripe: u32, slot: Option<u32>, n: u64) {
+    if let (Some(slot), true) = (slot, stripe != 0) {
+        by_function(a).add(key(stripe, slot), n);
     }
 }
 
@@ -60,12 +63,8 @@ fn add_samples(a: &Agent, stripe: u32, n: u64) {
 }
 
 /// `n` samples of the calling thread, in function `slot` if in one (in its
-/// signal handler: allocation-free; one system call, for the thread id,
-/// when the sample is in a function).
+/// signal handler: allocation-free, no system call).
 pub fn sampled_here(a: &Agent, slot: Option<u32>, n: u64) {
-    if slot.is_some() {
-        add_function_samples(a, crate::threads::gettid(), slot, n);
-    }
     let p = crate::threads::stripe();
     let stripe = if p.is_null() {
         Some(0)
@@ -73,6 +72,9 @@ pub fn sampled_here(a: &Agent, slot: Option<u32>, n: u64) {
         a.segment.counters.stripe_index(p)
     };
     if let Some(i) = stripe {
+        // The function's count first: a reader that sees the stripe's
+        // total move reads the table after it (see rtprofd's threads).
+        add_function_samples(a, i, slot, n);
         add_samples(a, i, n);
     }
 }
@@ -86,29 +88,32 @@ static RECENT: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
 /// `n` samples of thread `tid` (from a perf ring: by the stripe it
 /// holds), in function `slot` if in one.
 pub fn sampled(a: &Agent, tid: u32, slot: Option<u32>, n: u64) {
-    add_function_samples(a, tid, slot, n);
     let c = &a.segment.counters;
-    let slot = &RECENT[tid as usize % RECENT.len()];
+    let recent = &RECENT[tid as usize % RECENT.len()];
     let (t, i) = {
-        let v = slot.load(Ordering::Relaxed);
+        let v = recent.load(Ordering::Relaxed);
         ((v >> 32) as u32, v as u32)
     };
     let stripe = if t == tid && c.stripe_holds(i, tid) {
         i
     } else {
         let i = c.stripe_of_thread(tid).unwrap_or(0);
-        slot.store((tid as u64) << 32 | i as u64, Ordering::Relaxed);
+        recent.store((tid as u64) << 32 | i as u64, Ordering::Relaxed);
         i
     };
+    add_function_samples(a, stripe, slot, n);
     add_samples(a, stripe, n);
 }
 
-/// Takes stripe `i`'s samples (its thread is ending).
-fn take_samples(a: &Agent, i: u32) -> u64 {
-    a.segment
-        .counters
-        .stripe_samples(i)
-        .swap(0, Ordering::Relaxed)
+/// Stripe `i`'s samples (its thread is ending): all of them, and by
+/// function. Left in place for readers until the stripe's next thread.
+fn samples_of(a: &Agent, i: u32) -> (u64, Vec<(u32, u64)>) {
+    let all = a.segment.counters.stripe_samples(i).load(Ordering::Relaxed);
+    let mut by = by_function(a).entries();
+    by.retain(|&(k, n)| k >> 32 == i as u64 && n != 0);
+    let mut by: Vec<(u32, u64)> = by.into_iter().map(|(k, n)| (k as u32, n)).collect();
+    by.sort_unstable();
+    (all, by)
 }
 
 /// Ended threads kept, and (function, calls) pairs kept over all of them
@@ -124,6 +129,8 @@ struct Ended {
     name: [u8; 16],
     counts: Vec<(u32, u64)>,
     samples: u64,
+    /// (function slot, samples) of the functions it was sampled in.
+    sampled: Vec<(u32, u64)>,
 }
 
 static ENDED: Mutex<Vec<Ended>> = Mutex::new(Vec::new());
@@ -182,18 +189,20 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         // modules on demand, which may take the loader's lock.
         crate::threads::with_signals_blocked(|| crate::sampling::drain(a, false, false));
         let counts: Vec<(u32, u64)> = c.stripe_counts(stripe).collect();
-        let samples = take_samples(a, stripe);
+        let (samples, sampled) = samples_of(a, stripe);
         let pid = std::process::id();
         if let Some(mut v) = ended() {
             let mine = v.iter().filter(|e| e.pid == pid);
-            let pairs: usize = mine.clone().map(|e| e.counts.len()).sum();
-            if mine.count() < MAX_KEPT && pairs + counts.len() <= MAX_PAIRS {
+            let pairs: usize = mine.clone().map(|e| e.counts.len() + e.sampled.len()).sum();
+            let more = counts.len() + sampled.len();
+            if mine.count() < MAX_KEPT && pairs + more <= MAX_PAIRS {
                 v.push(Ended {
                     pid,
                     tid,
                     name: own_name(),
                     counts,
                     samples,
+                    sampled,
                 });
                 c.fold_stripe(stripe);
                 return;
@@ -230,27 +239,21 @@ pub fn text(a: &Agent) -> String {
     if dropped > 0 {
         let _ = writeln!(out, "d {dropped}");
     }
-    // Samples by thread, then function: each thread's found by search.
+    // Live threads' samples by stripe, then function: each found by search.
     let mut by_function = table.entries();
     by_function.sort_unstable();
-    let mut sampled_listed = std::collections::HashSet::new();
     let mut put = |tid: u32,
                    ended: bool,
                    name: &[u8; 16],
                    samples: u64,
-                   counts: &mut dyn Iterator<Item = (u32, u64)>| {
+                   counts: &mut dyn Iterator<Item = (u32, u64)>,
+                   sampled: &mut dyn Iterator<Item = (u32, u64)>| {
         let _ = writeln!(out, "t {tid} {} {} {samples}", ended as u8, hex(name));
         for (slot, calls) in counts {
             let _ = writeln!(out, "{slot} {calls}");
         }
-        // Under the first thread listed with its id only (an ended
-        // thread's id may be a live one's again).
-        if sampled_listed.insert(tid) {
-            let first = by_function.partition_point(|&(k, _)| k < key(tid, 0));
-            let rows = by_function[first..].iter();
-            for &(k, n) in rows.take_while(|e| e.0 >> 32 == tid as u64) {
-                let _ = writeln!(out, "s {} {n}", k as u32);
-            }
+        for (slot, n) in sampled.filter(|e| e.1 != 0) {
+            let _ = writeln!(out, "s {slot} {n}");
         }
     };
     let pid = std::process::id();
@@ -265,17 +268,23 @@ pub fn text(a: &Agent) -> String {
                 &e.name,
                 e.samples,
                 &mut e.counts.iter().copied(),
+                &mut e.sampled.iter().copied(),
             );
         }
     }
     let c = &a.segment.counters;
     for (stripe, tid) in c.live_stripes() {
+        let first = by_function.partition_point(|&(k, _)| k < key(stripe, 0));
+        let rows = by_function[first..].iter();
         put(
             tid,
             false,
             &name_of(tid),
             c.stripe_samples(stripe).load(Ordering::Relaxed),
             &mut c.stripe_counts(stripe),
+            &mut rows
+                .take_while(|e| e.0 >> 32 == stripe as u64)
+                .map(|&(k, n)| (k as u32, n)),
         );
     }
     out
