@@ -294,15 +294,20 @@ fn report_exports_rtprofds_last_span() {
             .output()
             .unwrap()
     };
-    let json = || -> Value {
-        serde_json::from_str(&ok("rtprof report --json", report(&["--json"]))).unwrap()
+    // None until rtprofd's first tick has published a span.
+    let json = || -> Option<Value> {
+        let o = report(&["--json"]);
+        if String::from_utf8_lossy(&o.stderr).contains("nothing published yet") {
+            return None;
+        }
+        Some(serde_json::from_str(&ok("rtprof report --json", o)).unwrap())
     };
     let folded = dir.join("span.folded");
     let (before, text) = poll(
         "a span with samples of heavy, exported between two reports of it",
         std::time::Duration::from_secs(60),
         || {
-            let before = json();
+            let before = json()?;
             let heavy = before["processes"][0]["functions"]
                 .as_array()?
                 .iter()
@@ -315,7 +320,7 @@ fn report_exports_rtprofds_last_span() {
                 report(&["--output", folded.to_str().unwrap()]),
             );
             let text = std::fs::read_to_string(&folded).unwrap();
-            (json()["generation"] == before["generation"]).then_some((before, text))
+            (json()?["generation"] == before["generation"]).then_some((before, text))
         },
     );
     drop(child);

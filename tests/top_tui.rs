@@ -30,8 +30,11 @@ impl Tmux {
             Path::new(TMUX).exists(),
             "{TMUX} is missing: install tmux (apt-get install -y tmux)"
         );
+        // One server per Tmux: tests run at once.
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut t = Tmux {
-            socket: format!("rtprof-top-tui-{}", std::process::id()),
+            socket: format!("rtprof-top-tui-{}-{n}", std::process::id()),
             socket_path: None,
         };
         let (w, h) = (width.to_string(), height.to_string());
@@ -401,5 +404,104 @@ fn top_into_a_pipe_is_plain_text() {
         .get("accelerated")
         .is_none());
     drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With rtprofd publishing rows per thread, `H` lists a process's
+/// threads by name with their CPU time and hottest function, and Enter
+/// shows one thread's functions with its own calls; plain output lists
+/// them with `--threads`.
+#[test]
+fn top_shows_each_threads_rows() {
+    use std::io::BufRead;
+    let dir = scratch("top-threads");
+    let bin = compile_o2("thread_rows.c", &["-pthread"], &dir);
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    // A span longer than the test: the threads' work stays in it.
+    cmd.args(["--tick", "200", "--span", "600000", "--buffer-mib", "4"])
+        .args(["--thread-rows", "4"])
+        .stderr(Stdio::null());
+    let d = Rtprofd::start(cmd, &dir);
+    let mut child = Killed(
+        Command::new(&bin)
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_DAEMON_SOCKET", &d.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.0.id();
+
+    let command = format!(
+        "'{}' top --present '{}' --pid {pid}; exec sleep 600",
+        rtprof().display(),
+        d.present.display(),
+    );
+    let tmux = Tmux::start(&command, 120, 40);
+    tmux.wait("the process's functions", |s| s.contains("burn_2"));
+    tmux.keys(&["H"]);
+    let s = tmux.wait("its threads", |s| {
+        (0..3).all(|k| s.contains(&format!("worker-{k}")))
+    });
+    assert!(s.contains("4 thread(s)"), "{s}");
+    for k in 0..3 {
+        let l = s
+            .lines()
+            .find(|l| l.contains(&format!("worker-{k}")))
+            .unwrap();
+        // Its hottest function is the one it burned CPU time in.
+        assert!(l.trim_end().ends_with(&format!("burn_{k}")), "{l}\n{s}");
+    }
+    assert!(s.contains("Enter its functions"), "{s}");
+    tmux.type_text("/worker-1");
+    tmux.keys(&["Enter"]);
+    tmux.wait("worker-1 alone", |s| {
+        s.contains("1 thread(s)") && !s.contains("worker-2")
+    });
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait("worker-1's functions", |s| {
+        s.contains(" worker-1: ") && s.contains("function(s)")
+    });
+    let calls = |f: &str| {
+        s.lines()
+            .find(|l| l.trim_end().ends_with(&format!(" {f}")) || l.contains(&format!(" {f} ")))
+            .unwrap_or_else(|| panic!("no {f} in\n{s}"))
+            .to_string()
+    };
+    assert!(calls("work").contains(" 2000 "), "{s}");
+    assert!(calls("tick").contains(" 2 "), "{s}");
+    assert!(s.contains("burn_1") && !s.contains("burn_0"), "{s}");
+    // One Esc at a time (two at once read as Alt-Esc).
+    tmux.keys(&["Escape"]);
+    tmux.wait("back to the threads", |s| s.contains("1 thread(s)"));
+    tmux.keys(&["Escape"]);
+    tmux.wait("back to the functions", |s| {
+        s.contains("function(s)") && !s.contains("thread(s)")
+    });
+
+    let o = Command::new(rtprof())
+        .args(["top", "--iterations", "1", "--threads", "--pid"])
+        .arg(pid.to_string())
+        .arg("--present")
+        .arg(&d.present)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    for k in 0..3 {
+        let at = out
+            .find(&format!(" worker-{k}: "))
+            .unwrap_or_else(|| panic!("no worker-{k} in\n{out}"));
+        // The thread's rows follow it, its burn first (by time).
+        let next = out[at..].lines().nth(1).unwrap_or("");
+        assert!(next.contains(&format!("burn_{k}")), "{out}");
+    }
+    drop(child.0.stdin.take());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,6 +1,7 @@
 //! `rtprof top`: a live view of a running rtprofd's spans: processes and
 //! their functions by time, calls, calls per second or time per call, with
-//! a sparkline of each one's time over recent spans. On a terminal it is
+//! a sparkline of each one's time over recent spans, and each thread's
+//! (`H`, or `--threads`) where rtprofd publishes them. On a terminal it is
 //! interactive (`tui`); into a pipe or a file, or with `--plain` or
 //! `--iterations`, it prints plain screens (`plain`). When the daemon stops
 //! publishing the view says how old it is; when it restarts (a new segment
@@ -35,6 +36,10 @@ pub struct TopArgs {
     /// Functions shown per process in plain output.
     #[arg(long, default_value_t = 10)]
     rows: usize,
+    /// Plain output: each process's threads too, with their hottest
+    /// functions (rows per thread: `rtprofd --thread-rows N`).
+    #[arg(long)]
+    threads: bool,
     /// Print plain screens and stop after this many (0: run until
     /// interrupted). A screen is drawn for every new span, and once a
     /// second while the spans are stale.

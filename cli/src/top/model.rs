@@ -2,7 +2,7 @@
 //! span filtered and sorted, and the history behind their sparklines.
 //! Shared by the plain and the interactive view.
 
-use rtprof_shared::present::{ProcView, RowView, View};
+use rtprof_shared::present::{ProcView, RowView, ThreadView, View};
 use std::cmp::Ordering;
 use std::collections::{HashMap, VecDeque};
 
@@ -43,10 +43,13 @@ pub fn matches(filter: &str, exe: &str, r: &RowView) -> bool {
 /// A process's functions that pass `filter`, in `sort` order (ties by
 /// name, so rows do not swap places between spans).
 pub fn functions<'v>(v: &'v View, p: &ProcView, filter: &str, sort: SortKey) -> Vec<&'v RowView> {
-    let mut rows: Vec<&RowView> = v.rows[p.rows.clone()]
-        .iter()
-        .filter(|r| matches(filter, &p.exe, r))
-        .collect();
+    sorted(&v.rows[p.rows.clone()], &p.exe, filter, sort)
+}
+
+/// Rows that pass `filter` (with their process's executable `exe`), in
+/// `sort` order.
+fn sorted<'v>(rows: &'v [RowView], exe: &str, filter: &str, sort: SortKey) -> Vec<&'v RowView> {
+    let mut rows: Vec<&RowView> = rows.iter().filter(|r| matches(filter, exe, r)).collect();
     let key = |r: &RowView| match sort {
         SortKey::Time => r.time_ns as f64,
         SortKey::Calls | SortKey::Rate => r.calls as f64,
@@ -54,6 +57,51 @@ pub fn functions<'v>(v: &'v View, p: &ProcView, filter: &str, sort: SortKey) -> 
     };
     rows.sort_by(|x, y| descending(key(x), key(y)).then_with(|| x.name.cmp(&y.name)));
     rows
+}
+
+/// A process's threads (`rtprofd --thread-rows`) whose name or one of
+/// whose functions passes `filter`, in `sort` order (ties by thread id):
+/// by time, by calls (calls per second: the same order), or by time per
+/// call.
+pub fn threads<'v>(v: &View, p: &'v ProcView, filter: &str, sort: SortKey) -> Vec<&'v ThreadView> {
+    let mut ts: Vec<&ThreadView> = p
+        .threads
+        .iter()
+        .filter(|t| {
+            filter.is_empty()
+                || t.name.contains(filter)
+                || v.rows[t.rows.clone()]
+                    .iter()
+                    .any(|r| matches(filter, &p.exe, r))
+        })
+        .collect();
+    let key = |t: &ThreadView| match sort {
+        SortKey::Time => t.time_ns as f64,
+        SortKey::Calls | SortKey::Rate => t.calls as f64,
+        SortKey::PerCall if t.calls > 0 => t.time_ns as f64 / t.calls as f64,
+        SortKey::PerCall => -1.0,
+    };
+    ts.sort_by(|x, y| descending(key(x), key(y)).then(x.tid.cmp(&y.tid)));
+    ts
+}
+
+/// Thread `tid` of process `p`'s functions that pass `filter`, in `sort`
+/// order; none if the thread is not in the span.
+pub fn thread_functions<'v>(
+    v: &'v View,
+    p: &ProcView,
+    tid: u32,
+    filter: &str,
+    sort: SortKey,
+) -> Vec<&'v RowView> {
+    p.threads
+        .iter()
+        .find(|t| t.tid == tid)
+        .map_or_else(Vec::new, |t| {
+            // A thread's own name passing the filter shows all its rows.
+            let filter = if t.name.contains(filter) { "" } else { filter };
+            sorted(&v.rows[t.rows.clone()], &p.exe, filter, sort)
+        })
 }
 
 fn descending(x: f64, y: f64) -> Ordering {
@@ -274,15 +322,40 @@ pub mod tests {
             rows,
             threads: Vec::new(),
         };
+        // /bin/cheap's two threads: "worker" ran cheap and costly,
+        // "idle" called cheap a little.
+        let thread_row = |name: &str, calls, time_ns, tid| RowView {
+            thread: Some(tid),
+            ..row(name, calls, time_ns)
+        };
+        rows.extend([
+            thread_row("costly", 60, 400_000_000, 11),
+            thread_row("cheap", 900_000, 15_000_000, 11),
+            thread_row("cheap", 100_000, 5_000_000, 12),
+        ]);
+        let calls_of = |i: usize| [60u64, 900_000, 100_000][i - 5];
+        let thread = |tid, name: &str, rows: std::ops::Range<usize>, time_ns: u64| ThreadView {
+            tid,
+            name: name.into(),
+            calls: rows.clone().map(calls_of).sum(),
+            samples: time_ns / 1_000_000,
+            time_ns,
+            rows,
+        };
+        let mut cheap = p(10, "/bin/cheap", 0..4);
+        cheap.threads = vec![
+            thread(11, "worker", 5..7, 450_000_000),
+            thread(12, "idle", 7..8, 6_000_000),
+        ];
         View {
             generation: 1,
             span_end_ns: 0,
             span_ns: 1_000_000_000,
             publish_ns: 0,
             tick_ns: 1_000_000_000,
-            procs: vec![p(10, "/bin/cheap", 0..4), p(20, "/bin/dear", 4..5)],
+            procs: vec![cheap, p(20, "/bin/dear", 4..5)],
             rows,
-            global: 5..5,
+            global: 8..8,
         }
     }
 
@@ -322,6 +395,29 @@ pub mod tests {
         assert_eq!(pids("solo", SortKey::Time), [20]);
         assert_eq!(pids("cheap", SortKey::Time), [10]);
         assert!(pids("nothing", SortKey::Time).is_empty());
+    }
+
+    #[test]
+    fn threads_sort_and_filter() {
+        let v = view();
+        let p = &v.procs[0];
+        let tids = |f, k| -> Vec<u32> { threads(&v, p, f, k).iter().map(|t| t.tid).collect() };
+        assert_eq!(tids("", SortKey::Time), [11, 12]);
+        assert_eq!(tids("", SortKey::Calls), [11, 12]);
+        // 450 ms over 900,060 calls, against 6 ms over 100,000.
+        assert_eq!(tids("", SortKey::PerCall), [11, 12]);
+        assert_eq!(tids("idle", SortKey::Time), [12]);
+        assert_eq!(tids("costly", SortKey::Time), [11]);
+        let names = |tid, f| names(&thread_functions(&v, p, tid, f, SortKey::Time));
+        assert_eq!(names(11, ""), ["costly", "cheap"]);
+        assert_eq!(names(11, "cost"), ["costly"]);
+        assert_eq!(
+            names(12, "idle"),
+            ["cheap"],
+            "its name passes: all its rows"
+        );
+        assert!(names(99, "").is_empty());
+        assert!(threads(&v, &v.procs[1], "", SortKey::Time).is_empty());
     }
 
     #[test]

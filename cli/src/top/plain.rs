@@ -1,11 +1,11 @@
 //! `rtprof top` as plain text, for a pipe or a file (or `--plain`): the
 //! whole screen redrawn every span, no keys.
 
-use super::model::{functions, sparkline, History};
+use super::model::{functions, sparkline, thread_functions, threads, History};
 use super::source::{Reading, Source};
 use super::TopArgs;
 use crate::presentation::{age_text, stale_text};
-use rtprof_shared::present::{now_ns, View};
+use rtprof_shared::present::{now_ns, RowView, View};
 use rtprof_shared::report::escape_text;
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -50,11 +50,7 @@ fn frame(a: &TopArgs, v: &View, history: &History, now: u64, notice: Option<&str
             "  {:>10} {:>13} {:>11}  {:<16}  function",
             "time ms", "calls/s", "ns/call", "recent spans"
         );
-        for r in rows.iter().take(a.rows) {
-            let spark = history
-                .function(p.pid, &r.name)
-                .map(sparkline)
-                .unwrap_or_default();
+        let line = |out: &mut String, r: &RowView, spark: String| {
             let per_call = r.ns_per_call().map_or("-".into(), |n| format!("{n:.1}"));
             let _ = writeln!(
                 out,
@@ -66,6 +62,35 @@ fn frame(a: &TopArgs, v: &View, history: &History, now: u64, notice: Option<&str
                 escape_text(&rtprof_shared::names::readable(&r.name)),
                 escape_text(&r.module)
             );
+        };
+        for r in rows.iter().take(a.rows) {
+            let spark = history
+                .function(p.pid, &r.name)
+                .map(sparkline)
+                .unwrap_or_default();
+            line(&mut out, r, spark);
+        }
+        if !a.threads {
+            continue;
+        }
+        if p.threads.is_empty() {
+            let _ = writeln!(out, "  (no rows per thread: rtprofd --thread-rows N)");
+        }
+        for t in threads(v, p, filter, a.sort) {
+            let _ = writeln!(
+                out,
+                "  thread {} {}: {:.1} ms, {} calls",
+                t.tid,
+                escape_text(&t.name),
+                t.time_ns as f64 / 1e6,
+                t.calls
+            );
+            for r in thread_functions(v, p, t.tid, filter, a.sort)
+                .iter()
+                .take(a.rows)
+            {
+                line(&mut out, r, String::new());
+            }
         }
     }
     out

@@ -1,7 +1,7 @@
 //! The interactive view's state and what each key does to it; drawing is
 //! `draw`'s job, the terminal `term`'s.
 
-use super::super::model::{functions, processes, History, SortKey};
+use super::super::model::{functions, processes, thread_functions, threads, History, SortKey};
 use super::super::source::Reading;
 use super::super::TopArgs;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
@@ -10,12 +10,17 @@ use rtprof_shared::report::escape_text;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Which table is shown.
+/// Which table is shown, each one level below the one before: Esc goes
+/// up a level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Screen {
     Processes,
     /// One process's functions.
     Functions(u32),
+    /// One process's threads (`rtprofd --thread-rows`).
+    Threads(u32),
+    /// One thread's functions: (pid, tid).
+    ThreadFunctions(u32, u32),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -45,6 +50,8 @@ pub struct App {
     /// The selected row of each screen.
     pub processes: Selection,
     pub functions: Selection,
+    pub threads: Selection,
+    pub thread_functions: Selection,
     /// Paused at this clock (CLOCK_REALTIME ns): the view, its age
     /// included, stays as it was then.
     pub paused: Option<u64>,
@@ -68,6 +75,8 @@ impl App {
             screen: a.pid.map_or(Screen::Processes, Screen::Functions),
             processes: Selection::default(),
             functions: Selection::default(),
+            threads: Selection::default(),
+            thread_functions: Selection::default(),
             paused: None,
             help: false,
             view: None,
@@ -129,27 +138,33 @@ impl App {
             .map(|(n, _)| n.as_str())
     }
 
-    /// What the current screen's rows are, in order: pids or function
-    /// names.
+    /// What the current screen's rows are, in order: pids, function
+    /// names or thread ids.
     fn row_keys(&self) -> Vec<String> {
         let Some(v) = &self.view else {
             return Vec::new();
         };
+        let (f, sort) = (&self.filter, self.sort);
+        let of = |pid: u32| v.procs.iter().find(|p| p.pid == pid);
+        let names = |rows: Vec<&rtprof_shared::present::RowView>| {
+            rows.iter().map(|r| r.name.clone()).collect()
+        };
         match self.screen {
-            Screen::Processes => processes(v, &self.filter, self.sort)
+            Screen::Processes => processes(v, f, sort)
                 .iter()
                 .map(|s| s.pid.to_string())
                 .collect(),
             Screen::Functions(pid) => {
-                v.procs
+                of(pid).map_or_else(Vec::new, |p| names(functions(v, p, f, sort)))
+            }
+            Screen::Threads(pid) => of(pid).map_or_else(Vec::new, |p| {
+                threads(v, p, f, sort)
                     .iter()
-                    .find(|p| p.pid == pid)
-                    .map_or_else(Vec::new, |p| {
-                        functions(v, p, &self.filter, self.sort)
-                            .iter()
-                            .map(|r| r.name.clone())
-                            .collect()
-                    })
+                    .map(|t| t.tid.to_string())
+                    .collect()
+            }),
+            Screen::ThreadFunctions(pid, tid) => {
+                of(pid).map_or_else(Vec::new, |p| names(thread_functions(v, p, tid, f, sort)))
             }
         }
     }
@@ -164,6 +179,8 @@ impl App {
         match self.screen {
             Screen::Processes => &mut self.processes,
             Screen::Functions(_) => &mut self.functions,
+            Screen::Threads(_) => &mut self.threads,
+            Screen::ThreadFunctions(..) => &mut self.thread_functions,
         }
     }
 
@@ -198,6 +215,22 @@ impl App {
         self.processes.key.as_ref()?.parse().ok()
     }
 
+    /// The thread selected in a thread list.
+    fn selected_tid(&self) -> Option<u32> {
+        self.threads.key.as_ref()?.parse().ok()
+    }
+
+    /// The process whose threads `H` shows: the one shown, or the one
+    /// selected in the process list.
+    fn threads_of(&self) -> Option<u32> {
+        match self.screen {
+            Screen::Processes => self.selected_pid(),
+            Screen::Functions(pid) | Screen::Threads(pid) | Screen::ThreadFunctions(pid, _) => {
+                Some(pid)
+            }
+        }
+    }
+
     pub fn key(&mut self, k: KeyEvent) -> Action {
         if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
             return Action::Quit;
@@ -209,6 +242,8 @@ impl App {
                     self.editing = None;
                     self.processes = Selection::default();
                     self.functions = Selection::default();
+                    self.threads = Selection::default();
+                    self.thread_functions = Selection::default();
                 }
                 KeyCode::Esc => self.editing = None,
                 KeyCode::Backspace => {
@@ -217,6 +252,9 @@ impl App {
                 KeyCode::Char(c) => text.push(c),
                 _ => {}
             }
+            // The first row of what the filter leaves is selected now, not
+            // at the next span.
+            self.follow();
             return Action::Continue;
         }
         if self.help {
@@ -255,14 +293,33 @@ impl App {
             KeyCode::PageDown => self.move_by(10),
             KeyCode::Home | KeyCode::Char('g') => self.move_by(isize::MIN),
             KeyCode::End | KeyCode::Char('G') => self.move_by(isize::MAX),
-            KeyCode::Enter => {
-                if let (Screen::Processes, Some(pid)) = (self.screen, self.selected_pid()) {
-                    self.screen = Screen::Functions(pid);
-                    self.functions = Selection::default();
+            KeyCode::Enter => match self.screen {
+                Screen::Processes => {
+                    if let Some(pid) = self.selected_pid() {
+                        self.screen = Screen::Functions(pid);
+                        self.functions = Selection::default();
+                    }
+                }
+                Screen::Threads(pid) => {
+                    if let Some(tid) = self.selected_tid() {
+                        self.screen = Screen::ThreadFunctions(pid, tid);
+                        self.thread_functions = Selection::default();
+                    }
+                }
+                _ => {}
+            },
+            KeyCode::Char('H') => {
+                if let Some(pid) = self.threads_of() {
+                    if self.screen != Screen::Threads(pid) {
+                        self.threads = Selection::default();
+                    }
+                    self.screen = Screen::Threads(pid);
                 }
             }
             KeyCode::Esc | KeyCode::Backspace | KeyCode::Left => match self.screen {
                 Screen::Functions(_) => self.screen = Screen::Processes,
+                Screen::Threads(pid) => self.screen = Screen::Functions(pid),
+                Screen::ThreadFunctions(pid, _) => self.screen = Screen::Threads(pid),
                 // Esc on the process list lets go of the filter.
                 Screen::Processes => {
                     if k.code == KeyCode::Esc {
@@ -360,6 +417,43 @@ pub(super) mod tests {
         assert_eq!(a.screen, Screen::Functions(20));
         // --pid starts in that process's functions.
         assert_eq!(app(&["--pid", "10"]).screen, Screen::Functions(10));
+    }
+
+    /// `H` shows the selected process's threads, Enter one thread's
+    /// functions, Esc goes back up a level at a time.
+    #[test]
+    fn threads_and_a_threads_functions() {
+        let mut a = app(&[]);
+        // By time: 20, then 10 (which has threads).
+        press(&mut a, "jH");
+        assert_eq!(a.screen, Screen::Threads(10));
+        assert_eq!(a.row_count(), 2);
+        press(&mut a, "j\n");
+        assert_eq!(a.screen, Screen::ThreadFunctions(10, 12));
+        assert_eq!(a.row_count(), 1);
+        press(&mut a, "\x1b");
+        assert_eq!((a.screen, a.threads.index), (Screen::Threads(10), 1));
+        press(&mut a, "k\n");
+        assert_eq!(a.screen, Screen::ThreadFunctions(10, 11));
+        assert_eq!(a.row_count(), 2);
+        press(&mut a, "\x1b\x1b");
+        assert_eq!(a.screen, Screen::Functions(10));
+        press(&mut a, "H");
+        assert_eq!(a.screen, Screen::Threads(10));
+        press(&mut a, "\x1b\x1b");
+        assert_eq!(a.screen, Screen::Processes);
+        // A filter by the thread's name, then its functions.
+        press(&mut a, "\x1bH/idle\n");
+        assert_eq!((a.screen, a.row_count()), (Screen::Threads(10), 1));
+        press(&mut a, "\n");
+        assert_eq!(a.screen, Screen::ThreadFunctions(10, 12));
+        press(&mut a, "\x1b\x1b\x1b\x1b");
+        assert_eq!((a.screen, a.filter.as_str()), (Screen::Processes, ""));
+        // A process without rows per thread: an empty list.
+        press(&mut a, "kH");
+        assert_eq!((a.screen, a.row_count()), (Screen::Threads(20), 0));
+        press(&mut a, "\n");
+        assert_eq!(a.screen, Screen::Threads(20));
     }
 
     /// The selection stays on its process when a new span reorders the

@@ -2,7 +2,9 @@
 //! process list or one process's functions, and a footer with the keys and
 //! the legend of the markers; `?` lays the help over it.
 
-use super::super::model::{functions, marker, processes, sparkline, SortKey};
+use super::super::model::{
+    functions, marker, processes, sparkline, thread_functions, threads, SortKey,
+};
 use super::app::{App, Screen};
 use crate::presentation::{age_text, stale_text};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -11,7 +13,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 use rtprof_shared::names::readable;
-use rtprof_shared::present::View;
+use rtprof_shared::present::{ProcView, RowView, View};
 use rtprof_shared::report::escape_text;
 
 /// The markers' legend, under the keys.
@@ -46,6 +48,8 @@ pub fn draw(f: &mut Frame, app: &App, now: u64) {
         Some(v) => match app.screen {
             Screen::Processes => process_table(f, app, v, body),
             Screen::Functions(pid) => function_table(f, app, v, pid, body),
+            Screen::Threads(pid) => thread_table(f, app, v, pid, body),
+            Screen::ThreadFunctions(pid, tid) => thread_function_table(f, app, v, (pid, tid), body),
         },
         None => f.render_widget(
             Paragraph::new(app.problem.clone().unwrap_or_else(|| "reading…".into()))
@@ -141,7 +145,8 @@ fn footer(app: &App, width: u16) -> Vec<Line<'static>> {
     };
     let (enter, back) = match app.screen {
         Screen::Processes => ("Enter", "functions"),
-        Screen::Functions(_) => ("Esc", "back"),
+        Screen::Threads(_) => ("Enter", "its functions  Esc back"),
+        Screen::Functions(_) | Screen::ThreadFunctions(..) => ("Esc", "back"),
     };
     let pause = if app.paused.is_some() {
         "resume"
@@ -153,6 +158,7 @@ fn footer(app: &App, width: u16) -> Vec<Line<'static>> {
             ("/", "filter"),
             ("↑↓", "select"),
             (enter, back),
+            ("H", "threads"),
             ("p", pause),
             ("?", "help"),
             ("q", "quit"),
@@ -300,40 +306,55 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
     f.render_stateful_widget(t, area, &mut state);
 }
 
+/// Says `text` in place of a table.
+fn say(f: &mut Frame, text: String, area: Rect) {
+    f.render_widget(
+        Paragraph::new(text)
+            .wrap(Wrap { trim: false })
+            .block(Block::new().borders(Borders::TOP)),
+        area,
+    );
+}
+
+/// A process that left the span: said in place of its table.
+fn gone(f: &mut Frame, pid: u32, area: Rect) {
+    say(
+        f,
+        format!("process {pid} is not in this span (it ended): Esc goes back"),
+        area,
+    );
+}
+
+/// A function row's cells (its process `p`'s, with its recent spans if
+/// `spark`).
+fn function_cells<'a>(app: &App, p: &ProcView, r: &RowView, spark: bool) -> Vec<Cell<'a>> {
+    let spark = spark
+        .then(|| app.history.function(p.pid, &r.name).map(sparkline))
+        .flatten()
+        .unwrap_or_default();
+    vec![
+        Cell::from(marker(r)),
+        Cell::from(format!("{:.1}", r.time_ns as f64 / 1e6)),
+        Cell::from(if r.counted {
+            r.calls.to_string()
+        } else {
+            "-".into()
+        }),
+        Cell::from(format!("{:.1}", r.calls_per_s(p.span_ns))),
+        Cell::from(per_call_text(r.ns_per_call())),
+        Cell::from(spark),
+        Cell::from(escape_text(&readable(&r.name)).into_owned()),
+        Cell::from(escape_text(&r.module).into_owned()).dim(),
+    ]
+}
+
 fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
     let Some(p) = v.procs.iter().find(|p| p.pid == pid) else {
-        f.render_widget(
-            Paragraph::new(format!(
-                "process {pid} is not in this span (it ended): Esc goes back"
-            ))
-            .block(Block::new().borders(Borders::TOP)),
-            area,
-        );
-        return;
+        return gone(f, pid, area);
     };
     let rows: Vec<Vec<Cell>> = functions(v, p, &app.filter, app.sort)
         .into_iter()
-        .map(|r| {
-            let spark = app
-                .history
-                .function(pid, &r.name)
-                .map(sparkline)
-                .unwrap_or_default();
-            vec![
-                Cell::from(marker(r)),
-                Cell::from(format!("{:.1}", r.time_ns as f64 / 1e6)),
-                Cell::from(if r.counted {
-                    r.calls.to_string()
-                } else {
-                    "-".into()
-                }),
-                Cell::from(format!("{:.1}", r.calls_per_s(p.span_ns))),
-                Cell::from(per_call_text(r.ns_per_call())),
-                Cell::from(spark),
-                Cell::from(escape_text(&readable(&r.name)).into_owned()),
-                Cell::from(escape_text(&r.module).into_owned()).dim(),
-            ]
-        })
+        .map(|r| function_cells(app, p, r, true))
         .collect();
     let n = rows.len();
     let title = format!(
@@ -349,6 +370,86 @@ fn function_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
     f.render_stateful_widget(t, area, &mut state);
 }
 
+const THREAD_COLUMNS: [Column; 6] = [
+    col("tid", Constraint::Length(8), false),
+    col("thread", Constraint::Fill(1), false),
+    col("time ms", Constraint::Length(9), false),
+    col("calls", Constraint::Length(11), false),
+    col("calls/s", Constraint::Length(11), true),
+    col("hottest function", Constraint::Fill(2), true),
+];
+
+fn thread_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
+    let Some(p) = v.procs.iter().find(|p| p.pid == pid) else {
+        return gone(f, pid, area);
+    };
+    if p.threads.is_empty() {
+        let text = format!(
+            "no rows per thread for pid {pid}: rtprofd publishes them when started with \
+             --thread-rows N (threads with calls or samples in the span). Esc goes back"
+        );
+        return say(f, text, area);
+    }
+    let ts = threads(v, p, &app.filter, app.sort);
+    let rows: Vec<Vec<Cell>> = ts
+        .iter()
+        .map(|t| {
+            // The daemon lists a thread's rows hottest first.
+            let hottest = v.rows[t.rows.clone()]
+                .first()
+                .map(|r| escape_text(&readable(&r.name)).into_owned())
+                .unwrap_or_default();
+            let per_s = if p.span_ns == 0 {
+                0.0
+            } else {
+                t.calls as f64 * 1e9 / p.span_ns as f64
+            };
+            vec![
+                Cell::from(t.tid.to_string()),
+                Cell::from(escape_text(&t.name).into_owned()),
+                Cell::from(format!("{:.1}", t.time_ns as f64 / 1e6)),
+                Cell::from(t.calls.to_string()),
+                Cell::from(format!("{per_s:.1}")),
+                Cell::from(hottest),
+            ]
+        })
+        .collect();
+    let n = rows.len();
+    let title = format!(" pid {} {}: {} thread(s) ", p.pid, escape_text(&p.exe), n);
+    let t = table(&THREAD_COLUMNS, rows, area.width, title);
+    let mut state = TableState::new().with_selected((n > 0).then_some(app.threads.index));
+    f.render_stateful_widget(t, area, &mut state);
+}
+
+fn thread_function_table(f: &mut Frame, app: &App, v: &View, (pid, tid): (u32, u32), area: Rect) {
+    let Some(p) = v.procs.iter().find(|p| p.pid == pid) else {
+        return gone(f, pid, area);
+    };
+    let Some(t) = p.threads.iter().find(|t| t.tid == tid) else {
+        let text = format!(
+            "thread {tid} of pid {pid} has no rows in this span (it ended, or ran nothing): \
+             Esc goes back"
+        );
+        return say(f, text, area);
+    };
+    let rows: Vec<Vec<Cell>> = thread_functions(v, p, tid, &app.filter, app.sort)
+        .into_iter()
+        .map(|r| function_cells(app, p, r, false))
+        .collect();
+    let n = rows.len();
+    let title = format!(
+        " pid {} thread {} {}: {} function(s), {:.1} ms ",
+        p.pid,
+        tid,
+        escape_text(&t.name),
+        n,
+        t.time_ns as f64 / 1e6
+    );
+    let t = table(&FUNCTION_COLUMNS, rows, area.width, title);
+    let mut state = TableState::new().with_selected((n > 0).then_some(app.thread_functions.index));
+    f.render_stateful_widget(t, area, &mut state);
+}
+
 fn help(f: &mut Frame) {
     let sort = |k: SortKey| format!("sort by {}", k.label());
     let lines: Vec<Line> = [
@@ -361,10 +462,14 @@ fn help(f: &mut Frame) {
             "filter by executable or function (Enter applies, Esc cancels)".into(),
         ),
         ("↑ ↓ j k", "select a row (PgUp PgDn Home End too)".into()),
-        ("Enter", "a process's functions".into()),
+        (
+            "Enter",
+            "a process's functions, a thread's functions".into(),
+        ),
+        ("H", "the process's threads (rtprofd --thread-rows)".into()),
         (
             "Esc",
-            "back to the processes; there, drop the filter".into(),
+            "back up a level; on the processes, drop the filter".into(),
         ),
         (
             "p, space",
@@ -480,6 +585,30 @@ mod tests {
             "{}",
             s[1]
         );
+    }
+
+    #[test]
+    fn threads_and_a_threads_functions() {
+        let mut a = app(&[]);
+        press(&mut a, "jH");
+        let s = screen(&a, 0, 120, 20);
+        assert!(line(&s, "pid 10 /bin/cheap").contains("2 thread(s)"));
+        let worker = line(&s, "worker");
+        assert!(worker.trim_start().starts_with("11 "), "{worker}");
+        assert!(
+            worker.contains(" 450.0 ") && worker.contains("900060"),
+            "{worker}"
+        );
+        assert!(worker.ends_with("costly"), "{worker}");
+        line(&s, "Enter its functions");
+        press(&mut a, "\n");
+        let s = screen(&a, 0, 120, 20);
+        assert!(line(&s, "thread 11 worker").contains("2 function(s), 450.0 ms"));
+        assert!(line(&s, " costly ").contains(" 400.0 "));
+        // A process without rows per thread says how to get them.
+        press(&mut a, "\x1b\x1b\x1bkH");
+        let s = screen(&a, 0, 120, 20);
+        line(&s, "--thread-rows N");
     }
 
     #[test]
