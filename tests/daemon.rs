@@ -519,6 +519,31 @@ fn rows_per_thread_on_request() {
             want[k] = own.2[k];
             assert_eq!(seen[k + 1].3, want, "{sampler}: worker-{k}");
         }
+        // `rtprof report` has the same threads, in JSON and in text.
+        let report = |json: bool| {
+            let o = Command::new(rtprof())
+                .args(["report", "--pid", &pid.to_string(), "--present"])
+                .arg(&d.present)
+                .args(json.then_some("--json"))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{o:?}");
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let v: serde_json::Value = serde_json::from_str(&report(true)).unwrap();
+        let threads = v["processes"][0]["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 4, "{v}");
+        let w1 = threads.iter().find(|t| t["name"] == "worker-1").unwrap();
+        assert_eq!(function_named(w1, "work")["calls"], 2000, "{w1}");
+        assert_eq!(function_named(w1, "burn_1")["samples"], own.2[1], "{w1}");
+        let text = report(false);
+        for k in 0..3 {
+            let l = text
+                .lines()
+                .find(|l| l.contains(&format!(" worker-{k}: ")))
+                .unwrap_or_else(|| panic!("no worker-{k} in\n{text}"));
+            assert!(l.ends_with(&format!("hottest burn_{k}")), "{text}");
+        }
         drop(child.stdin.take());
         assert!(child.wait().unwrap().success());
     }

@@ -87,6 +87,27 @@ fn json(v: &View, procs: &[&ProcView], now: u64) -> String {
             row_json(&mut w, r, p.span_ns);
         }
         w.end_array();
+        // Rows per thread (`rtprofd --thread-rows N`), as rtprofd has them.
+        if !p.threads.is_empty() {
+            w.key("threads");
+            w.begin_array();
+            for t in &p.threads {
+                w.begin_object();
+                w.uint_field("tid", t.tid as u64);
+                w.string_field("name", &t.name);
+                w.uint_field("calls", t.calls);
+                w.uint_field("samples", t.samples);
+                w.uint_field("time_ns", t.time_ns);
+                w.key("functions");
+                w.begin_array();
+                for r in &v.rows[t.rows.clone()] {
+                    row_json(&mut w, r, p.span_ns);
+                }
+                w.end_array();
+                w.end_object();
+            }
+            w.end_array();
+        }
         w.end_object();
     }
     w.end_array();
@@ -133,6 +154,22 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
                 per_call,
                 escape_text(&rtprof_shared::names::readable(&r.name)),
                 escape_text(&r.module)
+            );
+        }
+        for t in &p.threads {
+            // rtprofd lists a thread's rows hottest first.
+            let hottest = v.rows[t.rows.clone()]
+                .first()
+                .map(|r| rtprof_shared::names::readable(&r.name).into_owned())
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  thread {} {}: {:.1} ms, {} calls, hottest {}",
+                t.tid,
+                escape_text(&t.name),
+                t.time_ns as f64 / 1e6,
+                t.calls,
+                escape_text(&hottest)
             );
         }
     }
