@@ -200,13 +200,18 @@ impl<'a> Table<'a> {
     /// Every (key, count). Allocates.
     pub fn entries(&self) -> Vec<(u64, u64)> {
         let mut v = Vec::new();
+        self.each(|k, n| v.push((k, n)));
+        v
+    }
+
+    /// Calls `f(key, count)` for every key (allocation-free).
+    pub fn each(&self, mut f: impl FnMut(u64, u64)) {
         self.each_dirty(|e| {
             let k = e.key.load(Ordering::Acquire);
             if k != 0 {
-                v.push((k, e.count.load(Ordering::Relaxed)));
+                f(k, e.count.load(Ordering::Relaxed));
             }
         });
-        v
     }
 
     /// Zeroes the counts of every key `pick` chooses; the keys stay (in

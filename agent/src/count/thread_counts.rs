@@ -109,10 +109,16 @@ pub fn sampled(a: &Agent, tid: u32, slot: Option<u32>, n: u64) {
 /// function. Left in place for readers until the stripe's next thread.
 fn samples_of(a: &Agent, i: u32) -> (u64, Vec<(u32, u64)>) {
     let all = a.segment.counters.stripe_samples(i).load(Ordering::Relaxed);
-    let mut by = by_function(a).entries();
-    by.retain(|&(k, n)| k >> 32 == i as u64 && n != 0);
-    let mut by: Vec<(u32, u64)> = by.into_iter().map(|(k, n)| (k as u32, n)).collect();
-    by.sort_unstable();
+    let mut by = Vec::new();
+    // A thread never sampled (most short ones) has nothing in the table.
+    if all != 0 {
+        by_function(a).each(|k, n| {
+            if k >> 32 == i as u64 && n != 0 {
+                by.push((k as u32, n));
+            }
+        });
+        by.sort_unstable();
+    }
     (all, by)
 }
 
