@@ -161,3 +161,37 @@ fn every_thread_has_its_exact_calls_and_name() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Threads that come and go (2,000, one after another, each sampled in
+/// four functions): every one is listed with its exact calls, and every
+/// sample of those functions is in the rows of the thread that ran it.
+/// Samples by function are counted per stripe, and a stripe's next thread
+/// starts from zero, so the table holding them never fills.
+#[test]
+fn threads_that_come_and_go_keep_their_samples() {
+    let dir = scratch("thread-churn");
+    let bin = compile_o2("thread_churn.c", &["-pthread"], &dir);
+    let plain = run_plain(&bin, &["2000"]);
+    let prof = run_profiled(&bin, &["2000"], &[], &dir);
+    assert_same_behaviour("churn", &plain, &prof.output);
+    let p = &prof.report["processes"][0];
+    assert_eq!(p["threads_dropped"], 0, "{}", p["threads_dropped"]);
+    assert_eq!(p["thread_function_samples_dropped"], 0);
+    let threads = p["threads"].as_array().unwrap();
+    // The 2,000 and the main thread.
+    assert_eq!(threads.len(), 2001);
+    let ticks: u64 = threads.iter().map(|t| in_thread(t, "tick", "calls")).sum();
+    assert_eq!(ticks, (0..2000u64).map(|k| k % 7).sum::<u64>());
+    let mut total = 0;
+    for f in ["spin_a", "spin_b", "spin_c", "spin_d"] {
+        let all = function_named(p, f)["samples"].as_u64().unwrap_or(0);
+        let in_threads: u64 = threads.iter().map(|t| in_thread(t, f, "samples")).sum();
+        assert_eq!(in_threads, all, "{f}");
+        total += all;
+    }
+    // 1.6 ms of CPU per thread at 1 kHz, each thread's clock its own:
+    // about one sample each with perf, in its last functions (fewer with
+    // the timer sampler, whose timers are checked at the scheduler tick).
+    assert!(total >= 100, "{total} samples");
+    let _ = std::fs::remove_dir_all(&dir);
+}
