@@ -57,6 +57,16 @@ fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {
     w.end_object();
 }
 
+/// `"functions": [...]` of `rows`, over a span of `span_ns`.
+fn rows_json(w: &mut JsonWriter, rows: &[RowView], span_ns: u64) {
+    w.key("functions");
+    w.begin_array();
+    for r in rows {
+        row_json(w, r, span_ns);
+    }
+    w.end_array();
+}
+
 fn json(v: &View, procs: &[&ProcView], now: u64) -> String {
     let (age, stale) = v.age(now);
     let mut w = JsonWriter::new();
@@ -81,12 +91,7 @@ fn json(v: &View, procs: &[&ProcView], now: u64) -> String {
         w.uint_field("samples", p.samples);
         w.uint_field("period_ns", p.period_ns);
         w.uint_field("lost", p.lost);
-        w.key("functions");
-        w.begin_array();
-        for r in &v.rows[p.rows.clone()] {
-            row_json(&mut w, r, p.span_ns);
-        }
-        w.end_array();
+        rows_json(&mut w, &v.rows[p.rows.clone()], p.span_ns);
         // Rows per thread (`rtprofd --thread-rows N`), as rtprofd has them.
         if !p.threads.is_empty() {
             w.key("threads");
@@ -98,12 +103,7 @@ fn json(v: &View, procs: &[&ProcView], now: u64) -> String {
                 w.uint_field("calls", t.calls);
                 w.uint_field("samples", t.samples);
                 w.uint_field("time_ns", t.time_ns);
-                w.key("functions");
-                w.begin_array();
-                for r in &v.rows[t.rows.clone()] {
-                    row_json(&mut w, r, p.span_ns);
-                }
-                w.end_array();
+                rows_json(&mut w, &v.rows[t.rows.clone()], p.span_ns);
                 w.end_object();
             }
             w.end_array();
@@ -157,9 +157,8 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
             );
         }
         for t in &p.threads {
-            // rtprofd lists a thread's rows hottest first.
-            let hottest = v.rows[t.rows.clone()]
-                .first()
+            let hottest = t
+                .hottest(v)
                 .map(|r| rtprof_shared::names::readable(&r.name).into_owned())
                 .unwrap_or_default();
             let _ = writeln!(

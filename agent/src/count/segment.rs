@@ -212,9 +212,8 @@ fn fixed_ranges(l: &Layout) -> [(u64, u64); 3] {
 /// written (the per-thread sample table's pages, as samples reach them):
 /// whether it could. Async-signal-safe.
 pub fn back_pages(p: *mut u8, len: usize) -> bool {
-    let lo = p as usize / PAGE as usize * PAGE as usize;
-    let hi = (p as usize + len).div_ceil(PAGE as usize) * PAGE as usize;
-    populate(lo as *mut u64, (hi - lo) as u64).is_ok()
+    let (lo, len) = pages(p as u64, len as u64);
+    populate(lo as *mut u64, len).is_ok()
 }
 
 /// The parts that hold the first `funcs` functions and `strings` bytes of

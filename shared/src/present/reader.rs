@@ -163,6 +163,14 @@ pub struct ThreadView {
     pub rows: Range<usize>,
 }
 
+impl ThreadView {
+    /// Its hottest function in `v` (the daemon lists a thread's rows
+    /// hottest first).
+    pub fn hottest<'v>(&self, v: &'v View) -> Option<&'v RowView> {
+        v.rows.get(self.rows.clone())?.first()
+    }
+}
+
 /// One consistent span table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct View {

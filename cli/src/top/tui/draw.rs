@@ -394,9 +394,8 @@ fn thread_table(f: &mut Frame, app: &App, v: &View, pid: u32, area: Rect) {
     let rows: Vec<Vec<Cell>> = ts
         .iter()
         .map(|t| {
-            // The daemon lists a thread's rows hottest first.
-            let hottest = v.rows[t.rows.clone()]
-                .first()
+            let hottest = t
+                .hottest(v)
                 .map(|r| escape_text(&readable(&r.name)).into_owned())
                 .unwrap_or_default();
             let per_s = if p.span_ns == 0 {
