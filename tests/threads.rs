@@ -195,3 +195,87 @@ fn threads_that_come_and_go_keep_their_samples() {
     assert!(total >= 100, "{total} samples");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// [started, completed, pid] as `ending_threads.c` keeps them.
+fn ending_state(file: &std::path::Path) -> [u64; 3] {
+    let b = std::fs::read(file).unwrap_or_default();
+    let word = |i: usize| {
+        b.get(i * 8..i * 8 + 8)
+            .map_or(0, |w| u64::from_le_bytes(w.try_into().unwrap()))
+    };
+    [word(0), word(1), word(2)]
+}
+
+/// A process that ends, by `exit` or by SIGKILL, while its threads end
+/// and their stripes are folded: every run is reported, with the calls of
+/// every thread that made them all and none a thread never started
+/// (1,000 per thread). A fold takes effect in one store, so a process
+/// killed in the middle of one leaves counts that still add up.
+#[test]
+fn a_process_ending_while_its_threads_end_keeps_their_calls() {
+    let dir = scratch("ending-threads");
+    let bin = compile_o2("ending_threads.c", &["-pthread"], &dir);
+    let json = dir.join("run.json");
+    for run in 0..16u64 {
+        let file = dir.join(format!("state-{run}"));
+        std::fs::write(&file, [0u8; 4096]).unwrap();
+        let kill = run % 2 == 1;
+        let wait_ms = 30 + run * 7 % 50;
+        let _ = std::fs::remove_file(&json);
+        let mut cmd = Command::new(rtprof());
+        cmd.arg("run").arg("--json").arg(&json).arg("--").arg(&bin);
+        cmd.arg(&file);
+        if kill {
+            cmd.arg("wait");
+        } else {
+            cmd.args(["exit", &wait_ms.to_string()]);
+        }
+        let (out_file, err_file) = (dir.join("stdout"), dir.join("stderr"));
+        let mut child = Killed(
+            cmd.stdout(std::fs::File::create(&out_file).unwrap())
+                .stderr(std::fs::File::create(&err_file).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        if kill {
+            let pid = poll(
+                "the program's threads",
+                std::time::Duration::from_secs(30),
+                || {
+                    let [_, done, pid] = ending_state(&file);
+                    (done >= 20).then_some(pid)
+                },
+            );
+            std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+            // SAFETY: a plain system call; the pid is the program's own
+            // (rtprof run's child), still unreaped.
+            assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        }
+        let status = child.wait().unwrap();
+        let stderr = std::fs::read_to_string(&err_file).unwrap();
+        let what = format!(
+            "run {run} ({}): {stderr}",
+            if kill { "killed" } else { "exit" }
+        );
+        if !kill {
+            assert!(status.success(), "{what}");
+            assert_eq!(
+                std::fs::read_to_string(&out_file).unwrap(),
+                "exiting\n",
+                "{what}"
+            );
+        }
+        assert!(!stderr.contains("skipping"), "{what}");
+        let text =
+            std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{what}: no report: {e}"));
+        let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let [started, completed, _] = ending_state(&file);
+        let p = &report["processes"][0];
+        let calls = function_named(p, "tick")["calls"].as_u64().unwrap();
+        assert!(
+            calls >= completed * 1000 && calls <= started * 1000,
+            "{what}: {calls} calls of tick; {completed} threads made all 1,000, {started} started"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,4 +1,4 @@
-//! Binary layout of the counter segment (ABI version 4).
+//! Binary layout of the counter segment (ABI version 5).
 //!
 //! All fields are little-endian with fixed widths. The segment is laid out as:
 //!
@@ -23,7 +23,10 @@
 use std::mem::size_of;
 
 pub const MAGIC: [u8; 8] = *b"RTPROFC\0";
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
+/// The version before folds that survive a kill (an ended thread's
+/// stripe was added into stripe 0 in place), still read: same header.
+pub const VERSION_4: u32 = 4;
 /// The version before per-thread samples, still read.
 pub const VERSION_3: u32 = 3;
 /// Its header: [`Header`] without `thread_samples_off`.
@@ -43,13 +46,55 @@ pub mod state {
 }
 
 /// Stripe life-cycle state stored in [`StripeSlot::state`].
+///
+/// Folding (version 5) survives the process being killed at any point: a
+/// thread's end is one store (LIVE to ENDED), and a fold moves every ENDED
+/// stripe at once into a new sum stripe, taking effect in one store to
+/// `fold_seq`. A reader sums a stripe by [`stripe_state::counted`] against
+/// the generation `fold_seq / 2` it read first, and reads again if
+/// `fold_seq` moved meanwhile. In a slot, `tid` is the thread's id while
+/// LIVE and a generation while FOLDING or SUM.
 pub mod stripe_state {
+    /// Zero, for a new thread to take.
     pub const FREE: u32 = 0;
     pub const LIVE: u32 = 1;
-    /// Being handed to a thread (LIVE once its id is set).
+    /// Being handed to a thread (LIVE once its id is set); still zero.
     pub const CLAIMED: u32 = 2;
-    // FREE stripes below `stripe_count` were folded into stripe 0 and are
-    // zero: a new thread may take them.
+    /// Its thread ended: counted until a fold moves it into a sum.
+    pub const ENDED: u32 = 3;
+    /// Being folded into the sum of generation `tid`: counted until that
+    /// generation is the segment's, then zeroed and FREE.
+    pub const FOLDING: u32 = 4;
+    /// The ended threads' counts as of generation `tid`: counted while
+    /// that generation is the segment's.
+    pub const SUM: u32 = 5;
+    /// Kept for the next sum (stripes 1 and 2, see [`super::SUM_STRIPES`]),
+    /// zero, never a thread's.
+    pub const SPARE: u32 = 6;
+
+    /// Whether a reader of generation `generation` sums a stripe whose slot
+    /// holds (`state`, `tid`). Segments before version 5 count every stripe
+    /// but FREE ones.
+    pub fn counted(state: u32, tid: u32, generation: u64) -> bool {
+        let g = generation as u32;
+        match state {
+            FREE | CLAIMED | SPARE => false,
+            FOLDING => tid == g.wrapping_add(1),
+            SUM => tid == g,
+            _ => true,
+        }
+    }
+}
+
+/// The stripes a segment with room for at least one thread's keeps for the
+/// sums of ended threads' counts: a fold writes the one that is not the
+/// current sum.
+pub const SUM_STRIPES: [u32; 2] = [1, 2];
+
+/// Whether a segment of `stripe_cap` stripes keeps [`SUM_STRIPES`] (it
+/// does when a thread can still have a stripe of its own).
+pub fn keeps_sum_stripes(stripe_cap: u32) -> bool {
+    stripe_cap >= 4
 }
 
 #[repr(C)]
@@ -97,8 +142,10 @@ pub struct Header {
     pub flags: u32,
     /// Nanoseconds the agent spent at start-up (reading ELF files, analysis, patching).
     pub setup_ns: u64,
-    /// Odd while an exited thread's stripe is being folded into stripe 0:
-    /// readers retry until they see the same even value before and after.
+    /// Twice the fold generation: moved by 2 when a fold takes effect
+    /// (see [`stripe_state`]); readers retry until they see the same value
+    /// before and after. Version 4: odd while a stripe was added into
+    /// stripe 0.
     pub fold_seq: u64,
     /// Serialises folds within the process (0 free, 1 held).
     pub fold_lock: u32,

@@ -638,7 +638,7 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, SegmentError> {
         return Err(SegmentError::BadMagic);
     }
     let v3 = h.version == VERSION_3;
-    if h.version != VERSION && !v3 {
+    if h.version != VERSION && h.version != VERSION_4 && !v3 {
         return Err(SegmentError::UnsupportedVersion(h.version));
     }
     let size = if v3 { HEADER_3_SIZE as u64 } else { need };
@@ -770,25 +770,37 @@ pub fn thread_function_samples(bytes: &[u8], h: &Header, mut f: impl FnMut(u32, 
     true
 }
 
-/// Sums each function's calls over the stripes in use (the shared one and
-/// every one handed to a thread), as of one moment: retried while an exited
-/// thread's stripe is being folded into the shared one (`fold_seq` odd or
-/// changed). `h` must come from [`read_header`] over the same `bytes`;
-/// `calls` covers the first `calls.len()` functions (at most `func_count`;
-/// slots past `func_count` are left as they are). False when 1,000 tries saw no quiet moment: `calls` then holds the last
+/// Sums each function's calls over the stripes that count (the shared
+/// one, threads' and ended threads' sums: [`stripe_state::counted`]), as of
+/// one moment: retried while a fold takes effect (`fold_seq` changed, or
+/// odd in a version 4 segment). A process killed in the middle of a fold
+/// leaves a segment that sums exactly. `h` must come from [`read_header`]
+/// over the same `bytes`; `calls` covers the first `calls.len()` functions
+/// (at most `func_count`; slots past `func_count` are left as they are).
+/// False when 1,000 tries saw no quiet moment: `calls` then holds the last
 /// sum, which may be torn.
 #[must_use = "a torn sum is not one moment's"]
 pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     let b = Bytes(bytes);
     let n = calls.len().min(h.func_count as usize);
     let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
+    let v5 = h.version >= VERSION;
     for _ in 0..1000 {
         let before = b.counter(seq_off);
         // The first stripe in use is stored, the others added: one pass
         // over `calls` fewer than zeroing it first.
         let mut first = true;
-        for s in 0..h.stripe_count as u64 {
-            if b.u32(h.stripe_table_off + s * 8) == stripe_state::FREE {
+        for s in 0..h.stripe_count.min(h.stripe_cap) as u64 {
+            let (state, tid) = (
+                b.u32(h.stripe_table_off + s * 8),
+                b.u32(h.stripe_table_off + s * 8 + 4),
+            );
+            let counted = if v5 {
+                stripe_state::counted(state, tid, before / 2)
+            } else {
+                state != stripe_state::FREE
+            };
+            if !counted {
                 continue;
             }
             let base = h.stripes_off + s * h.stripe_bytes;
@@ -819,6 +831,9 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
         if first {
             calls[..n].iter_mut().for_each(|c| *c = 0);
         }
+        // The counters read before `fold_seq` is read again: a zeroing
+        // after a fold's store to it is seen only with that store.
+        std::sync::atomic::fence(Ordering::Acquire);
         if before % 2 == 0 && b.counter(seq_off) == before {
             return true;
         }

@@ -105,6 +105,7 @@ impl SegmentWriter {
             .stripe_slot(0)
             .0
             .store(stripe_state::LIVE, Ordering::Release);
+        counters.keep_sum_stripes();
         SegmentWriter {
             counters,
             module_count: 0,
@@ -627,16 +628,46 @@ impl Counters {
             .min(self.layout.caps.stripes)
     }
 
-    /// Calls of function `idx` counted so far, over every stripe handed
-    /// out. Allocates nothing (callable with other threads stopped).
+    /// Calls of function `idx` counted so far, over the stripes that count
+    /// ([`stripe_state::counted`]). Allocates nothing (callable with other
+    /// threads stopped).
     pub fn calls(&self, idx: u32) -> u64 {
-        let used = self
-            .header_u32(offset_of!(Header, stripe_count))
-            .load(Ordering::Acquire)
-            .min(self.layout.caps.stripes);
-        (0..used)
-            .map(|i| self.counter(i, idx).load(Ordering::Relaxed))
-            .sum()
+        let seq = self.header_u64(offset_of!(Header, fold_seq));
+        loop {
+            let before = seq.load(Ordering::Acquire);
+            let sum = (0..self.stripe_count())
+                .filter(|&i| self.stripe_counted(i, before / 2))
+                .map(|i| self.counter(i, idx).load(Ordering::Relaxed))
+                .sum();
+            std::sync::atomic::fence(Ordering::Acquire);
+            if seq.load(Ordering::Relaxed) == before {
+                return sum;
+            }
+        }
+    }
+
+    /// Whether stripe `i` counts for a reader of fold generation `generation`.
+    fn stripe_counted(&self, i: u32, generation: u64) -> bool {
+        let (st, t) = self.stripe_slot(i);
+        stripe_state::counted(
+            st.load(Ordering::Acquire),
+            t.load(Ordering::Relaxed),
+            generation,
+        )
+    }
+
+    /// Sets aside [`SUM_STRIPES`] (when the segment keeps them) for the
+    /// sums of ended threads, before any thread takes a stripe.
+    fn keep_sum_stripes(&self) {
+        if keeps_sum_stripes(self.layout.caps.stripes) {
+            for i in SUM_STRIPES {
+                self.stripe_slot(i)
+                    .0
+                    .store(stripe_state::SPARE, Ordering::Release);
+            }
+            let count = self.header_u32(offset_of!(Header, stripe_count));
+            count.fetch_max(SUM_STRIPES[1] + 1, Ordering::AcqRel);
+        }
     }
 
     /// Counter `slot` of stripe `stripe`.
@@ -805,34 +836,149 @@ impl Counters {
         Some(cur)
     }
 
-    /// Folds an exited thread's stripe into the shared stripe and frees it
-    /// for reuse, so memory stays bounded by the threads alive at once. The
-    /// owner must no longer count into it. Readers see the fold atomically
-    /// through `fold_seq`.
-    pub fn fold_stripe(&self, i: u32) {
-        if i == 0 || i >= self.layout.caps.stripes {
-            return;
+    /// Marks stripe `i` as its thread's no more: still counted, by one
+    /// store (a kill just after leaves every count in place), until
+    /// [`Counters::fold_ended`] moves it into a sum. The owner must no
+    /// longer count into it.
+    pub fn end_stripe(&self, i: u32) {
+        if i != 0 && i < self.layout.caps.stripes {
+            self.stripe_slot(i)
+                .0
+                .store(stripe_state::ENDED, Ordering::Release);
+        }
+    }
+
+    /// Moves every ended thread's stripe into a new sum and frees them for
+    /// reuse, so memory stays bounded by the threads alive at once. The
+    /// fold writes the spare one of [`SUM_STRIPES`] as the current sum plus
+    /// the ended stripes, then takes effect in one store to `fold_seq`;
+    /// the old sum and the ended stripes are zeroed after. Killed at any
+    /// point, the segment still sums exactly. `back(p, bytes)` gives memory
+    /// to the first `bytes` of each stripe the fold reads or writes (false:
+    /// nothing is folded; the ended stripes stay counted). Returns the
+    /// stripes freed.
+    pub fn fold_ended(&self, back: impl FnMut(*mut u64, u64) -> bool) -> u32 {
+        if !keeps_sum_stripes(self.layout.caps.stripes) {
+            return 0;
         }
         let lock = self.header_u32(offset_of!(Header, fold_lock));
         while lock
             .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
+        let freed = self.fold_locked(back, || {});
+        lock.store(0, Ordering::Release);
+        freed
+    }
+
+    /// The fold, with the fold lock held. `step` is called after every
+    /// store a reader could see: where a kill could leave the segment.
+    fn fold_locked(
+        &self,
+        mut back: impl FnMut(*mut u64, u64) -> bool,
+        mut step: impl FnMut(),
+    ) -> u32 {
         let seq = self.header_u64(offset_of!(Header, fold_seq));
-        seq.fetch_add(1, Ordering::AcqRel);
-        for k in 0..self.func_count() {
-            let v = self.counter(i, k).swap(0, Ordering::Relaxed);
+        let g = seq.load(Ordering::Acquire) / 2;
+        let next = (g as u32).wrapping_add(1);
+        let used = self.stripe_count();
+        let mut folding = 0u32;
+        for i in SUM_STRIPES[1] + 1..used {
+            if self.stripe_slot(i).0.load(Ordering::Acquire) != stripe_state::ENDED {
+                continue;
+            }
+            // Counted before (ENDED) and after (FOLDING into `next`) alike.
+            let (st, t) = self.stripe_slot(i);
+            t.store(next, Ordering::Relaxed);
+            step();
+            st.store(stripe_state::FOLDING, Ordering::Release);
+            step();
+            folding += 1;
+        }
+        if folding == 0 {
+            return 0;
+        }
+        let is = |i: u32, state: u32| self.stripe_slot(i).0.load(Ordering::Acquire) == state;
+        let old = SUM_STRIPES.into_iter().find(|&i| {
+            is(i, stripe_state::SUM) && self.stripe_slot(i).1.load(Ordering::Relaxed) == g as u32
+        });
+        let new = SUM_STRIPES
+            .into_iter()
+            .find(|&i| Some(i) != old)
+            .unwrap_or(SUM_STRIPES[0]);
+        let n = self.func_count();
+        let is_folding = |i: u32| {
+            let (st, t) = self.stripe_slot(i);
+            st.load(Ordering::Relaxed) == stripe_state::FOLDING && t.load(Ordering::Relaxed) == next
+        };
+        let sources: Vec<u32> = (SUM_STRIPES[1] + 1..used)
+            .filter(|&i| is_folding(i))
+            .chain(old)
+            .collect();
+        // Every page read or written has memory (on a full tmpfs a page
+        // without would fault, even to be read).
+        let bytes = n as u64 * 8;
+        if !is(new, stripe_state::SPARE)
+            || !sources
+                .iter()
+                .chain([&new])
+                .all(|&i| back(self.stripe_ptr(i), bytes))
+        {
+            // Left as they were: counted, folded by a later fold.
+            for i in (SUM_STRIPES[1] + 1..used).filter(|&i| is_folding(i)) {
+                self.stripe_slot(i)
+                    .0
+                    .store(stripe_state::ENDED, Ordering::Release);
+            }
+            return 0;
+        }
+        for k in 0..n {
+            let v: u64 = sources
+                .iter()
+                .map(|&i| self.counter(i, k).load(Ordering::Relaxed))
+                .fold(0, u64::wrapping_add);
             if v != 0 {
-                self.counter(0, k).fetch_add(v, Ordering::Relaxed);
+                self.counter(new, k).store(v, Ordering::Relaxed);
+                step();
             }
         }
-        self.stripe_slot(i)
-            .0
-            .store(stripe_state::FREE, Ordering::Release);
-        seq.fetch_add(1, Ordering::AcqRel);
-        lock.store(0, Ordering::Release);
+        let (st, t) = self.stripe_slot(new);
+        t.store(next, Ordering::Relaxed);
+        step();
+        st.store(stripe_state::SUM, Ordering::Release);
+        step();
+        // Takes effect: from here the new sum counts, the old one and the
+        // folded stripes do not.
+        seq.fetch_add(2, Ordering::AcqRel);
+        step();
+        // A reader that sees a zero written below sees the store above.
+        std::sync::atomic::fence(Ordering::Release);
+        for &i in &sources {
+            for k in 0..n {
+                let c = self.counter(i, k);
+                if c.load(Ordering::Relaxed) != 0 {
+                    c.store(0, Ordering::Relaxed);
+                    step();
+                }
+            }
+            let free = if Some(i) == old {
+                stripe_state::SPARE
+            } else {
+                stripe_state::FREE
+            };
+            self.stripe_slot(i).0.store(free, Ordering::Release);
+            step();
+        }
+        folding
+    }
+
+    /// Ends stripe `i` and folds it at once (memory for the sum taken as
+    /// given: for segments in ordinary memory).
+    pub fn fold_stripe(&self, i: u32) {
+        self.end_stripe(i);
+        self.fold_ended(|_, _| true);
     }
 
     /// Hands back a stripe nothing was counted in (its memory could not be
@@ -866,7 +1012,12 @@ impl Counters {
             .header_u32(offset_of!(Header, stripe_count))
             .load(Ordering::Acquire);
         for i in 1..count.min(self.layout.caps.stripes) {
-            if Some(i) != keep {
+            if keeps_sum_stripes(self.layout.caps.stripes) && SUM_STRIPES.contains(&i) {
+                // The caller's counters are zero: no sum yet.
+                self.stripe_slot(i)
+                    .0
+                    .store(stripe_state::SPARE, Ordering::Release);
+            } else if Some(i) != keep {
                 self.stripe_slot(i)
                     .0
                     .store(stripe_state::FREE, Ordering::Release);
@@ -910,6 +1061,8 @@ impl Counters {
         // A fold another thread had begun at fork time never ends here.
         self.header_u32(offset_of!(Header, fold_lock))
             .store(0, Ordering::Relaxed);
+        // An ended stripe of the parent is zero here (FREE above); an odd
+        // sequence could only come from a version 4 parent.
         let seq = self.header_u64(offset_of!(Header, fold_seq));
         seq.store(seq.load(Ordering::Relaxed) & !1, Ordering::Release);
         self.set_identity(pid, ppid, start_ns);
@@ -1161,7 +1314,7 @@ mod tests {
             modules: 1,
             functions: 1,
             strings: 16,
-            stripes: 4,
+            stripes: 6,
         });
         let mut buf = buffer(&layout);
         // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
@@ -1188,7 +1341,7 @@ mod tests {
             modules: 1,
             functions: 1,
             strings: 16,
-            stripes: 2,
+            stripes: 4,
         });
         let mut buf = buffer(&layout);
         // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
@@ -1226,7 +1379,7 @@ mod tests {
             modules: 1,
             functions: 3,
             strings: 64,
-            stripes: 3,
+            stripes: 5,
         });
         let mut buf = buffer(&layout);
         // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
@@ -1275,5 +1428,86 @@ mod tests {
             "and starts from zero"
         );
         let _ = s2;
+    }
+
+    /// A process killed anywhere in a fold (here: stopped after each store
+    /// of it) leaves a segment that reads, and sums exactly.
+    #[test]
+    fn a_fold_stopped_after_any_store_sums_exactly() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 3,
+            strings: 64,
+            stripes: 7,
+        });
+        let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // `w`.
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        w.add_module(b"m", 0).unwrap();
+        for n in [b"a", b"b", b"c"] {
+            w.add_function(n, 0, 1).unwrap();
+        }
+        let c = *w.counters();
+        let base = buf.as_ptr() as *const u8;
+        let len = buf.len() * 8;
+        let calls = || {
+            // SAFETY: the buffer's bytes; the fold only stores into them
+            // atomically, from this same thread.
+            let bytes = unsafe { std::slice::from_raw_parts(base, len) };
+            let snap = crate::read_snapshot(bytes).expect("one moment's sum");
+            snap.functions.iter().map(|f| f.calls).collect::<Vec<_>>()
+        };
+        let bump = |s: u32, k: u32, n: u64| c.counter(s, k).fetch_add(n, Ordering::Relaxed);
+        bump(0, 0, 1);
+        // Three folds: the first makes a sum, the next two add to it from
+        // the other spare (with two stripes at once in the third).
+        let mut expect = vec![1, 0, 0];
+        for (round, threads) in [&[(5, 7, 0)][..], &[(1, 0, 4)], &[(2, 2, 2), (0, 9, 1)]]
+            .into_iter()
+            .enumerate()
+        {
+            for &(x, y, z) in threads {
+                let s = c.alloc_stripe(100 + round as u32).unwrap();
+                assert!(!SUM_STRIPES.contains(&s), "a sum is never a thread's");
+                for (k, n) in [x, y, z].into_iter().enumerate() {
+                    bump(s, k as u32, n);
+                    expect[k] += n;
+                }
+                c.end_stripe(s);
+            }
+            assert_eq!(calls(), expect, "ended, before round {round}");
+            let mut steps = 0;
+            let freed = c.fold_locked(
+                |_, _| true,
+                || {
+                    steps += 1;
+                    assert_eq!(calls(), expect, "round {round}, after store {steps}");
+                },
+            );
+            assert_eq!(freed as usize, threads.len());
+            assert!(steps > 4, "{steps} stores");
+            assert_eq!(calls(), expect, "after round {round}");
+        }
+        // Exactly one sum counts; the other spare is zero and free for the next.
+        let sums: Vec<u32> = SUM_STRIPES
+            .into_iter()
+            .filter(|&i| c.stripe_slot(i).0.load(Ordering::Relaxed) == stripe_state::SUM)
+            .collect();
+        assert_eq!(sums.len(), 1);
+        // Without memory for the sum nothing moves, and nothing is lost.
+        let s = c.alloc_stripe(9).unwrap();
+        bump(s, 2, 3);
+        expect[2] += 3;
+        c.end_stripe(s);
+        assert_eq!(c.fold_ended(|_, _| false), 0);
+        assert_eq!(
+            c.stripe_slot(s).0.load(Ordering::Relaxed),
+            stripe_state::ENDED
+        );
+        assert_eq!(calls(), expect);
+        assert_eq!(c.fold_ended(|_, _| true), 1);
+        assert_eq!(calls(), expect);
+        assert_eq!((0..3).map(|k| c.calls(k)).collect::<Vec<_>>(), expect);
     }
 }

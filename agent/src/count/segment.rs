@@ -420,6 +420,18 @@ impl Segment {
         Some(idx)
     }
 
+    /// Stripe `i`'s thread ended: its counts stay counted (one store), then
+    /// every ended stripe is folded into the ended threads' sum, pages
+    /// given memory first; on a full tmpfs they stay as they are, counted.
+    pub fn retire_stripe(&self, i: u32) {
+        self.counters.end_stripe(i);
+        let bytes = self.stripe_used_bytes();
+        self.counters.fold_ended(|p, _| {
+            let (lo, len) = pages(p as u64, bytes);
+            populate(lo as *mut u64, len).is_ok()
+        });
+    }
+
     /// In a forked child: gives the child a segment of its own at the same
     /// address (stubs hold absolute addresses into it), with the parent's
     /// metadata and zero counts. Only the forking thread exists, so only its

@@ -182,7 +182,7 @@ fn name_of(tid: u32) -> [u8; 16] {
 }
 
 /// Thread `tid`, ending, counted in stripe `stripe`: keeps what it counted
-/// and folds the stripe into the shared one, both under the list's lock
+/// and retires the stripe into the ended threads' sum, both under the list's lock
 /// (a report taken meanwhile finds the thread either live or ended, once).
 pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
     let c = &a.segment.counters;
@@ -190,10 +190,12 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         // Its samples still in the perf rings are its own only while it
         // holds its stripe (a later drain finds no thread with its id).
         // Signals are held meanwhile: a handler that exits would drain
-        // again, waiting for this drain for ever. Not waiting for a drain
-        // under way (the drain thread's covers them); without naming
-        // modules on demand, which may take the loader's lock.
-        crate::threads::with_signals_blocked(|| crate::sampling::drain(a, false, false));
+        // again, waiting for this drain for ever. A drain under way (the
+        // drain thread's) is waited for: the samples it holds and those it
+        // has not reached yet would be counted after the copy below. It
+        // waits for nothing this thread holds. This one names no modules
+        // on demand, which may take the loader's lock.
+        crate::threads::with_signals_blocked(|| crate::sampling::drain(a, true, false));
         let counts: Vec<(u32, u64)> = c.stripe_counts(stripe).collect();
         let (samples, sampled) = samples_of(a, stripe);
         let pid = std::process::id();
@@ -210,13 +212,13 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
                     samples,
                     sampled,
                 });
-                c.fold_stripe(stripe);
+                a.segment.retire_stripe(stripe);
                 return;
             }
         }
         DROPPED.fetch_add(1, Ordering::Relaxed);
     }
-    c.fold_stripe(stripe);
+    a.segment.retire_stripe(stripe);
 }
 
 /// In a forked child: the parent's ended threads are not the child's (its

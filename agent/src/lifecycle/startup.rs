@@ -118,7 +118,7 @@ pub(crate) const INSTRUMENTED_RESERVE: u32 = 64;
 /// Spare function slots and stripes of the smaller segment tried when the
 /// full one cannot be mapped.
 const SMALL_SPARE: u32 = 8192;
-const SMALL_STRIPES: u32 = 65;
+const SMALL_STRIPES: u32 = 67;
 
 /// The spare function slots `caps` holds beyond start-up's functions.
 fn spare_used(cfg: &Config, caps: Capacities) -> u32 {
@@ -153,7 +153,8 @@ pub(crate) fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capaciti
         // Stubs address a counter as a 32-bit displacement (slot * 8).
         functions: (funcs + spare).min((i32::MAX / 8) as usize) as u32,
         strings: (names + exe.len() + spare * 48 + 4096).min(u32::MAX as usize) as u32,
-        stripes: cfg.max_threads + 1,
+        // The shared stripe, the two sums of ended threads, one per thread.
+        stripes: cfg.max_threads + 3,
     }
 }
 

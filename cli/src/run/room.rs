@@ -59,7 +59,7 @@ fn smallest_segment() -> u64 {
         modules: 512 + 1,
         functions: spare,
         strings: spare.saturating_mul(48).saturating_add(4096),
-        stripes: threads + 1,
+        stripes: threads + 3,
     })
     .stripe_off(1)
 }
