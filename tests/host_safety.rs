@@ -105,26 +105,53 @@ fn in_private_mounts(script: &str, envs: &[(&str, &Path)]) -> std::process::Outp
     c.output().expect("unshare runs (tests need root)")
 }
 
+/// Also after a thread ended and a library added more than a page of
+/// counters per stripe (`PLUGIN`): the ended threads' sum got memory for
+/// them before the tmpfs filled, or reading it at exit would fault.
 #[test]
 fn tmpfs_filling_while_threads_start() {
     let dir = scratch("fill-tmpfs");
-    let bin = compile_o2("fill_tmpfs.c", &["-pthread"], &dir);
+    let bin = compile_o2("fill_tmpfs.c", &["-pthread", "-ldl"], &dir);
+    let lib = dir.join("libmany.so");
+    let o = Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(root().join("tests/c/many_functions.c"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mnt = dir.join("tmp");
     std::fs::create_dir_all(&mnt).unwrap();
     let json = dir.join("report.json");
+    for plugin in ["", lib.to_str().unwrap()] {
+        tmpfs_filling(&bin, &mnt, &json, plugin);
+    }
+}
+
+fn tmpfs_filling(bin: &Path, mnt: &Path, json: &Path, plugin: &str) {
+    let _ = std::fs::remove_file(json);
+    let plugin = Path::new(plugin);
+    let set = if plugin.as_os_str().is_empty() {
+        ""
+    } else {
+        r#"export PLUGIN="$LIB" RTPROF_MODULES='libmany*';"#
+    };
     let plain = in_private_mounts(
-        r#"mount -t tmpfs -o size=4m tmpfs "$MNT" && FILL="$MNT/fill" "$BIN""#,
-        &[("MNT", &mnt), ("BIN", &bin)],
+        &format!(r#"{set} mount -t tmpfs -o size=4m tmpfs "$MNT" && FILL="$MNT/fill" "$BIN""#),
+        &[("MNT", mnt), ("BIN", bin), ("LIB", plugin)],
     );
     assert!(plain.status.success(), "plain: {plain:?}");
     let prof = in_private_mounts(
-        r#"mount -t tmpfs -o size=4m tmpfs "$MNT" &&
-           TMPDIR="$MNT" FILL="$MNT/fill" "$RTPROF" run --json "$JSON" -- "$BIN""#,
+        &format!(
+            r#"{set} mount -t tmpfs -o size=4m tmpfs "$MNT" &&
+           TMPDIR="$MNT" FILL="$MNT/fill" "$RTPROF" run --json "$JSON" -- "$BIN""#
+        ),
         &[
-            ("MNT", &mnt),
-            ("BIN", &bin),
-            ("JSON", &json),
+            ("MNT", mnt),
+            ("BIN", bin),
+            ("JSON", json),
             ("RTPROF", &rtprof()),
+            ("LIB", plugin),
         ],
     );
     assert_eq!(
@@ -138,10 +165,10 @@ fn tmpfs_filling_while_threads_start() {
         String::from_utf8_lossy(&prof.stderr)
     );
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     // Threads found no memory for stripes of their own and counted in the
     // shared one: every call is there.
-    assert_counts("fill tmpfs", &plain.stdout, process(&report, &bin));
+    assert_counts("fill tmpfs", &plain.stdout, process(&report, bin));
 }
 
 /// A library loaded with `dlopen` that finds no room in the counter segment

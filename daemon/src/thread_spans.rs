@@ -5,7 +5,7 @@
 //! Every tick reads them; what changed is kept as a sparse delta, as for
 //! the process's own rows, and each thread's `N` hottest functions (by
 //! time, then calls) become its rows. A thread that ended has left its
-//! stripe (its counts fold into the process's shared stripe): its rows go
+//! stripe (its counts fold into the process's ended threads' sum): its rows go
 //! with it, and its calls and samples stay in the process's rows.
 //!
 //! What is kept per thread is proportional to the functions it ran, not
@@ -233,8 +233,10 @@ impl ThreadSpans {
         id_of: impl Fn(usize) -> (u32, u32, bool),
     ) {
         let funcs = funcs.min(h.func_count as usize);
-        // A stripe being folded (its thread ended) is read another tick:
-        // half-zeroed, it would look like a new thread's.
+        // A stripe being folded (its thread ended; in a version 4
+        // segment, while the sequence is odd) is read another tick:
+        // half-zeroed, it would look like a new thread's. In version 5 it
+        // is not LIVE, and is zeroed only after the sequence moves.
         let seq = fold_seq(bytes);
         if seq % 2 == 1 {
             return;
@@ -327,7 +329,11 @@ impl ThreadSpans {
                     }
                     continue;
                 }
-            } else if !stripe_calls(bytes, h, t.stripe, now) || fold_seq(bytes) != seq {
+            } else if !stripe_calls(bytes, h, t.stripe, now) || {
+                // The stripe read before the sequence is read again.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                fold_seq(bytes) != seq
+            } {
                 // Not read while a fold began: this thread and the rest
                 // wait for the next tick (their last rows stay).
                 if !t.rows.rows.is_empty() {
@@ -395,13 +401,14 @@ mod tests {
     use rtprof_shared::layout::{Capacities, Layout};
     use rtprof_shared::{read_header, SegmentWriter};
 
-    /// A segment of 4 functions and room for 4 threads' stripes.
+    /// A segment of 4 functions and room for 4 threads' stripes (after
+    /// the shared one and the two sums of ended threads).
     fn segment() -> (Vec<u64>, SegmentWriter) {
         let layout = Layout::new(Capacities {
             modules: 1,
             functions: 4,
             strings: 64,
-            stripes: 5,
+            stripes: 7,
         });
         let mut mem = vec![0u64; (layout.total_size / 8) as usize];
         // SAFETY: `mem` is zeroed, 8-aligned, the layout's size, and kept
@@ -544,7 +551,7 @@ mod tests {
         table.add(key(a, 1), 7);
         table.add(key(b, 3), 4);
         // A stripe no thread holds, and a slot past the functions.
-        table.add(key(4, 1), 5);
+        table.add(key(6, 1), 5);
         table.add(key(b, 9), 5);
         c.stripe_samples(a)
             .store(9, std::sync::atomic::Ordering::Relaxed);

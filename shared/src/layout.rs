@@ -12,7 +12,9 @@
 //!
 //! A stripe is one `u64` call counter per function slot. Each thread counts
 //! into its own stripe without atomics; threads without one use stripe 0 with
-//! `lock inc`. A function's call count is the sum over all used stripes.
+//! `lock inc`. A function's call count is the sum over the stripes that
+//! count: the shared one, threads', and the ended threads' sum (see
+//! [`stripe_state`]).
 //!
 //! Samples are counted per stripe (its thread's CPU time) and by (stripe,
 //! function slot) in a hash table ([`crate::count_table`]) keyed

@@ -588,6 +588,14 @@ impl Bytes<'_> {
         let o = off as usize;
         u32::from_le_bytes(self.0[o..o + 4].try_into().unwrap())
     }
+    /// An 8-byte word other threads write, as one atomic load with
+    /// `order` where it is aligned (a mapped segment's always are).
+    fn atomic(&self, off: u64, order: Ordering) -> u64 {
+        match counters(self.0, off, 1) {
+            Some([w]) => w.load(order),
+            _ => self.counter(off),
+        }
+    }
     /// Counters are written by other threads: read them with one volatile,
     /// aligned load so a value is never torn.
     fn counter(&self, off: u64) -> u64 {
@@ -786,15 +794,15 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
     let v5 = h.version >= VERSION;
     for _ in 0..1000 {
-        let before = b.counter(seq_off);
+        // Acquire, as each slot below: what is read after it is not older.
+        let before = b.atomic(seq_off, Ordering::Acquire);
         // The first stripe in use is stored, the others added: one pass
         // over `calls` fewer than zeroing it first.
         let mut first = true;
         for s in 0..h.stripe_count.min(h.stripe_cap) as u64 {
-            let (state, tid) = (
-                b.u32(h.stripe_table_off + s * 8),
-                b.u32(h.stripe_table_off + s * 8 + 4),
-            );
+            // A slot's state and tid, in one load.
+            let slot = b.atomic(h.stripe_table_off + s * 8, Ordering::Acquire);
+            let (state, tid) = (slot as u32, (slot >> 32) as u32);
             let counted = if v5 {
                 stripe_state::counted(state, tid, before / 2)
             } else {
@@ -834,7 +842,7 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
         // The counters read before `fold_seq` is read again: a zeroing
         // after a fold's store to it is seen only with that store.
         std::sync::atomic::fence(Ordering::Acquire);
-        if before % 2 == 0 && b.counter(seq_off) == before {
+        if before % 2 == 0 && b.atomic(seq_off, Ordering::Relaxed) == before {
             return true;
         }
         std::thread::yield_now();
@@ -842,23 +850,25 @@ pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     false
 }
 
-/// The segment's fold sequence now: odd while an ended thread's stripe is
-/// being folded into the shared one, moved by each fold.
+/// The segment's fold sequence now: moved by each fold (see
+/// [`stripe_state`]; odd during one in a version 4 segment).
 pub fn fold_seq(bytes: &[u8]) -> u64 {
-    Bytes(bytes).counter(std::mem::offset_of!(Header, fold_seq) as u64)
+    Bytes(bytes).atomic(
+        std::mem::offset_of!(Header, fold_seq) as u64,
+        Ordering::Acquire,
+    )
 }
 
 /// The stripes handed to threads that live now, as (stripe, thread id),
-/// into `out`; the shared stripe (0: threads beyond the stripes, and the
-/// counts of threads that ended) is not among them. `h` as for
-/// [`sum_calls`].
+/// into `out`; the shared stripe (0: threads beyond the stripes) and the
+/// ended threads' are not among them. `h` as for [`sum_calls`].
 pub fn live_stripes(bytes: &[u8], h: &Header, out: &mut Vec<(u32, u32)>) {
     let b = Bytes(bytes);
     out.clear();
     for s in 1..h.stripe_count.min(h.stripe_cap) {
-        let at = h.stripe_table_off + s as u64 * 8;
-        if b.u32(at) == stripe_state::LIVE {
-            out.push((s, b.u32(at + 4)));
+        let slot = b.atomic(h.stripe_table_off + s as u64 * 8, Ordering::Acquire);
+        if slot as u32 == stripe_state::LIVE {
+            out.push((s, (slot >> 32) as u32));
         }
     }
 }
@@ -1073,7 +1083,12 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         sampler_errno: h.sampler_errno,
         setup_ns: h.setup_ns,
         replaced_by_exec: false,
-        stripes: h.stripe_count,
+        // Threads' stripes ever needed and the shared one, not the sums.
+        stripes: if h.version >= VERSION && keeps_sum_stripes(h.stripe_cap) {
+            h.stripe_count.saturating_sub(SUM_STRIPES.len() as u32)
+        } else {
+            h.stripe_count
+        },
         modules,
         functions,
         stacks: Stacks::default(),

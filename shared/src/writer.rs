@@ -992,13 +992,12 @@ impl Counters {
         }
     }
 
-    /// Stripes other than the shared one that live threads hold now.
-    pub fn stripes_in_use(&self) -> Vec<u32> {
-        let count = self
-            .header_u32(offset_of!(Header, stripe_count))
-            .load(Ordering::Acquire);
-        (1..count.min(self.layout.caps.stripes))
-            .filter(|&i| self.stripe_slot(i).0.load(Ordering::Acquire) == stripe_state::LIVE)
+    /// Stripes other than the shared one that are not FREE: held by a
+    /// thread, ended, the sums and their spares (all that may be read or
+    /// written before they are FREE again).
+    pub fn stripes_not_free(&self) -> Vec<u32> {
+        (1..self.stripe_count())
+            .filter(|&i| self.stripe_slot(i).0.load(Ordering::Acquire) != stripe_state::FREE)
             .collect()
     }
 

@@ -14,6 +14,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "many_functions.h"
+
 #define CALLS 1000
 static volatile long sink;
 static _Atomic unsigned long *shared;
@@ -22,21 +24,8 @@ __attribute__((noipa)) void tick(void) { sink++; }
 
 /* 20,000 more functions, never called: a thread's end folds a counter
  * per function, so they make each fold long enough for the process's end
- * to fall inside one. Written by the assembler, in a moment. */
-__asm__(".text\n"
-        ".altmacro\n"
-        ".macro many_fn n\n"
-        ".globl many_\\n\n"
-        ".type many_\\n, @function\n"
-        "many_\\n: push %rbp\n mov %rsp, %rbp\n pop %rbp\n ret\n"
-        ".size many_\\n, .-many_\\n\n"
-        ".endm\n"
-        ".set many_i, 0\n"
-        ".rept 20000\n"
-        "many_fn %many_i\n"
-        ".set many_i, many_i + 1\n"
-        ".endr\n"
-        ".noaltmacro\n");
+ * to fall inside one. */
+MANY_FUNCTIONS(20000);
 
 static void *worker(void *arg) {
     (void)arg;

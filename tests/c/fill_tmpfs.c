@@ -2,7 +2,10 @@
  * time in spin() and starts threads that call a counted function: the
  * agent must find no memory for the thread's samples by function (left
  * out) nor for the threads' counter stripes (they count in the shared
- * one, exactly), without faulting. */
+ * one, exactly), without faulting. With $PLUGIN, first a thread ends (its
+ * counts go to the ended threads' sum) and the library $PLUGIN is loaded
+ * (more counters in every stripe that is read), before the filling. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +49,20 @@ static void fill(const char *path) {
 int main(void) {
     long before = 0;
     for (long i = 0; i < CALLS; i++) before += work(i);
+    int threads = THREADS;
+    const char *plugin = getenv("PLUGIN");
+    if (plugin) {
+        pthread_t t;
+        long sum;
+        pthread_create(&t, NULL, run, &sum);
+        pthread_join(t, NULL);
+        before += sum;
+        threads++;
+        if (!dlopen(plugin, RTLD_NOW)) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 2;
+        }
+    }
     const char *path = getenv("FILL");
     if (path) fill(path);
     spin(300);
@@ -58,6 +75,6 @@ int main(void) {
         total += sums[i];
     }
     printf("total %ld\n", total);
-    printf("EXPECT work %d\n", CALLS * (THREADS + 1));
+    printf("EXPECT work %d\n", CALLS * (threads + 1));
     return 0;
 }

@@ -382,14 +382,16 @@ impl Segment {
         if !metadata {
             return false;
         }
-        // Every stripe a thread holds gets the new counters; a thread that
-        // takes a stripe after this store backs them itself (SeqCst on both
-        // sides: either it sees the new count or this sees its stripe).
+        // Every stripe a thread holds, an ended thread's and the sums get
+        // the new counters; a thread that takes a stripe after this store
+        // backs them itself, as a fold does the stripes it reads and writes
+        // (SeqCst on both sides: either it sees the new count or this sees
+        // its stripe).
         let from = stripe_bytes_for(l, self.funcs_to_back()) / PAGE * PAGE;
         self.reserved_funcs.fetch_max(funcs, Ordering::SeqCst);
         let to = stripe_bytes_for(l, funcs);
         to <= from
-            || self.counters.stripes_in_use().into_iter().all(|i| {
+            || self.counters.stripes_not_free().into_iter().all(|i| {
                 // SAFETY: [from, to) lies inside stripe i (to <= stripe_bytes).
                 let p = unsafe { (self.counters.stripe_ptr(i) as *mut u8).add(from as usize) };
                 populate(p.cast(), to - from).is_ok()
@@ -425,9 +427,9 @@ impl Segment {
     /// given memory first; on a full tmpfs they stay as they are, counted.
     pub fn retire_stripe(&self, i: u32) {
         self.counters.end_stripe(i);
-        let bytes = self.stripe_used_bytes();
-        self.counters.fold_ended(|p, _| {
-            let (lo, len) = pages(p as u64, bytes);
+        self.counters.fold_ended(|p, bytes| {
+            // As many as the fold reads, and as a thread's stripe has.
+            let (lo, len) = pages(p as u64, bytes.max(self.stripe_used_bytes()));
             populate(lo as *mut u64, len).is_ok()
         });
     }
@@ -648,7 +650,7 @@ mod tests {
             modules: 2,
             functions: 100,
             strings: 1000,
-            stripes: 4,
+            stripes: 6,
         }
     }
 

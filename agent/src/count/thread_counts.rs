@@ -1,6 +1,7 @@
 //! Exact counts per thread. Each thread counts in a stripe of its own;
 //! when it ends, what it counted (its non-zero slots) is kept here with its
-//! id and name before the stripe is folded into the shared one and reused.
+//! id and name before the stripe is folded into the ended threads' sum and
+//! reused.
 //! At exit they go beside the segment, with the live threads', for the
 //! report (`<segment>.threads`, read by `Threads::parse`). Samples are
 //! counted per stripe too, so each thread's CPU time is known, and by
@@ -193,9 +194,11 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         // again, waiting for this drain for ever. A drain under way (the
         // drain thread's) is waited for: the samples it holds and those it
         // has not reached yet would be counted after the copy below. It
-        // waits for nothing this thread holds. This one names no modules
-        // on demand, which may take the loader's lock.
-        crate::threads::with_signals_blocked(|| crate::sampling::drain(a, true, false));
+        // waits for nothing this thread holds, unless it names modules on
+        // demand (the agent's lock). This one names none.
+        crate::threads::with_signals_blocked(|| {
+            crate::sampling::drain(a, crate::sampling::Wait::UnlessNaming, false)
+        });
         let counts: Vec<(u32, u64)> = c.stripe_counts(stripe).collect();
         let (samples, sampled) = samples_of(a, stripe);
         let pid = std::process::id();

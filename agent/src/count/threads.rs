@@ -2,7 +2,7 @@
 //! fixed offset from the thread pointer, so a stub reaches it with one
 //! load (`arch`). New threads get a stripe in a `pthread_create`
 //! wrapper before their start routine runs; when a thread ends, its counts
-//! are folded into the shared stripe and its stripe is reused.
+//! are folded into the ended threads' sum and its stripe is reused.
 
 use crate::arch::{InstructionSet, Native};
 use crate::error::Errno;
@@ -31,8 +31,8 @@ pub fn gettid() -> u32 {
 static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// At thread exit: later calls of this thread (other destructors) go to the
-/// shared stripe, and its own stripe's counts are folded in there, freeing
-/// the stripe for the next thread.
+/// shared stripe, and its own stripe's counts are folded into the ended
+/// threads' sum, freeing the stripe for the next thread.
 unsafe extern "C" fn on_thread_exit(_: *mut libc::c_void) {
     if let Some(a) = crate::agent() {
         // The stripe the thread counts in now, if still its own: after a

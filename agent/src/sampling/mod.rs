@@ -32,6 +32,19 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 static RINGS: AtomicPtr<Vec<Ring>> = AtomicPtr::new(std::ptr::null_mut());
 /// Held while rings are drained (drain thread, or the exit path).
 static DRAINING: AtomicBool = AtomicBool::new(false);
+/// Set while a drain names modules on demand, which waits for the agent's
+/// lock: an ending thread does not wait for such a drain.
+static NAMING: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`drain`] waits for a drain under way.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    No,
+    Yes,
+    /// Unless that drain waits for the agent's lock (an ending thread: the
+    /// lock's holder may wait for threads to stop).
+    UnlessNaming,
+}
 /// The sampler this process runs, a [`Sampler`] code.
 static KIND: AtomicU32 = AtomicU32::new(0);
 
@@ -119,7 +132,7 @@ fn drain_now(wait: bool) -> Next {
         return Next::Idle;
     };
     crate::switching::serve_control(a);
-    match drain(a, wait, true) {
+    match drain(a, if wait { Wait::Yes } else { Wait::No }, true) {
         0 => Next::Idle,
         _ => Next::Busy,
     }
@@ -208,7 +221,7 @@ pub fn image_ending() {
     if PID.load(Ordering::Relaxed) == std::process::id() {
         if let Some(a) = crate::agent() {
             // Perhaps from a signal handler: nothing is named (no heap).
-            drain(a, true, false);
+            drain(a, Wait::Yes, false);
         }
     }
 }
@@ -227,12 +240,12 @@ pub fn resume_drain() {
     }
 }
 
-/// Reads every ring once; returns the records read. With `wait`, waits
-/// for a drain in progress (the exit path wants the last samples);
-/// otherwise skips if one is. With `name`, a module named on demand is
+/// Reads every ring once; returns the records read. `wait` says whether
+/// to wait for a drain in progress (the exit path wants the last samples)
+/// or skip if there is one. With `name`, a module named on demand is
 /// named when a sample lands in it (which allocates); without, such
 /// samples count for the module.
-pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
+pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     let rings = RINGS.load(Ordering::Acquire);
     if rings.is_null() {
         return 0;
@@ -241,13 +254,17 @@ pub fn drain(a: &Agent, wait: bool, name: bool) -> usize {
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
     {
-        if !wait {
+        if wait == Wait::No || wait == Wait::UnlessNaming && NAMING.load(Ordering::Acquire) {
             return 0;
         }
         std::thread::yield_now();
     }
     let pid = PID.load(Ordering::Relaxed);
-    let namer = |records: &[u32]| crate::loader::name_on_demand(a, records);
+    let namer = |records: &[u32]| {
+        NAMING.store(true, Ordering::Release);
+        crate::loader::name_on_demand(a, records);
+        NAMING.store(false, Ordering::Release);
+    };
     // SAFETY: the rings are leaked at start and never freed in this process.
     let rings = unsafe { &*rings };
     let lost = a.segment.counters.samples_lost();
@@ -445,7 +462,7 @@ fn timer_taken_over() {
 
 /// The last samples, before the exit report is written.
 pub fn at_exit(a: &Agent) {
-    drain(a, true, true);
+    drain(a, Wait::Yes, true);
 }
 
 /// In a forked child, from the fork handler (allocation-free): the parent's
@@ -454,6 +471,7 @@ pub fn forget_parent_in_child() {
     RINGS.store(std::ptr::null_mut(), Ordering::Relaxed);
     DRAINER.forget_in_child();
     DRAINING.store(false, Ordering::Relaxed);
+    NAMING.store(false, Ordering::Relaxed);
     addrmap::reset_readers_in_child();
     timer::forget_in_child();
     stacks::forget_in_child();
