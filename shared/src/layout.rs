@@ -151,7 +151,8 @@ pub struct Header {
     pub fold_seq: u64,
     /// Serialises folds within the process (0 free, 1 held).
     pub fold_lock: u32,
-    pub pad: u32,
+    /// 1: a fold was asked for while another ran; its holder folds again.
+    pub fold_again: u32,
     /// Samples whose address lies in no known module.
     pub samples_unknown: u64,
     /// Why that sampler ran (or none did), a [`crate::sampling::Why`] code,

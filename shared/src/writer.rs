@@ -679,6 +679,33 @@ impl Counters {
         unsafe { AtomicU64::from_ptr(self.stripe_ptr(stripe).add(slot as usize)) }
     }
 
+    /// Indices of `counters` that may be non-zero: those of each run of 8
+    /// with a non-zero one. Only for counters no thread writes meanwhile
+    /// (an ended thread's, a sum, under the fold lock): they are scanned
+    /// with plain loads, 8 at a time, as most of them are zero.
+    fn nonzero(counters: &[AtomicU64]) -> impl Iterator<Item = usize> + '_ {
+        // SAFETY: AtomicU64 and u64 have the same size and alignment; no
+        // thread writes these counters while the fold runs (the caller's
+        // contract), so plain loads race with no store.
+        let plain: &[u64] =
+            unsafe { std::slice::from_raw_parts(counters.as_ptr() as *const u64, counters.len()) };
+        plain
+            .chunks(8)
+            .enumerate()
+            .filter(|(_, c)| c.iter().fold(0, |a, &v| a | v) != 0)
+            .flat_map(|(i, c)| i * 8..i * 8 + c.len())
+    }
+
+    /// Stripe `stripe`'s first `n` counters (at most the capacity).
+    fn stripe_counters(&self, stripe: u32, n: u32) -> &[AtomicU64] {
+        assert!(stripe < self.layout.caps.stripes);
+        let n = n.min(self.layout.caps.functions) as usize;
+        // SAFETY: `n` counters from the start of a stripe below the
+        // capacity (both bounded above), 8-aligned, inside the mapping,
+        // and only accessed atomically.
+        unsafe { std::slice::from_raw_parts(self.stripe_ptr(stripe) as *const AtomicU64, n) }
+    }
+
     /// Adds `n` calls to function `idx` in the shared stripe.
     pub fn add_calls(&self, idx: u32, n: u64) {
         if idx < self.func_count() {
@@ -748,8 +775,9 @@ impl Counters {
 
     /// Stripe `i`'s non-zero counters, as (function slot, calls).
     pub fn stripe_counts(&self, i: u32) -> impl Iterator<Item = (u32, u64)> + '_ {
-        (0..self.func_count()).filter_map(move |k| {
-            let v = self.counter(i, k).load(Ordering::Relaxed);
+        let counters = self.stripe_counters(i, self.func_count());
+        (0u32..).zip(counters).filter_map(|(k, c)| {
+            let v = c.load(Ordering::Relaxed);
             (v != 0).then_some((k, v))
         })
     }
@@ -854,23 +882,36 @@ impl Counters {
     /// the ended stripes, then takes effect in one store to `fold_seq`;
     /// the old sum and the ended stripes are zeroed after. Killed at any
     /// point, the segment still sums exactly. `back(p, bytes)` gives memory
-    /// to the first `bytes` of each stripe the fold reads or writes (false:
-    /// nothing is folded; the ended stripes stay counted). Returns the
-    /// stripes freed.
-    pub fn fold_ended(&self, back: impl FnMut(*mut u64, u64) -> bool) -> u32 {
+    /// to the first `bytes` of the new sum before it is written (false:
+    /// nothing is folded; the ended stripes stay counted); the stripes it
+    /// reads have memory for every function already. If another thread is
+    /// folding, it is asked to fold again and this returns at once (ending
+    /// threads never wait for each other). Returns the stripes freed here.
+    pub fn fold_ended(&self, mut back: impl FnMut(*mut u64, u64) -> bool) -> u32 {
         if !keeps_sum_stripes(self.layout.caps.stripes) {
             return 0;
         }
         let lock = self.header_u32(offset_of!(Header, fold_lock));
-        while lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
+        let again = self.header_u32(offset_of!(Header, fold_again));
+        again.store(1, Ordering::SeqCst);
+        let mut freed = 0;
+        loop {
+            if lock
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
+            {
+                // The holder sees the request: before it lets go, or just
+                // after (below).
+                return freed;
+            }
+            while again.swap(0, Ordering::SeqCst) == 1 {
+                freed += self.fold_locked(&mut back, || {});
+            }
+            lock.store(0, Ordering::SeqCst);
+            if again.load(Ordering::SeqCst) == 0 {
+                return freed;
+            }
         }
-        let freed = self.fold_locked(back, || {});
-        lock.store(0, Ordering::Release);
-        freed
     }
 
     /// The fold, with the fold lock held. `step` is called after every
@@ -917,15 +958,10 @@ impl Counters {
             .filter(|&i| is_folding(i))
             .chain(old)
             .collect();
-        // Every page read or written has memory (on a full tmpfs a page
-        // without would fault, even to be read).
-        let bytes = n as u64 * 8;
-        if !is(new, stripe_state::SPARE)
-            || !sources
-                .iter()
-                .chain([&new])
-                .all(|&i| back(self.stripe_ptr(i), bytes))
-        {
+        // The new sum's pages get memory (on a full tmpfs a page without
+        // would fault); the sources were given theirs as functions were
+        // added (the agent's `reserve_records`).
+        if !is(new, stripe_state::SPARE) || !back(self.stripe_ptr(new), n as u64 * 8) {
             // Left as they were: counted, folded by a later fold.
             for i in (SUM_STRIPES[1] + 1..used).filter(|&i| is_folding(i)) {
                 self.stripe_slot(i)
@@ -934,14 +970,18 @@ impl Counters {
             }
             return 0;
         }
-        for k in 0..n {
-            let v: u64 = sources
-                .iter()
-                .map(|&i| self.counter(i, k).load(Ordering::Relaxed))
-                .fold(0, u64::wrapping_add);
-            if v != 0 {
-                self.counter(new, k).store(v, Ordering::Relaxed);
-                step();
+        // The new sum is zero (SPARE), and only this fold writes it: each
+        // source is added in one pass over its counters, most of them zero.
+        let sum = self.stripe_counters(new, n);
+        for &i in &sources {
+            let from = self.stripe_counters(i, n);
+            for k in Self::nonzero(from) {
+                let v = from[k].load(Ordering::Relaxed);
+                if v != 0 {
+                    let d = &sum[k];
+                    d.store(d.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+                    step();
+                }
             }
         }
         let (st, t) = self.stripe_slot(new);
@@ -956,10 +996,10 @@ impl Counters {
         // A reader that sees a zero written below sees the store above.
         std::sync::atomic::fence(Ordering::Release);
         for &i in &sources {
-            for k in 0..n {
-                let c = self.counter(i, k);
-                if c.load(Ordering::Relaxed) != 0 {
-                    c.store(0, Ordering::Relaxed);
+            let from = self.stripe_counters(i, n);
+            for k in Self::nonzero(from) {
+                if from[k].load(Ordering::Relaxed) != 0 {
+                    from[k].store(0, Ordering::Relaxed);
                     step();
                 }
             }
@@ -1059,6 +1099,8 @@ impl Counters {
         self.control_done(seq);
         // A fold another thread had begun at fork time never ends here.
         self.header_u32(offset_of!(Header, fold_lock))
+            .store(0, Ordering::Relaxed);
+        self.header_u32(offset_of!(Header, fold_again))
             .store(0, Ordering::Relaxed);
         // An ended stripe of the parent is zero here (FREE above); an odd
         // sequence could only come from a version 4 parent.
@@ -1508,5 +1550,55 @@ mod tests {
         assert_eq!(c.fold_ended(|_, _| true), 1);
         assert_eq!(calls(), expect);
         assert_eq!((0..3).map(|k| c.calls(k)).collect::<Vec<_>>(), expect);
+    }
+
+    /// Threads ending at once never wait for each other's folds, and
+    /// nothing is left unfolded: a fold asked for while another runs is
+    /// made by that one.
+    #[test]
+    fn folds_asked_for_at_once_are_all_made() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 64,
+            strings: 1024,
+            stripes: 12,
+        });
+        let mut buf = buffer(&layout);
+        // SAFETY: the test's buffer: zeroed, 8-aligned, the layout's size, and alive as long as
+        // `w`.
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 1, 0, 0) };
+        w.add_module(b"m", 0).unwrap();
+        for k in 0..64u32 {
+            w.add_function(format!("f{k}").as_bytes(), 0, 1).unwrap();
+        }
+        let c = *w.counters();
+        let rounds = 2000u64;
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                s.spawn(move || {
+                    for r in 0..rounds {
+                        let st = loop {
+                            if let Some(st) = c.alloc_stripe(t) {
+                                break st;
+                            }
+                            std::thread::yield_now();
+                        };
+                        c.counter(st, (r % 64) as u32)
+                            .fetch_add(1, Ordering::Relaxed);
+                        c.end_stripe(st);
+                        c.fold_ended(|_, _| true);
+                    }
+                });
+            }
+        });
+        let ended = (0..c.stripe_count())
+            .filter(|&i| c.stripe_slot(i).0.load(Ordering::Relaxed) == stripe_state::ENDED)
+            .count();
+        assert_eq!(ended, 0, "every ended stripe folded");
+        let total: u64 = (0..64).map(|k| c.calls(k)).sum();
+        assert_eq!(total, 4 * rounds);
+        assert!(
+            (0..64).all(|k| c.calls(k) == 4 * (rounds / 64 + u64::from(k < (rounds % 64) as u32)))
+        );
     }
 }

@@ -428,7 +428,7 @@ impl Segment {
     pub fn retire_stripe(&self, i: u32) {
         self.counters.end_stripe(i);
         self.counters.fold_ended(|p, bytes| {
-            // As many as the fold reads, and as a thread's stripe has.
+            // As many as the fold writes, and as a thread's stripe has.
             let (lo, len) = pages(p as u64, bytes.max(self.stripe_used_bytes()));
             populate(lo as *mut u64, len).is_ok()
         });
