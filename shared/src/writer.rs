@@ -876,6 +876,13 @@ impl Counters {
         }
     }
 
+    /// Stripes whose thread ended and that no fold has moved yet.
+    pub fn ended_stripes(&self) -> u32 {
+        (1..self.stripe_count())
+            .filter(|&i| self.stripe_slot(i).0.load(Ordering::Relaxed) == stripe_state::ENDED)
+            .count() as u32
+    }
+
     /// Moves every ended thread's stripe into a new sum and frees them for
     /// reuse, so memory stays bounded by the threads alive at once. The
     /// fold writes the spare one of [`SUM_STRIPES`] as the current sum plus
@@ -972,17 +979,23 @@ impl Counters {
         }
         // The new sum is zero (SPARE), and only this fold writes it: each
         // source is added in one pass over its counters, most of them zero.
+        // The counters found non-zero, by source: zeroed below without a
+        // second scan.
+        let mut found: Vec<Vec<u32>> = Vec::with_capacity(sources.len());
         let sum = self.stripe_counters(new, n);
         for &i in &sources {
             let from = self.stripe_counters(i, n);
+            let mut nz = Vec::new();
             for k in Self::nonzero(from) {
                 let v = from[k].load(Ordering::Relaxed);
                 if v != 0 {
                     let d = &sum[k];
                     d.store(d.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+                    nz.push(k as u32);
                     step();
                 }
             }
+            found.push(nz);
         }
         let (st, t) = self.stripe_slot(new);
         t.store(next, Ordering::Relaxed);
@@ -995,13 +1008,11 @@ impl Counters {
         step();
         // A reader that sees a zero written below sees the store above.
         std::sync::atomic::fence(Ordering::Release);
-        for &i in &sources {
+        for (&i, nz) in sources.iter().zip(&found) {
             let from = self.stripe_counters(i, n);
-            for k in Self::nonzero(from) {
-                if from[k].load(Ordering::Relaxed) != 0 {
-                    from[k].store(0, Ordering::Relaxed);
-                    step();
-                }
+            for &k in nz {
+                from[k as usize].store(0, Ordering::Relaxed);
+                step();
             }
             let free = if Some(i) == old {
                 stripe_state::SPARE

@@ -177,6 +177,10 @@ fn segment_name(pid: u32, n: u32) -> [u8; 32] {
 /// Backs `len` bytes of the mapping at `addr` with memory now, reporting
 /// failure instead of a later SIGBUS. (Linux 5.14+; before that, threads
 /// count in the shared stripe.)
+/// Ended threads' stripes folded together: each keeps its memory until
+/// then, and a thread that finds no stripe free has them folded first.
+const FOLD_BATCH: u32 = 4;
+
 fn populate(addr: *mut u64, len: u64) -> io::Result<()> {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
     // SAFETY: callers pass a range of our own shared mapping; populating changes no contents.
@@ -412,7 +416,15 @@ impl Segment {
 
     /// A stripe for a new thread, backed by memory, or `None`.
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
-        let idx = self.counters.alloc_stripe(tid)?;
+        let idx = match self.counters.alloc_stripe(tid) {
+            Some(i) => i,
+            None if self.counters.ended_stripes() > 0 => {
+                // All taken, some by ended threads not folded yet.
+                self.fold_ended();
+                self.counters.alloc_stripe(tid)?
+            }
+            None => return None,
+        };
         if populate(self.counters.stripe_ptr(idx), self.stripe_used_bytes()).is_err() {
             // Nothing was counted in it: hand it back unread (folding would
             // read pages the full tmpfs could not supply: SIGBUS).
@@ -422,11 +434,20 @@ impl Segment {
         Some(idx)
     }
 
-    /// Stripe `i`'s thread ended: its counts stay counted (one store), then
-    /// every ended stripe is folded into the ended threads' sum, pages
-    /// given memory first; on a full tmpfs they stay as they are, counted.
+    /// Stripe `i`'s thread ended: its counts stay counted (one store); once
+    /// [`FOLD_BATCH`] stripes have ended, they are folded into the ended
+    /// threads' sum at once (a fold scans the old sum: once per batch, not
+    /// per thread), the new sum's pages given memory first; on a full
+    /// tmpfs they stay as they are, counted.
     pub fn retire_stripe(&self, i: u32) {
         self.counters.end_stripe(i);
+        if self.counters.ended_stripes() >= FOLD_BATCH {
+            self.fold_ended();
+        }
+    }
+
+    /// Folds the ended stripes (see [`Counters::fold_ended`]).
+    fn fold_ended(&self) {
         self.counters.fold_ended(|p, bytes| {
             // As many as the fold writes, and as a thread's stripe has.
             let (lo, len) = pages(p as u64, bytes.max(self.stripe_used_bytes()));
