@@ -870,16 +870,18 @@ impl Counters {
     /// longer count into it.
     pub fn end_stripe(&self, i: u32) {
         if i != 0 && i < self.layout.caps.stripes {
+            // SeqCst, as the count in `ended_stripes`: of threads ending at
+            // once, the last to count sees every other's end.
             self.stripe_slot(i)
                 .0
-                .store(stripe_state::ENDED, Ordering::Release);
+                .store(stripe_state::ENDED, Ordering::SeqCst);
         }
     }
 
     /// Stripes whose thread ended and that no fold has moved yet.
     pub fn ended_stripes(&self) -> u32 {
         (1..self.stripe_count())
-            .filter(|&i| self.stripe_slot(i).0.load(Ordering::Relaxed) == stripe_state::ENDED)
+            .filter(|&i| self.stripe_slot(i).0.load(Ordering::SeqCst) == stripe_state::ENDED)
             .count() as u32
     }
 
@@ -893,20 +895,27 @@ impl Counters {
     /// nothing is folded; the ended stripes stay counted); the stripes it
     /// reads have memory for every function already. If another thread is
     /// folding, it is asked to fold again and this returns at once (ending
-    /// threads never wait for each other). Returns the stripes freed here.
-    pub fn fold_ended(&self, mut back: impl FnMut(*mut u64, u64) -> bool) -> u32 {
+    /// threads never wait for each other) unless `wait` (a new thread that
+    /// needs a stripe the fold frees). Returns the stripes freed here.
+    pub fn fold_ended(&self, wait: bool, mut back: impl FnMut(*mut u64, u64) -> bool) -> u32 {
         if !keeps_sum_stripes(self.layout.caps.stripes) {
             return 0;
         }
         let lock = self.header_u32(offset_of!(Header, fold_lock));
         let again = self.header_u32(offset_of!(Header, fold_again));
-        again.store(1, Ordering::SeqCst);
+        // A read-modify-write: whichever request the holder takes, it sees
+        // every ENDED store made before any of them.
+        again.swap(1, Ordering::SeqCst);
         let mut freed = 0;
         loop {
             if lock
                 .compare_exchange(0, 1, Ordering::SeqCst, Ordering::Relaxed)
                 .is_err()
             {
+                if wait {
+                    std::thread::yield_now();
+                    continue;
+                }
                 // The holder sees the request: before it lets go, or just
                 // after (below).
                 return freed;
@@ -1029,7 +1038,7 @@ impl Counters {
     /// given: for segments in ordinary memory).
     pub fn fold_stripe(&self, i: u32) {
         self.end_stripe(i);
-        self.fold_ended(|_, _| true);
+        self.fold_ended(true, |_, _| true);
     }
 
     /// Hands back a stripe nothing was counted in (its memory could not be
@@ -1552,13 +1561,13 @@ mod tests {
         bump(s, 2, 3);
         expect[2] += 3;
         c.end_stripe(s);
-        assert_eq!(c.fold_ended(|_, _| false), 0);
+        assert_eq!(c.fold_ended(true, |_, _| false), 0);
         assert_eq!(
             c.stripe_slot(s).0.load(Ordering::Relaxed),
             stripe_state::ENDED
         );
         assert_eq!(calls(), expect);
-        assert_eq!(c.fold_ended(|_, _| true), 1);
+        assert_eq!(c.fold_ended(true, |_, _| true), 1);
         assert_eq!(calls(), expect);
         assert_eq!((0..3).map(|k| c.calls(k)).collect::<Vec<_>>(), expect);
     }
@@ -1597,7 +1606,7 @@ mod tests {
                         c.counter(st, (r % 64) as u32)
                             .fetch_add(1, Ordering::Relaxed);
                         c.end_stripe(st);
-                        c.fold_ended(|_, _| true);
+                        c.fold_ended(false, |_, _| true);
                     }
                 });
             }

@@ -174,13 +174,13 @@ fn segment_name(pid: u32, n: u32) -> [u8; 32] {
     buf
 }
 
-/// Backs `len` bytes of the mapping at `addr` with memory now, reporting
-/// failure instead of a later SIGBUS. (Linux 5.14+; before that, threads
-/// count in the shared stripe.)
 /// Ended threads' stripes folded together: each keeps its memory until
 /// then, and a thread that finds no stripe free has them folded first.
 const FOLD_BATCH: u32 = 4;
 
+/// Backs `len` bytes of the mapping at `addr` with memory now, reporting
+/// failure instead of a later SIGBUS. (Linux 5.14+; before that, threads
+/// count in the shared stripe.)
 fn populate(addr: *mut u64, len: u64) -> io::Result<()> {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
     // SAFETY: callers pass a range of our own shared mapping; populating changes no contents.
@@ -392,14 +392,21 @@ impl Segment {
         // (SeqCst on both sides: either it sees the new count or this sees
         // its stripe).
         let from = stripe_bytes_for(l, self.funcs_to_back()) / PAGE * PAGE;
-        self.reserved_funcs.fetch_max(funcs, Ordering::SeqCst);
+        let before = self.reserved_funcs.fetch_max(funcs, Ordering::SeqCst);
         let to = stripe_bytes_for(l, funcs);
-        to <= from
+        let backed = to <= from
             || self.counters.stripes_not_free().into_iter().all(|i| {
                 // SAFETY: [from, to) lies inside stripe i (to <= stripe_bytes).
                 let p = unsafe { (self.counters.stripe_ptr(i) as *mut u8).add(from as usize) };
                 populate(p.cast(), to - from).is_ok()
-            })
+            });
+        if !backed {
+            // Not reserved after all: the next reservation backs every
+            // stripe from the old size again (a fold reads them unchecked).
+            // Callers reserve under the agent's lock, one at a time.
+            self.reserved_funcs.store(before, Ordering::SeqCst);
+        }
+        backed
     }
 
     /// Bytes of a stripe that hold the counters of existing (and reserved)
@@ -414,13 +421,25 @@ impl Segment {
             .max(self.reserved_funcs.load(Ordering::SeqCst))
     }
 
-    /// A stripe for a new thread, backed by memory, or `None`.
+    /// A stripe for a new thread, backed by memory, or `None`. If all are
+    /// taken, some by ended threads, those are folded first (waiting for a
+    /// fold under way).
     pub fn new_stripe(&self, tid: u32) -> Option<u32> {
+        self.new_stripe_with(tid, true)
+    }
+
+    /// As [`Segment::new_stripe`] without folding (which allocates): for
+    /// threads that are held where they are.
+    pub fn new_stripe_unfolded(&self, tid: u32) -> Option<u32> {
+        self.new_stripe_with(tid, false)
+    }
+
+    fn new_stripe_with(&self, tid: u32, fold: bool) -> Option<u32> {
         let idx = match self.counters.alloc_stripe(tid) {
             Some(i) => i,
-            None if self.counters.ended_stripes() > 0 => {
+            None if fold && self.counters.ended_stripes() > 0 => {
                 // All taken, some by ended threads not folded yet.
-                self.fold_ended();
+                self.fold_ended(true);
                 self.counters.alloc_stripe(tid)?
             }
             None => return None,
@@ -442,13 +461,14 @@ impl Segment {
     pub fn retire_stripe(&self, i: u32) {
         self.counters.end_stripe(i);
         if self.counters.ended_stripes() >= FOLD_BATCH {
-            self.fold_ended();
+            self.fold_ended(false);
         }
     }
 
-    /// Folds the ended stripes (see [`Counters::fold_ended`]).
-    fn fold_ended(&self) {
-        self.counters.fold_ended(|p, bytes| {
+    /// Folds the ended stripes (see [`Counters::fold_ended`]); with `wait`,
+    /// after a fold under way rather than leaving them to it.
+    fn fold_ended(&self, wait: bool) {
+        self.counters.fold_ended(wait, |p, bytes| {
             // As many as the fold writes, and as a thread's stripe has.
             let (lo, len) = pages(p as u64, bytes.max(self.stripe_used_bytes()));
             populate(lo as *mut u64, len).is_ok()

@@ -518,15 +518,19 @@ fn give_stripes(
             .iter_mut()
             .find(|r| r.0 == tid)
             .and_then(|r| r.1.take());
-        let Some(idx) = taken.or_else(|| segment.new_stripe(tid as u32)) else {
-            break;
-        };
+        // Held threads: no fold (it allocates; a held thread may hold
+        // malloc's lock).
+        let idx = taken.or_else(|| segment.new_stripe_unfolded(tid as u32));
         let word = tp.wrapping_add_signed(offset as i64) as *mut u64;
+        // Without a stripe of its own: the shared one (null), never what
+        // its word held before (a stripe of an earlier attach, perhaps
+        // another thread's now).
+        let p = idx.map_or(std::ptr::null_mut(), |i| segment.counters.stripe_ptr(i));
         // SAFETY: the thread's own static TLS slot for our stripe pointer
         // (every thread has the agent's static TLS block, set up by the
         // loader at dlopen); the thread is held, and only stubs read it.
-        unsafe { std::ptr::write_volatile(word, segment.counters.stripe_ptr(idx) as u64) };
-        n += 1;
+        unsafe { std::ptr::write_volatile(word, p as u64) };
+        n += usize::from(idx.is_some());
     }
     n
 }
