@@ -681,7 +681,7 @@ impl Counters {
 
     /// Indices of `counters` that may be non-zero: those of each run of 8
     /// with a non-zero one. Only for counters no thread writes meanwhile
-    /// (an ended thread's, a sum, under the fold lock): they are scanned
+    /// (an ending or ended thread's, a sum under the fold lock): they are scanned
     /// with plain loads, 8 at a time, as most of them are zero.
     fn nonzero(counters: &[AtomicU64]) -> impl Iterator<Item = usize> + '_ {
         // SAFETY: AtomicU64 and u64 have the same size and alignment; no
@@ -780,6 +780,18 @@ impl Counters {
             let v = c.load(Ordering::Relaxed);
             (v != 0).then_some((k, v))
         })
+    }
+
+    /// As [`Counters::stripe_counts`], for a stripe no thread counts in
+    /// any more (its thread is ending): scanned 8 counters at a time.
+    pub fn ended_stripe_counts(&self, i: u32) -> Vec<(u32, u64)> {
+        let counters = self.stripe_counters(i, self.func_count());
+        Self::nonzero(counters)
+            .filter_map(|k| {
+                let v = counters[k].load(Ordering::Relaxed);
+                (v != 0).then_some((k as u32, v))
+            })
+            .collect()
     }
 
     /// Address of stripe `i`'s first counter.

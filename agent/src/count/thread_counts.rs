@@ -140,12 +140,63 @@ struct Ended {
     sampled: Vec<(u32, u64)>,
 }
 
-static ENDED: Mutex<Vec<Ended>> = Mutex::new(Vec::new());
+/// The ended threads kept, with how many of them and how many pairs are
+/// this process's (a forked child inherits its parent's: counted again
+/// once when the pid differs), so a thread's end does not walk the list.
+struct Kept {
+    list: Vec<Ended>,
+    tally: Tally,
+}
+
+#[derive(Clone, Copy)]
+struct Tally {
+    pid: u32,
+    threads: usize,
+    pairs: usize,
+}
+
+impl Kept {
+    fn tally(&mut self, pid: u32) -> Tally {
+        if self.tally.pid != pid {
+            let mine = self.list.iter().filter(|e| e.pid == pid);
+            self.tally = Tally {
+                pid,
+                threads: mine.clone().count(),
+                pairs: mine.map(|e| e.counts.len() + e.sampled.len()).sum(),
+            };
+        }
+        self.tally
+    }
+
+    fn push(&mut self, e: Ended) {
+        let t = self.tally(e.pid);
+        self.tally = Tally {
+            threads: t.threads + 1,
+            pairs: t.pairs + e.counts.len() + e.sampled.len(),
+            ..t
+        };
+        self.list.push(e);
+    }
+
+    fn clear(&mut self) {
+        self.list.clear();
+        self.tally.pid = 0;
+    }
+}
+
+static ENDED: Mutex<Kept> = Mutex::new(Kept {
+    list: Vec::new(),
+    tally: Tally {
+        pid: 0,
+        threads: 0,
+        pairs: 0,
+    },
+});
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// The list, if it can be had soon: a forked child may inherit it locked
 /// by a thread that is not there, so nobody waits for it for ever.
-fn ended() -> Option<std::sync::MutexGuard<'static, Vec<Ended>>> {
+fn ended() -> Option<std::sync::MutexGuard<'static, Kept>> {
     for _ in 0..10_000 {
         match ENDED.try_lock() {
             Ok(g) => return Some(g),
@@ -199,14 +250,14 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         crate::threads::with_signals_blocked(|| {
             crate::sampling::drain(a, crate::sampling::Wait::UnlessNaming, false)
         });
-        let counts: Vec<(u32, u64)> = c.stripe_counts(stripe).collect();
+        // Its thread counts no more (its stripe pointer is null).
+        let counts = c.ended_stripe_counts(stripe);
         let (samples, sampled) = samples_of(a, stripe);
         let pid = std::process::id();
         if let Some(mut v) = ended() {
-            let mine = v.iter().filter(|e| e.pid == pid);
-            let pairs: usize = mine.clone().map(|e| e.counts.len() + e.sampled.len()).sum();
+            let kept = v.tally(pid);
             let more = counts.len() + sampled.len();
-            if mine.count() < MAX_KEPT && pairs + more <= MAX_PAIRS {
+            if kept.threads < MAX_KEPT && kept.pairs + more <= MAX_PAIRS {
                 v.push(Ended {
                     pid,
                     tid,
@@ -272,7 +323,7 @@ pub fn text(a: &Agent) -> String {
     // meanwhile waits, so it is listed once.
     let kept = ended();
     if let Some(v) = &kept {
-        for e in v.iter().filter(|e| e.pid == pid) {
+        for e in v.list.iter().filter(|e| e.pid == pid) {
             put(
                 e.tid,
                 true,
@@ -299,4 +350,47 @@ pub fn text(a: &Agent) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(pid: u32, calls: usize) -> Ended {
+        Ended {
+            pid,
+            tid: 1,
+            name: [0; 16],
+            counts: (0..calls as u32).map(|k| (k, 1)).collect(),
+            samples: 0,
+            sampled: vec![(0, 1)],
+        }
+    }
+
+    /// The tally of kept threads follows each push, and a forked child
+    /// (another pid) counts only its own, the parent's left in the list.
+    #[test]
+    fn the_tally_is_the_processs_own() {
+        let mut k = Kept {
+            list: Vec::new(),
+            tally: Tally {
+                pid: 0,
+                threads: 0,
+                pairs: 0,
+            },
+        };
+        k.push(ended(10, 3));
+        k.push(ended(10, 5));
+        let t = k.tally(10);
+        assert_eq!((t.threads, t.pairs), (2, 10));
+        let child = k.tally(11);
+        assert_eq!((child.threads, child.pairs), (0, 0));
+        k.push(ended(11, 2));
+        let child = k.tally(11);
+        assert_eq!((child.threads, child.pairs), (1, 3));
+        assert_eq!(k.list.len(), 3);
+        k.clear();
+        let t = k.tally(11);
+        assert_eq!((t.threads, t.pairs), (0, 0));
+    }
 }
