@@ -952,20 +952,21 @@ impl Counters {
         let seq = self.header_u64(offset_of!(Header, fold_seq));
         let g = seq.load(Ordering::Acquire) / 2;
         let next = (g as u32).wrapping_add(1);
-        let used = self.stripe_count();
-        let mut folding = 0u32;
-        for i in SUM_STRIPES[1] + 1..used {
-            if self.stripe_slot(i).0.load(Ordering::Acquire) != stripe_state::ENDED {
+        // The ended stripes, marked: counted before (ENDED) and after
+        // (FOLDING into `next`) alike.
+        let mut sources = Vec::new();
+        for i in SUM_STRIPES[1] + 1..self.stripe_count() {
+            let (st, t) = self.stripe_slot(i);
+            if st.load(Ordering::Acquire) != stripe_state::ENDED {
                 continue;
             }
-            // Counted before (ENDED) and after (FOLDING into `next`) alike.
-            let (st, t) = self.stripe_slot(i);
             t.store(next, Ordering::Relaxed);
             step();
             st.store(stripe_state::FOLDING, Ordering::Release);
             step();
-            folding += 1;
+            sources.push(i);
         }
+        let folding = sources.len() as u32;
         if folding == 0 {
             return 0;
         }
@@ -978,26 +979,19 @@ impl Counters {
             .find(|&i| Some(i) != old)
             .unwrap_or(SUM_STRIPES[0]);
         let n = self.func_count();
-        let is_folding = |i: u32| {
-            let (st, t) = self.stripe_slot(i);
-            st.load(Ordering::Relaxed) == stripe_state::FOLDING && t.load(Ordering::Relaxed) == next
-        };
-        let sources: Vec<u32> = (SUM_STRIPES[1] + 1..used)
-            .filter(|&i| is_folding(i))
-            .chain(old)
-            .collect();
         // The new sum's pages get memory (on a full tmpfs a page without
         // would fault); the sources were given theirs as functions were
         // added (the agent's `reserve_records`).
         if !is(new, stripe_state::SPARE) || !back(self.stripe_ptr(new), n as u64 * 8) {
             // Left as they were: counted, folded by a later fold.
-            for i in (SUM_STRIPES[1] + 1..used).filter(|&i| is_folding(i)) {
+            for &i in &sources {
                 self.stripe_slot(i)
                     .0
                     .store(stripe_state::ENDED, Ordering::Release);
             }
             return 0;
         }
+        sources.extend(old);
         // The new sum is zero (SPARE), and only this fold writes it: each
         // source is added in one pass over its counters, most of them zero.
         // The counters found non-zero, by source: zeroed below without a

@@ -387,10 +387,10 @@ impl Segment {
             return false;
         }
         // Every stripe a thread holds, an ended thread's and the sums get
-        // the new counters; a thread that takes a stripe after this store
-        // backs them itself, as a fold does the stripes it reads and writes
-        // (SeqCst on both sides: either it sees the new count or this sees
-        // its stripe).
+        // the new counters (a fold reads them unchecked); a thread that
+        // takes a stripe after this store backs them itself, as a fold does
+        // the sum it writes (SeqCst on both sides: either it sees the new
+        // count or this sees its stripe).
         let from = stripe_bytes_for(l, self.funcs_to_back()) / PAGE * PAGE;
         let before = self.reserved_funcs.fetch_max(funcs, Ordering::SeqCst);
         let to = stripe_bytes_for(l, funcs);
