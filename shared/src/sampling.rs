@@ -52,6 +52,9 @@ pub enum Why {
     SignalTaken = 10,
     /// A child made without `fork()` (for example `_Fork`, `daemon()`).
     ChildWithoutFork = 11,
+    /// The process runs under a seccomp filter (from its start, or one it
+    /// installed): the agent makes no system call the filter may forbid.
+    Sandboxed = 12,
 }
 }
 
@@ -70,6 +73,7 @@ impl Why {
             Why::SignalInUse => "SIGPROF in use by the program",
             Why::SignalTaken => "SIGPROF taken over by the program",
             Why::ChildWithoutFork => "child made without fork()",
+            Why::Sandboxed => "seccomp filter",
         }
     }
 }
@@ -102,7 +106,7 @@ mod tests {
 
     #[test]
     fn codes_round_trip() {
-        for c in 0..12 {
+        for c in 0..13 {
             assert_eq!(Why::from_code(c).map(Why::code), Some(c));
         }
         assert_eq!(Why::from_code(999), None);

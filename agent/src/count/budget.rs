@@ -301,6 +301,11 @@ pub fn start(a: &'static Agent) {
     let Some(percent) = a.config.budget else {
         return;
     };
+    // Its thread and the entries it rewrites take system calls a seccomp
+    // filter may forbid.
+    if crate::lifecycle::sandbox::on() {
+        return;
+    }
     let Some(mut state) = a.state.lock() else {
         return;
     };
@@ -344,6 +349,9 @@ pub fn pause() -> bool {
 /// forked child (which [`forget_in_child`] left without one).
 pub fn resume() {
     let Some(a) = crate::agent() else { return };
+    if crate::lifecycle::sandbox::on() {
+        return;
+    }
     if a.state.lock().is_some_and(|s| s.budget.is_none()) {
         return start(a);
     }

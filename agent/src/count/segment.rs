@@ -435,6 +435,10 @@ impl Segment {
     }
 
     fn new_stripe_with(&self, tid: u32, fold: bool) -> Option<u32> {
+        // Backing a stripe is a system call a seccomp filter may forbid.
+        if crate::lifecycle::sandbox::on() {
+            return None;
+        }
         let idx = match self.counters.alloc_stripe(tid) {
             Some(i) => i,
             None if fold && self.counters.ended_stripes() > 0 => {
@@ -460,7 +464,8 @@ impl Segment {
     /// tmpfs they stay as they are, counted.
     pub fn retire_stripe(&self, i: u32) {
         self.counters.end_stripe(i);
-        if self.counters.ended_stripes() >= FOLD_BATCH {
+        // A fold backs its sum with memory: not under a seccomp filter.
+        if self.counters.ended_stripes() >= FOLD_BATCH && !crate::lifecycle::sandbox::on() {
             self.fold_ended(false);
         }
     }

@@ -119,6 +119,9 @@ pub fn attach_current() {
     if !stripe().is_null() {
         return;
     }
+    if let Some(scratch) = crate::fork::uncounted_stripe() {
+        return set_stripe(scratch);
+    }
     if let Some(idx) = a.segment.new_stripe(gettid()) {
         set_stripe(a.segment.counters.stripe_ptr(idx));
         let key = EXIT_KEY.load(Ordering::Acquire);

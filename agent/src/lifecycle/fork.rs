@@ -70,6 +70,14 @@ extern "C" fn in_parent() {
 
 extern "C" fn in_child() {
     let scratch = SCRATCH.load(Ordering::Acquire);
+    // Under a seccomp filter the child gets no segment of its own (that
+    // takes system calls): it counts into the scratch stripe, private to
+    // it and never read, not into its parent's counts.
+    if crate::lifecycle::sandbox::on() && !scratch.is_null() {
+        crate::traps::reset_in_child();
+        CHILD_UNCOUNTED.store(true, Ordering::Release);
+        return;
+    }
     let p = if scratch.is_null() {
         threads::stripe()
     } else {
@@ -122,6 +130,18 @@ pub fn become_child(p: *mut u64) {
 }
 
 static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+/// A child forked under a seccomp filter: its threads count where nobody
+/// reads (see `in_child`).
+static CHILD_UNCOUNTED: AtomicBool = AtomicBool::new(false);
+
+/// The stripe a new thread of an uncounted child counts into, if this is
+/// one.
+pub fn uncounted_stripe() -> Option<*mut u64> {
+    CHILD_UNCOUNTED
+        .load(Ordering::Acquire)
+        .then(|| SCRATCH.load(Ordering::Acquire))
+}
 
 /// Registers our fork handlers, once, before anyone else's.
 pub fn register_ours_once() {

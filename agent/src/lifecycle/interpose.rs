@@ -43,7 +43,7 @@ pub struct Real {
 }
 
 impl Real {
-    const fn new(name: &'static CStr) -> Real {
+    pub(crate) const fn new(name: &'static CStr) -> Real {
         Real {
             name,
             addr: AtomicUsize::new(0),
@@ -168,7 +168,11 @@ static ALL: [&Real; 34] = [
 /// Looks every wrapped function up now: from the agent's constructor,
 /// whether or not it goes on to profile.
 pub fn resolve() {
-    for r in ALL {
+    for r in ALL
+        .iter()
+        .chain(&super::credentials::ALL)
+        .chain(&super::sandbox::ALL)
+    {
         r.addr();
     }
 }
@@ -222,14 +226,14 @@ fn set_errno(e: libc::c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
-fn no_such_function() -> libc::c_int {
+pub(crate) fn no_such_function() -> libc::c_int {
     set_errno(libc::ENOSYS);
     -1
 }
 
 /// Runs `f` (ours, between the program's call and its return), keeping
 /// the program's errno and never unwinding into it.
-fn quietly(f: impl FnOnce() + std::panic::UnwindSafe) {
+pub(crate) fn quietly(f: impl FnOnce() + std::panic::UnwindSafe) {
     let e = errno();
     let _ = std::panic::catch_unwind(f);
     set_errno(e);
@@ -443,29 +447,48 @@ exec_wrapper!(fexecve, FEXECVE, (fd: libc::c_int, argv: Argv, envp: Argv));
 
 // ---- User namespaces ----
 
-/// Runs `f` with the agent's threads stopped if `needs_one_thread`.
+/// Runs `f` with the agent's threads stopped if `needs_one_thread`, again
+/// while the kernel still counts a thread just joined (EINVAL): a process
+/// must be single-threaded to enter a user namespace.
 fn single_threaded(needs_one_thread: bool, f: impl Fn() -> libc::c_int) -> libc::c_int {
-    let paused = needs_one_thread && sampling::pause_drain();
-    let budget_paused = needs_one_thread && budget::pause();
-    // Started again by rtprof's next request.
-    let control_paused = needs_one_thread && crate::lifecycle::attach::pause();
-    let joined = paused || budget_paused || control_paused;
-    let mut rc = f();
-    // A joined thread leaves the kernel's thread group a moment after
-    // join returns; until then the kernel still says EINVAL.
-    for _ in 0..200 {
-        if !(joined && rc == -1 && errno() == libc::EINVAL) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(50));
-        rc = f();
+    if !needs_one_thread {
+        return f();
     }
+    with_agent_threads_stopped(|| {
+        let mut rc = f();
+        // A joined thread leaves the kernel's thread group a moment after
+        // join returns; until then the kernel still says EINVAL.
+        for _ in 0..200 {
+            if !(rc == -1 && errno() == libc::EINVAL) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            rc = f();
+        }
+        rc
+    })
+}
+
+/// Runs `f` with the agent's threads (drain, budget, attach control)
+/// stopped and joined, and starts them again after it (the attach control
+/// thread at rtprof's next request); errno is `f`'s. Not in a vfork child,
+/// whose threads are its parent's.
+pub(crate) fn with_agent_threads_stopped(f: impl FnOnce() -> libc::c_int) -> libc::c_int {
+    if !sampling::in_own_process() {
+        return f();
+    }
+    let paused = sampling::pause_drain();
+    let budget_paused = budget::pause();
+    let _ = crate::lifecycle::attach::pause();
+    let rc = f();
+    let e = errno();
     if paused {
         quietly(sampling::resume_drain);
     }
     if budget_paused {
         quietly(budget::resume);
     }
+    set_errno(e);
     rc
 }
 

@@ -125,6 +125,10 @@ extern "C" fn on_loader_event() {
         return;
     }
     let Some(a) = agent() else { return };
+    // Instrumenting takes system calls a seccomp filter may forbid.
+    if crate::lifecycle::sandbox::on() {
+        return;
+    }
     let Some(mut state) = a.state.lock() else {
         return;
     };

@@ -3,12 +3,14 @@
 //! machine-wide controls that decide whether the agent acts at all.
 
 pub(crate) mod attach;
+pub(crate) mod credentials;
 pub(crate) mod fork;
 pub(crate) mod interpose;
 pub(crate) mod libc_hooks;
 pub(crate) mod loader;
 pub(crate) mod locked;
 pub(crate) mod private_files;
+pub(crate) mod sandbox;
 pub(crate) mod startup;
 pub mod system;
 pub(crate) mod worker;

@@ -24,11 +24,13 @@ fn secure_mode() -> bool {
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
-/// What /proc/self/status says about the process now: its threads, and
-/// the pid of a debugger (or other ptrace tracer) attached, if any.
+/// What /proc/self/status says about the process now: its threads, the
+/// pid of a debugger (or other ptrace tracer) attached, if any, and
+/// whether it runs under a seccomp filter.
 pub(crate) struct Status {
     pub threads: Option<usize>,
     pub tracer: Option<u32>,
+    pub seccomp: bool,
 }
 
 pub(crate) fn status() -> Status {
@@ -43,6 +45,7 @@ pub(crate) fn status() -> Status {
     Status {
         threads: field("Threads:").map(|n| n as usize),
         tracer: field("TracerPid:").filter(|&p| p != 0).map(|p| p as u32),
+        seccomp: field("Seccomp:").is_some_and(|m| m != 0),
     }
 }
 
@@ -194,6 +197,10 @@ pub(crate) fn start() {
     if let Some(pid) = status.tracer {
         vlog!("traced by pid {pid} (a debugger?) at start-up; process left unprofiled");
         return;
+    }
+    if status.seccomp {
+        crate::lifecycle::sandbox::started_sandboxed();
+        vlog!("under a seccomp filter: counted, not sampled, nothing written at exit");
     }
     // Five bytes written over code another thread may be running is
     // undefined: patch only while this is the process's only thread.
@@ -427,6 +434,12 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         // A child made without fork handlers (raw clone) still maps its
         // parent's segment: its exit is not the parent's.
         if a.segment.counters.pid() != std::process::id() {
+            return;
+        }
+        // Under a seccomp filter: the counts stay in the segment, for
+        // rtprofd or rtprof run to read; nothing is written.
+        if crate::lifecycle::sandbox::on() {
+            a.segment.counters.set_exit(status, now_ns());
             return;
         }
         crate::sampling::at_exit(a);

@@ -88,6 +88,9 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: Option<Errno>) {
 /// Chooses and starts a sampler. Runs after the address table is published.
 pub fn start(a: &'static Agent) {
     PID.store(std::process::id(), Ordering::Relaxed);
+    if crate::lifecycle::sandbox::on() {
+        return record(a, Sampler::Off, Why::Sandboxed, None);
+    }
     // Only `rtprof run` reads where samples landed (a machine's other
     // processes would each fill a 256 KiB table for nothing).
     offsets::set_wanted(a.segment.has_run_dir());
@@ -218,12 +221,50 @@ pub fn program_threads_gone() {
 /// the samples still in the rings. Not in a vfork child (another pid
 /// sharing our memory).
 pub fn image_ending() {
-    if PID.load(Ordering::Relaxed) == std::process::id() {
+    if in_own_process() {
         if let Some(a) = crate::agent() {
             // Perhaps from a signal handler: nothing is named (no heap).
             drain(a, Wait::Yes, false);
         }
     }
+}
+
+/// The program is about to install a seccomp filter (see
+/// `lifecycle::sandbox`): no more samples, and no system call of the
+/// sampler's after this (the drain thread joined, timers deleted, rings
+/// unmapped, which ends their events: the descriptors were closed).
+pub fn stop_for_sandbox() {
+    DRAINER.stop();
+    if timer::active() {
+        timer::stop_all();
+    }
+    while DRAINING
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+    let rings = RINGS.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if !rings.is_null() {
+        // SAFETY: the Box start_perf leaked, taken back once (RINGS is null
+        // from now on, and no drain holds the lock): nobody reads the rings.
+        let rings = unsafe { Box::from_raw(rings) };
+        for r in rings.iter() {
+            // SAFETY: each ring is a mapping of `map_len` bytes that only
+            // drains (excluded above) read.
+            unsafe { libc::munmap(r.base() as *mut libc::c_void, r.map_len()) };
+        }
+    }
+    DRAINING.store(false, Ordering::Release);
+    if let Some(a) = crate::agent() {
+        record(a, Sampler::Off, Why::Sandboxed, None);
+    }
+}
+
+/// Whether this is the process the agent started in (or its fork child
+/// once the fork handlers ran), not a vfork child sharing its memory.
+pub fn in_own_process() -> bool {
+    PID.load(Ordering::Relaxed) == std::process::id()
 }
 
 /// Stops the drain thread (a process must be single-threaded to enter a
@@ -484,6 +525,9 @@ pub fn forget_parent_in_child() {
 pub fn restart_in_child() {
     let Some(a) = crate::agent() else { return };
     PID.store(std::process::id(), Ordering::Relaxed);
+    if crate::lifecycle::sandbox::on() {
+        return;
+    }
     match kind() {
         // Off by configuration, or the program took SIGPROF over.
         Sampler::Off => {}
