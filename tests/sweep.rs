@@ -29,7 +29,7 @@ const HANG: Duration = Duration::from_secs(300);
 
 /// `name` from Debian's package `package`, or a failure that says so.
 fn program(name: &str, package: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/bin"] {
+    for dir in ["/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
         let p = Path::new(dir).join(name);
         if p.exists() {
             return p;
@@ -1049,4 +1049,21 @@ fn gdb_step_into_function_and_finish() {
         ],
         "",
     );
+}
+
+/// What an operator meets on day one (run as root): runuser, su (PAM),
+/// setpriv, a daemon dropping to a service user, man-db running its
+/// filters under a seccomp filter as its own user.
+#[test]
+fn privilege_drops_and_sandboxes() {
+    let case = script_case("privileges", "privileges.sh").expect(
+        &[
+            &program("runuser", "util-linux"),
+            &program("su", "util-linux"),
+            &program("setpriv", "util-linux"),
+            &program("man", "man-db"),
+        ],
+        8,
+    );
+    sweep(&case);
 }
