@@ -263,6 +263,43 @@ fn disable_restores_other_entries_byte_for_byte() {
     assert!(status().contains("preload      off (/etc/ld.so.preload lists no rtprof agent)"));
 }
 
+/// The pre-flight runs a program under a seccomp filter that kills on
+/// perf_event_open, and a drop to nobody with setpriv: a preloaded library
+/// that opens a perf event whatever the filter, or keeps a thread of its
+/// own through setpriv's drop (glibc then aborts), is refused, and
+/// nothing changes. The agent itself passes (the other tests here).
+#[test]
+fn enable_refuses_an_agent_that_breaks_sandboxes_or_privilege_drops() {
+    private_machine(&["/usr/lib"]);
+    let dir = scratch("careless");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cases = [
+        (
+            "-DCARELESS_SECCOMP",
+            "(under a seccomp filter)`: it ended with signal: 31 (SIGSYS)",
+        ),
+        ("-DCARELESS_THREAD", "setpriv --reuid=65534"),
+    ];
+    for (define, problem) in cases {
+        let lib = dir.join(format!("careless{define}.so"));
+        let o = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O2", "-pthread", define, "-o"])
+            .arg(&lib)
+            .arg(root().join("tests/c/careless_preload.c"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = rtprof_system(&["enable", "--agent", lib.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{define}: {}", stdout(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(problem) && err.ends_with("; /etc/ld.so.preload is unchanged\n"),
+            "{define}: {err}"
+        );
+        assert!(!Path::new(PRELOAD).exists(), "{define}");
+    }
+}
+
 /// Every refusal is one message, and leaves /etc/ld.so.preload alone: not
 /// root, no agent, an agent that breaks programs or does not load, a
 /// read-only /etc.

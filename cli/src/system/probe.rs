@@ -1,8 +1,12 @@
 //! Before the agent goes into every process: it must load into a test
 //! process and leave it working. Each test program runs twice, plainly and
 //! with the agent preloaded, and the two must agree on exit status, output
-//! and error output. The loader only warns (on stderr) when it cannot
-//! preload a library, so a run also checks that the agent is mapped.
+//! and error output: a shell, a program under a seccomp filter that kills
+//! on perf_event_open and timer_create (as systemd's `SystemCallFilter=`
+//! does), and, run as root, a drop to nobody's privileges (setpriv keeps
+//! its capabilities across setresuid, which glibc repeats in every
+//! thread). The loader only warns (on stderr) when it cannot preload a
+//! library, so a run also checks that the agent is mapped.
 
 use crate::error::Error;
 use std::io::Read;
@@ -21,14 +25,28 @@ pub fn check(agent: &Path) -> Result<(), Error> {
         command: command.into(),
         problem,
     };
-    let programs: [&[&str]; 2] = [
-        &["/bin/true"],
-        &["/bin/sh", "-c", "echo ok; echo to-stderr >&2; exit 3"],
+    let mut programs: Vec<(&[&str], Sandbox)> = vec![
+        (&["/bin/true"], Sandbox::None),
+        (
+            &["/bin/sh", "-c", "echo ok; echo to-stderr >&2; exit 3"],
+            Sandbox::None,
+        ),
+        (
+            &["/bin/sh", "-c", "echo sandboxed; exit 4"],
+            Sandbox::SystemdLike,
+        ),
     ];
-    for argv in programs {
-        let shown = shown(argv);
-        let plain = run(argv, None).map_err(|p| failed(&shown, p))?;
-        let with = run(argv, Some(agent)).map_err(|p| failed(&shown, p))?;
+    // SAFETY: geteuid takes nothing and cannot fail.
+    if unsafe { libc::geteuid() } == 0 && Path::new(SETPRIV).exists() {
+        programs.push((DROP_TO_NOBODY, Sandbox::None));
+    }
+    for (argv, sandbox) in programs {
+        let mut shown = shown(argv);
+        if sandbox == Sandbox::SystemdLike {
+            shown.push_str(" (under a seccomp filter)");
+        }
+        let plain = run_in(argv, None, sandbox).map_err(|p| failed(&shown, p))?;
+        let with = run_in(argv, Some(agent), sandbox).map_err(|p| failed(&shown, p))?;
         if let Some(p) = difference(&plain, &with) {
             return Err(failed(&shown, p));
         }
@@ -52,6 +70,57 @@ pub fn check(agent: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+const SETPRIV: &str = "/usr/bin/setpriv";
+const DROP_TO_NOBODY: &[&str] = &[
+    SETPRIV,
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "/bin/sh",
+    "-c",
+    "id -u; id -g",
+];
+
+/// What a test program runs under.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Sandbox {
+    None,
+    /// A seccomp filter from its start that kills the process on
+    /// perf_event_open and timer_create, and allows the rest.
+    SystemdLike,
+}
+
+/// The BPF program of [`Sandbox::SystemdLike`].
+fn systemd_like_filter() -> Vec<libc::sock_filter> {
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = |at: usize| stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, at as u32);
+    let kill = stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_KILL_PROCESS);
+    let allow = stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW);
+    vec![
+        load(std::mem::offset_of!(libc::seccomp_data, arch)),
+        jeq(AUDIT_ARCH_X86_64, 1, 0),
+        kill,
+        load(std::mem::offset_of!(libc::seccomp_data, nr)),
+        jeq(libc::SYS_perf_event_open as u32, 0, 1),
+        kill,
+        jeq(libc::SYS_timer_create as u32, 0, 1),
+        kill,
+        allow,
+    ]
+}
+
 fn shown(argv: &[&str]) -> String {
     argv.iter()
         .map(|a| {
@@ -69,7 +138,37 @@ fn shown(argv: &[&str]) -> String {
 /// would steer the agent (an `RTPROF_DISABLE=1` left in root's shell would
 /// make the test say nothing), and `agent` preloaded if given.
 fn run(argv: &[&str], agent: Option<&Path>) -> Result<Output, String> {
+    run_in(argv, agent, Sandbox::None)
+}
+
+/// [`run`], under `sandbox`.
+fn run_in(argv: &[&str], agent: Option<&Path>, sandbox: Sandbox) -> Result<Output, String> {
     let mut c = Command::new(argv[0]);
+    if sandbox == Sandbox::SystemdLike {
+        let filter = systemd_like_filter();
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the forked child before exec and
+        // makes two system calls only (no allocation: the filter was
+        // built before the fork and is only read).
+        unsafe {
+            c.pre_exec(move || {
+                let prog = libc::sock_fprog {
+                    len: filter.len() as u16,
+                    filter: filter.as_ptr() as *mut libc::sock_filter,
+                };
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::prctl(
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_FILTER,
+                        &prog as *const libc::sock_fprog,
+                    ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+    }
     c.args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -177,6 +276,22 @@ mod tests {
         assert!(difference(&plain, &out(0, "ok\n", "to-stderr\n"))
             .unwrap()
             .contains("instead of exit status: 3"));
+    }
+
+    /// The filter is in place in the program, and kills it on the calls
+    /// it names (here perf_event_open, made by perf itself if present,
+    /// else by nothing: the status line is the proof that counts).
+    #[test]
+    fn the_sandboxed_program_runs_under_a_filter() {
+        let o = run_in(
+            &["/bin/sh", "-c", "grep '^Seccomp:' /proc/self/status"],
+            None,
+            Sandbox::SystemdLike,
+        )
+        .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "Seccomp:\t2");
+        let plain = run(&["/bin/sh", "-c", "grep '^Seccomp:' /proc/self/status"], None).unwrap();
+        assert_eq!(String::from_utf8_lossy(&plain.stdout).trim(), "Seccomp:\t0");
     }
 
     #[test]
