@@ -81,8 +81,23 @@ fn privilege_drops_run_as_without_the_agent() {
     let bin = compile_o2("drop_privileges.c", &["-pthread"], &dir);
     let bin = bin.to_str().unwrap();
     let cases = [
-        strings(&["setpriv", "--reuid=65534", "--regid=65534", "--init-groups", "id"]),
-        strings(&["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "/bin/sh", "-c", "id -u; id -G"]),
+        strings(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--init-groups",
+            "id",
+        ]),
+        strings(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "/bin/sh",
+            "-c",
+            "id -u; id -G",
+        ]),
         strings(&["runuser", "-u", "nobody", "--", "id"]),
         strings(&["su", "-s", "/bin/sh", "nobody", "-c", "id; echo done"]),
         strings(&[bin, "keepcaps"]),
@@ -110,7 +125,13 @@ fn seccomp_filters_leave_programs_running() {
     let cases = [
         strings(&[bin, "deny", bin, "spin"]),
         strings(&[bin, "deny", "/bin/ls", "/"]),
-        strings(&[bin, "deny", "/bin/sh", "-c", "echo in a sandbox; cat /etc/hostname"]),
+        strings(&[
+            bin,
+            "deny",
+            "/bin/sh",
+            "-c",
+            "echo in a sandbox; cat /etc/hostname",
+        ]),
         strings(&[bin, "later", "prctl"]),
         strings(&[bin, "later", "syscall"]),
     ];
@@ -151,7 +172,11 @@ fn sandboxed_processes_are_counted_exactly() {
 
         let bin_s = bin.to_str().unwrap();
         let from_start = run_profiled(&bin, &["deny", bin_s, "spin"], &env, &dir);
-        assert!(from_start.output.status.success(), "{:?}", from_start.output);
+        assert!(
+            from_start.output.status.success(),
+            "{:?}",
+            from_start.output
+        );
         let e = expectations(&from_start.output.stdout);
         let procs = from_start.report["processes"].as_array().unwrap();
         // The image that installed the filter, then the one it exec'd.

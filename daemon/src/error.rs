@@ -25,6 +25,9 @@ pub enum Error {
     PresentMap(io::Error),
     /// The file cannot be renamed over the segment's path.
     PresentRename(io::Error),
+    /// The segment's path or its directory is refused: a device or FIFO
+    /// there, or a directory other users may write.
+    PresentRefused(rtprof_shared::files::FileError),
 
     // A registered counter segment (registry.rs, table.rs).
     /// Not a memfd sealed against shrinking: it could fault under us.
@@ -64,6 +67,7 @@ impl fmt::Display for Error {
         match self {
             Error::PresentCreate { path, source } => write!(f, "{}: {source}", path.display()),
             Error::NoGroup(g) => write!(f, "no group {g}"),
+            Error::PresentRefused(e) => e.fmt(f),
             // What the system says is the whole message: the caller names
             // the file.
             Error::PresentChown(e)

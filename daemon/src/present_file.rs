@@ -1,10 +1,13 @@
 //! The presentation segment's file: made complete beside its path, then
 //! renamed over it, so readers find either the previous segment or a whole
-//! new header.
+//! new header. Made with `O_CREAT|O_EXCL|O_NOFOLLOW` and renamed relative
+//! to the directory's descriptor (`rtprof_shared::files`): a name planted
+//! beside it is never followed nor taken over; a device or FIFO at the
+//! path, or a directory other users may write, is refused.
 
 use crate::error::Error;
+use rtprof_shared::files::{Destination, FileError};
 use rtprof_shared::present::{segment_bytes, PresentWriter};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// The id of group `name`, if there is one.
@@ -27,18 +30,39 @@ pub fn create(
     tick_ms: u64,
 ) -> Result<(memmap2::MmapMut, PresentWriter), Error> {
     let len = segment_bytes(buffer_mib << 20);
-    let tmp = path.with_extension("new");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o640)
-        .open(&tmp)
+    let not_regular = || Error::PresentRefused(FileError::NotRegular { path: path.into() });
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(not_regular());
+    }
+    let (dir, name) = match Destination::prepare(path).map_err(Error::PresentRefused)? {
+        Destination::Replace { dir, name } => (dir, name),
+        Destination::InPlace(_) => return Err(not_regular()),
+    };
+    let (tmp, f) = dir
+        .create_temp(&name, 0o640)
         .map_err(|source| Error::PresentCreate {
-            path: tmp.clone(),
+            path: dir.path().join(&name),
             source,
         })?;
+    let made = fill(f, group, len, tick_ms).and_then(|made| {
+        // Readers find a complete header or the previous segment, never
+        // half.
+        dir.rename(&tmp, &name).map_err(Error::PresentRename)?;
+        Ok(made)
+    });
+    if made.is_err() {
+        let _ = dir.unlink(&tmp);
+    }
+    made
+}
+
+/// Sizes, maps and initialises the new segment file `f`.
+fn fill(
+    f: std::fs::File,
+    group: Option<&str>,
+    len: u64,
+    tick_ms: u64,
+) -> Result<(memmap2::MmapMut, PresentWriter), Error> {
     if let Some(g) = group {
         let gid = group_id(g).ok_or_else(|| Error::NoGroup(g.to_string()))?;
         std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(Error::PresentChown)?;
@@ -50,7 +74,5 @@ pub fn create(
     // SAFETY: `map` is `len` bytes, writable, and outlives the writer
     // (the caller keeps both to the end).
     let w = unsafe { PresentWriter::init(map.as_mut_ptr(), len, tick_ms * 1_000_000) };
-    // Readers find a complete header or the previous segment, never half.
-    std::fs::rename(&tmp, path).map_err(Error::PresentRename)?;
     Ok((map, w))
 }

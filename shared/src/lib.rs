@@ -6,6 +6,7 @@ pub mod cfg;
 mod codes;
 pub mod count_table;
 pub mod debuginfo;
+pub mod files;
 pub mod glob;
 pub mod json;
 pub mod layout;

@@ -309,10 +309,8 @@ fn answer(path: &str, r: Result<String, String>) {
         Ok(m) => format!("{m}\n"),
         Err(e) => format!("error: {e}\n"),
     };
-    let tmp = format!("{path}.tmp");
-    if std::fs::write(&tmp, text).is_ok() {
-        let _ = std::fs::rename(&tmp, path);
-    }
+    let _ =
+        rtprof_shared::files::write_destination(std::path::Path::new(path), text.as_bytes(), 0o600);
 }
 
 fn attach_thread(spec: &str) {

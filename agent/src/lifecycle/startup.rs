@@ -493,29 +493,21 @@ fn report_path(template: &str) -> String {
 }
 
 /// Whether the report can be written where asked: checked at start-up, when
-/// stderr is still open to say so (a program may close it before exit).
+/// stderr is still open to say so (a program may close it before exit). A
+/// FIFO or device is only opened at exit (its reader may come later).
 fn check_report_path(template: &str) {
     let path = report_path(template);
-    let p = std::path::Path::new(&path);
-    let dir = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    let Ok(cdir) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+    if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
         return;
-    };
-    // SAFETY: a NUL-terminated path.
-    if unsafe { libc::access(cdir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-        let e = std::io::Error::last_os_error();
-        log::alert!(
-            "RTPROF_REPORT: cannot write a report into {}: {e}",
-            dir.display()
-        );
+    }
+    if let Err(e) = rtprof_shared::files::Destination::prepare(std::path::Path::new(&path)) {
+        log::alert!("RTPROF_REPORT: cannot write a report there: {e}");
     }
 }
 
-/// Writes the report next to its final name, then renames it: a reader
-/// never finds a truncated report.
+/// Writes the report: beside its final name, then renamed over it (a
+/// reader never finds a truncated report), private to this user (it names
+/// the program's functions); a device or FIFO is written in place.
 fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, events: Option<&str>) {
     let mut snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
         Ok(s) => s,
@@ -539,10 +531,12 @@ fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, even
     } else {
         report::text(std::slice::from_ref(&snap), report::TextOptions::default())
     };
-    let tmp = format!("{path}.{}.tmp", std::process::id());
-    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
+    let written = rtprof_shared::files::write_destination(
+        std::path::Path::new(&path),
+        text.as_bytes(),
+        0o600,
+    );
     if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
         log::alert!("cannot write report {path}: {e}");
     }
 }

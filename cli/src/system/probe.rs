@@ -290,7 +290,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "Seccomp:\t2");
-        let plain = run(&["/bin/sh", "-c", "grep '^Seccomp:' /proc/self/status"], None).unwrap();
+        let plain = run(
+            &["/bin/sh", "-c", "grep '^Seccomp:' /proc/self/status"],
+            None,
+        )
+        .unwrap();
         assert_eq!(String::from_utf8_lossy(&plain.stdout).trim(), "Seccomp:\t0");
     }
 
