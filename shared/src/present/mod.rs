@@ -17,7 +17,7 @@ mod reader;
 mod writer;
 
 pub use layout::{
-    key_hash, now_ns, segment_bytes, BufferHeader, PresentError, PresentHeader, ProcEntry, Row,
+    key_hash, now_ns, segment_bytes, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row,
     MAGIC, PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
     ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
 };
