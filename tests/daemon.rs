@@ -1061,7 +1061,11 @@ fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
         &dir,
         100,
         500,
-        &["--metrics", &format!("127.0.0.1:{port}")],
+        &[
+            "--metrics",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-public",
+        ],
     );
     let mut child = Killed(
         Command::new(&bin)
@@ -1085,7 +1089,10 @@ fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    assert_eq!(line, "claimed\n", "the program could not rewrite its segment");
+    assert_eq!(
+        line, "claimed\n",
+        "the program could not rewrite its segment"
+    );
     let pid = child.id();
     // Once rtprofd has read the names the library added.
     let (p, _) = d.wait_for("the library's functions among the process's rows", |b| {
@@ -1115,14 +1122,18 @@ fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
     );
     // The metrics merge by executable: the program's series are its own,
     // and nothing is counted as the program it claims to be.
-    let body = poll("the library's function in /metrics", Duration::from_secs(20), || {
-        let a = http_get(port, "/metrics", &[])?;
-        assert_eq!(a.status, 200, "{}", a.body);
-        a.body
-            .contains("rtprof_function_calls_total{")
-            .then_some(a.body)
-            .filter(|b| b.contains("function=\"plugin_work\""))
-    });
+    let body = poll(
+        "the library's function in /metrics",
+        Duration::from_secs(20),
+        || {
+            let a = http_get(port, "/metrics", &[])?;
+            assert_eq!(a.status, 200, "{}", a.body);
+            a.body
+                .contains("rtprof_function_calls_total{")
+                .then_some(a.body)
+                .filter(|b| b.contains("function=\"plugin_work\""))
+        },
+    );
     for f in ["plugin_work", "claim_work"] {
         let l = body
             .lines()

@@ -59,9 +59,9 @@ impl std::fmt::Display for ExeError {
         match self {
             ExeError::Readlink(e) => write!(f, "cannot read its /proc/PID/exe: {e}"),
             ExeError::Maps(e) => write!(f, "cannot read its /proc/PID/maps: {e}"),
-            ExeError::NotMapped => f.write_str(
-                "the process at its pid no longer maps its segment (exited or exec'd)",
-            ),
+            ExeError::NotMapped => {
+                f.write_str("the process at its pid no longer maps its segment (exited or exec'd)")
+            }
             ExeError::Stat(e) => write!(f, "cannot stat its segment: {e}"),
         }
     }
@@ -81,7 +81,11 @@ pub fn kernel_exe(pid: u32, fd: BorrowedFd<'_>) -> Result<String, ExeError> {
     }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(ExeError::Readlink)?;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(ExeError::Maps)?;
-    let dev = format!("{:02x}:{:02x}", libc::major(st.st_dev), libc::minor(st.st_dev));
+    let dev = format!(
+        "{:02x}:{:02x}",
+        libc::major(st.st_dev),
+        libc::minor(st.st_dev)
+    );
     let ino = st.st_ino.to_string();
     let mapped = maps.lines().any(|l| {
         let mut f = l.split_whitespace().skip(3);

@@ -101,13 +101,15 @@ impl Entry {
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
-            None => Tracked::new(bytes, &h, &self.exe, now, span_ns, slots, scratch).map(|(mut t, seen)| {
-                if thread_top > 0 {
-                    t.follow_threads(thread_top, (bytes, &h), (now, span_ns), scratch);
-                }
-                self.tracked = Some(t);
-                seen
-            }),
+            None => Tracked::new(bytes, &h, &self.exe, now, span_ns, slots, scratch).map(
+                |(mut t, seen)| {
+                    if thread_top > 0 {
+                        t.follow_threads(thread_top, (bytes, &h), (now, span_ns), scratch);
+                    }
+                    self.tracked = Some(t);
+                    seen
+                },
+            ),
         };
         // One switch request at a time, once the agent answered the last.
         if let Some((on, pattern)) = self.pending.front() {

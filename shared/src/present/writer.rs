@@ -10,8 +10,8 @@
 //! buffer last got them.
 
 use super::layout::{
-    key_hash, now_ns, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
-    PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
+    key_hash, now_ns, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row, EMPTY,
+    MAGIC, PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
     ROW_THREAD, ROW_THREAD_HEAD, VERSION,
 };
 use std::collections::HashMap;
