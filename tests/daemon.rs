@@ -969,12 +969,14 @@ fn registration_flood_is_bounded() {
         }
     }
     // Read in order: once the last one is followed, so was the flood.
+    // (This process maps none of them: each segment's executable is only
+    // its claim.)
     let probe = sealed_memfd(&segment_of(me, 1 + FLOOD, b"/flood/probe"));
     register(&d.socket, probe.as_raw_fd());
     d.wait_for("the end of the flood", |m| {
         let v = read_view(m).ok()?;
         v.process(me)
-            .filter(|(p, _)| p.exe == "/flood/probe")
+            .filter(|(p, _)| p.claimed.as_deref() == Some("/flood/probe"))
             .map(|_| ())
     });
     most = most.max(open_fds(daemon));
@@ -1028,5 +1030,130 @@ fn registration_flood_is_bounded() {
     eprintln!("{lines} log lines, {quiet} messages suppressed");
     assert!(lines <= 60, "{lines} lines:\n{log}");
     assert!(quiet >= FLOOD / 2, "{quiet} suppressed:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What the claiming program says it is.
+const CLAIM: &str = "/usr/sbin/cron";
+
+/// A process that rewrites the executable its own segment names, then
+/// loads a library so that rtprofd reads the names again, is published,
+/// reported and counted in the metrics as the executable the kernel says
+/// it runs; its claim is only shown as one.
+#[test]
+fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
+    use rtprof_shared::layout::Header;
+    use std::io::BufRead;
+    use std::mem::offset_of;
+    let dir = scratch("claim");
+    let bin = compile_o2("claim_exe.c", &["-ldl"], &dir);
+    let exe = bin.canonicalize().unwrap().to_string_lossy().into_owned();
+    let lib = dir.join("libplugin.so");
+    let o = Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(root().join("tests/c/plugin.c"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let port = free_port();
+    let d = Daemon::start_with(
+        &dir,
+        100,
+        500,
+        &[
+            "--metrics",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-public",
+        ],
+    );
+    let mut child = Killed(
+        Command::new(&bin)
+            .arg(CLAIM)
+            .arg(&lib)
+            .args(
+                [
+                    offset_of!(Header, exe_off),
+                    offset_of!(Header, exe_len),
+                    offset_of!(Header, strings_off),
+                ]
+                .map(|o| o.to_string()),
+            )
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_DAEMON_SOCKET", &d.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(
+        line, "claimed\n",
+        "the program could not rewrite its segment"
+    );
+    let pid = child.id();
+    // Once rtprofd has read the names the library added.
+    let (p, _) = d.wait_for("the library's functions among the process's rows", |b| {
+        process_rows(b, pid).filter(|(_, rows)| rows.iter().any(|r| r.name == "plugin_work"))
+    });
+    assert_eq!(p.exe, exe, "published under its claim");
+    assert_eq!(p.claimed.as_deref(), Some(CLAIM));
+    let report = Command::new(rtprof())
+        .args(["report", "--json", "--pid", &pid.to_string(), "--present"])
+        .arg(&d.present)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&report.stdout).expect("JSON");
+    let rp = &v["processes"][0];
+    assert_eq!(rp["pid"], pid);
+    assert_eq!(rp["exe"], exe.as_str(), "{rp}");
+    assert_eq!(rp["claimed"], CLAIM, "{rp}");
+    let text = Command::new(rtprof())
+        .args(["report", "--pid", &pid.to_string(), "--present"])
+        .arg(&d.present)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("pid {pid} {exe} (claims to be {CLAIM})")),
+        "{text}"
+    );
+    // The metrics merge by executable: the program's series are its own,
+    // and nothing is counted as the program it claims to be.
+    let body = poll(
+        "the library's function in /metrics",
+        Duration::from_secs(20),
+        || {
+            let a = http_get(port, "/metrics", &[])?;
+            assert_eq!(a.status, 200, "{}", a.body);
+            a.body
+                .contains("rtprof_function_calls_total{")
+                .then_some(a.body)
+                .filter(|b| b.contains("function=\"plugin_work\""))
+        },
+    );
+    for f in ["plugin_work", "claim_work"] {
+        let l = body
+            .lines()
+            .find(|l| {
+                l.starts_with("rtprof_function_calls_total{")
+                    && l.contains(&format!("function=\"{f}\""))
+            })
+            .unwrap_or_else(|| panic!("no series of {f}: {body}"));
+        assert!(l.contains(&format!("executable=\"{exe}\"")), "{l}");
+    }
+    assert!(
+        !body.contains(&format!("executable=\"{CLAIM}\"")),
+        "the claim made series: {body}"
+    );
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let log = d.stop();
+    assert!(
+        log.contains(&format!("claims executable \"{CLAIM}\"")),
+        "{log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

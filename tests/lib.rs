@@ -493,3 +493,44 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// A TCP port on 127.0.0.1 free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An HTTP answer: status, head (status line and headers) and body.
+pub struct Answer {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+/// `GET path` from 127.0.0.1:`port` with `headers` (each a whole
+/// `Name: value` line), or None if nothing answers.
+pub fn http_get(port: u16, path: &str, headers: &[&str]) -> Option<Answer> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    let mut req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some(Answer {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    })
+}

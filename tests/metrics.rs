@@ -1,11 +1,12 @@
 //! rtprofd as a Prometheus target: a real Prometheus scrapes a private
-//! daemon's `/metrics` while a program calls a function at a known rate,
-//! and the rate it computes is the program's; the counter ends at the
-//! program's exact count and stays there.
+//! daemon's `/metrics`, with the daemon's bearer token, while a program
+//! calls a function at a known rate, and the rate it computes is the
+//! program's; the counter ends at the program's exact count and stays
+//! there. Without the token (or with another) nothing is served, unless
+//! the daemon was started with `--metrics-public`.
 
 use rtprof_e2e::*;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -15,31 +16,21 @@ const PROMETHEUS: &str = "/usr/bin/prometheus";
 const RATE: f64 = 200_000.0;
 const WAIT: Duration = Duration::from_secs(60);
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `GET path` from 127.0.0.1:`port` with `headers`: (status, body), or
+/// None if nothing answers.
+fn get_with(port: u16, path: &str, headers: &[&str]) -> Option<(u16, String)> {
+    http_get(port, path, headers).map(|a| (a.status, a.body))
 }
 
-/// `GET path` from 127.0.0.1:`port`: (status, body), or None if nothing
-/// answers.
+/// `GET path` without credentials (Prometheus's own API).
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
+    get_with(port, path, &[])
 }
 
 /// `rtprof_function_calls_total` of `function` in a scrape of `/metrics`,
 /// checking its executable label.
-fn calls_total(port: u16, function: &str, exe: &str) -> Option<u64> {
-    let (status, body) = get(port, "/metrics")?;
+fn calls_total(port: u16, auth: &str, function: &str, exe: &str) -> Option<u64> {
+    let (status, body) = get_with(port, "/metrics", &[auth])?;
     assert_eq!(status, 200, "{body}");
     let line = body.lines().find(|l| {
         l.starts_with("rtprof_function_calls_total{")
@@ -69,7 +60,9 @@ fn query(port: u16, q: &str) -> Option<f64> {
     result.first()?["value"][1].as_str()?.parse().ok()
 }
 
-fn prometheus(dir: &Path, port: u16, target: u16) -> Killed {
+/// A Prometheus scraping 127.0.0.1:`target` every second with the
+/// bearer token in `token_file`.
+fn prometheus(dir: &Path, port: u16, target: u16, token_file: &Path) -> Killed {
     assert!(
         Path::new(PROMETHEUS).exists(),
         "{PROMETHEUS} is missing: install Prometheus (apt-get install -y prometheus)"
@@ -79,8 +72,10 @@ fn prometheus(dir: &Path, port: u16, target: u16) -> Killed {
         &config,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             scrape_configs:\n  - job_name: rtprofd\n    static_configs:\n      \
-             - targets: ['127.0.0.1:{target}']\n"
+             scrape_configs:\n  - job_name: rtprofd\n    \
+             authorization:\n      credentials_file: {}\n    static_configs:\n      \
+             - targets: ['127.0.0.1:{target}']\n",
+            token_file.display()
         ),
     )
     .unwrap();
@@ -111,18 +106,51 @@ fn prometheus_sees_the_programs_call_rate_and_counters_never_fall() {
     let bin = compile_o2("paced.c", &[], &dir);
     let exe = bin.canonicalize().unwrap().to_string_lossy().into_owned();
     let port = free_port();
+    // No token file yet: the daemon makes one.
+    let token_file = dir.join("token/metrics.token");
     let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
     cmd.args(["--tick", "100", "--span", "1000", "--buffer-mib", "4"])
         .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .arg("--metrics-token-file")
+        .arg(&token_file)
         .args(["--metrics-per-process", "5"])
         .stderr(Stdio::null());
     let d = Rtprofd::start(cmd, &dir);
     wait_until("rtprofd serving /metrics", WAIT, || {
         get(port, "/metrics").is_some()
     });
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&token_file).expect("the daemon made a token file");
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        assert_eq!((m.mode() & 0o777, m.uid()), (0o600, me));
+    }
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    assert!(token.trim().len() >= 32, "{token:?}");
+    let auth = format!("Authorization: Bearer {}", token.trim());
+    // Without the token, or with another, nothing but a challenge.
+    let wrong = format!("Authorization: Bearer {}x", token.trim());
+    for headers in [
+        &[][..],
+        &[wrong.as_str()][..],
+        &["Authorization: Basic cm9vdDo="][..],
+    ] {
+        let a = http_get(port, "/metrics", headers).expect("an answer");
+        assert_eq!(a.status, 401, "{headers:?}: {}", a.body);
+        assert!(
+            a.head.lines().any(|l| l
+                .to_ascii_lowercase()
+                .starts_with("www-authenticate: bearer")),
+            "{}",
+            a.head
+        );
+        assert!(!a.body.contains("rtprof_"), "{}", a.body);
+    }
+    assert_eq!(get_with(port, "/metrics", &[&auth]).map(|x| x.0), Some(200));
     assert_eq!(get(port, "/nothing").map(|x| x.0), Some(404));
     let prom_port = free_port();
-    let _prom = prometheus(&dir, prom_port, port);
+    let _prom = prometheus(&dir, prom_port, port, &token_file);
     let program = Killed(
         Command::new(&bin)
             .args([&(RATE as u64).to_string(), "25"])
@@ -163,17 +191,17 @@ fn prometheus_sees_the_programs_call_rate_and_counters_never_fall() {
     let text = String::from_utf8_lossy(&out);
     let exact: u64 = text.trim().strip_prefix("calls ").unwrap().parse().unwrap();
     let first = poll("the counter at the program's exact count", WAIT, || {
-        calls_total(port, "paced_tick", &exe).filter(|&n| n >= exact)
+        calls_total(port, &auth, "paced_tick", &exe).filter(|&n| n >= exact)
     });
     assert_eq!(first, exact, "the counter went past the program's count");
     std::thread::sleep(Duration::from_millis(500));
     let t = std::time::Instant::now();
-    let second = calls_total(port, "paced_tick", &exe).expect("the series stays");
-    let bytes = get(port, "/metrics").map_or(0, |(_, body)| body.len());
+    let second = calls_total(port, &auth, "paced_tick", &exe).expect("the series stays");
+    let bytes = get_with(port, "/metrics", &[&auth]).map_or(0, |(_, body)| body.len());
     eprintln!("scrape of /metrics: {:?}, {bytes} bytes", t.elapsed());
     assert_eq!(second, exact, "the counter moved after the program ended");
     // Per-process series are for live processes only.
-    let (_, body) = get(port, "/metrics").unwrap();
+    let (_, body) = get_with(port, "/metrics", &[&auth]).unwrap();
     assert!(
         !body.contains(&format!("pid=\"{pid}\"")),
         "an ended process's series stays: {body}"
@@ -187,4 +215,61 @@ fn program_output(mut p: Killed) -> Vec<u8> {
     let status = p.0.wait().unwrap();
     assert!(status.success(), "the paced program failed: {status}");
     out
+}
+
+/// rtprofd on `dir` serving metrics at `port` with `extra` options, its
+/// stderr in `dir/rtprofd.log`.
+fn metrics_daemon(dir: &Path, port: u16, extra: &[&std::ffi::OsStr]) -> Command {
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    cmd.args(["--tick", "100", "--span", "500", "--buffer-mib", "4"])
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("rtprofd.log")).unwrap());
+    cmd
+}
+
+/// `--metrics-public` serves anyone; a token file others may read, or
+/// that is a link, keeps the daemon from starting at all.
+#[test]
+fn metrics_are_public_only_when_asked_and_a_loose_token_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("metrics-public");
+    let port = free_port();
+    let d = Rtprofd::start(
+        metrics_daemon(&dir, port, &["--metrics-public".as_ref()]),
+        &dir,
+    );
+    let (status, body) = poll("rtprofd serving /metrics", WAIT, || get(port, "/metrics"));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("rtprofd_processes_followed"), "{body}");
+    drop(d);
+
+    let loose = dir.join("loose.token");
+    std::fs::write(&loose, "0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link = dir.join("link.token");
+    let private = dir.join("private.token");
+    std::fs::write(&private, "0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&private, &link).unwrap();
+    for (file, why) in [
+        (&loose, "group or others may read or write it"),
+        (&link, "not a regular file"),
+    ] {
+        let out = metrics_daemon(
+            &dir,
+            free_port(),
+            &["--metrics-token-file".as_ref(), file.as_os_str()],
+        )
+        .args(["--socket".as_ref(), dir.join("sock2").as_os_str()])
+        .args(["--present".as_ref(), dir.join("present2").as_os_str()])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", file.display());
+        assert!(err.contains(why), "{}: {err}", file.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -85,6 +85,10 @@ fn json(v: &View, procs: &[&ProcView], now: u64) -> String {
         w.begin_object();
         w.uint_field("pid", p.pid as u64);
         w.string_field("exe", &p.exe);
+        // Only what the process's own segment says: never its identity.
+        if let Some(c) = &p.claimed {
+            w.string_field("claimed", c);
+        }
         w.key("ended");
         w.bool(p.ended);
         w.uint_field("span_ns", p.span_ns);
@@ -129,9 +133,14 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
         let _ = writeln!(out, "{s}");
     }
     for p in procs {
+        let claim = p
+            .claimed
+            .as_ref()
+            .map(|c| format!(" (claims to be {})", escape_text(c)))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "pid {} {}{}: {} samples over {:.1} s",
+            "pid {} {}{claim}{}: {} samples over {:.1} s",
             p.pid,
             escape_text(&p.exe),
             if p.ended { " (ended)" } else { "" },

@@ -31,8 +31,9 @@ struct Waiting {
 }
 
 /// Serves connections from `listener` for ever; `metrics` makes the
-/// text of each `GET /metrics`.
-pub fn serve(listener: TcpListener, metrics: impl Fn() -> String) {
+/// text of each `GET /metrics`, given to requests that carry `token`
+/// (`Authorization: Bearer TOKEN`) or to all if there is none.
+pub fn serve(listener: TcpListener, token: Option<Vec<u8>>, metrics: impl Fn() -> String) {
     if listener.set_nonblocking(true).is_err() {
         return;
     }
@@ -74,7 +75,7 @@ pub fn serve(listener: TcpListener, metrics: impl Fn() -> String) {
             }
             match read_more(w) {
                 Some(true) => {
-                    answer(&mut w.stream, &w.head, &metrics);
+                    answer(&mut w.stream, &w.head, token.as_deref(), &metrics);
                     false
                 }
                 Some(false) => true,
@@ -125,6 +126,8 @@ fn read_more(w: &mut Waiting) -> Option<bool> {
 #[derive(Debug, PartialEq)]
 enum Asked {
     Metrics,
+    /// The metrics, without the token they need.
+    Unauthorized,
     NotFound,
     BadMethod,
     Bad,
@@ -151,6 +154,36 @@ fn parse(head: &[u8]) -> Asked {
     }
 }
 
+/// The credentials of an `Authorization: Bearer ...` header in `head`.
+fn bearer(head: &[u8]) -> Option<&[u8]> {
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if !name.eq_ignore_ascii_case(b"authorization") || value.len() < 7 {
+            return None;
+        }
+        let (scheme, rest) = value.split_at(7);
+        scheme
+            .eq_ignore_ascii_case(b"bearer ")
+            .then(|| rest.trim_ascii())
+    })
+}
+
+/// What a request gets: the metrics only with `token`, if one is wanted.
+fn verdict(head: &[u8], token: Option<&[u8]>) -> Asked {
+    match (parse(head), token) {
+        (Asked::Metrics, Some(t)) => {
+            if bearer(head).is_some_and(|given| crate::token::matches(given, t)) {
+                Asked::Metrics
+            } else {
+                Asked::Unauthorized
+            }
+        }
+        (asked, _) => asked,
+    }
+}
+
 /// Writes `bytes` within what is left of `deadline` from `start`.
 fn write_within(stream: &mut TcpStream, bytes: &[u8], start: Instant) -> Option<()> {
     let mut at = 0;
@@ -171,13 +204,23 @@ fn write_within(stream: &mut TcpStream, bytes: &[u8], start: Instant) -> Option<
 
 /// Answers one connection whose request head is in; it is closed when
 /// the caller drops it.
-fn answer(stream: &mut TcpStream, head: &[u8], metrics: &impl Fn() -> String) {
+fn answer(
+    stream: &mut TcpStream,
+    head: &[u8],
+    token: Option<&[u8]>,
+    metrics: &impl Fn() -> String,
+) {
     if stream.set_nonblocking(false).is_err() {
         return;
     }
     let head_only = head.starts_with(b"HEAD ");
-    let (status, body) = match parse(head) {
+    let asked = verdict(head, token);
+    let (status, body) = match asked {
         Asked::Metrics => ("200 OK", metrics()),
+        Asked::Unauthorized => (
+            "401 Unauthorized",
+            String::from("a bearer token is needed (rtprofd --metrics-token-file)\n"),
+        ),
         Asked::NotFound => ("404 Not Found", String::from("not found\n")),
         Asked::BadMethod => ("405 Method Not Allowed", String::from("GET only\n")),
         Asked::Bad => ("400 Bad Request", String::from("bad request\n")),
@@ -187,8 +230,13 @@ fn answer(stream: &mut TcpStream, head: &[u8], metrics: &impl Fn() -> String) {
     } else {
         "text/plain; charset=utf-8"
     };
+    let challenge = if asked == Asked::Unauthorized {
+        "WWW-Authenticate: Bearer realm=\"rtprofd\"\r\n"
+    } else {
+        ""
+    };
     let header = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{challenge}Connection: close\r\n\r\n",
         body.len()
     );
     let start = Instant::now();
@@ -220,13 +268,44 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_metrics_need_the_token_when_there_is_one() {
+        let t = Some(&b"0123456789abcdef"[..]);
+        let get = |auth: &str| format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}\r\n");
+        for (auth, asked) in [
+            ("Authorization: Bearer 0123456789abcdef\r\n", Asked::Metrics),
+            (
+                "authorization:bearer   0123456789abcdef \r\n",
+                Asked::Metrics,
+            ),
+            (
+                "Authorization: Bearer 0123456789abcdeg\r\n",
+                Asked::Unauthorized,
+            ),
+            (
+                "Authorization: Basic 0123456789abcdef\r\n",
+                Asked::Unauthorized,
+            ),
+            (
+                "X-Authorization: Bearer 0123456789abcdef\r\n",
+                Asked::Unauthorized,
+            ),
+            ("", Asked::Unauthorized),
+        ] {
+            assert_eq!(verdict(get(auth).as_bytes(), t), asked, "{auth:?}");
+        }
+        assert_eq!(verdict(get("").as_bytes(), None), Asked::Metrics);
+        // Anything else is answered as before.
+        assert_eq!(verdict(b"GET / HTTP/1.1\r\n\r\n", t), Asked::NotFound);
+    }
+
     /// A client that connects and says nothing holds the server for the
     /// request deadline at most: a scrape behind it is answered.
     #[test]
     fn a_silent_client_does_not_hold_the_server() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || serve(listener, || String::from("# EOF\n")));
+        std::thread::spawn(move || serve(listener, None, || String::from("# EOF\n")));
         // More silent clients than places: none holds up a scrape.
         let silent: Vec<TcpStream> = (0..WAITING + 8)
             .map(|_| TcpStream::connect(addr).unwrap())

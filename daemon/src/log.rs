@@ -19,6 +19,8 @@ pub enum Kind {
     Replaced,
     /// A registration refused because its user, or the daemon, is full.
     Cap,
+    /// A segment naming an executable other than the kernel's.
+    Claim,
 }
 
 impl Kind {
@@ -28,6 +30,7 @@ impl Kind {
             Kind::Segment => "bad-segment",
             Kind::Replaced => "re-registration",
             Kind::Cap => "over-limit",
+            Kind::Claim => "claim",
         }
     }
 }

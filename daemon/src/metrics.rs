@@ -258,7 +258,13 @@ pub struct Metrics {
 
 impl Metrics {
     /// Listens at `addr` and serves `GET /metrics` from its own thread.
-    pub fn serve(addr: SocketAddr, top: usize, per_process: usize) -> Result<Metrics, String> {
+    /// Only requests with `token` are served, if there is one.
+    pub fn serve(
+        addr: SocketAddr,
+        token: Option<Vec<u8>>,
+        top: usize,
+        per_process: usize,
+    ) -> Result<Metrics, String> {
         let listener = std::net::TcpListener::bind(addr).map_err(|e| e.to_string())?;
         let shown: Arc<Mutex<Arc<Exposition>>> = Arc::default();
         let health = Health::new();
@@ -266,7 +272,7 @@ impl Metrics {
         std::thread::Builder::new()
             .name("rtprofd-metrics".into())
             .spawn(move || {
-                http::serve(listener, || {
+                http::serve(listener, token, || {
                     // The newest exposition, encoded without the lock held.
                     let x = x.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     encode(&x, &h)

@@ -6,12 +6,16 @@
 //! sealed against shrinking (a process shrinking its file under our
 //! mapping would otherwise kill the daemon with SIGBUS); its bytes are
 //! treated as hostile and validated on every read.
+//!
+//! What a segment says about its process is the process's claim; which
+//! executable it runs is the kernel's to say (`/proc/PID/exe`), read when
+//! the process registers and checked to be the one that maps the segment.
 
 use crate::error::Error;
 use rtprof_shared::layout::Header;
 use rtprof_shared::protocol;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 
@@ -26,6 +30,71 @@ pub struct Registered {
     /// The sender, from the socket's credentials.
     pub pid: u32,
     pub uid: u32,
+    /// Its executable, from the kernel, or why it could not be had.
+    pub exe: Result<String, ExeError>,
+}
+
+/// What a process is published as when the kernel could not say which
+/// executable it runs (a real path starts with `/`, so this is none).
+pub const UNVERIFIED_EXE: &str = "[unverified]";
+
+/// Why the kernel's view of a registering process's executable is not
+/// known.
+#[derive(Debug)]
+pub enum ExeError {
+    /// `/proc/PID/exe` cannot be read (the process is gone, or hidden from us).
+    Readlink(io::Error),
+    /// `/proc/PID/maps` cannot be read.
+    Maps(io::Error),
+    /// The process at that pid does not map the segment: the sender
+    /// exited (its pid maybe reused) or exec'd another program since it
+    /// connected.
+    NotMapped,
+    /// The segment's descriptor cannot be examined.
+    Stat(io::Error),
+}
+
+impl std::fmt::Display for ExeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExeError::Readlink(e) => write!(f, "cannot read its /proc/PID/exe: {e}"),
+            ExeError::Maps(e) => write!(f, "cannot read its /proc/PID/maps: {e}"),
+            ExeError::NotMapped => {
+                f.write_str("the process at its pid no longer maps its segment (exited or exec'd)")
+            }
+            ExeError::Stat(e) => write!(f, "cannot stat its segment: {e}"),
+        }
+    }
+}
+
+/// The executable process `pid` runs, as the kernel says, if that process
+/// maps the segment behind `fd`. The link is read first and the mapping
+/// checked after: a process that exited (and whose pid another took) or
+/// exec'd before the link was read no longer maps the segment, so a link
+/// of anything but the sender's image is never taken.
+pub fn kernel_exe(pid: u32, fd: BorrowedFd<'_>) -> Result<String, ExeError> {
+    // SAFETY: stat is plain data; all-zero is valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for writes; fstat reads only the descriptor.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(ExeError::Stat(io::Error::last_os_error()));
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(ExeError::Readlink)?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(ExeError::Maps)?;
+    let dev = format!(
+        "{:02x}:{:02x}",
+        libc::major(st.st_dev),
+        libc::minor(st.st_dev)
+    );
+    let ino = st.st_ino.to_string();
+    let mapped = maps.lines().any(|l| {
+        let mut f = l.split_whitespace().skip(3);
+        f.next() == Some(dev.as_str()) && f.next() == Some(ino.as_str())
+    });
+    if !mapped {
+        return Err(ExeError::NotMapped);
+    }
+    Ok(exe.to_string_lossy().into_owned())
 }
 
 /// Who is at the other end of a connection (the kernel says, at connect).
@@ -183,10 +252,14 @@ pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Message, RecvError> {
     if n < 8 || &payload[..8] != protocol::HELLO || fds.is_empty() {
         return Err(RecvError::NotRegistration);
     }
+    let fd = fds.swap_remove(0);
+    // Now, while the sender is most likely still there.
+    let exe = kernel_exe(from.pid, fd.as_fd());
     Ok(Message::Register(Registered {
-        fd: fds.swap_remove(0),
+        fd,
         pid: from.pid,
         uid: from.uid,
+        exe,
     }))
 }
 
@@ -344,11 +417,9 @@ pub fn discover() -> Vec<Registered> {
         let uid = std::fs::metadata(format!("/proc/{pid}"))
             .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
             .unwrap_or(u32::MAX);
-        out.push(Registered {
-            fd: f.into(),
-            pid,
-            uid,
-        });
+        let fd = OwnedFd::from(f);
+        let exe = kernel_exe(pid, fd.as_fd());
+        out.push(Registered { fd, pid, uid, exe });
     }
     out
 }

@@ -13,6 +13,7 @@ mod slots;
 mod spans;
 mod table;
 mod thread_spans;
+mod token;
 
 use accept::{Acceptor, Outcome};
 use clap::Parser;
@@ -70,6 +71,21 @@ struct Args {
     /// Serve Prometheus metrics over HTTP at ADDR:PORT (`GET /metrics`).
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<std::net::SocketAddr>,
+    /// File of the bearer token `/metrics` asks for (Prometheus:
+    /// `authorization: {credentials_file: ...}`). Made, mode 0600, with
+    /// random bytes if missing; refused if anyone but root or this
+    /// daemon's user owns it or may read it.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/var/lib/rtprof/metrics.token"
+    )]
+    metrics_token_file: PathBuf,
+    /// Serve `/metrics` to anyone who can connect, without a token: the
+    /// metrics name the executables and functions of every user's
+    /// processes, root's included.
+    #[arg(long)]
+    metrics_public: bool,
     /// Functions exposed per executable: the hottest over the last span.
     #[arg(long, default_value_t = 20)]
     metrics_top: usize,
@@ -208,14 +224,35 @@ fn main() -> std::process::ExitCode {
     if table.len() > 0 {
         eprintln!("rtprofd: found {} running agent(s)", table.len());
     }
+    let token = match a.metrics {
+        Some(_) if !a.metrics_public => match token::load_or_create(&a.metrics_token_file) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("rtprofd: metrics token: {e}");
+                return std::process::ExitCode::from(1);
+            }
+        },
+        _ => None,
+    };
     let mut metrics = match a.metrics.map(|addr| {
         (
             addr,
-            metrics::Metrics::serve(addr, a.metrics_top, a.metrics_per_process),
+            metrics::Metrics::serve(addr, token.clone(), a.metrics_top, a.metrics_per_process),
         )
     }) {
         None => None,
-        Some((_, Ok(m))) => Some(m),
+        Some((addr, Ok(m))) => {
+            match &token {
+                Some(_) => eprintln!(
+                    "rtprofd: serving http://{addr}/metrics to holders of the token in {}",
+                    a.metrics_token_file.display()
+                ),
+                None => {
+                    eprintln!("rtprofd: serving http://{addr}/metrics to anyone (--metrics-public)")
+                }
+            }
+            Some(m)
+        }
         Some((addr, Err(e))) => {
             eprintln!("rtprofd: cannot serve metrics at {addr}: {e}");
             return std::process::ExitCode::from(1);

@@ -48,13 +48,13 @@ struct FuncSlot {
 impl Meta {
     /// Takes ids for the slots added since the last read (slots are only
     /// ever added; names of existing ones stay).
-    fn extend(&mut self, s: &Snapshot, h: &Header, slots: &mut Slots) {
+    fn extend(&mut self, s: &Snapshot, exe: &str, h: &Header, slots: &mut Slots) {
         self.func_count = s.functions.len() as u32;
         self.module_count = s.modules.len() as u32;
         self.strings_len = h.strings_len;
         for f in s.functions.iter().skip(self.funcs.len()) {
             self.funcs.push(FuncSlot {
-                id: slots.acquire(&s.exe, &f.name),
+                id: slots.acquire(exe, &f.name),
                 module: f.module,
                 counted: false,
                 flags: 0,
@@ -66,10 +66,10 @@ impl Meta {
         for md in s.modules.iter().skip(self.modules.len()) {
             self.modules.push(md.name().to_string());
             self.buckets
-                .push(slots.acquire(&s.exe, &format!("[{}]", md.name())));
+                .push(slots.acquire(exe, &format!("[{}]", md.name())));
         }
         if self.unknown.is_none() {
-            self.unknown = Some(slots.acquire(&s.exe, "[unknown]"));
+            self.unknown = Some(slots.acquire(exe, "[unknown]"));
         }
     }
 
@@ -213,7 +213,12 @@ pub struct Seen {
 /// One process as the daemon follows it.
 pub struct Tracked {
     pub pid: u32,
+    /// Its executable as the kernel said at registration: what its rows
+    /// are keyed and published by.
     pub exe: String,
+    /// The executable its segment names, when that differs from `exe`:
+    /// the process's own claim, shown as such, never a key.
+    pub claimed: Option<String>,
     pub start_ns: u64,
     pub ended: bool,
     period_ns: u64,
@@ -276,10 +281,13 @@ impl Tracked {
     /// Starts following the process whose segment is `bytes`. If it
     /// started within the span, its first span counts from its start
     /// (zero); otherwise from now.
-    /// `h` is the segment's header as the caller read and checked it.
+    /// `h` is the segment's header as the caller read and checked it;
+    /// `exe` the process's executable from the kernel.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         bytes: &[u8],
         h: &Header,
+        exe: &str,
         now_ns: u64,
         span_ns: u64,
         slots: &mut Slots,
@@ -293,10 +301,11 @@ impl Tracked {
         let s = read_snapshot(bytes)?;
         let young = s.start_ns + span_ns >= now_ns;
         let mut meta = Meta::default();
-        meta.extend(&s, h, slots);
+        meta.extend(&s, exe, h, slots);
         let mut t = Tracked {
             pid: s.pid,
-            exe: s.exe.clone(),
+            exe: exe.to_string(),
+            claimed: (s.exe != exe).then(|| s.exe.clone()),
             start_ns: s.start_ns,
             ended: false,
             period_ns: s.sample_period_ns,
@@ -370,8 +379,8 @@ impl Tracked {
             ));
         }
         if grown {
-            // Slots are only ever added, under one executable: anything
-            // else would leave rows and ids of slots that are gone.
+            // Slots are only ever added: anything else would leave rows
+            // and ids of slots that are gone.
             if h.func_count < self.meta.func_count {
                 return Err(SegmentError::Rewritten("function count"));
             }
@@ -380,10 +389,9 @@ impl Tracked {
             }
             // Validates everything again.
             let s = read_snapshot(bytes)?;
-            if s.exe != self.exe {
-                return Err(SegmentError::Rewritten("executable"));
-            }
-            self.meta.extend(&s, h, slots);
+            // Its claim may change; its rows stay under the kernel's name.
+            self.claimed = (s.exe != self.exe).then(|| s.exe.clone());
+            self.meta.extend(&s, &self.exe, h, slots);
             // New functions' flags, whatever this tick's sums do.
             self.read_flags(bytes, h);
         }
@@ -785,6 +793,7 @@ impl Tracked {
         ProcRows {
             pid: self.pid,
             exe: &self.exe,
+            claimed: self.claimed.as_deref(),
             ended: self.ended,
             span_ns: self.newest_ns.saturating_sub(self.base_ns),
             samples: s.total,
@@ -874,6 +883,7 @@ mod tests {
         Tracked::new(
             seg.bytes(),
             &seg.header(),
+            "/bin/app",
             now,
             5 * S,
             slots,
@@ -1057,8 +1067,8 @@ mod tests {
         assert_eq!((hot.calls, hot.samples), (300, 3));
     }
 
-    /// A segment that takes back what it added (fewer functions, another
-    /// executable) is refused, not read with rows of slots that are gone.
+    /// A segment that takes back what it added (fewer functions) is
+    /// refused, not read with rows of slots that are gone.
     #[test]
     fn a_segment_that_takes_back_is_refused() {
         let seg = Seg::new();
@@ -1082,23 +1092,35 @@ mod tests {
                 .err(),
             Some(SegmentError::Rewritten("function count"))
         );
-        // Another executable under a grown header.
-        let mut seg2 = Seg::new();
-        seg2.w.set_exe(b"/bin/other").unwrap();
-        let f = seg2.w.add_function(b"late", 0, 1).unwrap();
-        seg2.w.set_status(f, None);
-        assert_eq!(
-            t.observe(
-                seg2.bytes(),
-                &seg2.header(),
-                4 * S,
-                5 * S,
-                &mut slots,
-                &mut Counts::default()
-            )
-            .err(),
-            Some(SegmentError::Rewritten("executable"))
-        );
+        t.release(&mut slots);
+        assert_eq!(slots.len(), 0);
+    }
+
+    /// A segment that names another executable, at first or later, is
+    /// its process's claim: rows stay under the kernel's executable.
+    #[test]
+    fn a_claimed_executable_is_kept_apart_from_the_kernels() {
+        let mut seg = Seg::new();
+        let mut slots = Slots::default();
+        seg.set(100, 1, 1);
+        let (mut t, _) = track(&seg, 2 * S, &mut slots);
+        assert_eq!((t.exe.as_str(), t.claimed.as_deref()), ("/bin/app", None));
+        seg.w.set_exe(b"/usr/sbin/cron").unwrap();
+        let f = seg.w.add_function(b"late", 0, 1).unwrap();
+        seg.w.set_status(f, None);
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            3 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
+        assert_eq!(t.exe, "/bin/app");
+        assert_eq!(t.claimed.as_deref(), Some("/usr/sbin/cron"));
+        assert_eq!(t.table().exe, "/bin/app");
+        // Every row's name is held under the kernel's executable.
         t.release(&mut slots);
         assert_eq!(slots.len(), 0);
     }

@@ -8,7 +8,7 @@
 
 use crate::error::Error;
 use crate::log::{Kind, Limiter};
-use crate::registry::{Mapped, Registered, SwitchRequest};
+use crate::registry::{ExeError, Mapped, Registered, SwitchRequest, UNVERIFIED_EXE};
 use crate::slots::Slots;
 use crate::spans::{self, Tracked};
 use rtprof_shared::layout::state;
@@ -69,6 +69,12 @@ struct Entry {
     /// The sender, from the socket's credentials.
     pid: u32,
     uid: u32,
+    /// Its executable, from the kernel at registration, or
+    /// [`UNVERIFIED_EXE`] and why.
+    exe: String,
+    unverified: Option<ExeError>,
+    /// The claim (see [`Tracked::claimed`]) last logged.
+    logged_claim: Option<String>,
     map: Mapped,
     tracked: Option<Tracked>,
     /// Ticks it has stayed unreadable (an agent still starting).
@@ -95,13 +101,15 @@ impl Entry {
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
-            None => Tracked::new(bytes, &h, now, span_ns, slots, scratch).map(|(mut t, seen)| {
-                if thread_top > 0 {
-                    t.follow_threads(thread_top, (bytes, &h), (now, span_ns), scratch);
-                }
-                self.tracked = Some(t);
-                seen
-            }),
+            None => Tracked::new(bytes, &h, &self.exe, now, span_ns, slots, scratch).map(
+                |(mut t, seen)| {
+                    if thread_top > 0 {
+                        t.follow_threads(thread_top, (bytes, &h), (now, span_ns), scratch);
+                    }
+                    self.tracked = Some(t);
+                    seen
+                },
+            ),
         };
         // One switch request at a time, once the agent answered the last.
         if let Some((on, pattern)) = self.pending.front() {
@@ -219,6 +227,9 @@ impl Table {
             Entry {
                 pid: reg.pid,
                 uid: reg.uid,
+                exe: reg.exe.as_deref().unwrap_or(UNVERIFIED_EXE).to_string(),
+                unverified: reg.exe.err(),
+                logged_claim: None,
                 map,
                 tracked: None,
                 unfilled: 0,
@@ -348,6 +359,22 @@ impl Table {
                 continue;
             }
             let tr = e.tracked.as_mut().unwrap();
+            if tr.claimed.is_some() && tr.claimed != e.logged_claim {
+                log.log(Some(e.uid), Kind::Claim, t, || {
+                    let claim = tr.claimed.as_deref().unwrap_or_default();
+                    match &e.unverified {
+                        None => format!(
+                            "rtprofd: pid {} (uid {}): its segment claims executable {claim:?}; published as the kernel's {:?}",
+                            e.pid, e.uid, tr.exe
+                        ),
+                        Some(why) => format!(
+                            "rtprofd: pid {} (uid {}): its segment claims executable {claim:?}; published as {UNVERIFIED_EXE}: {why}",
+                            e.pid, e.uid
+                        ),
+                    }
+                });
+                e.logged_claim = tr.claimed.clone();
+            }
             // One that counted this tick was alive in it: asked next
             // time (a system call per process per tick adds up).
             if seen.state == state::EXITED || (!seen.moved && !alive(seen.pid)) {
@@ -482,6 +509,7 @@ mod tests {
             fd: memfd(bytes, true),
             pid,
             uid,
+            exe: Ok("/bin/app".into()),
         }
     }
 
@@ -583,6 +611,7 @@ mod tests {
             fd: memfd(&[0; 4096], false),
             pid: 1,
             uid: 0,
+            exe: Ok("/bin/app".into()),
         });
         assert!(
             matches!(&r, Err(Refusal::Segment(Error::NotSealed))),

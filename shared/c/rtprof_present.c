@@ -23,7 +23,8 @@ typedef struct {
     uint64_t seq, span_end_ns, span_ns, publish_ns;
     uint32_t proc_count, row_count, global_first, global_count, hash_cap, strings_len;
     uint32_t procs_off, rows_off, hash_off, strings_off;
-    uint64_t reserved[7];
+    uint32_t claims_off, claim_count; /* not read here: see layout.rs */
+    uint64_t reserved[6];
 } buf_header;
 
 _Static_assert(sizeof(seg_header) == 64, "segment header is 64 bytes");

@@ -314,6 +314,7 @@ pub mod tests {
         let p = |pid, exe: &str, rows| ProcView {
             pid,
             exe: exe.into(),
+            claimed: None,
             ended: false,
             span_ns: 1_000_000_000,
             samples: 0,

@@ -3,6 +3,7 @@
 //! ```text
 //! [PresentHeader][buffer 0][buffer 1]
 //! buffer: [BufferHeader][strings][ProcEntry x procs][Row x rows][u32 x hash_cap]
+//!         [Claim x claim_count]
 //! ```
 //!
 //! Each region is found by its offset in the buffer header (readers
@@ -24,6 +25,11 @@
 //! row. Version 5 gives the reserved words of process entries and rows a
 //! meaning (thread rows): a reader of version 4 that took every row before
 //! the global ones for a process's own would count a thread's twice.
+//! Within version 5, the first reserved word of the buffer header came to
+//! locate the claims ([`Claim`]): what a process's own counter segment
+//! says its executable is, where that differs from the executable the
+//! kernel says it runs (`ProcEntry::exe`, what rows are keyed by). Older
+//! writers leave it zero (no claims); older readers ignore it.
 //! `shared/c/rtprof_present.c` and
 //! `shared/include/rtprof_present.h` are the C reader of the same layout:
 //! change them together.
@@ -76,7 +82,22 @@ pub struct BufferHeader {
     pub rows_off: u32,
     pub hash_off: u32,
     pub strings_off: u32,
-    pub reserved: [u64; 7],
+    /// Where the claims are, and how many ([`Claim`]); 0 and 0: none.
+    pub claims_off: u32,
+    pub claim_count: u32,
+    pub reserved: [u64; 6],
+}
+
+/// A process's claim about itself: the executable its counter segment
+/// names, shown as such and never a key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Claim {
+    /// The index of the process's entry.
+    pub proc_index: u32,
+    pub exe_off: u32,
+    pub exe_len: u32,
+    pub reserved: u32,
 }
 
 /// `ProcEntry::flags`: the process ended; these are its last counts.
@@ -150,6 +171,7 @@ const _: () = assert!(size_of::<PresentHeader>() == 64);
 const _: () = assert!(size_of::<BufferHeader>() == 128);
 const _: () = assert!(size_of::<ProcEntry>() == 64);
 const _: () = assert!(size_of::<Row>() == 64);
+const _: () = assert!(size_of::<Claim>() == 16);
 
 /// FNV-1a over executable, a zero byte, and function name.
 pub fn key_hash(exe: &str, name: &str) -> u32 {

@@ -4,9 +4,9 @@
 //! happening).
 
 use super::layout::{
-    key_hash, BufferHeader, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC, PROC_ENDED,
-    ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, ROW_THREAD,
-    ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
+    key_hash, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
+    PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
+    ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
 };
 use std::mem::size_of;
 use std::ops::Range;
@@ -135,7 +135,11 @@ impl RowView {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcView {
     pub pid: u32,
+    /// Its executable, as the kernel said when it registered.
     pub exe: String,
+    /// What its own counter segment says its executable is, if that is
+    /// something else: its claim, not to be trusted.
+    pub claimed: Option<String>,
     pub ended: bool,
     pub span_ns: u64,
     pub samples: u64,
@@ -241,6 +245,7 @@ impl<'a> Buffer<'a> {
         within(h.rows_off, h.row_count as u64 * 64, "rows")?;
         within(h.hash_off, h.hash_cap as u64 * 4, "hash index")?;
         within(h.strings_off, h.strings_len as u64, "strings")?;
+        within(h.claims_off, h.claim_count as u64 * 16, "claims")?;
         if h.global_first.checked_add(h.global_count) != Some(h.row_count)
             || !h.hash_cap.is_power_of_two()
         {
@@ -259,6 +264,16 @@ impl<'a> Buffer<'a> {
     }
     fn string(&self, off: u32, len: u32) -> Result<String, PresentError> {
         Ok(String::from_utf8_lossy(self.str_bytes(off, len)?).into_owned())
+    }
+    /// The claim of process `i`, if it made one.
+    fn claim(&self, i: u32) -> Result<Option<String>, PresentError> {
+        for k in 0..self.h.claim_count as usize {
+            let c: Claim = get(self.b, self.h.claims_off as usize + k * 16)?;
+            if c.proc_index == i {
+                return self.string(c.exe_off, c.exe_len).map(Some);
+            }
+        }
+        Ok(None)
     }
     fn entry(&self, i: u32) -> Result<ProcEntry, PresentError> {
         get(self.b, self.h.procs_off as usize + i as usize * 64)
@@ -333,6 +348,7 @@ impl<'a> Buffer<'a> {
         Ok(ProcView {
             pid: e.pid,
             exe: self.string(e.exe_off, e.exe_len)?,
+            claimed: self.claim(i)?,
             ended: e.flags & PROC_ENDED != 0,
             span_ns: e.span_ns,
             samples: e.samples,

@@ -10,8 +10,8 @@
 //! buffer last got them.
 
 use super::layout::{
-    key_hash, now_ns, BufferHeader, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
-    PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
+    key_hash, now_ns, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row, EMPTY,
+    MAGIC, PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
     ROW_THREAD, ROW_THREAD_HEAD, VERSION,
 };
 use std::collections::HashMap;
@@ -41,6 +41,7 @@ impl<'a> ProcTable<'a> {
         ProcRows {
             pid: self.pid,
             exe: self.exe,
+            claimed: None,
             ended: self.ended,
             span_ns: self.span_ns,
             samples: self.samples,
@@ -95,7 +96,10 @@ pub struct IdRow {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ProcRows<'a> {
     pub pid: u32,
+    /// The executable, as the kernel says.
     pub exe: &'a str,
+    /// What its own segment says it is, if that is something else.
+    pub claimed: Option<&'a str>,
     pub ended: bool,
     pub span_ns: u64,
     pub samples: u64,
@@ -175,6 +179,8 @@ struct Scratch {
     /// Every process's threads' names, and where each process's start.
     thread_names: Vec<(u32, u32)>,
     thread_first: Vec<u32>,
+    /// The processes' claims, by entry.
+    claims: Vec<Claim>,
 }
 
 /// Rows a process's threads take: a head row each and theirs.
@@ -467,7 +473,8 @@ impl PresentWriter {
         let global_count = global_ids.len();
         let hash_cap = hash_cap(global_count);
         let hash_off = process_rows_end + global_count * size_of::<Row>();
-        let need = hash_off + hash_cap as usize * 4;
+        let claims_off = hash_off + hash_cap as usize * 4;
+        let need = claims_off + sc.claims.len() * size_of::<Claim>();
         // Ready for the next publish, whatever happens to this one.
         for &(id, _) in global_ids.iter() {
             global_of[id as usize] = EMPTY;
@@ -509,7 +516,13 @@ impl PresentWriter {
             rows_off: rows_off as u32,
             hash_off: hash_off as u32,
             strings_off: strings_off as u32,
-            reserved: [0; 7],
+            claims_off: if sc.claims.is_empty() {
+                0
+            } else {
+                claims_off as u32
+            },
+            claim_count: sc.claims.len() as u32,
+            reserved: [0; 6],
         };
         // SAFETY: the hash index ends at `need` <= `cap`; the header is the
         // buffer's first 128 bytes, written after its sequence word.
@@ -518,6 +531,8 @@ impl PresentWriter {
             std::ptr::copy_nonoverlapping(h.as_ptr().add(8), at(8), h.len() - 8);
             let hb = as_bytes(hash);
             std::ptr::copy_nonoverlapping(hb.as_ptr(), at(hash_off), hb.len());
+            let cb = as_bytes(&sc.claims);
+            std::ptr::copy_nonoverlapping(cb.as_ptr(), at(claims_off), cb.len());
         }
         seq.store((s | 1) + 1, Ordering::Release);
         self.word(gen_off).store(gen + 1, Ordering::Release);
@@ -574,6 +589,18 @@ fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((u32, u32
     sc.entry_of.resize(procs.len(), 0);
     for (k, &pi) in sc.order.iter().enumerate() {
         sc.entry_of[pi as usize] = k as u32;
+    }
+    sc.claims.clear();
+    for (p, &entry) in procs.iter().zip(&sc.entry_of) {
+        if let Some(c) = p.claimed {
+            let (exe_off, exe_len) = intern(c);
+            sc.claims.push(Claim {
+                proc_index: entry,
+                exe_off,
+                exe_len,
+                reserved: 0,
+            });
+        }
     }
     let exe = &sc.exe;
     sc.order.sort_by_key(|&i| exe[i as usize].0);
