@@ -134,7 +134,12 @@ pub fn run(args: CacheArgs) -> ExitCode {
             for e in rd.flatten() {
                 let name = e.file_name();
                 let shown = name.to_string_lossy();
-                if shown.ends_with(ENTRY_SUFFIX) || shown.ends_with(".tmp") {
+                // Entries, and the temporary files they are written as
+                // (`.NAME.rtc.rtprof-PID-N`; older agents' `.NAME.rtc.PID.tmp`).
+                let temporary = shown.starts_with('.')
+                    && (shown.contains(&format!("{ENTRY_SUFFIX}.rtprof-"))
+                        || shown.ends_with(".tmp"));
+                if shown.ends_with(ENTRY_SUFFIX) || temporary {
                     std::fs::remove_file(e.path()).map_err(|source| Error::CacheRemove {
                         name: name.into(),
                         source,

@@ -225,7 +225,11 @@ pub(crate) fn start() {
     }
     ph.mark("checks");
     let maps = Maps::current();
+    // Single-threaded here: the cache's directories stay open for all the
+    // modules' lookups, and are closed before the program runs.
+    crate::cache::startup_begins();
     let plans = plan_modules(&cfg, &maps);
+    crate::cache::startup_done();
     ph.mark("plans");
     if cfg.warm_only {
         // `rtprof cache warm`: the entries are written; the program's own

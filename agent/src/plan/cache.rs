@@ -8,7 +8,8 @@
 //!
 //! Trust: an entry decides what becomes code in the process, so it is read
 //! only from a directory (and ancestors) and a file owned by this user or
-//! root and writable by no one else, and it is validated like the counter
+//! root and writable by no one else, checked on descriptors opened without
+//! following links (no name can be re-pointed between check and read), and it is validated like the counter
 //! segment (magic, format, the agent build that wrote it, the file's
 //! identity, lengths, a checksum, every record). Any doubt is a miss, said
 //! under `RTPROF_VERBOSE`; the process is then profiled as without a cache.
@@ -25,12 +26,12 @@ use crate::log::vlog;
 use crate::modules::Module;
 use crate::symbols::FuncSym;
 use rtprof_shared::cachedir::{self, fnv, ENTRY_HEADER as HEADER, ENTRY_SUFFIX, FNV_START};
+use rtprof_shared::files::{Dir, FileError};
 use rtprof_shared::Refusal;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 const MAGIC: [u8; 8] = *b"RTPRCACH";
 /// Bumped whenever the entry layout or what the analysis decides changes.
@@ -168,29 +169,44 @@ pub fn entry_name(module_path: &str, id: &Identity, kind: Kind) -> String {
     format!("{base}-{h:016x}{ENTRY_SUFFIX}")
 }
 
-/// Whether `meta` belongs to this user or root and no one else may write it.
-fn trusted(meta: &std::fs::Metadata, euid: u32) -> bool {
-    (meta.uid() == euid || meta.uid() == 0) && meta.mode() & 0o022 == 0
+/// Whether a file or directory belongs to this user or root and no one
+/// else may write it.
+fn trusted(uid: u32, mode: u32, euid: u32) -> bool {
+    (uid == euid || uid == 0) && mode & 0o022 == 0
 }
 
-/// `dir` and every directory above it: owned by this user or root and
-/// writable by no one else (a sticky directory such as /tmp may be shared:
-/// no one else can rename what is ours inside it).
-fn trusted_dir(dir: &Path, euid: u32) -> Result<(), PlanError> {
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| io_at(dir, e))?;
-    if !meta.is_dir() || !trusted(&meta, euid) {
-        return Err(PlanError::DirNotTrusted { path: dir.into() });
-    }
-    let mut up = dir.parent();
-    while let Some(d) = up {
-        let m = std::fs::metadata(d).map_err(|e| io_at(d, e))?;
-        let sticky = m.mode() & 0o1000 != 0;
-        if !(m.uid() == euid || m.uid() == 0) || (m.mode() & 0o022 != 0 && !sticky) {
-            return Err(PlanError::AncestorWritable { path: d.into() });
+/// Opens `dir`: resolved once, then opened component by component from
+/// `/` without following links, each checked on its descriptor: every
+/// directory above it owned by this user or root and writable by no one
+/// else (a sticky one such as /tmp may be shared: no one else can rename
+/// what is ours inside it), `dir` itself owned by this user or root and
+/// writable by no one else. What is read or written later is looked up
+/// through the descriptor, so no name can be re-pointed after the check.
+fn trusted_dir(dir: &Path, euid: u32) -> Result<Dir, PlanError> {
+    let opened = Dir::open(dir, |at, st, last| {
+        let mine = st.st_uid == euid || st.st_uid == 0;
+        let refuse = if last {
+            !trusted(st.st_uid, st.st_mode, euid)
+        } else {
+            !mine || (st.st_mode & 0o022 != 0 && st.st_mode & 0o1000 == 0)
+        };
+        match (refuse, last) {
+            (false, _) => Ok(()),
+            (true, true) => Err(FileError::NotOwnDestination { path: at.into() }),
+            (true, false) => Err(FileError::SharedDirectory { path: at.into() }),
         }
-        up = d.parent();
-    }
-    Ok(())
+    });
+    opened.map_err(|e| match e {
+        FileError::NotOwnDestination { .. } => PlanError::DirNotTrusted { path: dir.into() },
+        FileError::SharedDirectory { path } => PlanError::AncestorWritable { path },
+        FileError::Io { path, source } if source.raw_os_error() == Some(libc::ELOOP) => {
+            PlanError::DirNotTrusted { path }
+        }
+        FileError::Io { path, source } => PlanError::Io { path, source },
+        other => PlanError::DirNotTrusted {
+            path: PathBuf::from(other.to_string()),
+        },
+    })
 }
 
 pub struct Entry {
@@ -378,34 +394,20 @@ fn encode_records<'a>(
     b
 }
 
-/// Reads `dir/name` if the directory and the file may be trusted.
-/// `dir_ok`: the directory's ownership was already checked in this
-/// process (each hit would otherwise walk its ancestors again).
-fn read_trusted(
-    dir: &Path,
-    name: &str,
-    euid: u32,
-    dir_ok: &AtomicBool,
-) -> Result<Option<memmap2::Mmap>, PlanError> {
-    let path = dir.join(name);
-    let f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-    {
+/// Reads `name` in `dir` (opened by [`trusted_dir`]) if the file may be
+/// trusted.
+fn read_trusted(dir: &Dir, name: &str, euid: u32) -> Result<Option<memmap2::Mmap>, PlanError> {
+    let path = dir.path().join(name);
+    let f = match dir.open_file(name, libc::O_RDONLY, 0) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_at(&path, e)),
     };
-    if !dir_ok.load(Ordering::Relaxed) {
-        trusted_dir(dir, euid)?;
-        dir_ok.store(true, Ordering::Relaxed);
-    }
-    let meta = f.metadata().map_err(PlanError::Unreadable)?;
-    if !meta.is_file() || !trusted(&meta, euid) {
+    let st = rtprof_shared::files::fstat(&f).map_err(PlanError::Unreadable)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || !trusted(st.st_uid, st.st_mode, euid) {
         return Err(PlanError::EntryNotTrusted { path });
     }
-    if meta.len() > MAX_BYTES {
+    if st.st_size as u64 > MAX_BYTES {
         return Err(PlanError::TooLarge { path });
     }
     // SAFETY: a private read-only mapping of a file only this user or root
@@ -413,6 +415,56 @@ fn read_trusted(
     // Its bytes are validated before any is used.
     let map = unsafe { memmap2::Mmap::map(&f) }.map_err(PlanError::Unreadable)?;
     Ok(Some(map))
+}
+
+/// The places' directories opened during start-up (one walk each, not
+/// one per module), closed when it ends: a descriptor kept for longer
+/// could be closed under us by the program and its number reused.
+static STARTUP_DIRS: Mutex<Option<Vec<Option<Result<Dir, String>>>>> = Mutex::new(None);
+
+/// Start-up is over: the places' directories are closed, later lookups
+/// (libraries loaded by dlopen) open them again each time.
+pub fn startup_done() {
+    if let Ok(mut d) = STARTUP_DIRS.lock() {
+        *d = None;
+    }
+}
+
+/// Start-up begins: the places' directories are opened once for it.
+pub fn startup_begins() {
+    if let Ok(mut d) = STARTUP_DIRS.lock() {
+        *d = Some(Vec::new());
+    }
+}
+
+/// Runs `f` with place `i`'s directory (`dir`), opened and checked.
+fn with_place<T>(
+    i: usize,
+    dir: &Path,
+    euid: u32,
+    f: impl FnOnce(&Dir) -> Result<T, PlanError>,
+) -> Result<T, PlanError> {
+    let mut held = STARTUP_DIRS.lock().ok();
+    match held.as_mut().and_then(|h| h.as_mut()) {
+        Some(dirs) => {
+            if dirs.len() <= i {
+                dirs.resize_with(i + 1, || None);
+            }
+            let opened =
+                dirs[i].get_or_insert_with(|| trusted_dir(dir, euid).map_err(|e| e.to_string()));
+            match opened {
+                Ok(d) => f(d),
+                Err(why) => Err(PlanError::Io {
+                    path: dir.into(),
+                    source: std::io::Error::other(why.clone()),
+                }),
+            }
+        }
+        None => {
+            drop(held);
+            f(&trusted_dir(dir, euid)?)
+        }
+    }
 }
 
 /// The cached decisions (or function list) for module `m` (file identity
@@ -425,16 +477,15 @@ pub fn lookup(m: &Module, id: &Identity, kind: Kind) -> Option<Entry> {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
     let name = entry_name(&m.path, id, kind);
-    // One verdict per place (there are at most two: the user's, root's).
-    static DIR_OK: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
-    let unchecked = AtomicBool::new(false);
     for (i, dir) in places.read.iter().enumerate() {
-        match read_trusted(dir, &name, euid, DIR_OK.get(i).unwrap_or(&unchecked)) {
+        match with_place(i, dir, euid, |d| read_trusted(d, &name, euid)) {
             Ok(None) => {}
             Ok(Some(bytes)) => match decode(&bytes, id, kind, m.bias) {
                 Ok(e) => return Some(e),
                 Err(why) => vlog!("cache entry {}/{name} not used: {why}", dir.display()),
             },
+            // An absent cache is no news.
+            Err(PlanError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
             Err(why) => vlog!("cache not used: {why}"),
         }
     }
@@ -463,19 +514,14 @@ fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PlanError> {
             .create(dir)
             .map_err(|e| io_at(dir, e))?;
     }
-    trusted_dir(dir, euid)?;
-    trim(dir, bytes.len() as u64);
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(if system { 0o644 } else { 0o600 })
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, bytes))
-        .and_then(|()| std::fs::rename(&tmp, dir.join(name)));
+    let d = trusted_dir(dir, euid)?;
+    trim(&d, bytes.len() as u64);
+    let (tmp, mut f) = d
+        .create_temp(name, if system { 0o644 } else { 0o600 })
+        .map_err(PlanError::Write)?;
+    let written = std::io::Write::write_all(&mut f, bytes).and_then(|()| d.rename(&tmp, name));
     written.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = d.unlink(&tmp);
         PlanError::Write(e)
     })
 }
@@ -489,16 +535,16 @@ fn io_at(path: &Path, source: std::io::Error) -> PlanError {
 }
 
 /// Keeps the directory under [`MAX_BYTES`]: oldest entries go first.
-fn trim(dir: &Path, adding: u64) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
+fn trim(dir: &Dir, adding: u64) {
+    let Ok(names) = dir.names() else {
         return;
     };
-    let mut entries: Vec<(i64, u64, PathBuf)> = rd
-        .flatten()
-        .filter(|e| e.file_name().as_bytes().ends_with(ENTRY_SUFFIX.as_bytes()))
-        .filter_map(|e| {
-            let m = e.metadata().ok()?;
-            Some((m.mtime(), m.len(), e.path()))
+    let mut entries: Vec<(i64, u64, String)> = names
+        .into_iter()
+        .filter(|n| n.ends_with(ENTRY_SUFFIX))
+        .filter_map(|n| {
+            let st = dir.stat(&n).ok()??;
+            Some((st.st_mtime, st.st_size as u64, n))
         })
         .collect();
     let mut total: u64 = entries.iter().map(|e| e.1).sum::<u64>() + adding;
@@ -506,11 +552,11 @@ fn trim(dir: &Path, adding: u64) {
         return;
     }
     entries.sort();
-    for (_, len, path) in entries {
+    for (_, len, name) in entries {
         if total <= MAX_BYTES / 4 * 3 {
             break;
         }
-        if std::fs::remove_file(&path).is_ok() {
+        if dir.unlink(&name).is_ok() {
             total -= len;
         }
     }
@@ -756,20 +802,18 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(trusted_dir(&dir, euid).is_ok());
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = trusted_dir(&dir, euid).unwrap_err();
+        let e = trusted_dir(&dir, euid).err().unwrap();
         assert!(matches!(&e, PlanError::DirNotTrusted { path } if *path == dir));
         assert!(e
             .to_string()
             .ends_with(": not a directory owned by this user or root and writable only by them"));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         write_entry(&dir, "x.rtc", &encode(&plan(), &id())).unwrap();
-        let fresh = || AtomicBool::new(false);
-        assert!(read_trusted(&dir, "x.rtc", euid, &fresh())
-            .unwrap()
-            .is_some());
+        let d = trusted_dir(&dir, euid).ok().unwrap();
+        assert!(read_trusted(&d, "x.rtc", euid).unwrap().is_some());
         std::fs::set_permissions(dir.join("x.rtc"), std::fs::Permissions::from_mode(0o666))
             .unwrap();
-        let e = read_trusted(&dir, "x.rtc", euid, &fresh()).unwrap_err();
+        let e = read_trusted(&d, "x.rtc", euid).unwrap_err();
         assert!(matches!(&e, PlanError::EntryNotTrusted { path } if *path == dir.join("x.rtc")));
         assert_eq!(
             e.to_string(),
@@ -778,9 +822,42 @@ mod tests {
                 dir.join("x.rtc").display()
             )
         );
-        assert!(read_trusted(&dir, "missing.rtc", euid, &fresh())
-            .unwrap()
-            .is_none());
+        assert!(read_trusted(&d, "missing.rtc", euid).unwrap().is_none());
+        // No temporary file is left beside the entries.
+        let names = d.names().unwrap();
+        assert_eq!(names, vec!["x.rtc".to_string()], "{names:?}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The cache's directory is reached through a link another user may
+    /// re-point (`XDG_CACHE_HOME` at her link): the directory is resolved
+    /// once and checked on its descriptor, and entries are read there even
+    /// once the link names her directory; an entry that is a link is not
+    /// followed.
+    #[test]
+    fn a_cache_reached_through_a_link_is_read_where_it_was_checked() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("rtprof-cache-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (ours, theirs) = (base.join("ours"), base.join("theirs"));
+        for d in [&base, &ours, &theirs] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        write_entry(&ours, "x.rtc", &encode(&plan(), &id())).unwrap();
+        std::fs::write(theirs.join("x.rtc"), b"not an entry").unwrap();
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&ours, &link).unwrap();
+        let d = trusted_dir(&link, euid).ok().unwrap();
+        assert_eq!(d.path(), ours.as_path());
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&theirs, &link).unwrap();
+        let bytes = read_trusted(&d, "x.rtc", euid).unwrap().unwrap();
+        assert!(decode(&bytes, &id(), Kind::Plan, 0).is_ok());
+        std::os::unix::fs::symlink(theirs.join("x.rtc"), ours.join("y.rtc")).unwrap();
+        assert!(read_trusted(&d, "y.rtc", euid).is_err());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }
