@@ -474,6 +474,14 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
     });
 }
 
+/// The functions a JSON report lists (`RTPROF_ALL_FUNCTIONS`).
+fn listing(cfg: &Config) -> report::Listing {
+    match cfg.all_functions {
+        true => report::Listing::All,
+        false => report::Listing::Used,
+    }
+}
+
 /// `RTPROF_REPORT` with `%p` replaced by this process's pid.
 fn report_path(template: &str) -> String {
     template.replace("%p", &std::process::id().to_string())
@@ -522,7 +530,7 @@ fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, even
     }
     let path = report_path(path);
     let text = if path.ends_with(".json") {
-        report::json(std::slice::from_ref(&snap))
+        report::json(std::slice::from_ref(&snap), listing(&a.config))
     } else {
         report::text(std::slice::from_ref(&snap), report::TextOptions::default())
     };
