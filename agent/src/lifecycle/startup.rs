@@ -419,6 +419,18 @@ extern "C" {
 
 /// Runs after the program's own exit handlers (registered before them).
 pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
+    finish(Some(status));
+}
+
+/// The pid whose image [`finish`] ended (0: none): an `_exit` from the
+/// program's exit handlers, after ours, does not end it twice.
+static FINISHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// What the image leaves as it ends: the files `rtprof run` reads beside
+/// the segment, the exit status (`None`: ended by `_exit`, without exit
+/// handlers, so not `exited`), the `RTPROF_REPORT`. Allocates: only where
+/// exit handlers could run.
+pub(crate) fn finish(status: Option<libc::c_int>) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
         if crate::lifecycle::attach::detached() {
@@ -426,7 +438,11 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         }
         // A child made without fork handlers (raw clone) still maps its
         // parent's segment: its exit is not the parent's.
-        if a.segment.counters.pid() != std::process::id() {
+        let pid = std::process::id();
+        if a.segment.counters.pid() != pid {
+            return;
+        }
+        if FINISHED.swap(pid, std::sync::atomic::Ordering::AcqRel) == pid {
             return;
         }
         crate::sampling::at_exit(a);
@@ -466,7 +482,9 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
             }
         }
         crate::budget::at_exit(a);
-        a.segment.counters.set_exit(status, now_ns());
+        if let Some(status) = status {
+            a.segment.counters.set_exit(status, now_ns());
+        }
         crate::lifecycle::attach::after_exit(a);
         if let Some(path) = &a.config.report {
             write_report(a, path, stacks.as_deref(), &threads, events.as_deref());
