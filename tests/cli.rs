@@ -789,7 +789,7 @@ fn full_tmpdir_is_named_and_the_program_still_runs() {
 /// parent allocated across every fork; a vfork child's `_exit` writes
 /// nothing (it shares the parent's memory and segment).
 #[test]
-fn forked_children_ending_by_exit_or__exit_write_their_reports() {
+fn forked_children_ending_by_underscore_exit_write_their_reports() {
     let dir = scratch("exit-kinds");
     let bin = compile_o2("exit_kinds.c", &["-pthread"], &dir);
     let reports = dir.join("reports");
