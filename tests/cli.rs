@@ -782,3 +782,75 @@ fn full_tmpdir_is_named_and_the_program_still_runs() {
     assert!(err.contains(" work "), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `RTPROF_REPORT` from children of fork(): one ending by `_exit` or
+/// `_Exit` writes its report as one ending by `exit` does, with its own
+/// calls (ended without exit handlers: "abrupt"), though a thread of the
+/// parent allocated across every fork; a vfork child's `_exit` writes
+/// nothing (it shares the parent's memory and segment).
+#[test]
+fn forked_children_ending_by_underscore_exit_write_their_reports() {
+    let dir = scratch("exit-kinds");
+    let bin = compile_o2("exit_kinds.c", &["-pthread"], &dir);
+    let reports = dir.join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    let mut child = Command::new(&bin)
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_REPORT", reports.join("r-%p.json"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A child stuck on a lock held at fork would never end.
+    let status = poll(
+        "the program and its children end",
+        std::time::Duration::from_secs(120),
+        || child.try_wait().unwrap(),
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report_of = |pid: &str| -> Option<Value> {
+        let text = std::fs::read_to_string(reports.join(format!("r-{pid}.json"))).ok()?;
+        Some(serde_json::from_str(&text).unwrap())
+    };
+    let work = |v: &Value| -> u64 {
+        v["processes"][0]["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "work")
+            .map_or(0, |f| f["calls"].as_u64().unwrap())
+    };
+    let mut expected_files = 0;
+    for l in stdout.lines() {
+        match l.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["CHILD", pid, "vfork", _] => {
+                assert!(report_of(pid).is_none(), "vfork child {pid} wrote a report");
+            }
+            ["CHILD", pid, how, n] => {
+                let v = report_of(pid)
+                    .unwrap_or_else(|| panic!("no report from the child that ended by {how}"));
+                let p = &v["processes"][0];
+                assert_eq!(p["pid"].as_u64(), pid.parse().ok(), "{how}");
+                assert_eq!(work(&v), n.parse::<u64>().unwrap(), "{how}: {p}");
+                let ended = if *how == "exit" { "exit" } else { "abrupt" };
+                assert_eq!(p["ended"], ended, "{how}");
+                expected_files += 1;
+            }
+            ["PARENT", pid, n] => {
+                let v = report_of(pid).expect("the parent's report");
+                assert_eq!(work(&v), n.parse::<u64>().unwrap(), "parent");
+                expected_files += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(expected_files, 4, "{stdout}");
+    let files: Vec<_> = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files.len(), 4, "{files:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -168,12 +168,13 @@ pub fn run_plain(bin: &Path, args: &[&str]) -> Output {
     Command::new(bin).args(args).output().expect("program runs")
 }
 
-/// Runs `bin` under `rtprof run --json`.
+/// Runs `bin` under `rtprof run --all-functions --json`.
 pub fn run_profiled(bin: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path) -> Profiled {
     run_profiled_with_input(bin, args, env, b"", dir)
 }
 
-/// Runs `bin` under `rtprof run --json`, feeding `stdin` to it.
+/// Runs `bin` under `rtprof run --all-functions --json` (every function
+/// listed, with its patch status), feeding `stdin` to it.
 pub fn run_profiled_with_input(
     bin: &Path,
     args: &[&str],
@@ -190,6 +191,7 @@ pub fn run_profiled_with_input(
     let _ = std::fs::remove_file(&json);
     let mut c = Command::new(rtprof());
     c.arg("run")
+        .arg("--all-functions")
         .arg("--json")
         .arg(&json)
         .arg("--")

@@ -21,6 +21,9 @@ pub struct Config {
     pub verbose: bool,
     /// Write a report here at exit (`%p` becomes the pid; `.json` selects JSON).
     pub report: Option<String>,
+    /// `RTPROF_ALL_FUNCTIONS=1`: that report's JSON lists every function,
+    /// called or not.
+    pub all_functions: bool,
     /// Directory where `rtprof run` collects counter segments.
     pub run_dir: Option<String>,
     /// Threads that get a stripe of their own; later ones share stripe 0.
@@ -76,6 +79,7 @@ impl Default for Config {
             all_modules: false,
             verbose: false,
             report: None,
+            all_functions: false,
             run_dir: None,
             max_threads: 1024,
             spare_functions: 1 << 18,
@@ -142,6 +146,7 @@ impl Config {
         c.verbose = s("RTPROF_VERBOSE").is_some_and(|v| truthy(&v));
         c.disabled = s("RTPROF_DISABLE").is_some_and(|v| truthy(&v));
         c.report = s("RTPROF_REPORT").filter(|v| !v.is_empty());
+        c.all_functions = s("RTPROF_ALL_FUNCTIONS").is_some_and(|v| truthy(&v));
         c.run_dir = s("RTPROF_RUN_DIR").filter(|v| !v.is_empty());
         if let Some(n) = s("RTPROF_MAX_THREADS").and_then(|v| v.trim().parse::<u32>().ok()) {
             c.max_threads = n.clamp(1, 1 << 16);

@@ -193,7 +193,10 @@ def configs():
     its data, one file per run, as it would for a user."""
     def agent(extra):
         def f(w, d, tag):
+            # Every function listed: counts are compared with callgrind's and
+            # addresses named, called or not.
             env = {"LD_PRELOAD": str(AGENT), "RTPROF_REPORT": str(d / f"rtprof-{tag}.json"),
+                   "RTPROF_ALL_FUNCTIONS": "1",
                    **extra}
             if w.modules:
                 env["RTPROF_MODULES"] = w.modules

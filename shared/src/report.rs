@@ -249,6 +249,82 @@ pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
     v
 }
 
+/// Which functions a JSON report lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Listing {
+    /// Those called or sampled or switched off (`"counting": "off"`: their
+    /// calls are not known), and any other that something listed names
+    /// (a caller frame of a stack, an exact caller, a thread's, a loop's
+    /// or an event's function): a process loading large libraries has tens
+    /// of thousands of functions, nearly all never called.
+    #[default]
+    Used,
+    /// Every function of every instrumented module, called or not, and of
+    /// the others those sampled or named (`--all-functions`).
+    All,
+}
+
+/// For each function slot of `s`, whether `listing` lists it.
+pub fn listed(s: &Snapshot, listing: Listing) -> Vec<bool> {
+    let mut keep: Vec<bool> = s
+        .functions
+        .iter()
+        .map(|f| match listing {
+            // A function switched off may have been called uncounted.
+            Listing::Used => f.calls > 0 || f.samples > 0 || f.counting_off,
+            Listing::All => f.instrumented || f.samples > 0,
+        })
+        .collect();
+    let mut mark = |slot: u32| {
+        if let Some(k) = keep.get_mut(slot as usize) {
+            *k = true;
+        }
+    };
+    for st in &s.stacks.stacks {
+        for &f in &st.frames {
+            if let Frame::Function(slot) = f {
+                mark(slot);
+            }
+        }
+    }
+    for e in &s.callers.edges {
+        mark(e.callee);
+        if let Frame::Function(slot) = e.caller {
+            mark(slot);
+        }
+    }
+    for t in &s.threads.threads {
+        for &(slot, _) in t.calls.iter().chain(&t.function_samples) {
+            mark(slot);
+        }
+    }
+    for l in &s.loops {
+        mark(l.function);
+    }
+    for e in &s.events.events {
+        for &(slot, _) in &e.functions {
+            mark(slot);
+        }
+    }
+    keep
+}
+
+/// Per module of `s`: its functions that `keep` lists, and those it
+/// leaves out.
+fn module_listing(s: &Snapshot, keep: &[bool]) -> Vec<(u32, u32)> {
+    let mut v = vec![(0u32, 0u32); s.modules.len()];
+    for (f, &k) in s.functions.iter().zip(keep) {
+        if let Some(m) = v.get_mut(f.module as usize) {
+            if k {
+                m.0 += 1;
+            } else {
+                m.1 += 1;
+            }
+        }
+    }
+    v
+}
+
 /// Functions with their slots, ordered by calls (then samples, then
 /// name), most called first.
 pub fn by_calls(s: &Snapshot) -> Vec<(u32, &FunctionStats)> {
@@ -440,6 +516,21 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
                 n => format!(", {n} through a trap (a signal per call)"),
             }
         );
+        // Text rows are the called and sampled functions alone.
+        let used: Vec<bool> = s
+            .functions
+            .iter()
+            .map(|f| f.calls > 0 || f.samples > 0)
+            .collect();
+        let idle = module_listing(s, &used);
+        let left_out: u32 = idle.iter().map(|m| m.1).sum();
+        if left_out > 0 {
+            let _ = writeln!(
+                out,
+                "  {left_out} of {} functions had no call and no sample: not listed",
+                s.functions.len()
+            );
+        }
         if !s.stacks.stacks.is_empty() {
             call_graph_text(&mut out, s);
         }
@@ -452,10 +543,10 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         loops::text(&mut out, s, opts.top.min(10));
         events::text(&mut out, s, opts.top.min(10));
         if opts.stats {
-            for m in instrumented() {
+            for (m, (_, left_out)) in s.modules.iter().zip(&idle).filter(|(m, _)| !m.sampled_only) {
                 let _ = write!(
                     out,
-                    "    {}: {} functions, {} patched ({:.1}%)",
+                    "    {}: {} functions, {} patched ({:.1}%), {left_out} not listed",
                     escape_text(&m.path),
                     m.functions,
                     m.patched,
@@ -659,9 +750,9 @@ fn percent(a: u32, b: u32) -> f64 {
     }
 }
 
-/// The JSON report: `{"processes": [...]}`. Every function is listed, called
-/// or not, so tools can check patch status by name.
-pub fn json(procs: &[Snapshot]) -> String {
+/// The JSON report: `{"processes": [...]}`, with the functions `listing`
+/// names; each module says how many of its functions were left out.
+pub fn json(procs: &[Snapshot], listing: Listing) -> String {
     let mut w = JsonWriter::new();
     w.begin_object();
     w.key("tool");
@@ -697,12 +788,12 @@ pub fn json(procs: &[Snapshot]) -> String {
         w.uint_field("unknown", s.samples_unknown);
         w.end_object();
         let callers_of = callers_by_callee(s);
+        let keep = listed(s, listing);
         w.key("functions");
         w.begin_array();
-        // Functions of sampled-only modules only where they were sampled.
         for (slot, f) in by_calls(s)
             .into_iter()
-            .filter(|(_, f)| f.instrumented || f.samples > 0)
+            .filter(|&(slot, _)| keep[slot as usize])
         {
             w.begin_object();
             // The symbol as the file names it; readable names beside it.
@@ -824,12 +915,16 @@ pub fn json(procs: &[Snapshot]) -> String {
         events::json(&mut w, s);
         w.key("modules");
         w.begin_array();
-        for m in &s.modules {
+        for (m, (shown, left_out)) in s.modules.iter().zip(module_listing(s, &keep)) {
             w.begin_object();
             w.key("path");
             w.string(&m.path);
             w.key("functions");
             w.uint(m.functions as u64);
+            // Of its functions named in the segment: those listed above,
+            // and those left out (no call, no sample, named by nothing).
+            w.uint_field("listed", shown as u64);
+            w.uint_field("left_out", left_out as u64);
             w.key("patched");
             w.uint(m.patched as u64);
             w.key("sampled_only");
@@ -949,7 +1044,7 @@ pub(crate) mod tests {
         let t = text(std::slice::from_ref(&s), TextOptions::default());
         assert!(t.contains("hi [counting off]"), "{t}");
         assert!(!t.contains("lo [counting off]"), "{t}");
-        let j = json(std::slice::from_ref(&s));
+        let j = json(std::slice::from_ref(&s), Listing::Used);
         assert_eq!(j.matches("\"counting\":\"off\"").count(), 1, "{j}");
     }
 
@@ -963,7 +1058,7 @@ pub(crate) mod tests {
         assert!(t.contains("hi [trap]"), "{t}");
         assert!(!t.contains("lo [trap]"), "{t}");
         assert!(t.contains(", 1 through a trap"), "{t}");
-        let j = json(std::slice::from_ref(&s));
+        let j = json(std::slice::from_ref(&s), Listing::Used);
         assert_eq!(j.matches(r#""entry":"trap""#).count(), 1, "{j}");
     }
 
@@ -974,7 +1069,7 @@ pub(crate) mod tests {
         let t = text(std::slice::from_ref(&s), TextOptions::default());
         assert!(t.contains("hi [estimated ±2.5%]"), "{t}");
         assert!(!t.contains("lo [estimated"), "{t}");
-        let j = json(std::slice::from_ref(&s));
+        let j = json(std::slice::from_ref(&s), Listing::Used);
         assert_eq!(j.matches("\"estimated\":true").count(), 1, "{j}");
         // 2.5% of 50 calls, rounded up.
         assert!(j.contains("\"error_bound\":2"), "{j}");
@@ -1056,7 +1151,7 @@ pub(crate) mod tests {
 
     #[test]
     fn json_lists_every_function_with_status() {
-        let j = json(&[snap()]);
+        let j = json(&[snap()], Listing::All);
         assert!(j.contains(r#""exe":"/bin/a\"b""#), "{j}");
         assert!(
             j.contains(
@@ -1066,6 +1161,36 @@ pub(crate) mod tests {
         );
         assert!(j.contains(r#""refused":"too_small""#));
         assert!(j.contains(r#""refused":{"too_small":1}"#));
+        assert!(j.contains(r#""listed":3,"left_out":0"#), "{j}");
+    }
+
+    /// By default a function with no call and no sample is left out and
+    /// counted for its module, unless something listed names it.
+    #[test]
+    fn json_leaves_out_what_nothing_used() {
+        use crate::reader::{Stack, Stacks};
+        let mut s = snap();
+        let j = json(std::slice::from_ref(&s), Listing::Used);
+        assert!(!j.contains(r#""name":"zero""#), "{j}");
+        assert!(j.contains(r#""name":"hi""#), "{j}");
+        assert!(j.contains(r#""listed":2,"left_out":1"#), "{j}");
+        let t = text(std::slice::from_ref(&s), TextOptions::default());
+        assert!(
+            t.contains("1 of 3 functions had no call and no sample: not listed"),
+            "{t}"
+        );
+        // A caller frame: inclusive samples, none of its own.
+        s.stacks = Stacks {
+            stacks: vec![Stack {
+                frames: vec![Frame::Function(0), Frame::Function(2)],
+                samples: 1,
+            }],
+            truncated: 0,
+            dropped: 0,
+        };
+        let j = json(&[s], Listing::Used);
+        assert!(j.contains(r#""name":"zero""#), "{j}");
+        assert!(j.contains(r#""listed":3,"left_out":0"#), "{j}");
     }
 
     /// A C++ function and its compiler copies: one demangled row by
@@ -1100,7 +1225,7 @@ pub(crate) mod tests {
         ] {
             assert!(names.contains(&want), "{want} in {names:?}");
         }
-        let j = json(&[s]);
+        let j = json(&[s], Listing::All);
         assert!(
             j.contains(r#""name":"_Z4deepi.constprop.0","demangled":"deep(int) [clone .constprop.0]","function":"deep(int)""#),
             "{j}"
@@ -1132,7 +1257,7 @@ pub(crate) mod tests {
         assert!(t.contains("call stacks: 4 samples in 2 stacks"), "{t}");
         assert!(t.contains("100.0%  lo  <- hi 75%, zero 25%"), "{t}");
         assert!(t.contains("75.0%  hi  -> lo 100%"), "{t}");
-        let j = json(&[s]);
+        let j = json(&[s], Listing::All);
         assert!(
             j.contains(r#""stacks":[{"frames":["lo","hi"],"samples":3},{"frames":["lo","zero"],"samples":1}]"#),
             "{j}"

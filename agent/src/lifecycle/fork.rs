@@ -84,6 +84,7 @@ extern "C" fn in_child() {
         SAVED.load(Ordering::Relaxed)
     };
     become_child(p);
+    FORKED.store(true, Ordering::Relaxed);
     if !scratch.is_null() {
         // Same address, now in the child's own segment.
         threads::set_stripe(p);
@@ -91,9 +92,38 @@ extern "C" fn in_child() {
     }
 }
 
+/// Whether this process is a child of `fork()` (its fork handlers ran):
+/// glibc's `fork` gives the child malloc's and the loader's locks free,
+/// whatever the parent's other threads held, which `_Fork` and a raw
+/// `clone` do not.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// From `_exit`/`_Exit`: a child of `fork()` ending so (redis's BGSAVE
+/// child does) writes its `RTPROF_REPORT` as at `exit`, marked ended
+/// without exit handlers. Nothing else does: a vfork child (it shares its
+/// parent's memory and is not the segment's process) or a `_Fork` child
+/// must not allocate, and the parent's threads run on at its `_exit`.
+/// (An `_exit` from a signal handler that interrupted this child's own
+/// malloc would wait for that lock: the price of the report, taken only
+/// with RTPROF_REPORT set.)
+pub fn ending_without_exit_handlers() {
+    if !FORKED.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(a) = agent() else { return };
+    // Before anything allocates: a vfork child of this child sees the
+    // flag too, but the segment is not its own.
+    if a.config.report.is_none() || a.segment.counters.pid() != std::process::id() {
+        return;
+    }
+    crate::lifecycle::startup::finish(None);
+}
+
 /// Gives this new child process its own segment, keeping the stripe at
 /// `p` (the forking thread's) for its only thread.
 pub fn become_child(p: *mut u64) {
+    // Until the fork handler says it was `fork()`.
+    FORKED.store(false, Ordering::Relaxed);
     // First: the trap handler is this child's whatever else fails.
     crate::traps::reset_in_child();
     let _ = std::panic::catch_unwind(|| {

@@ -408,6 +408,7 @@ macro_rules! exit_wrapper {
         pub unsafe extern "C" fn $name(status: libc::c_int) -> ! {
             type F = unsafe extern "C" fn(libc::c_int) -> !;
             image_ending();
+            fork::ending_without_exit_handlers();
             match $real.get::<F>() {
                 Some(f) => f(status),
                 None => {

@@ -430,6 +430,18 @@ extern "C" {
 
 /// Runs after the program's own exit handlers (registered before them).
 pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
+    finish(Some(status));
+}
+
+/// The pid whose image [`finish`] ended (0: none): an `_exit` from the
+/// program's exit handlers, after ours, does not end it twice.
+static FINISHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// What the image leaves as it ends: the files `rtprof run` reads beside
+/// the segment, the exit status (`None`: ended by `_exit`, without exit
+/// handlers, so not `exited`), the `RTPROF_REPORT`. Allocates: only where
+/// exit handlers could run.
+pub(crate) fn finish(status: Option<libc::c_int>) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
         if crate::lifecycle::attach::detached() {
@@ -437,7 +449,11 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
         }
         // A child made without fork handlers (raw clone) still maps its
         // parent's segment: its exit is not the parent's.
-        if a.segment.counters.pid() != std::process::id() {
+        let pid = std::process::id();
+        if a.segment.counters.pid() != pid {
+            return;
+        }
+        if FINISHED.swap(pid, std::sync::atomic::Ordering::AcqRel) == pid {
             return;
         }
         // Under a seccomp filter: the counts stay in the segment, for
@@ -483,12 +499,22 @@ pub(crate) extern "C" fn at_exit(status: libc::c_int, _: *mut libc::c_void) {
             }
         }
         crate::budget::at_exit(a);
-        a.segment.counters.set_exit(status, now_ns());
+        if let Some(status) = status {
+            a.segment.counters.set_exit(status, now_ns());
+        }
         crate::lifecycle::attach::after_exit(a);
         if let Some(path) = &a.config.report {
             write_report(a, path, stacks.as_deref(), &threads, events.as_deref());
         }
     });
+}
+
+/// The functions a JSON report lists (`RTPROF_ALL_FUNCTIONS`).
+fn listing(cfg: &Config) -> report::Listing {
+    match cfg.all_functions {
+        true => report::Listing::All,
+        false => report::Listing::Used,
+    }
 }
 
 /// `RTPROF_REPORT` with `%p` replaced by this process's pid.
@@ -531,7 +557,7 @@ fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, even
     }
     let path = report_path(path);
     let text = if path.ends_with(".json") {
-        report::json(std::slice::from_ref(&snap))
+        report::json(std::slice::from_ref(&snap), listing(&a.config))
     } else {
         report::text(std::slice::from_ref(&snap), report::TextOptions::default())
     };

@@ -43,6 +43,10 @@ pub struct AttachArgs {
     /// Samples per second of CPU time, per thread (0: no sampling).
     #[arg(long, value_name = "HZ")]
     sample_hz: Option<u32>,
+    /// List every function of the instrumented modules in the JSON
+    /// report, called or not (by default only those called or sampled).
+    #[arg(long)]
+    all_functions: bool,
     /// Rows listed (0: all that were called).
     #[arg(long, default_value_t = 25)]
     top: usize,
@@ -413,7 +417,15 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
         Some(o) => {
             let name = format!("pid {pid}");
             o.write(
-                || report::json(&procs),
+                || {
+                    report::json(
+                        &procs,
+                        match args.all_functions {
+                            true => report::Listing::All,
+                            false => report::Listing::Used,
+                        },
+                    )
+                },
                 || model::from_snapshots(&name, &procs),
             );
         }

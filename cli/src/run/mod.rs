@@ -27,6 +27,11 @@ pub struct RunArgs {
     /// Show per-module patch statistics with refusal reasons.
     #[arg(long)]
     stats: bool,
+    /// List every function of the instrumented modules in the JSON report,
+    /// called or not (by default only those called or sampled; sets
+    /// RTPROF_ALL_FUNCTIONS for the agent's own RTPROF_REPORT too).
+    #[arg(long)]
+    all_functions: bool,
     /// Rows listed per process (0: all that were called or sampled).
     #[arg(long, default_value_t = 25)]
     top: usize,
@@ -131,6 +136,9 @@ fn agent_env(cmd: &mut Command, args: &RunArgs, agent: &Path, dir: &Path) {
     }
     if args.verbose {
         cmd.env("RTPROF_VERBOSE", "1");
+    }
+    if args.all_functions {
+        cmd.env("RTPROF_ALL_FUNCTIONS", "1");
     }
     if args.traps {
         cmd.env("RTPROF_TRAPS", "1");
@@ -245,9 +253,13 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     if !outputs.is_empty() {
         let name = args.command.join(" ");
+        let listing = match args.all_functions {
+            true => report::Listing::All,
+            false => report::Listing::Used,
+        };
         for o in outputs {
             o.write(
-                || report::json(&procs),
+                || report::json(&procs, listing),
                 || model::from_snapshots(&name, &procs),
             );
         }
