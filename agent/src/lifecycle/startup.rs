@@ -459,7 +459,9 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
         // Under a seccomp filter: the counts stay in the segment, for
         // rtprofd or rtprof run to read; nothing is written.
         if crate::lifecycle::sandbox::on() {
-            a.segment.counters.set_exit(status, now_ns());
+            if let Some(status) = status {
+                a.segment.counters.set_exit(status, now_ns());
+            }
             return;
         }
         crate::sampling::at_exit(a);
