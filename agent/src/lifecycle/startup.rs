@@ -447,6 +447,11 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
         if crate::lifecycle::attach::detached() {
             return;
         }
+        // A child forked under a seccomp filter has no segment of its own:
+        // nothing of it is recorded (and no system call made to find out).
+        if crate::fork::uncounted_stripe().is_some() {
+            return;
+        }
         // A child made without fork handlers (raw clone) still maps its
         // parent's segment: its exit is not the parent's.
         let pid = std::process::id();
