@@ -4,8 +4,9 @@
 //! have interrupted `malloc` and runs outside libc: its program counter
 //! alone would call it safe. Its frame gives it away: the handler returns
 //! to libc's sigreturn code, whose address lies on the stack above it,
-//! and while it runs its signal is blocked. A frame whose signal is not
-//! blocked is a stale copy (a handler left long ago, or by `siglongjmp`,
+//! and while it runs the thread blocks more signals than its frame saved
+//! (its own at least). A frame whose saved mask is the thread's mask now
+//! is a stale copy (a handler left long ago, or by `siglongjmp`,
 //! whose bytes a live function's locals still hold: PostgreSQL's
 //! backends carry one from the postmaster's handlers).
 
@@ -155,7 +156,9 @@ impl SignalFrames {
             return true;
         }
         let mapped = |a: u64| known.iter().any(|&(lo, hi)| a >= lo && a < hi);
-        let running = |sig: i32| (1..=64).contains(&sig) && blocked & (1u64 << (sig - 1)) != 0;
+        // A handler runs with more signals blocked than the code it
+        // interrupted (its own, at least): the mask its frame saved.
+        let running = |saved: u64| blocked & saved == saved && blocked != saved;
         has_frame(&stack, start, &self.sigreturns, &mapped, &running)
     }
 }
@@ -166,22 +169,23 @@ impl SignalFrames {
 /// saved r8-r15, rdi, rsi, rbp, rbx, rdx, rax, rcx (15 words).
 const FRAME_SP: usize = 8 + 8 + 8 + 24 + 15 * 8;
 const FRAME_PC: usize = FRAME_SP + 8;
-/// The signal's number (siginfo's first field), after the ucontext: its
-/// flags, link, stack, machine context (256 bytes) and mask (8).
-const FRAME_SIGNO: usize = 8 + 8 + 8 + 24 + 256 + 8;
+/// The signal mask of the interrupted code, after the ucontext's flags,
+/// link, stack and machine context (256 bytes). (The siginfo after it is
+/// written only for SA_SIGINFO handlers.)
+const FRAME_MASK: usize = 8 + 8 + 8 + 24 + 256;
 
 /// Whether `stack` (read from address `at`) holds a signal frame: a word
 /// equal to one of `targets` whose frame saved a stack pointer above it
 /// (or on another stack: a handler on `sigaltstack`) and a program
-/// counter that is `mapped`, for a signal that is `running` (blocked, as
-/// while its handler runs). A stray copy of the address (glibc leaves
+/// counter that is `mapped`, whose saved signal mask says it is `running`
+/// (the thread blocks more now, as while a handler runs). A stray copy of the address (glibc leaves
 /// one in `sigaction`'s locals) is not a frame.
 fn has_frame(
     stack: &[u8],
     at: u64,
     targets: &[u64],
     mapped: &dyn Fn(u64) -> bool,
-    running: &dyn Fn(i32) -> bool,
+    running: &dyn Fn(u64) -> bool,
 ) -> bool {
     let word = |i: usize| {
         stack
@@ -192,10 +196,9 @@ fn has_frame(
         if !word(i).is_some_and(|v| targets.contains(&v)) {
             return false;
         }
-        let signo = word(i + FRAME_SIGNO).map(|w| w as u32 as i32);
-        match (word(i + FRAME_SP), word(i + FRAME_PC), signo) {
-            (Some(sp), Some(pc), Some(sig)) => {
-                (sp > at + i as u64 || !mapped(sp)) && mapped(pc) && pc != 0 && running(sig)
+        match (word(i + FRAME_SP), word(i + FRAME_PC), word(i + FRAME_MASK)) {
+            (Some(sp), Some(pc), Some(saved)) => {
+                (sp > at + i as u64 || !mapped(sp)) && mapped(pc) && pc != 0 && running(saved)
             }
             // Cut off by the end of what was read: taken as a frame.
             _ => true,
@@ -244,18 +247,20 @@ mod tests {
     fn a_frame_needs_a_saved_stack_pointer_above_it_a_mapped_pc_and_its_signal_blocked() {
         let restorer = 0x7f00_1234u64;
         let mapped = |a: u64| (0x1000..0x9000).contains(&a) || (0x40_0000..0x50_0000).contains(&a);
-        // SIGCHLD's handler runs: SIGCHLD is blocked.
-        let running = |sig: i32| sig == libc::SIGCHLD;
+        // SIGCHLD's handler runs, interrupting code that blocked SIGUSR1:
+        // both are blocked now.
+        let now = 1u64 << (libc::SIGCHLD - 1) | 1 << (libc::SIGUSR1 - 1);
+        let running = |saved: u64| now & saved == saved && now != saved;
         let at = 0x1000u64;
-        let frame_of = |sp: u64, pc: u64, sig: i32| {
+        let frame_of = |sp: u64, pc: u64, saved: u64| {
             let mut stack = vec![0u8; 512];
             stack[40..48].copy_from_slice(&restorer.to_le_bytes());
             stack[40 + FRAME_SP..48 + FRAME_SP].copy_from_slice(&sp.to_le_bytes());
             stack[40 + FRAME_PC..48 + FRAME_PC].copy_from_slice(&pc.to_le_bytes());
-            stack[40 + FRAME_SIGNO..44 + FRAME_SIGNO].copy_from_slice(&sig.to_le_bytes());
+            stack[40 + FRAME_MASK..48 + FRAME_MASK].copy_from_slice(&saved.to_le_bytes());
             stack
         };
-        let frame = |sp, pc| frame_of(sp, pc, libc::SIGCHLD);
+        let frame = |sp, pc| frame_of(sp, pc, 1 << (libc::SIGUSR1 - 1));
         let found =
             |stack: &[u8], targets: &[u64]| has_frame(stack, at, targets, &mapped, &running);
         assert!(found(&frame(0x1800, 0x40_1000), &[restorer]));
@@ -265,12 +270,9 @@ mod tests {
         assert!(!found(&frame(0x1010, 0x40_1000), &[restorer]));
         assert!(!found(&frame(0x1800, 0), &[restorer]));
         assert!(!found(&frame(0x1800, 0x40_1000), &[restorer + 1]));
-        // A whole frame of a signal no longer blocked: a handler that has
-        // returned (or jumped out) left it behind.
-        assert!(!found(
-            &frame_of(0x1800, 0x40_1000, libc::SIGUSR1),
-            &[restorer]
-        ));
+        // A whole frame that saved the mask the thread has now: a handler
+        // that has returned (or jumped out) left it behind.
+        assert!(!found(&frame_of(0x1800, 0x40_1000, now), &[restorer]));
         // Not at a word boundary: not a return address.
         let mut odd = vec![0u8; 512];
         odd[41..49].copy_from_slice(&restorer.to_le_bytes());
