@@ -18,6 +18,7 @@ pub mod reader;
 pub mod refusal;
 pub mod report;
 pub mod sampling;
+pub mod syscall_restart;
 pub mod writer;
 
 pub use glob::glob_match;

@@ -408,7 +408,7 @@ fn threads_text(out: &mut String, s: &Snapshot, top: usize) {
     for t in &th.threads {
         let _ = writeln!(
             out,
-            "    tid {} {:?}{}: {} calls, {:.1} ms of CPU ({} samples)",
+            "    tid {} {:?}{}: {} calls, {:.1} ms of user CPU ({} samples)",
             t.tid,
             escape_text(&t.name),
             if t.ended { " (ended)" } else { "" },
@@ -716,7 +716,8 @@ fn call_graph_text(out: &mut String, s: &Snapshot) {
     }
 }
 
-/// "perf (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of CPU".
+/// "perf (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of user CPU":
+/// both samplers count time spent in user space only (not system calls).
 pub fn sampler_text(s: &Snapshot) -> String {
     let d = crate::sampling::Described {
         sampler: s.sampler,
@@ -736,7 +737,7 @@ pub fn sampler_text(s: &Snapshot) -> String {
     }
     let _ = write!(
         t,
-        ", {:.3} s of CPU",
+        ", {:.3} s of user CPU",
         s.samples_total as f64 * s.sample_period_ns as f64 / 1e9
     );
     t
@@ -783,6 +784,8 @@ pub fn json(procs: &[Snapshot], listing: Listing) -> String {
         w.string_field("why", s.sampler_why.name());
         w.uint_field("errno", s.sampler_errno as u64);
         w.uint_field("period_ns", s.sample_period_ns);
+        // What a period is of, for either sampler.
+        w.string_field("time", "user CPU");
         w.uint_field("samples", s.samples_total);
         w.uint_field("lost", s.samples_lost);
         w.uint_field("unknown", s.samples_unknown);

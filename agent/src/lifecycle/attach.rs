@@ -17,7 +17,7 @@
 //! running through one), its counts stay readable.
 //!
 //! Each thread there is at attach gets a counter stripe of its own and a
-//! CPU-time timer for samples (perf events would reach only threads
+//! user-CPU-time timer for samples (perf events would reach only threads
 //! created later); libraries loaded while attached are instrumented
 //! through the loader hook, itself written with the threads held. The
 //! live segment is a memfd (rtprofd maps it); rtprof reads a copy left in

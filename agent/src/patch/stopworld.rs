@@ -11,7 +11,9 @@
 //! (no hand-over back and forth: each costs a wake-up), detaches
 //! (re-injecting a signal it intercepted) and exits; the caller waits.
 //! A ptrace stop, unlike a signal handler, restarts an interrupted system
-//! call transparently: a `nanosleep` or `poll` never sees EINTR.
+//! call transparently: a `nanosleep` or `poll` never sees EINTR; the
+//! calls that fail with EINTR after any stop (`epoll_wait`) are set up to
+//! be made again (`rtprof_shared::syscall_restart`).
 //!
 //! The helper runs with every signal blocked and makes only system calls:
 //! the threads it stops may hold any lock (malloc's among them), and it
@@ -299,6 +301,11 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
     s.error = match stop_all(s) {
         Ok(()) => {
             for i in 0..s.n {
+                // A wait our stop failed with EINTR (`epoll_wait`) is made
+                // again on resume, as the kernel restarts the others.
+                if s.sigs[i] == 0 {
+                    rtprof_shared::syscall_restart::retry_interrupted_call(s.tids[i]);
+                }
                 let (pc, tp) = Native::stopped_pc_tp(s.tids[i]).unwrap_or((0, 0));
                 s.pcs[i] = pc;
                 s.tps[i] = tp;

@@ -1,6 +1,9 @@
-//! The fallback sampler: one CPU-time timer per thread
-//! (`CLOCK_THREAD_CPUTIME_ID`, delivered to that thread as SIGPROF), and a
-//! handler that attributes the interrupted instruction pointer. The handler
+//! The fallback sampler: one user-CPU-time timer per thread (the thread's
+//! `CPUCLOCK_VIRT` clock, delivered to that thread as SIGPROF), and a
+//! handler that attributes the interrupted instruction pointer. User time
+//! only, as the perf sampler counts (its events exclude the kernel): a
+//! scheduler-time clock would also run in system calls, and charge their
+//! time to the libc wrapper the signal interrupts on the way out. The handler
 //! never allocates, never locks and preserves errno.
 //!
 //! Timers are created and deleted with raw system calls (no allocation,
@@ -199,7 +202,7 @@ fn blocked_here() -> bool {
     }
 }
 
-/// Starts a CPU-time timer for the calling thread, or, if the thread
+/// Starts a user-CPU-time timer for the calling thread, or, if the thread
 /// blocks SIGPROF now (a child forked while all signals were blocked, as
 /// perl forks), as soon as it unblocks it. A thread that never does (one
 /// that takes signals with `sigwait`) is never sent one. Allocation-free.
@@ -222,7 +225,7 @@ pub fn mask_changed() {
     }
 }
 
-/// Starts a CPU-time timer for the calling thread. Allocation-free.
+/// Starts a user-CPU-time timer for the calling thread. Allocation-free.
 pub fn arm_current_thread() -> Result<(), Errno> {
     if !active() {
         return Ok(());
@@ -230,7 +233,8 @@ pub fn arm_current_thread() -> Result<(), Errno> {
     if blocked_here() {
         return Err(Errno(libc::EWOULDBLOCK));
     }
-    let slot = arm(libc::CLOCK_THREAD_CPUTIME_ID, gettid())?;
+    let tid = gettid();
+    let slot = arm(thread_user_clock(tid), tid)?;
     // A stop that ran meanwhile may have passed this slot by.
     if !ACTIVE.load(Ordering::SeqCst) {
         release(slot);
@@ -245,14 +249,15 @@ pub fn arm_current_thread() -> Result<(), Errno> {
     Ok(())
 }
 
-/// The CPU-time clock of thread `tid` of this process (the kernel's
-/// encoding, as `pthread_getcpuclockid` makes it: per-thread, scheduler
-/// time).
-fn thread_cpu_clock(tid: i32) -> libc::clockid_t {
-    (!tid << 3) | 6
+/// The user-CPU-time clock of thread `tid` of this process, in the
+/// kernel's encoding of CPU clocks (`pthread_getcpuclockid` makes the
+/// same with 2, scheduler time): `!tid << 3`, 4 for one thread rather than
+/// the process, 1 for `CPUCLOCK_VIRT` (time spent in user space).
+fn thread_user_clock(tid: i32) -> libc::clockid_t {
+    (!tid << 3) | 4 | 1
 }
 
-/// Starts a CPU-time timer for thread `tid` of this process, from another
+/// Starts a user-CPU-time timer for thread `tid` of this process, from another
 /// thread: for an agent loaded late (`rtprof attach`), when the program's
 /// threads exist already. A thread that blocks SIGPROF keeps its signals
 /// pending. Allocation-free.
@@ -260,7 +265,7 @@ pub fn arm_thread(tid: i32) -> Result<(), Errno> {
     if !active() {
         return Ok(());
     }
-    arm(thread_cpu_clock(tid), tid)?;
+    arm(thread_user_clock(tid), tid)?;
     // The timer goes with the thread's clock when it ends; its slot is
     // freed by `stop_all` (detach).
     Ok(())

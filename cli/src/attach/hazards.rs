@@ -3,7 +3,12 @@
 //! lock, which the calls need), or in a signal handler. A handler may
 //! have interrupted `malloc` and runs outside libc: its program counter
 //! alone would call it safe. Its frame gives it away: the handler returns
-//! to libc's sigreturn code, whose address lies on the stack above it.
+//! to libc's sigreturn code, whose address lies on the stack above it,
+//! and while it runs the thread blocks more signals than its frame saved
+//! (its own at least). A frame whose saved mask is the thread's mask now
+//! is a stale copy (a handler left long ago, or by `siglongjmp`,
+//! whose bytes a live function's locals still hold: PostgreSQL's
+//! backends carry one from the postmaster's handlers).
 
 use super::arch::Regs;
 use super::inject::Mapping;
@@ -39,10 +44,10 @@ impl Hazards {
         }
     }
 
-    /// Where a thread stopped with `r` is: safe when outside libc and
-    /// the loader (or asleep in an idle system call) and not in a signal
-    /// handler.
-    pub fn verdict(&self, r: &Regs) -> Verdict {
+    /// Where thread `tid` (held), stopped with `r`, is: safe when outside
+    /// libc and the loader (or asleep in an idle system call) and not in a
+    /// signal handler.
+    pub fn verdict(&self, tid: i32, r: &Regs) -> Verdict {
         let idle = r.syscall().is_some_and(Regs::idle_syscall);
         let inside = self
             .code
@@ -50,7 +55,10 @@ impl Hazards {
             .any(|&(lo, hi)| r.pc() >= lo && r.pc() < hi);
         if inside && !idle {
             Verdict::InLibc
-        } else if self.frames.on_stack(self.pid, &self.ranges, r.sp()) {
+        } else if self
+            .frames
+            .on_stack(self.pid, &self.ranges, r.sp(), blocked_signals(tid))
+        {
             Verdict::InHandler
         } else {
             Verdict::Safe
@@ -116,9 +124,11 @@ impl SignalFrames {
         SignalFrames { sigreturns }
     }
 
-    /// Whether the stack above `sp` (within its mapping) holds a
-    /// handler's return address. Unknown (unreadable) counts as yes.
-    pub fn on_stack(&self, pid: i32, known: &[(u64, u64)], sp: u64) -> bool {
+    /// Whether the stack above `sp` (within its mapping) holds the frame
+    /// of a handler still running: its return address, and its signal
+    /// among those `blocked` (a mask, bit N-1 for signal N; unknown: all).
+    /// Unknown (unreadable) counts as yes.
+    pub fn on_stack(&self, pid: i32, known: &[(u64, u64)], sp: u64, blocked: u64) -> bool {
         if self.sigreturns.is_empty() {
             return false;
         }
@@ -146,7 +156,10 @@ impl SignalFrames {
             return true;
         }
         let mapped = |a: u64| known.iter().any(|&(lo, hi)| a >= lo && a < hi);
-        has_frame(&stack, start, &self.sigreturns, &mapped)
+        // A handler runs with more signals blocked than the code it
+        // interrupted (its own, at least): the mask its frame saved.
+        let running = |saved: u64| blocked & saved == saved && blocked != saved;
+        has_frame(&stack, start, &self.sigreturns, &mapped, &running)
     }
 }
 
@@ -156,13 +169,24 @@ impl SignalFrames {
 /// saved r8-r15, rdi, rsi, rbp, rbx, rdx, rax, rcx (15 words).
 const FRAME_SP: usize = 8 + 8 + 8 + 24 + 15 * 8;
 const FRAME_PC: usize = FRAME_SP + 8;
+/// The signal mask of the interrupted code, after the ucontext's flags,
+/// link, stack and machine context (256 bytes). (The siginfo after it is
+/// written only for SA_SIGINFO handlers.)
+const FRAME_MASK: usize = 8 + 8 + 8 + 24 + 256;
 
 /// Whether `stack` (read from address `at`) holds a signal frame: a word
 /// equal to one of `targets` whose frame saved a stack pointer above it
 /// (or on another stack: a handler on `sigaltstack`) and a program
-/// counter that is `mapped`. A stray copy of the address (glibc leaves
+/// counter that is `mapped`, whose saved signal mask says it is `running`
+/// (the thread blocks more now, as while a handler runs). A stray copy of the address (glibc leaves
 /// one in `sigaction`'s locals) is not a frame.
-fn has_frame(stack: &[u8], at: u64, targets: &[u64], mapped: &dyn Fn(u64) -> bool) -> bool {
+fn has_frame(
+    stack: &[u8],
+    at: u64,
+    targets: &[u64],
+    mapped: &dyn Fn(u64) -> bool,
+    running: &dyn Fn(u64) -> bool,
+) -> bool {
     let word = |i: usize| {
         stack
             .get(i..i + 8)
@@ -172,12 +196,33 @@ fn has_frame(stack: &[u8], at: u64, targets: &[u64], mapped: &dyn Fn(u64) -> boo
         if !word(i).is_some_and(|v| targets.contains(&v)) {
             return false;
         }
-        match (word(i + FRAME_SP), word(i + FRAME_PC)) {
-            (Some(sp), Some(pc)) => (sp > at + i as u64 || !mapped(sp)) && mapped(pc) && pc != 0,
+        match (word(i + FRAME_SP), word(i + FRAME_PC), word(i + FRAME_MASK)) {
+            (Some(sp), Some(pc), Some(saved)) => {
+                (sp > at + i as u64 || !mapped(sp)) && mapped(pc) && pc != 0 && running(saved)
+            }
             // Cut off by the end of what was read: taken as a frame.
             _ => true,
         }
     })
+}
+
+/// The signals held thread `tid` blocks (bit N-1 for signal N); all if
+/// unknown.
+fn blocked_signals(tid: i32) -> u64 {
+    let mut mask: u64 = 0;
+    // SAFETY: `tid` is held by us; the kernel writes 8 bytes of mask.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETSIGMASK,
+            tid,
+            std::mem::size_of::<u64>() as *mut libc::c_void,
+            &mut mask as *mut u64 as *mut libc::c_void,
+        )
+    };
+    if r != 0 {
+        return u64::MAX;
+    }
+    mask
 }
 
 /// Every mapping's extent in a `/proc/PID/maps` text, anonymous ones too.
@@ -199,48 +244,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_frame_needs_a_saved_stack_pointer_above_it_and_a_mapped_pc() {
+    fn a_frame_needs_a_saved_stack_pointer_above_it_a_mapped_pc_and_its_signal_blocked() {
         let restorer = 0x7f00_1234u64;
         let mapped = |a: u64| (0x1000..0x9000).contains(&a) || (0x40_0000..0x50_0000).contains(&a);
+        // SIGCHLD's handler runs, interrupting code that blocked SIGUSR1:
+        // both are blocked now.
+        let now = 1u64 << (libc::SIGCHLD - 1) | 1 << (libc::SIGUSR1 - 1);
+        let running = |saved: u64| now & saved == saved && now != saved;
         let at = 0x1000u64;
-        let frame = |sp: u64, pc: u64| {
+        let frame_of = |sp: u64, pc: u64, saved: u64| {
             let mut stack = vec![0u8; 512];
             stack[40..48].copy_from_slice(&restorer.to_le_bytes());
             stack[40 + FRAME_SP..48 + FRAME_SP].copy_from_slice(&sp.to_le_bytes());
             stack[40 + FRAME_PC..48 + FRAME_PC].copy_from_slice(&pc.to_le_bytes());
+            stack[40 + FRAME_MASK..48 + FRAME_MASK].copy_from_slice(&saved.to_le_bytes());
             stack
         };
-        assert!(has_frame(
-            &frame(0x1800, 0x40_1000),
-            at,
-            &[restorer],
-            &mapped
-        ));
+        let frame = |sp, pc| frame_of(sp, pc, 1 << (libc::SIGUSR1 - 1));
+        let found =
+            |stack: &[u8], targets: &[u64]| has_frame(stack, at, targets, &mapped, &running);
+        assert!(found(&frame(0x1800, 0x40_1000), &[restorer]));
         // Interrupted on another stack (the handler on sigaltstack).
-        assert!(has_frame(
-            &frame(0xa000, 0x40_1000),
-            at,
-            &[restorer],
-            &mapped
-        ));
+        assert!(found(&frame(0xa000, 0x40_1000), &[restorer]));
         // A stray copy: what follows is no frame.
-        assert!(!has_frame(
-            &frame(0x1010, 0x40_1000),
-            at,
-            &[restorer],
-            &mapped
-        ));
-        assert!(!has_frame(&frame(0x1800, 0), at, &[restorer], &mapped));
-        assert!(!has_frame(
-            &frame(0x1800, 0x40_1000),
-            at,
-            &[restorer + 1],
-            &mapped
-        ));
+        assert!(!found(&frame(0x1010, 0x40_1000), &[restorer]));
+        assert!(!found(&frame(0x1800, 0), &[restorer]));
+        assert!(!found(&frame(0x1800, 0x40_1000), &[restorer + 1]));
+        // A whole frame that saved the mask the thread has now: a handler
+        // that has returned (or jumped out) left it behind.
+        assert!(!found(&frame_of(0x1800, 0x40_1000, now), &[restorer]));
         // Not at a word boundary: not a return address.
         let mut odd = vec![0u8; 512];
         odd[41..49].copy_from_slice(&restorer.to_le_bytes());
-        assert!(!has_frame(&odd, at, &[restorer], &mapped));
+        assert!(!found(&odd, &[restorer]));
     }
 
     #[test]
@@ -274,6 +310,15 @@ mod tests {
     fn frames_here(h: &Hazards) -> bool {
         let marker = 0u64;
         let sp = &marker as *const u64 as u64;
-        h.frames.on_stack(h.pid, &h.ranges, sp)
+        // SAFETY: a sigset_t is a bit array: zero bytes are the empty set;
+        // a null new mask only reads the current one into `set`.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set) };
+        let blocked = (1..=64)
+            // SAFETY: `set` is a live, initialised sigset_t.
+            .filter(|&s| unsafe { libc::sigismember(&set, s) } == 1)
+            .fold(0u64, |m, s| m | 1 << (s - 1));
+        h.frames.on_stack(h.pid, &h.ranges, sp, blocked)
     }
 }

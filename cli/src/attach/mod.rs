@@ -298,6 +298,26 @@ fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
     })
 }
 
+/// rtprof's private directory, where the agent in `pid` writes its answers
+/// and its counters' copy: handed to the process's user when that is not
+/// us (root attaching to another user's process), still closed to others.
+fn private_dir_for(pid: i32) -> Result<RunDir, String> {
+    let dir = RunDir::new().map_err(|e| format!("cannot create a private directory: {e}"))?;
+    // SAFETY: a plain system call without arguments.
+    let me = unsafe { libc::geteuid() };
+    // Anyone else is refused later, with the reason.
+    let theirs = refuse::owner(pid).filter(|&(uid, _)| uid != me && refuse::may_trace_anyone());
+    if let Some((uid, gid)) = theirs {
+        std::os::unix::fs::chown(&dir.0, Some(uid), Some(gid)).map_err(|e| {
+            format!(
+                "cannot give the private directory {} to the process's user {uid}: {e}",
+                dir.0.display()
+            )
+        })?;
+    }
+    Ok(dir)
+}
+
 pub fn run_attach(args: AttachArgs) -> ExitCode {
     if let Some(m) = &args.modules {
         if let Err(e) = crate::run::modules_arg::check(m) {
@@ -319,14 +339,14 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
             return ExitCode::from(127);
         }
     };
-    let dir = match RunDir::new() {
+    let pid = args.pid;
+    let dir = match private_dir_for(pid) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("rtprof: cannot create a private directory: {e}");
+            eprintln!("rtprof: {e}");
             return ExitCode::from(1);
         }
     };
-    let pid = args.pid;
     let mut spec = format!(
         "RTPROF_RUN_DIR={}\nRTPROF_ATTACH_STATUS={}\n",
         dir.0.display(),
@@ -446,10 +466,10 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
 }
 
 pub fn run_detach(args: DetachArgs) -> ExitCode {
-    let dir = match RunDir::new() {
+    let dir = match private_dir_for(args.pid) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("rtprof: cannot create a private directory: {e}");
+            eprintln!("rtprof: {e}");
             return ExitCode::from(1);
         }
     };

@@ -69,10 +69,13 @@ impl Thread {
     }
 
     /// A stop seen while waiting: a signal-delivery stop is noted, so the
-    /// signal is handed back.
+    /// signal is handed back; a stop of ours that made a system call fail
+    /// with EINTR (`epoll_wait`) has the call made again on resume.
     pub fn stopped(&mut self, sig: i32, event: i32) {
         if event == 0 {
             self.stopped_at = sig;
+        } else if self.withheld.is_empty() {
+            rtprof_shared::syscall_restart::retry_interrupted_call(self.tid);
         }
     }
 }
@@ -308,7 +311,7 @@ fn step_out(t: &mut Thread, hazards: &Hazards, steps: u32, deadline: Instant) ->
     use super::arch::Regs;
     for _ in 0..steps {
         let r = Regs::get(t.tid).ok()?;
-        match hazards.verdict(&r) {
+        match hazards.verdict(t.tid, &r) {
             Verdict::Safe => return Some(true),
             Verdict::InHandler => return Some(false),
             Verdict::InLibc => {}

@@ -39,7 +39,8 @@ impl std::fmt::Display for Refusal {
             Refusal::NoSuchProcess => write!(f, "no such process"),
             Refusal::OtherUser { owner } => write!(
                 f,
-                "the process belongs to another user (uid {owner}); attach as that user"
+                "the process belongs to another user (uid {owner}); attach as that user, \
+                 or as root"
             ),
             Refusal::SetId => write!(
                 f,
@@ -134,13 +135,16 @@ pub fn check_process(pid: i32) -> Result<(), Refusal> {
             .collect()
     };
     let (uids, gids) = (ids("Uid:"), ids("Gid:"));
-    // Real, effective, saved and filesystem ids all ours: otherwise the
-    // process changed identity (set-ID) or is someone else's.
+    // Real, effective, saved and filesystem ids all the same: otherwise the
+    // process changed identity (set-ID). Someone else's only with
+    // CAP_SYS_PTRACE (root), as for gdb and perf.
     if let Some(&owner) = uids.iter().find(|&&u| u != me) {
-        if uids.iter().all(|&u| u == uids[0]) {
+        if uids.iter().any(|&u| u != uids[0]) {
+            return Err(Refusal::SetId);
+        }
+        if !may_trace_anyone() {
             return Err(Refusal::OtherUser { owner });
         }
-        return Err(Refusal::SetId);
     }
     // A set-group-ID program runs with groups that differ.
     if gids.iter().any(|&g| g != gids[0]) {
@@ -171,6 +175,30 @@ pub fn check_process(pid: i32) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+/// Whether we hold CAP_SYS_PTRACE (effective): the kernel lets us trace
+/// another user's process.
+pub fn may_trace_anyone() -> bool {
+    const CAP_SYS_PTRACE: u32 = 19;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| u64::from_str_radix(status_field(&s, "CapEff:")?, 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) != 0)
+}
+
+/// The real user and group of process `pid` (whose ids all agree, as
+/// [`check_process`] made sure).
+pub fn owner(pid: i32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let first = |name| -> Option<u32> {
+        status_field(&status, name)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((first("Uid:")?, first("Gid:")?))
 }
 
 /// The checks of what the process has loaded (`maps`: its /proc/PID/maps).

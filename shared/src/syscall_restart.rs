@@ -1,0 +1,147 @@
+//! A thread held with ptrace (seize + interrupt) leaves the system call it
+//! waited in. Most calls are restarted by the kernel when the thread
+//! resumes (`-ERESTARTSYS` and kin: `read`, `accept`, `poll`), but some
+//! fail with EINTR after any stop, a ptrace stop included (`epoll_wait`,
+//! `sigtimedwait`, `semop`, a socket call with a timeout: signal(7)), and
+//! a program that installed no handler has no reason to expect one. Such
+//! a call is set up to be made again when the thread resumes, as the
+//! kernel restarts the others, unless a signal is pending that the thread
+//! does not block: then it was that signal's EINTR, and it stays.
+//!
+//! Only system calls, no allocation, no lock: the agent calls this from a
+//! helper task while the threads it holds may hold any lock.
+
+/// EINTR as a system call returns it.
+const EINTR: i64 = -(libc::EINTR as i64);
+/// `syscall` on x86-64.
+const SYSCALL_INSN: [u8; 2] = [0x0f, 0x05];
+
+/// Whether `tid` (held by us in a ptrace event stop, not a signal's
+/// delivery) left a system call with EINTR only because of the stop; if
+/// so, its registers are set so that it makes the same call again when it
+/// resumes (the instruction pointer back on the `syscall` instruction,
+/// the call's number in rax, its arguments untouched). A timeout starts
+/// again from the whole. True if the call will be made again.
+#[cfg(target_arch = "x86_64")]
+pub fn retry_interrupted_call(tid: i32) -> bool {
+    // SAFETY: all-zero is a valid user_regs_struct, which the kernel fills.
+    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller holds `tid` stopped; the kernel writes `regs`.
+    let got = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGS,
+            tid,
+            0,
+            &mut regs as *mut libc::user_regs_struct,
+        )
+    };
+    if got != 0 || (regs.orig_rax as i64) < 0 || regs.rax as i64 != EINTR {
+        return false;
+    }
+    if !at_syscall_insn(tid, regs.rip.wrapping_sub(2)) || signal_deliverable(tid) {
+        return false;
+    }
+    regs.rax = regs.orig_rax;
+    regs.rip -= 2;
+    // SAFETY: as above; the kernel only reads `regs`.
+    unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETREGS,
+            tid,
+            0,
+            &regs as *const libc::user_regs_struct,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn retry_interrupted_call(_tid: i32) -> bool {
+    false
+}
+
+/// Whether the two bytes at `at` in `tid`'s memory are a `syscall`.
+fn at_syscall_insn(tid: i32, at: u64) -> bool {
+    // Words are read at 8-byte boundaries; the two bytes may straddle one.
+    let word = |a: u64| -> Option<[u8; 8]> {
+        // SAFETY: PEEKTEXT returns the word (errno tells a failure).
+        unsafe {
+            *libc::__errno_location() = 0;
+            let v = libc::ptrace(libc::PTRACE_PEEKTEXT, tid, a, 0);
+            (v != -1 || *libc::__errno_location() == 0).then_some(v.to_ne_bytes())
+        }
+    };
+    let base = at & !7;
+    let off = (at - base) as usize;
+    let Some(lo) = word(base) else { return false };
+    let second = if off == 7 {
+        match word(base + 8) {
+            Some(hi) => hi[0],
+            None => return false,
+        }
+    } else {
+        lo[off + 1]
+    };
+    [lo[off], second] == SYSCALL_INSN
+}
+
+/// Whether a signal is pending for `tid` (its own or its process's) that
+/// it does not block: its delivery comes next, and the EINTR is its.
+/// Unknown counts as yes (the EINTR is left to the program).
+fn signal_deliverable(tid: i32) -> bool {
+    let mut blocked: u64 = 0;
+    // SAFETY: the kernel writes a sigset of the size given (8 bytes).
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETSIGMASK,
+            tid,
+            std::mem::size_of::<u64>(),
+            &mut blocked as *mut u64,
+        )
+    };
+    if r != 0 {
+        return true;
+    }
+    const BATCH: usize = 32;
+    for flags in [0, libc::PTRACE_PEEKSIGINFO_SHARED] {
+        let mut off = 0u64;
+        loop {
+            #[repr(C)]
+            struct Args {
+                off: u64,
+                flags: u32,
+                nr: i32,
+            }
+            let args = Args {
+                off,
+                flags,
+                nr: BATCH as i32,
+            };
+            // SAFETY: zero bytes are valid siginfos (plain C structs).
+            let mut infos: [libc::siginfo_t; BATCH] = unsafe { std::mem::zeroed() };
+            // SAFETY: `args` says how many siginfos `infos` holds.
+            let n = unsafe {
+                libc::ptrace(
+                    libc::PTRACE_PEEKSIGINFO,
+                    tid,
+                    &args as *const Args,
+                    infos.as_mut_ptr(),
+                )
+            };
+            if n < 0 {
+                return true;
+            }
+            let n = n as usize;
+            if infos[..n]
+                .iter()
+                .any(|i| i.si_signo > 0 && blocked & (1u64 << (i.si_signo - 1)) == 0)
+            {
+                return true;
+            }
+            if n < BATCH {
+                break;
+            }
+            off += n as u64;
+        }
+    }
+    false
+}
