@@ -420,7 +420,10 @@ fn read_trusted(dir: &Dir, name: &str, euid: u32) -> Result<Option<memmap2::Mmap
 /// The places' directories opened during start-up (one walk each, not
 /// one per module), closed when it ends: a descriptor kept for longer
 /// could be closed under us by the program and its number reused.
-static STARTUP_DIRS: Mutex<Option<Vec<Option<Result<Dir, String>>>>> = Mutex::new(None);
+static STARTUP_DIRS: Mutex<Option<Vec<Option<Opened>>>> = Mutex::new(None);
+
+/// A place's directory as opened, or why it could not be.
+type Opened = Result<Dir, String>;
 
 /// Start-up is over: the places' directories are closed, later lookups
 /// (libraries loaded by dlopen) open them again each time.
