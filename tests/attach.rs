@@ -1149,7 +1149,9 @@ fn attach_to_a_postgresql_client_backend() {
     let expected = query(sum);
     // Idle in epoll_wait, waiting for the next query.
     std::thread::sleep(Duration::from_millis(300));
-    let json = dir.join("attach.json");
+    // Root's report goes in root's own directory, not the cluster's
+    // (another user's, where root's files are refused).
+    let json = scratch("attach-postgres-report").join("attach.json");
     let mut attach = Killed(
         Command::new(rtprof())
             .arg("attach")

@@ -113,7 +113,8 @@ fn privilege_drops_run_as_without_the_agent() {
 }
 
 /// A filter that kills on perf_event_open and timer_create, from the
-/// program's start (as systemd's SystemCallFilter= installs it); a strict
+/// program's start (as systemd's SystemCallFilter= installs it); one that
+/// kills on memfd_create, which the agent's start-up needs; a strict
 /// allow-list installed later, with prctl and with the seccomp system
 /// call, after which the program also forks a child: every one runs to
 /// its end as without the agent.
@@ -198,5 +199,46 @@ fn a_process_that_dropped_privileges_is_counted_exactly() {
         let e = expectations(&r.output.stdout);
         let p = process(&r.report, &bin);
         assert_eq!(calls(p, "work"), e.counts[0].1, "{mode}");
+    }
+}
+
+/// A filter present at start-up is tried out in a child, call by call:
+/// one that kills on a call of sampling (perf_event_open) leaves counting
+/// alone; one that kills on a call start-up makes (memfd_create) leaves
+/// the process unprofiled; one that only answers errors (perf_event_open
+/// refused with EPERM, as a container's) leaves the agent as it is, and
+/// the timers take over sampling.
+#[test]
+fn a_filter_at_start_is_tried_out_before_the_agent_acts() {
+    let dir = open_scratch("probe");
+    let bin = compile_o2("sandboxed.c", &[], &dir);
+    let noperf = compile_o2("noperf.c", &[], &dir);
+    let b = bin.to_str().unwrap();
+    let cases = [
+        (
+            vec![b, "deny", b, "spin"],
+            "under a seccomp filter: counted, not sampled",
+        ),
+        (
+            vec![b, "deny-memfd", b, "spin"],
+            "under a seccomp filter that forbids what start-up needs; process left unprofiled",
+        ),
+        (
+            vec![noperf.to_str().unwrap(), b, "spin"],
+            "under a seccomp filter that allows what the agent does",
+        ),
+    ];
+    let agent = agent();
+    for (argv, said) in cases {
+        let o = run(
+            &argv,
+            &[
+                ("LD_PRELOAD", agent.to_str().unwrap()),
+                ("RTPROF_VERBOSE", "1"),
+            ],
+        );
+        assert!(o.status.success(), "{argv:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(said), "{argv:?}: {err}");
     }
 }

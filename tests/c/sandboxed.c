@@ -2,6 +2,8 @@
  *   sandboxed deny PROG ARGS...  kills on perf_event_open and timer_create
  *       (as systemd's SystemCallFilter= does for what it does not list),
  *       then execs PROG: the filter is there from PROG's start;
+ *   sandboxed deny-memfd PROG ARGS...  the same, killing on memfd_create
+ *       (a call the agent's start-up makes);
  *   sandboxed later prctl|syscall  starts unfiltered, calls work(), then
  *       installs a strict allow-list (with prctl, or the seccomp system
  *       call through syscall()), calls work() again, forks a child that
@@ -48,6 +50,12 @@ static struct sock_filter deny[] = {
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 };
 
+static struct sock_filter deny_memfd[] = {
+    ARCH_CHECK,
+    KILL(__NR_memfd_create),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+};
+
 /* What this program itself needs from here on, and nothing else. */
 static struct sock_filter allow[] = {
     ARCH_CHECK,
@@ -90,13 +98,19 @@ int main(int argc, char **argv) {
         perror("exec");
         return 2;
     }
+    if (argc > 2 && !strcmp(argv[1], "deny-memfd")) {
+        install(deny_memfd, sizeof deny_memfd / sizeof deny_memfd[0], 0);
+        execvp(argv[2], argv + 2);
+        perror("exec");
+        return 2;
+    }
     if (argc > 1 && !strcmp(argv[1], "spin")) {
         printf("sum %ld\n", spin(CALLS));
         printf("EXPECT work %d\n", CALLS);
         return 0;
     }
     if (argc < 3 || strcmp(argv[1], "later")) {
-        fprintf(stderr, "usage: sandboxed deny PROG ARGS... | later prctl|syscall | spin\n");
+        fprintf(stderr, "usage: sandboxed deny|deny-memfd PROG ARGS... | later prctl|syscall | spin\n");
         return 2;
     }
     long s = spin(CALLS);

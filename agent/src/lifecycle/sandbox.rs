@@ -9,10 +9,16 @@
 //! reads it from outside.
 //!
 //! A filter present at start-up (inherited across exec, as systemd's
-//! `SystemCallFilter=` installs it) is read from `/proc/self/status`; one
-//! the program installs later is seen on its way in (`prctl`, or the
-//! `seccomp` system call through `syscall`, as libseccomp makes it) and
-//! the agent steps aside before it takes effect.
+//! `SystemCallFilter=` or a container runtime installs it) is seen in
+//! `/proc/self/status`, and tried out in a child process that makes each
+//! kind of system call the agent may make, in order ([`probe`]): a filter
+//! that only answers with an error (a container's) leaves the agent as it
+//! is (it copes with errors); one that kills on a call sampling or the
+//! agent's threads need leaves counting alone; one that kills on a call
+//! start-up needs leaves the process unprofiled. One the program installs
+//! later is seen on its way in (`prctl`, or the `seccomp` system call
+//! through `syscall`, as libseccomp makes it) and the agent steps aside
+//! before it takes effect.
 
 use super::interpose::{quietly, Real};
 use crate::{budget, sampling};
@@ -36,6 +42,151 @@ pub fn on() -> bool {
 /// may forbid).
 pub fn started_sandboxed() {
     SANDBOXED.store(true, Ordering::Release);
+}
+
+/// What a filter present at start-up lets the agent do.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Verdict {
+    /// Every call the agent makes is allowed, or answered with an error.
+    Everything,
+    /// Counting only: a call of sampling or of the agent's threads kills.
+    CountOnly,
+    /// Nothing: a call start-up needs kills, or the trial could not be made.
+    Nothing,
+}
+
+/// One system call of the trial, with harmless arguments (most fail with
+/// EBADF or EINVAL once the filter has let them through).
+struct Trial {
+    nr: c_long,
+    args: [c_long; 4],
+}
+
+const fn trial(nr: c_long, a: c_long, b: c_long, c: c_long, d: c_long) -> Trial {
+    Trial {
+        nr,
+        args: [a, b, c, d],
+    }
+}
+
+/// Calls start-up makes that a program loaded by the dynamic loader has not
+/// already made: the counter segment (memfd, its size, seals, memory backed
+/// in advance), registering with rtprofd, Rust's own (random seeds, file
+/// status, futexes), writes of files beside the segment.
+const START_UP: &[Trial] = &[
+    trial(libc::SYS_memfd_create, 0, 0, 0, 0),
+    trial(libc::SYS_ftruncate, -1, 0, 0, 0),
+    trial(libc::SYS_fallocate, -1, 0, 0, 0),
+    trial(libc::SYS_fcntl, -1, libc::F_ADD_SEALS as c_long, 0, 0),
+    trial(libc::SYS_madvise, 0, 0, 23, 0),
+    trial(libc::SYS_socket, -1, 0, 0, 0),
+    trial(libc::SYS_connect, -1, 0, 0, 0),
+    trial(libc::SYS_sendmsg, -1, 0, 0, 0),
+    trial(libc::SYS_recvmsg, -1, 0, 0, 0),
+    trial(libc::SYS_getrandom, 0, 0, libc::GRND_NONBLOCK as c_long, 0),
+    trial(libc::SYS_statx, -1, 0, 0, 0),
+    trial(libc::SYS_futex, 0, libc::FUTEX_WAKE as c_long, 0, 0),
+    trial(libc::SYS_pwrite64, -1, 0, 0, 0),
+    trial(libc::SYS_renameat, -1, 0, -1, 0),
+    trial(libc::SYS_unlinkat, -1, 0, 0, 0),
+    trial(libc::SYS_fchmod, -1, 0, 0, 0),
+    trial(libc::SYS_getpid, 0, 0, 0, 0),
+    trial(libc::SYS_gettid, 0, 0, 0, 0),
+    trial(libc::SYS_getppid, 0, 0, 0, 0),
+    trial(libc::SYS_geteuid, 0, 0, 0, 0),
+];
+
+/// Calls of sampling and of the agent's threads (and of starting them).
+const THREADS_AND_SAMPLING: &[Trial] = &[
+    trial(libc::SYS_perf_event_open, 0, 0, -1, -1),
+    trial(libc::SYS_timer_create, -1, 0, 0, 0),
+    trial(libc::SYS_timer_settime, -1, 0, 0, 0),
+    trial(libc::SYS_timer_delete, -1, 0, 0, 0),
+    trial(libc::SYS_rt_sigaction, -1, 0, 0, 8),
+    trial(libc::SYS_rt_sigtimedwait, 0, 0, 0, 8),
+    trial(libc::SYS_clone3, 0, 0, 0, 0),
+    trial(libc::SYS_clone, libc::CLONE_THREAD as c_long, 0, 0, 0),
+    trial(libc::SYS_set_robust_list, 0, 0, 0, 0),
+    trial(libc::SYS_rseq, 0, 0, -1, 0),
+    trial(libc::SYS_prctl, -1, 0, 0, 0),
+    trial(libc::SYS_sched_yield, 0, 0, 0, 0),
+    trial(libc::SYS_mprotect, 0, 0, 0, 0),
+    trial(libc::SYS_poll, 0, 0, 0, 0),
+];
+
+/// Tries every call of [`START_UP`] then [`THREADS_AND_SAMPLING`] in a
+/// child (a copy of this process, under the same filter): the child
+/// notes each step in memory shared with us before it makes the call, and
+/// ends with `exit` once all were allowed. From the agent's constructor,
+/// single-threaded: the child runs no C library code, only system calls.
+pub fn probe() -> Verdict {
+    // SAFETY: a fresh shared anonymous page, unmapped below; no address
+    // given, nothing existing is replaced.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return Verdict::Nothing;
+    }
+    let step = page as *mut u32;
+    let all = START_UP.len() + THREADS_AND_SAMPLING.len();
+    const DONE: u32 = u32::MAX;
+    // A copy of this process without fork handlers (SIGCHLD to us at its
+    // end): it shares the page.
+    // SAFETY: clone with only a termination signal is fork without
+    // handlers; the child below makes system calls only, then exits.
+    let pid = unsafe { raw(libc::SYS_clone, [libc::SIGCHLD as c_long, 0, 0, 0, 0]) };
+    if pid == 0 {
+        for (i, t) in START_UP.iter().chain(THREADS_AND_SAMPLING).enumerate() {
+            // SAFETY: our shared page; the parent reads it after we end.
+            unsafe { std::ptr::write_volatile(step, i as u32) };
+            let [a, b, c, d] = t.args;
+            // SAFETY: each call with arguments that change nothing (bad
+            // descriptors, null pointers, invalid flags).
+            unsafe { raw(t.nr, [a, b, c, d, 0]) };
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::write_volatile(step, DONE) };
+        // SAFETY: ends this child (its only thread).
+        unsafe { raw(libc::SYS_exit, [0, 0, 0, 0, 0]) };
+        // SAFETY: unreachable; exit_group if exit returned.
+        unsafe { raw(libc::SYS_exit_group, [0, 0, 0, 0, 0]) };
+    }
+    let verdict = if pid < 0 {
+        Verdict::Nothing
+    } else {
+        let mut status = 0;
+        // SAFETY: waits for the child just made, with a status on our stack.
+        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::__WALL) };
+        // SAFETY: the shared page, read once the child has ended.
+        let last = unsafe { std::ptr::read_volatile(step) };
+        if r != pid as libc::pid_t {
+            Verdict::Nothing
+        } else if libc::WIFEXITED(status) && last == DONE {
+            Verdict::Everything
+        } else if (last as usize) >= START_UP.len() && (last as usize) < all {
+            Verdict::CountOnly
+        } else {
+            Verdict::Nothing
+        }
+    };
+    // SAFETY: the page mapped above, no longer used.
+    unsafe { libc::munmap(page, 4096) };
+    verdict
+}
+
+/// A system call through the C library's `syscall`, as the program's own
+/// would go (the wrapper below passes it on).
+unsafe fn raw(nr: c_long, a: [c_long; 5]) -> c_long {
+    // SAFETY: the caller vouches for the call and its arguments.
+    unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4]) }
 }
 
 /// The program is about to install a filter: the agent's own activity

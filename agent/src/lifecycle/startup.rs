@@ -199,8 +199,18 @@ pub(crate) fn start() {
         return;
     }
     if status.seccomp {
-        crate::lifecycle::sandbox::started_sandboxed();
-        vlog!("under a seccomp filter: counted, not sampled, nothing written at exit");
+        use crate::lifecycle::sandbox::{self, Verdict};
+        match sandbox::probe() {
+            Verdict::Everything => vlog!("under a seccomp filter that allows what the agent does"),
+            Verdict::CountOnly => {
+                sandbox::started_sandboxed();
+                vlog!("under a seccomp filter: counted, not sampled, nothing written at exit");
+            }
+            Verdict::Nothing => {
+                vlog!("under a seccomp filter that forbids what start-up needs; process left unprofiled");
+                return;
+            }
+        }
     }
     // Five bytes written over code another thread may be running is
     // undefined: patch only while this is the process's only thread.
