@@ -294,9 +294,15 @@ impl Dir {
 }
 
 /// Whether a directory's status lets users other than `euid` and root
-/// replace names in it.
-pub fn others_may_write(st: &libc::stat, euid: u32) -> bool {
-    st.st_mode & 0o022 != 0 || (st.st_uid != euid && st.st_uid != 0)
+/// replace names in it. Group write counts unless the directory is the
+/// user's own and its group the user's (a private group, as with umask
+/// 002 on systems that give each user one).
+pub fn others_may_write(st: &libc::stat, euid: u32, egid: u32) -> bool {
+    let own = st.st_uid == euid;
+    let group_is_ours = own && st.st_gid == egid;
+    st.st_mode & 0o002 != 0
+        || (st.st_mode & 0o020 != 0 && !group_is_ours)
+        || (!own && st.st_uid != 0)
 }
 
 fn sticky(st: &libc::stat) -> bool {
@@ -305,36 +311,56 @@ fn sticky(st: &libc::stat) -> bool {
 
 /// Where a destination goes, settled before anything is written.
 pub enum Destination {
-    /// A device, FIFO or socket (or a descriptor's name such as
-    /// `/dev/stdout`): opened now, written in place.
+    /// A device, FIFO or socket, or a descriptor's name such as
+    /// `/dev/stdout` (its descriptor, duplicated): written in place.
     InPlace(File),
     /// A regular file (new or not) named `name` in `dir`: written beside
     /// it, then renamed over it.
     Replace { dir: Dir, name: String },
 }
 
+/// The descriptor a path names, if it names one: `/dev/stdout`,
+/// `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`.
+fn descriptor_number(path: &Path) -> Option<i32> {
+    let p = path.to_str()?;
+    match p {
+        "/dev/stdout" => Some(1),
+        "/dev/stderr" => Some(2),
+        _ => p
+            .strip_prefix("/dev/fd/")
+            .or_else(|| p.strip_prefix("/proc/self/fd/"))?
+            .parse()
+            .ok(),
+    }
+}
+
 impl Destination {
-    /// Settles where `path` is written. A FIFO is opened without waiting
-    /// (nobody reading it is an error, not a hang); a regular file named
-    /// through a descriptor's link (`/dev/stdout` redirected to a file) is
-    /// appended to, after what the program wrote there.
+    /// Settles where `path` is written. A descriptor's name is that
+    /// descriptor (duplicated, whatever it is: a pipe, a socket, a file
+    /// written after what the program wrote). Otherwise the directory is
+    /// opened (see [`Dir::open`]) and the name looked up in it without
+    /// following a link: a directory other users may write must be sticky,
+    /// and the name there absent or this user's own (file, FIFO, device or
+    /// link alike); a link elsewhere is followed to where it leads; a
+    /// device, FIFO or socket is opened now, without waiting (a FIFO that
+    /// nobody reads is an error, not a hang).
     pub fn prepare(path: &Path) -> Result<Destination, FileError> {
-        // SAFETY: geteuid cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        // Through links: where the name leads now decides whether it is a
-        // device. A regular file found this way is replaced at the name
-        // itself, looked up again through the directory's descriptor.
-        let descriptor = ["/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/"]
-            .iter()
-            .any(|d| path.starts_with(d));
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => return Err(FileError::IsDirectory { path: path.into() }),
-            Ok(m) if !m.is_file() || descriptor => {
-                let f = open_in_place(path, m.is_file())?;
-                return Ok(Destination::InPlace(f));
+        if let Some(fd) = descriptor_number(path) {
+            // SAFETY: duplicates a descriptor number of this process (an
+            // invalid one fails with EBADF); the copy is owned below.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if dup < 0 {
+                return Err(io_at(path, io::Error::last_os_error()));
             }
-            _ => {}
+            // SAFETY: a descriptor just made, owned by nothing else.
+            return Ok(Destination::InPlace(unsafe { File::from_raw_fd(dup) }));
         }
+        Self::prepare_at(path, true)
+    }
+
+    fn prepare_at(path: &Path, follow: bool) -> Result<Destination, FileError> {
+        // SAFETY: geteuid and getegid cannot fail.
+        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -346,25 +372,56 @@ impl Destination {
         };
         let dir = Dir::open(parent, |_, _, _| Ok(()))?;
         let st = fstat(&dir.fd).map_err(|e| io_at(dir.path(), e))?;
-        if others_may_write(&st, euid) {
-            if !sticky(&st) {
-                return Err(FileError::SharedDirectory {
-                    path: dir.path().into(),
-                });
-            }
-            let target = dir.path().join(&name);
-            match dir.stat(&name).map_err(|e| io_at(&target, e))? {
-                None => {}
-                Some(t) if file_type(&t) == libc::S_IFREG && t.st_uid == euid => {}
-                Some(_) => return Err(FileError::NotOwnDestination { path: target }),
+        let shared = others_may_write(&st, euid, egid);
+        if shared && !sticky(&st) {
+            return Err(FileError::SharedDirectory {
+                path: dir.path().into(),
+            });
+        }
+        let target = dir.path().join(&name);
+        let Some(t) = dir.stat(&name).map_err(|e| io_at(&target, e))? else {
+            return Ok(Destination::Replace { dir, name });
+        };
+        if shared && t.st_uid != euid {
+            return Err(FileError::NotOwnDestination { path: target });
+        }
+        match file_type(&t) {
+            libc::S_IFDIR => Err(FileError::IsDirectory { path: target }),
+            libc::S_IFREG => Ok(Destination::Replace { dir, name }),
+            libc::S_IFLNK if shared => Err(FileError::NotOwnDestination { path: target }),
+            libc::S_IFLNK => match std::fs::canonicalize(&target) {
+                // Where the link leads, checked there in turn.
+                Ok(real) if follow => Self::prepare_at(&real, false),
+                // A link that leads nowhere (yet) is replaced by the file.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    Ok(Destination::Replace { dir, name })
+                }
+                Ok(_) => Err(FileError::NotRegular { path: target }),
+                Err(e) => Err(io_at(&target, e)),
+            },
+            _ => {
+                let f = dir
+                    .open_file(&name, libc::O_WRONLY | libc::O_NONBLOCK, 0)
+                    .map_err(|e| match e.raw_os_error() {
+                        Some(libc::ENXIO) => FileError::UnreadFifo {
+                            path: target.clone(),
+                        },
+                        _ => io_at(&target, e),
+                    })?;
+                // SAFETY: fcntl on a descriptor `f` owns: writes may block
+                // from now on, as any write to a pipe.
+                unsafe {
+                    let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+                    libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                }
+                Ok(Destination::InPlace(f))
             }
         }
-        Ok(Destination::Replace { dir, name })
     }
 
     /// Writes `bytes`: in place, or to a new file (`mode`) renamed over
-    /// the destination once complete and on disk.
-    pub fn write(self, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+    /// the destination once complete (and, with `sync`, on disk first).
+    pub fn write(self, bytes: &[u8], mode: u32, sync: bool) -> Result<(), FileError> {
         match self {
             Destination::InPlace(mut f) => f
                 .write_all(bytes)
@@ -379,7 +436,9 @@ impl Destination {
                     if unsafe { libc::fchmod(f.as_raw_fd(), mode) } != 0 {
                         return Err(io::Error::last_os_error());
                     }
-                    f.sync_all()?;
+                    if sync {
+                        f.sync_all()?;
+                    }
                     dir.rename(&tmp, &name)
                 })();
                 if let Err(e) = r {
@@ -392,32 +451,10 @@ impl Destination {
     }
 }
 
-/// Opens a device, FIFO or socket (or a descriptor's name) for writing,
-/// without creating or truncating anything.
-fn open_in_place(path: &Path, append: bool) -> Result<File, FileError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .append(append)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENXIO) => FileError::UnreadFifo { path: path.into() },
-            _ => io_at(path, e),
-        })?;
-    // SAFETY: fcntl on a descriptor `f` owns: writes may block from now
-    // on, as any write to a pipe.
-    unsafe {
-        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
-    }
-    Ok(f)
-}
-
 /// Writes `bytes` to `path` as [`Destination`] says, a new file with
 /// `mode`.
 pub fn write_destination(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
-    Destination::prepare(path)?.write(bytes, mode)
+    Destination::prepare(path)?.write(bytes, mode, false)
 }
 
 #[cfg(test)]
@@ -492,6 +529,13 @@ mod tests {
         assert!(matches!(e, FileError::SharedDirectory { .. }), "{e}");
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
         write_destination(&d.join("r"), b"x", 0o600).unwrap();
+        // Another user's file at the name, in a sticky shared directory:
+        // refused, left as it is.
+        std::fs::write(d.join("hers"), b"hers").unwrap();
+        std::os::unix::fs::chown(d.join("hers"), Some(65534), Some(65534)).unwrap();
+        let e = write_destination(&d.join("hers"), b"x", 0o600).unwrap_err();
+        assert!(matches!(e, FileError::NotOwnDestination { .. }), "{e}");
+        assert_eq!(std::fs::read(d.join("hers")).unwrap(), b"hers");
         // A link planted at the name, in a sticky shared directory.
         std::os::unix::fs::symlink("/nonexistent-target", d.join("planted")).unwrap();
         let e = write_destination(&d.join("planted"), b"x", 0o600).unwrap_err();
@@ -501,6 +545,62 @@ mod tests {
             .file_type()
             .is_symlink());
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_link_in_a_private_directory_leads_to_what_it_names() {
+        let d = scratch("link");
+        std::fs::write(d.join("target"), b"old").unwrap();
+        std::os::unix::fs::symlink(d.join("target"), d.join("link")).unwrap();
+        write_destination(&d.join("link"), b"new", 0o600).unwrap();
+        assert!(std::fs::symlink_metadata(d.join("link"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(d.join("target")).unwrap(), b"new");
+        // A link to a device: written in place.
+        std::os::unix::fs::symlink("/dev/null", d.join("null")).unwrap();
+        write_destination(&d.join("null"), b"x", 0o600).unwrap();
+        assert!(std::fs::symlink_metadata(d.join("null"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_private_group_may_write_the_users_own_directory() {
+        // SAFETY: stat is plain data.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        st.st_uid = 1000;
+        st.st_gid = 1000;
+        st.st_mode = libc::S_IFDIR | 0o775;
+        assert!(!others_may_write(&st, 1000, 1000));
+        assert!(others_may_write(&st, 1000, 100));
+        st.st_uid = 1001;
+        assert!(others_may_write(&st, 1000, 1000));
+        st.st_uid = 0;
+        st.st_mode = libc::S_IFDIR | 0o755;
+        assert!(!others_may_write(&st, 1000, 1000));
+        st.st_mode = libc::S_IFDIR | 0o1777;
+        assert!(others_may_write(&st, 1000, 1000));
+    }
+
+    #[test]
+    fn a_descriptors_name_is_that_descriptor() {
+        assert_eq!(descriptor_number(Path::new("/dev/stdout")), Some(1));
+        assert_eq!(descriptor_number(Path::new("/dev/stderr")), Some(2));
+        assert_eq!(descriptor_number(Path::new("/proc/self/fd/7")), Some(7));
+        assert_eq!(descriptor_number(Path::new("/dev/fd/3")), Some(3));
+        assert_eq!(descriptor_number(Path::new("/dev/null")), None);
+        // A socket, which cannot be opened by its /proc name: duplicated.
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let p = PathBuf::from(format!("/proc/self/fd/{}", a.as_raw_fd()));
+        write_destination(&p, b"through", 0o600).unwrap();
+        drop(a);
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut &b, &mut got).unwrap();
+        assert_eq!(got, "through");
     }
 
     #[test]

@@ -8,6 +8,14 @@
 //! kernel restarts the others, unless a signal is pending that the thread
 //! does not block: then it was that signal's EINTR, and it stays.
 //!
+//! Only waits that nothing else ends, made again exactly as they were
+//! ([`made_again`]): `epoll_wait` and its kin without a timeout,
+//! `rt_sigtimedwait` and `semtimedop` without a timeout, `semop`. A call
+//! with a timeout keeps its EINTR (made again, it would wait its whole
+//! timeout anew, and a wait that a thread held still again and again would
+//! never time out), as under a debugger or `kill -STOP`/`-CONT`; so does
+//! any other call (a `close` must never be made twice).
+//!
 //! Only system calls, no allocation, no lock: the agent calls this from a
 //! helper task while the threads it holds may hold any lock.
 
@@ -38,6 +46,10 @@ pub fn retry_interrupted_call(tid: i32) -> bool {
     if got != 0 || (regs.orig_rax as i64) < 0 || regs.rax as i64 != EINTR {
         return false;
     }
+    let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
+    if !made_again(regs.orig_rax as i64, args) {
+        return false;
+    }
     if !at_syscall_insn(tid, regs.rip.wrapping_sub(2)) || signal_deliverable(tid) {
         return false;
     }
@@ -57,6 +69,25 @@ pub fn retry_interrupted_call(tid: i32) -> bool {
 #[cfg(not(target_arch = "x86_64"))]
 pub fn retry_interrupted_call(_tid: i32) -> bool {
     false
+}
+
+/// Whether system call `nr` with `args`, ended by EINTR, is a wait with no
+/// timeout that the kernel would not restart: one made again exactly as it
+/// was, with no effect of its own undone or repeated.
+pub fn made_again(nr: i64, args: [u64; 6]) -> bool {
+    match nr {
+        // (epfd, events, maxevents, timeout ms: -1 waits for ever, ...)
+        libc::SYS_epoll_wait | libc::SYS_epoll_pwait => args[3] as i32 == -1,
+        // (epfd, events, maxevents, timeout: NULL waits for ever, ...)
+        libc::SYS_epoll_pwait2 => args[3] == 0,
+        // (set, info, timeout: NULL waits for ever, size)
+        libc::SYS_rt_sigtimedwait => args[2] == 0,
+        // (semid, sops, nsops): no timeout.
+        libc::SYS_semop => true,
+        // (semid, sops, nsops, timeout: NULL waits for ever)
+        libc::SYS_semtimedop => args[3] == 0,
+        _ => false,
+    }
 }
 
 /// Whether the two bytes at `at` in `tid`'s memory are a `syscall`.
@@ -144,4 +175,37 @@ fn signal_deliverable(tid: i32) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::made_again;
+
+    #[test]
+    fn only_waits_without_a_timeout_are_made_again() {
+        let none = [0u64; 6];
+        let with = |i: usize, v: u64| {
+            let mut a = none;
+            a[i] = v;
+            a
+        };
+        assert!(made_again(libc::SYS_epoll_wait, with(3, u64::MAX)));
+        assert!(made_again(libc::SYS_epoll_pwait, with(3, 0xffff_ffff)));
+        assert!(!made_again(libc::SYS_epoll_wait, with(3, 100)));
+        assert!(!made_again(libc::SYS_epoll_wait, with(3, 0)));
+        assert!(made_again(libc::SYS_epoll_pwait2, none));
+        assert!(!made_again(libc::SYS_epoll_pwait2, with(3, 0x7fff_0000)));
+        assert!(made_again(libc::SYS_rt_sigtimedwait, none));
+        assert!(!made_again(libc::SYS_rt_sigtimedwait, with(2, 0x7fff_0000)));
+        assert!(made_again(libc::SYS_semop, none));
+        assert!(!made_again(libc::SYS_semtimedop, with(3, 0x7fff_0000)));
+        for nr in [
+            libc::SYS_close,
+            libc::SYS_read,
+            libc::SYS_nanosleep,
+            libc::SYS_futex,
+        ] {
+            assert!(!made_again(nr, none), "{nr}");
+        }
+    }
 }

@@ -131,7 +131,11 @@ static REQUEST: Request = Request {
 /// only that allocates). False if it is too long or no thread runs.
 fn post(kind: u8, text: &CStr) -> bool {
     let bytes = text.to_bytes();
-    if bytes.len() > MAX_REQUEST || CONTROL.start(CONTROL_IDLE_MS, 0, serve).is_err() {
+    // Under a seccomp filter the agent starts no thread (see `sandbox`).
+    if crate::lifecycle::sandbox::on()
+        || bytes.len() > MAX_REQUEST
+        || CONTROL.start(CONTROL_IDLE_MS, 0, serve).is_err()
+    {
         return false;
     }
     // SAFETY: the caller won PHASE, so no other writer; the control thread

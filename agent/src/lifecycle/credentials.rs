@@ -45,7 +45,7 @@ macro_rules! credential_wrapper {
             type F = unsafe extern "C" fn($($ty),*) -> c_int;
             // SAFETY: F is the C signature of the function $real names.
             let real = unsafe { $real.get::<F>() };
-            with_agent_threads_stopped(|| match real {
+            with_agent_threads_stopped(|_| match real {
                 // SAFETY: the caller's arguments, as it passed them.
                 Some(f) => unsafe { f($($arg),*) },
                 None => no_such_function(),

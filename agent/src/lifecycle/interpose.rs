@@ -455,12 +455,12 @@ fn single_threaded(needs_one_thread: bool, f: impl Fn() -> libc::c_int) -> libc:
     if !needs_one_thread {
         return f();
     }
-    with_agent_threads_stopped(|| {
+    with_agent_threads_stopped(|joined| {
         let mut rc = f();
         // A joined thread leaves the kernel's thread group a moment after
         // join returns; until then the kernel still says EINVAL.
         for _ in 0..200 {
-            if !(rc == -1 && errno() == libc::EINVAL) {
+            if !(joined && rc == -1 && errno() == libc::EINVAL) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_micros(50));
@@ -471,17 +471,17 @@ fn single_threaded(needs_one_thread: bool, f: impl Fn() -> libc::c_int) -> libc:
 }
 
 /// Runs `f` with the agent's threads (drain, budget, attach control)
-/// stopped and joined, and starts them again after it (the attach control
-/// thread at rtprof's next request); errno is `f`'s. Not in a vfork child,
-/// whose threads are its parent's.
-pub(crate) fn with_agent_threads_stopped(f: impl FnOnce() -> libc::c_int) -> libc::c_int {
+/// stopped and joined (`f` is told whether any was), and starts them again
+/// after it (the attach control thread at rtprof's next request); errno
+/// is `f`'s. Not in a vfork child, whose threads are its parent's.
+pub(crate) fn with_agent_threads_stopped(f: impl FnOnce(bool) -> libc::c_int) -> libc::c_int {
     if !sampling::in_own_process() {
-        return f();
+        return f(false);
     }
     let paused = sampling::pause_drain();
     let budget_paused = budget::pause();
-    let _ = crate::lifecycle::attach::pause();
-    let rc = f();
+    let control_paused = crate::lifecycle::attach::pause();
+    let rc = f(paused || budget_paused || control_paused);
     let e = errno();
     if paused {
         quietly(sampling::resume_drain);

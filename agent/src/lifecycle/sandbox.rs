@@ -32,6 +32,20 @@ pub static SYSCALL: Real = Real::new(c"syscall");
 
 pub static ALL: [&Real; 2] = [&PRCTL, &SYSCALL];
 
+/// System calls that change the calling thread's credentials.
+const CREDENTIAL_CALLS: [c_long; 10] = [
+    libc::SYS_setuid,
+    libc::SYS_setgid,
+    libc::SYS_setreuid,
+    libc::SYS_setregid,
+    libc::SYS_setresuid,
+    libc::SYS_setresgid,
+    libc::SYS_setgroups,
+    libc::SYS_setfsuid,
+    libc::SYS_setfsgid,
+    libc::SYS_capset,
+];
+
 /// Whether the process runs under a seccomp filter (or strict mode).
 pub fn on() -> bool {
     SANDBOXED.load(Ordering::Acquire)
@@ -69,11 +83,30 @@ const fn trial(nr: c_long, a: c_long, b: c_long, c: c_long, d: c_long) -> Trial 
     }
 }
 
+/// A zero `rlimit` for the trial of `prlimit64` (its address is put in
+/// the trial's third argument, [`ZERO_LIMIT`], by the child).
+static ZERO: libc::rlimit = libc::rlimit {
+    rlim_cur: 0,
+    rlim_max: 0,
+};
+const ZERO_LIMIT: c_long = 0;
+
 /// Calls start-up makes that a program loaded by the dynamic loader has not
 /// already made: the counter segment (memfd, its size, seals, memory backed
 /// in advance), registering with rtprofd, Rust's own (random seeds, file
 /// status, futexes), writes of files beside the segment.
 const START_UP: &[Trial] = &[
+    // First, so that a child killed later leaves no core dump: no core
+    // file size (the loader's C library asks for limits anyway), not
+    // dumpable.
+    trial(
+        libc::SYS_prlimit64,
+        0,
+        libc::RLIMIT_CORE as c_long,
+        ZERO_LIMIT,
+        0,
+    ),
+    trial(libc::SYS_prctl, libc::PR_SET_DUMPABLE as c_long, 0, 0, 0),
     trial(libc::SYS_memfd_create, 0, 0, 0, 0),
     trial(libc::SYS_ftruncate, -1, 0, 0, 0),
     trial(libc::SYS_fallocate, -1, 0, 0, 0),
@@ -108,7 +141,6 @@ const THREADS_AND_SAMPLING: &[Trial] = &[
     trial(libc::SYS_clone, libc::CLONE_THREAD as c_long, 0, 0, 0),
     trial(libc::SYS_set_robust_list, 0, 0, 0, 0),
     trial(libc::SYS_rseq, 0, 0, -1, 0),
-    trial(libc::SYS_prctl, -1, 0, 0, 0),
     trial(libc::SYS_sched_yield, 0, 0, 0, 0),
     trial(libc::SYS_mprotect, 0, 0, 0, 0),
     trial(libc::SYS_poll, 0, 0, 0, 0),
@@ -136,24 +168,29 @@ pub fn probe() -> Verdict {
         return Verdict::Nothing;
     }
     let step = page as *mut u32;
-    let all = START_UP.len() + THREADS_AND_SAMPLING.len();
-    const DONE: u32 = u32::MAX;
-    // A copy of this process without fork handlers (SIGCHLD to us at its
-    // end): it shares the page.
-    // SAFETY: clone with only a termination signal is fork without
-    // handlers; the child below makes system calls only, then exits.
-    let pid = unsafe { raw(libc::SYS_clone, [libc::SIGCHLD as c_long, 0, 0, 0, 0]) };
+    let trials = START_UP.len() + THREADS_AND_SAMPLING.len();
+    // A copy of this process without fork handlers and with no signal to
+    // the program at its end (so never reaped for us by an ignored
+    // SIGCHLD, nor seen by a handler): it shares the page.
+    // SAFETY: clone with no flags is fork without handlers nor exit
+    // signal; the child below makes system calls only, then exits.
+    let pid = unsafe { raw(libc::SYS_clone, [0, 0, 0, 0, 0]) };
     if pid == 0 {
         for (i, t) in START_UP.iter().chain(THREADS_AND_SAMPLING).enumerate() {
             // SAFETY: our shared page; the parent reads it after we end.
             unsafe { std::ptr::write_volatile(step, i as u32) };
-            let [a, b, c, d] = t.args;
-            // SAFETY: each call with arguments that change nothing (bad
-            // descriptors, null pointers, invalid flags).
-            unsafe { raw(t.nr, [a, b, c, d, 0]) };
+            let mut a = t.args;
+            if t.nr == libc::SYS_prlimit64 {
+                a[2] = &ZERO as *const libc::rlimit as c_long;
+            }
+            // SAFETY: each call with arguments that change nothing of the
+            // parent's (bad descriptors, null pointers, invalid flags; the
+            // child's own core limit and dumpable flag).
+            unsafe { raw(t.nr, [a[0], a[1], a[2], a[3], 0]) };
         }
+        // A thread's end, as the agent's threads end: the last trial.
         // SAFETY: as above.
-        unsafe { std::ptr::write_volatile(step, DONE) };
+        unsafe { std::ptr::write_volatile(step, trials as u32) };
         // SAFETY: ends this child (its only thread).
         unsafe { raw(libc::SYS_exit, [0, 0, 0, 0, 0]) };
         // SAFETY: unreachable; exit_group if exit returned.
@@ -163,15 +200,21 @@ pub fn probe() -> Verdict {
         Verdict::Nothing
     } else {
         let mut status = 0;
-        // SAFETY: waits for the child just made, with a status on our stack.
-        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::__WALL) };
+        let r = loop {
+            // SAFETY: waits for the child just made (a clone child: __WALL),
+            // with a status on our stack.
+            let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::__WALL) };
+            if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break r;
+            }
+        };
         // SAFETY: the shared page, read once the child has ended.
-        let last = unsafe { std::ptr::read_volatile(step) };
+        let last = unsafe { std::ptr::read_volatile(step) } as usize;
         if r != pid as libc::pid_t {
             Verdict::Nothing
-        } else if libc::WIFEXITED(status) && last == DONE {
+        } else if last == trials && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
             Verdict::Everything
-        } else if (last as usize) >= START_UP.len() && (last as usize) < all {
+        } else if last >= START_UP.len() {
             Verdict::CountOnly
         } else {
             Verdict::Nothing
@@ -249,13 +292,33 @@ pub unsafe extern "C" fn syscall(
     a6: c_long,
 ) -> c_long {
     type F = unsafe extern "C" fn(c_long, ...) -> c_long;
-    if n == libc::SYS_seccomp || n == libc::SYS_prctl && a1 == libc::PR_SET_SECCOMP as c_long {
+    // SECCOMP_SET_MODE_STRICT (0) and SECCOMP_SET_MODE_FILTER (1); other
+    // operations only ask (libseccomp asks which actions there are).
+    let installs = match n {
+        libc::SYS_seccomp => (a1 as libc::c_uint) < 2,
+        libc::SYS_prctl => a1 as c_int == libc::PR_SET_SECCOMP,
+        _ => false,
+    };
+    if installs {
         entering();
     }
     // SAFETY: F is syscall's C signature.
-    match unsafe { SYSCALL.get::<F>() } {
+    let real = unsafe { SYSCALL.get::<F>() };
+    let call = || match real {
         // SAFETY: the caller's arguments, passed on as it gave them.
         Some(f) => unsafe { f(n, a1, a2, a3, a4, a5, a6) },
         None => super::interpose::no_such_function() as c_long,
+    };
+    // A credential change made directly changes the calling thread only;
+    // the agent's threads still step aside and start again with it, so
+    // that none keeps what the program gave up.
+    if CREDENTIAL_CALLS.contains(&n) {
+        let mut r = -1;
+        super::interpose::with_agent_threads_stopped(|_| {
+            r = call();
+            0
+        });
+        return r;
     }
+    call()
 }

@@ -198,6 +198,13 @@ pub(crate) fn start() {
         vlog!("traced by pid {pid} (a debugger?) at start-up; process left unprofiled");
         return;
     }
+    // Five bytes written over code another thread may be running is
+    // undefined: patch only while this is the process's only thread.
+    let threads = status.threads;
+    if threads != Some(1) {
+        vlog!("{threads:?} threads already running at start-up; process left unprofiled");
+        return;
+    }
     if status.seccomp {
         use crate::lifecycle::sandbox::{self, Verdict};
         match sandbox::probe() {
@@ -211,13 +218,6 @@ pub(crate) fn start() {
                 return;
             }
         }
-    }
-    // Five bytes written over code another thread may be running is
-    // undefined: patch only while this is the process's only thread.
-    let threads = status.threads;
-    if threads != Some(1) {
-        vlog!("{threads:?} threads already running at start-up; process left unprofiled");
-        return;
     }
     crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), secure_mode()));
     // A trap costs a thousand counted calls: no budget could pay for it.
@@ -237,9 +237,10 @@ pub(crate) fn start() {
     let maps = Maps::current();
     // Single-threaded here: the cache's directories stay open for all the
     // modules' lookups, and are closed before the program runs.
-    crate::cache::startup_begins();
-    let plans = plan_modules(&cfg, &maps);
-    crate::cache::startup_done();
+    let plans = {
+        let _open = crate::cache::StartupDirs::open();
+        plan_modules(&cfg, &maps)
+    };
     ph.mark("plans");
     if cfg.warm_only {
         // `rtprof cache warm`: the entries are written; the program's own

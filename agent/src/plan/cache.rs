@@ -425,18 +425,25 @@ static STARTUP_DIRS: Mutex<Option<Vec<Option<Opened>>>> = Mutex::new(None);
 /// A place's directory as opened, or why it could not be.
 type Opened = Result<Dir, String>;
 
-/// Start-up is over: the places' directories are closed, later lookups
-/// (libraries loaded by dlopen) open them again each time.
-pub fn startup_done() {
-    if let Ok(mut d) = STARTUP_DIRS.lock() {
-        *d = None;
+/// While it lives (start-up's planning), the places' directories are
+/// opened once for every module's lookup; dropped (even by a panic), they
+/// are closed, and later lookups (libraries loaded by dlopen) open them
+/// again each time.
+pub struct StartupDirs(());
+
+impl StartupDirs {
+    pub fn open() -> StartupDirs {
+        if let Ok(mut d) = STARTUP_DIRS.lock() {
+            *d = Some(Vec::new());
+        }
+        StartupDirs(())
     }
 }
 
-/// Start-up begins: the places' directories are opened once for it.
-pub fn startup_begins() {
-    if let Ok(mut d) = STARTUP_DIRS.lock() {
-        *d = Some(Vec::new());
+impl Drop for StartupDirs {
+    fn drop(&mut self) {
+        let mut d = STARTUP_DIRS.lock().unwrap_or_else(|p| p.into_inner());
+        *d = None;
     }
 }
 

@@ -300,13 +300,22 @@ pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
         }
         std::thread::yield_now();
     }
+    // Again under the lock: a seccomp filter's arrival takes the rings
+    // away (`stop_for_sandbox`), holding the lock, while we waited for it.
+    let rings = RINGS.load(Ordering::Acquire);
+    if rings.is_null() {
+        DRAINING.store(false, Ordering::Release);
+        return 0;
+    }
     let pid = PID.load(Ordering::Relaxed);
     let namer = |records: &[u32]| {
         NAMING.store(true, Ordering::Release);
         crate::loader::name_on_demand(a, records);
         NAMING.store(false, Ordering::Release);
     };
-    // SAFETY: the rings are leaked at start and never freed in this process.
+    // SAFETY: the rings are leaked at start and freed only by
+    // `stop_for_sandbox`, under the drain lock we hold (read above, under
+    // it).
     let rings = unsafe { &*rings };
     let lost = a.segment.counters.samples_lost();
     let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer)) + events::drain(pid);

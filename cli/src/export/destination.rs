@@ -31,24 +31,14 @@ fn refused(e: FileError, exists: bool) -> Error {
 impl Destination {
     /// Checks that a report can be written to `path`.
     pub fn prepare(path: &Path) -> Result<Destination, Error> {
+        // Where a link at the name leads (in a directory only this user
+        // may write: `files` refuses links elsewhere).
         let meta = std::fs::metadata(path).ok();
-        // Through a symbolic link to a regular file: the file it names is
-        // replaced, not the link.
-        let target = match &meta {
-            Some(m) if m.is_file() && !path.starts_with("/dev") && !path.starts_with("/proc") => {
-                path.canonicalize().map_err(Error::OutInaccessible)?
-            }
-            _ => path.to_path_buf(),
-        };
-        if meta.as_ref().is_some_and(|m| m.is_file())
-            && std::fs::OpenOptions::new()
-                .write(true)
-                .open(&target)
-                .is_err()
-        {
+        let regular = meta.as_ref().is_some_and(|m| m.is_file());
+        if regular && std::fs::OpenOptions::new().write(true).open(path).is_err() {
             return Err(Error::OutNotWritable);
         }
-        let to = files::Destination::prepare(&target).map_err(|e| refused(e, meta.is_some()))?;
+        let to = files::Destination::prepare(path).map_err(|e| refused(e, meta.is_some()))?;
         if let files::Destination::Replace { dir, name } = &to {
             // A file can be made beside it (the directory may be writable
             // to nobody but its owner, or full).
@@ -67,8 +57,9 @@ impl Destination {
         Ok(Destination { to, mode })
     }
 
+    /// Writes the report, on disk before it replaces an older one.
     pub fn write(self, bytes: &[u8]) -> std::io::Result<()> {
-        self.to.write(bytes, self.mode).map_err(|e| match e {
+        self.to.write(bytes, self.mode, true).map_err(|e| match e {
             FileError::Io { source, .. } => source,
             other => std::io::Error::other(other.to_string()),
         })
