@@ -401,3 +401,80 @@ fn rtprof_cache_warms_shows_and_clears() {
     assert!(out.contains("removed "), "{out}");
     assert!(entries_of(&xdg.join("rtprof"), &bin).is_empty());
 }
+
+/// Each process's account of its instrumented modules in a run of `argv`
+/// under the agent (every module, verbose, no sampling) with the cache in
+/// `cache`: the lines `PATH: cached in` and `PATH: analysed in`.
+fn module_accounts(argv: &[&str], cache: &Path, cwd: &Path) -> (Vec<String>, Vec<String>) {
+    let o = Command::new(argv[0])
+        .args(&argv[1..])
+        .current_dir(cwd)
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_CACHE", cache)
+        .env("RTPROF_MODULES", "all")
+        .env("RTPROF_VERBOSE", "1")
+        .env("RTPROF_SAMPLE_HZ", "0")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{argv:?}: {o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let module = |l: &str, how: &str| {
+        let l = l.split_once("]: ")?.1;
+        l.split_once(&format!(": {how} in "))
+            .map(|(path, _)| path.to_string())
+    };
+    let cached = err.lines().filter_map(|l| module(l, "cached")).collect();
+    let analysed = err.lines().filter_map(|l| module(l, "analysed")).collect();
+    (cached, analysed)
+}
+
+/// Warm starts stay warm: on the second start of gcc compiling (gcc, cc1
+/// and as), of `ls -l` and of python3 with every module instrumented,
+/// every module the first start analysed comes from the cache, libc and
+/// cc1 among them, and none is analysed again (a short entry's
+/// trampoline inside a multi-byte fill instruction once made the cache
+/// reject cc1's, gcc's, as's and libc's entries at every start).
+#[test]
+fn second_starts_take_every_module_from_the_cache() {
+    let dir = scratch("warm-starts");
+    let cache = cache_dir(&dir);
+    std::fs::write(dir.join("one.c"), "int f(int x) { return x + 1; }\n").unwrap();
+    let python = shared_python().unwrap_or_else(|tried| panic!("no shared libpython: {tried:?}"));
+    let python = python.to_str().unwrap();
+    let runs: [&[&str]; 3] = [
+        &["gcc", "-O2", "-c", "one.c", "-o", "one.o"],
+        &["ls", "-l", "/usr/bin"],
+        &[python, "-c", "pass"],
+    ];
+    for argv in runs {
+        let (_, first) = module_accounts(argv, &cache, &dir);
+        assert!(
+            !first.is_empty(),
+            "{argv:?}: nothing analysed at the first start"
+        );
+        let (cached, analysed) = module_accounts(argv, &cache, &dir);
+        assert!(
+            analysed.is_empty(),
+            "{argv:?}: analysed again: {analysed:?}"
+        );
+        for m in &first {
+            assert!(
+                cached.contains(m),
+                "{argv:?}: {m} not from the cache: {cached:?}"
+            );
+        }
+        assert!(
+            cached.iter().any(|m| m.contains("libc.so")),
+            "{argv:?}: {cached:?}"
+        );
+    }
+    let (cached, _) = module_accounts(runs[0], &cache, &dir);
+    for tool in ["cc1", "x86_64-linux-gnu-as", "gcc"] {
+        assert!(
+            cached
+                .iter()
+                .any(|m| m.rsplit('/').next().unwrap().contains(tool)),
+            "{tool}: {cached:?}"
+        );
+    }
+}

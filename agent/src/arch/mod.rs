@@ -48,6 +48,11 @@ pub trait InstructionSet {
     fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])>;
     /// Whether `code` is alignment fill only (nothing that does anything).
     fn is_fill(code: &[u8]) -> bool;
+    /// Whether the `len` bytes at `lead` in `code` lie inside alignment
+    /// fill: decoded from some instruction start at most `lead` bytes
+    /// before them, only fill up to and over them (a trampoline's 5 bytes
+    /// may begin or end inside a multi-byte fill instruction).
+    fn within_fill(code: &[u8], lead: usize, len: usize) -> bool;
     /// Runs of alignment fill in a function's `code` (at `start`) that
     /// nothing runs into (each after a return, jump or trap), as [first
     /// byte, past the last): where a short entry's trampoline may go when

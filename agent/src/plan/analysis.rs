@@ -445,6 +445,11 @@ fn plan_trap(
     Ok(plan)
 }
 
+/// How far before a trampoline's bytes, and past them, the fill they lie
+/// in is decoded (an x86 instruction is at most 15 bytes).
+const TRAMP_LEAD: u64 = 15;
+const TRAMP_TAIL: u64 = 15;
+
 /// Reach of a full plan's entry bytes from a function's first byte.
 const MAX_REACH: u64 = 24;
 /// Where a trampoline in a function's own fill may start at the earliest:
@@ -520,12 +525,18 @@ pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) -> bool {
     for c in &mut p.funcs {
         let Ok(plan) = &c.outcome else { continue };
         // A short entry's trampoline goes over fill that must still be fill
-        // (a cache entry saying otherwise is not trusted).
+        // (a cache entry saying otherwise is not trusted). Its 5 bytes may
+        // begin or end inside a multi-byte fill instruction: they are
+        // decoded from up to 15 bytes before them, and on past them.
         if let Some(t) = plan.trampoline() {
-            let fill = file.bytes(t, 5);
-            if !fill.is_some_and(Native::is_fill) {
+            let lead = t.min(TRAMP_LEAD);
+            let around = (0..=TRAMP_TAIL)
+                .rev()
+                .find_map(|tail| file.bytes(t - lead, lead + 5 + tail));
+            if !around.is_some_and(|b| Native::within_fill(b, lead as usize, 5)) {
                 return false;
             }
+            let fill = file.bytes(t, 5);
             if mem(maps, t, 5) != fill {
                 c.outcome = Err(Refusal::ModifiedInMemory);
                 continue;

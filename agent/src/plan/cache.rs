@@ -422,8 +422,9 @@ fn read_trusted(dir: &Dir, name: &str, euid: u32) -> Result<Option<memmap2::Mmap
 /// could be closed under us by the program and its number reused.
 static STARTUP_DIRS: Mutex<Option<Vec<Option<Opened>>>> = Mutex::new(None);
 
-/// A place's directory as opened, or why it could not be.
-type Opened = Result<Dir, String>;
+/// A place's directory as opened, or why it could not be (the kind of a
+/// failure to open, if that was it: an absent cache is no news).
+type Opened = Result<Dir, (Option<std::io::ErrorKind>, String)>;
 
 /// While it lives (start-up's planning), the places' directories are
 /// opened once for every module's lookup; dropped (even by a panic), they
@@ -460,13 +461,20 @@ fn with_place<T>(
             if dirs.len() <= i {
                 dirs.resize_with(i + 1, || None);
             }
-            let opened =
-                dirs[i].get_or_insert_with(|| trusted_dir(dir, euid).map_err(|e| e.to_string()));
+            let opened = dirs[i].get_or_insert_with(|| {
+                trusted_dir(dir, euid).map_err(|e| match &e {
+                    PlanError::Io { source, .. } => (Some(source.kind()), e.to_string()),
+                    _ => (None, e.to_string()),
+                })
+            });
             match opened {
                 Ok(d) => f(d),
-                Err(why) => Err(PlanError::Io {
+                Err((kind, why)) => Err(PlanError::Io {
                     path: dir.into(),
-                    source: std::io::Error::other(why.clone()),
+                    source: std::io::Error::new(
+                        kind.unwrap_or(std::io::ErrorKind::Other),
+                        why.clone(),
+                    ),
                 }),
             }
         }

@@ -134,6 +134,10 @@ impl InstructionSet for X86_64 {
         window::is_fill(code)
     }
 
+    fn within_fill(code: &[u8], lead: usize, len: usize) -> bool {
+        window::within_fill(code, lead, len)
+    }
+
     fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
         window::dead_fill(code, start)
     }

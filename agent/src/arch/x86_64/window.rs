@@ -533,6 +533,31 @@ pub fn is_fill(code: &[u8]) -> bool {
     d.ip() == code.len() as u64
 }
 
+/// Whether bytes `lead..lead + len` of `code` lie inside fill: from some
+/// start at most `lead` bytes before them, every instruction up to and
+/// over their last byte is fill (the last may run on past them, within
+/// `code`).
+pub fn within_fill(code: &[u8], lead: usize, len: usize) -> bool {
+    let end = (lead + len) as u64;
+    if code.len() < lead + len {
+        return false;
+    }
+    (0..=lead).any(|s| {
+        let mut d = Decoder::with_ip(64, &code[s..], s as u64, DecoderOptions::NONE);
+        let mut ins = Instruction::default();
+        while d.ip() < end {
+            if !d.can_decode() {
+                return false;
+            }
+            d.decode_out(&mut ins);
+            if ins.is_invalid() || !is_padding(&ins) {
+                return false;
+            }
+        }
+        true
+    })
+}
+
 fn is_padding(ins: &Instruction) -> bool {
     matches!(ins.mnemonic(), Mnemonic::Nop | Mnemonic::Int3)
 }
@@ -784,6 +809,28 @@ fn check_movable(ins: &Instruction) -> Result<(), Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trampoline's 5 bytes inside fill, as analysis places them: after
+    /// a `ret`, in an 11-byte `nopw` and a 5-byte `nopl` (GCC's padding),
+    /// starting inside the first; decoded from their own start they are
+    /// not instructions of their own, so only `within_fill` accepts them.
+    #[test]
+    fn bytes_inside_multi_byte_fill_are_fill() {
+        let mut code = vec![0xc3]; // ret
+        code.extend([0x66, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0]); // 11-byte nopw
+        code.extend([0x0f, 0x1f, 0x44, 0x00, 0x00]); // 5-byte nopl
+                                                     // At 9: the last 3 bytes of the nopw and 2 of the nopl.
+        assert!(!is_fill(&code[9..14]));
+        assert!(within_fill(&code, 9, 5));
+        assert!(within_fill(&code[4..], 5, 5));
+        // The ret is not fill: bytes that include it are not.
+        assert!(!within_fill(&code, 0, 5));
+        // Real code is not.
+        let code = [0x48, 0x89, 0xf8, 0x48, 0x83, 0xc0, 0x01, 0xc3]; // mov; add; ret
+        assert!(!(0..3).any(|at| within_fill(&code, at, 5)));
+        // Too few bytes.
+        assert!(!within_fill(&[0x90, 0x90], 0, 5));
+    }
 
     #[test]
     fn dead_fill_follows_what_does_not_go_on() {
