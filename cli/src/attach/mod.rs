@@ -165,7 +165,14 @@ fn alive(pid: i32) -> bool {
 fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
     let started = Instant::now();
     loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
+        // Not through a link, never a FIFO: the directory may be the
+        // process's user's (root attaching to another user's process).
+        let read = crate::run::segments::open_regular(path).and_then(|f| {
+            let mut t = String::new();
+            std::io::Read::read_to_string(&mut std::io::Read::take(f, 1 << 20), &mut t)?;
+            Ok(t)
+        });
+        if let Ok(text) = read {
             let text = text.trim().to_string();
             return match text.strip_prefix("error: ") {
                 Some(m) => Err(Failure::AgentSaid(m.to_string())),

@@ -15,7 +15,7 @@ use std::path::Path;
 /// SIGBUS.
 fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, Error> {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(p).map_err(Error::SegmentOpen)?;
+    let f = open_regular(p).map_err(Error::SegmentOpen)?;
     let mut magic = [0u8; 8];
     if f.read_exact_at(&mut magic, 0).is_err() || magic == [0; 8] {
         return Ok(None);
@@ -25,6 +25,38 @@ fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, Error> {
     unsafe { memmap2::Mmap::map(&f) }
         .map(Some)
         .map_err(Error::SegmentMap)
+}
+
+/// Opens `p` for reading if it is a regular file, not through a link and
+/// without waiting: the directory may belong to the profiled process's
+/// user (root attaching to another user's process hands it over), who
+/// could leave a FIFO, a link or a device there.
+pub fn open_regular(p: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(p)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
+/// Most bytes of a file written beside a segment that are read.
+const MAX_BESIDE: u64 = 1 << 30;
+
+/// The text of the file `p` written beside a segment, if it is a regular
+/// file of reasonable size.
+fn beside_text(p: &Path) -> Option<String> {
+    let f = open_regular(p).ok()?;
+    if f.metadata().ok()?.len() > MAX_BESIDE {
+        eprintln!("rtprof: {} is larger than 1 GiB; not read", p.display());
+        return None;
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX_BESIDE), &mut text).ok()?;
+    Some(text)
 }
 
 /// What the agent wrote beside a segment at exit, in the file `p`, read
@@ -64,7 +96,7 @@ pub fn collect(dir: &Path) -> Vec<Snapshot> {
         // Read before the segment: a process the program left behind may
         // still be running, and its files name only functions its segment
         // already lists once they exist (they appear whole, at its exit).
-        let texts = BESIDE.map(|x| std::fs::read_to_string(p.with_extension(x)).ok());
+        let texts = BESIDE.map(|x| beside_text(&p.with_extension(x)));
         let bytes = match map_file(&p) {
             Ok(Some(b)) => b,
             // No data, nothing to complain about.
@@ -114,5 +146,32 @@ fn mark_execs(procs: &mut [Snapshot]) {
         procs[i].replaced_by_exec = procs[i + 1..]
             .iter()
             .any(|later| later.pid == pid && later.start_ns >= start);
+    }
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    /// A FIFO, a link and a directory where a file beside a segment is
+    /// expected: refused at once (no wait for a writer), a regular file
+    /// read.
+    #[test]
+    fn only_regular_files_are_read() {
+        let d = std::env::temp_dir().join(format!("rtprof-beside-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let fifo = d.join("x.stacks");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(open_regular(&fifo).is_err());
+        assert_eq!(beside_text(&fifo), None);
+        std::fs::write(d.join("real"), "text").unwrap();
+        std::os::unix::fs::symlink(d.join("real"), d.join("x.callers")).unwrap();
+        assert_eq!(beside_text(&d.join("x.callers")), None);
+        assert!(open_regular(&d).is_err());
+        assert_eq!(beside_text(&d.join("real")).as_deref(), Some("text"));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }
