@@ -183,12 +183,19 @@ fn threads_that_come_and_go_keep_their_samples() {
     let ticks: u64 = threads.iter().map(|t| in_thread(t, "tick", "calls")).sum();
     assert_eq!(ticks, (0..2000u64).map(|k| k % 7).sum::<u64>());
     let mut total = 0;
+    let mut late = 0;
     for f in ["spin_a", "spin_b", "spin_c", "spin_d"] {
         let all = function_named(p, f)["samples"].as_u64().unwrap_or(0);
         let in_threads: u64 = threads.iter().map(|t| in_thread(t, f, "samples")).sum();
-        assert_eq!(in_threads, all, "{f}");
+        // Never more in the threads' rows than in all; fewer only by the
+        // samples of a thread that ended while the drain was naming a
+        // module (it does not wait for such a drain: README, known
+        // limits), which go to the process's rows: a few of 2,000 threads.
+        assert!(in_threads <= all, "{f}: {in_threads} in threads of {all}");
+        late += all - in_threads;
         total += all;
     }
+    assert!(late <= 4, "{late} samples of ended threads not in their rows");
     // 1.6 ms of CPU per thread at 1 kHz, each thread's clock its own:
     // about one sample each with perf, in its last functions (fewer with
     // the timer sampler, whose timers are checked at the scheduler tick).
