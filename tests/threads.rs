@@ -195,7 +195,10 @@ fn threads_that_come_and_go_keep_their_samples() {
         late += all - in_threads;
         total += all;
     }
-    assert!(late <= 4, "{late} samples of ended threads not in their rows");
+    assert!(
+        late <= 4,
+        "{late} samples of ended threads not in their rows"
+    );
     // 1.6 ms of CPU per thread at 1 kHz, each thread's clock its own:
     // about one sample each with perf, in its last functions (fewer with
     // the timer sampler, whose timers are checked at the scheduler tick).
