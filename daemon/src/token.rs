@@ -6,6 +6,7 @@
 //! kernel; present, it is used only if nobody else could have written or
 //! read it.
 
+use rtprof_shared::files::{self, FileError};
 use std::fmt;
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -84,18 +85,11 @@ fn load(path: &Path) -> Result<Vec<u8>, TokenError> {
         source,
     };
     // Not following a link: what is checked is what is read.
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => TokenError::NotRegular(path.into()),
-            _ => read(e),
-        })?;
+    let f = files::open_regular(path).map_err(|e| match e {
+        FileError::Io { source, .. } => read(source),
+        _ => TokenError::NotRegular(path.into()),
+    })?;
     let m = f.metadata().map_err(read)?;
-    if !m.file_type().is_file() {
-        return Err(TokenError::NotRegular(path.into()));
-    }
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if m.uid() != 0 && m.uid() != me {

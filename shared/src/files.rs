@@ -451,6 +451,27 @@ impl Destination {
     }
 }
 
+/// Opens `path` for reading if it is a regular file: not through a link
+/// (a link is [`FileError::NotRegular`]) and without waiting (a FIFO
+/// opens at once and is refused). For files another user may have put
+/// where this one reads.
+pub fn open_regular(path: &Path) -> Result<File, FileError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => FileError::NotRegular { path: path.into() },
+            _ => io_at(path, e),
+        })?;
+    match f.metadata() {
+        Ok(m) if m.is_file() => Ok(f),
+        Ok(_) => Err(FileError::NotRegular { path: path.into() }),
+        Err(e) => Err(io_at(path, e)),
+    }
+}
+
 /// Writes `bytes` to `path` as [`Destination`] says, a new file with
 /// `mode`.
 pub fn write_destination(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {

@@ -349,9 +349,6 @@ pub fn pause() -> bool {
 /// forked child (which [`forget_in_child`] left without one).
 pub fn resume() {
     let Some(a) = crate::agent() else { return };
-    if crate::lifecycle::sandbox::on() {
-        return;
-    }
     if a.state.lock().is_some_and(|s| s.budget.is_none()) {
         return start(a);
     }

@@ -131,11 +131,8 @@ static REQUEST: Request = Request {
 /// only that allocates). False if it is too long or no thread runs.
 fn post(kind: u8, text: &CStr) -> bool {
     let bytes = text.to_bytes();
-    // Under a seccomp filter the agent starts no thread (see `sandbox`).
-    if crate::lifecycle::sandbox::on()
-        || bytes.len() > MAX_REQUEST
-        || CONTROL.start(CONTROL_IDLE_MS, 0, serve).is_err()
-    {
+    // (No control thread starts under a seccomp filter: `Worker::start`.)
+    if bytes.len() > MAX_REQUEST || CONTROL.start(CONTROL_IDLE_MS, 0, serve).is_err() {
         return false;
     }
     // SAFETY: the caller won PHASE, so no other writer; the control thread

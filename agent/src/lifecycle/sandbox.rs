@@ -83,29 +83,19 @@ const fn trial(nr: c_long, a: c_long, b: c_long, c: c_long, d: c_long) -> Trial 
     }
 }
 
-/// A zero `rlimit` for the trial of `prlimit64` (its address is put in
-/// the trial's third argument, [`ZERO_LIMIT`], by the child).
-static ZERO: libc::rlimit = libc::rlimit {
+/// The trial child's core file size: none.
+static NO_CORE: libc::rlimit = libc::rlimit {
     rlim_cur: 0,
     rlim_max: 0,
 };
-const ZERO_LIMIT: c_long = 0;
 
 /// Calls start-up makes that a program loaded by the dynamic loader has not
 /// already made: the counter segment (memfd, its size, seals, memory backed
 /// in advance), registering with rtprofd, Rust's own (random seeds, file
 /// status, futexes), writes of files beside the segment.
 const START_UP: &[Trial] = &[
-    // First, so that a child killed later leaves no core dump: no core
-    // file size (the loader's C library asks for limits anyway), not
-    // dumpable.
-    trial(
-        libc::SYS_prlimit64,
-        0,
-        libc::RLIMIT_CORE as c_long,
-        ZERO_LIMIT,
-        0,
-    ),
+    // First, so that a child killed later leaves no core dump: not
+    // dumpable (its core file size is set to none before the trials).
     trial(libc::SYS_prctl, libc::PR_SET_DUMPABLE as c_long, 0, 0, 0),
     trial(libc::SYS_memfd_create, 0, 0, 0, 0),
     trial(libc::SYS_ftruncate, -1, 0, 0, 0),
@@ -176,17 +166,24 @@ pub fn probe() -> Verdict {
     // signal; the child below makes system calls only, then exits.
     let pid = unsafe { raw(libc::SYS_clone, [0, 0, 0, 0, 0]) };
     if pid == 0 {
+        // No core file for a child killed below (the C library asked for
+        // limits at the program's start: prlimit64 is allowed).
+        let no_core = &NO_CORE as *const libc::rlimit as c_long;
+        // SAFETY: sets this child's own core file size; reads NO_CORE.
+        unsafe {
+            raw(
+                libc::SYS_prlimit64,
+                [0, libc::RLIMIT_CORE as c_long, no_core, 0, 0],
+            )
+        };
         for (i, t) in START_UP.iter().chain(THREADS_AND_SAMPLING).enumerate() {
             // SAFETY: our shared page; the parent reads it after we end.
             unsafe { std::ptr::write_volatile(step, i as u32) };
-            let mut a = t.args;
-            if t.nr == libc::SYS_prlimit64 {
-                a[2] = &ZERO as *const libc::rlimit as c_long;
-            }
+            let [a, b, c, d] = t.args;
             // SAFETY: each call with arguments that change nothing of the
             // parent's (bad descriptors, null pointers, invalid flags; the
-            // child's own core limit and dumpable flag).
-            unsafe { raw(t.nr, [a[0], a[1], a[2], a[3], 0]) };
+            // child's own dumpable flag).
+            unsafe { raw(t.nr, [a, b, c, d, 0]) };
         }
         // A thread's end, as the agent's threads end: the last trial.
         // SAFETY: as above.

@@ -92,6 +92,11 @@ impl Worker {
     /// tick sleeps at most `max_sleep_ms`. `void` is private memory its own
     /// counted calls go to (0: none).
     pub fn start(&'static self, max_sleep_ms: u64, void: usize, tick: Tick) -> Result<(), Errno> {
+        // No thread of the agent under a seccomp filter (see `sandbox`):
+        // creating it, and what it does, take calls the filter may forbid.
+        if crate::lifecycle::sandbox::on() {
+            return Err(Errno(libc::EPERM));
+        }
         if self
             .state
             .compare_exchange(NONE, RUNNING, Ordering::AcqRel, Ordering::Acquire)

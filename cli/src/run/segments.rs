@@ -32,15 +32,10 @@ fn map_file(p: &Path) -> Result<Option<memmap2::Mmap>, Error> {
 /// user (root attaching to another user's process hands it over), who
 /// could leave a FIFO, a link or a device there.
 pub fn open_regular(p: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(p)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    Ok(f)
+    rtprof_shared::files::open_regular(p).map_err(|e| match e {
+        rtprof_shared::files::FileError::Io { source, .. } => source,
+        other => std::io::Error::other(other.to_string()),
+    })
 }
 
 /// Most bytes of a file written beside a segment that are read.
