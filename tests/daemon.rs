@@ -80,6 +80,16 @@ impl Daemon {
 
     /// Waits until `pick` finds something in a published view.
     fn wait_for<T>(&self, what: &str, pick: impl Fn(&[u8]) -> Option<T>) -> T {
+        self.wait_for_or(what, String::new, pick)
+    }
+
+    /// `wait_for`, saying what `last` last saw if it times out.
+    fn wait_for_or<T>(
+        &self,
+        what: &str,
+        last: impl Fn() -> String,
+        pick: impl Fn(&[u8]) -> Option<T>,
+    ) -> T {
         let f = std::fs::File::open(&self.present).unwrap();
         // SAFETY: the daemon only ever writes the file (never truncates it), and every read of it
         // is validated.
@@ -91,7 +101,8 @@ impl Daemon {
             }
             assert!(
                 t.elapsed() < Duration::from_secs(20),
-                "timed out waiting for {what}"
+                "timed out waiting for {what}; last seen: {}",
+                last()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -405,6 +416,14 @@ fn agents_running_before_the_daemon_are_found() {
         .spawn()
         .unwrap();
     let pid = early.id();
+    // Another daemon's agent (its socket is elsewhere): not this one's.
+    let theirs = Command::new(&bin)
+        .arg("3")
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_DAEMON_SOCKET", dir.join("another.sock"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let d = Daemon::start(&dir);
     let (_, rows) = d.wait_for("the early program", |m| {
@@ -412,8 +431,15 @@ fn agents_running_before_the_daemon_are_found() {
         tick_row(&rows).is_some().then_some((p, rows))
     });
     assert!(tick_row(&rows).unwrap().calls > 0);
+    let taken = d.wait_for("a view", |m| {
+        read_view(m)
+            .ok()
+            .map(|v| v.procs.iter().any(|p| p.pid == theirs.id()))
+    });
+    assert!(!taken, "another daemon's agent was taken");
     let n = exact_count(early);
     assert_eq!(n, 3_000_000);
+    assert_eq!(exact_count(theirs), 3_000_000);
     d.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -490,16 +516,23 @@ fn rows_per_thread_on_request() {
         // The main thread goes by the program's name (as the kernel cuts it).
         let main = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
         let main = main.trim_end().to_string();
-        let got = d.wait_for("every thread's rows and samples", |m| {
-            let (seen, own) = per_thread(&read_view(m).ok()?)?;
-            let names: Vec<&str> = seen.iter().map(|t| t.0.as_str()).collect();
-            // Every burn sample the process has is in a thread's rows.
-            let in_threads: Vec<u64> = (0..3).map(|k| seen.iter().map(|t| t.3[k]).sum()).collect();
-            (names == [main.as_str(), "worker-0", "worker-1", "worker-2"]
-                && own.2.iter().all(|&n| n > 0)
-                && in_threads == own.2)
-                .then_some((seen, own))
-        });
+        let last = std::cell::RefCell::new(String::new());
+        let got = d.wait_for_or(
+            "every thread's rows and samples",
+            || last.borrow().clone(),
+            |m| {
+                let (seen, own) = per_thread(&read_view(m).ok()?)?;
+                *last.borrow_mut() = format!("{sampler}: threads {seen:?}, process {own:?}");
+                let names: Vec<&str> = seen.iter().map(|t| t.0.as_str()).collect();
+                // Every burn sample the process has is in a thread's rows.
+                let in_threads: Vec<u64> =
+                    (0..3).map(|k| seen.iter().map(|t| t.3[k]).sum()).collect();
+                (names == [main.as_str(), "worker-0", "worker-1", "worker-2"]
+                    && own.2.iter().all(|&n| n > 0)
+                    && in_threads == own.2)
+                    .then_some((seen, own))
+            },
+        );
         let (seen, own) = got;
         let calls: Vec<(&str, u64, u64)> = seen.iter().map(|t| (t.0.as_str(), t.1, t.2)).collect();
         assert_eq!(
@@ -1095,9 +1128,16 @@ fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
     );
     let pid = child.id();
     // Once rtprofd has read the names the library added.
-    let (p, _) = d.wait_for("the library's functions among the process's rows", |b| {
-        process_rows(b, pid).filter(|(_, rows)| rows.iter().any(|r| r.name == "plugin_work"))
-    });
+    let last = std::cell::RefCell::new(String::new());
+    let (p, _) = d.wait_for_or(
+        "the library's functions among the process's rows",
+        || format!("{}; rtprofd: {}", last.borrow(), d.log_so_far()),
+        |b| {
+            let found = process_rows(b, pid);
+            *last.borrow_mut() = format!("{found:?}");
+            found.filter(|(_, rows)| rows.iter().any(|r| r.name == "plugin_work"))
+        },
+    );
     assert_eq!(p.exe, exe, "published under its claim");
     assert_eq!(p.claimed.as_deref(), Some(CLAIM));
     let report = Command::new(rtprof())

@@ -368,11 +368,45 @@ impl Mapped {
     }
 }
 
-/// Agents that were running before the daemon: their segments are memfds
-/// named `rtprof`, still mapped in their processes. Opened through
-/// `/proc/PID/map_files` (which needs root), with the pid of the process
-/// they were found in as the only acceptable owner.
-pub fn discover() -> Vec<Registered> {
+/// The socket the agent in process `pid` registers at: its
+/// `RTPROF_DAEMON_SOCKET`, unless it runs in secure-execution mode (a
+/// set-id program, whose agent reads no environment) or has none: the
+/// default. `None` if the process's environment cannot be read.
+fn agent_socket(pid: u32) -> Option<String> {
+    let secure = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    // (type, value) pairs of native words; AT_SECURE is type 23.
+    let secure = secure.chunks_exact(16).any(|p| {
+        let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
+        word(&p[..8]) == libc::AT_SECURE && word(&p[8..]) != 0
+    });
+    let default = || protocol::DEFAULT_SOCKET.to_string();
+    if secure {
+        return Some(default());
+    }
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let set = env
+        .split(|&b| b == 0)
+        .filter_map(|v| v.strip_prefix(b"RTPROF_DAEMON_SOCKET="))
+        .next_back();
+    Some(set.map_or_else(default, |v| String::from_utf8_lossy(v).into_owned()))
+}
+
+/// Whether `theirs` (as the agent named it) is the socket at `ours`.
+fn same_socket(theirs: &str, ours: &Path) -> bool {
+    let theirs = Path::new(theirs);
+    theirs == ours
+        || matches!(
+            (theirs.canonicalize(), ours.canonicalize()),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
+
+/// Agents that were running before the daemon and register at its
+/// `socket` (another daemon's agents stay that daemon's): their segments
+/// are memfds named `rtprof`, still mapped in their processes. Opened
+/// through `/proc/PID/map_files` (which needs root), with the pid of the
+/// process they were found in as the only acceptable owner.
+pub fn discover(socket: &Path) -> Vec<Registered> {
     let mut out = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return out;
@@ -387,6 +421,11 @@ pub fn discover() -> Vec<Registered> {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             continue;
         };
+        if !maps.contains(protocol::SEGMENT_MEMFD_MAPPED)
+            || !agent_socket(pid).is_some_and(|s| same_socket(&s, socket))
+        {
+            continue;
+        }
         // The agent's own mapping: writable, shared, from offset 0, the
         // whole segment (a daemon maps other processes' segments
         // read-only, and only their header page writable).

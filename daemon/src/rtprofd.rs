@@ -218,7 +218,7 @@ fn main() -> std::process::ExitCode {
         },
     );
     // Agents that started before us (root only: others' map_files are closed).
-    for reg in registry::discover() {
+    for reg in registry::discover(&a.socket) {
         admit(&mut table, reg, &mut log);
     }
     if table.len() > 0 {

@@ -784,13 +784,15 @@ pub fn thread_function_samples(bytes: &[u8], h: &Header, mut f: impl FnMut(u32, 
 /// odd in a version 4 segment). A process killed in the middle of a fold
 /// leaves a segment that sums exactly. `h` must come from [`read_header`]
 /// over the same `bytes`; `calls` covers the first `calls.len()` functions
-/// (at most `func_count`; slots past `func_count` are left as they are).
+/// (at most `func_count`; slots past `func_count` read as 0: functions a
+/// newer header has, not yet counted in this one).
 /// False when 1,000 tries saw no quiet moment: `calls` then holds the last
 /// sum, which may be torn.
 #[must_use = "a torn sum is not one moment's"]
 pub fn sum_calls(bytes: &[u8], h: &Header, calls: &mut [u64]) -> bool {
     let b = Bytes(bytes);
     let n = calls.len().min(h.func_count as usize);
+    calls[n..].fill(0);
     let seq_off = std::mem::offset_of!(Header, fold_seq) as u64;
     let v5 = h.version >= VERSION;
     for _ in 0..1000 {
@@ -929,10 +931,12 @@ fn counters(bytes: &[u8], off: u64, n: usize) -> Option<&[AtomicU64]> {
 
 /// Each function's samples (the first `out.len()`, at most `func_count`)
 /// and each module's samples outside its functions (the first
-/// `modules.len()`, at most `module_count`). `h` as for [`sum_calls`].
+/// `modules.len()`, at most `module_count`); slots past the counts read
+/// as 0, as in [`sum_calls`]. `h` as for [`sum_calls`].
 pub fn read_samples(bytes: &[u8], h: &Header, out: &mut [u64], modules: &mut [u64]) {
     let b = Bytes(bytes);
     let n = out.len().min(h.func_count as usize);
+    out[n..].fill(0);
     match counters(bytes, h.samples_off, n) {
         Some(samples) => {
             for (v, c) in out[..n].iter_mut().zip(samples) {
@@ -946,6 +950,7 @@ pub fn read_samples(bytes: &[u8], h: &Header, out: &mut [u64], modules: &mut [u6
         }
     }
     let m = modules.len().min(h.module_count as usize);
+    modules[m..].fill(0);
     for (i, v) in modules[..m].iter_mut().enumerate() {
         *v = b.counter(
             h.modules_off
@@ -1196,6 +1201,26 @@ mod tests {
         assert_eq!(s.sampler, crate::sampling::Sampler::Timer);
         assert_eq!(s.sampler_why, crate::sampling::Why::PerfRefused);
         assert_eq!((s.sampler_errno, s.sample_period_ns), (13, 1_000_000));
+    }
+
+    /// A reader that knows more functions than the header it reads with
+    /// (a newer snapshot's) finds them zero, not what its buffer held.
+    #[test]
+    fn slots_past_the_header_read_as_zero() {
+        let (buf, _) = sample_segment();
+        let bytes = as_bytes(&buf);
+        let h = read_header(bytes).unwrap();
+        let n = h.func_count as usize;
+        let mut calls = vec![u64::MAX; n + 3];
+        assert!(sum_calls(bytes, &h, &mut calls));
+        assert_eq!(calls[0], 7, "main's calls");
+        assert_eq!(calls[n..], [0, 0, 0]);
+        let mut samples = vec![u64::MAX; n + 3];
+        let mut modules = vec![u64::MAX; h.module_count as usize + 2];
+        read_samples(bytes, &h, &mut samples, &mut modules);
+        assert_eq!(samples[n..], [0, 0, 0]);
+        assert_eq!(modules[h.module_count as usize..], [0, 0]);
+        assert!(samples[..n].iter().all(|&s| s != u64::MAX));
     }
 
     #[test]
