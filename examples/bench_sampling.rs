@@ -9,14 +9,17 @@
 //!    For perf's top five functions, the median sample share of each tool.
 //! 2. Overhead: wall and CPU time of `mix` alone, under the agent sampling
 //!    only (no entry patched) at 1 kHz with call stacks (the default) and
-//!    without, at 100 Hz, counting only, both, sampling with the software
+//!    without, at 250 and 100 Hz, counting only, both, sampling with the software
 //!    events (page faults, context switches, migrations, task-clock every
 //!    1 ms) and with cycles and instructions (where the machine has
 //!    them), and under `perf record` at
 //!    the same event and rate, flat, with `-g` (frame pointers) and with
 //!    `--call-graph=dwarf` (the cost of kernel sampling itself on this
 //!    machine); R runs each, the order rotated every round: medians and
-//!    ratios to the plain run.
+//!    ratios to the plain run. Besides the command's wall and CPU time,
+//!    the program's own wall time as it measured it (without `perf
+//!    record`'s start and data file, or the agent's start-up): what
+//!    sampling costs while the program runs.
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -54,6 +57,7 @@ fn perf_shares(bin: &Path, scale: &str, dir: &Path) -> Shares {
         .arg(bin)
         .arg(scale)
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .status()
         .expect("perf runs");
     assert!(st.success(), "perf record failed");
@@ -89,6 +93,7 @@ fn rtprof_run(bin: &Path, scale: &str, dir: &Path) -> Value {
         .arg(bin)
         .arg(scale)
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .status()
         .expect("rtprof runs");
     assert!(st.success());
@@ -125,7 +130,11 @@ fn children_cpu() -> f64 {
 /// `perf record` at the same event and period instead of the agent.
 const PERF: &str = "PERF";
 
-fn timed(bin: &Path, scale: &str, env: &[(&str, String)], dir: &Path) -> (f64, f64) {
+/// One run: (wall, CPU of the whole command, the program's own wall as it
+/// measured it). The last leaves out what runs before and after the
+/// program (`perf record`'s start and its data file, the agent's start-up
+/// and report): what sampling costs the program while it runs.
+fn timed(bin: &Path, scale: &str, env: &[(&str, String)], dir: &Path) -> (f64, f64, f64) {
     let mut c = if env.iter().any(|(k, _)| *k == PERF) {
         let mut c = Command::new("perf");
         c.args(["record", "-q", "-e", "cpu-clock:u", "-c", "1000000"]);
@@ -143,14 +152,19 @@ fn timed(bin: &Path, scale: &str, env: &[(&str, String)], dir: &Path) -> (f64, f
     };
     c.arg(scale)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+        .stderr(std::process::Stdio::piped());
     for (k, v) in env.iter().filter(|(k, _)| *k != PERF) {
         c.env(k, v);
     }
     let (t, cpu) = (Instant::now(), children_cpu());
-    let st = c.status().expect("mix runs");
-    assert!(st.success());
-    (t.elapsed().as_secs_f64(), children_cpu() - cpu)
+    let out = c.output().expect("mix runs");
+    let (wall, cpu) = (t.elapsed().as_secs_f64(), children_cpu() - cpu);
+    assert!(out.status.success());
+    let own = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("mix-time ")?.split(' ').next()?.parse().ok())
+        .expect("mix says its time");
+    (wall, cpu, own)
 }
 
 fn main() {
@@ -252,6 +266,14 @@ fn main() {
             ],
         ),
         (
+            "sampling only (250 Hz)",
+            vec![
+                ("LD_PRELOAD", preload.clone()),
+                ("RTPROF_INSTRUMENT", "0".into()),
+                ("RTPROF_SAMPLE_HZ", "250".into()),
+            ],
+        ),
+        (
             "sampling only (100 Hz)",
             vec![
                 ("LD_PRELOAD", preload.clone()),
@@ -297,32 +319,43 @@ fn main() {
     }
     let mut wall: HashMap<&str, Vec<f64>> = HashMap::new();
     let mut cpu: HashMap<&str, Vec<f64>> = HashMap::new();
+    let mut own: HashMap<&str, Vec<f64>> = HashMap::new();
     timed(&bin, &scale, &[], &dir); // warm the page cache
     for round in 0..runs {
         // Each round starts with another configuration: none always runs
         // first or after the same neighbour.
         for k in 0..configs.len() {
             let (name, env) = &configs[(round + k) % configs.len()];
-            let (w, c) = timed(&bin, &scale, env, &dir);
+            let (w, c, o) = timed(&bin, &scale, env, &dir);
             wall.entry(name).or_default().push(w);
             cpu.entry(name).or_default().push(c);
+            own.entry(name).or_default().push(o);
         }
     }
     println!("\nmix {scale}: median of {runs} runs per configuration, order rotated each round");
     println!(
-        "{:<28} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7}",
-        "configuration", "wall s", "min", "max", "ratio", "CPU s", "ratio"
+        "(own: the program's wall time as it measured it, without what runs before and after it)"
     );
-    let (base_w, base_c) = (median(wall["plain"].clone()), median(cpu["plain"].clone()));
+    println!(
+        "{:<32} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>8} {:>7}",
+        "configuration", "wall s", "min", "max", "ratio", "CPU s", "ratio", "own s", "ratio"
+    );
+    let base = |m: &HashMap<&str, Vec<f64>>| median(m["plain"].clone());
+    let (base_w, base_c, base_o) = (base(&wall), base(&cpu), base(&own));
     for (name, _) in &configs {
         let v = &wall[name];
         let min = v.iter().cloned().fold(f64::MAX, f64::min);
         let max = v.iter().cloned().fold(0.0, f64::max);
-        let (m, c) = (median(v.clone()), median(cpu[name].clone()));
+        let (m, c, o) = (
+            median(v.clone()),
+            median(cpu[name].clone()),
+            median(own[name].clone()),
+        );
         println!(
-            "{name:<28} {m:>8.3} {min:>8.3} {max:>8.3} {:>7.4} {c:>8.3} {:>7.4}",
+            "{name:<32} {m:>8.3} {min:>8.3} {max:>8.3} {:>7.4} {c:>8.3} {:>7.4} {o:>8.3} {:>7.4}",
             m / base_w,
-            c / base_c
+            c / base_c,
+            o / base_o
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -108,22 +108,33 @@ fn timer_shares_match_four_threads() {
     split_test("split-timer-4", "4", "timer");
 }
 
-/// Nothing instrumented: the program's functions are listed only when its
+/// Nothing instrumented: a module's functions are listed only when its
 /// first sample arrives (the drain thread lists them before attributing
-/// it; the timer sampler has every module listed at start-up), and the
-/// shares still match.
+/// it: a perf sample waits in its ring, a timer sample among the held
+/// ones), so a library loaded but never run lists none; and the shares
+/// still match.
 #[test]
 fn sampled_only_functions_are_named_when_samples_arrive() {
     for sampler in ["perf", "timer"] {
         let dir = scratch(&format!("split-ondemand-{sampler}"));
+        // libm loaded, never called.
+        let bin = compile_o2("split.c", &["-pthread", "-Wl,--no-as-needed", "-lm"], &dir);
         let env = [("RTPROF_SAMPLER", sampler), ("RTPROF_INSTRUMENT", "0")];
-        let (prof, truth) = run_split(&dir, "2", &env);
+        let prof = run_profiled(&bin, &["2", "1000"], &env, &dir);
+        assert!(prof.output.status.success(), "{:?}", prof.output);
+        let truth = measured(&prof.output.stdout);
         let p = &prof.report["processes"][0];
         check_split(p, &truth, sampler);
         for name in SPLIT {
             let f = function_named(p, name);
             assert_eq!(f["instrumented"], false, "{f}");
         }
+        let modules = p["modules"].as_array().unwrap();
+        let libm = modules
+            .iter()
+            .find(|m| m["path"].as_str().unwrap().contains("libm.so"))
+            .unwrap_or_else(|| panic!("{sampler}: libm not loaded: {modules:?}"));
+        assert_eq!(libm["functions"], 0, "{sampler}: {libm}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -141,7 +152,7 @@ fn forked_child_reports_its_own_samples() {
     assert_eq!(procs.len(), 2, "parent and child");
     let (parent, child) = (&procs[0], &procs[1]);
     assert_eq!(child["ppid"], parent["pid"]);
-    check_split(child, &truth, "perf");
+    check_split(child, &truth, "timer");
     assert_eq!(child["sampler"]["why"], "default");
     let parent_samples = parent["sampler"]["samples"].as_u64().unwrap();
     assert!(
@@ -174,25 +185,34 @@ fn child_forked_with_signals_blocked_is_sampled() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// With perf_event_open denied by a seccomp filter (a sandbox), the agent
-/// falls back to CPU-time timers by itself, says why, and still measures
-/// the same split.
+/// With perf_event_open denied by a seccomp filter (a sandbox), the
+/// default timers sample as anywhere and measure the same split; perf,
+/// asked for, is off and says why.
 #[test]
-fn denied_perf_falls_back_to_timers() {
+fn denied_perf_leaves_the_timers() {
     let dir = scratch("split-noperf");
     let noperf = compile_o2("noperf.c", &[], &dir);
     let bin = compile_o2("split.c", &["-pthread"], &dir);
     let plain = run_plain(&noperf, &[bin.to_str().unwrap(), "2", "600"]);
     assert!(plain.status.success(), "{plain:?}");
+    let perf = run_profiled(
+        &noperf,
+        &[bin.to_str().unwrap(), "2", "600"],
+        &[("RTPROF_SAMPLER", "perf")],
+        &dir,
+    );
+    assert!(perf.output.status.success(), "{:?}", perf.output);
+    let p = &process(&perf.report, &bin)["sampler"];
+    assert_eq!(
+        (&p["name"], &p["why"]),
+        (&"off".into(), &"perf_event_open refused".into()),
+        "{p}"
+    );
+    assert_eq!(p["errno"], libc::EPERM);
     let prof = run_profiled(&noperf, &[bin.to_str().unwrap(), "2", "600"], &[], &dir);
     assert!(prof.output.status.success(), "{:?}", prof.output);
     let p = process(&prof.report, &bin);
-    assert_eq!(
-        p["sampler"]["why"], "perf_event_open refused",
-        "{}",
-        p["sampler"]
-    );
-    assert_eq!(p["sampler"]["errno"], libc::EPERM);
+    assert_eq!(p["sampler"]["why"], "default", "{}", p["sampler"]);
     check_split(p, &measured(&prof.output.stdout), "timer");
     // The launcher sampled until it installed its filter, and stopped
     // then (the agent makes no call of its own under a filter it has not
@@ -227,8 +247,12 @@ fn program_taking_sigprof_stops_timer_sampling() {
         p["sampler"]["samples"].as_u64().unwrap() > 0,
         "sampled until then"
     );
-    // With perf (the default) the program's signal is never touched.
+    // So with the default sampler (the timers).
     let prof = run_profiled(&bin, &[], &[], &dir);
+    assert_same_behaviour("sigprof", &plain, &prof.output);
+    assert_eq!(prof.report["processes"][0]["sampler"]["name"], "off");
+    // With perf the program's signal is never touched.
+    let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", "perf")], &dir);
     assert_same_behaviour("sigprof", &plain, &prof.output);
     assert_eq!(prof.report["processes"][0]["sampler"]["name"], "perf");
     let _ = std::fs::remove_dir_all(&dir);
@@ -260,13 +284,18 @@ fn rate_zero_switches_sampling_off() {
 fn process_ends_with_its_last_program_thread() {
     let dir = scratch("lastthread");
     let bin = compile_o2("lastthread.c", &["-pthread"], &dir);
-    for mode in ["main", "fork", "sigev"] {
+    // The drain thread runs with either sampler (the timers' names
+    // modules on demand).
+    for (mode, sampler) in ["main", "fork", "sigev"]
+        .into_iter()
+        .flat_map(|m| [(m, "timer"), (m, "perf")])
+    {
         let plain = run_plain(&bin, &[mode]);
         // `timeout` turns a hang into a failure (status 124).
         let prof = run_profiled(
             Path::new("/usr/bin/timeout"),
             &["20", bin.to_str().unwrap(), mode],
-            &[],
+            &[("RTPROF_SAMPLER", sampler)],
             &dir,
         );
         assert_same_behaviour(mode, &plain, &prof.output);
@@ -277,7 +306,10 @@ fn process_ends_with_its_last_program_thread() {
         };
         assert_eq!(String::from_utf8_lossy(&plain.stdout), want);
         let p = process(&prof.report, &bin);
-        assert_eq!(p["sampler"]["name"], "perf", "{mode}: the drain thread ran");
+        assert_eq!(
+            p["sampler"]["name"], sampler,
+            "{mode}: the drain thread ran"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -290,19 +322,21 @@ fn user_namespace_can_be_entered() {
     let dir = scratch("userns");
     let bin = compile_o2("userns.c", &[], &dir);
     let plain = run_plain(&bin, &[]);
-    let prof = run_profiled(&bin, &[], &[], &dir);
-    assert_same_behaviour("userns", &plain, &prof.output);
     let text = String::from_utf8_lossy(&plain.stdout);
     assert!(
         text.contains("parent: ok") || text.contains("parent: EPERM"),
         "{text}"
     );
-    let procs = prof.report["processes"].as_array().unwrap();
-    assert_eq!(procs.len(), 2);
-    for p in procs {
-        assert_eq!(p["sampler"]["name"], "perf");
-        // The work after unshare was sampled: the drain thread came back.
-        assert!(samples(p, "after") >= 50.0, "{}", p["sampler"]);
+    for sampler in ["timer", "perf"] {
+        let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", sampler)], &dir);
+        assert_same_behaviour("userns", &plain, &prof.output);
+        let procs = prof.report["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 2);
+        for p in procs {
+            assert_eq!(p["sampler"]["name"], sampler);
+            // The work after unshare was sampled: the drain thread came back.
+            assert!(samples(p, "after") >= 50.0, "{}", p["sampler"]);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

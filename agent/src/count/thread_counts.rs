@@ -63,21 +63,33 @@ fn add_samples(a: &Agent, stripe: u32, n: u64) {
     }
 }
 
-/// `n` samples of the calling thread, in function `slot` if in one (in its
-/// signal handler: allocation-free, no system call).
-pub fn sampled_here(a: &Agent, slot: Option<u32>, n: u64) {
+/// The stripe the calling thread counts in (0: the shared one), if it is
+/// one of the segment's (in its signal handler: allocation-free, no
+/// system call).
+pub fn stripe_here(a: &Agent) -> Option<u32> {
     let p = crate::threads::stripe();
-    let stripe = if p.is_null() {
+    if p.is_null() {
         Some(0)
     } else {
         a.segment.counters.stripe_index(p)
-    };
-    if let Some(i) = stripe {
-        // The function's count first: a reader that sees the stripe's
-        // total move reads the table after it (see rtprofd's threads).
-        add_function_samples(a, i, slot, n);
-        add_samples(a, i, n);
     }
+}
+
+/// `n` samples of the calling thread, in function `slot` if in one (in its
+/// signal handler: allocation-free, no system call).
+pub fn sampled_here(a: &Agent, slot: Option<u32>, n: u64) {
+    if let Some(i) = stripe_here(a) {
+        sampled_in(a, i, slot, n);
+    }
+}
+
+/// `n` samples of the thread counting in `stripe`, in function `slot` if
+/// in one.
+pub fn sampled_in(a: &Agent, stripe: u32, slot: Option<u32>, n: u64) {
+    // The function's count first: a reader that sees the stripe's total
+    // move reads the table after it (see rtprofd's threads).
+    add_function_samples(a, stripe, slot, n);
+    add_samples(a, stripe, n);
 }
 
 /// Recent (thread id, stripe) pairs of the perf drain, by thread id: a

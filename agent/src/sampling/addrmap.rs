@@ -252,12 +252,12 @@ pub fn count(ip: u64, n: u64) -> Counted {
     with_current(|m| Some(m.count_or_hold(ip, n, false))).unwrap_or(Counted::Elsewhere)
 }
 
-/// Counts one sample at `ip`, unless it lands in a module named on demand
-/// (none of its functions listed yet): then it is held, and counts
-/// nothing, so the sample can wait for the names.
+/// Counts `n` samples at `ip`, unless they land in a module named on
+/// demand (none of its functions listed yet): then they are held, and
+/// count nothing, so they can wait for the names.
 #[inline]
-pub fn count_unless_unnamed(ip: u64) -> Counted {
-    with_current(|m| Some(m.count_or_hold(ip, 1, true))).unwrap_or(Counted::Elsewhere)
+pub fn count_unless_unnamed(ip: u64, n: u64) -> Counted {
+    with_current(|m| Some(m.count_or_hold(ip, n, true))).unwrap_or(Counted::Elsewhere)
 }
 
 /// What the stack frames at `ips` are (see `stacks`), into `out`: each

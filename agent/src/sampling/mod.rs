@@ -2,15 +2,21 @@
 //! attributed to a function (or a module, or "unknown") and counted in the
 //! counter segment next to the call counts.
 //!
-//! Two samplers: per-CPU perf `cpu-clock` events drained by one agent
-//! thread (the default), or per-thread CPU-time timers with a signal
-//! handler (when perf is refused, or asked for). `RTPROF_SAMPLE_HZ` sets
-//! the rate (default 1000 per second of CPU time), `RTPROF_SAMPLER` forces
-//! a choice. The header records which ran and why.
+//! Two samplers: per-thread user-time timers with a signal handler (the
+//! default: they expire at the scheduler's tick, which runs anyway, so a
+//! sample costs a signal and no interrupt of its own), or per-CPU perf
+//! `cpu-clock` events drained by one agent thread (when a timer cannot
+//! be armed, or asked for: each sample is a timer interrupt of its own,
+//! which on a virtual machine costs tens of microseconds).
+//! `RTPROF_SAMPLE_HZ` sets the rate (default 1000 per second of CPU
+//! time), `RTPROF_SAMPLER` forces a choice. The header records which ran
+//! and why. Modules only sampled are named on demand with either: the
+//! timer's samples that land in one not named yet wait in `held`.
 
 pub mod addrmap;
 pub mod count_table;
 pub mod events;
+mod held;
 pub mod offsets;
 mod perf;
 pub mod ring;
@@ -53,8 +59,17 @@ fn kind() -> Sampler {
     Sampler::from_code(KIND.load(Ordering::Acquire)).unwrap_or(Sampler::Off)
 }
 static PID: AtomicU32 = AtomicU32::new(0);
-/// The thread that drains perf rings.
+/// The thread that drains perf rings, and names the modules timer samples
+/// are held for.
 static DRAINER: Worker = Worker::new(c"rtprof-drain");
+/// Timer samples in modules not named yet are held for the drain thread
+/// (it runs); otherwise every module is named before the timers start.
+static HOLDING: AtomicBool = AtomicBool::new(false);
+
+/// Wakes the drain thread: a timer sample is held (async-signal-safe).
+fn wake_drainer() {
+    DRAINER.wake();
+}
 
 fn period_ns(hz: u32) -> u64 {
     1_000_000_000 / hz.max(1) as u64
@@ -64,8 +79,9 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: Option<Errno>) {
     let errno = errno.map_or(0, |e| e.0.max(0) as u32);
     KIND.store(s.code(), Ordering::Release);
     // Timer samples are attributed where they land, in a signal handler:
-    // every module must be named before the first one.
-    if s == Sampler::Timer {
+    // without a drain thread to name modules for them, every module is
+    // named before the first one.
+    if s == Sampler::Timer && !HOLDING.load(Ordering::Acquire) {
         crate::loader::name_all_on_demand(a);
     }
     // A sampler that stopped keeps its period: its samples still count.
@@ -112,19 +128,19 @@ fn choose(a: &'static Agent, default_why: Why) {
         Why::Requested
     };
     let mut fell_back = None;
-    if choice != SamplerChoice::Timer {
-        match start_perf(a) {
-            Ok(()) => return record(a, Sampler::Perf, asked, None),
-            Err((why, e)) if choice == SamplerChoice::Perf => {
+    if choice != SamplerChoice::Perf {
+        match start_timer(a) {
+            Ok(()) => return record(a, Sampler::Timer, asked, None),
+            Err((why, e)) if choice == SamplerChoice::Timer => {
                 return record(a, Sampler::Off, why, e)
             }
             Err(f) => fell_back = Some(f),
         }
     }
-    match start_timer(a) {
+    match start_perf(a) {
         Ok(()) => {
             let (why, e) = fell_back.unwrap_or((asked, None));
-            record(a, Sampler::Timer, why, e)
+            record(a, Sampler::Perf, why, e)
         }
         Err((why, e)) => record(a, Sampler::Off, why, e),
     }
@@ -145,15 +161,17 @@ fn drain_now(wait: bool) -> Next {
 /// their functions listed: samples pass through the drain thread, which
 /// lists them before attributing it.
 pub fn names_on_demand() -> bool {
-    kind() != Sampler::Timer
+    kind() != Sampler::Timer || HOLDING.load(Ordering::Acquire)
 }
 
 fn start_drainer(a: &Agent) -> Result<(), Errno> {
-    DRAINER.start(
-        perf::sleep_ms(a.config.sample_hz, a.config.stacks),
-        void_stripe(a),
-        drain_now,
-    )
+    // Timer samples wake it when they need it: it may sleep long.
+    let sleep_ms = if RINGS.load(Ordering::Acquire).is_null() && timer::active() {
+        perf::MAX_SLEEP_MS
+    } else {
+        perf::sleep_ms(a.config.sample_hz, a.config.stacks)
+    };
+    DRAINER.start(sleep_ms, void_stripe(a), drain_now)
 }
 
 fn start_perf(a: &'static Agent) -> Result<(), perf::Failure> {
@@ -234,6 +252,7 @@ pub fn image_ending() {
 /// sampler's after this (the drain thread joined, timers deleted, rings
 /// unmapped, which ends their events: the descriptors were closed).
 pub fn stop_for_sandbox() {
+    HOLDING.store(false, Ordering::Release);
     DRAINER.stop();
     if timer::active() {
         timer::stop_all();
@@ -288,7 +307,7 @@ pub fn resume_drain() {
 /// samples count for the module.
 pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     let rings = RINGS.load(Ordering::Acquire);
-    if rings.is_null() {
+    if rings.is_null() && !held::any() {
         return 0;
     }
     while DRAINING
@@ -300,19 +319,20 @@ pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
         }
         std::thread::yield_now();
     }
-    // Again under the lock: a seccomp filter's arrival takes the rings
-    // away (`stop_for_sandbox`), holding the lock, while we waited for it.
-    let rings = RINGS.load(Ordering::Acquire);
-    if rings.is_null() {
-        DRAINING.store(false, Ordering::Release);
-        return 0;
-    }
-    let pid = PID.load(Ordering::Relaxed);
     let namer = |records: &[u32]| {
         NAMING.store(true, Ordering::Release);
         crate::loader::name_on_demand(a, records);
         NAMING.store(false, Ordering::Release);
     };
+    let settled = held::settle(a, name.then_some(&namer as Namer));
+    // Again under the lock: a seccomp filter's arrival takes the rings
+    // away (`stop_for_sandbox`), holding the lock, while we waited for it.
+    let rings = RINGS.load(Ordering::Acquire);
+    if rings.is_null() {
+        DRAINING.store(false, Ordering::Release);
+        return settled;
+    }
+    let pid = PID.load(Ordering::Relaxed);
     // SAFETY: the rings are leaked at start and freed only by
     // `stop_for_sandbox`, under the drain lock we hold (read above, under
     // it).
@@ -320,7 +340,7 @@ pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     let lost = a.segment.counters.samples_lost();
     let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer)) + events::drain(pid);
     DRAINING.store(false, Ordering::Release);
-    n
+    settled + n
 }
 
 /// The drain itself: samples of this process are attributed, lost-record
@@ -346,7 +366,7 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
                     PERF_RECORD_SAMPLE if field_u32(body, 8) == pid => {
                         let ip = field_u64(body, 0);
                         let counted = if may_name {
-                            addrmap::count_unless_unnamed(ip)
+                            addrmap::count_unless_unnamed(ip, 1)
                         } else {
                             addrmap::count(ip, 1)
                         };
@@ -424,19 +444,19 @@ fn pending_unnamed(rings: &[Ring], pid: u32, first: u32) -> Few {
 
 /// A small set of module records, without the heap.
 #[derive(Default)]
-struct Few {
+pub(super) struct Few {
     items: [u32; 16],
     len: usize,
 }
 
 impl Few {
-    fn add(&mut self, v: u32) {
+    pub(super) fn add(&mut self, v: u32) {
         if self.len < self.items.len() && !self.as_slice().contains(&v) {
             self.items[self.len] = v;
             self.len += 1;
         }
     }
-    fn as_slice(&self) -> &[u32] {
+    pub(super) fn as_slice(&self) -> &[u32] {
         &self.items[..self.len]
     }
 }
@@ -447,7 +467,21 @@ fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
         stacks::note_thread_stack();
     }
     timer::install(period_ns(a.config.sample_hz))?;
-    timer::arm_or_wait().map_err(|e| (Why::TimerFailed, Some(e)))
+    timer::arm_or_wait().map_err(|e| (Why::TimerFailed, Some(e)))?;
+    hold_for_names(a);
+    Ok(())
+}
+
+/// With the timers running: a drain thread to name modules on demand for
+/// them, if one can start (else `record` names every module now).
+fn hold_for_names(a: &Agent) {
+    match start_drainer(a) {
+        Ok(()) => HOLDING.store(true, Ordering::Release),
+        Err(e) => {
+            HOLDING.store(false, Ordering::Release);
+            vlog!("no drain thread ({e}): every module named now");
+        }
+    }
 }
 
 /// Loaded late (`rtprof attach`): perf events reach only threads created
@@ -519,6 +553,7 @@ pub fn at_exit(a: &Agent) {
 /// rings are not mapped here, its drain thread and timers do not exist.
 pub fn forget_parent_in_child() {
     RINGS.store(std::ptr::null_mut(), Ordering::Relaxed);
+    held::forget_in_child();
     DRAINER.forget_in_child();
     DRAINING.store(false, Ordering::Relaxed);
     NAMING.store(false, Ordering::Relaxed);
@@ -542,7 +577,12 @@ pub fn restart_in_child() {
         Sampler::Off => {}
         Sampler::Perf => choose(a, Why::Default),
         Sampler::Timer => match timer::arm_or_wait() {
-            Ok(()) => record(a, Sampler::Timer, Why::Default, None),
+            Ok(()) => {
+                if HOLDING.load(Ordering::Acquire) {
+                    hold_for_names(a);
+                }
+                record(a, Sampler::Timer, Why::Default, None)
+            }
             Err(e) => record(a, Sampler::Off, Why::TimerFailed, Some(e)),
         },
     }

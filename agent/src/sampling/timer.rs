@@ -52,12 +52,8 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
             // SAFETY: the context the kernel passed to this handler.
             let ip = unsafe { Native::signal_pc(uc) };
             let n = periods(info);
-            let slot = match addrmap::count(ip, n) {
-                addrmap::Counted::Function(slot) => Some(slot),
-                _ => None,
-            };
             if let Some(a) = crate::agent() {
-                crate::thread_counts::sampled_here(a, slot, n);
+                count_here(a, ip, n);
             }
             if super::STACKS.load(Ordering::Relaxed) {
                 // SAFETY: as for the program counter.
@@ -69,6 +65,33 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
     // SAFETY: `__errno_location` is this thread's errno, always valid;
     // the interrupted code finds it as it left it.
     unsafe { *libc::__errno_location() = errno.0 };
+}
+
+/// Counts `n` samples at `ip` of the calling thread: for the function it
+/// lands in, or held for the drain thread if its module is not named yet
+/// (for the module, if nothing can hold it).
+fn count_here(a: &crate::Agent, ip: u64, n: u64) {
+    let hold = super::HOLDING.load(Ordering::Relaxed);
+    let counted = if hold {
+        addrmap::count_unless_unnamed(ip, n)
+    } else {
+        addrmap::count(ip, n)
+    };
+    let slot = match counted {
+        addrmap::Counted::Function(slot) => Some(slot),
+        addrmap::Counted::Held(_) => {
+            if let Some(stripe) = crate::thread_counts::stripe_here(a) {
+                if super::held::hold(ip, n, stripe) {
+                    super::wake_drainer();
+                    return;
+                }
+            }
+            addrmap::count(ip, n);
+            None
+        }
+        addrmap::Counted::Elsewhere => None,
+    };
+    crate::thread_counts::sampled_here(a, slot, n);
 }
 
 /// The timer periods one SI_TIMER signal stands for. CPU-time timers are

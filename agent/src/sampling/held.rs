@@ -1,0 +1,117 @@
+//! Timer samples waiting for their module's names. A module only sampled
+//! is named on demand: its functions are listed when the first sample
+//! lands in it, not at every process's start. The perf sampler's samples
+//! wait in its rings for that; a timer sample is taken in a signal
+//! handler, which cannot list functions (that allocates and reads files),
+//! so it waits here: the handler holds it and wakes the drain thread,
+//! which names the module and counts the sample where it belongs.
+//!
+//! A fixed array of entries, claimed and freed with atomics: no lock, no
+//! allocation, safe in a signal handler and against the drain thread. Only
+//! a module's first samples pass through it (once named, its samples are
+//! counted where they land); when it is full, a sample counts for its
+//! module, as one that cannot be named does.
+
+use super::addrmap;
+use super::Few;
+use crate::Agent;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const FREE: u32 = 0;
+/// A handler is writing it.
+const WRITING: u32 = 1;
+/// Written: the drain may take it.
+const READY: u32 = 2;
+/// Taken by the drain, being counted.
+const TAKEN: u32 = 3;
+
+struct Entry {
+    state: AtomicU32,
+    ip: AtomicU64,
+    /// The periods the sample stands for.
+    n: AtomicU64,
+    /// The stripe of the thread it was taken on.
+    stripe: AtomicU32,
+}
+
+const ENTRIES: usize = 64;
+static HELD: [Entry; ENTRIES] = [const {
+    Entry {
+        state: AtomicU32::new(FREE),
+        ip: AtomicU64::new(0),
+        n: AtomicU64::new(0),
+        stripe: AtomicU32::new(0),
+    }
+}; ENTRIES];
+
+/// Holds `n` samples at `ip` of the thread counting in `stripe`; false if
+/// every entry is taken. Async-signal-safe.
+pub fn hold(ip: u64, n: u64, stripe: u32) -> bool {
+    for e in &HELD {
+        if e.state
+            .compare_exchange(FREE, WRITING, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            e.ip.store(ip, Ordering::Relaxed);
+            e.n.store(n, Ordering::Relaxed);
+            e.stripe.store(stripe, Ordering::Relaxed);
+            e.state.store(READY, Ordering::Release);
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a sample is waiting.
+pub fn any() -> bool {
+    HELD.iter()
+        .any(|e| e.state.load(Ordering::Acquire) == READY)
+}
+
+/// Counts the samples held: first, with `name`, the modules they land in
+/// are named (which allocates); without, they count for their modules.
+/// Returns how many were counted. One caller at a time (the sampler's
+/// drain flag).
+pub fn settle(a: &Agent, name: Option<super::Namer>) -> usize {
+    let mut modules = Few::default();
+    let mut taken = 0;
+    for e in &HELD {
+        if e.state
+            .compare_exchange(READY, TAKEN, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            taken += 1;
+            if let Some(m) = addrmap::named_on_demand_at(e.ip.load(Ordering::Relaxed)) {
+                modules.add(m);
+            }
+        }
+    }
+    if taken == 0 {
+        return 0;
+    }
+    if let (Some(name), false) = (name, modules.as_slice().is_empty()) {
+        name(modules.as_slice());
+    }
+    for e in &HELD {
+        if e.state.load(Ordering::Acquire) != TAKEN {
+            continue;
+        }
+        let (ip, n) = (e.ip.load(Ordering::Relaxed), e.n.load(Ordering::Relaxed));
+        let slot = match addrmap::count(ip, n) {
+            addrmap::Counted::Function(slot) => Some(slot),
+            _ => None,
+        };
+        crate::thread_counts::sampled_in(a, e.stripe.load(Ordering::Relaxed), slot, n);
+        e.state.store(FREE, Ordering::Release);
+    }
+    taken
+}
+
+/// In a forked child: the samples held are the parent's (it counts them),
+/// and one half-written by another thread of the parent never becomes
+/// ready here.
+pub fn forget_in_child() {
+    for e in &HELD {
+        e.state.store(FREE, Ordering::Relaxed);
+    }
+}
