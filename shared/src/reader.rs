@@ -205,7 +205,7 @@ impl EventStatus {
             EventStatus::Ran => "ran",
             EventStatus::Unknown => "unknown event",
             EventStatus::Unavailable => "unavailable",
-            EventStatus::NoPerfSampler => "needs the perf sampler",
+            EventStatus::NoPerfSampler => "needs a drain thread (sampling off)",
         }
     }
 }

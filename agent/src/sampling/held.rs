@@ -115,3 +115,35 @@ pub fn forget_in_child() {
         e.state.store(FREE, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full table refuses (the sample then counts for its module), and
+    /// a forked child starts with it empty.
+    #[test]
+    fn a_full_table_refuses_and_a_child_starts_empty() {
+        let held = (0..ENTRIES + 3)
+            .filter(|&i| hold(0x1000 + i as u64, 1, 0))
+            .count();
+        assert_eq!(held, ENTRIES);
+        assert!(any());
+        forget_in_child();
+        assert!(!any());
+        assert!(hold(0x2000, 4, 1));
+        let e = HELD
+            .iter()
+            .find(|e| e.state.load(Ordering::Acquire) == READY)
+            .unwrap();
+        assert_eq!(
+            (
+                e.ip.load(Ordering::Relaxed),
+                e.n.load(Ordering::Relaxed),
+                e.stripe.load(Ordering::Relaxed)
+            ),
+            (0x2000, 4, 1)
+        );
+        forget_in_child();
+    }
+}

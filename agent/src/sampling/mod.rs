@@ -111,7 +111,13 @@ pub fn start(a: &'static Agent) {
     // processes would each fill a 256 KiB table for nothing).
     offsets::set_wanted(a.segment.has_run_dir());
     choose(a, Why::Default);
-    events::start(a, kind() == Sampler::Perf);
+    events::start(a, drains());
+}
+
+/// Whether a drain thread runs for the sampler (perf's, or the timers'
+/// namer), which can drain event rings too.
+fn drains() -> bool {
+    kind() == Sampler::Perf || kind() == Sampler::Timer && HOLDING.load(Ordering::Acquire)
 }
 
 /// perf events, else CPU-time timers, as configured; `default_why` is what
@@ -307,7 +313,7 @@ pub fn resume_drain() {
 /// samples count for the module.
 pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     let rings = RINGS.load(Ordering::Acquire);
-    if rings.is_null() && !held::any() {
+    if rings.is_null() && !held::any() && !events::active() {
         return 0;
     }
     while DRAINING
@@ -328,11 +334,17 @@ pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     // Again under the lock: a seccomp filter's arrival takes the rings
     // away (`stop_for_sandbox`), holding the lock, while we waited for it.
     let rings = RINGS.load(Ordering::Acquire);
-    if rings.is_null() {
-        DRAINING.store(false, Ordering::Release);
-        return settled;
-    }
     let pid = PID.load(Ordering::Relaxed);
+    if rings.is_null() {
+        // The timers' process: its events, if any, are drained here too.
+        let n = if crate::lifecycle::sandbox::on() {
+            0
+        } else {
+            events::drain(pid)
+        };
+        DRAINING.store(false, Ordering::Release);
+        return settled + n;
+    }
     // SAFETY: the rings are leaked at start and freed only by
     // `stop_for_sandbox`, under the drain lock we hold (read above, under
     // it).
@@ -586,7 +598,7 @@ pub fn restart_in_child() {
             Err(e) => record(a, Sampler::Off, Why::TimerFailed, Some(e)),
         },
     }
-    events::restart_in_child(a, kind() == Sampler::Perf);
+    events::restart_in_child(a, drains());
 }
 
 /// Rebuilds and publishes the address table (start-up, and whenever
