@@ -816,6 +816,16 @@ impl Counters {
         self.live_stripes().find(|&(_, t)| t == tid).map(|(i, _)| i)
     }
 
+    /// The thread that holds stripe `i` now, if one does (none for the
+    /// shared stripe 0).
+    pub fn stripe_holder(&self, i: u32) -> Option<u32> {
+        if i == 0 || i >= self.layout.caps.stripes {
+            return None;
+        }
+        let (st, t) = self.stripe_slot(i);
+        (st.load(Ordering::Acquire) == stripe_state::LIVE).then(|| t.load(Ordering::Relaxed))
+    }
+
     /// Whether thread `tid` holds stripe `i` now.
     pub fn stripe_holds(&self, i: u32, tid: u32) -> bool {
         i != 0 && i < self.layout.caps.stripes && {

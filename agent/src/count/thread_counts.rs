@@ -83,6 +83,26 @@ pub fn sampled_here(a: &Agent, slot: Option<u32>, n: u64) {
     }
 }
 
+/// The stripe the calling thread counts in and the thread holding it (0
+/// for the shared stripe), as [`sampled_later`] takes them.
+pub fn owner_here(a: &Agent) -> Option<(u32, u32)> {
+    let i = stripe_here(a)?;
+    match i {
+        0 => Some((0, 0)),
+        _ => Some((i, a.segment.counters.stripe_holder(i)?)),
+    }
+}
+
+/// `n` samples taken earlier on the thread that held `stripe` then
+/// ([`owner_here`]), in function `slot` if in one: counted for that
+/// thread if it still holds it (an ended thread's stripe may be another's
+/// by now: then only the process's totals have them).
+pub fn sampled_later(a: &Agent, (stripe, tid): (u32, u32), slot: Option<u32>, n: u64) {
+    if stripe == 0 || a.segment.counters.stripe_holds(stripe, tid) {
+        sampled_in(a, stripe, slot, n);
+    }
+}
+
 /// `n` samples of the thread counting in `stripe`, in function `slot` if
 /// in one.
 pub fn sampled_in(a: &Agent, stripe: u32, slot: Option<u32>, n: u64) {

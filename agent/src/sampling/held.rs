@@ -30,8 +30,9 @@ struct Entry {
     ip: AtomicU64,
     /// The periods the sample stands for.
     n: AtomicU64,
-    /// The stripe of the thread it was taken on.
+    /// The stripe of the thread it was taken on, and that thread.
     stripe: AtomicU32,
+    tid: AtomicU32,
 }
 
 const ENTRIES: usize = 64;
@@ -41,12 +42,14 @@ static HELD: [Entry; ENTRIES] = [const {
         ip: AtomicU64::new(0),
         n: AtomicU64::new(0),
         stripe: AtomicU32::new(0),
+        tid: AtomicU32::new(0),
     }
 }; ENTRIES];
 
-/// Holds `n` samples at `ip` of the thread counting in `stripe`; false if
-/// every entry is taken. Async-signal-safe.
-pub fn hold(ip: u64, n: u64, stripe: u32) -> bool {
+/// Holds `n` samples at `ip` of the thread `(stripe, tid)` (see
+/// `thread_counts::owner_here`); false if every entry is taken.
+/// Async-signal-safe.
+pub fn hold(ip: u64, n: u64, (stripe, tid): (u32, u32)) -> bool {
     for e in &HELD {
         if e.state
             .compare_exchange(FREE, WRITING, Ordering::Acquire, Ordering::Relaxed)
@@ -55,6 +58,7 @@ pub fn hold(ip: u64, n: u64, stripe: u32) -> bool {
             e.ip.store(ip, Ordering::Relaxed);
             e.n.store(n, Ordering::Relaxed);
             e.stripe.store(stripe, Ordering::Relaxed);
+            e.tid.store(tid, Ordering::Relaxed);
             e.state.store(READY, Ordering::Release);
             return true;
         }
@@ -76,14 +80,21 @@ pub fn settle(a: &Agent, name: Option<super::Namer>) -> usize {
     let mut modules = Few::default();
     let mut taken = 0;
     for e in &HELD {
+        if e.state.load(Ordering::Acquire) != READY {
+            continue;
+        }
+        let module = addrmap::named_on_demand_at(e.ip.load(Ordering::Relaxed));
+        // More modules than one naming takes: left for the next.
+        if let (Some(m), Some(_)) = (module, name) {
+            if !modules.add(m) {
+                continue;
+            }
+        }
         if e.state
             .compare_exchange(READY, TAKEN, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
             taken += 1;
-            if let Some(m) = addrmap::named_on_demand_at(e.ip.load(Ordering::Relaxed)) {
-                modules.add(m);
-            }
         }
     }
     if taken == 0 {
@@ -101,7 +112,11 @@ pub fn settle(a: &Agent, name: Option<super::Namer>) -> usize {
             addrmap::Counted::Function(slot) => Some(slot),
             _ => None,
         };
-        crate::thread_counts::sampled_in(a, e.stripe.load(Ordering::Relaxed), slot, n);
+        let owner = (
+            e.stripe.load(Ordering::Relaxed),
+            e.tid.load(Ordering::Relaxed),
+        );
+        crate::thread_counts::sampled_later(a, owner, slot, n);
         e.state.store(FREE, Ordering::Release);
     }
     taken
@@ -125,13 +140,13 @@ mod tests {
     #[test]
     fn a_full_table_refuses_and_a_child_starts_empty() {
         let held = (0..ENTRIES + 3)
-            .filter(|&i| hold(0x1000 + i as u64, 1, 0))
+            .filter(|&i| hold(0x1000 + i as u64, 1, (0, 0)))
             .count();
         assert_eq!(held, ENTRIES);
         assert!(any());
         forget_in_child();
         assert!(!any());
-        assert!(hold(0x2000, 4, 1));
+        assert!(hold(0x2000, 4, (1, 77)));
         let e = HELD
             .iter()
             .find(|e| e.state.load(Ordering::Acquire) == READY)

@@ -247,8 +247,10 @@ pub fn program_threads_gone() {
 pub fn image_ending() {
     if in_own_process() {
         if let Some(a) = crate::agent() {
-            // Perhaps from a signal handler: nothing is named (no heap).
-            drain(a, Wait::Yes, false);
+            // Perhaps from a signal handler: nothing is named (no heap),
+            // and a drain naming modules (waiting for the agent's lock,
+            // which the interrupted code may hold) is not waited for.
+            drain(a, Wait::UnlessNaming, false);
         }
     }
 }
@@ -268,6 +270,11 @@ pub fn stop_for_sandbox() {
         .is_err()
     {
         std::thread::yield_now();
+    }
+    // Samples held for names count for their modules (nothing is named
+    // from here on, and nothing is written at exit under a filter).
+    if let Some(a) = crate::agent() {
+        held::settle(a, None);
     }
     let rings = RINGS.swap(std::ptr::null_mut(), Ordering::AcqRel);
     if !rings.is_null() {
@@ -302,6 +309,12 @@ pub fn resume_drain() {
     if let Some(a) = crate::agent() {
         if let Err(e) = start_drainer(a) {
             vlog!("drain thread not restarted: {e}");
+            // No one to name modules for the timers from now on: all of
+            // them now, and the samples held so far.
+            if HOLDING.swap(false, Ordering::AcqRel) {
+                crate::loader::name_all_on_demand(a);
+                drain(a, Wait::Yes, true);
+            }
         }
     }
 }
@@ -462,11 +475,17 @@ pub(super) struct Few {
 }
 
 impl Few {
-    pub(super) fn add(&mut self, v: u32) {
-        if self.len < self.items.len() && !self.as_slice().contains(&v) {
-            self.items[self.len] = v;
-            self.len += 1;
+    /// Adds `v`; whether it is in the set (false: the set is full).
+    pub(super) fn add(&mut self, v: u32) -> bool {
+        if self.as_slice().contains(&v) {
+            return true;
         }
+        if self.len == self.items.len() {
+            return false;
+        }
+        self.items[self.len] = v;
+        self.len += 1;
+        true
     }
     pub(super) fn as_slice(&self) -> &[u32] {
         &self.items[..self.len]
@@ -479,7 +498,11 @@ fn start_timer(a: &Agent) -> Result<(), perf::Failure> {
         stacks::note_thread_stack();
     }
     timer::install(period_ns(a.config.sample_hz))?;
-    timer::arm_or_wait().map_err(|e| (Why::TimerFailed, Some(e)))?;
+    if let Err(e) = timer::arm_or_wait() {
+        // Inert again: no thread armed later, SIGPROF the program's.
+        timer::stop_all();
+        return Err((Why::TimerFailed, Some(e)));
+    }
     hold_for_names(a);
     Ok(())
 }

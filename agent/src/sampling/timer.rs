@@ -80,8 +80,8 @@ fn count_here(a: &crate::Agent, ip: u64, n: u64) {
     let slot = match counted {
         addrmap::Counted::Function(slot) => Some(slot),
         addrmap::Counted::Held(_) => {
-            if let Some(stripe) = crate::thread_counts::stripe_here(a) {
-                if super::held::hold(ip, n, stripe) {
+            if let Some(owner) = crate::thread_counts::owner_here(a) {
+                if super::held::hold(ip, n, owner) {
                     super::wake_drainer();
                     return;
                 }
