@@ -55,7 +55,7 @@ pub struct RunArgs {
     /// Samples per second of CPU time (RTPROF_SAMPLE_HZ; 0 switches sampling off).
     #[arg(long, value_name = "HZ")]
     sample_hz: Option<u32>,
-    /// Sampler to use (RTPROF_SAMPLER): perf events, CPU-time timers, or none.
+    /// Sampler to use (RTPROF_SAMPLER): per-thread CPU-time timers (the default), perf events, or none.
     #[arg(long, value_enum)]
     sampler: Option<SamplerArg>,
     /// Sample only: patch no function entries, count no calls (RTPROF_INSTRUMENT=0).
