@@ -1114,6 +1114,10 @@ fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
             )
             .env("LD_PRELOAD", agent())
             .env("RTPROF_DAEMON_SOCKET", &d.socket)
+            // The library instrumented when it comes: its functions are
+            // added at once (only sampled, they would wait for a sample to
+            // land in its little code).
+            .env("RTPROF_MODULES", "main,libplugin.so")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
