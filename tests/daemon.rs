@@ -408,22 +408,20 @@ fn agents_running_before_the_daemon_are_found() {
     }
     let dir = scratch("daemon-discover");
     let bin = compile_o2("rate.c", &[], &dir);
-    let early = Command::new(&bin)
-        .arg("3")
-        .env("LD_PRELOAD", agent())
-        .env("RTPROF_DAEMON_SOCKET", dir.join("sock"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // The program, profiled and registering at `socket`.
+    let start = |socket: &str| {
+        Command::new(&bin)
+            .arg("3")
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_DAEMON_SOCKET", dir.join(socket))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let early = start("sock");
     let pid = early.id();
     // Another daemon's agent (its socket is elsewhere): not this one's.
-    let theirs = Command::new(&bin)
-        .arg("3")
-        .env("LD_PRELOAD", agent())
-        .env("RTPROF_DAEMON_SOCKET", dir.join("another.sock"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let theirs = start("another.sock");
     std::thread::sleep(Duration::from_millis(300));
     let d = Daemon::start(&dir);
     let (_, rows) = d.wait_for("the early program", |m| {

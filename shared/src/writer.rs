@@ -828,10 +828,7 @@ impl Counters {
 
     /// Whether thread `tid` holds stripe `i` now.
     pub fn stripe_holds(&self, i: u32, tid: u32) -> bool {
-        i != 0 && i < self.layout.caps.stripes && {
-            let (st, t) = self.stripe_slot(i);
-            st.load(Ordering::Acquire) == stripe_state::LIVE && t.load(Ordering::Relaxed) == tid
-        }
+        self.stripe_holder(i) == Some(tid)
     }
 
     /// The stripe that starts at `p` and is held by thread `tid` now, if

@@ -533,11 +533,11 @@ pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) -> bool {
             let around = (0..=TRAMP_TAIL)
                 .rev()
                 .find_map(|tail| file.bytes(t - lead, lead + 5 + tail));
-            if !around.is_some_and(|b| Native::within_fill(b, lead as usize, 5)) {
+            let Some(around) = around.filter(|b| Native::within_fill(b, lead as usize, 5)) else {
                 return false;
-            }
-            let fill = file.bytes(t, 5);
-            if mem(maps, t, 5) != fill {
+            };
+            let fill = &around[lead as usize..lead as usize + 5];
+            if mem(maps, t, 5) != Some(fill) {
                 c.outcome = Err(Refusal::ModifiedInMemory);
                 continue;
             }

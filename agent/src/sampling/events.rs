@@ -151,12 +151,12 @@ struct ThreadEvents {
 /// parent's are left as they are: their rings hold the parent's samples).
 static EVENTS: AtomicPtr<Vec<Opened>> = AtomicPtr::new(std::ptr::null_mut());
 
-/// The events this process opened, if it did.
 /// Whether events are sampled here (their rings want draining).
 pub fn active() -> bool {
     events().is_some_and(|e| e.iter().any(|o| !o.rings.is_empty()))
 }
 
+/// The events this process opened, if it did.
 fn events() -> Option<&'static Vec<Opened>> {
     if FORKED.load(Ordering::Acquire) {
         return None;

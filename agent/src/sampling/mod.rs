@@ -343,29 +343,25 @@ pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
         crate::loader::name_on_demand(a, records);
         NAMING.store(false, Ordering::Release);
     };
-    let settled = held::settle(a, name.then_some(&namer as Namer));
+    let mut n = held::settle(a, name.then_some(&namer as Namer));
+    let pid = PID.load(Ordering::Relaxed);
     // Again under the lock: a seccomp filter's arrival takes the rings
     // away (`stop_for_sandbox`), holding the lock, while we waited for it.
     let rings = RINGS.load(Ordering::Acquire);
-    let pid = PID.load(Ordering::Relaxed);
-    if rings.is_null() {
-        // The timers' process: its events, if any, are drained here too.
-        let n = if crate::lifecycle::sandbox::on() {
-            0
-        } else {
-            events::drain(pid)
-        };
-        DRAINING.store(false, Ordering::Release);
-        return settled + n;
+    if !rings.is_null() {
+        // SAFETY: the rings are leaked at start and freed only by
+        // `stop_for_sandbox`, under the drain lock we hold (read above,
+        // under it).
+        let rings = unsafe { &*rings };
+        let lost = a.segment.counters.samples_lost();
+        n += drain_rings(rings, pid, lost, name.then_some(&namer as Namer));
     }
-    // SAFETY: the rings are leaked at start and freed only by
-    // `stop_for_sandbox`, under the drain lock we hold (read above, under
-    // it).
-    let rings = unsafe { &*rings };
-    let lost = a.segment.counters.samples_lost();
-    let n = drain_rings(rings, pid, lost, name.then_some(&namer as Namer)) + events::drain(pid);
+    // Events, under either sampler; none under a filter.
+    if !crate::lifecycle::sandbox::on() {
+        n += events::drain(pid);
+    }
     DRAINING.store(false, Ordering::Release);
-    settled + n
+    n
 }
 
 /// The drain itself: samples of this process are attributed, lost-record
