@@ -47,7 +47,7 @@ fn open_scratch(name: &str) -> PathBuf {
 /// Runs each of `cases` plainly, then with the agent in every process,
 /// once per sampler: exit status, output and error output are the same.
 fn same_with_agent_everywhere(cases: &[Vec<String>]) {
-    let samplers: [&[(&str, &str)]; 2] = [&[], &[("RTPROF_SAMPLER", "timer")]];
+    let samplers: [&[(&str, &str)]; 2] = [&[], &[("RTPROF_SAMPLER", "perf")]];
     let plain: Vec<Output> = cases.iter().map(|c| run(&argv(c), &[])).collect();
     for (c, p) in cases.iter().zip(&plain) {
         assert!(p.status.success(), "{c:?} fails without the agent: {p:?}");

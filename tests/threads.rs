@@ -127,17 +127,18 @@ fn every_thread_has_its_exact_calls_and_name() {
         sampled <= p["sampler"]["samples"].as_u64().unwrap(),
         "{sampled}"
     );
-    // The same under the timer sampler, whose signal handler counts them.
-    let timer = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", "timer")], &dir);
-    let p = process(&timer.report, &bin);
-    assert_eq!(p["sampler"]["name"], "timer", "{}", p["sampler"]);
+    // The same under the perf sampler, whose drain thread counts them by
+    // the thread id each sample carries.
+    let perf = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", "perf")], &dir);
+    let p = process(&perf.report, &bin);
+    assert_eq!(p["sampler"]["name"], "perf", "{}", p["sampler"]);
     let threads = p["threads"].as_array().expect("threads in the report");
     let spinner = threads.iter().find(|t| t["name"] == "spinner").unwrap();
     let own = samples_in(spinner, "spinner");
     let total = spinner["samples"].as_u64().unwrap();
     assert!(
         own > 0 && own as f64 >= 0.8 * total as f64,
-        "timer: {spinner}"
+        "perf: {spinner}"
     );
     let by_thread: u64 = threads.iter().map(|t| samples_in(t, "spinner")).sum();
     assert_eq!(

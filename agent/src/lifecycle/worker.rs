@@ -41,6 +41,8 @@ pub struct Worker {
     /// The program's last thread has ended: tick once more and end.
     program_gone: AtomicBool,
     thread: AtomicUsize,
+    /// Its kernel thread id, once it runs (0: none).
+    tid: AtomicU32,
 }
 
 const BUSY_SLEEP_MS: u64 = 100;
@@ -53,6 +55,7 @@ impl Worker {
             wake: AtomicU32::new(0),
             program_gone: AtomicBool::new(false),
             thread: AtomicUsize::new(0),
+            tid: AtomicU32::new(0),
         }
     }
 
@@ -119,6 +122,7 @@ impl Worker {
     }
 
     fn run(&self, max_sleep_ms: u64, void: usize, tick: Tick) {
+        self.tid.store(threads::gettid(), Ordering::Release);
         if void != 0 {
             threads::set_stripe(void as *mut u64);
         }
@@ -172,6 +176,7 @@ impl Worker {
         if t != 0 {
             // SAFETY: the thread we started and nobody else joins.
             unsafe { libc::pthread_join(t as libc::pthread_t, std::ptr::null_mut()) };
+            wait_gone(self.tid.swap(0, Ordering::AcqRel));
         }
         self.state.store(NONE, Ordering::Release);
         true
@@ -186,9 +191,32 @@ impl Worker {
 
     /// In a forked child: the parent's thread does not exist here.
     pub fn forget_in_child(&self) {
+        self.tid.store(0, Ordering::Relaxed);
         self.state.store(NONE, Ordering::Relaxed);
         self.wake.store(0, Ordering::Relaxed);
         self.thread.store(0, Ordering::Relaxed);
         self.program_gone.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Waits (a little, never for ever) until thread `tid` of this process has
+/// left the kernel's thread list. A join returns once the thread cleared
+/// its id, before the kernel releases it: until then it is still one of
+/// the process's tasks, with the credentials it had (a program that drops
+/// root and then lists its tasks would find it), and a process that must
+/// be single-threaded (`unshare(CLONE_NEWUSER)`) is not yet.
+fn wait_gone(tid: u32) {
+    if tid == 0 {
+        return;
+    }
+    // SAFETY: getpid takes no argument.
+    let pid = unsafe { libc::getpid() };
+    for _ in 0..10_000 {
+        // SAFETY: signal 0 to one thread of our own: only checks it exists.
+        let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid as libc::pid_t, 0) };
+        if r != 0 {
+            return;
+        }
+        std::thread::yield_now();
     }
 }

@@ -149,8 +149,7 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
 
 /// The calling thread's kernel id (a raw call: no allocation, any glibc).
 fn gettid() -> i32 {
-    // SAFETY: gettid takes no argument and cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+    crate::threads::gettid() as i32
 }
 
 /// A timer event that sends `signo` to thread `tid` alone.
