@@ -515,8 +515,12 @@ fn rows_per_thread_on_request() {
         let main = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
         let main = main.trim_end().to_string();
         let last = std::cell::RefCell::new(String::new());
+        // The perf drain sleeps up to a second between reads of its rings:
+        // a view is final once it has not moved for longer than that (the
+        // program is idle after "ready").
+        let steady = std::cell::RefCell::new(None::<(Instant, (Seen, Own))>);
         let got = d.wait_for_or(
-            "every thread's rows and samples",
+            "every thread's rows and samples, steady for 2 s",
             || last.borrow().clone(),
             |m| {
                 let (seen, own) = per_thread(&read_view(m).ok()?)?;
@@ -525,10 +529,20 @@ fn rows_per_thread_on_request() {
                 // Every burn sample the process has is in a thread's rows.
                 let in_threads: Vec<u64> =
                     (0..3).map(|k| seen.iter().map(|t| t.3[k]).sum()).collect();
-                (names == [main.as_str(), "worker-0", "worker-1", "worker-2"]
+                let whole = names == [main.as_str(), "worker-0", "worker-1", "worker-2"]
                     && own.2.iter().all(|&n| n > 0)
-                    && in_threads == own.2)
-                    .then_some((seen, own))
+                    && in_threads == own.2;
+                let mut steady = steady.borrow_mut();
+                let now = (seen, own);
+                match &*steady {
+                    Some((since, was)) if whole && *was == now => {
+                        (since.elapsed() > Duration::from_secs(2)).then_some(now)
+                    }
+                    _ => {
+                        *steady = whole.then(|| (Instant::now(), now));
+                        None
+                    }
+                }
             },
         );
         let (seen, own) = got;
