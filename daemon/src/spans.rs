@@ -9,7 +9,8 @@ use crate::thread_spans::ThreadSpans;
 use rtprof_shared::layout::function_flags;
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{
-    IdRow, ProcRows, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, UNKNOWN_MODULE,
+    IdRow, ProcRows, ROW_ACCELERATED, ROW_AT_LEAST, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED,
+    UNKNOWN_MODULE,
 };
 use rtprof_shared::reader::{read_samples, sum_calls};
 use rtprof_shared::{read_function_flags, read_snapshot, SegmentError, Snapshot};
@@ -757,6 +758,14 @@ impl Tracked {
                     module: fs.module,
                     flags: if fs.counted { ROW_COUNTED } else { 0 }
                         | flag(function_flags::ESTIMATED, ROW_ESTIMATED)
+                        | if fs.flags & function_flags::ESTIMATED != 0
+                            && (fs.flags >> function_flags::BOUND_SHIFT) as u16
+                                == function_flags::AT_LEAST
+                        {
+                            ROW_AT_LEAST
+                        } else {
+                            0
+                        }
                         | flag(function_flags::ACCELERATED, ROW_ACCELERATED)
                         | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF),
                     calls: if fs.counted { sp.calls } else { 0 },
@@ -1050,13 +1059,31 @@ mod tests {
         .unwrap();
         let hot = &t.table().rows[0];
         assert_ne!(hot.flags & ROW_ESTIMATED, 0);
+        assert_eq!(hot.flags & ROW_AT_LEAST, 0);
         assert_eq!((hot.calls, hot.samples), (200, 2));
+        // Too uncertain to estimate: its calls are the counted ones.
+        seg.w.set_estimated(0, Some(function_flags::AT_LEAST));
+        seg.set(250, 2, 0);
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            4 * S,
+            5 * S,
+            &mut slots,
+            &mut Counts::default(),
+        )
+        .unwrap();
+        let hot = &t.table().rows[0];
+        assert_eq!(
+            hot.flags & (ROW_ESTIMATED | ROW_AT_LEAST),
+            ROW_ESTIMATED | ROW_AT_LEAST
+        );
         seg.w.set_estimated(0, None);
         seg.set(300, 3, 0);
         t.observe(
             seg.bytes(),
             &seg.header(),
-            4 * S,
+            4 * S + 1,
             5 * S,
             &mut slots,
             &mut Counts::default(),

@@ -497,8 +497,10 @@ def measure(w, runs, work):
 def budget_accuracy(d, runs, res):
     """The budget runs' counts against the exact counts of the counting
     runs: of the functions carrying 90% of the calls, how many were
-    estimated, how many estimates lie within 5% of exact and within their
-    own stated bound."""
+    estimated with a bound, how many of those lie within 5% of exact and
+    within their own bound, the widest bound; and how many were too
+    uncertain to estimate and show the calls counted, marked "at least"
+    (and whether that held)."""
     exact = {}
     for f in load_report(d, "rtprof calls", runs - 1)["functions"]:
         if f.get("calls"):
@@ -510,19 +512,26 @@ def budget_accuracy(d, runs, res):
             break
         top.append(k)
         acc += exact[k]
-    rows = {"functions_90": len(top), "estimated": [], "within_5": [], "within_bound": []}
+    rows = {"functions_90": len(top), "estimated": [], "within_5": [], "within_bound": [],
+            "widest_bound_pct": [], "at_least": [], "at_least_held": []}
     for r in range(runs):
         got = {(f["module"], f["name"]): f for f in load_report(d, "rtprof budget 1%", r)["functions"]}
-        est = [k for k in top if got.get(k, {}).get("estimated")]
-        near = [k for k in top if abs(got.get(k, {}).get("calls", 0) - exact[k]) <= 0.05 * exact[k]]
-        bounded = [k for k in est
-                   if abs(got[k]["calls"] - exact[k]) <= got[k].get("error_bound", 0)]
+        est = [k for k in top if got.get(k, {}).get("error_bound") is not None]
+        low = [k for k in top if got.get(k, {}).get("at_least")]
+        near = [k for k in est if abs(got[k]["calls"] - exact[k]) <= 0.05 * exact[k]]
+        bounded = [k for k in est if abs(got[k]["calls"] - exact[k]) <= got[k]["error_bound"]]
         rows["estimated"].append(len(est))
         rows["within_5"].append(len(near))
         rows["within_bound"].append(len(bounded))
-        worst = max(top, key=lambda k: abs(got.get(k, {}).get("calls", 0) - exact[k]) / exact[k])
-        rows.setdefault("worst", []).append(
-            {"name": worst[1], "exact": exact[worst], "estimate": got.get(worst, {}).get("calls", 0)})
+        rows["widest_bound_pct"].append(round(max(
+            (100 * got[k]["error_bound"] / max(got[k]["calls"], 1) for k in est), default=0), 1))
+        rows["at_least"].append(len(low))
+        rows["at_least_held"].append(sum(got[k]["calls"] <= exact[k] for k in low))
+        worst = max(est, key=lambda k: abs(got[k]["calls"] - exact[k]) / exact[k], default=None)
+        if worst:
+            rows.setdefault("worst", []).append(
+                {"name": worst[1], "exact": exact[worst], "estimate": got[worst]["calls"],
+                 "bound": got[worst]["error_bound"]})
     res["budget"] = rows
 
 
@@ -732,18 +741,22 @@ def markdown(results, mach, runs, quick):
                 + (f"; {more} more in results.json" if more > 0 else ""), ""]
     L += ["## Counting under a 1% budget", "",
           "`rtprof budget 1%` counts the hottest functions in bursts and estimates their calls "
-          "in between. Its counts against the exact ones of the `rtprof calls` runs, for the "
-          "functions carrying 90% of the calls; one figure per run.", "",
+          "in between, with a bound of at most 10% of the estimate; a function whose calls "
+          "cannot be bounded that tightly shows the calls counted, marked \"at least\". Its counts "
+          "against the exact ones of the `rtprof calls` runs, for the functions carrying 90% of "
+          "the calls; one figure per run.", "",
           "| workload | functions with 90% of calls | estimated | within 5% of exact | "
-          "estimated and within their stated bound | worst (estimate vs exact) |",
-          "|---|---|---|---|---|---|"]
+          "within their bound | widest bound % | at least (held) | worst estimate (bound) |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in results:
         b = r.get("budget")
         if not b:
             continue
-        worst = "; ".join(f"`{x['name']}` {x['estimate']:,} vs {x['exact']:,}" for x in b["worst"][:2])
+        worst = "; ".join(f"`{x['name']}` {x['estimate']:,} vs {x['exact']:,} (±{x['bound']:,})"
+                          for x in b.get("worst", [])[:2])
+        held = ", ".join(f"{n} ({h})" for n, h in zip(b["at_least"], b["at_least_held"]))
         L.append(f"| {r['workload']} | {b['functions_90']} | {b['estimated']} | {b['within_5']} | "
-                 f"{b['within_bound']} | {worst} |")
+                 f"{b['within_bound']} | {b['widest_bound_pct']} | {held} | {worst} |")
     L.append("")
     L += ["## Sample shares, top ten", "",
           "rtprof's sampling-only runs against perf's runs of the same program at the same "

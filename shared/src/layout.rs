@@ -263,8 +263,13 @@ pub mod function_flags {
     /// cost of a signal per call.
     pub const TRAPPED: u32 = 8;
     /// Bits 16..32 of an estimated function's flags: the bound on the
-    /// estimate's error, in hundredths of a percent of its calls.
+    /// estimate's error, in hundredths of a percent of its calls, or
+    /// [`AT_LEAST`].
     pub const BOUND_SHIFT: u32 = 16;
+    /// The bound of a function whose calls between bursts could not be
+    /// estimated within a useful bound: its calls are those counted, at
+    /// least that many were made.
+    pub const AT_LEAST: u16 = u16::MAX;
 }
 
 /// [`FunctionRecord::status`] of a function in a `SAMPLED_ONLY` module.

@@ -5,7 +5,7 @@ mod events;
 mod loops;
 
 use crate::json::JsonWriter;
-use crate::layout::state;
+use crate::layout::{function_flags, state};
 use crate::names;
 use crate::reader::{Frame, SourceLine};
 use crate::{FunctionStats, Snapshot, ThreadCalls};
@@ -127,6 +127,15 @@ pub fn bound_text(b: u16) -> String {
     format!("{}%", b as f64 / 100.0)
 }
 
+/// A row's mark for an estimate with bound `b`.
+fn estimate_mark(b: u16) -> String {
+    if b == function_flags::AT_LEAST {
+        "[at least: counted in bursts]".to_string()
+    } else {
+        format!("[estimated ±{}]", bound_text(b))
+    }
+}
+
 /// An estimate's bound in calls, for `calls` estimated.
 pub fn bound_calls(calls: u64, b: u16) -> u64 {
     (calls as u128 * b as u128).div_ceil(10_000) as u64
@@ -206,7 +215,7 @@ pub fn rows(s: &Snapshot, sort: Sort, merge_copies: bool) -> Vec<Row<'_>> {
                 name: match (f.counting_off, f.estimated, copies.is_empty()) {
                     (true, _, _) => format!("{}{copies} [counting off]", f.name).into(),
                     (false, Some(b), _) => {
-                        format!("{}{copies} [estimated ±{}]", f.name, bound_text(b)).into()
+                        format!("{}{copies} {}", f.name, estimate_mark(b)).into()
                     }
                     // Exact, but each call cost a trap.
                     (false, None, _) if f.trapped => format!("{}{copies} [trap]", f.name).into(),
@@ -846,8 +855,14 @@ pub fn json(procs: &[Snapshot], listing: Listing) -> String {
                 // Counted in bursts under an overhead budget.
                 w.key("estimated");
                 w.bool(true);
-                w.key("error_bound");
-                w.uint(bound_calls(f.calls, b));
+                if b == function_flags::AT_LEAST {
+                    // Too uncertain between bursts: the calls counted.
+                    w.key("at_least");
+                    w.bool(true);
+                } else {
+                    w.key("error_bound");
+                    w.uint(bound_calls(f.calls, b));
+                }
             }
             if f.trapped {
                 // Entered through a trap (RTPROF_TRAPS=1).
@@ -1076,6 +1091,13 @@ pub(crate) mod tests {
         assert_eq!(j.matches("\"estimated\":true").count(), 1, "{j}");
         // 2.5% of 50 calls, rounded up.
         assert!(j.contains("\"error_bound\":2"), "{j}");
+        // Too uncertain to estimate: the calls counted, marked, no bound.
+        s.functions[1].estimated = Some(function_flags::AT_LEAST);
+        let t = text(std::slice::from_ref(&s), TextOptions::default());
+        assert!(t.contains("hi [at least: counted in bursts]"), "{t}");
+        let j = json(std::slice::from_ref(&s), Listing::Used);
+        assert!(j.contains("\"at_least\":true"), "{j}");
+        assert!(!j.contains("error_bound"), "{j}");
     }
 
     #[test]

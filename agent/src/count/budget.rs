@@ -8,9 +8,12 @@
 //! hold the jump to their stubs for a short burst, and their own original
 //! bytes in between (costing nothing, not even the detour), switched with
 //! the program's other threads stopped (`stopworld`). Calls between bursts
-//! are extrapolated from the burst rates (calls per CPU second), added to
-//! the shared stripe, and the function is flagged `estimated` in the
-//! segment with a bound on the error. Where threads cannot be stopped (a
+//! are extrapolated from the burst rates (calls per CPU second), and the
+//! function is flagged `estimated` in the segment with a bound on the
+//! error. Only an estimate whose bound is within 10% of itself is
+//! published (added to the shared stripe); until then the function's
+//! count is the calls counted, marked "at least" (`AT_LEAST`): a bound
+//! wider than that says nothing a user can act on. Where threads cannot be stopped (a
 //! debugger attached, ptrace refused) the bursts switch the stubs' count
 //! instead: the estimates hold, but the detour still costs.
 
@@ -47,6 +50,10 @@ const LOOK_AGAIN: Duration = Duration::from_millis(500);
 /// At most this many functions are counted in bursts (each switch writes
 /// every one of them with the program stopped).
 const MOST_ESTIMATED: usize = 4096;
+/// The widest bound an estimate is published with, relative to itself:
+/// a wider one says nothing a user can act on, and the function shows
+/// the calls counted instead, marked "at least".
+const WIDEST_BOUND: f64 = 0.10;
 
 static WORKER: Worker = Worker::new(c"rtprof-budget");
 
@@ -58,8 +65,11 @@ struct Estimated {
     /// Its rates in the last burst that ended (or the watch before the
     /// first).
     last: Option<Rates>,
-    /// Calls this controller added by extrapolation.
+    /// Calls extrapolated between bursts, and how many of them are in
+    /// the segment: none until the estimate's bound is narrow enough to
+    /// publish (until then its count is the calls counted, at least).
     added: f64,
+    written: u64,
     /// The bound on the error of what was added, in calls, from the
     /// bursts around each gap.
     error: f64,
@@ -671,6 +681,7 @@ impl Controller {
             at_burst: a.segment.counters.calls(e.slot),
             last: None,
             added: 0.0,
+            written: 0,
             error: 0.0,
             by_reference: Spread::default(),
             by_cpu: Spread::default(),
@@ -859,18 +870,25 @@ impl Controller {
 
     /// Each estimate's bound, in hundredths of a percent of the estimate:
     /// the errors of its gaps, plus 1% of what was extrapolated (for
-    /// change faster than a cycle).
-    fn publish_bounds(&self, a: &Agent, w: &mut SegmentWriter) {
-        for e in &self.chosen {
-            let total = a.segment.counters.calls(e.entry.slot) as f64;
-            // Two standard deviations of the rate over the whole run, for
-            // all the progress no burst saw (a program's phases between
-            // bursts), the bursts' own spread, and 1% of what was added.
-            let unseen =
-                2.0 * e.by_reference.sd() * e.gaps.reference + 2.0 * e.by_cpu.sd() * e.gaps.cpu;
-            let bound = e.error + unseen + 0.01 * e.added + 1.0;
-            let rel = if total > 0.0 { bound / total } else { 1.0 };
-            let units = (rel * 10_000.0).ceil().clamp(1.0, u16::MAX as f64) as u16;
+    /// change faster than a cycle). An estimate is published once its
+    /// bound is within [`WIDEST_BOUND`]; until then the function's count
+    /// is what was counted, marked "at least".
+    fn publish_bounds(&mut self, a: &Agent, w: &mut SegmentWriter) {
+        let c = &a.segment.counters;
+        for e in &mut self.chosen {
+            let estimate = e.counted(c.calls(e.entry.slot)) as f64 + e.added;
+            let rel = e.bound() / estimate.max(1.0);
+            if e.written == 0 && rel <= WIDEST_BOUND {
+                e.written = e.added as u64;
+                c.add_calls(e.entry.slot, e.written);
+            }
+            let units = if e.written == 0 && e.added >= 1.0 {
+                function_flags::AT_LEAST
+            } else {
+                (rel * 10_000.0)
+                    .ceil()
+                    .clamp(1.0, (function_flags::AT_LEAST - 1) as f64) as u16
+            };
             w.set_estimated(e.entry.slot, Some(units));
         }
     }
@@ -897,20 +915,33 @@ impl Estimated {
 
     /// The calls actually counted, of `total` read from the segment.
     fn counted(&self, total: u64) -> u64 {
-        total.saturating_sub(self.added as u64)
+        total.saturating_sub(self.written)
+    }
+
+    /// The bound on the error of what was added, in calls: the errors of
+    /// its gaps; two standard deviations of the rate over the whole run
+    /// for all the progress no burst saw (a program's phases between
+    /// bursts); and 1% of what was added.
+    fn bound(&self) -> f64 {
+        let unseen = 2.0 * self.by_reference.sd() * self.gaps.reference
+            + 2.0 * self.by_cpu.sd() * self.gaps.cpu;
+        self.error + unseen + 0.01 * self.added + 1.0
     }
 }
 
-/// Adds a gap's interpolated calls (fractional) to the function's count,
-/// carrying fractions, and its error (plus `more`) to its bound.
+/// Adds a gap's interpolated calls (fractional) to the function's
+/// estimate, and to its count once that is published (carrying
+/// fractions), and its error (plus `more`) to its bound.
 fn extrapolate(w: &Counters, e: &mut Estimated, i: &Interpolated, more: f64) {
-    let before = e.added as u64;
     e.added += i.calls.max(0.0);
     e.error += i.error + more;
     e.gaps = e.gaps.plus(&i.measured_in);
-    let n = e.added as u64 - before;
-    if n > 0 {
-        w.add_calls(e.entry.slot, n);
+    if e.written > 0 {
+        let n = (e.added as u64).saturating_sub(e.written);
+        e.written += n;
+        if n > 0 {
+            w.add_calls(e.entry.slot, n);
+        }
     }
 }
 

@@ -288,6 +288,7 @@ pub mod tests {
             owner: 0,
             counted: true,
             estimated: false,
+            at_least: false,
             accelerated: false,
             counting_off: false,
             calls,

@@ -143,6 +143,9 @@ pub const ROW_THREAD: u32 = 32;
 /// `Row::flags`, with [`ROW_THREAD`]: the first row of a thread, named by
 /// the thread's name, its calls the sum of its rows that follow.
 pub const ROW_THREAD_HEAD: u32 = 64;
+/// `Row::flags`, with [`ROW_ESTIMATED`]: too uncertain between bursts to
+/// estimate; its calls are those counted, at least that many were made.
+pub const ROW_AT_LEAST: u32 = 128;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -5,8 +5,8 @@
 
 use super::layout::{
     key_hash, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
-    PROC_ENDED, ROW_ACCELERATED, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL,
-    ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
+    PROC_ENDED, ROW_ACCELERATED, ROW_AT_LEAST, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED,
+    ROW_GLOBAL, ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
 };
 use std::mem::size_of;
 use std::ops::Range;
@@ -104,6 +104,9 @@ pub struct RowView {
     pub counted: bool,
     /// Calls estimated under an overhead budget, not exact.
     pub estimated: bool,
+    /// With `estimated`: too uncertain to estimate, the calls counted in
+    /// bursts (at least that many were made).
+    pub at_least: bool,
     /// Calls added by the program through the C API (an accelerator's).
     pub accelerated: bool,
     /// Counting switched off now.
@@ -381,6 +384,7 @@ impl<'a> Buffer<'a> {
             owner: r.proc_index as usize,
             counted: r.flags & ROW_COUNTED != 0,
             estimated: r.flags & ROW_ESTIMATED != 0,
+            at_least: r.flags & ROW_AT_LEAST != 0,
             accelerated: r.flags & ROW_ACCELERATED != 0,
             counting_off: r.flags & ROW_COUNTING_OFF != 0,
             calls: r.calls,
@@ -530,6 +534,7 @@ pub struct RowRef<'a> {
     pub module: &'a str,
     pub counted: bool,
     pub estimated: bool,
+    pub at_least: bool,
     pub accelerated: bool,
     pub counting_off: bool,
     pub calls: u64,
@@ -571,6 +576,7 @@ impl ProcessRows {
             module: self.text((r.module_off, r.module_len)),
             counted: r.flags & ROW_COUNTED != 0,
             estimated: r.flags & ROW_ESTIMATED != 0,
+            at_least: r.flags & ROW_AT_LEAST != 0,
             accelerated: r.flags & ROW_ACCELERATED != 0,
             counting_off: r.flags & ROW_COUNTING_OFF != 0,
             calls: r.calls,
