@@ -290,3 +290,39 @@ fn a_process_ending_while_its_threads_end_keeps_their_calls() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A thread sharing its CPU with busier ones has the CPU time it ran
+/// sampled, under each sampler: the timers run on each thread's CPU
+/// clock (the user-time clock, sampled by the kernel at the tick, charged
+/// this thread a quarter to a third of its time).
+#[test]
+fn a_thread_sharing_its_cpu_has_its_time_sampled() {
+    let dir = scratch("contended");
+    let bin = compile_o2("contended.c", &["-pthread"], &dir);
+    for sampler in ["timer", "perf"] {
+        let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", sampler)], &dir);
+        assert!(prof.output.status.success(), "{:?}", prof.output);
+        let stdout = String::from_utf8_lossy(&prof.output.stdout).into_owned();
+        let spun: f64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("SPIN "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let p = process(&prof.report, &bin);
+        let t = p["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "measured")
+            .unwrap_or_else(|| panic!("no measured thread: {p}"));
+        let lost = p["sampler"]["lost"].as_u64().unwrap() as f64;
+        let ns = t["time_ns"].as_f64().unwrap();
+        let period = p["sampler"]["period_ns"].as_f64().unwrap();
+        assert!(
+            ns + lost * period > 0.7 * spun && ns < 1.3 * spun,
+            "{sampler}: {ns} ns sampled, {spun} ns by the thread's clock ({lost} lost)"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -26,7 +26,7 @@ pub(crate) mod plan;
 pub(crate) mod sampling;
 
 // Each module by its own name, as the rest of the crate uses them.
-pub(crate) use count::{budget, callers, loop_counts, records};
+pub(crate) use count::{budget, callers, cost, loop_counts, records};
 pub(crate) use count::{register, segment, switching, thread_counts, threads};
 pub(crate) use discover::{fileimage, maps, modules, symbols};
 pub(crate) use lifecycle::system;

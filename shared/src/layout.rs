@@ -193,6 +193,40 @@ pub mod control {
     pub const PATTERN_MAX: usize = 256;
 }
 
+/// What the agent costs its process, measured by the agent and kept
+/// current while it runs: 8 words right after the switch requests'
+/// pattern ([`cost::AT`]), present where the module records start at or
+/// after [`cost::END`] (older writers put them right after the pattern).
+/// Each word is written by one of the agent's threads at a time; readers
+/// take each as it is.
+pub mod cost {
+    use super::control;
+    /// Byte offset of the block.
+    pub const AT: usize = control::PATTERN + control::PATTERN_MAX;
+    pub const END: usize = AT + WORDS * 8;
+    pub const WORDS: usize = 8;
+    /// Word indices.
+    /// The process's CPU time (every thread, the agent's too) when the
+    /// block was last brought up to date, in ns.
+    pub const PROCESS_CPU_NS: usize = 0;
+    /// CPU time of the sampler: its drain thread, and its signal handlers
+    /// (the timers'), in ns. The kernel's own work for a sample (the
+    /// interrupt, the signal's delivery) is not in it.
+    pub const SAMPLING_NS: usize = 1;
+    /// CPU time of the overhead budget's thread, in ns.
+    pub const BUDGET_NS: usize = 2;
+    /// Time the program's threads were held still while the budget
+    /// switched entries, summed over the threads held, in ns.
+    pub const HELD_NS: usize = 3;
+    /// Samples that landed in rtprof's own code in the process (stubs,
+    /// loop probes): what counting costs, as the sampler sees it (times
+    /// the sampling period).
+    pub const IN_STUBS: usize = 4;
+    /// CPU time of the control thread of an agent loaded by `rtprof
+    /// attach`, in ns.
+    pub const CONTROL_NS: usize = 5;
+}
+
 /// Where [`ModuleWhy`] sits in [`ModuleRecord::flags`]: bits 8..16.
 pub mod module_why {
     pub const SHIFT: u32 = 8;
@@ -340,6 +374,7 @@ pub const THREAD_SAMPLE_ENTRIES: u32 = 1 << 14;
 const _: () = assert!(size_of::<Header>() == 256);
 const _: () = assert!(size_of::<TableHead>() == 32);
 const _: () = assert!(control::PATTERN >= size_of::<Header>());
+const _: () = assert!(cost::AT.is_multiple_of(64));
 const _: () = assert!(size_of::<ModuleRecord>() == 104);
 const _: () = assert!(size_of::<FunctionRecord>() == 32);
 const _: () = assert!(size_of::<StripeSlot>() == 8);
@@ -386,8 +421,9 @@ pub fn align_up(v: u64, a: u64) -> u64 {
 
 impl Layout {
     pub fn new(caps: Capacities) -> Layout {
-        // The header, then rtprofd's switch requests (`control`).
-        let modules_off = align_up((control::PATTERN + control::PATTERN_MAX) as u64, 64);
+        // The header, then rtprofd's switch requests (`control`), then
+        // what the agent costs (`cost`).
+        let modules_off = align_up(cost::END as u64, 64);
         let funcs_off = align_up(
             modules_off + caps.modules as u64 * size_of::<ModuleRecord>() as u64,
             64,
@@ -443,6 +479,7 @@ mod tests {
             stripes: 5,
         });
         assert!(l.modules_off >= size_of::<Header>() as u64);
+        assert!(l.modules_off >= cost::END as u64);
         assert!(l.funcs_off >= l.modules_off + 3 * 104);
         assert!(l.strings_off >= l.funcs_off + 1001 * 32);
         assert!(l.samples_off >= l.strings_off + 777);

@@ -24,8 +24,9 @@ pub mod writer;
 pub use glob::glob_match;
 pub use layout::{Capacities, Layout};
 pub use reader::{
-    read_function_flags, read_header, read_snapshot, Callers, EventCounts, EventStatus, Events,
-    FunctionStats, ModuleStats, SegmentError, Snapshot, Stack, Stacks, ThreadCalls, Threads,
+    read_cost, read_function_flags, read_header, read_snapshot, AgentCost, Callers, EventCounts,
+    EventStatus, Events, FunctionStats, ModuleStats, SegmentError, Snapshot, Stack, Stacks,
+    ThreadCalls, Threads,
 };
 pub use refusal::Refusal;
 pub use writer::{SegmentWriter, WriteError};

@@ -121,6 +121,8 @@ pub struct SourceLine {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
+    /// What the agent cost the process, where its segment says.
+    pub cost: Option<AgentCost>,
     pub pid: u32,
     pub ppid: u32,
     pub exe: String,
@@ -1070,6 +1072,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     }
 
     Ok(Snapshot {
+        cost: read_cost(bytes, &h),
         pid: h.pid,
         ppid: h.ppid,
         exe,
@@ -1103,6 +1106,60 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         offsets: Offsets::default(),
         loop_counts: LoopCounts::default(),
         loops: Vec::new(),
+    })
+}
+
+/// What the agent cost its process, as it measured it (see
+/// [`crate::layout::cost`]); times in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentCost {
+    /// The process's CPU time when this was measured.
+    pub process_cpu_ns: u64,
+    pub sampling_ns: u64,
+    pub budget_ns: u64,
+    /// Threads held still by the budget's switches, summed over them.
+    pub held_ns: u64,
+    /// Samples in rtprof's stubs and loop probes.
+    pub in_stubs: u64,
+    pub control_ns: u64,
+}
+
+impl AgentCost {
+    /// What counting cost, as the sampler saw it: its samples in rtprof's
+    /// own code, times the period.
+    pub fn counting_ns(&self, period_ns: u64) -> u64 {
+        self.in_stubs.saturating_mul(period_ns)
+    }
+
+    /// Everything after start-up: counting, sampling, the budget's thread
+    /// and stops, attach's control thread.
+    pub fn running_ns(&self, period_ns: u64) -> u64 {
+        self.counting_ns(period_ns)
+            .saturating_add(self.sampling_ns)
+            .saturating_add(self.budget_ns)
+            .saturating_add(self.held_ns)
+            .saturating_add(self.control_ns)
+    }
+}
+
+/// The agent's cost block, if the segment has one (its module records
+/// start after it).
+pub fn read_cost(bytes: &[u8], h: &Header) -> Option<AgentCost> {
+    use crate::layout::cost;
+    if h.modules_off < cost::END as u64 || bytes.len() < cost::END {
+        return None;
+    }
+    let word = |i: usize| {
+        let at = cost::AT + i * 8;
+        u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default())
+    };
+    Some(AgentCost {
+        process_cpu_ns: word(cost::PROCESS_CPU_NS),
+        sampling_ns: word(cost::SAMPLING_NS),
+        budget_ns: word(cost::BUDGET_NS),
+        held_ns: word(cost::HELD_NS),
+        in_stubs: word(cost::IN_STUBS),
+        control_ns: word(cost::CONTROL_NS),
     })
 }
 

@@ -417,12 +417,13 @@ fn threads_text(out: &mut String, s: &Snapshot, top: usize) {
     for t in &th.threads {
         let _ = writeln!(
             out,
-            "    tid {} {:?}{}: {} calls, {:.1} ms of user CPU ({} samples)",
+            "    tid {} {:?}{}: {} calls, {:.1} ms of {} ({} samples)",
             t.tid,
             escape_text(&t.name),
             if t.ended { " (ended)" } else { "" },
             t.total(),
             t.samples.saturating_mul(s.sample_period_ns) as f64 / 1e6,
+            sampled_time(s),
             t.samples
         );
         let rows = thread_rows(t);
@@ -468,6 +469,9 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         }
         out.push('\n');
         let _ = writeln!(out, "  sampler: {}", sampler_text(s));
+        if let Some(c) = cost_text(s) {
+            let _ = writeln!(out, "  rtprof's cost: {c}");
+        }
         let rows = rows(s, opts.sort, opts.merge_copies);
         let shown = if opts.top == 0 {
             rows.len()
@@ -725,6 +729,47 @@ fn call_graph_text(out: &mut String, s: &Snapshot) {
     }
 }
 
+/// What the agent cost the process, as it measured it: "0.42% of its CPU
+/// time: set-up 1.2 ms, counting 3.1 ms (as sampled: 3 samples in
+/// stubs), sampling 0.4 ms, budget 0.1 ms, threads held 0.2 ms".
+fn cost_text(s: &Snapshot) -> Option<String> {
+    let c = s.cost?;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let mut t = String::new();
+    if let Some(share) = cost_share(s) {
+        let _ = write!(t, "{:.2}% of its CPU time: ", share * 100.0);
+    }
+    let _ = write!(t, "set-up {:.1} ms", ms(s.setup_ns));
+    if s.sample_period_ns > 0 {
+        let _ = write!(
+            t,
+            ", counting {:.1} ms (as sampled: {} in stubs)",
+            ms(c.counting_ns(s.sample_period_ns)),
+            c.in_stubs
+        );
+    } else {
+        t.push_str(", counting not measured (sampling off)");
+    }
+    for (what, ns) in [
+        ("sampling", c.sampling_ns),
+        ("budget", c.budget_ns),
+        ("threads held", c.held_ns),
+        ("attach control", c.control_ns),
+    ] {
+        if ns > 0 {
+            let _ = write!(t, ", {what} {:.1} ms", ms(ns));
+        }
+    }
+    Some(t)
+}
+
+/// The agent's measured cost as a share of the process's CPU time.
+fn cost_share(s: &Snapshot) -> Option<f64> {
+    let c = s.cost?;
+    let total = s.setup_ns.saturating_add(c.running_ns(s.sample_period_ns));
+    (c.process_cpu_ns > 0).then(|| total as f64 / c.process_cpu_ns as f64)
+}
+
 /// "perf (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of user CPU":
 /// both samplers count time spent in user space only (not system calls).
 pub fn sampler_text(s: &Snapshot) -> String {
@@ -746,10 +791,20 @@ pub fn sampler_text(s: &Snapshot) -> String {
     }
     let _ = write!(
         t,
-        ", {:.3} s of user CPU",
-        s.samples_total as f64 * s.sample_period_ns as f64 / 1e9
+        ", {:.3} s of {}",
+        s.samples_total as f64 * s.sample_period_ns as f64 / 1e9,
+        sampled_time(s)
     );
     t
+}
+
+/// What a sampling period is of: the perf sampler's events exclude the
+/// kernel; the timers run on each thread's CPU clock, system calls too.
+fn sampled_time(s: &Snapshot) -> &'static str {
+    match s.sampler {
+        crate::sampling::Sampler::Timer => "CPU",
+        _ => "user CPU",
+    }
 }
 
 fn percent(a: u32, b: u32) -> f64 {
@@ -786,6 +841,26 @@ pub fn json(procs: &[Snapshot], listing: Listing) -> String {
         w.uint_field("start_ns", s.start_ns);
         w.uint_field("end_ns", s.end_ns);
         w.uint_field("setup_ns", s.setup_ns);
+        if let Some(c) = s.cost {
+            // What the agent cost the process, as it measured it.
+            w.key("rtprof_cost");
+            w.begin_object();
+            w.uint_field("process_cpu_ns", c.process_cpu_ns);
+            w.uint_field("setup_ns", s.setup_ns);
+            if s.sample_period_ns > 0 {
+                w.uint_field("counting_ns", c.counting_ns(s.sample_period_ns));
+            }
+            w.uint_field("samples_in_stubs", c.in_stubs);
+            w.uint_field("sampling_ns", c.sampling_ns);
+            w.uint_field("budget_ns", c.budget_ns);
+            w.uint_field("held_ns", c.held_ns);
+            w.uint_field("control_ns", c.control_ns);
+            if let Some(share) = cost_share(s) {
+                w.key("share");
+                w.float(share);
+            }
+            w.end_object();
+        }
         w.uint_field("stripes", s.stripes as u64);
         w.key("sampler");
         w.begin_object();
@@ -794,7 +869,7 @@ pub fn json(procs: &[Snapshot], listing: Listing) -> String {
         w.uint_field("errno", s.sampler_errno as u64);
         w.uint_field("period_ns", s.sample_period_ns);
         // What a period is of, for either sampler.
-        w.string_field("time", "user CPU");
+        w.string_field("time", sampled_time(s));
         w.uint_field("samples", s.samples_total);
         w.uint_field("lost", s.samples_lost);
         w.uint_field("unknown", s.samples_unknown);
@@ -977,6 +1052,7 @@ pub(crate) mod tests {
 
     pub(crate) fn snap() -> Snapshot {
         Snapshot {
+            cost: None,
             pid: 7,
             ppid: 1,
             exe: "/bin/a\"b".into(),

@@ -1210,6 +1210,15 @@ impl Counters {
     pub fn samples_total(&self) -> &AtomicU64 {
         self.header_u64(offset_of!(Header, samples_total))
     }
+
+    /// Word `i` of what the agent costs its process (see [`cost`]).
+    pub fn cost(&self, i: usize) -> &AtomicU64 {
+        assert!(i < cost::WORDS);
+        // SAFETY: every segment this writer lays out (`Layout::new`) puts
+        // the module records after the cost block, which is 8-aligned and
+        // only ever accessed atomically.
+        unsafe { &*(self.base.add(cost::AT + i * 8) as *const AtomicU64) }
+    }
     pub fn samples_lost(&self) -> &AtomicU64 {
         self.header_u64(offset_of!(Header, samples_lost))
     }

@@ -25,7 +25,7 @@ use crate::log::vlog;
 use crate::stopworld::{StopError, Stopper};
 use crate::switch::{set_counting, write_entries_stopped, EntrySwitch};
 use crate::Agent;
-use rtprof_shared::layout::function_flags;
+use rtprof_shared::layout::{cost, function_flags};
 use rtprof_shared::writer::Counters;
 use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -55,7 +55,7 @@ const MOST_ESTIMATED: usize = 4096;
 /// the calls counted instead, marked "at least".
 const WIDEST_BOUND: f64 = 0.10;
 
-static WORKER: Worker = Worker::new(c"rtprof-budget");
+static WORKER: Worker = Worker::new(c"rtprof-budget", cost::BUDGET_NS);
 
 /// One function counted in bursts.
 struct Estimated {
@@ -748,7 +748,9 @@ impl Controller {
             None => self.stopper.insert(Stopper::new()?),
         };
         let started = std::time::Instant::now();
+        let mut held = 0;
         let clock = stopper.run(|pcs| {
+            held = pcs.len() as u64;
             write_entries_stopped(&mem, &entries, on, pcs, &mut done);
             for (e, n) in entries.iter().zip(at.iter_mut()) {
                 *n = w.calls(e.slot);
@@ -759,6 +761,8 @@ impl Controller {
         // first stop pays one-time costs (mapping, first writes).
         let took = started.elapsed().as_nanos() as f64;
         self.stop_ns = 0.8 * self.stop_ns + 0.2 * took.min(2.0 * self.stop_ns);
+        // Every thread held lost the whole stop.
+        crate::cost::add(cost::HELD_NS, held * took as u64);
         let skipped = done.iter().filter(|d| !**d).count();
         if skipped > 0 {
             vlog!("budget: {skipped} entries not switched (a thread was inside)");

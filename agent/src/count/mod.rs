@@ -5,6 +5,7 @@
 pub mod api;
 pub(crate) mod budget;
 pub mod callers;
+pub mod cost;
 pub mod loop_counts;
 pub(crate) mod records;
 pub mod register;

@@ -17,7 +17,7 @@
 //! running through one), its counts stay readable.
 //!
 //! Each thread there is at attach gets a counter stripe of its own and a
-//! user-CPU-time timer for samples (perf events would reach only threads
+//! CPU-time timer for samples (perf events would reach only threads
 //! created later); libraries loaded while attached are instrumented
 //! through the loader hook, itself written with the threads held. The
 //! live segment is a memfd (rtprofd maps it); rtprof reads a copy left in
@@ -98,7 +98,7 @@ const WRITE_TRIES: usize = 5;
 const UNTRACED_WITHIN: Duration = Duration::from_secs(3);
 
 /// The thread that attaches and detaches on request.
-static CONTROL: Worker = Worker::new(c"rtprof-control");
+static CONTROL: Worker = Worker::new(c"rtprof-control", rtprof_shared::layout::cost::CONTROL_NS);
 /// An idle control thread wakes this often (a request wakes it at once),
 /// to end once it is the process's last thread.
 const CONTROL_IDLE_MS: u64 = 1000;

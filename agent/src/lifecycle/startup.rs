@@ -517,6 +517,7 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
             }
         }
         crate::budget::at_exit(a);
+        crate::cost::note_process_cpu();
         if let Some(status) = status {
             a.segment.counters.set_exit(status, now_ns());
         }

@@ -35,6 +35,8 @@ pub type Tick = fn(gone: bool) -> Next;
 
 pub struct Worker {
     name: &'static std::ffi::CStr,
+    /// The word of the segment's cost block its CPU time goes to.
+    cost: usize,
     state: AtomicU32,
     /// Futex word: non-zero asks the thread to look at its state now.
     wake: AtomicU32,
@@ -48,9 +50,10 @@ pub struct Worker {
 const BUSY_SLEEP_MS: u64 = 100;
 
 impl Worker {
-    pub const fn new(name: &'static std::ffi::CStr) -> Worker {
+    pub const fn new(name: &'static std::ffi::CStr, cost: usize) -> Worker {
         Worker {
             name,
+            cost,
             state: AtomicU32::new(NONE),
             wake: AtomicU32::new(0),
             program_gone: AtomicBool::new(false),
@@ -130,6 +133,8 @@ impl Worker {
         unsafe { libc::pthread_setname_np(libc::pthread_self(), self.name.as_ptr()) };
         let busy = Duration::from_millis(BUSY_SLEEP_MS.min(max_sleep_ms));
         let mut sleep = busy;
+        // Its CPU time so far, in the cost block already.
+        let mut spent = 0;
         loop {
             if self.wake.load(Ordering::Acquire) == 0 {
                 self.futex_wait(sleep);
@@ -137,6 +142,10 @@ impl Worker {
             self.wake.store(0, Ordering::Release);
             let gone = self.program_gone.load(Ordering::Acquire);
             let next = tick(gone);
+            let now = crate::cost::thread_cpu_ns();
+            crate::cost::add(self.cost, now.saturating_sub(spent));
+            spent = now;
+            crate::cost::note_process_cpu();
             if gone {
                 // No one will join us: the process ends once we have.
                 if self

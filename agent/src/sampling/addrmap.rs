@@ -55,6 +55,8 @@ pub struct AddrMap {
     modules: Vec<Range>,
     unknown: *const AtomicU64,
     total: *const AtomicU64,
+    /// Samples in rtprof's own code (stubs, loop probes): the cost block's.
+    in_stubs: *const AtomicU64,
 }
 
 // SAFETY: the pointers refer to the process's counter segment, mapped for
@@ -174,6 +176,7 @@ impl AddrMap {
             modules,
             unknown: w.counters().samples_unknown(),
             total: w.counters().samples_total(),
+            in_stubs: w.counters().cost(rtprof_shared::layout::cost::IN_STUBS),
         }
     }
 
@@ -209,6 +212,12 @@ impl AddrMap {
                     Offset::FromStart => super::offsets::record(r.id, (ip - r.start) as u32, n),
                     Offset::Fixed(off) => super::offsets::record(r.id, off, n),
                     Offset::None => {}
+                }
+                // A stub (no place in the function) or a loop probe: what
+                // counting costs.
+                if r.at == Offset::None || r.origin != 0 {
+                    // SAFETY: as in `place`.
+                    unsafe { &*self.in_stubs }.fetch_add(n, Ordering::Relaxed);
                 }
                 Counted::Function(r.id)
             }

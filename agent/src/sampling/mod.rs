@@ -61,7 +61,7 @@ fn kind() -> Sampler {
 static PID: AtomicU32 = AtomicU32::new(0);
 /// The thread that drains perf rings, and names the modules timer samples
 /// are held for.
-static DRAINER: Worker = Worker::new(c"rtprof-drain");
+static DRAINER: Worker = Worker::new(c"rtprof-drain", rtprof_shared::layout::cost::SAMPLING_NS);
 /// Timer samples in modules not named yet are held for the drain thread
 /// (it runs); otherwise every module is named before the timers start.
 static HOLDING: AtomicBool = AtomicBool::new(false);
