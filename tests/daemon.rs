@@ -1213,3 +1213,50 @@ fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Each process's rows carry what rtprof cost it over the span: a
+/// `[rtprof]` row (module `rtprof`, flagged, time only) from the agent's
+/// own measure; `rtprof top` orders processes by it and says its share.
+#[test]
+fn each_process_has_a_row_of_what_rtprof_costs_it() {
+    let dir = scratch("daemon-cost");
+    let bin = compile_o2("budget.c", &["-pthread"], &dir);
+    let d = Daemon::start_with(&dir, 200, 2_000, &[]);
+    // Hot enough for its stubs to be sampled, long enough to be seen.
+    let mut c = d.profiled(&bin, &["600000000", "1"]);
+    let pid = c.id();
+    let row = d.wait_for("a [rtprof] row with time", |m| {
+        let (_, rows) = process_rows(m, pid)?;
+        rows.into_iter().find(|r| r.agent && r.time_ns > 0)
+    });
+    assert_eq!(
+        (row.name.as_str(), row.module.as_str()),
+        ("[rtprof]", "rtprof")
+    );
+    assert_eq!((row.calls, row.samples, row.counted), (0, 0, false));
+    let o = Command::new(rtprof())
+        .args([
+            "top",
+            "--plain",
+            "--iterations",
+            "1",
+            "--sort",
+            "rtprof",
+            "--present",
+        ])
+        .arg(&d.present)
+        .arg("--pid")
+        .arg(pid.to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        text.contains(&format!("pid {pid} ")) && text.contains("rtprof's cost "),
+        "{text}"
+    );
+    let _ = c.kill();
+    let _ = c.wait();
+    d.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -37,6 +37,11 @@ fn row_json(w: &mut JsonWriter, r: &RowView, span_ns: u64) {
         w.key("estimated");
         w.bool(true);
     }
+    if r.agent {
+        // What rtprof itself cost the process over the span.
+        w.key("rtprof_cost");
+        w.bool(true);
+    }
     if r.at_least {
         // Too uncertain to estimate: the calls counted in bursts.
         w.key("at_least");

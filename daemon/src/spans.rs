@@ -9,11 +9,11 @@ use crate::thread_spans::ThreadSpans;
 use rtprof_shared::layout::function_flags;
 use rtprof_shared::layout::Header;
 use rtprof_shared::present::{
-    IdRow, ProcRows, ROW_ACCELERATED, ROW_AT_LEAST, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED,
-    UNKNOWN_MODULE,
+    IdRow, ProcRows, AGENT_MODULE, ROW_ACCELERATED, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED,
+    ROW_COUNTING_OFF, ROW_ESTIMATED, UNKNOWN_MODULE,
 };
 use rtprof_shared::reader::{read_samples, sum_calls};
-use rtprof_shared::{read_function_flags, read_snapshot, SegmentError, Snapshot};
+use rtprof_shared::{read_cost, read_function_flags, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
 /// What a process's segment names, read when it changes: each function's
@@ -32,6 +32,8 @@ struct Meta {
     buckets: Vec<u32>,
     /// Row id of `[unknown]`.
     unknown: Option<u32>,
+    /// Row id of `[rtprof]`, what the agent costs the process.
+    agent: Option<u32>,
 }
 
 #[derive(Clone, Copy)]
@@ -72,6 +74,9 @@ impl Meta {
         if self.unknown.is_none() {
             self.unknown = Some(slots.acquire(exe, "[unknown]"));
         }
+        if self.agent.is_none() {
+            self.agent = Some(slots.acquire(exe, "[rtprof]"));
+        }
     }
 
     /// Gives back every id taken.
@@ -80,7 +85,10 @@ impl Meta {
         for id in funcs.chain(self.buckets.drain(..)) {
             slots.release(exe, id);
         }
-        if let Some(id) = self.unknown.take() {
+        for id in [self.unknown.take(), self.agent.take()]
+            .into_iter()
+            .flatten()
+        {
             slots.release(exe, id);
         }
     }
@@ -110,6 +118,8 @@ struct Rest {
     unknown: u64,
     total: u64,
     lost: u64,
+    /// What the agent cost the process (ns, its own measure).
+    agent: u64,
 }
 
 /// One function's newest counts, 16 bytes: every tick streams through all
@@ -191,6 +201,13 @@ struct Delta {
     unknown: u64,
     total: u64,
     lost: u64,
+    agent: u64,
+}
+
+/// What the process's agent has cost it so far, by its own measure (see
+/// `layout::cost`): 0 for a segment without the measure.
+fn agent_cost(bytes: &[u8], h: &Header) -> u64 {
+    read_cost(bytes, h).map_or(0, |c| c.running_ns(h.sample_period_ns))
 }
 
 /// Keeps the `n` first of `v` by `key` (all of them if `n` is 0), in
@@ -340,6 +357,7 @@ impl Tracked {
                 unknown: s.samples_unknown,
                 total: s.samples_total,
                 lost: s.samples_lost,
+                agent: agent_cost(bytes, h),
             },
             order: Vec::new(),
         };
@@ -419,6 +437,7 @@ impl Tracked {
         scratch.rest.unknown = h.samples_unknown;
         scratch.rest.total = h.samples_total;
         scratch.rest.lost = h.samples_lost;
+        scratch.rest.agent = agent_cost(bytes, h);
         self.period_ns = h.sample_period_ns;
         self.record(scratch, now_ns, span_ns, sampled);
         // Flags only when the agent changed some: a read touches a cache
@@ -506,6 +525,7 @@ impl Tracked {
             unknown: rest.unknown.saturating_sub(old.unknown),
             total: rest.total.saturating_sub(old.total),
             lost: rest.lost.saturating_sub(old.lost),
+            agent: rest.agent.saturating_sub(old.agent),
         };
         let spans = &mut self.spans;
         // A change: kept in the delta and added to the span at once.
@@ -560,6 +580,7 @@ impl Tracked {
             }
         }
         (old.unknown, old.total, old.lost) = (rest.unknown, rest.total, rest.lost);
+        old.agent = old.agent.max(rest.agent);
         self.apply(&d, true);
         self.ring.push_back(d);
         self.newest_ns = now_ns;
@@ -615,6 +636,7 @@ impl Tracked {
         op(&mut s.unknown, d.unknown);
         op(&mut s.total, d.total);
         op(&mut s.lost, d.lost);
+        op(&mut s.agent, d.agent);
     }
 
     /// What the tick at `now_ns` read, if it read this process: `f` gets
@@ -744,6 +766,11 @@ impl Tracked {
         if s.unknown > 0 && m.unknown.is_some() {
             order.push((key(s.unknown, 0), f + m.buckets.len() as u32));
         }
+        if s.agent > 0 && m.agent.is_some() {
+            // Ordered as the samples its time would make.
+            let as_samples = s.agent / self.period_ns.max(1_000_000);
+            order.push((key(as_samples, 0), f + m.buckets.len() as u32 + 1));
+        }
         order.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
         let (counts, spans) = (&self.counts, &self.spans);
         let row = |&(_, i): &(u64, u32)| {
@@ -781,13 +808,22 @@ impl Tracked {
                     time_ns: time(s.buckets[b]),
                     ..IdRow::default()
                 }
-            } else {
+            } else if b == m.buckets.len() {
                 IdRow {
                     // Pushed above only with an id.
                     id: m.unknown.unwrap_or_default(),
                     module: UNKNOWN_MODULE,
                     samples: s.unknown,
                     time_ns: time(s.unknown),
+                    ..IdRow::default()
+                }
+            } else {
+                IdRow {
+                    // Pushed above only with an id.
+                    id: m.agent.unwrap_or_default(),
+                    module: AGENT_MODULE,
+                    flags: ROW_AGENT,
+                    time_ns: s.agent,
                     ..IdRow::default()
                 }
             }

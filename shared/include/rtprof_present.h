@@ -52,6 +52,7 @@ extern "C" {
 #define RTPROF_ROW_THREAD 32u /* rtprof_row.flags: one thread's calls (rtprofd --thread-rows) */
 #define RTPROF_ROW_THREAD_HEAD 64u /* with RTPROF_ROW_THREAD: a thread's first row, its name */
 #define RTPROF_ROW_AT_LEAST 128u /* with RTPROF_ROW_ESTIMATED: the calls counted in bursts, at least */
+#define RTPROF_ROW_AGENT 256u /* "[rtprof]": what rtprof cost the process over the span (time_ns) */
 
 /* A view is stale when it is older than this many ticks (plus a second of
  * slack): the daemon that published it has stopped. */

@@ -18,6 +18,9 @@ pub enum SortKey {
     Rate,
     /// Time per call.
     PerCall,
+    /// What rtprof itself cost the process over the span (its `[rtprof]`
+    /// row); functions by time.
+    Rtprof,
 }
 
 impl SortKey {
@@ -27,6 +30,7 @@ impl SortKey {
             SortKey::Calls => "calls",
             SortKey::Rate => "calls/s",
             SortKey::PerCall => "ns/call",
+            SortKey::Rtprof => "rtprof's cost",
         }
     }
 }
@@ -51,7 +55,7 @@ pub fn functions<'v>(v: &'v View, p: &ProcView, filter: &str, sort: SortKey) -> 
 fn sorted<'v>(rows: &'v [RowView], exe: &str, filter: &str, sort: SortKey) -> Vec<&'v RowView> {
     let mut rows: Vec<&RowView> = rows.iter().filter(|r| matches(filter, exe, r)).collect();
     let key = |r: &RowView| match sort {
-        SortKey::Time => r.time_ns as f64,
+        SortKey::Time | SortKey::Rtprof => r.time_ns as f64,
         SortKey::Calls | SortKey::Rate => r.calls as f64,
         SortKey::PerCall => r.ns_per_call().unwrap_or(-1.0),
     };
@@ -76,7 +80,7 @@ pub fn threads<'v>(v: &View, p: &'v ProcView, filter: &str, sort: SortKey) -> Ve
         })
         .collect();
     let key = |t: &ThreadView| match sort {
-        SortKey::Time => t.time_ns as f64,
+        SortKey::Time | SortKey::Rtprof => t.time_ns as f64,
         SortKey::Calls | SortKey::Rate => t.calls as f64,
         SortKey::PerCall if t.calls > 0 => t.time_ns as f64 / t.calls as f64,
         SortKey::PerCall => -1.0,
@@ -116,8 +120,11 @@ pub struct ProcSummary {
     pub ended: bool,
     pub span_ns: u64,
     pub samples: u64,
-    /// Summed over its rows.
+    /// Summed over its rows (but its `[rtprof]` row: the time counting
+    /// took is in its functions' rows already).
     pub time_ns: u64,
+    /// What rtprof cost it over the span (its `[rtprof]` row).
+    pub rtprof_ns: u64,
     pub calls: u64,
     /// Time and calls of its counted rows: what time per call is made of.
     pub counted_time_ns: u64,
@@ -136,7 +143,8 @@ impl ProcSummary {
             ended: p.ended,
             span_ns: p.span_ns,
             samples: p.samples,
-            time_ns: rows.iter().map(|r| r.time_ns).sum(),
+            time_ns: rows.iter().filter(|r| !r.agent).map(|r| r.time_ns).sum(),
+            rtprof_ns: rows.iter().filter(|r| r.agent).map(|r| r.time_ns).sum(),
             calls: counted().map(|r| r.calls).sum(),
             counted_time_ns: counted().map(|r| r.time_ns).sum(),
             functions: rows.len(),
@@ -149,6 +157,11 @@ impl ProcSummary {
         } else {
             self.calls as f64 * 1e9 / self.span_ns as f64
         }
+    }
+    /// rtprof's cost as a share of its sampled time, once it has both.
+    pub fn rtprof_share(&self) -> Option<f64> {
+        (self.time_ns > 0 && self.rtprof_ns > 0)
+            .then(|| self.rtprof_ns as f64 / self.time_ns as f64)
     }
     /// Time per call of its counted functions, once it has both.
     pub fn ns_per_call(&self) -> Option<f64> {
@@ -177,6 +190,7 @@ pub fn processes(v: &View, filter: &str, sort: SortKey) -> Vec<ProcSummary> {
         SortKey::Calls => s.calls as f64,
         SortKey::Rate => s.calls_per_s(),
         SortKey::PerCall => s.ns_per_call().unwrap_or(-1.0),
+        SortKey::Rtprof => s.rtprof_ns as f64,
     };
     ps.sort_by(|x, y| descending(key(x), key(y)).then(x.pid.cmp(&y.pid)));
     ps
@@ -289,6 +303,7 @@ pub mod tests {
             counted: true,
             estimated: false,
             at_least: false,
+            agent: false,
             accelerated: false,
             counting_off: false,
             calls,

@@ -1,7 +1,7 @@
 //! `rtprof top` as plain text, for a pipe or a file (or `--plain`): the
 //! whole screen redrawn every span, no keys.
 
-use super::model::{functions, sparkline, thread_functions, threads, History};
+use super::model::{functions, processes, sparkline, thread_functions, threads, History};
 use super::source::{Reading, Source};
 use super::TopArgs;
 use crate::presentation::{age_text, stale_text};
@@ -28,22 +28,29 @@ fn frame(a: &TopArgs, v: &View, history: &History, now: u64, notice: Option<&str
     if let Some(s) = stale_text(v, now) {
         let _ = writeln!(out, "{s}");
     }
-    for p in v
-        .procs
+    // Processes in the sort's order (by rtprof's cost with --sort rtprof).
+    for s in processes(v, filter, a.sort)
         .iter()
-        .filter(|p| a.pid.is_none_or(|pid| p.pid == pid))
+        .filter(|s| a.pid.is_none_or(|pid| s.pid == pid))
     {
+        let Some(p) = v.procs.iter().find(|p| p.pid == s.pid) else {
+            continue;
+        };
         let rows = functions(v, p, filter, a.sort);
         if rows.is_empty() {
             continue;
         }
         let _ = writeln!(
             out,
-            "\npid {} {}{}  {} samples",
+            "\npid {} {}{}  {} samples{}",
             p.pid,
             escape_text(&p.exe),
             if p.ended { " (ended)" } else { "" },
-            p.samples
+            p.samples,
+            s.rtprof_share().map_or(String::new(), |x| format!(
+                ", rtprof's cost {:.1}%",
+                x * 100.0
+            ))
         );
         let _ = writeln!(
             out,

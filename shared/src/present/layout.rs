@@ -146,6 +146,12 @@ pub const ROW_THREAD_HEAD: u32 = 64;
 /// `Row::flags`, with [`ROW_ESTIMATED`]: too uncertain between bursts to
 /// estimate; its calls are those counted, at least that many were made.
 pub const ROW_AT_LEAST: u32 = 128;
+/// `Row::flags`: what rtprof itself cost the process over the span
+/// (`time_ns`: its agent's threads and signal handlers, the threads held
+/// still by the overhead budget, and counting as sampled in its stubs,
+/// which the functions' own rows count too); named `[rtprof]`, module
+/// `rtprof`, no calls or samples of its own.
+pub const ROW_AGENT: u32 = 256;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

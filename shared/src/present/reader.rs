@@ -5,8 +5,8 @@
 
 use super::layout::{
     key_hash, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
-    PROC_ENDED, ROW_ACCELERATED, ROW_AT_LEAST, ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED,
-    ROW_GLOBAL, ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
+    PROC_ENDED, ROW_ACCELERATED, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED, ROW_COUNTING_OFF,
+    ROW_ESTIMATED, ROW_GLOBAL, ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
 };
 use std::mem::size_of;
 use std::ops::Range;
@@ -107,6 +107,8 @@ pub struct RowView {
     /// With `estimated`: too uncertain to estimate, the calls counted in
     /// bursts (at least that many were made).
     pub at_least: bool,
+    /// The process's `[rtprof]` row: what rtprof cost it over the span.
+    pub agent: bool,
     /// Calls added by the program through the C API (an accelerator's).
     pub accelerated: bool,
     /// Counting switched off now.
@@ -385,6 +387,7 @@ impl<'a> Buffer<'a> {
             counted: r.flags & ROW_COUNTED != 0,
             estimated: r.flags & ROW_ESTIMATED != 0,
             at_least: r.flags & ROW_AT_LEAST != 0,
+            agent: r.flags & ROW_AGENT != 0,
             accelerated: r.flags & ROW_ACCELERATED != 0,
             counting_off: r.flags & ROW_COUNTING_OFF != 0,
             calls: r.calls,
@@ -535,6 +538,7 @@ pub struct RowRef<'a> {
     pub counted: bool,
     pub estimated: bool,
     pub at_least: bool,
+    pub agent: bool,
     pub accelerated: bool,
     pub counting_off: bool,
     pub calls: u64,
@@ -577,6 +581,7 @@ impl ProcessRows {
             counted: r.flags & ROW_COUNTED != 0,
             estimated: r.flags & ROW_ESTIMATED != 0,
             at_least: r.flags & ROW_AT_LEAST != 0,
+            agent: r.flags & ROW_AGENT != 0,
             accelerated: r.flags & ROW_ACCELERATED != 0,
             counting_off: r.flags & ROW_COUNTING_OFF != 0,
             calls: r.calls,

@@ -73,6 +73,9 @@ pub struct RowIn<'a> {
 
 /// [`IdRow::module`] of the samples no module claims.
 pub const UNKNOWN_MODULE: u32 = u32::MAX;
+/// [`IdRow::module`] of a process's `[rtprof]` row (`ROW_AGENT`): module
+/// `rtprof`.
+pub const AGENT_MODULE: u32 = u32::MAX - 1;
 
 /// A row as the daemon builds it: named by the caller's id, its module by
 /// an index into its process's modules.
@@ -293,7 +296,7 @@ impl PresentWriter {
         // Offsets are 32-bit: a larger buffer is used up to 4 GiB.
         let cap = self.header.buffer_len.min(u32::MAX as u64) as usize;
         let (base, sc) = (self.base, &mut self.scratch);
-        let (unknown, bad) = plan(sc, procs, names.strings().len());
+        let ((unknown, bad), agent) = plan(sc, procs, names.strings().len());
         let names_len = names.strings().len();
         let strings_off = size_of::<BufferHeader>();
         let strings_len = names_len + sc.strings.len();
@@ -384,6 +387,7 @@ impl PresentWriter {
             let row_of = |r: &IdRow, flags: u32, tid: u64| {
                 let module = match r.module {
                     UNKNOWN_MODULE => unknown,
+                    AGENT_MODULE => agent,
                     m => mods.get(m as usize).copied().unwrap_or(bad),
                 };
                 let (name_off, name_len) = names.span(r.id);
@@ -551,8 +555,9 @@ fn row_flags(counted: bool, estimated: bool, accelerated: bool, counting_off: bo
 /// executable (the rows of one program's processes share ids, so the
 /// global rows they add up to stay in cache), and the writer's own strings
 /// (each executable and module once) at `base` and on. Returns where
-/// `unknown` and `?` (a module index out of range) are.
-fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((u32, u32), (u32, u32)) {
+/// `unknown` and `?` (a module index out of range) are, and `rtprof`.
+type Span32 = (u32, u32);
+fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((Span32, Span32), Span32) {
     sc.strings.clear();
     sc.exe.clear();
     sc.module_first.clear();
@@ -568,6 +573,7 @@ fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((u32, u32
         })
     };
     let missing = (intern("unknown"), intern("?"));
+    let agent = intern("rtprof");
     sc.thread_names.clear();
     sc.thread_first.clear();
     for p in procs {
@@ -604,7 +610,7 @@ fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((u32, u32
     }
     let exe = &sc.exe;
     sc.order.sort_by_key(|&i| exe[i as usize].0);
-    missing
+    (missing, agent)
 }
 
 /// The bytes of plain `repr(C)` records.

@@ -280,6 +280,7 @@ impl App {
             KeyCode::Char('c') => self.sort = SortKey::Calls,
             KeyCode::Char('r') => self.sort = SortKey::Rate,
             KeyCode::Char('n') => self.sort = SortKey::PerCall,
+            KeyCode::Char('o') => self.sort = SortKey::Rtprof,
             KeyCode::Char('p') | KeyCode::Char(' ') => {
                 self.paused = match self.paused {
                     Some(_) => None,
@@ -376,6 +377,7 @@ pub(super) mod tests {
             ("c", SortKey::Calls),
             ("r", SortKey::Rate),
             ("n", SortKey::PerCall),
+            ("o", SortKey::Rtprof),
             ("t", SortKey::Time),
         ] {
             press(&mut a, k);

@@ -250,13 +250,14 @@ fn table<'a>(columns: &[Column], rows: Vec<Vec<Cell<'a>>>, width: u16, title: St
 }
 
 // Numbers keep their widths; names get what is left.
-const PROCESS_COLUMNS: [Column; 8] = [
+const PROCESS_COLUMNS: [Column; 9] = [
     col("", Constraint::Length(3), false),
     col("pid", Constraint::Length(7), false),
     col("executable", Constraint::Fill(1), false),
     col("time ms", Constraint::Length(9), false),
     col("calls/s", Constraint::Length(11), false),
     col("ns/call", Constraint::Length(12), false),
+    col("rtprof", Constraint::Length(7), true),
     col("funcs", Constraint::Length(5), true),
     col("recent spans", Constraint::Length(16), true),
 ];
@@ -290,6 +291,10 @@ fn process_table(f: &mut Frame, app: &App, v: &View, area: Rect) {
                 Cell::from(format!("{:.1}", s.time_ns as f64 / 1e6)),
                 Cell::from(format!("{:.1}", s.calls_per_s())),
                 Cell::from(per_call_text(s.ns_per_call())),
+                Cell::from(
+                    s.rtprof_share()
+                        .map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0)),
+                ),
                 Cell::from(s.functions.to_string()),
                 Cell::from(spark),
             ]
@@ -456,6 +461,7 @@ fn help(f: &mut Frame) {
         ("c", sort(SortKey::Calls)),
         ("r", sort(SortKey::Rate)),
         ("n", sort(SortKey::PerCall)),
+        ("o", sort(SortKey::Rtprof)),
         (
             "/",
             "filter by executable or function (Enter applies, Esc cancels)".into(),
