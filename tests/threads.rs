@@ -17,6 +17,16 @@ fn in_thread(t: &serde_json::Value, f: &str, field: &str) -> u64 {
         .map_or(0, |r| r[field].as_u64().unwrap())
 }
 
+/// The CPU time a test program says a thread spun (its `SPIN` line).
+fn spun_ns(stdout: &str) -> f64 {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SPIN "))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 #[test]
 fn every_thread_has_its_exact_calls_and_name() {
     let dir = scratch("named-threads");
@@ -80,12 +90,7 @@ fn every_thread_has_its_exact_calls_and_name() {
     // Samples land in the thread that ran: the spinner's time agrees with
     // its own CPU clock (within sampling's resolution), and no thread has
     // more samples than the process.
-    let spun: f64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("SPIN "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let spun = spun_ns(&stdout);
     let spinner = threads.iter().find(|t| t["name"] == "spinner").unwrap();
     let ns = spinner["time_ns"].as_f64().unwrap();
     assert!(
@@ -303,12 +308,7 @@ fn a_thread_sharing_its_cpu_has_its_time_sampled() {
         let prof = run_profiled(&bin, &[], &[("RTPROF_SAMPLER", sampler)], &dir);
         assert!(prof.output.status.success(), "{:?}", prof.output);
         let stdout = String::from_utf8_lossy(&prof.output.stdout).into_owned();
-        let spun: f64 = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("SPIN "))
-            .unwrap()
-            .parse()
-            .unwrap();
+        let spun = spun_ns(&stdout);
         let p = process(&prof.report, &bin);
         let t = p["threads"]
             .as_array()

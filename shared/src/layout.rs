@@ -216,7 +216,8 @@ pub mod cost {
     /// CPU time of the overhead budget's thread, in ns.
     pub const BUDGET_NS: usize = 2;
     /// Time the program's threads were held still while the budget
-    /// switched entries, summed over the threads held, in ns.
+    /// switched entries, summed over the threads held (those blocked
+    /// anyway too: an upper bound), in ns.
     pub const HELD_NS: usize = 3;
     /// Samples that landed in rtprof's own code in the process (stubs,
     /// loop probes): what counting costs, as the sampler sees it (times
