@@ -10,10 +10,10 @@
 //! the program's other threads stopped (`stopworld`). Calls between bursts
 //! are extrapolated from the burst rates (calls per CPU second), and the
 //! function is flagged `estimated` in the segment with a bound on the
-//! error. Only an estimate whose bound is within 10% of itself is
-//! published (added to the shared stripe); until then the function's
-//! count is the calls counted, marked "at least" (`AT_LEAST`): a bound
-//! wider than that says nothing a user can act on. Where threads cannot be stopped (a
+//! error. An estimate is published (added to the shared stripe) once its
+//! bound is within 5% of itself; until then the function's count is the
+//! calls counted, marked "at least" (`AT_LEAST`): a bound of tens of
+//! percent says nothing a user can act on. Where threads cannot be stopped (a
 //! debugger attached, ptrace refused) the bursts switch the stubs' count
 //! instead: the estimates hold, but the detour still costs.
 
@@ -52,8 +52,10 @@ const LOOK_AGAIN: Duration = Duration::from_millis(500);
 const MOST_ESTIMATED: usize = 4096;
 /// The widest bound an estimate is published with, relative to itself:
 /// a wider one says nothing a user can act on, and the function shows
-/// the calls counted instead, marked "at least".
-const WIDEST_BOUND: f64 = 0.10;
+/// the calls counted instead, marked "at least". Published once within
+/// half of it, so that later gaps (the last one, past every burst, most)
+/// seldom widen it past: a published count cannot be taken back.
+const PUBLISH_BOUND: f64 = 0.05;
 
 static WORKER: Worker = Worker::new(c"rtprof-budget", cost::BUDGET_NS);
 
@@ -66,10 +68,12 @@ struct Estimated {
     /// first).
     last: Option<Rates>,
     /// Calls extrapolated between bursts, and how many of them are in
-    /// the segment: none until the estimate's bound is narrow enough to
-    /// publish (until then its count is the calls counted, at least).
+    /// the segment: none until the estimate is published, once its bound
+    /// is narrow enough (until then its count is the calls counted, at
+    /// least).
     added: f64,
     written: u64,
+    published: bool,
     /// The bound on the error of what was added, in calls, from the
     /// bursts around each gap.
     error: f64,
@@ -682,6 +686,7 @@ impl Controller {
             last: None,
             added: 0.0,
             written: 0,
+            published: false,
             error: 0.0,
             by_reference: Spread::default(),
             by_cpu: Spread::default(),
@@ -875,23 +880,24 @@ impl Controller {
     /// Each estimate's bound, in hundredths of a percent of the estimate:
     /// the errors of its gaps, plus 1% of what was extrapolated (for
     /// change faster than a cycle). An estimate is published once its
-    /// bound is within [`WIDEST_BOUND`]; until then the function's count
+    /// bound is within [`PUBLISH_BOUND`]; until then the function's count
     /// is what was counted, marked "at least".
     fn publish_bounds(&mut self, a: &Agent, w: &mut SegmentWriter) {
         let c = &a.segment.counters;
         for e in &mut self.chosen {
             let estimate = e.counted(c.calls(e.entry.slot)) as f64 + e.added;
             let rel = e.bound() / estimate.max(1.0);
-            if e.written == 0 && rel <= WIDEST_BOUND {
+            if !e.published && rel <= PUBLISH_BOUND {
+                e.published = true;
                 e.written = e.added as u64;
                 c.add_calls(e.entry.slot, e.written);
             }
-            let units = if e.written == 0 && e.added >= 1.0 {
-                function_flags::AT_LEAST
-            } else {
+            let units = if e.published {
                 (rel * 10_000.0)
                     .ceil()
                     .clamp(1.0, (function_flags::AT_LEAST - 1) as f64) as u16
+            } else {
+                function_flags::AT_LEAST
             };
             w.set_estimated(e.entry.slot, Some(units));
         }
@@ -940,7 +946,7 @@ fn extrapolate(w: &Counters, e: &mut Estimated, i: &Interpolated, more: f64) {
     e.added += i.calls.max(0.0);
     e.error += i.error + more;
     e.gaps = e.gaps.plus(&i.measured_in);
-    if e.written > 0 {
+    if e.published {
         let n = (e.added as u64).saturating_sub(e.written);
         e.written += n;
         if n > 0 {

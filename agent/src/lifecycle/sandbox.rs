@@ -134,6 +134,15 @@ const THREADS_AND_SAMPLING: &[Trial] = &[
     trial(libc::SYS_sched_yield, 0, 0, 0, 0),
     trial(libc::SYS_mprotect, 0, 0, 0, 0),
     trial(libc::SYS_poll, 0, 0, 0, 0),
+    // The timers' handlers and the agent's threads read CPU clocks, which
+    // the vDSO does not serve (a null result: EFAULT, if allowed).
+    trial(
+        libc::SYS_clock_gettime,
+        libc::CLOCK_THREAD_CPUTIME_ID as c_long,
+        0,
+        0,
+        0,
+    ),
 ];
 
 /// Tries every call of [`START_UP`] then [`THREADS_AND_SAMPLING`] in a
