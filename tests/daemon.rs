@@ -515,9 +515,10 @@ fn rows_per_thread_on_request() {
         let main = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
         let main = main.trim_end().to_string();
         let last = std::cell::RefCell::new(String::new());
-        // The perf drain sleeps up to a second between reads of its rings:
-        // a view is final once it has not moved for longer than that (the
-        // program is idle after "ready").
+        // Samples can reach the segment late (the perf drain reads its
+        // rings up to a second apart; a timer sample held for its module's
+        // names waits for the drain): a view is final once it has not moved
+        // for longer than that (the program is idle after "ready").
         let steady = std::cell::RefCell::new(None::<(Instant, (Seen, Own))>);
         let got = d.wait_for_or(
             "every thread's rows and samples, steady for 2 s",

@@ -197,8 +197,9 @@ pub mod control {
 /// current while it runs: 8 words right after the switch requests'
 /// pattern ([`cost::AT`]), present where the module records start at or
 /// after [`cost::END`] (older writers put them right after the pattern).
-/// Each word is written by one of the agent's threads at a time; readers
-/// take each as it is.
+/// Words are added to atomically (the process's CPU time only ever
+/// raised), by any of the agent's threads and signal handlers; readers
+/// take each as it is. A forked child's start from zero.
 pub mod cost {
     use super::control;
     /// Byte offset of the block.

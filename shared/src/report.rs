@@ -770,8 +770,8 @@ fn cost_share(s: &Snapshot) -> Option<f64> {
     (c.process_cpu_ns > 0).then(|| total as f64 / c.process_cpu_ns as f64)
 }
 
-/// "perf (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of user CPU":
-/// both samplers count time spent in user space only (not system calls).
+/// "timer (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of CPU": the
+/// timers count CPU time, system calls too; the perf sampler user time.
 pub fn sampler_text(s: &Snapshot) -> String {
     let d = crate::sampling::Described {
         sampler: s.sampler,

@@ -1124,6 +1124,10 @@ impl Counters {
         for i in 0..self.module_count() {
             self.module_samples(i).store(0, Ordering::Relaxed);
         }
+        // What the agent cost was the parent's (or the last attach's).
+        for i in 0..cost::WORDS {
+            self.cost(i).store(0, Ordering::Relaxed);
+        }
         self.set_sampler(Sampler::Off, Why::Unknown, 0, 0);
         // A switch request was for the parent.
         let seq = self
@@ -1437,7 +1441,17 @@ mod tests {
         w.counters()
             .header_u64(offset_of!(Header, fold_seq))
             .store(7, Ordering::Relaxed);
+        // What the agent cost the parent.
+        w.counters()
+            .cost(cost::IN_STUBS)
+            .store(5, Ordering::Relaxed);
+        w.counters()
+            .cost(cost::PROCESS_CPU_NS)
+            .store(9, Ordering::Relaxed);
         w.counters().reset_for_child(None, 2, 1, 0);
+        for i in 0..cost::WORDS {
+            assert_eq!(w.counters().cost(i).load(Ordering::Relaxed), 0, "word {i}");
+        }
         assert_eq!(
             w.counters()
                 .header_u32(offset_of!(Header, fold_lock))

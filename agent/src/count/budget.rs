@@ -50,11 +50,13 @@ const LOOK_AGAIN: Duration = Duration::from_millis(500);
 /// At most this many functions are counted in bursts (each switch writes
 /// every one of them with the program stopped).
 const MOST_ESTIMATED: usize = 4096;
-/// The widest bound an estimate is published with, relative to itself:
-/// a wider one says nothing a user can act on, and the function shows
-/// the calls counted instead, marked "at least". Published once within
-/// half of it, so that later gaps (the last one, past every burst, most)
-/// seldom widen it past: a published count cannot be taken back.
+/// An estimate is published (its extrapolated calls added to the count)
+/// once its bound is within this share of itself; until then the
+/// function shows the calls counted, marked "at least": a bound of tens
+/// of percent says nothing a user can act on. Half of the 10% a bound
+/// should stay within, so that later gaps (the last one, past every
+/// burst, most) seldom widen it past that: a published count cannot be
+/// taken back, and its bound is shown as it grows.
 const PUBLISH_BOUND: f64 = 0.05;
 
 static WORKER: Worker = Worker::new(c"rtprof-budget", cost::BUDGET_NS);
@@ -677,7 +679,8 @@ impl Controller {
     /// Adds `e`, keeping the chosen in address order (entries are
     /// switched a page at a time).
     fn add_chosen(&mut self, a: &Agent, w: &mut SegmentWriter, e: &EntrySwitch, rates: Rates) {
-        w.set_estimated(e.slot, Some(0));
+        // Nothing extrapolated yet: the calls so far are the counted ones.
+        w.set_estimated(e.slot, Some(function_flags::AT_LEAST));
         let at = self.chosen.partition_point(|c| c.entry.at < e.at);
         let mut est = Estimated {
             entry: *e,
@@ -887,19 +890,23 @@ impl Controller {
         for e in &mut self.chosen {
             let estimate = e.counted(c.calls(e.entry.slot)) as f64 + e.added;
             let rel = e.bound() / estimate.max(1.0);
-            if !e.published && rel <= PUBLISH_BOUND {
-                e.published = true;
-                e.written = e.added as u64;
-                c.add_calls(e.entry.slot, e.written);
-            }
-            let units = if e.published {
+            let publish = !e.published && rel <= PUBLISH_BOUND;
+            let units = if e.published || publish {
                 (rel * 10_000.0)
                     .ceil()
                     .clamp(1.0, (function_flags::AT_LEAST - 1) as f64) as u16
             } else {
                 function_flags::AT_LEAST
             };
+            // The bound first: a reader never sees the estimate's calls
+            // marked "at least". (Its whole backlog lands in one of
+            // rtprofd's spans.)
             w.set_estimated(e.entry.slot, Some(units));
+            if publish {
+                e.published = true;
+                e.written = e.added as u64;
+                c.add_calls(e.entry.slot, e.written);
+            }
         }
     }
 }

@@ -30,7 +30,8 @@ pub fn note_process_cpu() {
         a.segment
             .counters
             .cost(cost::PROCESS_CPU_NS)
-            .store(clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID), Ordering::Relaxed);
+            // Several threads update it: a late store never moves it back.
+            .fetch_max(clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID), Ordering::Relaxed);
     }
 }
 

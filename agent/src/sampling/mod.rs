@@ -2,7 +2,7 @@
 //! attributed to a function (or a module, or "unknown") and counted in the
 //! counter segment next to the call counts.
 //!
-//! Two samplers: per-thread user-time timers with a signal handler (the
+//! Two samplers: per-thread CPU-time timers with a signal handler (the
 //! default: they expire at the scheduler's tick, which runs anyway, so a
 //! sample costs a signal and no interrupt of its own), or per-CPU perf
 //! `cpu-clock` events drained by one agent thread (when a timer cannot
