@@ -114,6 +114,25 @@ impl Spread {
         let mean = self.sum / self.n;
         ((self.sum2 / self.n - mean * mean).max(0.0) * self.n / (self.n - 1.0)).sqrt()
     }
+
+    /// How many standard deviations either way hold the rate 95 times in
+    /// 100, for a deviation taken from this many values (Student's t, two
+    /// sided): two bursts alike say little of the next, many say more.
+    fn t95(&self) -> f64 {
+        const T: [f64; 10] = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23];
+        let dof = (self.n as usize).saturating_sub(1);
+        match dof {
+            0 => T[0],
+            1..=10 => T[dof - 1],
+            11..=30 => 2.1,
+            _ => 2.0,
+        }
+    }
+
+    /// The deviation times [`Spread::t95`].
+    fn wide(&self) -> f64 {
+        self.t95() * self.sd()
+    }
 }
 
 /// A function's calls per unit of the program's progress, measured in a
@@ -936,12 +955,13 @@ impl Estimated {
     }
 
     /// The bound on the error of what was added, in calls: the errors of
-    /// its gaps; two standard deviations of the rate over the whole run
-    /// for all the progress no burst saw (a program's phases between
-    /// bursts); and 1% of what was added.
+    /// its gaps; the rate's deviation over the whole run, widened for
+    /// the few bursts it comes from (Student's t), for all the progress
+    /// no burst saw (a program's phases between bursts); and 1% of what
+    /// was added.
     fn bound(&self) -> f64 {
-        let unseen = 2.0 * self.by_reference.sd() * self.gaps.reference
-            + 2.0 * self.by_cpu.sd() * self.gaps.cpu;
+        let unseen =
+            self.by_reference.wide() * self.gaps.reference + self.by_cpu.wide() * self.gaps.cpu;
         self.error + unseen + 0.01 * self.added + 1.0
     }
 }
@@ -1005,6 +1025,18 @@ mod tests {
         assert_eq!(s.sd(), 4.0, "one value: as uncertain as itself");
         s.add(6.0);
         assert!((s.sd() - 2f64.sqrt()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn few_bursts_give_wide_deviations() {
+        let mut s = Spread::default();
+        s.add(4.0);
+        s.add(6.0);
+        assert_eq!(s.t95(), 12.71, "two values");
+        for _ in 0..40 {
+            s.add(5.0);
+        }
+        assert_eq!(s.t95(), 2.0, "many");
     }
 
     #[test]
