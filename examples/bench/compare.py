@@ -741,9 +741,9 @@ def markdown(results, mach, runs, quick):
                 + (f"; {more} more in results.json" if more > 0 else ""), ""]
     L += ["## Counting under a 1% budget", "",
           "`rtprof budget 1%` counts the hottest functions in bursts and estimates their calls "
-          "in between, published once its bound is within 5% of the estimate (later gaps may "
-          "widen it); a function whose calls cannot be bounded that tightly shows the calls "
-          "counted, marked \"at least\". Its counts "
+          "in between, published while it runs once its bound is within 5% of the calls "
+          "extrapolated, at exit once within 10% of the estimate; a function whose calls cannot "
+          "be bounded that tightly shows the calls counted, marked \"at least\". Its counts "
           "against the exact ones of the `rtprof calls` runs, for the functions carrying 90% of "
           "the calls; one figure per run.", "",
           "| workload | functions with 90% of calls | estimated | within 5% of exact | "

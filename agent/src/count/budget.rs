@@ -51,13 +51,15 @@ const LOOK_AGAIN: Duration = Duration::from_millis(500);
 /// every one of them with the program stopped).
 const MOST_ESTIMATED: usize = 4096;
 /// An estimate is published (its extrapolated calls added to the count)
-/// once its bound is within this share of itself; until then the
-/// function shows the calls counted, marked "at least": a bound of tens
-/// of percent says nothing a user can act on. Half of the 10% a bound
-/// should stay within, so that later gaps (the last one, past every
-/// burst, most) seldom widen it past that: a published count cannot be
-/// taken back, and its bound is shown as it grows.
+/// while the program runs once its bound is within this share of what
+/// was extrapolated (not of the whole count, which the calls counted
+/// exactly at first would make look sure early: later gaps carry the
+/// extrapolation's own uncertainty); at exit once its bound is within
+/// [`WIDEST_BOUND`] of the whole. Until then the function shows the calls
+/// counted, marked "at least": a bound of tens of percent says nothing a
+/// user can act on, and a published count cannot be taken back.
 const PUBLISH_BOUND: f64 = 0.05;
+const WIDEST_BOUND: f64 = 0.10;
 
 static WORKER: Worker = Worker::new(c"rtprof-budget", cost::BUDGET_NS);
 
@@ -815,7 +817,7 @@ impl Controller {
         self.close_burst(a, &clock, &at);
         self.gap_from = clock;
         self.phase = Phase::Between;
-        self.publish_bounds(a, w);
+        self.publish_bounds(a, w, false);
     }
 
     /// The burst that ends at `clock` (with counts `at`): its rates, and
@@ -884,7 +886,7 @@ impl Controller {
         }
         self.gap_from = clock;
         self.phase = Phase::Between;
-        self.publish_bounds(a, records);
+        self.publish_bounds(a, records, true);
         vlog!(
             "budget: {} functions counted in {} bursts ({:.2}% of the time), stops of {:.0} µs{}",
             self.chosen.len(),
@@ -901,15 +903,21 @@ impl Controller {
 
     /// Each estimate's bound, in hundredths of a percent of the estimate:
     /// the errors of its gaps, plus 1% of what was extrapolated (for
-    /// change faster than a cycle). An estimate is published once its
-    /// bound is within [`PUBLISH_BOUND`]; until then the function's count
-    /// is what was counted, marked "at least".
-    fn publish_bounds(&mut self, a: &Agent, w: &mut SegmentWriter) {
+    /// change faster than a cycle). An estimate is published as
+    /// [`PUBLISH_BOUND`] says (`last`: at exit); until then the function's
+    /// count is what was counted, marked "at least".
+    fn publish_bounds(&mut self, a: &Agent, w: &mut SegmentWriter, last: bool) {
         let c = &a.segment.counters;
         for e in &mut self.chosen {
             let estimate = e.counted(c.calls(e.entry.slot)) as f64 + e.added;
-            let rel = e.bound() / estimate.max(1.0);
-            let publish = !e.published && rel <= PUBLISH_BOUND;
+            let bound = e.bound();
+            let rel = bound / estimate.max(1.0);
+            let sure = if last {
+                rel <= WIDEST_BOUND
+            } else {
+                bound <= PUBLISH_BOUND * e.added
+            };
+            let publish = !e.published && sure;
             let units = if e.published || publish {
                 (rel * 10_000.0)
                     .ceil()
