@@ -785,10 +785,7 @@ impl Tracked {
                     module: fs.module,
                     flags: if fs.counted { ROW_COUNTED } else { 0 }
                         | flag(function_flags::ESTIMATED, ROW_ESTIMATED)
-                        | if fs.flags & function_flags::ESTIMATED != 0
-                            && (fs.flags >> function_flags::BOUND_SHIFT) as u16
-                                == function_flags::AT_LEAST
-                        {
+                        | if function_flags::estimate(fs.flags) == Some(function_flags::AT_LEAST) {
                             ROW_AT_LEAST
                         } else {
                             0

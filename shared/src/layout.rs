@@ -206,7 +206,7 @@ pub mod cost {
     pub const AT: usize = control::PATTERN + control::PATTERN_MAX;
     pub const END: usize = AT + WORDS * 8;
     pub const WORDS: usize = 8;
-    /// Word indices.
+    // Word indices.
     /// The process's CPU time (every thread, the agent's too) when the
     /// block was last brought up to date, in ns.
     pub const PROCESS_CPU_NS: usize = 0;
@@ -306,6 +306,12 @@ pub mod function_flags {
     /// estimated within a useful bound: its calls are those counted, at
     /// least that many were made.
     pub const AT_LEAST: u16 = u16::MAX;
+
+    /// An estimated function's bound (or [`AT_LEAST`]), from its flags;
+    /// `None` if its calls are not estimated.
+    pub fn estimate(flags: u32) -> Option<u16> {
+        (flags & ESTIMATED != 0).then_some((flags >> BOUND_SHIFT) as u16)
+    }
 }
 
 /// [`FunctionRecord::status`] of a function in a `SAMPLED_ONLY` module.

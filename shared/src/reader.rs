@@ -1064,8 +1064,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             calls: calls[i as usize],
             samples: samples[i as usize],
             counting_off: f.reserved & function_flags::COUNTING_OFF != 0,
-            estimated: (f.reserved & function_flags::ESTIMATED != 0)
-                .then_some((f.reserved >> function_flags::BOUND_SHIFT) as u16),
+            estimated: function_flags::estimate(f.reserved),
             trapped: f.reserved & function_flags::TRAPPED != 0,
             source: None,
         });

@@ -551,12 +551,14 @@ fn row_flags(counted: bool, estimated: bool, accelerated: bool, counting_off: bo
         | if counting_off { ROW_COUNTING_OFF } else { 0 }
 }
 
+/// A string's (offset, length) in the buffer.
+type Span32 = (u32, u32);
+
 /// Sets out `sc` for a publish: processes' entries in pid order, rows by
 /// executable (the rows of one program's processes share ids, so the
 /// global rows they add up to stay in cache), and the writer's own strings
 /// (each executable and module once) at `base` and on. Returns where
 /// `unknown` and `?` (a module index out of range) are, and `rtprof`.
-type Span32 = (u32, u32);
 fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((Span32, Span32), Span32) {
     sc.strings.clear();
     sc.exe.clear();
