@@ -577,6 +577,14 @@ fn timer_taken_over() {
 
 /// The last samples, before the exit report is written.
 pub fn at_exit(a: &Agent) {
+    // The image ends: no sample after this last drain. What follows is
+    // the agent's own exit work (files beside the segment, the report),
+    // and a timer sample taken in it would have its stack recorded but
+    // its count held, for a drain that never comes (the timers sample
+    // system calls too: seen as `unlink` samples in the stacks only).
+    if timer::active() {
+        timer::stop_all();
+    }
     drain(a, Wait::Yes, true);
 }
 
