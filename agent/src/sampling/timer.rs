@@ -58,13 +58,15 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
             // SAFETY: the context the kernel passed to this handler.
             let ip = unsafe { Native::signal_pc(uc) };
             let n = periods(info);
+            // Counted and stacked together, or neither: stacks and
+            // counts are reported against each other.
             if let Some(a) = crate::agent() {
                 count_here(a, ip, n);
-            }
-            if super::STACKS.load(Ordering::Relaxed) {
-                // SAFETY: as for the program counter.
-                let (sp, bp) = unsafe { Native::signal_sp_bp(uc) };
-                super::stacks::record_here(ip, sp, bp, n);
+                if super::STACKS.load(Ordering::Relaxed) {
+                    // SAFETY: as for the program counter.
+                    let (sp, bp) = unsafe { Native::signal_sp_bp(uc) };
+                    super::stacks::record_here(ip, sp, bp, n);
+                }
             }
             crate::cost::add(
                 rtprof_shared::layout::cost::SAMPLING_NS,
