@@ -59,6 +59,40 @@ impl DebugFile {
     }
 }
 
+/// An ELF file's headers and section names only: what finding its build-id
+/// and debuglink needs. A full parse also splits every symbol name
+/// (milliseconds for libc's debug file, at every start).
+pub fn headers(data: &[u8]) -> Option<Elf<'_>> {
+    use goblin::elf::{ProgramHeader, SectionHeader};
+    let header = Elf::parse_header(data).ok()?;
+    let ctx = goblin::container::Ctx::new(header.container().ok()?, header.endianness().ok()?);
+    let mut elf = Elf::lazy_parse(header).ok()?;
+    let (phoff, phnum) = (
+        usize::try_from(header.e_phoff).ok()?,
+        usize::from(header.e_phnum),
+    );
+    elf.program_headers = ProgramHeader::parse(data, phoff, phnum, ctx).ok()?;
+    let (shoff, shnum) = (
+        usize::try_from(header.e_shoff).ok()?,
+        usize::from(header.e_shnum),
+    );
+    if shoff != 0 && shnum != 0 {
+        elf.section_headers = SectionHeader::parse(data, shoff, shnum, ctx).ok()?;
+        let names_at = match u32::from(header.e_shstrndx) {
+            goblin::elf::section_header::SHN_XINDEX => elf.section_headers[0].sh_link as usize,
+            i => i as usize,
+        };
+        if let Some(names) = elf.section_headers.get(names_at) {
+            let (at, len) = (
+                usize::try_from(names.sh_offset).ok()?,
+                usize::try_from(names.sh_size).ok()?,
+            );
+            elf.shdr_strtab = goblin::strtab::Strtab::parse(data, at, len, 0).ok()?;
+        }
+    }
+    Some(elf)
+}
+
 /// The GNU build-id of an ELF file, from its notes.
 pub fn build_id<'a>(elf: &Elf<'a>, data: &'a [u8]) -> Option<&'a [u8]> {
     let from = |it: Option<goblin::elf::note::NoteIterator<'a>>| {
@@ -136,7 +170,7 @@ pub fn find(path: &Path, data: &[u8]) -> Option<DebugFile> {
 }
 
 fn find_in(path: &Path, data: &[u8], dirs: &[PathBuf]) -> Option<DebugFile> {
-    let elf = Elf::parse(data).ok()?;
+    let elf = headers(data)?;
     let id = build_id(&elf, data);
     let link = debuglink(&elf, data);
     if id.is_none() && link.is_none() {
@@ -162,9 +196,7 @@ fn open_matching(path: &Path, id: Option<&[u8]>, crc: Option<u32>) -> Option<Deb
     // (another of its threads) sees ours for as short a time as can be.
     drop(f);
     let belongs = match id {
-        Some(id) => Elf::parse(&map)
-            .ok()
-            .is_some_and(|e| build_id(&e, &map) == Some(id)),
+        Some(id) => headers(&map).is_some_and(|e| build_id(&e, &map) == Some(id)),
         None => crc.is_some_and(|c| crc32fast::hash(&map) == c),
     };
     belongs.then(|| DebugFile {

@@ -368,6 +368,10 @@ fn tick(gone: bool) -> Next {
 /// At exit: the calls since the last burst are extrapolated and every
 /// estimate gets its final bound. The functions stay as they are.
 pub fn at_exit(a: &Agent) {
+    // Without a budget, no controller: the lock is not worth waiting for.
+    if a.config.budget.is_none() {
+        return;
+    }
     with_controller(a, |c, _, w| c.settle(a, w));
 }
 

@@ -45,6 +45,9 @@ pub struct Segment {
     /// before records are added, so a thread that takes a stripe meanwhile
     /// backs them too.
     reserved_funcs: AtomicU32,
+    /// Functions and name bytes whose records already have memory
+    /// (`funcs << 32 | strings`): each reservation backs only what is new.
+    records_backed: AtomicU64,
 }
 
 fn last_err() -> io::Error {
@@ -358,6 +361,7 @@ impl Segment {
             counters: *writer.counters(),
             run_dir,
             reserved_funcs: AtomicU32::new(0),
+            records_backed: AtomicU64::new(0),
         };
         Ok((segment, writer))
     }
@@ -373,11 +377,15 @@ impl Segment {
             return false;
         }
         let base = self.counters.base();
-        let metadata = record_ranges(l, funcs, strings)
+        let backed = self.records_backed.load(Ordering::Relaxed);
+        let (had_funcs, had_strings) = ((backed >> 32) as u32, backed as u32);
+        let (funcs_now, strings_now) = (funcs.max(had_funcs), strings.max(had_strings));
+        let metadata = record_ranges(l, funcs_now, strings_now)
             .into_iter()
-            .filter(|&(_, len)| len > 0)
-            .all(|(off, len)| {
-                let (off, len) = pages(off, len);
+            .zip(record_ranges(l, had_funcs, had_strings))
+            .filter(|&((_, len), (_, had))| len > had)
+            .all(|((off, len), (_, had))| {
+                let (off, len) = pages(off + had, len - had);
                 // SAFETY: the range lies inside the mapping (checked against
                 // the capacities above, which the layout is made from).
                 let p = unsafe { base.add(off as usize) };
@@ -386,6 +394,10 @@ impl Segment {
         if !metadata {
             return false;
         }
+        self.records_backed.store(
+            u64::from(funcs_now) << 32 | u64::from(strings_now),
+            Ordering::Relaxed,
+        );
         // Every stripe a thread holds, an ended thread's and the sums get
         // the new counters (a fold reads them unchecked); a thread that
         // takes a stripe after this store backs them itself, as a fold does
@@ -527,6 +539,11 @@ impl Segment {
             let fd = new_backing(&l, run_dir)?;
             let w = &self.counters;
             let used = record_ranges(&l, w.func_count(), w.strings_len());
+            // The child's file has memory for what is copied, no more.
+            self.records_backed.store(
+                u64::from(w.func_count()) << 32 | u64::from(w.strings_len()),
+                Ordering::Relaxed,
+            );
             // Metadata in use is copied (the counters start from zero);
             // what the child will write is reserved.
             let copy = fixed_ranges(&l)

@@ -8,6 +8,10 @@
 //! library loaded from inside our handler), and is told so instead of
 //! waiting for itself. A forked child resets it (a thread of the parent
 //! may have held it at fork time).
+//!
+//! A waiter spins briefly, then sleeps on the owner word (futex): the
+//! holder may be the drain thread reading files, descheduled on a busy
+//! machine, while the program's exit waits for it.
 
 use crate::budget::Controller;
 use crate::install::StubMap;
@@ -27,6 +31,8 @@ pub struct Locked {
 
 pub struct StateLock {
     owner: AtomicU32,
+    /// Threads asleep (or about to sleep) on `owner`.
+    sleepers: AtomicU32,
     state: UnsafeCell<Locked>,
 }
 
@@ -38,6 +44,7 @@ impl StateLock {
     pub fn new(state: Locked) -> StateLock {
         StateLock {
             owner: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
             state: UnsafeCell::new(state),
         }
     }
@@ -45,6 +52,7 @@ impl StateLock {
     /// Waits for the lock; `None` if this thread holds it already.
     pub fn lock(&self) -> Option<Guard<'_>> {
         let me = crate::threads::gettid();
+        let mut spins = 0u32;
         loop {
             match self
                 .owner
@@ -52,8 +60,49 @@ impl StateLock {
             {
                 Ok(_) => return Some(Guard { lock: self }),
                 Err(owner) if owner == me => return None,
-                Err(_) => std::hint::spin_loop(),
+                Err(_) if spins < SPINS => {
+                    spins += 1;
+                    std::hint::spin_loop()
+                }
+                Err(owner) => self.sleep_while(owner),
             }
+        }
+    }
+
+    /// Sleeps until the lock's owner is no longer `owner` (returns at once
+    /// if it already changed; a spurious wake-up only loops again).
+    fn sleep_while(&self, owner: u32) {
+        // SeqCst with the unlock's store then load: either the holder sees
+        // this sleeper, or this sleeper's futex sees the lock released.
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        if self.owner.load(Ordering::SeqCst) == owner {
+            // SAFETY: FUTEX_WAIT on a live, aligned u32 of this process; it
+            // sleeps only while the word still holds `owner`.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.owner.as_ptr(),
+                    libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                    owner,
+                    std::ptr::null::<libc::timespec>(),
+                )
+            };
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn unlock(&self) {
+        self.owner.store(0, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) != 0 {
+            // SAFETY: FUTEX_WAKE on a live, aligned u32 of this process.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.owner.as_ptr(),
+                    libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                    i32::MAX,
+                )
+            };
         }
     }
 
@@ -61,8 +110,12 @@ impl StateLock {
     /// lock does not exist here.
     pub fn reset_in_child(&self) {
         self.owner.store(0, Ordering::Release);
+        self.sleepers.store(0, Ordering::Release);
     }
 }
+
+/// Tries before sleeping: the lock is usually held for microseconds.
+const SPINS: u32 = 200;
 
 pub struct Guard<'a> {
     lock: &'a StateLock,
@@ -85,7 +138,7 @@ impl std::ops::DerefMut for Guard<'_> {
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        self.lock.owner.store(0, Ordering::Release);
+        self.lock.unlock();
     }
 }
 
@@ -133,5 +186,34 @@ mod tests {
         }));
         assert!(r.is_err());
         assert!(l.lock().is_some());
+    }
+
+    /// Holders that sleep make waiters sleep too (on the futex); every
+    /// waiter still gets in, one at a time.
+    #[test]
+    fn waiters_that_sleep_are_woken_one_holder_at_a_time() {
+        use std::sync::atomic::AtomicBool;
+        let l = lock();
+        let inside = AtomicBool::new(false);
+        let entries = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (l, inside, entries) = (&l, &inside, &entries);
+                s.spawn(move || {
+                    for i in 0..200 {
+                        let g = l.lock().expect("not held by this thread");
+                        assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+                        if (i + t) % 50 == 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        inside.store(false, Ordering::SeqCst);
+                        entries.fetch_add(1, Ordering::Relaxed);
+                        drop(g);
+                    }
+                });
+            }
+        });
+        assert_eq!(entries.load(Ordering::Relaxed), 800);
+        assert_eq!(l.sleepers.load(Ordering::SeqCst), 0);
     }
 }

@@ -34,7 +34,7 @@ pub(crate) struct Status {
 }
 
 pub(crate) fn status() -> Status {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let text = crate::maps::read_proc("/proc/self/status");
     let field = |name: &str| -> Option<u64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name))?

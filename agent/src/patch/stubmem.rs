@@ -37,6 +37,31 @@ fn candidates(lo: u64, hi: u64, size: u64, gaps: &[(u64, u64)]) -> Vec<u64> {
     below.into_iter().chain(above).collect()
 }
 
+/// Free address space as last read from /proc/self/maps, less the areas
+/// mapped here since: start-up maps an area for every module, and reading
+/// the maps each time cost more than the mapping. Space taken meanwhile by
+/// others only costs a refused `MAP_FIXED_NOREPLACE`; when no candidate
+/// maps, the maps are read again.
+static GAPS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes [start, end) from `gaps`.
+fn take(gaps: &mut Vec<(u64, u64)>, start: u64, end: u64) {
+    let mut out = Vec::with_capacity(gaps.len() + 1);
+    for &(gs, ge) in gaps.iter() {
+        if ge <= start || gs >= end {
+            out.push((gs, ge));
+            continue;
+        }
+        if gs < start {
+            out.push((gs, start));
+        }
+        if end < ge {
+            out.push((end, ge));
+        }
+    }
+    *gaps = out;
+}
+
 /// A read-write anonymous mapping that later becomes read-execute.
 pub struct StubArea {
     pub addr: u64,
@@ -50,9 +75,30 @@ impl StubArea {
     /// functions, and one instruction-TLB entry then covers 2 MiB of them
     /// (cc1 compiling lvm.c: 0.5 ns less per call).
     pub fn near(lo: u64, hi: u64, size: u64) -> Option<StubArea> {
-        let gaps = Maps::current().gaps(LOWEST, USER_END);
+        // Never waited for: a forked child may find it held by a thread
+        // that does not exist there.
+        let mut mine = Vec::new();
+        let mut held = GAPS.try_lock();
+        let gaps = match held.as_deref_mut() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => &mut **p.get_mut(),
+            Err(std::sync::TryLockError::WouldBlock) => &mut mine,
+        };
+        if gaps.is_empty() {
+            *gaps = Maps::current().gaps(LOWEST, USER_END);
+        }
+        let area = Self::near_in(lo, hi, size, gaps).or_else(|| {
+            // Known free space ran out or was taken since: read it afresh.
+            *gaps = Maps::current().gaps(LOWEST, USER_END);
+            Self::near_in(lo, hi, size, gaps)
+        })?;
+        take(gaps, area.addr, area.addr + area.len);
+        Some(area)
+    }
+
+    fn near_in(lo: u64, hi: u64, size: u64, gaps: &[(u64, u64)]) -> Option<StubArea> {
         if size >= HUGE / 2 {
-            if let Some(a) = Self::map_first(lo, hi, size.div_ceil(HUGE) * HUGE, HUGE, &gaps) {
+            if let Some(a) = Self::map_first(lo, hi, size.div_ceil(HUGE) * HUGE, HUGE, gaps) {
                 // SAFETY: our fresh mapping; the advice only changes how
                 // it is backed.
                 unsafe {
@@ -65,7 +111,7 @@ impl StubArea {
                 return Some(a);
             }
         }
-        Self::map_first(lo, hi, size.div_ceil(PAGE) * PAGE, PAGE, &gaps)
+        Self::map_first(lo, hi, size.div_ceil(PAGE) * PAGE, PAGE, gaps)
     }
 
     /// Maps `len` bytes at the first candidate (aligned to `align`) that is
@@ -132,6 +178,15 @@ impl StubArea {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mapped_area_leaves_the_known_gaps() {
+        let mut g = vec![(0x1000, 0x9000), (0x10000, 0x20000)];
+        take(&mut g, 0x2000, 0x3000);
+        take(&mut g, 0x10000, 0x20000);
+        take(&mut g, 0x8000, 0x9000);
+        assert_eq!(g, [(0x1000, 0x2000), (0x3000, 0x8000)]);
+    }
 
     #[test]
     fn candidates_stay_in_range_and_prefer_below() {

@@ -48,7 +48,7 @@ pub struct ModuleFile {
 type Key = ([u32; MAX_DEPTH], u8);
 
 struct State {
-    unwinder: UnwinderX86_64<Vec<u8>, MustNotAllocateDuringUnwind>,
+    unwinder: UnwinderX86_64<Section, MustNotAllocateDuringUnwind>,
     cache: CacheX86_64<MustNotAllocateDuringUnwind>,
     /// The modules in the unwinder, as last synced.
     loaded: Vec<ModuleFile>,
@@ -223,15 +223,43 @@ fn section<'a>(data: &'a [u8], name: &str) -> Option<(std::ops::Range<u64>, Opti
     })
 }
 
-/// The unwind sections of the module file at `path`, copied (a module can
-/// be unloaded while its entries are still in the unwinder).
-fn module_for(m: &ModuleFile) -> Option<Module<Vec<u8>>> {
+/// An unwind section of a module's file, read where it is mapped: a
+/// private mapping of the file made here, not the loader's (a module can
+/// be unloaded while its entries are still in the unwinder). Nothing is
+/// copied at start-up; pages are read as unwinding first needs them.
+/// (Empty by default, as framehop's section list wants.)
+#[derive(Default)]
+pub struct Section {
+    map: Option<std::sync::Arc<memmap2::Mmap>>,
+    bytes: std::ops::Range<usize>,
+}
+
+impl std::ops::Deref for Section {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.map
+            .as_ref()
+            .and_then(|m| m.get(self.bytes.clone()))
+            .unwrap_or(&[])
+    }
+}
+
+/// The unwind sections of the module file at `path`.
+fn module_for(m: &ModuleFile) -> Option<Module<Section>> {
     let file = std::fs::File::open(&m.path).ok()?;
-    // SAFETY: a read-only private mapping; the bytes are copied out with
+    // SAFETY: a read-only private mapping; its bytes are parsed with
     // bounds checks and never executed.
-    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&file) }.ok()?);
     // The mapping stays; the descriptor goes at once (see `modules_changed`).
     drop(file);
+    let base = map.as_ptr() as usize;
+    let in_map = |b: &[u8]| {
+        let start = b.as_ptr() as usize - base;
+        Section {
+            map: Some(map.clone()),
+            bytes: start..start + b.len(),
+        }
+    };
     let (eh_frame_svma, eh_frame) = section(&map, ".eh_frame").unzip();
     let (eh_frame_hdr_svma, eh_frame_hdr) = section(&map, ".eh_frame_hdr").unzip();
     let info = ExplicitModuleSectionInfo {
@@ -239,9 +267,9 @@ fn module_for(m: &ModuleFile) -> Option<Module<Vec<u8>>> {
         text_svma: section(&map, ".text").map(|s| s.0),
         got_svma: section(&map, ".got").map(|s| s.0),
         eh_frame_svma,
-        eh_frame: eh_frame.flatten().map(<[u8]>::to_vec),
+        eh_frame: eh_frame.flatten().map(in_map),
         eh_frame_hdr_svma,
-        eh_frame_hdr: eh_frame_hdr.flatten().map(<[u8]>::to_vec),
+        eh_frame_hdr: eh_frame_hdr.flatten().map(in_map),
         ..Default::default()
     };
     let lo = m.exec.iter().map(|r| r.0).min()?;
