@@ -11,33 +11,56 @@ use rtprof_shared::layout::module_flags;
 use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-/// [start, end) -> counter.
+/// [start, end) of a function's code, its stub or a loop probe. Small (24
+/// bytes): a process with libpython and libc instrumented has 20,000 of
+/// them, and the table is rebuilt whenever a library comes or goes.
 #[derive(Clone, Copy, Debug)]
 struct Range {
     start: u64,
     end: u64,
-    counter: *const AtomicU64,
-    /// For a module named on demand: its record + 1 (else 0).
-    on_demand: u32,
-    /// What a stack frame here is: the function slot, or
-    /// `stacks::MODULE | record`.
+    /// The function slot (its sample counter, and its stack frame's id).
     id: u32,
-    /// Where in its function a sample here is counted (`offsets`).
-    at: Offset,
-    /// For a loop probe: the address of the window it stands for.
-    origin: u64,
+    /// Where in its function a sample here is counted: [`AT_NONE`] (a
+    /// stub), [`AT_START`] (its offset from `start`: the function's own
+    /// code) or this offset (a loop probe: the code it runs stands for the
+    /// window's, in one block of the function).
+    at: u32,
 }
 
-/// Where in its function a sample in a range is counted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Offset {
-    /// Nowhere (a stub, a module).
-    None,
-    /// At its offset from the range's start (the function's own code).
-    FromStart,
-    /// At this offset (a loop probe: the code it runs stands for the
-    /// window's, in one block of the function).
-    Fixed(u32),
+const AT_NONE: u32 = u32::MAX;
+const AT_START: u32 = u32::MAX - 1;
+
+/// [start, end) of a module's executable code.
+#[derive(Clone, Copy, Debug)]
+struct ModuleRange {
+    start: u64,
+    end: u64,
+    record: u32,
+    /// Its functions are named when a sample first lands in it.
+    on_demand: bool,
+}
+
+trait Span {
+    fn start(&self) -> u64;
+    fn end(&self) -> u64;
+}
+
+impl Span for Range {
+    fn start(&self) -> u64 {
+        self.start
+    }
+    fn end(&self) -> u64 {
+        self.end
+    }
+}
+
+impl Span for ModuleRange {
+    fn start(&self) -> u64 {
+        self.start
+    }
+    fn end(&self) -> u64 {
+        self.end
+    }
 }
 
 /// A module present in the process: its record in the segment and the
@@ -49,44 +72,50 @@ pub struct Present {
 }
 
 pub struct AddrMap {
-    /// Functions and stubs, sorted, not overlapping.
+    /// Functions, stubs and loop probes, sorted, not overlapping.
     funcs: Vec<Range>,
     /// Executable ranges of modules, sorted.
-    modules: Vec<Range>,
-    unknown: *const AtomicU64,
-    total: *const AtomicU64,
-    /// Samples in rtprof's own code (stubs, loop probes): the cost block's.
-    in_stubs: *const AtomicU64,
+    modules: Vec<ModuleRange>,
+    /// Loop probes: (first byte, address of the window it stands for),
+    /// sorted.
+    probes: Vec<(u64, u64)>,
+    counters: rtprof_shared::writer::Counters,
 }
 
-// SAFETY: the pointers refer to the process's counter segment, mapped for
+// SAFETY: `counters` refers to the process's counter segment, mapped for
 // good and shared by every thread; the table owns nothing thread-bound.
 unsafe impl Send for AddrMap {}
 // SAFETY: a shared table is only read, and the counters it points to are
 // atomics, updated from any thread.
 unsafe impl Sync for AddrMap {}
 
-fn find(v: &[Range], ip: u64) -> Option<&Range> {
-    let i = v.partition_point(|r| r.start <= ip);
+fn find<T: Span>(v: &[T], ip: u64) -> Option<&T> {
+    let i = v.partition_point(|r| r.start() <= ip);
     let r = v.get(i.checked_sub(1)?)?;
-    (ip < r.end).then_some(r)
+    (ip < r.end()).then_some(r)
 }
 
 /// Sorts and clips ranges so none overlaps the next (a symbol whose size
 /// runs into its successor keeps the part before it).
-fn normalise(v: &mut Vec<Range>) {
+fn normalise<T: Span + Copy>(v: &mut Vec<T>, clip: impl Fn(&mut T, u64)) {
     // Stable: the input is a few sorted runs (a module's functions, its
     // stubs), which a merge sort joins in linear time.
-    v.sort_by_key(|r| (r.start, std::cmp::Reverse(r.end)));
-    v.dedup_by_key(|r| r.start);
+    v.sort_by_key(|r| (r.start(), std::cmp::Reverse(r.end())));
+    v.dedup_by_key(|r| r.start());
     for i in 1..v.len() {
-        let next = v[i].start;
-        if v[i - 1].end > next {
-            v[i - 1].end = next;
+        let next = v[i].start();
+        if v[i - 1].end() > next {
+            clip(&mut v[i - 1], next);
         }
     }
-    v.retain(|r| r.end > r.start);
+    v.retain(|r| r.end() > r.start());
 }
+
+/// The last table's vectors, kept for the next build: a table is rebuilt
+/// for every library loaded, and fresh vectors of its size cost hundreds
+/// of page faults each time.
+static SPARE: std::sync::Mutex<Option<(Vec<Range>, Vec<ModuleRange>)>> =
+    std::sync::Mutex::new(None);
 
 impl AddrMap {
     /// Builds the table for the modules in `present` from their records in
@@ -98,28 +127,27 @@ impl AddrMap {
         stubs: &[(u64, u64, u32)],
         probes: &[(u64, u64, u32, u32)],
     ) -> AddrMap {
-        let mut funcs = Vec::new();
-        let mut modules = Vec::new();
+        // Never waited for: a forked child may find it held by a thread
+        // that does not exist there.
+        let (mut funcs, mut modules) = SPARE
+            .try_lock()
+            .ok()
+            .and_then(|mut s| s.take())
+            .unwrap_or_default();
+        funcs.clear();
+        modules.clear();
         let func_count = w.func_count();
         for p in present {
             if p.record >= w.module_count() {
                 continue;
             }
             let m = w.module(p.record);
-            let bucket = w.counters().module_samples(p.record) as *const AtomicU64;
-            let on_demand = if m.flags & module_flags::NAMED_ON_DEMAND != 0 {
-                p.record + 1
-            } else {
-                0
-            };
-            modules.extend(p.exec.iter().map(|&(start, end)| Range {
+            let on_demand = m.flags & module_flags::NAMED_ON_DEMAND != 0;
+            modules.extend(p.exec.iter().map(|&(start, end)| ModuleRange {
                 start,
                 end,
-                counter: bucket,
+                record: p.record,
                 on_demand,
-                id: super::stacks::MODULE | p.record,
-                at: Offset::None,
-                origin: 0,
             }));
             let last = m.first_func.saturating_add(m.func_count).min(func_count);
             for slot in m.first_func..last {
@@ -129,11 +157,8 @@ impl AddrMap {
                     funcs.push(Range {
                         start,
                         end: start.saturating_add(f.size as u64),
-                        counter: w.counters().function_samples(slot),
-                        on_demand: 0,
                         id: slot,
-                        at: Offset::FromStart,
-                        origin: 0,
+                        at: AT_START,
                     });
                 }
             }
@@ -145,38 +170,49 @@ impl AddrMap {
                 .map(|&(start, end, slot)| Range {
                     start,
                     end,
-                    counter: w.counters().function_samples(slot),
-                    on_demand: 0,
                     id: slot,
-                    at: Offset::None,
-                    origin: 0,
+                    at: AT_NONE,
                 }),
         );
         funcs.extend(
             probes
                 .iter()
-                .filter(|s| s.2 < func_count)
+                .filter(|s| s.2 < func_count && s.3 < AT_START)
                 .map(|&(start, end, slot, off)| Range {
                     start,
                     end,
-                    counter: w.counters().function_samples(slot),
-                    on_demand: 0,
                     id: slot,
-                    at: Offset::Fixed(off),
-                    origin: {
-                        let m = w.module(w.function(slot).module);
-                        m.base.wrapping_add(w.function(slot).vaddr) + off as u64
-                    },
+                    at: off,
                 }),
         );
-        normalise(&mut funcs);
-        normalise(&mut modules);
+        let mut origins: Vec<(u64, u64)> = probes
+            .iter()
+            .filter(|s| s.2 < func_count)
+            .map(|&(start, _, slot, off)| {
+                let f = w.function(slot);
+                let base = w.module(f.module).base;
+                (start, base.wrapping_add(f.vaddr) + off as u64)
+            })
+            .collect();
+        origins.sort_unstable();
+        normalise(&mut funcs, |r, end| r.end = end);
+        normalise(&mut modules, |r, end| r.end = end);
         AddrMap {
             funcs,
             modules,
-            unknown: w.counters().samples_unknown(),
-            total: w.counters().samples_total(),
-            in_stubs: w.counters().cost(rtprof_shared::layout::cost::IN_STUBS),
+            probes: origins,
+            counters: *w.counters(),
+        }
+    }
+
+    /// The sample counter of what `ip` is in: its function's (also from
+    /// its stub or loop probe), its module's, or the unknown bucket's.
+    #[inline]
+    fn counter(&self, func: Option<&Range>, module: Option<&ModuleRange>) -> &AtomicU64 {
+        match (func, module) {
+            (Some(r), _) => self.counters.function_samples(r.id),
+            (None, Some(m)) => self.counters.module_samples(m.record),
+            (None, None) => self.counters.samples_unknown(),
         }
     }
 
@@ -184,14 +220,13 @@ impl AddrMap {
     /// named on demand it lands in, if it does (one lookup for both).
     #[inline]
     fn place(&self, ip: u64) -> (&AtomicU64, Option<u32>, Option<&Range>) {
-        let (c, on_demand, func) = match find(&self.funcs, ip) {
-            Some(r) => (r.counter, None, Some(r)),
-            None => find(&self.modules, ip).map_or((self.unknown, None, None), |r| {
-                (r.counter, r.on_demand.checked_sub(1), None)
-            }),
+        let func = find(&self.funcs, ip);
+        let module = match func {
+            Some(_) => None,
+            None => find(&self.modules, ip),
         };
-        // SAFETY: counters point into the counter segment, mapped for good.
-        (unsafe { &*c }, on_demand, func)
+        let on_demand = module.filter(|m| m.on_demand).map(|m| m.record);
+        (self.counter(func, module), on_demand, func)
     }
 
     /// Counts `n` samples at `ip`, unless `hold_unnamed` and it lands in a
@@ -204,20 +239,22 @@ impl AddrMap {
             return Counted::Held(record);
         }
         counter.fetch_add(n, Ordering::Relaxed);
-        // SAFETY: as in `place`.
-        unsafe { &*self.total }.fetch_add(n, Ordering::Relaxed);
+        self.counters
+            .samples_total()
+            .fetch_add(n, Ordering::Relaxed);
         match func {
             Some(r) => {
                 match r.at {
-                    Offset::FromStart => super::offsets::record(r.id, (ip - r.start) as u32, n),
-                    Offset::Fixed(off) => super::offsets::record(r.id, off, n),
-                    Offset::None => {}
+                    AT_NONE => {}
+                    AT_START => super::offsets::record(r.id, (ip - r.start) as u32, n),
+                    off => super::offsets::record(r.id, off, n),
                 }
                 // A stub (no place in the function) or a loop probe: what
                 // counting costs.
-                if r.at == Offset::None || r.origin != 0 {
-                    // SAFETY: as in `place`.
-                    unsafe { &*self.in_stubs }.fetch_add(n, Ordering::Relaxed);
+                if r.at != AT_START {
+                    self.counters
+                        .cost(rtprof_shared::layout::cost::IN_STUBS)
+                        .fetch_add(n, Ordering::Relaxed);
                 }
                 Counted::Function(r.id)
             }
@@ -275,9 +312,10 @@ pub fn count_unless_unnamed(ip: u64, n: u64) -> Counted {
 pub fn place_ids(ips: &[u64], out: &mut [u32], unknown: u32) {
     let found = with_current(|m| {
         for (ip, o) in ips.iter().zip(out.iter_mut()) {
-            *o = find(&m.funcs, *ip)
-                .or_else(|| find(&m.modules, *ip))
-                .map_or(unknown, |r| r.id);
+            *o = match find(&m.funcs, *ip) {
+                Some(r) => r.id,
+                None => find(&m.modules, *ip).map_or(unknown, |r| super::stacks::MODULE | r.record),
+            };
         }
         Some(())
     });
@@ -298,9 +336,9 @@ pub fn probe_at(ip: u64) -> Option<(u64, u64)> {
         return None;
     }
     with_current(|m| {
-        find(&m.funcs, ip)
-            .filter(|r| r.origin != 0)
-            .map(|r| (r.start, r.origin))
+        let r = find(&m.funcs, ip).filter(|r| r.at < AT_START)?;
+        let i = m.probes.binary_search_by_key(&r.start, |p| p.0).ok()?;
+        Some((r.start, m.probes[i].1))
     })
 }
 
@@ -314,7 +352,7 @@ pub fn named_on_demand_at(ip: u64) -> Option<u32> {
 /// [`count`]; a reader that never finishes (a thread stopped in a signal
 /// handler) makes us keep it rather than wait for ever.
 pub fn publish(map: AddrMap) {
-    if map.funcs.iter().any(|r| r.origin != 0) {
+    if !map.probes.is_empty() {
         ANY_PROBE.store(true, Ordering::Relaxed);
     }
     let old = CURRENT.swap(Box::into_raw(Box::new(map)), Ordering::SeqCst);
@@ -326,7 +364,10 @@ pub fn publish(map: AddrMap) {
             // SAFETY: `old` came from Box::into_raw when published, was
             // swapped out of CURRENT (no new reader finds it) and no
             // reader is left that could hold it.
-            drop(unsafe { Box::from_raw(old) });
+            let old = unsafe { Box::from_raw(old) };
+            if let Ok(mut spare) = SPARE.try_lock() {
+                *spare = Some((old.funcs, old.modules));
+            }
             return;
         }
         if i < 100 {
@@ -423,18 +464,14 @@ pub(crate) mod tests {
 
     #[test]
     fn normalise_clips_and_dedups() {
-        let c = std::ptr::null();
         let r = |start, end| Range {
             start,
             end,
-            counter: c,
-            on_demand: 0,
             id: 0,
-            at: Offset::FromStart,
-            origin: 0,
+            at: AT_START,
         };
         let mut v = vec![r(10, 50), r(0, 20), r(10, 15), r(60, 60)];
-        normalise(&mut v);
+        normalise(&mut v, |r, end| r.end = end);
         let got: Vec<_> = v.iter().map(|r| (r.start, r.end)).collect();
         assert_eq!(got, vec![(0, 10), (10, 50)]);
     }
