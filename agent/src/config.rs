@@ -87,7 +87,7 @@ impl Default for Config {
             sample_hz: 1000,
             sampler: SamplerChoice::Auto,
             instrument: true,
-            daemon_socket: crate::register::DEFAULT_SOCKET.to_string(),
+            daemon_socket: crate::count::register::DEFAULT_SOCKET.to_string(),
             cache: None,
             warm_only: false,
             count: Vec::new(),
@@ -98,7 +98,7 @@ impl Default for Config {
             budget: None,
             stacks: true,
             callers: false,
-            debug_dirs: vec![crate::debuginfo::DEFAULT_DIR.into()],
+            debug_dirs: vec![rtprof_shared::debuginfo::DEFAULT_DIR.into()],
         }
     }
 }
@@ -182,7 +182,7 @@ impl Config {
         c.stacks = s("RTPROF_STACKS").is_none_or(|v| truthy(&v));
         c.callers = s("RTPROF_CALLERS").is_some_and(|v| truthy(&v));
         c.traps = s("RTPROF_TRAPS").is_some_and(|v| truthy(&v));
-        c.debug_dirs = crate::debuginfo::dirs_from(s("RTPROF_DEBUG_DIR").as_deref());
+        c.debug_dirs = rtprof_shared::debuginfo::dirs_from(s("RTPROF_DEBUG_DIR").as_deref());
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")
             .map(|v| v.trim().to_string())

@@ -5,7 +5,7 @@
 //! `RTPROF_VERBOSE` (some end-to-end tests match the words, so they change
 //! only with the tests).
 
-use crate::symbols::SymbolError;
+use crate::discover::symbols::SymbolError;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;

@@ -25,19 +25,8 @@ pub(crate) mod patch;
 pub(crate) mod plan;
 pub(crate) mod sampling;
 
-// Each module by its own name, as the rest of the crate uses them.
-pub(crate) use count::{budget, callers, cost, loop_counts, records};
-pub(crate) use count::{register, segment, switching, thread_counts, threads};
-pub(crate) use discover::{fileimage, maps, modules, symbols};
-pub(crate) use lifecycle::system;
-pub(crate) use lifecycle::{fork, interpose, loader, startup};
-pub(crate) use patch::{install, loop_probes, stopworld, stubmem, switch, traps};
-pub(crate) use plan::pipeline;
-pub(crate) use plan::{analysis, cache, loops};
-pub(crate) use rtprof_shared::debuginfo;
-
 use config::Config;
-use segment::Segment;
+use count::segment::Segment;
 use std::sync::OnceLock;
 
 pub(crate) struct Agent {
@@ -58,8 +47,8 @@ pub(crate) fn set_agent(
     config: Config,
     segment: Segment,
     tls_offset: i32,
-    stubs: install::StubMap,
-    known: loader::Known,
+    stubs: patch::install::StubMap,
+    known: lifecycle::loader::Known,
     writer: rtprof_shared::SegmentWriter,
 ) -> bool {
     let state = lifecycle::locked::StateLock::new(lifecycle::locked::Locked {
@@ -101,7 +90,7 @@ fn rtprof_init() {
         log::emit(format_args!("internal error: {info}"))
     }));
     lifecycle::interpose::resolve();
-    if std::panic::catch_unwind(startup::start).is_err() {
+    if std::panic::catch_unwind(lifecycle::startup::start).is_err() {
         log::emit(format_args!("start-up failed; process left unprofiled"));
     }
     // Start-up's temporary memory (symbol tables, plans: all dropped by

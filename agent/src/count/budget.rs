@@ -18,12 +18,12 @@
 //! instead: the estimates hold, but the detour still costs.
 
 use crate::error::Errno;
-use crate::install::StubMap;
 use crate::lifecycle::locked::Locked;
 use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
-use crate::stopworld::{StopError, Stopper};
-use crate::switch::{set_counting, write_entries_stopped, EntrySwitch};
+use crate::patch::install::StubMap;
+use crate::patch::stopworld::{StopError, Stopper};
+use crate::patch::switch::{set_counting, write_entries_stopped, EntrySwitch};
 use crate::Agent;
 use rtprof_shared::layout::{cost, function_flags};
 use rtprof_shared::writer::Counters;
@@ -361,7 +361,7 @@ fn tick(gone: bool) -> Next {
     if gone {
         return Next::Idle;
     }
-    crate::switching::serve_control(a);
+    crate::count::switching::serve_control(a);
     with_controller(a, |c, stubs, w| c.step(a, stubs, w)).map_or(Next::In(LOOK_AGAIN), Next::In)
 }
 
@@ -545,7 +545,7 @@ impl Controller {
         if self.chosen.is_empty() {
             return LOOK_AGAIN;
         }
-        crate::switch::prepare();
+        crate::patch::switch::prepare();
         self.gap_from = self.switch(a, false);
         self.phase = Phase::Between;
         let gap = self.gap_len();
@@ -795,7 +795,7 @@ impl Controller {
         let took = started.elapsed().as_nanos() as f64;
         self.stop_ns = 0.8 * self.stop_ns + 0.2 * took.min(2.0 * self.stop_ns);
         // Every thread held lost the whole stop.
-        crate::cost::add(cost::HELD_NS, held * took as u64);
+        crate::count::cost::add(cost::HELD_NS, held * took as u64);
         let skipped = done.iter().filter(|d| !**d).count();
         if skipped > 0 {
             vlog!("budget: {skipped} entries not switched (a thread was inside)");

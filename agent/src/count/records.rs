@@ -1,13 +1,13 @@
 //! Writing a module's function records and their outcomes into the counter
 //! segment: the same at start-up and for a library loaded later.
 
-use crate::analysis::ModulePlan;
-use crate::install::Outcomes;
+use crate::count::segment::Segment;
+use crate::discover::modules::Module;
+use crate::discover::symbols::FuncSym;
 use crate::log::vlog;
-use crate::modules::Module;
+use crate::patch::install::Outcomes;
+use crate::plan::analysis::ModulePlan;
 use crate::sampling::addrmap::Present;
-use crate::segment::Segment;
-use crate::symbols::FuncSym;
 use rtprof_shared::layout::ModuleWhy;
 use rtprof_shared::{Refusal, SegmentWriter};
 
@@ -191,7 +191,7 @@ pub fn refuse_from(w: &mut SegmentWriter, first: u32) {
 pub fn mark_traps(
     w: &mut SegmentWriter,
     first: u32,
-    mp: &crate::analysis::ModulePlan,
+    mp: &crate::plan::analysis::ModulePlan,
     outcomes: &Outcomes,
 ) {
     for (k, (c, o)) in mp.funcs.iter().zip(outcomes).enumerate() {

@@ -351,7 +351,7 @@ impl Segment {
                 return Err(e);
             }
         };
-        crate::register::offer(fd);
+        crate::count::register::offer(fd);
         // SAFETY: mapped and offered: the descriptor is not needed any more.
         unsafe { libc::close(fd) };
         // SAFETY: a fresh mapping of `total_size` zeroed bytes, page
@@ -608,7 +608,7 @@ impl Segment {
         self.counters.reset_for_child(keep, pid, ppid, start_ns);
         // Offered once it names the child: the daemon checks the pid.
         if let Ok(fd) = result {
-            crate::register::offer(fd);
+            crate::count::register::offer(fd);
             // SAFETY: offered: the child's descriptor is not needed any more.
             unsafe { libc::close(fd) };
         }

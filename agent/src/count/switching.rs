@@ -4,12 +4,12 @@
 //! (stubs switched in place, `patch::switch`). The segment says which are
 //! off.
 
-use crate::analysis::ModulePlan;
 use crate::config::{glob_match, Config};
-use crate::install::{Outcomes, StubMap};
 use crate::lifecycle::locked::Locked;
 use crate::log::vlog;
-use crate::switch::{set_counting, SwitchError};
+use crate::patch::install::{Outcomes, StubMap};
+use crate::patch::switch::{set_counting, SwitchError};
+use crate::plan::analysis::ModulePlan;
 use crate::Agent;
 use rtprof_shared::SegmentWriter;
 

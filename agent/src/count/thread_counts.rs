@@ -21,7 +21,7 @@ use std::sync::Mutex;
 fn by_function(a: &Agent) -> Table<'_> {
     a.segment
         .counters
-        .thread_samples(Some(crate::segment::back_pages))
+        .thread_samples(Some(crate::count::segment::back_pages))
 }
 
 fn key(stripe: u32, slot: u32) -> u64 {
@@ -67,7 +67,7 @@ fn add_samples(a: &Agent, stripe: u32, n: u64) {
 /// one of the segment's (in its signal handler: allocation-free, no
 /// system call).
 pub fn stripe_here(a: &Agent) -> Option<u32> {
-    let p = crate::threads::stripe();
+    let p = crate::count::threads::stripe();
     if p.is_null() {
         Some(0)
     } else {
@@ -279,7 +279,7 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
         // has not reached yet would be counted after the copy below. It
         // waits for nothing this thread holds, unless it names modules on
         // demand (the agent's lock). This one names none.
-        crate::threads::with_signals_blocked(|| {
+        crate::count::threads::with_signals_blocked(|| {
             crate::sampling::drain(a, crate::sampling::Wait::UnlessNaming, false)
         });
         // Its thread counts no more (its stripe pointer is null).

@@ -55,7 +55,7 @@ static LIVE_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 unsafe extern "C" fn on_program_thread_exit(_: *mut libc::c_void) {
     if PROGRAM_THREADS.fetch_sub(1, Ordering::AcqRel) == 1 {
-        crate::interpose::program_threads_gone();
+        crate::lifecycle::interpose::program_threads_gone();
     }
 }
 
@@ -114,12 +114,12 @@ pub fn init_exit_key(caller_is_program: bool) {
 /// Gives the calling thread a stripe of its own, if any is left (and its
 /// own loop counters).
 pub fn attach_current() {
-    crate::loop_counts::attach_thread();
+    crate::count::loop_counts::attach_thread();
     let Some(a) = crate::agent() else { return };
     if !stripe().is_null() {
         return;
     }
-    if let Some(scratch) = crate::fork::uncounted_stripe() {
+    if let Some(scratch) = crate::lifecycle::fork::uncounted_stripe() {
         return set_stripe(scratch);
     }
     if let Some(idx) = a.segment.new_stripe(gettid()) {
@@ -170,7 +170,7 @@ pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
 /// blocked (the program's signals are never delivered to it). Returns the
 /// thread, or the errno on failure.
 pub fn spawn_unprofiled(job: Job) -> Result<libc::pthread_t, Errno> {
-    let real = crate::interpose::real_pthread_create().ok_or(Errno(libc::ENOSYS))?;
+    let real = crate::lifecycle::interpose::real_pthread_create().ok_or(Errno(libc::ENOSYS))?;
     let boxed = Box::into_raw(Box::new(job));
     with_signals_blocked(|| {
         // SAFETY: the attribute is initialised by libc before use; `real`

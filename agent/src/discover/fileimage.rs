@@ -5,9 +5,9 @@
 //! another file by now (a package upgraded while the program starts) gives
 //! no image.
 
+use crate::discover::maps::Maps;
+use crate::discover::modules::{Load, Module};
 use crate::error::PlanError;
-use crate::maps::Maps;
-use crate::modules::{Load, Module};
 use std::os::unix::fs::MetadataExt;
 
 /// What identifies a file's contents without reading them: a file changed
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn own_code_matches_its_file() {
-        let mods = crate::modules::loaded();
+        let mods = crate::discover::modules::loaded();
         let main = &mods[0];
         let img = FileImage::open(main, &Maps::current()).unwrap();
         let here = own_code_matches_its_file as *const () as u64;
@@ -107,7 +107,7 @@ mod tests {
 
     #[test]
     fn another_file_at_the_path_is_refused() {
-        let mut m = crate::modules::loaded().remove(0);
+        let mut m = crate::discover::modules::loaded().remove(0);
         m.file = "/bin/sh".into();
         let e = FileImage::open(&m, &Maps::current()).err();
         assert!(matches!(e, Some(PlanError::Replaced)), "{e:?}");
@@ -117,7 +117,7 @@ mod tests {
     #[test]
     fn each_refusal_names_its_reason() {
         let maps = Maps::current();
-        let main = crate::modules::loaded().remove(0);
+        let main = crate::discover::modules::loaded().remove(0);
         let open = |m: &Module| FileImage::open(m, &maps).err();
 
         let mut gone = main.clone();

@@ -34,16 +34,22 @@
 #![cfg_attr(test, allow(dead_code))]
 
 use crate::config::Config;
+use crate::count::segment::Segment;
+use crate::discover::maps::Maps;
 use crate::error::Errno;
-use crate::install::{self, StubMap};
+use crate::lifecycle::startup::{self, Planned};
 use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
-use crate::maps::Maps;
-use crate::segment::Segment;
-use crate::startup::{self, Planned};
-use crate::stopworld::{Held as StopHeld, StopError, Stopper};
-use crate::switch::{self, EntrySwitch};
-use crate::{agent, loader, modules, now_ns, records, threads, Agent};
+use crate::patch::install::{self, StubMap};
+use crate::patch::stopworld::{Held as StopHeld, StopError, Stopper};
+use crate::patch::switch::{self, EntrySwitch};
+use crate::{
+    agent,
+    count::{records, threads},
+    discover::modules,
+    lifecycle::loader,
+    now_ns, Agent,
+};
 use rtprof_shared::Refusal;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -71,8 +77,8 @@ fn copy_for_rtprof(a: &Agent) {
             vlog!("counts not copied for rtprof: {e}");
             return;
         }
-        let threads = crate::thread_counts::text(a);
-        crate::thread_counts::stop_attached();
+        let threads = crate::count::thread_counts::text(a);
+        crate::count::thread_counts::stop_attached();
         if let Err(e) = Segment::write_beside_copy(&dir, "threads", threads.as_bytes()) {
             vlog!("per-thread counts not written: {e}");
         }
@@ -538,13 +544,13 @@ fn give_stripes(
 /// stubs, entries written live; no loader hook, no sampler.
 fn late_start(cfg: Config) -> Result<String, String> {
     let t = Instant::now();
-    crate::debuginfo::set_dirs(cfg.debug_dirs.clone());
-    crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), false));
+    rtprof_shared::debuginfo::set_dirs(cfg.debug_dirs.clone());
+    crate::plan::cache::configure(crate::plan::cache::places(cfg.cache.as_deref(), false));
     let maps = Maps::current();
     let plans = startup::plan_modules(&cfg, &maps);
     let exe = startup::exe_path(&plans);
     let caps = startup::capacities(&cfg, &plans, &exe);
-    crate::register::set_socket(&cfg.daemon_socket);
+    crate::count::register::set_socket(&cfg.daemon_socket);
     // SAFETY: a system call without arguments.
     let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
     // A memfd, as a preloaded agent without rtprof has: rtprofd can map
@@ -556,11 +562,11 @@ fn late_start(cfg: Config) -> Result<String, String> {
     }
     let tls_offset = i32::try_from(threads::tls_offset())
         .map_err(|_| "thread-local storage out of reach".to_string())?;
-    crate::thread_counts::start_attached();
+    crate::count::thread_counts::start_attached();
     let _ = writer.set_exe(exe.as_bytes());
     let recorded = startup::record_all(&segment, &mut writer, &plans);
     let shared = segment.counters.stripe_ptr(0) as u64;
-    crate::callers::start(false);
+    crate::count::callers::start(false);
     let mut stubs = StubMap::keeping_entries();
     let mut installed = Vec::new();
     for (p, (_, first)) in plans.iter().zip(&recorded) {
@@ -582,7 +588,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     // Thread ends and forks are followed before any entry (libc's
     // pthread_create and fork among them) can reach the agent.
     threads::init_exit_key(false);
-    crate::fork::install_handlers(segment.counters.layout().stripe_bytes);
+    crate::lifecycle::fork::install_handlers(segment.counters.layout().stripe_bytes);
     // Stubs are complete and executable: now the entries, live.
     let (written, held) = write_live(stubs.entries(), true, Some((&segment, tls_offset)))?;
     let failed: Vec<u32> = stubs
@@ -603,7 +609,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
             }
         }
         patched += records::record_outcomes(&mut writer, first, &outcomes);
-        crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+        crate::count::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
     }
     let known = startup::known_modules(&plans, recorded);
     segment
@@ -664,7 +670,7 @@ fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> 
     if let Ok(mut d) = RUN_DIR.lock() {
         *d = run_dir.map(str::to_string);
     }
-    crate::thread_counts::start_attached();
+    crate::count::thread_counts::start_attached();
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);

@@ -13,7 +13,7 @@
 //! suffices.
 
 use crate::log::vlog;
-use crate::{agent, threads};
+use crate::{agent, count::threads};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 static SCRATCH: AtomicPtr<u64> = AtomicPtr::new(std::ptr::null_mut());
@@ -74,7 +74,7 @@ extern "C" fn in_child() {
     // takes system calls): it counts into the scratch stripe, private to
     // it and never read, not into its parent's counts.
     if crate::lifecycle::sandbox::on() && !scratch.is_null() {
-        crate::traps::reset_in_child();
+        crate::patch::traps::reset_in_child();
         CHILD_UNCOUNTED.store(true, Ordering::Release);
         return;
     }
@@ -125,12 +125,12 @@ pub fn become_child(p: *mut u64) {
     // Until the fork handler says it was `fork()`.
     FORKED.store(false, Ordering::Relaxed);
     // First: the trap handler is this child's whatever else fails.
-    crate::traps::reset_in_child();
+    crate::patch::traps::reset_in_child();
     let _ = std::panic::catch_unwind(|| {
         crate::lifecycle::attach::forget_in_child();
         let Some(a) = agent() else { return };
         a.state.reset_in_child();
-        crate::budget::forget_in_child(a);
+        crate::count::budget::forget_in_child(a);
         let w = &a.segment.counters;
         let first = w.stripe_ptr(0) as u64;
         let bytes = w.layout().stripe_bytes;
@@ -141,10 +141,10 @@ pub fn become_child(p: *mut u64) {
         // SAFETY: takes nothing.
         let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
         crate::sampling::forget_parent_in_child();
-        crate::callers::forget_in_child();
-        crate::loop_counts::forget_in_child();
-        crate::thread_counts::forget_in_child();
-        crate::threads::reset_program_threads_in_child();
+        crate::count::callers::forget_in_child();
+        crate::count::loop_counts::forget_in_child();
+        crate::count::thread_counts::forget_in_child();
+        crate::count::threads::reset_program_threads_in_child();
         if let Err(e) = a.segment.reopen_in_child(keep, pid, ppid, crate::now_ns()) {
             vlog!("{e}; this child's calls are not recorded");
         }
@@ -176,7 +176,7 @@ pub fn uncounted_stripe() -> Option<*mut u64> {
 /// Registers our fork handlers, once, before anyone else's.
 pub fn register_ours_once() {
     if !REGISTERED.swap(true, Ordering::AcqRel) {
-        if let Some(real) = crate::interpose::real_register_atfork() {
+        if let Some(real) = crate::lifecycle::interpose::real_register_atfork() {
             // SAFETY: libc's __register_atfork with handlers that live as long as the library
             // (never unloaded) and no DSO handle.
             unsafe {

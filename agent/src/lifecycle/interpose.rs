@@ -28,7 +28,11 @@
 //! vfork child, which must not take the loader's locks, never calls
 //! `dlsym` here.
 
-use crate::{budget, fork, sampling, threads};
+use crate::{
+    count::{budget, threads},
+    lifecycle::fork,
+    sampling,
+};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -256,8 +260,8 @@ extern "C" fn thread_start(p: *mut libc::c_void) -> *mut libc::c_void {
     quietly(|| {
         threads::attach_current();
         sampling::thread_started();
-        if crate::traps::on() {
-            crate::traps::unblock_here();
+        if crate::patch::traps::on() {
+            crate::patch::traps::unblock_here();
         }
     });
     (ts.start)(ts.arg)
@@ -536,8 +540,8 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
-    if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
-        return crate::traps::program_sigaction(act, old);
+    if sig == libc::SIGTRAP && crate::patch::traps::owns_disposition() {
+        return crate::patch::traps::program_sigaction(act, old);
     }
     let shown = sampling::timer::program_view(sig);
     if !act.is_null() {
@@ -549,7 +553,7 @@ pub unsafe extern "C" fn sigaction(
     // A handler of the program's runs with SIGTRAP unblocked.
     let mut unmasked: libc::sigaction;
     let act = match act.is_null() {
-        false => match crate::traps::without_trap(&(*act).sa_mask) {
+        false => match crate::patch::traps::without_trap(&(*act).sa_mask) {
             Some(mask) => {
                 unmasked = *act;
                 unmasked.sa_mask = mask;
@@ -579,8 +583,8 @@ pub unsafe extern "C" fn signal(
     sig: libc::c_int,
     handler: libc::sighandler_t,
 ) -> libc::sighandler_t {
-    if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
-        return crate::traps::program_signal(handler, 0);
+    if sig == libc::SIGTRAP && crate::patch::traps::owns_disposition() {
+        return crate::patch::traps::program_signal(handler, 0);
     }
     let shown = sampling::timer::program_view(sig);
     sampling::timer::program_takes_signal(sig, handler);
@@ -641,7 +645,7 @@ unsafe fn masked(
     // SIGTRAP stays unblocked while trap entries exist.
     let unmasked = match how {
         libc::SIG_UNBLOCK => None,
-        _ => crate::traps::without_trap(set),
+        _ => crate::patch::traps::without_trap(set),
     };
     let set = unmasked
         .as_ref()
@@ -664,7 +668,7 @@ unsafe fn unmasked(
     mask: *const libc::sigset_t,
     keep: &mut libc::sigset_t,
 ) -> *const libc::sigset_t {
-    match crate::traps::without_trap(mask) {
+    match crate::patch::traps::without_trap(mask) {
         Some(m) => {
             *keep = m;
             keep
@@ -732,7 +736,7 @@ macro_rules! bsd_mask {
         pub unsafe extern "C" fn $name(mask: libc::c_int) -> libc::c_int {
             type F = unsafe extern "C" fn(libc::c_int) -> libc::c_int;
             match $real.get::<F>() {
-                Some(real) => real(crate::traps::without_trap_bits(mask)),
+                Some(real) => real(crate::patch::traps::without_trap_bits(mask)),
                 None => no_such_function(),
             }
         }
@@ -753,7 +757,7 @@ bsd_mask! {
 #[cfg_attr(not(test), no_mangle)]
 #[cfg_attr(test, allow(dead_code))]
 pub unsafe extern "C" fn sighold(sig: libc::c_int) -> libc::c_int {
-    if sig == libc::SIGTRAP && crate::traps::on() {
+    if sig == libc::SIGTRAP && crate::patch::traps::on() {
         return 0;
     }
     type F = unsafe extern "C" fn(libc::c_int) -> libc::c_int;
@@ -778,10 +782,10 @@ macro_rules! signal_like {
             handler: libc::sighandler_t,
         ) -> libc::sighandler_t {
             // SIG_HOLD (2) asks for SIGTRAP blocked: it stays as it is.
-            if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
+            if sig == libc::SIGTRAP && crate::patch::traps::owns_disposition() {
                 return match handler {
-                    2 => crate::traps::program_handler(),
-                    h => crate::traps::program_signal(h, $flags),
+                    2 => crate::patch::traps::program_handler(),
+                    h => crate::patch::traps::program_signal(h, $flags),
                 };
             }
             match $real.get::<SignalFn>() {
@@ -808,8 +812,8 @@ signal_like! {
 #[cfg_attr(not(test), no_mangle)]
 #[cfg_attr(test, allow(dead_code))]
 pub unsafe extern "C" fn sigignore(sig: libc::c_int) -> libc::c_int {
-    if sig == libc::SIGTRAP && crate::traps::owns_disposition() {
-        crate::traps::program_signal(libc::SIG_IGN, 0);
+    if sig == libc::SIGTRAP && crate::patch::traps::owns_disposition() {
+        crate::patch::traps::program_signal(libc::SIG_IGN, 0);
         return 0;
     }
     type F = unsafe extern "C" fn(libc::c_int) -> libc::c_int;
@@ -854,7 +858,7 @@ pub unsafe extern "C" fn __ppoll_chk(
 /// # Safety
 /// `uc` is null or a valid context.
 unsafe fn unmask_context(uc: *const libc::ucontext_t) {
-    if !uc.is_null() && crate::traps::on() {
+    if !uc.is_null() && crate::patch::traps::on() {
         libc::sigdelset(
             &mut (*(uc as *mut libc::ucontext_t)).uc_sigmask,
             libc::SIGTRAP,

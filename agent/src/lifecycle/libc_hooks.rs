@@ -9,10 +9,10 @@
 //! attach writes them again.
 
 use crate::arch::{CounterRef, InstructionSet, Native};
-use crate::install::StubMap;
-use crate::interpose;
-use crate::stubmem::StubArea;
-use crate::switch::EntrySwitch;
+use crate::lifecycle::interpose;
+use crate::patch::install::StubMap;
+use crate::patch::stubmem::StubArea;
+use crate::patch::switch::EntrySwitch;
 
 /// Why a function of libc goes without its hook.
 #[derive(Debug)]

@@ -9,16 +9,16 @@
 //! A library that is unloaded keeps its records and counts in the segment;
 //! its stubs are unmapped.
 
-use crate::analysis;
 use crate::arch::{InstructionSet, Native};
-use crate::install::{self, write_entries, StubMap};
+use crate::discover::maps::Maps;
+use crate::discover::modules::{self, Module};
 use crate::lifecycle::locked::Locked;
 use crate::log::vlog;
-use crate::maps::Maps;
-use crate::modules::{self, Module};
+use crate::patch::install::{self, write_entries, StubMap};
+use crate::patch::stubmem::StubArea;
+use crate::plan::analysis;
 use crate::sampling::addrmap::Present;
-use crate::stubmem::StubArea;
-use crate::{agent, pipeline, records, symbols, Agent};
+use crate::{agent, count::records, discover::symbols, plan::pipeline, Agent};
 use rtprof_shared::layout::ModuleWhy;
 use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -153,7 +153,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
         if !present {
             for area in std::mem::take(&mut k.areas) {
                 stubs.remove(area.addr, area.addr + area.len);
-                crate::traps::remove_stubs_in(area.addr, area.addr + area.len);
+                crate::patch::traps::remove_stubs_in(area.addr, area.addr + area.len);
                 area.release();
             }
             vlog!("{}: unloaded", k.file);
@@ -192,7 +192,8 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
 /// the last ones are kept for libraries to instrument (a sampled-only one
 /// beyond that leaves its samples to `[unknown]`).
 fn room_for_sampled(w: &SegmentWriter) -> bool {
-    w.counters().layout().caps.modules - w.module_count() > crate::startup::INSTRUMENTED_RESERVE
+    w.counters().layout().caps.modules - w.module_count()
+        > crate::lifecycle::startup::INSTRUMENTED_RESERVE
 }
 
 /// Records a library that is only sampled, with `funcs` named if half the
@@ -361,10 +362,10 @@ fn instrument(
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, stubs, &counted);
     let patched = records::record_outcomes(w, first, &outcomes);
     records::mark_traps(w, first, &plan, &outcomes);
-    crate::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
+    crate::count::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
     let mut areas: Vec<StubArea> = area.into_iter().collect();
     if !plan.loops.is_empty() {
-        let (probes, probe_areas) = crate::loop_probes::install(&plan, first, maps);
+        let (probes, probe_areas) = crate::patch::loop_probes::install(&plan, first, maps);
         stubs.add_probes(probes);
         areas.extend(probe_areas);
     }

@@ -13,9 +13,9 @@
 //! holder may be the drain thread reading files, descheduled on a busy
 //! machine, while the program's exit waits for it.
 
-use crate::budget::Controller;
-use crate::install::StubMap;
-use crate::loader::Known;
+use crate::count::budget::Controller;
+use crate::lifecycle::loader::Known;
+use crate::patch::install::StubMap;
 use rtprof_shared::SegmentWriter;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -51,7 +51,7 @@ impl StateLock {
 
     /// Waits for the lock; `None` if this thread holds it already.
     pub fn lock(&self) -> Option<Guard<'_>> {
-        let me = crate::threads::gettid();
+        let me = crate::count::threads::gettid();
         let mut spins = 0u32;
         loop {
             match self

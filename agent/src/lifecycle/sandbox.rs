@@ -21,7 +21,7 @@
 //! before it takes effect.
 
 use super::interpose::{quietly, Real};
-use crate::{budget, sampling};
+use crate::{count::budget, sampling};
 use libc::{c_int, c_long, c_ulong};
 use std::sync::atomic::{AtomicBool, Ordering};
 

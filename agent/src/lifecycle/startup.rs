@@ -4,15 +4,23 @@
 // Only the constructor calls into this module, and unit tests build none.
 #![cfg_attr(test, allow(dead_code))]
 
-use crate::analysis::ModulePlan;
 use crate::config::Config;
-use crate::install::{self, StubMap};
+use crate::count::segment::{Segment, SegmentError};
+use crate::discover::maps::Maps;
+use crate::discover::modules::Module;
+use crate::discover::symbols::FuncSym;
 use crate::log::{self, vlog};
-use crate::maps::Maps;
-use crate::modules::Module;
-use crate::segment::{Segment, SegmentError};
-use crate::symbols::FuncSym;
-use crate::{agent, fork, loader, modules, now_ns, pipeline, records, system, threads, Agent};
+use crate::patch::install::{self, StubMap};
+use crate::plan::analysis::ModulePlan;
+use crate::{
+    agent,
+    count::{records, threads},
+    discover::modules,
+    lifecycle::{fork, loader, system},
+    now_ns,
+    plan::pipeline,
+    Agent,
+};
 use rtprof_shared::layout::ModuleWhy;
 use rtprof_shared::{report, Capacities};
 use std::time::Instant;
@@ -34,7 +42,7 @@ pub(crate) struct Status {
 }
 
 pub(crate) fn status() -> Status {
-    let text = crate::maps::read_proc("/proc/self/status");
+    let text = crate::discover::maps::read_proc("/proc/self/status");
     let field = |name: &str| -> Option<u64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name))?
@@ -185,7 +193,7 @@ pub(crate) fn start() {
     if cfg.disabled {
         return;
     }
-    crate::debuginfo::set_dirs(cfg.debug_dirs.clone());
+    rtprof_shared::debuginfo::set_dirs(cfg.debug_dirs.clone());
     if let Some(template) = &cfg.report {
         check_report_path(template);
     }
@@ -219,15 +227,18 @@ pub(crate) fn start() {
             }
         }
     }
-    crate::cache::configure(crate::cache::places(cfg.cache.as_deref(), secure_mode()));
+    crate::plan::cache::configure(crate::plan::cache::places(
+        cfg.cache.as_deref(),
+        secure_mode(),
+    ));
     // A trap costs a thousand counted calls: no budget could pay for it.
     if cfg.traps && cfg.budget.is_some() {
         vlog!("no trap entries under an overhead budget");
-    } else if cfg.traps && crate::traps::want() {
+    } else if cfg.traps && crate::patch::traps::want() {
         vlog!("trap entries planned (RTPROF_TRAPS)");
     }
     if !cfg.loops.is_empty() {
-        crate::loop_counts::select(&cfg.loops);
+        crate::count::loop_counts::select(&cfg.loops);
         vlog!(
             "loops counted in functions named {:?} (RTPROF_LOOPS)",
             cfg.loops
@@ -238,7 +249,7 @@ pub(crate) fn start() {
     // Single-threaded here: the cache's directories stay open for all the
     // modules' lookups, and are closed before the program runs.
     let plans = {
-        let _open = crate::cache::StartupDirs::open();
+        let _open = crate::plan::cache::StartupDirs::open();
         plan_modules(&cfg, &maps)
     };
     ph.mark("plans");
@@ -250,7 +261,7 @@ pub(crate) fn start() {
     }
     let exe = exe_path(&plans);
     let caps = capacities(&cfg, &plans, &exe);
-    crate::register::set_socket(&cfg.daemon_socket);
+    crate::count::register::set_socket(&cfg.daemon_socket);
     // SAFETY: a system call without arguments.
     let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
     let create = |caps| {
@@ -302,12 +313,12 @@ pub(crate) fn start() {
     }
     let shared = segment.counters.stripe_ptr(0) as u64;
     // Before any stub is written: stubs call its hook if it is on.
-    crate::callers::start(cfg.callers);
+    crate::count::callers::start(cfg.callers);
     let mut stubs = match cfg.budget {
         Some(_) => StubMap::keeping_entries(),
         None => StubMap::default(),
     };
-    if crate::traps::wanted() && !crate::traps::arm() {
+    if crate::patch::traps::wanted() && !crate::patch::traps::arm() {
         vlog!("cannot handle SIGTRAP: no trap entries");
     }
     for (p, (_, first)) in plans.iter().zip(&recorded) {
@@ -321,10 +332,10 @@ pub(crate) fn start() {
             install::install(p, first, tls_offset, shared, &mut stubs, &counted);
         let patched = records::record_outcomes(&mut writer, first, &outcomes);
         records::mark_traps(&mut writer, first, p, &outcomes);
-        crate::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+        crate::count::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
         if !p.loops.is_empty() {
             // Kept for good, as the module's stub area.
-            let (probes, _areas) = crate::loop_probes::install(p, first, &maps);
+            let (probes, _areas) = crate::patch::loop_probes::install(p, first, &maps);
             stubs.add_probes(probes);
         }
         vlog!(
@@ -337,7 +348,7 @@ pub(crate) fn start() {
         );
     }
     // This thread counts its loops in counters of its own.
-    crate::loop_counts::attach_thread();
+    crate::count::loop_counts::attach_thread();
     ph.mark("install");
     let known = known_modules(&plans, recorded);
     let stripe_bytes = segment.counters.layout().stripe_bytes;
@@ -365,7 +376,7 @@ pub(crate) fn start() {
     ph.mark("handlers");
     if let Some(a) = agent() {
         crate::sampling::start(a);
-        crate::budget::start(a);
+        crate::count::budget::start(a);
         ph.mark("sampler");
         // Set-up ends with the sampler running: a process that dies before
         // this shows 0 (it never fully started).
@@ -460,7 +471,7 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
         }
         // A child forked under a seccomp filter has no segment of its own:
         // nothing of it is recorded (and no system call made to find out).
-        if crate::fork::uncounted_stripe().is_some() {
+        if crate::lifecycle::fork::uncounted_stripe().is_some() {
             return;
         }
         // A child made without fork handlers (raw clone) still maps its
@@ -481,18 +492,18 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
             return;
         }
         crate::sampling::at_exit(a);
-        if let Some(text) = crate::callers::text() {
+        if let Some(text) = crate::count::callers::text() {
             if let Err(e) = a.segment.write_beside("callers", text.as_bytes()) {
                 vlog!("callers not written: {e}");
             }
         }
-        if let Some(text) = crate::loop_counts::text() {
+        if let Some(text) = crate::count::loop_counts::text() {
             if let Err(e) = a.segment.write_beside("loops", text.as_bytes()) {
                 vlog!("loop counts not written: {e}");
             }
         }
-        let threads = if crate::thread_counts::wanted(a) {
-            crate::thread_counts::text(a)
+        let threads = if crate::count::thread_counts::wanted(a) {
+            crate::count::thread_counts::text(a)
         } else {
             String::new()
         };
@@ -516,8 +527,8 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
                 vlog!("sampled offsets not written: {e}");
             }
         }
-        crate::budget::at_exit(a);
-        crate::cost::note_process_cpu();
+        crate::count::budget::at_exit(a);
+        crate::count::cost::note_process_cpu();
         if let Some(status) = status {
             a.segment.counters.set_exit(status, now_ns());
         }

@@ -10,8 +10,8 @@
 //! the program's last thread has ended, so that glibc ends the process
 //! exactly as it would without it.
 
+use crate::count::threads;
 use crate::error::Errno;
-use crate::threads;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -142,10 +142,10 @@ impl Worker {
             self.wake.store(0, Ordering::Release);
             let gone = self.program_gone.load(Ordering::Acquire);
             let next = tick(gone);
-            let now = crate::cost::thread_cpu_ns();
-            crate::cost::add(self.cost, now.saturating_sub(spent));
+            let now = crate::count::cost::thread_cpu_ns();
+            crate::count::cost::add(self.cost, now.saturating_sub(spent));
             spent = now;
-            crate::cost::note_process_cpu();
+            crate::count::cost::note_process_cpu();
             if gone {
                 // No one will join us: the process ends once we have.
                 if self

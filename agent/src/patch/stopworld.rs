@@ -190,7 +190,7 @@ impl<F: FnOnce(&Held<'_>) -> R, R> Job<F, R> {
 }
 
 fn traced() -> bool {
-    crate::startup::status().tracer.is_some()
+    crate::lifecycle::startup::status().tracer.is_some()
 }
 
 /// What refuses ptrace for good here, checked once: Yama above 0 lets
@@ -229,7 +229,7 @@ fn zeroed_shared() -> Box<Shared> {
 fn spawn_helper(stack: *mut libc::c_void, sp: *mut Shared) -> Result<(i32, i32), Errno> {
     let flags = libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_UNTRACED;
     let mut pidfd: libc::c_int = -1;
-    crate::threads::with_signals_blocked(|| {
+    crate::count::threads::with_signals_blocked(|| {
         // SAFETY: the helper gets its own stack and `sp`, which outlive it (the
         // caller reaps it before touching either); `pidfd` is written by the
         // kernel at clone.

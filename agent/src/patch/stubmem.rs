@@ -2,7 +2,7 @@
 //! into free address space (never over an existing mapping).
 
 use crate::arch::{InstructionSet, Native};
-use crate::maps::Maps;
+use crate::discover::maps::Maps;
 
 const PAGE: u64 = 4096;
 /// A huge page.

@@ -188,7 +188,7 @@ pub fn allowed_in(path: &str) -> bool {
 /// Decides, at start-up (one thread, no tracer), whether trap entries are
 /// planned: only if the program has no SIGTRAP handler of its own.
 pub fn want() -> bool {
-    let Some(real) = crate::interpose::real_sigaction() else {
+    let Some(real) = crate::lifecycle::interpose::real_sigaction() else {
         return false;
     };
     // SAFETY: a zeroed sigaction is valid; `real` is libc's sigaction,
@@ -215,7 +215,7 @@ pub fn arm() -> bool {
     if !wanted() {
         return false;
     }
-    let Some(real) = crate::interpose::real_sigaction() else {
+    let Some(real) = crate::lifecycle::interpose::real_sigaction() else {
         return false;
     };
     // SAFETY: a zeroed sigaction and sigset are valid; `real` is libc's
@@ -312,7 +312,7 @@ extern "C" fn on_trap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut lib
 
 /// Ends the process as an unhandled SIGTRAP does.
 fn die_of_sigtrap() {
-    let Some(real) = crate::interpose::real_sigaction() else {
+    let Some(real) = crate::lifecycle::interpose::real_sigaction() else {
         // SAFETY: ends the process.
         unsafe { libc::abort() }
     };

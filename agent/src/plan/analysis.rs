@@ -3,10 +3,10 @@
 //! jump table or other function's entry lands inside the overwritten bytes.
 
 use crate::arch::{FunctionScan, InstructionSet, Native, Plan};
-use crate::fileimage::FileImage;
-use crate::maps::Maps;
-use crate::modules::Module;
-use crate::symbols::FunctionList;
+use crate::discover::fileimage::FileImage;
+use crate::discover::maps::Maps;
+use crate::discover::modules::Module;
+use crate::discover::symbols::FunctionList;
 use rtprof_shared::Refusal;
 
 /// Alignment fill considered after a function (GCC pads to 16 bytes).
@@ -30,7 +30,7 @@ pub struct ModulePlan {
     /// Functions whose entry can take no jump got trap entries.
     pub traps: bool,
     /// The loops of the functions named in `RTPROF_LOOPS` (never cached).
-    pub loops: Vec<crate::loops::FunctionLoops>,
+    pub loops: Vec<crate::plan::loops::FunctionLoops>,
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -227,7 +227,7 @@ pub fn analyze(
     let loops = loops
         && funcs
             .iter()
-            .any(|f| crate::loop_counts::wanted_for(&f.name));
+            .any(|f| crate::count::loop_counts::wanted_for(&f.name));
     let mut unlisted: Vec<u64> = Vec::new();
     if loops {
         for &(lo, hi) in &text {
@@ -350,7 +350,8 @@ pub fn analyze(
             }
             (outcome, _) => outcome,
         };
-        if let (true, Ok((bytes, size, _))) = (loops && crate::loop_counts::wanted_for(&f.name), c)
+        if let (true, Ok((bytes, size, _))) =
+            (loops && crate::count::loop_counts::wanted_for(&f.name), c)
         {
             // Probes start past what the entry's patch takes.
             let entry_end = outcome.as_ref().map_or(start, |p| {
@@ -373,12 +374,12 @@ pub fn analyze(
                 .copied()
                 .collect();
             foreign.sort_unstable();
-            let cx = crate::loops::Context {
+            let cx = crate::plan::loops::Context {
                 entry_end,
                 foreign: &foreign,
                 indirect: own.indirect,
             };
-            let mut fl = crate::loops::plan(bytes, start, size, &cx);
+            let mut fl = crate::plan::loops::plan(bytes, start, size, &cx);
             if !fl.sites.is_empty() {
                 fl.func = out.len();
                 function_loops.push(fl);

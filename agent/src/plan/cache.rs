@@ -18,13 +18,13 @@
 //! temporary file renamed into place, so processes racing on an empty cache
 //! each write a whole entry and readers never see a partial one.
 
-use crate::analysis::{Candidate, ModulePlan};
 use crate::arch::{InstructionSet, Native, Plan};
+use crate::discover::fileimage::Identity;
+use crate::discover::modules::Module;
+use crate::discover::symbols::FuncSym;
 use crate::error::PlanError;
-use crate::fileimage::Identity;
 use crate::log::vlog;
-use crate::modules::Module;
-use crate::symbols::FuncSym;
+use crate::plan::analysis::{Candidate, ModulePlan};
 use rtprof_shared::cachedir::{self, fnv, ENTRY_HEADER as HEADER, ENTRY_SUFFIX, FNV_START};
 use rtprof_shared::files::{Dir, FileError};
 use rtprof_shared::Refusal;
@@ -610,7 +610,7 @@ mod tests {
     /// A module plan for a module at `bias`: two functions planned (one
     /// with fixups), one refused.
     fn plan_at(bias: u64) -> ModulePlan {
-        let mut m = crate::modules::loaded().remove(0);
+        let mut m = crate::discover::modules::loaded().remove(0);
         m.bias = bias;
         // push rbp; mov rbp,rsp; ret  |  lea rax,[rip+0x10]; call +0x20; ret
         let codes: [&[u8]; 3] = [

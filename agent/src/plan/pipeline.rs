@@ -3,15 +3,15 @@
 //! its functions and their analysis (then cached) -> the per-process check
 //! of the bytes in memory.
 
-use crate::analysis::{self, ModulePlan};
-use crate::cache::{self, Kind};
-use crate::debuginfo::{self, DebugFile};
+use crate::discover::fileimage::FileImage;
+use crate::discover::maps::Maps;
+use crate::discover::modules::Module;
+use crate::discover::symbols;
 use crate::error::PlanError;
-use crate::fileimage::FileImage;
 use crate::log::vlog;
-use crate::maps::Maps;
-use crate::modules::Module;
-use crate::symbols;
+use crate::plan::analysis::{self, ModulePlan};
+use crate::plan::cache::{self, Kind};
+use rtprof_shared::debuginfo::{self, DebugFile};
 use std::time::Instant;
 
 /// The file the loader mapped for `m`, and its separate debug file if
@@ -31,7 +31,7 @@ fn open_with_debug(m: &Module, maps: &Maps) -> Result<(FileImage, Option<DebugFi
 pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
     let (file, debug) = open_with_debug(&m, maps)?;
-    let traps = crate::traps::wanted() && crate::traps::allowed_in(&m.path);
+    let traps = crate::patch::traps::wanted() && crate::patch::traps::allowed_in(&m.path);
     let kind = if traps {
         Kind::PlanWithTraps
     } else {
@@ -39,13 +39,13 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     };
     // Loop probes are planned afresh (never cached) where a function's
     // loops are wanted, outside the C runtime.
-    let loops = crate::loop_counts::wanted() && crate::traps::allowed_in(&m.path);
+    let loops = crate::count::loop_counts::wanted() && crate::patch::traps::allowed_in(&m.path);
     let cached = cache::lookup(&m, &file.identity, kind).and_then(|e| {
         let mut p = cache::plan_from(m.clone(), e, traps);
         if loops
             && p.funcs
                 .iter()
-                .any(|c| crate::loop_counts::wanted_for(&c.name))
+                .any(|c| crate::count::loop_counts::wanted_for(&c.name))
         {
             return None;
         }

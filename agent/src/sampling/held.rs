@@ -116,7 +116,7 @@ pub fn settle(a: &Agent, name: Option<super::Namer>) -> usize {
             e.stripe.load(Ordering::Relaxed),
             e.tid.load(Ordering::Relaxed),
         );
-        crate::thread_counts::sampled_later(a, owner, slot, n);
+        crate::count::thread_counts::sampled_later(a, owner, slot, n);
         e.state.store(FREE, Ordering::Release);
     }
     taken

@@ -82,7 +82,7 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: Option<Errno>) {
     // without a drain thread to name modules for them, every module is
     // named before the first one.
     if s == Sampler::Timer && !HOLDING.load(Ordering::Acquire) {
-        crate::loader::name_all_on_demand(a);
+        crate::lifecycle::loader::name_all_on_demand(a);
     }
     // A sampler that stopped keeps its period: its samples still count.
     let period = if s == Sampler::Off && why != Why::SignalTaken {
@@ -156,7 +156,7 @@ fn drain_now(wait: bool) -> Next {
     let Some(a) = crate::agent() else {
         return Next::Idle;
     };
-    crate::switching::serve_control(a);
+    crate::count::switching::serve_control(a);
     match drain(a, if wait { Wait::Yes } else { Wait::No }, true) {
         0 => Next::Idle,
         _ => Next::Busy,
@@ -312,7 +312,7 @@ pub fn resume_drain() {
             // No one to name modules for the timers from now on: all of
             // them now, and the samples held so far.
             if HOLDING.swap(false, Ordering::AcqRel) {
-                crate::loader::name_all_on_demand(a);
+                crate::lifecycle::loader::name_all_on_demand(a);
                 drain(a, Wait::Yes, true);
             }
         }
@@ -340,7 +340,7 @@ pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     }
     let namer = |records: &[u32]| {
         NAMING.store(true, Ordering::Release);
-        crate::loader::name_on_demand(a, records);
+        crate::lifecycle::loader::name_on_demand(a, records);
         NAMING.store(false, Ordering::Release);
     };
     let mut n = held::settle(a, name.then_some(&namer as Namer));
@@ -403,7 +403,7 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
                         };
                         // Counted now (not held for naming): its thread's too.
                         if let Some(a) = crate::agent() {
-                            crate::thread_counts::sampled(a, field_u32(body, 12), slot, 1);
+                            crate::count::thread_counts::sampled(a, field_u32(body, 12), slot, 1);
                         }
                         if let Some((sp, bp, stack)) = user_stack(body) {
                             stacks::record(ip, sp, bp, stack);

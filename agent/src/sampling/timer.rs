@@ -53,7 +53,7 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
         let info = unsafe { &*info };
         // SI_TIMER: one of our timers (not a kill(2) from someone).
         if info.si_code == libc::SI_TIMER {
-            let started = crate::cost::thread_cpu_ns();
+            let started = crate::count::cost::thread_cpu_ns();
             let uc = uc as *const libc::ucontext_t;
             // SAFETY: the context the kernel passed to this handler.
             let ip = unsafe { Native::signal_pc(uc) };
@@ -68,9 +68,9 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
                     super::stacks::record_here(ip, sp, bp, n);
                 }
             }
-            crate::cost::add(
+            crate::count::cost::add(
                 rtprof_shared::layout::cost::SAMPLING_NS,
-                crate::cost::thread_cpu_ns().saturating_sub(started),
+                crate::count::cost::thread_cpu_ns().saturating_sub(started),
             );
         }
     }
@@ -92,7 +92,7 @@ fn count_here(a: &crate::Agent, ip: u64, n: u64) {
     let slot = match counted {
         addrmap::Counted::Function(slot) => Some(slot),
         addrmap::Counted::Held(_) => {
-            if let Some(owner) = crate::thread_counts::owner_here(a) {
+            if let Some(owner) = crate::count::thread_counts::owner_here(a) {
                 if super::held::hold(ip, n, owner) {
                     super::wake_drainer();
                     return;
@@ -103,7 +103,7 @@ fn count_here(a: &crate::Agent, ip: u64, n: u64) {
         }
         addrmap::Counted::Elsewhere => None,
     };
-    crate::thread_counts::sampled_here(a, slot, n);
+    crate::count::thread_counts::sampled_here(a, slot, n);
 }
 
 /// The timer periods one SI_TIMER signal stands for. CPU-time timers are
@@ -120,7 +120,7 @@ fn periods(info: &libc::siginfo_t) -> u64 {
 /// Installs the handler, unless the program handles SIGPROF itself.
 pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
     use rtprof_shared::sampling::Why;
-    let Some(real) = crate::interpose::real_sigaction() else {
+    let Some(real) = crate::lifecycle::interpose::real_sigaction() else {
         return Err((Why::TimerFailed, Some(Errno(libc::ENOSYS))));
     };
     // SAFETY: `sigaction` is integers, a handler address and a signal set,
@@ -161,7 +161,7 @@ pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
 
 /// The calling thread's kernel id (a raw call: no allocation, any glibc).
 fn gettid() -> i32 {
-    crate::threads::gettid() as i32
+    crate::count::threads::gettid() as i32
 }
 
 /// A timer event that sends `signo` to thread `tid` alone.
