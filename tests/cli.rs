@@ -854,3 +854,38 @@ fn forked_children_ending_by_underscore_exit_write_their_reports() {
     assert_eq!(files.len(), 4, "{files:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run's counter segments live on a tmpfs unless TMPDIR says where:
+/// `/dev/shm` where it is one (shared memory, not a disk whose blocks each
+/// process's set-up waits for), TMPDIR when it is set. Seen from inside
+/// the profiled program: the segment file its own memory maps.
+#[test]
+fn run_directories_go_to_a_tmpfs_unless_tmpdir_is_set() {
+    let segment_dir = |tmpdir: Option<&str>| -> String {
+        let mut c = Command::new(rtprof());
+        c.args(["run", "--", "cat", "/proc/self/maps"]);
+        match tmpdir {
+            Some(t) => c.env("TMPDIR", t),
+            None => c.env_remove("TMPDIR"),
+        };
+        let out = c.output().expect("rtprof runs");
+        assert!(out.status.success(), "{out:?}");
+        let maps = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = maps
+            .lines()
+            .find(|l| l.contains("/rtprof-run-") && l.ends_with(".seg"))
+            .unwrap_or_else(|| panic!("no segment file mapped:\n{maps}"));
+        let path = line.split_whitespace().last().unwrap();
+        path[..path.find("/rtprof-run-").unwrap()].to_string()
+    };
+    let shm_is_tmpfs = Command::new("stat")
+        .args(["-f", "-c", "%T", "/dev/shm"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "tmpfs");
+    let expected = if shm_is_tmpfs { "/dev/shm" } else { "/tmp" };
+    assert_eq!(segment_dir(None), expected);
+    let own = std::env::temp_dir().join(format!("rtprof-tmpdir-{}", std::process::id()));
+    std::fs::create_dir_all(&own).unwrap();
+    assert_eq!(segment_dir(own.to_str()), own.to_str().unwrap());
+    let _ = std::fs::remove_dir_all(&own);
+}

@@ -309,7 +309,8 @@ fn detach(pid: i32, status_dir: &Path) -> Result<String, Failure> {
 /// and its counters' copy: handed to the process's user when that is not
 /// us (root attaching to another user's process), still closed to others.
 fn private_dir_for(pid: i32) -> Result<RunDir, String> {
-    let dir = RunDir::new().map_err(|e| format!("cannot create a private directory: {e}"))?;
+    let dir = RunDir::new(&crate::run::room::base().0)
+        .map_err(|e| format!("cannot create a private directory: {e}"))?;
     // SAFETY: a plain system call without arguments.
     let me = unsafe { libc::geteuid() };
     // Anyone else is refused later, with the reason.

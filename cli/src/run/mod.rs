@@ -198,15 +198,15 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(127);
         }
     };
-    let tmp = std::env::temp_dir();
+    let (tmp, named_tmp) = room::base();
     let shown_tmp = escape_text(&tmp.to_string_lossy()).into_owned();
     // A full filesystem loses the profile, not the program's run.
     let unprofiled = |e: Error| -> Option<RunDir> {
         let trouble = room::trouble(&e);
-        eprintln!("rtprof: TMPDIR ({shown_tmp}) {trouble}; the program runs unprofiled");
+        eprintln!("rtprof: {named_tmp} {trouble}; the program runs unprofiled");
         None
     };
-    let dir = match RunDir::new() {
+    let dir = match RunDir::new(&tmp) {
         Ok(d) => match room_for_segments(&d.0) {
             Ok(()) => Some(d),
             Err(e) => unprofiled(e),
@@ -245,7 +245,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         // its segment in the run directory: say so if that is why.
         match room_for_segments(&d.0) {
             Err(e) => eprintln!(
-                "rtprof: no profile was recorded: TMPDIR ({shown_tmp}) {}",
+                "rtprof: no profile was recorded: {named_tmp} {}",
                 room::trouble(&e)
             ),
             Ok(()) => eprintln!("rtprof: no profile was recorded (the program may be static, setuid, or not an ELF program)"),
