@@ -2,6 +2,9 @@
 //! and memory (issue 13).
 //!
 //! usage: bench-startup [--runs N] [--system-runs N] [--only ROW] [--skip-system]
+//! [--budget P]
+//! (--budget: the system row's agents run under an overhead budget of P
+//! percent, `budget = P` in the bound copy of /etc/rtprof/rtprof.conf.)
 //! (--runs defaults to 11, --system-runs to 3; --only: rows whose name
 //! contains ROW)
 //! (build first: cargo build --release --workspace; the system row needs
@@ -517,7 +520,7 @@ impl System<'_> {
     }
 }
 
-fn run_system(bench: &Bench, runs: usize) -> Option<(Measured, String)> {
+fn run_system(bench: &Bench, runs: usize, budget: Option<f64>) -> Option<(Measured, String)> {
     let probe = Command::new("unshare")
         .args(["-m", "--propagation", "private", "true"])
         .stderr(Stdio::null())
@@ -542,6 +545,11 @@ fn run_system(bench: &Bench, runs: usize) -> Option<(Measured, String)> {
         format!("{}\n", bench.agent.display()),
     )
     .unwrap();
+    if let Some(p) = budget {
+        let conf = etc_agent.join("rtprof");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(conf.join("rtprof.conf"), format!("budget = {p}\n")).unwrap();
+    }
     let mut sys = System {
         bench,
         proj,
@@ -570,8 +578,9 @@ fn run_system(bench: &Bench, runs: usize) -> Option<(Measured, String)> {
     let note = format!(
         "system row: {what}, make -j2 under /etc/ld.so.preload, {} objects identical \
          in every build; rtprofd on a private socket followed {seen} of the {cc1} cc1 processes of one build; \
-         set-up from one build per column",
-        sys.reference.len()
+         set-up from one build per column{}",
+        sys.reference.len(),
+        budget.map_or(String::new(), |p| format!("; agents under `budget = {p}` in rtprof.conf"))
     );
     Some((
         Measured {
@@ -600,6 +609,7 @@ fn main() {
     let system_runs = arg("--system-runs", runs.min(3) as f64) as usize;
     let only = arg_text("--only");
     let skip_system = flag("--skip-system");
+    let budget = arg_text("--budget").map(|b| b.parse::<f64>().expect("--budget P: a percentage"));
     assert!(runs > 0 && system_runs > 0, "--runs must be at least 1");
     let agent = here().join("librtprof.so");
     assert!(
@@ -672,7 +682,7 @@ fn main() {
     let mut notes = Vec::new();
     if !skip_system && wanted("make -j2, ld.so.preload + rtprofd") {
         eprintln!("bench-startup: make -j2 under /etc/ld.so.preload");
-        if let Some((r, note)) = run_system(&bench, system_runs) {
+        if let Some((r, note)) = run_system(&bench, system_runs, budget) {
             results.push(r);
             notes.push(note);
         }
