@@ -52,6 +52,11 @@ install -m 0644 "$here/rtprof.conf" "$stage/etc/rtprof/rtprof.conf"
 install -m 0644 "$here/copyright" "$stage/usr/share/doc/rtprof/copyright"
 gzip -9n < "$repo/README.md" > "$stage/usr/share/doc/rtprof/README.md.gz"
 chmod 0644 "$stage/usr/share/doc/rtprof/README.md.gz"
+install -d -m 0755 "$stage/usr/share/doc/rtprof/docs"
+for page in "$repo"/docs/*.md; do
+    gzip -9n < "$page" > "$stage/usr/share/doc/rtprof/docs/$(basename "$page").gz"
+    chmod 0644 "$stage/usr/share/doc/rtprof/docs/$(basename "$page").gz"
+done
 
 for script in postinst prerm postrm; do
     install -m 0755 "$here/$script" "$stage/DEBIAN/$script"

@@ -83,6 +83,9 @@ fn the_package_holds_the_agent_the_tools_and_the_unit() {
         ("/etc/rtprof/rtprof.conf", "-rw-r--r--"),
         ("/usr/share/doc/rtprof/copyright", "-rw-r--r--"),
         ("/usr/share/doc/rtprof/README.md.gz", "-rw-r--r--"),
+        ("/usr/share/doc/rtprof/docs/", "drwxr-xr-x"),
+        ("/usr/share/doc/rtprof/docs/agent.md.gz", "-rw-r--r--"),
+        ("/usr/share/doc/rtprof/docs/limits.md.gz", "-rw-r--r--"),
     ] {
         let (m, _) = files
             .get(path)

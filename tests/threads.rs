@@ -195,7 +195,7 @@ fn threads_that_come_and_go_keep_their_samples() {
         let in_threads: u64 = threads.iter().map(|t| in_thread(t, f, "samples")).sum();
         // Never more in the threads' rows than in all; fewer only by the
         // samples of a thread that ended while the drain was naming a
-        // module (it does not wait for such a drain: README, known
+        // module (it does not wait for such a drain: docs/limits.md, known
         // limits), which go to the process's rows: a few of 2,000 threads.
         assert!(in_threads <= all, "{f}: {in_threads} in threads of {all}");
         late += all - in_threads;

@@ -1,4 +1,4 @@
-//! Configuration from `RTPROF_*` environment variables (documented in README).
+//! Configuration from `RTPROF_*` environment variables (documented in docs/agent.md).
 
 use std::ffi::OsString;
 

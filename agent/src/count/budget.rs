@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Nanoseconds counting adds to a call on real code (Lua 1.3, SQLite 1.2,
-/// cc1 2-3.7 on the development machine: see README).
+/// cc1 2-3.7 on the development machine: see docs/budget.md).
 const COST_PER_CALL_NS: f64 = 2.0;
 /// The most a call's counting was seen to cost (cc1): what bounds the
 /// share of a burst's CPU time that went to counting.
