@@ -92,32 +92,15 @@ impl Maps {
 }
 
 /// A file of /proc read whole (empty if it cannot be). Its size is
-/// unknown beforehand (0 in a stat): read in 16 KiB steps from the start,
-/// not in the doubling steps from 32 bytes a read of unknown size makes.
+/// unknown beforehand (0 in a stat): with room for 16 KiB from the start,
+/// not the doubling steps from 32 bytes a read of unknown size makes.
 pub fn read_proc(path: &str) -> String {
     use std::io::Read;
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return String::new();
-    };
-    let mut buf = Vec::with_capacity(16 << 10);
-    loop {
-        if buf.capacity() - buf.len() < 4096 {
-            buf.reserve(buf.capacity());
-        }
-        let len = buf.len();
-        let room = buf.capacity() - len;
-        buf.resize(len + room, 0);
-        match f.read(&mut buf[len..]) {
-            Ok(0) => {
-                buf.truncate(len);
-                break;
-            }
-            Ok(n) => buf.truncate(len + n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => buf.truncate(len),
-            Err(_) => return String::new(),
-        }
+    let mut text = String::with_capacity(16 << 10);
+    match std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text)) {
+        Ok(_) => text,
+        Err(_) => String::new(),
     }
-    String::from_utf8(buf).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -14,18 +14,15 @@ pub struct RunDir(pub PathBuf);
 /// tmpfs) every process's set-up waited for blocks to be allocated (12 ms
 /// of a small program's 23 here); else `/tmp`.
 pub fn base() -> (PathBuf, String) {
-    let shown = |p: &Path| rtprof_shared::report::escape_text(&p.to_string_lossy()).into_owned();
-    if std::env::var_os("TMPDIR").is_some_and(|v| !v.is_empty()) {
-        let t = std::env::temp_dir();
-        let named = format!("TMPDIR ({})", shown(&t));
-        return (t, named);
-    }
     let shm = Path::new("/dev/shm");
-    if is_tmpfs(shm) {
-        return (shm.to_path_buf(), shown(shm));
+    if std::env::var_os("TMPDIR").is_none_or(|v| v.is_empty()) && is_tmpfs(shm) {
+        return (shm.to_path_buf(), shm.display().to_string());
     }
     let t = std::env::temp_dir();
-    let named = format!("TMPDIR ({})", shown(&t));
+    let named = format!(
+        "TMPDIR ({})",
+        rtprof_shared::report::escape_text(&t.to_string_lossy())
+    );
     (t, named)
 }
 
