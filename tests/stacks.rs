@@ -139,6 +139,49 @@ fn the_report_names_callers_and_callees() {
     assert!(a.contains("<- main 100%") && a.contains("-> b "), "{a}");
 }
 
+/// Samples in a module only sampled, taken before its functions are
+/// listed (the timer sampler holds them for the names): their stacks end
+/// in the function their count went to, so stacks and counts agree, in
+/// the folded lines and in JSON, whichever sampler ran.
+#[test]
+fn stacks_of_samples_held_for_names_agree_with_the_counts() {
+    let dir = scratch("stacks-held");
+    let bin = compile_o2("libc_work.c", &["-g"], &dir);
+    for sampler in ["timer", "perf"] {
+        let (paths, report) = folded(&bin, &[], &[("RTPROF_SAMPLER", sampler)], &dir);
+        let p = process(&report, &bin);
+        assert_eq!(p["sampler"]["name"], sampler);
+        let samples = p["sampler"]["samples"].as_u64().unwrap();
+        assert!(samples > 100, "{sampler}: {samples}");
+        assert_eq!(paths.values().sum::<u64>(), samples, "{sampler}: {paths:?}");
+        // Every JSON stack's leaf has at least its stacks' samples.
+        let mut by_leaf: HashMap<&str, u64> = HashMap::new();
+        for s in p["stacks"].as_array().unwrap() {
+            let leaf = s["frames"][0].as_str().unwrap();
+            *by_leaf.entry(leaf).or_default() += s["samples"].as_u64().unwrap();
+        }
+        for (leaf, n) in by_leaf {
+            let own = p["functions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .chain(p["modules"].as_array().unwrap())
+                .filter(|f| {
+                    f["name"] == leaf
+                        || f["path"]
+                            .as_str()
+                            .is_some_and(|m| leaf == format!("[{}]", m.rsplit('/').next().unwrap()))
+                })
+                .map(|f| f["samples"].as_u64().unwrap())
+                .sum::<u64>();
+            assert!(
+                n <= own,
+                "{sampler}: {leaf}: {n} in stacks, {own} counted: {p}"
+            );
+        }
+    }
+}
+
 /// `RTPROF_STACKS=0`: samples still count, without stacks.
 #[test]
 fn stacks_can_be_switched_off() {

@@ -119,6 +119,7 @@ pub fn settle(a: &Agent, name: Option<super::Namer>) -> usize {
         crate::count::thread_counts::sampled_later(a, owner, slot, n);
         e.state.store(FREE, Ordering::Release);
     }
+    super::stacks::held_settled();
     taken
 }
 

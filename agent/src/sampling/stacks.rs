@@ -30,6 +30,9 @@ pub const MAX_DEPTH: usize = 32;
 pub const STACK_BYTES: u32 = 8192;
 /// Distinct stacks kept; samples of further ones are counted as dropped.
 const MAX_STACKS: usize = 4096;
+/// Stacks of timer samples waiting for their module's names (see `held`),
+/// kept at most; a further one is counted as dropped.
+const MAX_HELD: usize = 128;
 
 /// A frame the report names: a function slot, `MODULE | record` for code
 /// of a module outside its listed functions, or [`UNKNOWN`].
@@ -47,12 +50,23 @@ pub struct ModuleFile {
 /// Frames leaf first, and how many are used.
 type Key = ([u32; MAX_DEPTH], u8);
 
+/// A held sample's stack: its frames' addresses, how many, its periods.
+struct Held {
+    ats: [u64; MAX_DEPTH],
+    depth: u8,
+    n: u64,
+}
+
 struct State {
     unwinder: UnwinderX86_64<Section, MustNotAllocateDuringUnwind>,
     cache: CacheX86_64<MustNotAllocateDuringUnwind>,
     /// The modules in the unwinder, as last synced.
     loaded: Vec<ModuleFile>,
     table: HashMap<Key, u64>,
+    /// Stacks of held samples, by their frames' addresses, with their
+    /// periods: placed once the sample is counted, so that the leaf is
+    /// the function the count went to (stacks and counts must agree).
+    held: Vec<Held>,
     truncated: u64,
     dropped: u64,
 }
@@ -159,8 +173,9 @@ pub fn note_thread_stack() {
 }
 
 /// Counts the stack of a sample taken by a signal handler on this thread
-/// (`n` periods), reading the stack where it is. Allocation-free.
-pub fn record_here(ip: u64, sp: u64, bp: u64, n: u64) {
+/// (`n` periods), reading the stack where it is; `held`: the samples are
+/// held for their module's names (see `held`). Allocation-free.
+pub fn record_here(ip: u64, sp: u64, bp: u64, n: u64, held: bool) {
     let (lowest, end) = STACK.try_with(Cell::get).unwrap_or((0, 0));
     if sp < lowest || sp >= end {
         return;
@@ -174,7 +189,7 @@ pub fn record_here(ip: u64, sp: u64, bp: u64, n: u64) {
         // Loaded where modules change (`modules_changed`): none yet, no
         // stack.
         if let Some(s) = st.as_mut() {
-            s.record(ip, sp, bp, stack, n);
+            s.record(ip, sp, bp, stack, n, held);
         }
     });
 }
@@ -284,6 +299,7 @@ impl State {
             cache: CacheX86_64::new_in(),
             loaded: Vec::new(),
             table: HashMap::with_capacity(MAX_STACKS),
+            held: Vec::with_capacity(MAX_HELD),
             truncated: 0,
             dropped: 0,
         }
@@ -305,7 +321,9 @@ impl State {
         self.loaded = now;
     }
 
-    fn record(&mut self, ip: u64, sp: u64, bp: u64, stack: &[u8], n: u64) {
+    /// Counts the stack of `n` samples at `ip`; `held`: their count waits
+    /// for the module's names, and so does the stack's leaf.
+    fn record(&mut self, ip: u64, sp: u64, bp: u64, stack: &[u8], n: u64, held: bool) {
         let mut read_stack = |addr: u64| {
             let off = addr.checked_sub(sp).ok_or(())? as usize;
             let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
@@ -331,7 +349,6 @@ impl State {
         let mut frames = self
             .unwinder
             .iter_frames(ip, regs, &mut self.cache, &mut read_stack);
-        let mut key: Key = ([UNKNOWN; MAX_DEPTH], 0);
         let mut ats = [0u64; MAX_DEPTH];
         let mut depth = 0;
         let mut cut = false;
@@ -350,9 +367,24 @@ impl State {
             ats[depth] = at;
             depth += 1;
         }
-        addrmap::place_ids(&ats[..depth], &mut key.0[..depth], UNKNOWN);
-        key.1 = depth as u8;
         self.truncated += cut as u64;
+        match held {
+            // Within the room reserved up front: no allocation.
+            true if self.held.len() < MAX_HELD => self.held.push(Held {
+                ats,
+                depth: depth as u8,
+                n,
+            }),
+            true => self.dropped += n,
+            false => self.add(&ats[..depth], n),
+        }
+    }
+
+    /// Counts `n` samples for the stack of frames at `ats`, named by the
+    /// address table as it is now.
+    fn add(&mut self, ats: &[u64], n: u64) {
+        let mut key: Key = ([UNKNOWN; MAX_DEPTH], ats.len() as u8);
+        addrmap::place_ids(ats, &mut key.0[..ats.len()], UNKNOWN);
         let full = self.table.len() >= MAX_STACKS;
         match self.table.get_mut(&key) {
             Some(count) => *count += n,
@@ -363,6 +395,40 @@ impl State {
             None => self.dropped += n,
         }
     }
+
+    /// Counts the held stacks whose samples are counted now (their module
+    /// named; with `all`, every one: at exit, after the last drain), named
+    /// by the address table as the count was.
+    fn settle_held(&mut self, all: bool) {
+        let mut i = 0;
+        while i < self.held.len() {
+            let h = &self.held[i];
+            let waiting = h.depth > 0 && addrmap::named_on_demand_at(h.ats[0]).is_some();
+            if waiting && !all {
+                i += 1;
+                continue;
+            }
+            let h = self.held.swap_remove(i);
+            self.add(&h.ats[..h.depth as usize], h.n);
+        }
+    }
+}
+
+/// Held samples were counted (drain thread, after `held::settle`): their
+/// stacks are counted too.
+pub fn held_settled() {
+    // A handler may be unwinding for a moment.
+    for _ in 0..1000 {
+        let done = STATE.try_with(|st| {
+            if let Some(s) = st.as_mut() {
+                s.settle_held(false);
+            }
+        });
+        if done.is_some() {
+            return;
+        }
+        std::thread::yield_now();
+    }
 }
 
 /// Counts the stack of one sample (drain thread): `ip`, `sp` and `bp` as
@@ -372,7 +438,7 @@ pub fn record(ip: u64, sp: u64, bp: u64, stack: &[u8]) {
     // thread opens no file.
     STATE.try_with(|state| {
         if let Some(s) = state.as_mut() {
-            s.record(ip, sp, bp, stack, 1);
+            s.record(ip, sp, bp, stack, 1, false);
         }
     });
 }
@@ -384,7 +450,13 @@ pub fn text() -> Option<String> {
     // At exit the drain thread may be counting a last sample: waited for
     // a little, never for ever.
     for _ in 0..1000 {
-        if let Some(t) = STATE.try_with(|s| s.as_ref().map(State::text)) {
+        let text = STATE.try_with(|s| {
+            s.as_mut().map(|s| {
+                s.settle_held(true);
+                s.text()
+            })
+        });
+        if let Some(t) = text {
             return t;
         }
         std::thread::yield_now();
@@ -416,6 +488,7 @@ pub fn forget_in_child() {
         if let Some(s) = s.as_mut() {
             // Keys and counts are plain values: nothing is freed.
             s.table.clear();
+            s.held.clear();
             s.truncated = 0;
             s.dropped = 0;
         }
@@ -431,7 +504,7 @@ mod tests {
         let mut s = State::new();
         // No modules: the unwinder gives the sampled address alone.
         for _ in 0..3 {
-            s.record(0x1234, 0x7000, 0, &[0; 64], 1);
+            s.record(0x1234, 0x7000, 0, &[0; 64], 1, false);
         }
         assert_eq!(s.table.len(), 1);
         let (key, n) = s.table.iter().next().unwrap();
@@ -443,11 +516,27 @@ mod tests {
         for i in 0..MAX_STACKS as u32 {
             s.table.insert(([i; MAX_DEPTH], 1), 1);
         }
-        s.record(0x1234, 0x7000, 0, &[0; 64], 1);
+        s.record(0x1234, 0x7000, 0, &[0; 64], 1, false);
         assert_eq!((s.dropped, s.table.len()), (1, MAX_STACKS));
         s.table.insert(([UNKNOWN; MAX_DEPTH], 1), 1);
-        s.record(0x1234, 0x7000, 0, &[0; 64], 1);
+        s.record(0x1234, 0x7000, 0, &[0; 64], 1, false);
         assert_eq!(s.dropped, 1);
+    }
+
+    /// A held sample's stack waits outside the table until settled (the
+    /// address table names no module on demand here: at once), and the
+    /// list of waiting stacks is bounded.
+    #[test]
+    fn held_stacks_wait_and_are_bounded() {
+        let mut s = State::new();
+        for _ in 0..MAX_HELD + 2 {
+            s.record(0x1234, 0x7000, 0, &[0; 64], 2, true);
+        }
+        assert_eq!((s.table.len(), s.held.len(), s.dropped), (0, MAX_HELD, 4));
+        s.settle_held(false);
+        assert!(s.held.is_empty());
+        let (key, n) = s.table.iter().next().unwrap();
+        assert_eq!((*n, key.1, key.0[0]), (2 * MAX_HELD as u64, 1, UNKNOWN));
     }
 
     /// The header-only section reader finds what goblin's full parse finds.

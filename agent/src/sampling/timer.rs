@@ -61,11 +61,11 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
             // Counted and stacked together, or neither: stacks and
             // counts are reported against each other.
             if let Some(a) = crate::agent() {
-                count_here(a, ip, n);
+                let held = count_here(a, ip, n);
                 if super::STACKS.load(Ordering::Relaxed) {
                     // SAFETY: as for the program counter.
                     let (sp, bp) = unsafe { Native::signal_sp_bp(uc) };
-                    super::stacks::record_here(ip, sp, bp, n);
+                    super::stacks::record_here(ip, sp, bp, n, held);
                 }
             }
             crate::count::cost::add(
@@ -81,8 +81,8 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
 
 /// Counts `n` samples at `ip` of the calling thread: for the function it
 /// lands in, or held for the drain thread if its module is not named yet
-/// (for the module, if nothing can hold it).
-fn count_here(a: &crate::Agent, ip: u64, n: u64) {
+/// (for the module, if nothing can hold it). Returns whether it was held.
+fn count_here(a: &crate::Agent, ip: u64, n: u64) -> bool {
     let hold = super::HOLDING.load(Ordering::Relaxed);
     let counted = if hold {
         addrmap::count_unless_unnamed(ip, n)
@@ -95,7 +95,7 @@ fn count_here(a: &crate::Agent, ip: u64, n: u64) {
             if let Some(owner) = crate::count::thread_counts::owner_here(a) {
                 if super::held::hold(ip, n, owner) {
                     super::wake_drainer();
-                    return;
+                    return true;
                 }
             }
             addrmap::count(ip, n);
@@ -104,6 +104,7 @@ fn count_here(a: &crate::Agent, ip: u64, n: u64) {
         addrmap::Counted::Elsewhere => None,
     };
     crate::count::thread_counts::sampled_here(a, slot, n);
+    false
 }
 
 /// The timer periods one SI_TIMER signal stands for. CPU-time timers are
