@@ -119,18 +119,87 @@ pub fn ending_without_exit_handlers() {
     crate::lifecycle::startup::finish(None);
 }
 
+/// What a fork child forgets of its parent before it counts, in this
+/// order: locks and flags a parent's thread held (it does not exist here),
+/// threads, timers and rings that were the parent's, tables of the
+/// parent's counts. Run from the fork handler: none allocates. The trap
+/// handler goes first (whatever else fails, it must be this child's), the
+/// state lock before what takes it (the budget).
+pub const CHILD_FORGETS: &[(&str, fn())] = &[
+    ("trap entries' handler", crate::patch::traps::reset_in_child),
+    (
+        "attach's control thread",
+        crate::lifecycle::attach::forget_in_child,
+    ),
+    ("the state lock", || {
+        if let Some(a) = agent() {
+            a.state.reset_in_child();
+        }
+    }),
+    ("the budget's controller", || {
+        if let Some(a) = agent() {
+            crate::count::budget::forget_in_child(a);
+        }
+    }),
+    (
+        "the sampler's rings and drain thread",
+        crate::sampling::forget_parent_in_child,
+    ),
+    (
+        "timer samples held for names",
+        crate::sampling::held_forget_in_child,
+    ),
+    (
+        "address table readers",
+        crate::sampling::addrmap::reset_readers_in_child,
+    ),
+    ("sampling timers", crate::sampling::timer::forget_in_child),
+    ("sampled stacks", crate::sampling::stacks::forget_in_child),
+    ("sampled offsets", crate::sampling::offsets::forget_in_child),
+    ("event counters", crate::sampling::events::forget_in_child),
+    ("exact callers", crate::count::callers::forget_in_child),
+    (
+        "exact loop counts",
+        crate::count::loop_counts::forget_in_child,
+    ),
+    (
+        "per-thread counts",
+        crate::count::thread_counts::forget_in_child,
+    ),
+    (
+        "program threads",
+        crate::count::threads::reset_program_threads_in_child,
+    ),
+];
+
+/// What a fork child starts again once `fork()` has returned (allocating
+/// and starting threads is safe again), in this order. A child made by
+/// `_Fork` or inside libc never gets these.
+pub const CHILD_STARTS: &[(&str, fn())] = &[
+    (
+        "the thread as a program thread",
+        crate::count::threads::mark_program_thread,
+    ),
+    ("the sampler", crate::sampling::restart_in_child),
+    ("the budget's controller", crate::count::budget::resume),
+];
+
+/// Runs the steps of `list`, each on its own: one that panics does not
+/// keep the others from running.
+pub fn run_steps(list: &[(&str, fn())]) {
+    for (_, step) in list {
+        let _ = std::panic::catch_unwind(step);
+    }
+}
+
 /// Gives this new child process its own segment, keeping the stripe at
 /// `p` (the forking thread's) for its only thread.
 pub fn become_child(p: *mut u64) {
     // Until the fork handler says it was `fork()`.
     FORKED.store(false, Ordering::Relaxed);
-    // First: the trap handler is this child's whatever else fails.
-    crate::patch::traps::reset_in_child();
+    run_steps(CHILD_FORGETS);
     let _ = std::panic::catch_unwind(|| {
-        crate::lifecycle::attach::forget_in_child();
         let Some(a) = agent() else { return };
-        a.state.reset_in_child();
-        crate::count::budget::forget_in_child(a);
         let w = &a.segment.counters;
         let first = w.stripe_ptr(0) as u64;
         let bytes = w.layout().stripe_bytes;
@@ -140,11 +209,6 @@ pub fn become_child(p: *mut u64) {
             .filter(|&i| i != 0);
         // SAFETY: takes nothing.
         let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
-        crate::sampling::forget_parent_in_child();
-        crate::count::callers::forget_in_child();
-        crate::count::loop_counts::forget_in_child();
-        crate::count::thread_counts::forget_in_child();
-        crate::count::threads::reset_program_threads_in_child();
         if let Err(e) = a.segment.reopen_in_child(keep, pid, ppid, crate::now_ns()) {
             vlog!("{e}; this child's calls are not recorded");
         }
@@ -208,4 +272,34 @@ pub fn install_handlers(stripe_bytes: u64) {
         SCRATCH.store(p as *mut u64, Ordering::Release);
     }
     register_ours_once();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The orders the steps depend on: the trap handler first, the state
+    /// lock freed before the budget takes it; each step named once.
+    #[test]
+    fn child_steps_keep_their_order() {
+        let at = |what: &str| CHILD_FORGETS.iter().position(|s| s.0 == what).unwrap();
+        assert_eq!(at("trap entries' handler"), 0);
+        assert!(at("the state lock") < at("the budget's controller"));
+        for list in [CHILD_FORGETS, CHILD_STARTS] {
+            let mut names: Vec<&str> = list.iter().map(|s| s.0).collect();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), list.len());
+        }
+        // A step that panics leaves the others to run.
+        static RAN: AtomicBool = AtomicBool::new(false);
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        run_steps(&[
+            ("fails", || panic!("no")),
+            ("runs", || RAN.store(true, Ordering::Relaxed)),
+        ]);
+        std::panic::set_hook(hook);
+        assert!(RAN.load(Ordering::Relaxed));
+    }
 }

@@ -347,11 +347,7 @@ pub unsafe extern "C" fn fork_child() -> libc::pid_t {
     };
     let pid = real();
     if pid == 0 {
-        quietly(|| {
-            threads::mark_program_thread();
-            sampling::restart_in_child();
-            budget::resume();
-        });
+        quietly(|| fork::run_steps(fork::CHILD_STARTS));
     }
     pid
 }

@@ -590,17 +590,17 @@ pub fn at_exit(a: &Agent) {
 
 /// In a forked child, from the fork handler (allocation-free): the parent's
 /// rings are not mapped here, its drain thread and timers do not exist.
+/// (The sampler's other parts are forgotten in `fork::CHILD_FORGETS`.)
 pub fn forget_parent_in_child() {
     RINGS.store(std::ptr::null_mut(), Ordering::Relaxed);
-    held::forget_in_child();
     DRAINER.forget_in_child();
     DRAINING.store(false, Ordering::Relaxed);
     NAMING.store(false, Ordering::Relaxed);
-    addrmap::reset_readers_in_child();
-    timer::forget_in_child();
-    stacks::forget_in_child();
-    offsets::forget_in_child();
-    events::forget_in_child();
+}
+
+/// In a forked child: the timer samples held are the parent's.
+pub fn held_forget_in_child() {
+    held::forget_in_child();
 }
 
 /// In a forked child, once `fork()` has returned (where allocating and
