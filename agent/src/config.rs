@@ -114,7 +114,7 @@ fn truthy(v: &str) -> bool {
 }
 
 /// `name[:period]` items, comma-separated; at most
-/// [`crate::sampling::events::MAX_EVENTS`], each name once.
+/// [`crate::options::events::MAX_EVENTS`], each name once.
 pub fn parse_events(v: &str) -> Vec<(String, Option<u64>)> {
     let mut out: Vec<(String, Option<u64>)> = Vec::new();
     for item in v.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -122,7 +122,7 @@ pub fn parse_events(v: &str) -> Vec<(String, Option<u64>)> {
             Some((n, p)) => (n.trim(), p.trim().parse::<u64>().ok().filter(|&p| p > 0)),
             None => (item, None),
         };
-        if out.len() < crate::sampling::events::MAX_EVENTS && !out.iter().any(|(n, _)| n == name) {
+        if out.len() < crate::options::events::MAX_EVENTS && !out.iter().any(|(n, _)| n == name) {
             out.push((name.chars().take(64).collect(), period));
         }
     }
@@ -277,7 +277,7 @@ mod tests {
         let many: Vec<String> = (0..20).map(|i| format!("e{i}")).collect();
         assert_eq!(
             parse_events(&many.join(",")).len(),
-            crate::sampling::events::MAX_EVENTS
+            crate::options::events::MAX_EVENTS
         );
     }
 

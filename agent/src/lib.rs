@@ -21,6 +21,7 @@ pub(crate) mod discover;
 pub(crate) mod error;
 pub(crate) mod lifecycle;
 pub(crate) mod log;
+pub(crate) mod options;
 pub(crate) mod patch;
 pub(crate) mod plan;
 pub(crate) mod sampling;

@@ -114,7 +114,7 @@ pub fn init_exit_key(caller_is_program: bool) {
 /// Gives the calling thread a stripe of its own, if any is left (and its
 /// own loop counters).
 pub fn attach_current() {
-    crate::count::loop_counts::attach_thread();
+    crate::options::loops::counts::attach_thread();
     let Some(a) = crate::agent() else { return };
     if !stripe().is_null() {
         return;

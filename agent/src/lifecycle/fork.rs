@@ -74,7 +74,7 @@ extern "C" fn in_child() {
     // takes system calls): it counts into the scratch stripe, private to
     // it and never read, not into its parent's counts.
     if crate::lifecycle::sandbox::on() && !scratch.is_null() {
-        crate::patch::traps::reset_in_child();
+        crate::options::traps::reset_in_child();
         CHILD_UNCOUNTED.store(true, Ordering::Release);
         return;
     }
@@ -126,10 +126,13 @@ pub fn ending_without_exit_handlers() {
 /// handler goes first (whatever else fails, it must be this child's), the
 /// state lock before what takes it (the budget).
 pub const CHILD_FORGETS: &[(&str, fn())] = &[
-    ("trap entries' handler", crate::patch::traps::reset_in_child),
+    (
+        "trap entries' handler",
+        crate::options::traps::reset_in_child,
+    ),
     (
         "attach's control thread",
-        crate::lifecycle::attach::forget_in_child,
+        crate::options::attach::forget_in_child,
     ),
     ("the state lock", || {
         if let Some(a) = agent() {
@@ -138,7 +141,7 @@ pub const CHILD_FORGETS: &[(&str, fn())] = &[
     }),
     ("the budget's controller", || {
         if let Some(a) = agent() {
-            crate::count::budget::forget_in_child(a);
+            crate::options::budget::forget_in_child(a);
         }
     }),
     (
@@ -156,11 +159,11 @@ pub const CHILD_FORGETS: &[(&str, fn())] = &[
     ("sampling timers", crate::sampling::timer::forget_in_child),
     ("sampled stacks", crate::sampling::stacks::forget_in_child),
     ("sampled offsets", crate::sampling::offsets::forget_in_child),
-    ("event counters", crate::sampling::events::forget_in_child),
-    ("exact callers", crate::count::callers::forget_in_child),
+    ("event counters", crate::options::events::forget_in_child),
+    ("exact callers", crate::options::callers::forget_in_child),
     (
         "exact loop counts",
-        crate::count::loop_counts::forget_in_child,
+        crate::options::loops::counts::forget_in_child,
     ),
     (
         "per-thread counts",
@@ -181,7 +184,7 @@ pub const CHILD_STARTS: &[(&str, fn())] = &[
         crate::count::threads::mark_program_thread,
     ),
     ("the sampler", crate::sampling::restart_in_child),
-    ("the budget's controller", crate::count::budget::resume),
+    ("the budget's controller", crate::options::budget::resume),
 ];
 
 /// Runs the steps of `list`, each on its own: one that panics does not

@@ -153,7 +153,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
         if !present {
             for area in std::mem::take(&mut k.areas) {
                 stubs.remove(area.addr, area.addr + area.len);
-                crate::patch::traps::remove_stubs_in(area.addr, area.addr + area.len);
+                crate::options::traps::remove_stubs_in(area.addr, area.addr + area.len);
                 area.release();
             }
             vlog!("{}: unloaded", k.file);
@@ -238,7 +238,7 @@ fn add_module(
     let skip = modules::skip_reason(&m, &|n| a.config.selects(n));
     // Detached (rtprof detach): nothing new is patched; a later attach
     // leaves it so too (its code may be running by then).
-    let detached = !crate::lifecycle::attach::may_instrument_new();
+    let detached = !crate::options::attach::may_instrument_new();
     if !a.config.instrument || skip.is_some() || detached {
         if !room_for_sampled(w) {
             return (Vec::new(), None, None);
@@ -362,10 +362,10 @@ fn instrument(
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, stubs, &counted);
     let patched = records::record_outcomes(w, first, &outcomes);
     records::mark_traps(w, first, &plan, &outcomes);
-    crate::count::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
+    crate::options::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
     let mut areas: Vec<StubArea> = area.into_iter().collect();
     if !plan.loops.is_empty() {
-        let (probes, probe_areas) = crate::patch::loop_probes::install(&plan, first, maps);
+        let (probes, probe_areas) = crate::options::loops::probes::install(&plan, first, maps);
         stubs.add_probes(probes);
         areas.extend(probe_areas);
     }

@@ -13,8 +13,8 @@
 //! holder may be the drain thread reading files, descheduled on a busy
 //! machine, while the program's exit waits for it.
 
-use crate::count::budget::Controller;
 use crate::lifecycle::loader::Known;
+use crate::options::budget::Controller;
 use crate::patch::install::StubMap;
 use rtprof_shared::SegmentWriter;
 use std::cell::UnsafeCell;

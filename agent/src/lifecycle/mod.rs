@@ -2,7 +2,6 @@
 //! libraries loaded and unloaded, fork, the image ending, and the
 //! machine-wide controls that decide whether the agent acts at all.
 
-pub(crate) mod attach;
 pub(crate) mod credentials;
 pub(crate) mod fork;
 pub(crate) mod interpose;

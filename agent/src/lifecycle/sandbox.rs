@@ -21,7 +21,7 @@
 //! before it takes effect.
 
 use super::interpose::{quietly, Real};
-use crate::{count::budget, sampling};
+use crate::{options::budget, sampling};
 use libc::{c_int, c_long, c_ulong};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -249,7 +249,7 @@ fn entering() {
     quietly(|| {
         sampling::stop_for_sandbox();
         budget::pause();
-        crate::lifecycle::attach::pause();
+        crate::options::attach::pause();
     });
 }
 

@@ -234,11 +234,11 @@ pub(crate) fn start() {
     // A trap costs a thousand counted calls: no budget could pay for it.
     if cfg.traps && cfg.budget.is_some() {
         vlog!("no trap entries under an overhead budget");
-    } else if cfg.traps && crate::patch::traps::want() {
+    } else if cfg.traps && crate::options::traps::want() {
         vlog!("trap entries planned (RTPROF_TRAPS)");
     }
     if !cfg.loops.is_empty() {
-        crate::count::loop_counts::select(&cfg.loops);
+        crate::options::loops::counts::select(&cfg.loops);
         vlog!(
             "loops counted in functions named {:?} (RTPROF_LOOPS)",
             cfg.loops
@@ -313,12 +313,12 @@ pub(crate) fn start() {
     }
     let shared = segment.counters.stripe_ptr(0) as u64;
     // Before any stub is written: stubs call its hook if it is on.
-    crate::count::callers::start(cfg.callers);
+    crate::options::callers::start(cfg.callers);
     let mut stubs = match cfg.budget {
         Some(_) => StubMap::keeping_entries(),
         None => StubMap::default(),
     };
-    if crate::patch::traps::wanted() && !crate::patch::traps::arm() {
+    if crate::options::traps::wanted() && !crate::options::traps::arm() {
         vlog!("cannot handle SIGTRAP: no trap entries");
     }
     for (p, (_, first)) in plans.iter().zip(&recorded) {
@@ -332,10 +332,10 @@ pub(crate) fn start() {
             install::install(p, first, tls_offset, shared, &mut stubs, &counted);
         let patched = records::record_outcomes(&mut writer, first, &outcomes);
         records::mark_traps(&mut writer, first, p, &outcomes);
-        crate::count::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+        crate::options::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
         if !p.loops.is_empty() {
             // Kept for good, as the module's stub area.
-            let (probes, _areas) = crate::patch::loop_probes::install(p, first, &maps);
+            let (probes, _areas) = crate::options::loops::probes::install(p, first, &maps);
             stubs.add_probes(probes);
         }
         vlog!(
@@ -348,7 +348,7 @@ pub(crate) fn start() {
         );
     }
     // This thread counts its loops in counters of its own.
-    crate::count::loop_counts::attach_thread();
+    crate::options::loops::counts::attach_thread();
     ph.mark("install");
     let known = known_modules(&plans, recorded);
     let stripe_bytes = segment.counters.layout().stripe_bytes;
@@ -376,7 +376,7 @@ pub(crate) fn start() {
     ph.mark("handlers");
     if let Some(a) = agent() {
         crate::sampling::start(a);
-        crate::count::budget::start(a);
+        crate::options::budget::start(a);
         ph.mark("sampler");
         // Set-up ends with the sampler running: a process that dies before
         // this shows 0 (it never fully started).
@@ -466,7 +466,7 @@ static FINISHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::ne
 pub(crate) fn finish(status: Option<libc::c_int>) {
     let _ = std::panic::catch_unwind(|| {
         let Some(a) = agent() else { return };
-        if crate::lifecycle::attach::detached() {
+        if crate::options::attach::detached() {
             return;
         }
         // A child forked under a seccomp filter has no segment of its own:
@@ -492,12 +492,12 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
             return;
         }
         crate::sampling::at_exit(a);
-        if let Some(text) = crate::count::callers::text() {
+        if let Some(text) = crate::options::callers::text() {
             if let Err(e) = a.segment.write_beside("callers", text.as_bytes()) {
                 vlog!("callers not written: {e}");
             }
         }
-        if let Some(text) = crate::count::loop_counts::text() {
+        if let Some(text) = crate::options::loops::counts::text() {
             if let Err(e) = a.segment.write_beside("loops", text.as_bytes()) {
                 vlog!("loop counts not written: {e}");
             }
@@ -510,7 +510,7 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
         if let Err(e) = a.segment.write_beside("threads", threads.as_bytes()) {
             vlog!("per-thread counts not written: {e}");
         }
-        let events = crate::sampling::events::text();
+        let events = crate::options::events::text();
         if let Some(text) = &events {
             if let Err(e) = a.segment.write_beside("events", text.as_bytes()) {
                 vlog!("events not written: {e}");
@@ -527,12 +527,12 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
                 vlog!("sampled offsets not written: {e}");
             }
         }
-        crate::count::budget::at_exit(a);
+        crate::options::budget::at_exit(a);
         crate::count::cost::note_process_cpu();
         if let Some(status) = status {
             a.segment.counters.set_exit(status, now_ns());
         }
-        crate::lifecycle::attach::after_exit(a);
+        crate::options::attach::after_exit(a);
         if let Some(path) = &a.config.report {
             write_report(a, path, stacks.as_deref(), &threads, events.as_deref());
         }

@@ -22,7 +22,7 @@ pub struct StubMap {
     entries: Option<Vec<EntrySwitch>>,
     /// Loop probes: (start, end, function slot, its window's offset in
     /// the function), sorted by start.
-    probes: Vec<crate::patch::loop_probes::ProbeRange>,
+    probes: Vec<crate::options::loops::probes::ProbeRange>,
 }
 
 impl StubMap {
@@ -52,12 +52,12 @@ impl StubMap {
         &self.ranges
     }
     /// Every loop probe's place, sorted.
-    pub fn probes(&self) -> &[crate::patch::loop_probes::ProbeRange] {
+    pub fn probes(&self) -> &[crate::options::loops::probes::ProbeRange] {
         &self.probes
     }
 
     /// Adds loop probes' places.
-    pub fn add_probes(&mut self, mut v: Vec<crate::patch::loop_probes::ProbeRange>) {
+    pub fn add_probes(&mut self, mut v: Vec<crate::options::loops::probes::ProbeRange>) {
         self.probes.append(&mut v);
         self.probes.sort_unstable_by_key(|r| r.0);
     }
@@ -240,7 +240,7 @@ fn install_with(
     counted: &dyn Fn(&str) -> bool,
     write_now: bool,
 ) -> (Outcomes, Option<StubArea>) {
-    let hook = crate::count::callers::hook();
+    let hook = crate::options::callers::hook();
     let mut outcomes: Outcomes = mp
         .funcs
         .iter()
@@ -288,7 +288,7 @@ fn install_with(
             continue;
         }
         // A trap entry only where its trap is handled.
-        if plan.is_trap() && !crate::patch::traps::on() {
+        if plan.is_trap() && !crate::options::traps::on() {
             outcomes[i] = Some(Refusal::TooSmall);
             continue;
         }
@@ -376,7 +376,7 @@ fn install_with(
                 (plan.is_trap() && !blocked[k]).then_some((plan.patch_at, ranges[k].0))
             })
             .collect();
-        crate::patch::traps::add(&traps);
+        crate::options::traps::add(&traps);
     }
     // Stubs are complete and executable before any entry jumps to them.
     let patches: Vec<(u64, &[u8])> = entries

@@ -2,8 +2,6 @@
 //! entries rewritten into jumps to them; and counting switched per stub.
 
 pub mod install;
-pub mod loop_probes;
 pub mod stopworld;
 pub mod stubmem;
 pub mod switch;
-pub mod traps;

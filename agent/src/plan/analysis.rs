@@ -30,7 +30,7 @@ pub struct ModulePlan {
     /// Functions whose entry can take no jump got trap entries.
     pub traps: bool,
     /// The loops of the functions named in `RTPROF_LOOPS` (never cached).
-    pub loops: Vec<crate::plan::loops::FunctionLoops>,
+    pub loops: Vec<crate::options::loops::plan::FunctionLoops>,
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -227,7 +227,7 @@ pub fn analyze(
     let loops = loops
         && funcs
             .iter()
-            .any(|f| crate::count::loop_counts::wanted_for(&f.name));
+            .any(|f| crate::options::loops::counts::wanted_for(&f.name));
     let mut unlisted: Vec<u64> = Vec::new();
     if loops {
         for &(lo, hi) in &text {
@@ -350,9 +350,10 @@ pub fn analyze(
             }
             (outcome, _) => outcome,
         };
-        if let (true, Ok((bytes, size, _))) =
-            (loops && crate::count::loop_counts::wanted_for(&f.name), c)
-        {
+        if let (true, Ok((bytes, size, _))) = (
+            loops && crate::options::loops::counts::wanted_for(&f.name),
+            c,
+        ) {
             // Probes start past what the entry's patch takes.
             let entry_end = outcome.as_ref().map_or(start, |p| {
                 (p.start + p.original().len() as u64).max(p.patch_at + p.window as u64)
@@ -374,12 +375,12 @@ pub fn analyze(
                 .copied()
                 .collect();
             foreign.sort_unstable();
-            let cx = crate::plan::loops::Context {
+            let cx = crate::options::loops::plan::Context {
                 entry_end,
                 foreign: &foreign,
                 indirect: own.indirect,
             };
-            let mut fl = crate::plan::loops::plan(bytes, start, size, &cx);
+            let mut fl = crate::options::loops::plan::plan(bytes, start, size, &cx);
             if !fl.sites.is_empty() {
                 fl.func = out.len();
                 function_loops.push(fl);

@@ -3,5 +3,4 @@
 
 pub mod analysis;
 pub mod cache;
-pub mod loops;
 pub(crate) mod pipeline;

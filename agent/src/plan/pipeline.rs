@@ -31,7 +31,7 @@ fn open_with_debug(m: &Module, maps: &Maps) -> Result<(FileImage, Option<DebugFi
 pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
     let (file, debug) = open_with_debug(&m, maps)?;
-    let traps = crate::patch::traps::wanted() && crate::patch::traps::allowed_in(&m.path);
+    let traps = crate::options::traps::wanted() && crate::options::traps::allowed_in(&m.path);
     let kind = if traps {
         Kind::PlanWithTraps
     } else {
@@ -39,13 +39,14 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     };
     // Loop probes are planned afresh (never cached) where a function's
     // loops are wanted, outside the C runtime.
-    let loops = crate::count::loop_counts::wanted() && crate::patch::traps::allowed_in(&m.path);
+    let loops =
+        crate::options::loops::counts::wanted() && crate::options::traps::allowed_in(&m.path);
     let cached = cache::lookup(&m, &file.identity, kind).and_then(|e| {
         let mut p = cache::plan_from(m.clone(), e, traps);
         if loops
             && p.funcs
                 .iter()
-                .any(|c| crate::count::loop_counts::wanted_for(&c.name))
+                .any(|c| crate::options::loops::counts::wanted_for(&c.name))
         {
             return None;
         }

@@ -15,10 +15,9 @@
 
 pub mod addrmap;
 pub mod count_table;
-pub mod events;
 mod held;
 pub mod offsets;
-mod perf;
+pub(crate) mod perf;
 pub mod ring;
 pub(crate) mod stacks;
 pub(crate) mod timer;
@@ -111,7 +110,7 @@ pub fn start(a: &'static Agent) {
     // processes would each fill a 256 KiB table for nothing).
     offsets::set_wanted(a.segment.has_run_dir());
     choose(a, Why::Default);
-    events::start(a, drains());
+    crate::options::events::start(a, drains());
 }
 
 /// Whether a drain thread runs for the sampler (perf's, or the timers'
@@ -156,7 +155,7 @@ fn drain_now(wait: bool) -> Next {
     let Some(a) = crate::agent() else {
         return Next::Idle;
     };
-    crate::count::switching::serve_control(a);
+    crate::options::switching::serve_control(a);
     match drain(a, if wait { Wait::Yes } else { Wait::No }, true) {
         0 => Next::Idle,
         _ => Next::Busy,
@@ -326,7 +325,7 @@ pub fn resume_drain() {
 /// samples count for the module.
 pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     let rings = RINGS.load(Ordering::Acquire);
-    if rings.is_null() && !held::any() && !events::active() {
+    if rings.is_null() && !held::any() && !crate::options::events::active() {
         return 0;
     }
     while DRAINING
@@ -358,7 +357,7 @@ pub fn drain(a: &Agent, wait: Wait, name: bool) -> usize {
     }
     // Events, under either sampler; none under a filter.
     if !crate::lifecycle::sandbox::on() {
-        n += events::drain(pid);
+        n += crate::options::events::drain(pid);
     }
     DRAINING.store(false, Ordering::Release);
     n
@@ -625,7 +624,7 @@ pub fn restart_in_child() {
             Err(e) => record(a, Sampler::Off, Why::TimerFailed, Some(e)),
         },
     }
-    events::restart_in_child(a, drains());
+    crate::options::events::restart_in_child(a, drains());
 }
 
 /// Rebuilds and publishes the address table (start-up, and whenever

@@ -16,6 +16,8 @@
 //! start-up, under an overhead budget (a trap costs a thousand times a
 //! counted call), nor under `rtprof attach`.
 
+pub mod signals;
+
 use crate::arch::{InstructionSet, Native};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};

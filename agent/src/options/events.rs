@@ -12,12 +12,12 @@
 //! sampler's drain flag), without allocating: the counts are laid out at
 //! start.
 
-use super::addrmap;
-use super::perf;
-use super::ring::{field_u32, field_u64, Ring, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
-use super::stacks::MODULE;
 use crate::error::Errno;
 use crate::log::vlog;
+use crate::sampling::addrmap;
+use crate::sampling::perf;
+use crate::sampling::ring::{field_u32, field_u64, Ring, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
+use crate::sampling::stacks::MODULE;
 use crate::Agent;
 use perf_event::events::{Event, Hardware, Software};
 use perf_event::{Builder, SampleFlag};

@@ -566,7 +566,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     let _ = writer.set_exe(exe.as_bytes());
     let recorded = startup::record_all(&segment, &mut writer, &plans);
     let shared = segment.counters.stripe_ptr(0) as u64;
-    crate::count::callers::start(false);
+    crate::options::callers::start(false);
     let mut stubs = StubMap::keeping_entries();
     let mut installed = Vec::new();
     for (p, (_, first)) in plans.iter().zip(&recorded) {
@@ -609,7 +609,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
             }
         }
         patched += records::record_outcomes(&mut writer, first, &outcomes);
-        crate::count::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+        crate::options::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
     }
     let known = startup::known_modules(&plans, recorded);
     segment

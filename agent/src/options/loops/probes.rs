@@ -5,13 +5,13 @@
 //! modules present at start-up.
 
 use crate::arch::{InstructionSet, Native, ProbeCounter, Way};
-use crate::count::loop_counts::{Counter, Counters};
 use crate::discover::maps::Maps;
 use crate::log::vlog;
+use crate::options::loops::counts::{Counter, Counters};
+use crate::options::loops::plan::WayCount;
 use crate::patch::install::write_entries;
 use crate::patch::stubmem::StubArea;
 use crate::plan::analysis::ModulePlan;
-use crate::plan::loops::WayCount;
 use rtprof_shared::loops::LoopRefusal;
 
 const ALIGN: usize = 16;
@@ -37,7 +37,10 @@ pub fn install(mp: &ModulePlan, first_slot: u32, maps: &Maps) -> (Vec<ProbeRange
         let mut outcome: Vec<Result<Counters, LoopRefusal>> = fl
             .sites
             .iter()
-            .map(|s| s.outcome.and_then(|()| crate::count::loop_counts::claim()))
+            .map(|s| {
+                s.outcome
+                    .and_then(|()| crate::options::loops::counts::claim())
+            })
             .collect();
         // Probes are made from the file's bytes: a loop whose bytes differ
         // in memory (text relocations, a breakpoint) is left alone.
@@ -58,7 +61,7 @@ pub fn install(mp: &ModulePlan, first_slot: u32, maps: &Maps) -> (Vec<ProbeRange
         let (got, area) = install_function(mp, fl, &mut outcome);
         ranges.extend(got.into_iter().map(|(a, b, off)| (a, b, slot, off)));
         areas.extend(area);
-        crate::count::loop_counts::note(
+        crate::options::loops::counts::note(
             slot,
             fl.sites
                 .iter()
@@ -77,13 +80,13 @@ type Placed = Vec<(u64, u64, u32)>;
 /// the area they are in.
 fn install_function(
     mp: &ModulePlan,
-    fl: &crate::plan::loops::FunctionLoops,
+    fl: &crate::options::loops::plan::FunctionLoops,
     outcome: &mut [Result<Counters, LoopRefusal>],
 ) -> (Placed, Option<StubArea>) {
     let fstart = mp.module.bias.wrapping_add(mp.funcs[fl.func].vaddr);
     // A probe serves the loops whose counters it bumps; with any of them
     // without counters, it is left out and so are they.
-    let serves = |p: &crate::plan::loops::ProbeSpec| p.loops();
+    let serves = |p: &crate::options::loops::plan::ProbeSpec| p.loops();
     let fail = |outcome: &mut [Result<Counters, LoopRefusal>], ks: &[usize], why| {
         for &k in ks {
             if outcome[k].is_ok() {

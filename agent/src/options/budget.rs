@@ -361,7 +361,7 @@ fn tick(gone: bool) -> Next {
     if gone {
         return Next::Idle;
     }
-    crate::count::switching::serve_control(a);
+    crate::options::switching::serve_control(a);
     with_controller(a, |c, stubs, w| c.step(a, stubs, w)).map_or(Next::In(LOOK_AGAIN), Next::In)
 }
 

@@ -1,0 +1,25 @@
+//! What a process asks for beyond the always-on core: each option is
+//! compiled in, inert until configured, and reached from the core through
+//! a few calls that return at once when it is off.
+//!
+//! - `traps`: trap entries (`RTPROF_TRAPS`), for functions too short for a
+//!   jump, with the libc wrappers that keep SIGTRAP deliverable;
+//! - `loops`: exact loop counts for the functions a user names
+//!   (`RTPROF_LOOPS`): planning, probes, counts;
+//! - `callers`: exact callers of every patched function (`RTPROF_CALLERS`);
+//! - `events`: hardware and software event counts per function
+//!   (`RTPROF_EVENTS`);
+//! - `budget`: an overhead budget (`RTPROF_BUDGET`) that counts hot
+//!   functions in bursts and estimates the rest;
+//! - `switching`: counting switched off and on per function by rtprofd's
+//!   requests;
+//! - `attach`: the agent loaded into a running process (`rtprof attach`),
+//!   and detached again.
+
+pub mod attach;
+pub mod budget;
+pub mod callers;
+pub mod events;
+pub mod loops;
+pub mod switching;
+pub mod traps;
