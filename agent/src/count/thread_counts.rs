@@ -7,10 +7,10 @@
 //! counted per stripe too, so each thread's CPU time is known, and by
 //! (stripe, function), so each thread's time in each function is.
 
+use crate::lifecycle::lock::{Guard, Lock};
 use crate::Agent;
 use rtprof_shared::count_table::Table;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// Samples by (stripe, function slot), in the segment (rtprofd reads them
 /// for its rows per thread). A stripe's keys stay when its thread ends:
@@ -216,7 +216,7 @@ impl Kept {
     }
 }
 
-static ENDED: Mutex<Kept> = Mutex::new(Kept {
+static ENDED: Lock<Kept> = Lock::new(Kept {
     list: Vec::new(),
     tally: Tally {
         pid: 0,
@@ -226,17 +226,9 @@ static ENDED: Mutex<Kept> = Mutex::new(Kept {
 });
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
-/// The list, if it can be had soon: a forked child may inherit it locked
-/// by a thread that is not there, so nobody waits for it for ever.
-fn ended() -> Option<std::sync::MutexGuard<'static, Kept>> {
-    for _ in 0..10_000 {
-        match ENDED.try_lock() {
-            Ok(g) => return Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
-        }
-    }
-    None
+/// The list (`None` if this thread holds it already).
+fn ended() -> Option<Guard<'static, Kept>> {
+    ENDED.lock()
 }
 
 /// Whether a report will read them (`rtprof run`, `RTPROF_REPORT`): the
@@ -311,6 +303,7 @@ pub fn thread_ending(a: &Agent, stripe: u32, tid: u32) {
 /// entries are told apart by pid; the count of those not kept restarts).
 /// Its samples per thread start from zero with its own segment.
 pub fn forget_in_child() {
+    ENDED.reset_in_child();
     DROPPED.store(0, Ordering::Relaxed);
 }
 

@@ -134,6 +134,14 @@ pub const CHILD_FORGETS: &[(&str, fn())] = &[
         "attach's control thread",
         crate::options::attach::forget_in_child,
     ),
+    (
+        "the plan cache's directories",
+        crate::plan::cache::forget_in_child,
+    ),
+    (
+        "the free space for stubs",
+        crate::patch::stubmem::forget_in_child,
+    ),
     ("the state lock", || {
         if let Some(a) = agent() {
             a.state.reset_in_child();

@@ -7,6 +7,7 @@ pub(crate) mod fork;
 pub(crate) mod interpose;
 pub(crate) mod libc_hooks;
 pub(crate) mod loader;
+pub(crate) mod lock;
 pub(crate) mod locked;
 pub(crate) mod private_files;
 pub(crate) mod sandbox;

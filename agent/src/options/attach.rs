@@ -37,6 +37,7 @@ use crate::config::Config;
 use crate::count::segment::Segment;
 use crate::discover::maps::Maps;
 use crate::error::Errno;
+use crate::lifecycle::lock::Lock;
 use crate::lifecycle::startup::{self, Planned};
 use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
@@ -67,11 +68,11 @@ const DETACHED: u8 = 4;
 
 /// rtprof's directory for this attach: where the segment is copied when
 /// the profile ends (detach, or the process's exit).
-static RUN_DIR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+static RUN_DIR: Lock<Option<String>> = Lock::new(None);
 
 /// Leaves a copy of the segment where rtprof reads it.
 fn copy_for_rtprof(a: &Agent) {
-    let dir = RUN_DIR.lock().ok().and_then(|d| d.clone());
+    let dir = RUN_DIR.lock().and_then(|d| d.clone());
     if let Some(dir) = dir {
         if let Err(e) = a.segment.copy_into_dir(&dir) {
             vlog!("counts not copied for rtprof: {e}");
@@ -285,6 +286,7 @@ pub(crate) fn pause() -> bool {
 
 /// In a forked child: the parent's control thread does not exist here.
 pub(crate) fn forget_in_child() {
+    RUN_DIR.reset_in_child();
     CONTROL.forget_in_child();
 }
 
@@ -557,7 +559,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     // it. rtprof gets a copy when the profile ends.
     let (segment, mut writer) = Segment::create(caps, None, pid, ppid, now_ns())
         .map_err(|e| format!("no counter segment: {e}"))?;
-    if let Ok(mut d) = RUN_DIR.lock() {
+    if let Some(mut d) = RUN_DIR.lock() {
         d.clone_from(&cfg.run_dir);
     }
     let tls_offset = i32::try_from(threads::tls_offset())
@@ -667,7 +669,7 @@ fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> 
     a.segment
         .reopen_for_attach(None, now_ns())
         .map_err(|e| format!("no counter segment: {e}"))?;
-    if let Ok(mut d) = RUN_DIR.lock() {
+    if let Some(mut d) = RUN_DIR.lock() {
         *d = run_dir.map(str::to_string);
     }
     crate::count::thread_counts::start_attached();

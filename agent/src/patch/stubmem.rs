@@ -3,6 +3,7 @@
 
 use crate::arch::{InstructionSet, Native};
 use crate::discover::maps::Maps;
+use crate::lifecycle::lock::Lock;
 
 const PAGE: u64 = 4096;
 /// A huge page.
@@ -42,7 +43,7 @@ fn candidates(lo: u64, hi: u64, size: u64, gaps: &[(u64, u64)]) -> Vec<u64> {
 /// the maps each time cost more than the mapping. Space taken meanwhile by
 /// others only costs a refused `MAP_FIXED_NOREPLACE`; when no candidate
 /// maps, the maps are read again.
-static GAPS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+static GAPS: Lock<Vec<(u64, u64)>> = Lock::new(Vec::new());
 
 /// Removes [start, end) from `gaps`.
 fn take(gaps: &mut Vec<(u64, u64)>, start: u64, end: u64) {
@@ -68,6 +69,12 @@ pub struct StubArea {
     pub len: u64,
 }
 
+/// In a forked child: a parent's thread that held the free space known
+/// does not exist here.
+pub fn forget_in_child() {
+    GAPS.reset_in_child();
+}
+
 impl StubArea {
     /// Maps `size` bytes within jump range of [lo, hi), or `None`. A large
     /// area (a big program's stubs) is laid out in 2 MiB huge pages where
@@ -75,14 +82,12 @@ impl StubArea {
     /// functions, and one instruction-TLB entry then covers 2 MiB of them
     /// (cc1 compiling lvm.c: 0.5 ns less per call).
     pub fn near(lo: u64, hi: u64, size: u64) -> Option<StubArea> {
-        // Never waited for: a forked child may find it held by a thread
-        // that does not exist there.
         let mut mine = Vec::new();
-        let mut held = GAPS.try_lock();
+        let mut held = GAPS.lock();
         let gaps = match held.as_deref_mut() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => &mut **p.get_mut(),
-            Err(std::sync::TryLockError::WouldBlock) => &mut mine,
+            Some(g) => g,
+            // Held by this thread already (not done today): on its own.
+            None => &mut mine,
         };
         if gaps.is_empty() {
             *gaps = Maps::current().gaps(LOWEST, USER_END);

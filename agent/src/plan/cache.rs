@@ -23,6 +23,7 @@ use crate::discover::fileimage::Identity;
 use crate::discover::modules::Module;
 use crate::discover::symbols::FuncSym;
 use crate::error::PlanError;
+use crate::lifecycle::lock::Lock;
 use crate::log::vlog;
 use crate::plan::analysis::{Candidate, ModulePlan};
 use rtprof_shared::cachedir::{self, fnv, ENTRY_HEADER as HEADER, ENTRY_SUFFIX, FNV_START};
@@ -31,7 +32,7 @@ use rtprof_shared::Refusal;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 const MAGIC: [u8; 8] = *b"RTPRCACH";
 /// Bumped whenever the entry layout or what the analysis decides changes.
@@ -420,7 +421,7 @@ fn read_trusted(dir: &Dir, name: &str, euid: u32) -> Result<Option<memmap2::Mmap
 /// The places' directories opened during start-up (one walk each, not
 /// one per module), closed when it ends: a descriptor kept for longer
 /// could be closed under us by the program and its number reused.
-static STARTUP_DIRS: Mutex<Option<Vec<Option<Opened>>>> = Mutex::new(None);
+static STARTUP_DIRS: Lock<Option<Vec<Option<Opened>>>> = Lock::new(None);
 
 /// A place's directory as opened, or why it could not be (the kind of a
 /// failure to open, if that was it: an absent cache is no news).
@@ -434,7 +435,7 @@ pub struct StartupDirs(());
 
 impl StartupDirs {
     pub fn open() -> StartupDirs {
-        if let Ok(mut d) = STARTUP_DIRS.lock() {
+        if let Some(mut d) = STARTUP_DIRS.lock() {
             *d = Some(Vec::new());
         }
         StartupDirs(())
@@ -443,9 +444,16 @@ impl StartupDirs {
 
 impl Drop for StartupDirs {
     fn drop(&mut self) {
-        let mut d = STARTUP_DIRS.lock().unwrap_or_else(|p| p.into_inner());
-        *d = None;
+        if let Some(mut d) = STARTUP_DIRS.lock() {
+            *d = None;
+        }
     }
+}
+
+/// In a forked child: a parent's thread that held the directories (a
+/// `dlopen` looking up its plan) does not exist here.
+pub fn forget_in_child() {
+    STARTUP_DIRS.reset_in_child();
 }
 
 /// Runs `f` with place `i`'s directory (`dir`), opened and checked.
@@ -455,7 +463,7 @@ fn with_place<T>(
     euid: u32,
     f: impl FnOnce(&Dir) -> Result<T, PlanError>,
 ) -> Result<T, PlanError> {
-    let mut held = STARTUP_DIRS.lock().ok();
+    let mut held = STARTUP_DIRS.lock();
     match held.as_mut().and_then(|h| h.as_mut()) {
         Some(dirs) => {
             if dirs.len() <= i {

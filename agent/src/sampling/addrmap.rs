@@ -7,6 +7,7 @@
 //! themselves in a counter; the publisher frees an old table only once no
 //! reader can still hold it. Lookups never allocate or lock.
 
+use crate::lifecycle::lock::Lock;
 use rtprof_shared::layout::module_flags;
 use rtprof_shared::SegmentWriter;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -114,8 +115,7 @@ fn normalise<T: Span + Copy>(v: &mut Vec<T>, clip: impl Fn(&mut T, u64)) {
 /// The last table's vectors, kept for the next build: a table is rebuilt
 /// for every library loaded, and fresh vectors of its size cost hundreds
 /// of page faults each time.
-static SPARE: std::sync::Mutex<Option<(Vec<Range>, Vec<ModuleRange>)>> =
-    std::sync::Mutex::new(None);
+static SPARE: Lock<Option<(Vec<Range>, Vec<ModuleRange>)>> = Lock::new(None);
 
 impl AddrMap {
     /// Builds the table for the modules in `present` from their records in
@@ -127,11 +127,9 @@ impl AddrMap {
         stubs: &[(u64, u64, u32)],
         probes: &[(u64, u64, u32, u32)],
     ) -> AddrMap {
-        // Never waited for: a forked child may find it held by a thread
-        // that does not exist there.
+        // Never waited for: new vectors do as well.
         let (mut funcs, mut modules) = SPARE
             .try_lock()
-            .ok()
             .and_then(|mut s| s.take())
             .unwrap_or_default();
         funcs.clear();
@@ -365,7 +363,7 @@ pub fn publish(map: AddrMap) {
             // swapped out of CURRENT (no new reader finds it) and no
             // reader is left that could hold it.
             let old = unsafe { Box::from_raw(old) };
-            if let Ok(mut spare) = SPARE.try_lock() {
+            if let Some(mut spare) = SPARE.try_lock() {
                 *spare = Some((old.funcs, old.modules));
             }
             return;
@@ -389,9 +387,11 @@ pub(crate) fn clear_for_test() {
 }
 
 /// In a forked child: a reader of the parent (another thread) that was
-/// inside [`count`] at fork time does not exist here.
+/// inside [`count`] at fork time does not exist here, nor one that held
+/// the spare vectors.
 pub fn reset_readers_in_child() {
     READERS.store(0, Ordering::Relaxed);
+    SPARE.reset_in_child();
 }
 
 #[cfg(test)]

@@ -16,13 +16,13 @@
 
 use super::addrmap;
 use crate::arch::{InstructionSet, Native};
+use crate::lifecycle::lock::Lock;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{
     ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
 };
-use std::cell::{Cell, UnsafeCell};
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Frames kept per stack, leaf first; deeper stacks are cut (and counted).
 pub const MAX_DEPTH: usize = 32;
@@ -71,45 +71,10 @@ struct State {
     dropped: u64,
 }
 
-/// A value that one thread at a time may use, and that nobody waits for:
-/// a thread that finds it in use goes on without it. A forked child resets
-/// it (the parent's thread that held it does not exist there).
-struct Shared<T> {
-    busy: AtomicBool,
-    value: UnsafeCell<Option<T>>,
-}
-
-// SAFETY: `value` is only reached while `busy` is held (see `try_with`).
-unsafe impl<T: Send> Sync for Shared<T> {}
-
-impl<T> Shared<T> {
-    const fn new() -> Shared<T> {
-        Shared {
-            busy: AtomicBool::new(false),
-            value: UnsafeCell::new(None),
-        }
-    }
-
-    /// Runs `f` on the value unless another thread is using it.
-    fn try_with<R>(&self, f: impl FnOnce(&mut Option<T>) -> R) -> Option<R> {
-        if self.busy.swap(true, Ordering::Acquire) {
-            return None;
-        }
-        // SAFETY: `busy` was false and is now ours: no other reference.
-        let r = f(unsafe { &mut *self.value.get() });
-        self.busy.store(false, Ordering::Release);
-        Some(r)
-    }
-
-    fn reset_in_child(&self) {
-        self.busy.store(false, Ordering::Release);
-    }
-}
-
 /// The module list to sync the unwinder with, set when the address table
 /// is published (libraries come and go), taken by the drain thread.
-static PENDING: Shared<Vec<ModuleFile>> = Shared::new();
-static STATE: Shared<State> = Shared::new();
+static PENDING: Lock<Option<Vec<ModuleFile>>> = Lock::new(None);
+static STATE: Lock<Option<State>> = Lock::new(None);
 
 /// The modules present now (called where the address table is published:
 /// at start-up before `main`, and in the loader hook). They are loaded

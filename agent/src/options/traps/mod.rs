@@ -19,7 +19,7 @@
 pub mod signals;
 
 use crate::arch::{InstructionSet, Native};
-use std::cell::UnsafeCell;
+use crate::lifecycle::lock::Lock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 /// Trap entries may be planned (set at start-up, before planning).
@@ -39,55 +39,39 @@ struct Table(Vec<(u64, u64)>);
 /// may be reading it): a few bytes per such load or unload.
 static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Every trap entry, for building the next table: changed only with the
-/// lock held; a forked child, whose other threads are gone, resets it.
-struct Sites {
-    busy: AtomicBool,
-    /// A forked child may have taken the list in the middle of a change:
-    /// it is made again from the published table before its next use.
-    stale: AtomicBool,
-    all: UnsafeCell<Vec<(u64, u64)>>,
-}
-
-// SAFETY: `all` is only reached with `busy` held (see `with_sites`).
-unsafe impl Sync for Sites {}
-
-static SITES: Sites = Sites {
-    busy: AtomicBool::new(false),
-    stale: AtomicBool::new(false),
-    all: UnsafeCell::new(Vec::new()),
-};
+/// Every trap entry, for building the next table.
+static SITES: Lock<Vec<(u64, u64)>> = Lock::new(Vec::new());
+/// Set in a forked child: its parent may have been changing the list when
+/// it forked, so the list is made again from the published table before
+/// its next use.
+static STALE: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f` on every trap entry, then publishes them as the new table.
 fn with_sites(f: impl FnOnce(&mut Vec<(u64, u64)>)) {
-    while SITES.busy.swap(true, Ordering::Acquire) {
-        std::thread::yield_now();
-    }
-    // SAFETY: `busy` is ours: no other reference to the list exists.
-    let all = unsafe { &mut *SITES.all.get() };
-    if SITES.stale.swap(false, Ordering::AcqRel) {
+    // Never re-entered: the loader hook, which calls this, is not.
+    let Some(mut all) = SITES.lock() else { return };
+    if STALE.swap(false, Ordering::AcqRel) {
         // The parent may have been moving it when it forked: let the old
         // one go untouched.
-        std::mem::forget(std::mem::take(all));
+        std::mem::forget(std::mem::take(&mut *all));
         // SAFETY: a published table, never freed.
         if let Some(t) = unsafe { TABLE.load(Ordering::Acquire).as_ref() } {
             all.extend_from_slice(&t.0);
         }
     }
-    f(all);
+    f(&mut all);
     all.sort_unstable_by_key(|e| e.0);
     let table = Box::into_raw(Box::new(Table(all.clone())));
     // The old table is left as it is (see TABLE).
     TABLE.store(table, Ordering::Release);
-    SITES.busy.store(false, Ordering::Release);
 }
 
 /// In a forked child (one thread, allocation-free): a parent's thread that
 /// held the list does not exist here, and the handler is now this
 /// process's.
 pub fn reset_in_child() {
-    SITES.stale.store(true, Ordering::Release);
-    SITES.busy.store(false, Ordering::Release);
+    STALE.store(true, Ordering::Release);
+    SITES.reset_in_child();
     // SAFETY: takes nothing.
     OWNER.store(unsafe { libc::getpid() }, Ordering::Release);
 }
