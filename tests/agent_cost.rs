@@ -35,14 +35,16 @@ fn each_process_measures_what_the_agent_costs_it() {
     assert!(exact_share > 0.0 && exact_share < 1.0, "{exact}");
 
     // Under a 1% budget: the budget's thread ran and held the program's
-    // threads still to switch entries, and the whole costs a smaller share
-    // than counting every call did.
+    // threads still to switch entries, and fewer samples land in stubs
+    // than with every call counted. (Not the whole share: the time threads
+    // are held is wall-clock time, which a busy machine stretches; the
+    // budget's cost is measured by `examples/bench/compare.py`, not
+    // asserted here.)
     let budget = cost(&bin, &[("RTPROF_BUDGET", "1")], &dir);
     assert!(ns(&budget, "budget_ns") > 0, "{budget}");
     assert!(ns(&budget, "held_ns") > 0, "{budget}");
-    let budget_share = budget["share"].as_f64().unwrap();
     assert!(
-        budget_share < exact_share,
+        ns(&budget, "samples_in_stubs") < ns(&exact, "samples_in_stubs"),
         "budget {budget}, every call counted {exact}"
     );
 
