@@ -8,7 +8,6 @@ mod destination;
 mod folded;
 pub mod model;
 mod pprof;
-mod protobuf;
 mod speedscope;
 mod svg;
 

@@ -8,65 +8,124 @@
 //! one Function per readable name and symbol (`name` merges a function's
 //! compiler copies, `system_name` is the symbol), one Mapping per process
 //! and module with its build ID, and a `pid` label on every sample.
+//!
+//! The messages are the structs of `proto`, encoded by prost.
 
 use super::build_id;
 use super::model::{Frame, Process, Profile};
-use super::protobuf::Message;
+use prost::Message as _;
 use std::collections::HashMap;
 use std::path::Path;
 
-// Field numbers of profile.proto.
-mod profile {
-    pub const SAMPLE_TYPE: u32 = 1;
-    pub const SAMPLE: u32 = 2;
-    pub const MAPPING: u32 = 3;
-    pub const LOCATION: u32 = 4;
-    pub const FUNCTION: u32 = 5;
-    pub const STRING_TABLE: u32 = 6;
-    pub const TIME_NANOS: u32 = 9;
-    pub const DURATION_NANOS: u32 = 10;
-    pub const PERIOD_TYPE: u32 = 11;
-    pub const PERIOD: u32 = 12;
-    pub const COMMENT: u32 = 13;
-    pub const DEFAULT_SAMPLE_TYPE: u32 = 14;
-}
-mod value_type {
-    pub const TYPE: u32 = 1;
-    pub const UNIT: u32 = 2;
-}
-mod sample {
-    pub const LOCATION_ID: u32 = 1;
-    pub const VALUE: u32 = 2;
-    pub const LABEL: u32 = 3;
-}
-mod label {
-    pub const KEY: u32 = 1;
-    pub const NUM: u32 = 3;
-}
-mod mapping {
-    pub const ID: u32 = 1;
-    pub const MEMORY_START: u32 = 2;
-    pub const MEMORY_LIMIT: u32 = 3;
-    pub const FILENAME: u32 = 5;
-    pub const BUILD_ID: u32 = 6;
-    pub const HAS_FUNCTIONS: u32 = 7;
-}
-mod location {
-    pub const ID: u32 = 1;
-    pub const MAPPING_ID: u32 = 2;
-    pub const ADDRESS: u32 = 3;
-    pub const LINE: u32 = 4;
-}
-mod line {
-    pub const FUNCTION_ID: u32 = 1;
-    pub const LINE: u32 = 2;
-}
-mod function {
-    pub const ID: u32 = 1;
-    pub const NAME: u32 = 2;
-    pub const SYSTEM_NAME: u32 = 3;
-    pub const FILENAME: u32 = 4;
-    pub const START_LINE: u32 = 5;
+/// The messages of profile.proto that rtprof writes, with the fields it
+/// sets (field numbers and types as in profile.proto; fields left out are
+/// never written, and readers take them as zero).
+mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        /// Index 0 is "": every other string field is an index here.
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        /// The leaf first.
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
 }
 
 /// The sample types, in the order of every sample's values.
@@ -99,44 +158,41 @@ impl Strings {
         self.table.push(s.to_string());
         i
     }
+
+    fn value_type(&mut self, (kind, unit): (&str, &str)) -> proto::ValueType {
+        proto::ValueType {
+            r#type: self.id(kind),
+            unit: self.id(unit),
+        }
+    }
 }
 
 struct Encoder<'a> {
-    out: Message,
+    out: proto::Profile,
     strings: Strings,
     /// Function ids by (name, symbol, module path).
     functions: HashMap<(&'a str, &'a str, &'a str), u64>,
     /// Build IDs by module path: a library is read once for all processes.
     build_ids: HashMap<&'a str, Option<String>>,
-    next_mapping: u64,
-    next_location: u64,
     read_build_ids: bool,
 }
 
 impl<'a> Encoder<'a> {
-    fn value_type(&mut self, field: u32, (kind, unit): (&str, &str)) {
-        let mut m = Message::new();
-        m.int(value_type::TYPE, self.strings.id(kind))
-            .int(value_type::UNIT, self.strings.id(unit));
-        self.out.message(field, &m);
-    }
-
     fn function(&mut self, f: &'a Frame, module: &'a str) -> u64 {
         let key = (f.name.as_str(), f.symbol.as_deref().unwrap_or(""), module);
         if let Some(&id) = self.functions.get(&key) {
             return id;
         }
         let id = self.functions.len() as u64 + 1;
-        let mut m = Message::new();
         let file = f.source.as_ref().map_or("", |s| s.file.as_str());
-        m.uint(function::ID, id)
-            .int(function::NAME, self.strings.id(key.0))
-            .int(function::SYSTEM_NAME, self.strings.id(key.1))
-            .int(function::FILENAME, self.strings.id(file));
-        if let Some(s) = &f.source {
-            m.int(function::START_LINE, s.line as i64);
-        }
-        self.out.message(profile::FUNCTION, &m);
+        let function = proto::Function {
+            id,
+            name: self.strings.id(key.0),
+            system_name: self.strings.id(key.1),
+            filename: self.strings.id(file),
+            start_line: f.source.as_ref().map_or(0, |s| s.line as i64),
+        };
+        self.out.function.push(function);
         self.functions.insert(key, id);
         id
     }
@@ -150,49 +206,48 @@ impl<'a> Encoder<'a> {
                 continue;
             };
             let module = &p.modules[i];
-            self.next_mapping += 1;
-            mappings[i] = self.next_mapping;
-            let mut m = Message::new();
-            m.uint(mapping::ID, self.next_mapping);
-            if let Some((start, limit)) = module.range {
-                m.uint(mapping::MEMORY_START, start)
-                    .uint(mapping::MEMORY_LIMIT, limit);
-            }
-            m.int(mapping::FILENAME, self.strings.id(&module.path));
+            let id = self.out.mapping.len() as u64 + 1;
+            mappings[i] = id;
+            let (memory_start, memory_limit) = module.range.unwrap_or((0, 0));
+            let filename = self.strings.id(&module.path);
             // Only paths: rtprofd's rows name a module by its file name,
             // which would be looked up in the current directory.
             let read = self.read_build_ids && module.path.starts_with('/');
-            let id = self.build_ids.entry(&module.path).or_insert_with(|| {
+            let build_id = self.build_ids.entry(&module.path).or_insert_with(|| {
                 if read {
                     build_id::read(Path::new(&module.path))
                 } else {
                     None
                 }
             });
-            if let Some(id) = id.clone() {
-                m.int(mapping::BUILD_ID, self.strings.id(&id));
-            }
-            // Locations carry their functions: pprof has nothing to look up.
-            m.uint(mapping::HAS_FUNCTIONS, 1);
-            self.out.message(profile::MAPPING, &m);
+            let build_id = build_id.clone().map_or(0, |id| self.strings.id(&id));
+            let mapping = proto::Mapping {
+                id,
+                memory_start,
+                memory_limit,
+                filename,
+                build_id,
+                // Locations carry their functions: pprof has nothing to
+                // look up.
+                has_functions: true,
+            };
+            self.out.mapping.push(mapping);
         }
         let mut locations = Vec::with_capacity(p.frames.len());
         for f in &p.frames {
             let module = f.module.map_or("", |i| p.modules[i].path.as_str());
-            let function = self.function(f, module);
-            self.next_location += 1;
-            let mut line = Message::new();
-            line.uint(line::FUNCTION_ID, function);
-            if let Some(s) = &f.source {
-                line.int(line::LINE, s.line as i64);
-            }
-            let mut m = Message::new();
-            m.uint(location::ID, self.next_location)
-                .uint(location::MAPPING_ID, f.module.map_or(0, |i| mappings[i]))
-                .uint(location::ADDRESS, f.address.unwrap_or(0))
-                .message(location::LINE, &line);
-            self.out.message(profile::LOCATION, &m);
-            locations.push(self.next_location);
+            let function_id = self.function(f, module);
+            let id = self.out.location.len() as u64 + 1;
+            self.out.location.push(proto::Location {
+                id,
+                mapping_id: f.module.map_or(0, |i| mappings[i]),
+                address: f.address.unwrap_or(0),
+                line: vec![proto::Line {
+                    function_id,
+                    line: f.source.as_ref().map_or(0, |s| s.line as i64),
+                }],
+            });
+            locations.push(id);
         }
         locations
     }
@@ -203,101 +258,68 @@ impl<'a> Encoder<'a> {
 /// disk).
 pub fn pprof(profile: &Profile, read_build_ids: bool) -> Vec<u8> {
     use std::io::Write as _;
-    let raw = encode(profile, read_build_ids);
+    let raw = encode(profile, read_build_ids).encode_to_vec();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     // Writes into a Vec cannot fail.
     gz.write_all(&raw).expect("gzip into memory");
     gz.finish().expect("gzip into memory")
 }
 
-/// The Profile message, not compressed.
-fn encode(profile: &Profile, read_build_ids: bool) -> Vec<u8> {
+/// The Profile message.
+fn encode(profile: &Profile, read_build_ids: bool) -> proto::Profile {
     let mut e = Encoder {
-        out: Message::new(),
+        out: proto::Profile::default(),
         strings: Strings::new(),
         functions: HashMap::new(),
         build_ids: HashMap::new(),
-        next_mapping: 0,
-        next_location: 0,
         read_build_ids,
     };
-    for t in SAMPLE_TYPES {
-        e.value_type(profile::SAMPLE_TYPE, t);
-    }
+    e.out.sample_type = SAMPLE_TYPES
+        .iter()
+        .map(|&t| e.strings.value_type(t))
+        .collect();
     let pid = e.strings.id("pid");
     for p in &profile.processes {
         let locations = e.process(p);
         for s in &p.stacks {
-            let mut m = Message::new();
-            // The leaf first.
-            m.packed(
-                sample::LOCATION_ID,
-                s.frames.iter().rev().map(|&f| locations[f]),
-            );
-            m.packed(
-                sample::VALUE,
-                [s.samples, p.cpu_ns(s.samples), s.calls.unwrap_or(0)],
-            );
-            let mut l = Message::new();
-            l.int(label::KEY, pid).int(label::NUM, p.pid as i64);
-            m.message(sample::LABEL, &l);
-            e.out.message(profile::SAMPLE, &m);
+            e.out.sample.push(proto::Sample {
+                // The leaf first.
+                location_id: s.frames.iter().rev().map(|&f| locations[f]).collect(),
+                value: [s.samples, p.cpu_ns(s.samples), s.calls.unwrap_or(0)]
+                    .map(|v| v as i64)
+                    .to_vec(),
+                label: vec![proto::Label {
+                    key: pid,
+                    num: p.pid as i64,
+                }],
+            });
         }
     }
-    e.out
-        .int(profile::TIME_NANOS, profile.start_ns as i64)
-        .int(profile::DURATION_NANOS, profile.duration_ns as i64);
-    e.value_type(profile::PERIOD_TYPE, SAMPLE_TYPES[1]);
+    e.out.time_nanos = profile.start_ns as i64;
+    e.out.duration_nanos = profile.duration_ns as i64;
+    e.out.period_type = Some(e.strings.value_type(SAMPLE_TYPES[1]));
     // One period for the file: the processes of a run share theirs.
     let period = profile
         .processes
         .iter()
         .map(|p| p.period_ns)
         .find(|&n| n > 0);
-    e.out.int(profile::PERIOD, period.unwrap_or(0) as i64);
+    e.out.period = period.unwrap_or(0) as i64;
     let comment = e.strings.id(&format!(
         "rtprof {}: {}",
         env!("CARGO_PKG_VERSION"),
         profile.name
     ));
-    e.out.packed(profile::COMMENT, [comment as u64]);
-    let cpu = e.strings.id(SAMPLE_TYPES[1].0);
-    e.out.int(profile::DEFAULT_SAMPLE_TYPE, cpu);
-    let mut out = e.out;
-    for s in &e.strings.table {
-        out.bytes(profile::STRING_TABLE, s.as_bytes());
-    }
-    out.into_bytes()
+    e.out.comment = vec![comment];
+    e.out.default_sample_type = e.strings.id(SAMPLE_TYPES[1].0);
+    e.out.string_table = e.strings.table;
+    e.out
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::model::tests::sample as model_sample;
-    use super::super::protobuf::decode::{fields, packed, Value};
     use super::*;
-
-    fn varint(v: &Value) -> u64 {
-        match v {
-            Value::Varint(n) => *n,
-            Value::Bytes(_) => panic!("not a varint"),
-        }
-    }
-    fn bytes<'a>(v: &Value<'a>) -> &'a [u8] {
-        match v {
-            Value::Bytes(b) => b,
-            Value::Varint(_) => panic!("not bytes"),
-        }
-    }
-    /// The varint `field` of a message, 0 when left out.
-    fn get(m: &[(u32, Value)], field: u32) -> u64 {
-        m.iter().find(|f| f.0 == field).map_or(0, |f| varint(&f.1))
-    }
-    fn all<'a>(m: &[(u32, Value<'a>)], field: u32) -> Vec<&'a [u8]> {
-        m.iter()
-            .filter(|f| f.0 == field)
-            .map(|f| bytes(&f.1))
-            .collect()
-    }
 
     /// Decodes what `pprof` wrote (gunzipped) back into the profile it
     /// describes: per sample, the leaf's function name, system name,
@@ -310,75 +332,62 @@ mod tests {
         flate2::read::GzDecoder::new(&pprof(&model, false)[..])
             .read_to_end(&mut raw)
             .unwrap();
-        let top = fields(&raw);
-        let strings: Vec<&str> = all(&top, profile::STRING_TABLE)
-            .into_iter()
-            .map(|b| std::str::from_utf8(b).unwrap())
-            .collect();
+        let top = proto::Profile::decode(&raw[..]).unwrap();
+        let strings = &top.string_table;
         assert_eq!(strings[0], "");
-        let s = |i: u64| strings[i as usize];
-        let types: Vec<(&str, &str)> = all(&top, profile::SAMPLE_TYPE)
-            .into_iter()
-            .map(|b| {
-                let f = fields(b);
-                (s(get(&f, value_type::TYPE)), s(get(&f, value_type::UNIT)))
-            })
+        let s = |i: i64| strings[i as usize].as_str();
+        let types: Vec<(&str, &str)> = top
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
             .collect();
         assert_eq!(types, SAMPLE_TYPES);
-        assert_eq!(s(get(&top, profile::DEFAULT_SAMPLE_TYPE)), "cpu");
-        assert_eq!(get(&top, profile::PERIOD), 1_000_000);
-        assert_eq!(get(&top, profile::TIME_NANOS), model.start_ns);
+        assert_eq!(s(top.default_sample_type), "cpu");
+        let period_type = top.period_type.as_ref().unwrap();
+        assert_eq!(
+            (s(period_type.r#type), s(period_type.unit)),
+            SAMPLE_TYPES[1]
+        );
+        assert_eq!(top.period, 1_000_000);
+        assert_eq!(top.time_nanos as u64, model.start_ns);
+        assert_eq!(top.duration_nanos as u64, model.duration_ns);
+        let comments: Vec<&str> = top.comment.iter().map(|&c| s(c)).collect();
+        assert_eq!(
+            comments,
+            [format!("rtprof {}: prog --fast", env!("CARGO_PKG_VERSION"))]
+        );
 
-        let functions: HashMap<u64, (&str, &str)> = all(&top, profile::FUNCTION)
-            .into_iter()
-            .map(|b| {
-                let f = fields(b);
-                let names = (
-                    s(get(&f, function::NAME)),
-                    s(get(&f, function::SYSTEM_NAME)),
-                );
-                (get(&f, function::ID), names)
-            })
+        let functions: HashMap<u64, (&str, &str)> = top
+            .function
+            .iter()
+            .map(|f| (f.id, (s(f.name), s(f.system_name))))
             .collect();
-        let mappings: HashMap<u64, (&str, u64)> = all(&top, profile::MAPPING)
-            .into_iter()
-            .map(|b| {
-                let f = fields(b);
-                assert_eq!(get(&f, mapping::HAS_FUNCTIONS), 1);
-                let at = (
-                    s(get(&f, mapping::FILENAME)),
-                    get(&f, mapping::MEMORY_START),
-                );
-                (get(&f, mapping::ID), at)
+        let mappings: HashMap<u64, (&str, u64)> = top
+            .mapping
+            .iter()
+            .map(|m| {
+                assert!(m.has_functions);
+                (m.id, (s(m.filename), m.memory_start))
             })
             .collect();
         // Two processes, the executable and libc each.
         assert_eq!(mappings.len(), 4);
-        let locations: HashMap<u64, (u64, u64, u64)> = all(&top, profile::LOCATION)
-            .into_iter()
-            .map(|b| {
-                let f = fields(b);
-                let line = fields(all(&f, location::LINE)[0]);
-                let at = (
-                    get(&f, location::MAPPING_ID),
-                    get(&f, location::ADDRESS),
-                    get(&line, line::FUNCTION_ID),
-                );
-                (get(&f, location::ID), at)
-            })
+        let locations: HashMap<u64, (u64, u64, u64)> = top
+            .location
+            .iter()
+            .map(|l| (l.id, (l.mapping_id, l.address, l.line[0].function_id)))
             .collect();
         let mut got = Vec::new();
-        for b in all(&top, profile::SAMPLE) {
-            let f = fields(b);
-            let locs = packed(all(&f, sample::LOCATION_ID)[0]);
-            assert_eq!(locs.len(), 1);
-            let (mapping, address, function) = locations[&locs[0]];
+        for sample in &top.sample {
+            assert_eq!(sample.location_id.len(), 1);
+            let (mapping, address, function) = locations[&sample.location_id[0]];
             let (name, system) = functions[&function];
             let file = mappings.get(&mapping).map_or("", |m| m.0);
-            let values = packed(all(&f, sample::VALUE)[0]);
-            let l = fields(all(&f, sample::LABEL)[0]);
-            assert_eq!(s(get(&l, label::KEY)), "pid");
-            got.push((get(&l, label::NUM), name, system, file, address, values));
+            let [l] = &sample.label[..] else {
+                panic!("one label: {:?}", sample.label)
+            };
+            assert_eq!(s(l.key), "pid");
+            got.push((l.num, name, system, file, address, &sample.value));
         }
         let hot_copy = got
             .iter()
@@ -387,16 +396,66 @@ mod tests {
         assert_eq!(hot_copy.1, "hot");
         assert_eq!(hot_copy.3, "/usr/bin/prog");
         assert_eq!(hot_copy.4, 0x5000_1200);
-        assert_eq!(hot_copy.5, [2, 2_000_000, 7]);
+        assert_eq!(*hot_copy.5, [2, 2_000_000, 7]);
         let libc = got.iter().find(|g| g.0 == 101 && g.1 == "[libc.so.6]");
         assert_eq!(libc.unwrap().3, "/lib/libc.so.6");
         // Every stack is a sample, zeros included, and the totals agree.
         assert_eq!(got.len(), 12);
-        let total = |i: usize| got.iter().map(|g| g.5[i]).sum::<u64>();
+        let total = |i: usize| got.iter().map(|g| g.5[i] as u64).sum::<u64>();
         assert_eq!(total(0), model.samples());
         assert_eq!(total(1), model.samples() * 1_000_000);
         assert_eq!(total(2), 2 * (1 + 300 + 7 + 5));
         // A function is one Function for both processes.
         assert_eq!(functions.values().filter(|f| f.1 == "hot").count(), 1);
+    }
+
+    /// A stack's locations are the leaf first; a frame's source line is its
+    /// Function's file and start line and its Location's line; a module
+    /// without an address range is mapped at 0.
+    #[test]
+    fn stacks_and_source_lines_decode() {
+        let mut model = model_sample();
+        let p = &mut model.processes[0];
+        p.frames[1].source = Some(rtprof_shared::reader::SourceLine {
+            file: "prog.c".into(),
+            line: 42,
+        });
+        p.modules[1].range = None;
+        p.stacks.push(super::super::model::Stack {
+            frames: vec![0, 1, 2],
+            samples: 5,
+            calls: None,
+        });
+        let top = encode(&model, false);
+        let s = |i: i64| top.string_table[i as usize].as_str();
+        let deep = top.sample.iter().find(|s| s.location_id.len() > 1);
+        let deep = deep.unwrap();
+        let leaf_first: Vec<&str> = deep
+            .location_id
+            .iter()
+            .map(|&id| {
+                let l = &top.location[id as usize - 1];
+                assert_eq!(l.id, id);
+                let f = &top.function[l.line[0].function_id as usize - 1];
+                s(f.system_name)
+            })
+            .collect();
+        assert_eq!(leaf_first, ["hot.constprop.0", "hot", "main"]);
+        assert_eq!(deep.value, [5, 5_000_000, 0]);
+        let hot = &top.location[1];
+        assert_eq!(hot.line[0].line, 42);
+        let f = &top.function[hot.line[0].function_id as usize - 1];
+        assert_eq!((s(f.filename), f.start_line), ("prog.c", 42));
+        let libc = top
+            .mapping
+            .iter()
+            .find(|m| s(m.filename) == "/lib/libc.so.6");
+        let libc = libc.unwrap();
+        assert_eq!((libc.memory_start, libc.memory_limit), (0, 0));
+        // Every string once.
+        let mut table = top.string_table.clone();
+        table.sort();
+        table.dedup();
+        assert_eq!(table.len(), top.string_table.len());
     }
 }
