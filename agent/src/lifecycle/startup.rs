@@ -22,7 +22,7 @@ use crate::{
     Agent,
 };
 use rtprof_shared::layout::ModuleWhy;
-use rtprof_shared::{report, Capacities};
+use rtprof_shared::{report, Capacities, SegmentWriter};
 use std::time::Instant;
 
 /// In secure-execution mode (set-user-ID and the like) the environment
@@ -169,80 +169,15 @@ pub(crate) fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capaciti
     }
 }
 
+/// Start-up, before `main`: configuration, checks, plans, the counter
+/// segment, entries patched, then the agent published and its hooks,
+/// handlers and sampler started. Any step that fails leaves the process
+/// unprofiled (said with `RTPROF_VERBOSE`), never stopped.
 pub(crate) fn start() {
     let mut ph = log::Phases::start();
-    if system::kill_switch_on() {
+    let Some(cfg) = configure() else { return };
+    if !may_patch(&cfg) {
         return;
-    }
-    let mut system = None;
-    let mut cfg = if secure_mode() {
-        // The environment belongs to a less privileged user: only root's
-        // policy decides, and nothing of RTPROF_* is read.
-        let sys = system.insert(system::SystemConfig::load());
-        if !sys.profile_secure {
-            return;
-        }
-        Config::default()
-    } else {
-        Config::from_env()
-    };
-    if cfg.budget.is_none() {
-        cfg.budget = system.unwrap_or_else(system::SystemConfig::load).budget;
-    }
-    log::set_verbose(cfg.verbose);
-    if cfg.disabled {
-        return;
-    }
-    rtprof_shared::debuginfo::set_dirs(cfg.debug_dirs.clone());
-    if let Some(template) = &cfg.report {
-        check_report_path(template);
-    }
-    // A debugger has already written breakpoints where entries would be
-    // rewritten, places later ones after a function's prologue (inside a
-    // rewritten entry) and steps through code it expects to find there:
-    // the program is debugged exactly as without the agent.
-    let status = status();
-    if let Some(pid) = status.tracer {
-        vlog!("traced by pid {pid} (a debugger?) at start-up; process left unprofiled");
-        return;
-    }
-    // Five bytes written over code another thread may be running is
-    // undefined: patch only while this is the process's only thread.
-    let threads = status.threads;
-    if threads != Some(1) {
-        vlog!("{threads:?} threads already running at start-up; process left unprofiled");
-        return;
-    }
-    if status.seccomp {
-        use crate::lifecycle::sandbox::{self, Verdict};
-        match sandbox::probe() {
-            Verdict::Everything => vlog!("under a seccomp filter that allows what the agent does"),
-            Verdict::CountOnly => {
-                sandbox::started_sandboxed();
-                vlog!("under a seccomp filter: counted, not sampled, nothing written at exit");
-            }
-            Verdict::Nothing => {
-                vlog!("under a seccomp filter that forbids what start-up needs; process left unprofiled");
-                return;
-            }
-        }
-    }
-    crate::plan::cache::configure(crate::plan::cache::places(
-        cfg.cache.as_deref(),
-        secure_mode(),
-    ));
-    // A trap costs a thousand counted calls: no budget could pay for it.
-    if cfg.traps && cfg.budget.is_some() {
-        vlog!("no trap entries under an overhead budget");
-    } else if cfg.traps && crate::options::traps::want() {
-        vlog!("trap entries planned (RTPROF_TRAPS)");
-    }
-    if !cfg.loops.is_empty() {
-        crate::options::loops::counts::select(&cfg.loops);
-        vlog!(
-            "loops counted in functions named {:?} (RTPROF_LOOPS)",
-            cfg.loops
-        );
     }
     ph.mark("checks");
     let maps = Maps::current();
@@ -260,40 +195,9 @@ pub(crate) fn start() {
         unsafe { libc::_exit(0) };
     }
     let exe = exe_path(&plans);
-    let caps = capacities(&cfg, &plans, &exe);
     crate::count::register::set_socket(&cfg.daemon_socket);
-    // SAFETY: a system call without arguments.
-    let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
-    let create = |caps| {
-        Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
-            if cfg.run_dir.is_none() || matches!(e, SegmentError::Map(_)) {
-                return Err(e);
-            }
-            vlog!("{e}; counting in anonymous memory instead");
-            Segment::create(caps, None, pid, ppid, now_ns())
-        })
-    };
-    let created = create(caps).or_else(|e| {
-        // Under an address-space limit (ulimit -v): room for fewer threads
-        // and fewer functions loaded later, rather than none at all.
-        let SegmentError::Map(_) = e else {
-            return Err(e);
-        };
-        let spare = spare_used(&cfg, caps);
-        let small = Capacities {
-            functions: caps.functions - spare + spare.min(SMALL_SPARE),
-            stripes: caps.stripes.min(SMALL_STRIPES),
-            ..caps
-        };
-        vlog!("{e}; trying a smaller counter segment");
-        create(small)
-    });
-    let (segment, mut writer) = match created {
-        Ok(s) => s,
-        Err(e) => {
-            vlog!("{e}; process left unprofiled");
-            return;
-        }
+    let Some((segment, mut writer)) = make_segment(&cfg, &plans, &exe) else {
+        return;
     };
     ph.mark("segment");
     let Ok(tls_offset) = i32::try_from(threads::tls_offset()) else {
@@ -301,54 +205,24 @@ pub(crate) fn start() {
         return;
     };
     let _ = writer.set_exe(exe.as_bytes());
-
     // Records for every function first: slot = function index. A module
     // that does not fit ends the list.
     let recorded = record_all(&segment, &mut writer, &plans);
-
     ph.mark("records");
     // The main thread counts in a stripe of its own from the first patch on.
     if let Some(idx) = segment.new_stripe(threads::gettid()) {
         threads::set_stripe(segment.counters.stripe_ptr(idx));
     }
     let shared = segment.counters.stripe_ptr(0) as u64;
-    // Before any stub is written: stubs call its hook if it is on.
-    crate::options::callers::start(cfg.callers);
-    let mut stubs = match cfg.budget {
-        Some(_) => StubMap::keeping_entries(),
-        None => StubMap::default(),
-    };
-    if crate::options::traps::wanted() && !crate::options::traps::arm() {
-        vlog!("cannot handle SIGTRAP: no trap entries");
-    }
-    for (p, (_, first)) in plans.iter().zip(&recorded) {
-        let (Planned::Instrument(p), Some(first)) = (p, *first) else {
-            continue;
-        };
-        let t = Instant::now();
-        // Modules present at start-up stay: their stub areas are kept for good.
-        let counted = |name: &str| cfg.counts_from_start(name.as_bytes());
-        let (outcomes, _area) =
-            install::install(p, first, tls_offset, shared, &mut stubs, &counted);
-        let patched = records::record_outcomes(&mut writer, first, &outcomes);
-        records::mark_traps(&mut writer, first, p, &outcomes);
-        crate::options::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
-        if !p.loops.is_empty() {
-            // Kept for good, as the module's stub area.
-            let (probes, _areas) = crate::options::loops::probes::install(p, first, &maps);
-            stubs.add_probes(probes);
-        }
-        vlog!(
-            "{}: {} functions ({}), {} patched, {:.1} ms",
-            p.module.path,
-            p.funcs.len(),
-            p.source,
-            patched,
-            t.elapsed().as_secs_f64() * 1e3
-        );
-    }
-    // This thread counts its loops in counters of its own.
-    crate::options::loops::counts::attach_thread();
+    let stubs = install_all(
+        &cfg,
+        &plans,
+        &recorded,
+        &maps,
+        tls_offset,
+        shared,
+        &mut writer,
+    );
     ph.mark("install");
     let known = known_modules(&plans, recorded);
     let stripe_bytes = segment.counters.layout().stripe_bytes;
@@ -388,6 +262,179 @@ pub(crate) fn start() {
     // SAFETY: registers an extern "C" function that lives as long as the
     // library (never unloaded: it is preloaded); no argument.
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
+}
+
+/// The configuration this process runs with, or `None` if it is not to be
+/// profiled (the machine's kill switch, `RTPROF_DISABLE`, a setuid
+/// program that root's policy leaves alone).
+fn configure() -> Option<Config> {
+    if system::kill_switch_on() {
+        return None;
+    }
+    let mut system = None;
+    let mut cfg = if secure_mode() {
+        // The environment belongs to a less privileged user: only root's
+        // policy decides, and nothing of RTPROF_* is read.
+        let sys = system.insert(system::SystemConfig::load());
+        if !sys.profile_secure {
+            return None;
+        }
+        Config::default()
+    } else {
+        Config::from_env()
+    };
+    if cfg.budget.is_none() {
+        cfg.budget = system.unwrap_or_else(system::SystemConfig::load).budget;
+    }
+    log::set_verbose(cfg.verbose);
+    if cfg.disabled {
+        return None;
+    }
+    rtprof_shared::debuginfo::set_dirs(cfg.debug_dirs.clone());
+    if let Some(template) = &cfg.report {
+        check_report_path(template);
+    }
+    Some(cfg)
+}
+
+/// Whether this process's entries may be rewritten now (not traced, one
+/// thread, no seccomp filter that forbids start-up's system calls); then
+/// sets up what planning needs (the cache's places, the options' choices).
+fn may_patch(cfg: &Config) -> bool {
+    // A debugger has already written breakpoints where entries would be
+    // rewritten, places later ones after a function's prologue (inside a
+    // rewritten entry) and steps through code it expects to find there:
+    // the program is debugged exactly as without the agent.
+    let status = status();
+    if let Some(pid) = status.tracer {
+        vlog!("traced by pid {pid} (a debugger?) at start-up; process left unprofiled");
+        return false;
+    }
+    // Five bytes written over code another thread may be running is
+    // undefined: patch only while this is the process's only thread.
+    let threads = status.threads;
+    if threads != Some(1) {
+        vlog!("{threads:?} threads already running at start-up; process left unprofiled");
+        return false;
+    }
+    if status.seccomp {
+        use crate::lifecycle::sandbox::{self, Verdict};
+        match sandbox::probe() {
+            Verdict::Everything => vlog!("under a seccomp filter that allows what the agent does"),
+            Verdict::CountOnly => {
+                sandbox::started_sandboxed();
+                vlog!("under a seccomp filter: counted, not sampled, nothing written at exit");
+            }
+            Verdict::Nothing => {
+                vlog!("under a seccomp filter that forbids what start-up needs; process left unprofiled");
+                return false;
+            }
+        }
+    }
+    crate::plan::cache::configure(crate::plan::cache::places(
+        cfg.cache.as_deref(),
+        secure_mode(),
+    ));
+    // A trap costs a thousand counted calls: no budget could pay for it.
+    if cfg.traps && cfg.budget.is_some() {
+        vlog!("no trap entries under an overhead budget");
+    } else if cfg.traps && crate::options::traps::want() {
+        vlog!("trap entries planned (RTPROF_TRAPS)");
+    }
+    if !cfg.loops.is_empty() {
+        crate::options::loops::counts::select(&cfg.loops);
+        vlog!(
+            "loops counted in functions named {:?} (RTPROF_LOOPS)",
+            cfg.loops
+        );
+    }
+    true
+}
+
+/// The counter segment, sized for `plans`; under an address-space limit
+/// (ulimit -v) a smaller one, with room for fewer threads and fewer
+/// functions loaded later, rather than none at all.
+fn make_segment(cfg: &Config, plans: &[Planned], exe: &str) -> Option<(Segment, SegmentWriter)> {
+    let caps = capacities(cfg, plans, exe);
+    // SAFETY: a system call without arguments.
+    let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
+    let create = |caps| {
+        Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
+            if cfg.run_dir.is_none() || matches!(e, SegmentError::Map(_)) {
+                return Err(e);
+            }
+            vlog!("{e}; counting in anonymous memory instead");
+            Segment::create(caps, None, pid, ppid, now_ns())
+        })
+    };
+    let created = create(caps).or_else(|e| {
+        let SegmentError::Map(_) = e else {
+            return Err(e);
+        };
+        let spare = spare_used(cfg, caps);
+        let small = Capacities {
+            functions: caps.functions - spare + spare.min(SMALL_SPARE),
+            stripes: caps.stripes.min(SMALL_STRIPES),
+            ..caps
+        };
+        vlog!("{e}; trying a smaller counter segment");
+        create(small)
+    });
+    created
+        .map_err(|e| vlog!("{e}; process left unprofiled"))
+        .ok()
+}
+
+/// Writes the stubs and rewrites the entries of every module planned for
+/// instrumenting that has records, with its loop probes; returns the stub
+/// map.
+fn install_all(
+    cfg: &Config,
+    plans: &[Planned],
+    recorded: &[Recorded],
+    maps: &Maps,
+    tls_offset: i32,
+    shared: u64,
+    writer: &mut SegmentWriter,
+) -> StubMap {
+    // Before any stub is written: stubs call its hook if it is on.
+    crate::options::callers::start(cfg.callers);
+    let mut stubs = match cfg.budget {
+        Some(_) => StubMap::keeping_entries(),
+        None => StubMap::default(),
+    };
+    if crate::options::traps::wanted() && !crate::options::traps::arm() {
+        vlog!("cannot handle SIGTRAP: no trap entries");
+    }
+    for (p, (_, first)) in plans.iter().zip(recorded) {
+        let (Planned::Instrument(p), Some(first)) = (p, *first) else {
+            continue;
+        };
+        let t = Instant::now();
+        // Modules present at start-up stay: their stub areas are kept for good.
+        let counted = |name: &str| cfg.counts_from_start(name.as_bytes());
+        let (outcomes, _area) =
+            install::install(p, first, tls_offset, shared, &mut stubs, &counted);
+        let patched = records::record_outcomes(writer, first, &outcomes);
+        records::mark_traps(writer, first, p, &outcomes);
+        crate::options::switching::mark_off_from_start(writer, cfg, p, first, &outcomes);
+        if !p.loops.is_empty() {
+            // Kept for good, as the module's stub area.
+            let (probes, _areas) = crate::options::loops::probes::install(p, first, maps);
+            stubs.add_probes(probes);
+        }
+        vlog!(
+            "{}: {} functions ({}), {} patched, {:.1} ms",
+            p.module.path,
+            p.funcs.len(),
+            p.source,
+            patched,
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    // This thread counts its loops in counters of its own.
+    crate::options::loops::counts::attach_thread();
+    stubs
 }
 
 /// Each planned module's record (its place in the address table, its first

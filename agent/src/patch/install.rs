@@ -268,14 +268,90 @@ fn install_with(
         }
         return (outcomes, None);
     };
+    let counter = |slot: u32| CounterRef {
+        tls_offset,
+        slot,
+        shared_counter: shared_stripe + slot as u64 * 8,
+        caller_hook: hook,
+    };
+    let stubs = emit_stubs(
+        mp,
+        &area,
+        first_slot,
+        &counter,
+        counted,
+        write_now,
+        &mut outcomes,
+    );
+    if !area.seal() {
+        vlog!(
+            "{}: cannot make stubs executable: {}",
+            mp.module.path,
+            std::io::Error::last_os_error()
+        );
+        area.release();
+        for &i in &stubs.owners {
+            outcomes[i] = Some(Refusal::WriteFailed);
+        }
+        return (outcomes, None);
+    }
+    let blocked = match write_now {
+        true => write_entry_parts(mp, &stubs),
+        false => vec![false; stubs.entries.len()],
+    };
+    let written = write_entries_of(mp, &stubs, &blocked, write_now);
+    for (k, &i) in stubs.owners.iter().enumerate() {
+        if !written[k] {
+            outcomes[i] = Some(Refusal::WriteFailed);
+        }
+    }
+    keep_switches(map, mp, &stubs, &written);
+    map.add(
+        stubs
+            .ranges
+            .into_iter()
+            .zip(&written)
+            .filter(|(_, &w)| w)
+            .map(|(r, _)| r)
+            .collect(),
+    );
+    (outcomes, Some(area))
+}
 
+/// The stubs of a module written into its area, by the functions that got
+/// one (`k` below indexes all three alike).
+struct Emitted {
+    /// Each one's entry patch, with where it goes.
+    entries: Vec<(u64, EntryPatch)>,
+    /// Its function's index in the plan.
+    owners: Vec<usize>,
+    /// Its stub's address range and the function's counter slot.
+    ranges: Vec<(u64, u64, u32)>,
+}
+
+/// Writes a stub for every function of `mp` whose plan allows one, each
+/// aligned and separated by trapping fill; a function whose stub cannot be
+/// written gets its refusal in `outcomes`. Without `write_now` (attach:
+/// entries are written later, with the threads stopped), functions that
+/// need more than their entry written are refused.
+fn emit_stubs(
+    mp: &ModulePlan,
+    area: &StubArea,
+    first_slot: u32,
+    counter: &dyn Fn(u32) -> CounterRef,
+    counted: &dyn Fn(&str) -> bool,
+    write_now: bool,
+    outcomes: &mut Outcomes,
+) -> Emitted {
     // SAFETY: the area is freshly mapped read-write, ours alone, and
-    // nothing runs in it until it is sealed below.
+    // nothing runs in it until it is sealed.
     let code = unsafe { std::slice::from_raw_parts_mut(area.addr as *mut u8, area.len as usize) };
     let mut used = 0usize;
-    let mut entries: Vec<(u64, EntryPatch)> = Vec::new();
-    let mut owners: Vec<usize> = Vec::new();
-    let mut ranges = Vec::new();
+    let mut out = Emitted {
+        entries: Vec::new(),
+        owners: Vec::new(),
+        ranges: Vec::new(),
+    };
     for (i, c) in mp.funcs.iter().enumerate() {
         let Ok(plan) = &c.outcome else { continue };
         // Branches sent past the count and trampolines are written with the
@@ -302,12 +378,7 @@ fn install_with(
         };
         let at = area.addr + start as u64;
         let slot = first_slot + i as u32;
-        let counter = CounterRef {
-            tls_offset,
-            slot,
-            shared_counter: shared_stripe + slot as u64 * 8,
-            caller_hook: hook,
-        };
+        let counter = counter(slot);
         let stub = Native::emit_stub(plan, at, &counter, room)
             .and_then(|()| Native::entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
         match stub {
@@ -315,73 +386,77 @@ fn install_with(
                 if !counted(&c.name) {
                     room[..2].copy_from_slice(&Native::counting_switch(false));
                 }
-                used = start + Native::stub_len(plan, hook != 0);
-                ranges.push((at, area.addr + used as u64, slot));
-                entries.push((plan.patch_at, e));
-                owners.push(i);
+                used = start + Native::stub_len(plan, counter.caller_hook != 0);
+                out.ranges.push((at, area.addr + used as u64, slot));
+                out.entries.push((plan.patch_at, e));
+                out.owners.push(i);
             }
             Err(r) => outcomes[i] = Some(r),
         }
     }
-    if !area.seal() {
-        vlog!(
-            "{}: cannot make stubs executable: {}",
-            mp.module.path,
-            std::io::Error::last_os_error()
-        );
-        area.release();
-        for &i in &owners {
-            outcomes[i] = Some(Refusal::WriteFailed);
-        }
-        return (outcomes, None);
-    }
-    // First what an entry relies on: the function's own branches back to
-    // its entry sent past the count, a short entry's trampoline. An entry
-    // whose part could not be written is not written either.
-    let mut blocked = vec![false; entries.len()];
-    if write_now {
-        let mut parts: Vec<(u64, [u8; 5], usize, usize)> = Vec::new();
-        for (k, &i) in owners.iter().enumerate() {
-            let Ok(plan) = &mp.funcs[i].outcome else {
-                continue;
-            };
-            let stub = ranges[k].0;
-            let moved = Native::uncounted_entry(stub);
-            for r in plan.redirects() {
-                let field = plan.start + r.field as u64;
-                let (target, to) = (plan.start + r.target as u64, moved + r.code as u64);
-                match redirect_bytes(field, target, to) {
-                    Some(b) => parts.push((field, [b[0], b[1], b[2], b[3], 0], 4, k)),
-                    None => blocked[k] = true,
-                }
-            }
-            if plan.trampoline().is_some() {
-                match Native::trampoline(plan, stub) {
-                    Some((at, b)) => parts.push((at, b, 5, k)),
-                    None => blocked[k] = true,
-                }
+    out
+}
+
+/// Writes what an entry relies on before the entry itself: the function's
+/// own branches back to its entry sent past the count, a short entry's
+/// trampoline, a trap entry's stub made known to the trap handler. Returns,
+/// per stub, whether its entry must not be written (a part of it could
+/// not be).
+fn write_entry_parts(mp: &ModulePlan, stubs: &Emitted) -> Vec<bool> {
+    let mut blocked = vec![false; stubs.entries.len()];
+    let mut parts: Vec<(u64, [u8; 5], usize, usize)> = Vec::new();
+    for (k, &i) in stubs.owners.iter().enumerate() {
+        let Ok(plan) = &mp.funcs[i].outcome else {
+            continue;
+        };
+        let stub = stubs.ranges[k].0;
+        let moved = Native::uncounted_entry(stub);
+        for r in plan.redirects() {
+            let field = plan.start + r.field as u64;
+            let (target, to) = (plan.start + r.target as u64, moved + r.code as u64);
+            match redirect_bytes(field, target, to) {
+                Some(b) => parts.push((field, [b[0], b[1], b[2], b[3], 0], 4, k)),
+                None => blocked[k] = true,
             }
         }
-        let patches: Vec<(u64, &[u8])> = parts.iter().map(|(a, b, n, _)| (*a, &b[..*n])).collect();
-        for (ok, &(_, _, _, k)) in write_entries(&mp.module, &patches).iter().zip(&parts) {
-            blocked[k] |= !ok;
+        if plan.trampoline().is_some() {
+            match Native::trampoline(plan, stub) {
+                Some((at, b)) => parts.push((at, b, 5, k)),
+                None => blocked[k] = true,
+            }
         }
-        // A trap entry's handler must know its stub before the trap is
-        // there.
-        let traps: Vec<(u64, u64)> = owners
-            .iter()
-            .enumerate()
-            .filter_map(|(k, &i)| {
-                let plan = mp.funcs[i].outcome.as_ref().ok()?;
-                (plan.is_trap() && !blocked[k]).then_some((plan.patch_at, ranges[k].0))
-            })
-            .collect();
-        crate::options::traps::add(&traps);
     }
-    // Stubs are complete and executable before any entry jumps to them.
-    let patches: Vec<(u64, &[u8])> = entries
+    let patches: Vec<(u64, &[u8])> = parts.iter().map(|(a, b, n, _)| (*a, &b[..*n])).collect();
+    for (ok, &(_, _, _, k)) in write_entries(&mp.module, &patches).iter().zip(&parts) {
+        blocked[k] |= !ok;
+    }
+    // A trap entry's handler must know its stub before the trap is there.
+    let traps: Vec<(u64, u64)> = stubs
+        .owners
         .iter()
-        .zip(&blocked)
+        .enumerate()
+        .filter_map(|(k, &i)| {
+            let plan = mp.funcs[i].outcome.as_ref().ok()?;
+            (plan.is_trap() && !blocked[k]).then_some((plan.patch_at, stubs.ranges[k].0))
+        })
+        .collect();
+    crate::options::traps::add(&traps);
+    blocked
+}
+
+/// Writes the entries not `blocked` (now, or for attach later: taken as
+/// written); returns, per stub, whether its entry jumps to it.
+fn write_entries_of(
+    mp: &ModulePlan,
+    stubs: &Emitted,
+    blocked: &[bool],
+    write_now: bool,
+) -> Vec<bool> {
+    // Stubs are complete and executable before any entry jumps to them.
+    let patches: Vec<(u64, &[u8])> = stubs
+        .entries
+        .iter()
+        .zip(blocked)
         .filter(|(_, b)| !**b)
         .map(|((a, e), _)| (*a, e.as_slice()))
         .collect();
@@ -391,37 +466,29 @@ fn install_with(
         vec![true; patches.len()]
     }
     .into_iter();
-    let written: Vec<bool> = blocked
+    blocked
         .iter()
         .map(|b| !b && done.next().unwrap_or(false))
-        .collect();
-    for (k, &i) in owners.iter().enumerate() {
-        if !written[k] {
-            outcomes[i] = Some(Refusal::WriteFailed);
+        .collect()
+}
+
+/// Keeps each written entry's switch (its bytes both ways), for a map that
+/// keeps them (the budget and detach switch entries later), by slot.
+fn keep_switches(map: &mut StubMap, mp: &ModulePlan, stubs: &Emitted, written: &[bool]) {
+    let Some(kept) = &mut map.entries else {
+        return;
+    };
+    for (k, &i) in stubs.owners.iter().enumerate() {
+        let Ok(plan) = &mp.funcs[i].outcome else {
+            continue;
+        };
+        if written[k] {
+            let (stub, _, slot) = stubs.ranges[k];
+            kept.extend(EntrySwitch::new(plan, slot, stub, &stubs.entries[k].1));
         }
     }
-    if let Some(kept) = &mut map.entries {
-        for (k, &i) in owners.iter().enumerate() {
-            let Ok(plan) = &mp.funcs[i].outcome else {
-                continue;
-            };
-            if written[k] {
-                let (stub, _, slot) = ranges[k];
-                kept.extend(EntrySwitch::new(plan, slot, stub, &entries[k].1));
-            }
-        }
-        // Slots grow with each module loaded: usually nothing to do.
-        if !kept.is_sorted_by_key(|e| e.slot) {
-            kept.sort_unstable_by_key(|e| e.slot);
-        }
+    // Slots grow with each module loaded: usually nothing to do.
+    if !kept.is_sorted_by_key(|e| e.slot) {
+        kept.sort_unstable_by_key(|e| e.slot);
     }
-    map.add(
-        ranges
-            .into_iter()
-            .zip(&written)
-            .filter(|(_, &w)| w)
-            .map(|(r, _)| r)
-            .collect(),
-    );
-    (outcomes, Some(area))
 }
