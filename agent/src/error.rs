@@ -1,11 +1,15 @@
-//! Why something the agent tried did not happen: [`Errno`], what a system
-//! call said, and [`PlanError`], why a module's file gives no plan or a
-//! cache entry is not used or written. Every failure leaves the process
-//! running as it would without the agent; these only say why, under
-//! `RTPROF_VERBOSE` (some end-to-end tests match the words, so they change
-//! only with the tests).
+//! Why something the agent tried did not happen, one type per layer:
+//! [`Errno`], what a system call said; [`DiscoverError`], why a module's
+//! file gives no functions; [`PlanError`], why a module's file gives no
+//! plan or a cache entry is not used or written; [`PatchError`], why
+//! entries or counting switches could not be written; [`CountError`], why
+//! there is no counter segment; [`LifecycleError`], why a libc function
+//! goes without its hook. Every failure leaves the process running as it
+//! would without the agent; these only say why, under `RTPROF_VERBOSE`
+//! (some end-to-end tests match the words, so they change only with the
+//! tests).
 
-use crate::discover::symbols::SymbolError;
+use crate::patch::stopworld::{DEADLINE, MAX_THREADS};
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
@@ -55,7 +59,7 @@ pub enum PlanError {
     /// The file cannot be mapped.
     Map(io::Error),
     /// Its functions cannot be listed (plan/pipeline.rs).
-    NotElf(SymbolError),
+    NotElf(DiscoverError),
 
     // Where the cache is (plan/cache.rs).
     /// A cache directory, or one above it, or an entry, that cannot be
@@ -155,8 +159,8 @@ impl fmt::Display for PlanError {
 // reporter walking the chain would print it twice.
 impl std::error::Error for PlanError {}
 
-impl From<SymbolError> for PlanError {
-    fn from(e: SymbolError) -> PlanError {
+impl From<DiscoverError> for PlanError {
+    fn from(e: DiscoverError) -> PlanError {
         PlanError::NotElf(e)
     }
 }
@@ -211,7 +215,7 @@ mod tests {
                 "the file at its path is not the one mapped (replaced since?)",
             ),
             (
-                PlanError::NotElf(SymbolError::NotElf64),
+                PlanError::NotElf(DiscoverError::NotElf64),
                 "not a 64-bit ELF file",
             ),
             (
@@ -243,3 +247,107 @@ mod tests {
         }
     }
 }
+
+/// Why a module's file gives no functions.
+#[derive(Debug)]
+pub enum DiscoverError {
+    /// The ELF parser's reason.
+    Parse(String),
+    NotElf64,
+}
+
+impl fmt::Display for DiscoverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DiscoverError::Parse(e) => write!(f, "malformed ELF file: {e}"),
+            DiscoverError::NotElf64 => f.write_str("not a 64-bit ELF file"),
+        }
+    }
+}
+
+impl std::error::Error for DiscoverError {}
+
+/// Why entries or counting switches could not be written.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PatchError {
+    /// The stubs' page could not be made writable (a W^X policy).
+    Protect(Errno),
+    /// The other threads could not be stopped: a debugger or tracer
+    /// already traces this process.
+    Traced,
+    /// ptrace of our own threads is not allowed here (Yama's ptrace scope,
+    /// a process that is not dumpable, a seccomp filter): the errno.
+    NotPermitted(Errno),
+    /// The helper task that stops the threads could not be made.
+    Helper(Errno),
+    /// More threads than can be tracked.
+    TooManyThreads,
+    /// Some thread did not stop in time.
+    Timeout,
+}
+
+impl fmt::Display for PatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PatchError::Protect(e) => write!(f, "stub memory cannot be made writable: {e}"),
+            PatchError::Traced => write!(f, "the process is traced by a debugger"),
+            PatchError::NotPermitted(e) => write!(f, "ptrace of its threads refused: {e}"),
+            PatchError::Helper(e) => write!(f, "no helper task: {e}"),
+            PatchError::TooManyThreads => write!(f, "more than {MAX_THREADS} threads"),
+            PatchError::Timeout => write!(f, "a thread did not stop within {DEADLINE:?}"),
+        }
+    }
+}
+
+impl std::error::Error for PatchError {}
+
+/// Why there is no counter segment.
+#[derive(Debug)]
+pub enum CountError {
+    /// `rtprof run`'s directory is not one to write in.
+    RunDir(String),
+    Create(io::Error),
+    Reserve(io::Error),
+    Map(io::Error),
+}
+
+impl fmt::Display for CountError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CountError::RunDir(why) => write!(f, "run directory unusable: {why}"),
+            CountError::Create(e) => write!(f, "cannot create counter segment: {e}"),
+            CountError::Reserve(e) => write!(f, "cannot reserve counter memory: {e}"),
+            CountError::Map(e) => write!(f, "cannot map counter segment: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CountError {}
+
+/// Why a function of libc goes without its hook.
+#[derive(Debug)]
+pub enum LifecycleError {
+    /// libc's function or its size was not found.
+    NotFound,
+    /// Its first instructions cannot be moved (the reason).
+    Unmovable(rtprof_shared::Refusal),
+    /// A branch, or an indirect jump that could be one, reaches them.
+    BranchInto,
+    /// No memory within jump range for the detour.
+    NoMemory,
+}
+
+impl fmt::Display for LifecycleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LifecycleError::NotFound => write!(f, "libc's definition not found"),
+            LifecycleError::Unmovable(r) => {
+                write!(f, "its first instructions cannot be moved: {r:?}")
+            }
+            LifecycleError::BranchInto => write!(f, "a branch reaches its first instructions"),
+            LifecycleError::NoMemory => write!(f, "no memory within jump range"),
+        }
+    }
+}
+
+impl std::error::Error for LifecycleError {}

@@ -22,7 +22,7 @@ use registry::Registered;
 use rtprof_shared::present::{now_ns, PresentError};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use table::{Refusal, Table};
+use table::{RegistrationRefusal, Table};
 
 /// Connections of one user that may wait for their registration at once.
 const WAITING_PER_USER: usize = 8;
@@ -151,8 +151,8 @@ fn admit(table: &mut Table, reg: Registered, log: &mut Limiter) {
         Ok(_) => {}
         Err(r) => {
             let kind = match r {
-                Refusal::Segment(_) => Kind::Segment,
-                Refusal::UserCap { .. } | Refusal::Full { .. } => Kind::Cap,
+                RegistrationRefusal::Segment(_) => Kind::Segment,
+                RegistrationRefusal::UserCap { .. } | RegistrationRefusal::Full { .. } => Kind::Cap,
             };
             log.log(Some(uid), kind, now, || {
                 format!("rtprofd: pid {pid} (uid {uid}): {r}")

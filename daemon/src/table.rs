@@ -32,7 +32,7 @@ pub struct Caps {
 
 /// Why a registration was not taken.
 #[derive(Debug)]
-pub enum Refusal {
+pub enum RegistrationRefusal {
     /// Its user holds as many segments as a user may.
     UserCap { held: usize },
     /// The daemon follows as many segments as it may.
@@ -41,18 +41,18 @@ pub enum Refusal {
     Segment(Error),
 }
 
-impl std::fmt::Display for Refusal {
+impl std::fmt::Display for RegistrationRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refusal::UserCap { held } => write!(
+            RegistrationRefusal::UserCap { held } => write!(
                 f,
                 "registration refused: this user already has {held} segments followed (the limit)"
             ),
-            Refusal::Full { held } => write!(
+            RegistrationRefusal::Full { held } => write!(
                 f,
                 "registration refused: {held} segments followed in all (the limit)"
             ),
-            Refusal::Segment(e) => write!(f, "segment rejected: {e}"),
+            RegistrationRefusal::Segment(e) => write!(f, "segment rejected: {e}"),
         }
     }
 }
@@ -193,7 +193,7 @@ impl Table {
     /// Takes a registration if its user and the table have room (a pid at
     /// [`PER_PID`] makes room by dropping its oldest), mapping its segment
     /// and closing its descriptor: a followed segment holds no descriptor.
-    pub fn admit(&mut self, reg: Registered) -> Result<Admitted, Refusal> {
+    pub fn admit(&mut self, reg: Registered) -> Result<Admitted, RegistrationRefusal> {
         let victim = self.by_pid.get(&reg.pid).and_then(|seqs| {
             (seqs.len() >= PER_PID).then(|| {
                 // Never read is least likely to be the live image.
@@ -206,16 +206,16 @@ impl Table {
         let frees_own = victim.is_some_and(|v| self.entries[&v].uid == reg.uid);
         let held = self.by_uid.get(&reg.uid).copied().unwrap_or(0) - frees_own as usize;
         if held >= self.caps.per_user {
-            return Err(Refusal::UserCap { held });
+            return Err(RegistrationRefusal::UserCap { held });
         }
         if victim.is_none() && self.entries.len() >= self.caps.total {
-            return Err(Refusal::Full {
+            return Err(RegistrationRefusal::Full {
                 held: self.entries.len(),
             });
         }
         let map = Mapped::open(&reg.fd).map_err(|e| {
             self.rejected += 1;
-            Refusal::Segment(e)
+            RegistrationRefusal::Segment(e)
         })?;
         if let Some(v) = victim {
             self.remove(v);
@@ -580,14 +580,20 @@ mod tests {
             t.admit(reg(&[0; 4096], pid, 7)).unwrap();
         }
         let r = t.admit(reg(&[0; 4096], 6, 7));
-        assert!(matches!(r, Err(Refusal::UserCap { held: 5 })), "{r:?}");
+        assert!(
+            matches!(r, Err(RegistrationRefusal::UserCap { held: 5 })),
+            "{r:?}"
+        );
         // Not even from a pid it already has.
         t.admit(reg(&[0; 4096], 1, 7)).unwrap_err();
         for pid in 11..=15 {
             t.admit(reg(&[0; 4096], pid, 8)).unwrap();
         }
         let r = t.admit(reg(&[0; 4096], 16, 9));
-        assert!(matches!(r, Err(Refusal::Full { held: 10 })), "{r:?}");
+        assert!(
+            matches!(r, Err(RegistrationRefusal::Full { held: 10 })),
+            "{r:?}"
+        );
     }
 
     #[test]
@@ -614,7 +620,7 @@ mod tests {
             exe: Ok("/bin/app".into()),
         });
         assert!(
-            matches!(&r, Err(Refusal::Segment(Error::NotSealed))),
+            matches!(&r, Err(RegistrationRefusal::Segment(Error::NotSealed))),
             "{r:?}"
         );
         assert_eq!(t.len(), 0);

@@ -5,34 +5,15 @@
 //! in the shared stripe), never SIGBUS in the host. Once mapped, the file's
 //! descriptor is closed: the program never sees a descriptor it did not open.
 
+use crate::error::CountError;
 use crate::log::vlog;
 use rtprof_shared::layout::PAGE;
 use rtprof_shared::writer::Counters;
 use rtprof_shared::{Capacities, Layout, SegmentWriter};
 use std::ffi::{CStr, CString};
-use std::fmt;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-
-#[derive(Debug)]
-pub enum SegmentError {
-    RunDir(String),
-    Create(io::Error),
-    Reserve(io::Error),
-    Map(io::Error),
-}
-
-impl fmt::Display for SegmentError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SegmentError::RunDir(why) => write!(f, "run directory unusable: {why}"),
-            SegmentError::Create(e) => write!(f, "cannot create counter segment: {e}"),
-            SegmentError::Reserve(e) => write!(f, "cannot reserve counter memory: {e}"),
-            SegmentError::Map(e) => write!(f, "cannot map counter segment: {e}"),
-        }
-    }
-}
 
 /// The mapped segment: its counters (lock-free, for every thread) and
 /// what its forked children need. The metadata writer, made with it, is
@@ -55,7 +36,7 @@ fn last_err() -> io::Error {
 }
 
 /// Opens `<dir>/<pid>-<n>.seg`, after checking the directory is ours alone.
-fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
+fn create_in_dir(dir: &CStr) -> Result<libc::c_int, CountError> {
     let shown = || dir.to_string_lossy();
     // SAFETY: a NUL-terminated path; opening only reads it.
     let dfd = unsafe {
@@ -65,7 +46,7 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
         )
     };
     if dfd < 0 {
-        return Err(SegmentError::RunDir(format!("{}: {}", shown(), last_err())));
+        return Err(CountError::RunDir(format!("{}: {}", shown(), last_err())));
     }
     // SAFETY: `stat` is integers, for which zero bytes are valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -77,13 +58,13 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
     if !ok {
         // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(dfd) };
-        return Err(SegmentError::RunDir(format!(
+        return Err(CountError::RunDir(format!(
             "{}: not a private directory owned by this user",
             shown()
         )));
     }
     let pid = std::process::id();
-    let mut result = Err(SegmentError::Create(io::Error::from_raw_os_error(
+    let mut result = Err(CountError::Create(io::Error::from_raw_os_error(
         libc::EEXIST,
     )));
     // An exec'd program keeps its pid: it takes the next free number.
@@ -105,7 +86,7 @@ fn create_in_dir(dir: &CStr) -> Result<libc::c_int, SegmentError> {
         }
         let e = last_err();
         if e.raw_os_error() != Some(libc::EEXIST) {
-            result = Err(SegmentError::Create(e));
+            result = Err(CountError::Create(e));
             break;
         }
     }
@@ -254,7 +235,7 @@ fn pages(off: u64, len: u64) -> (u64, u64) {
 
 /// A new backing file of `layout.total_size` bytes whose fixed parts are
 /// reserved.
-fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, SegmentError> {
+fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, CountError> {
     let fd = match run_dir {
         Some(d) => create_in_dir(d)?,
         None => {
@@ -266,12 +247,12 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
                 )
             };
             if fd < 0 {
-                return Err(SegmentError::Create(last_err()));
+                return Err(CountError::Create(last_err()));
             }
             fd
         }
     };
-    let fail = |e: SegmentError| {
+    let fail = |e: CountError| {
         // Left empty, a run-dir file is skipped by rtprof; a file with
         // holes would make its reader allocate pages on a full tmpfs
         // (SIGBUS in the reader).
@@ -289,12 +270,12 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
     // ([`Segment::reserve_records`]), a thread's stripe as it starts.
     for (off, len) in fixed_ranges(layout) {
         if let Err(e) = reserve(fd, off, len) {
-            return fail(SegmentError::Reserve(e));
+            return fail(CountError::Reserve(e));
         }
     }
     // SAFETY: `fd` is this function's own new file.
     if unsafe { libc::ftruncate(fd, layout.total_size as libc::off_t) } != 0 {
-        return fail(SegmentError::Reserve(last_err()));
+        return fail(CountError::Reserve(last_err()));
     }
     if run_dir.is_none() {
         // Its size is final: sealed, the daemon can map it without fearing
@@ -309,7 +290,7 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, S
     Ok(fd)
 }
 
-fn map(len: u64, fd: libc::c_int, at: *mut libc::c_void) -> Result<*mut u8, SegmentError> {
+fn map(len: u64, fd: libc::c_int, at: *mut libc::c_void) -> Result<*mut u8, CountError> {
     let fixed = if at.is_null() { 0 } else { libc::MAP_FIXED };
     // SAFETY: maps our own file; `at` is null or, in a forked child, the parent's mapping of the
     // same size, which MAP_FIXED replaces in place (stubs hold its address).
@@ -324,7 +305,7 @@ fn map(len: u64, fd: libc::c_int, at: *mut libc::c_void) -> Result<*mut u8, Segm
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(SegmentError::Map(last_err()));
+        return Err(CountError::Map(last_err()));
     }
     Ok(p as *mut u8)
 }
@@ -336,12 +317,12 @@ impl Segment {
         pid: u32,
         ppid: u32,
         start_ns: u64,
-    ) -> Result<(Segment, SegmentWriter), SegmentError> {
+    ) -> Result<(Segment, SegmentWriter), CountError> {
         let layout = Layout::new(caps);
         let run_dir = run_dir
             .map(CString::new)
             .transpose()
-            .map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+            .map_err(|_| CountError::RunDir("NUL in path".into()))?;
         let fd = new_backing(&layout, run_dir.as_deref())?;
         let base = match map(layout.total_size, fd, std::ptr::null_mut()) {
             Ok(b) => b,
@@ -503,7 +484,7 @@ impl Segment {
         pid: u32,
         ppid: u32,
         start_ns: u64,
-    ) -> Result<(), SegmentError> {
+    ) -> Result<(), CountError> {
         self.reopen(keep, self.run_dir.as_deref(), pid, ppid, start_ns)
     }
 
@@ -515,11 +496,11 @@ impl Segment {
         &self,
         run_dir: Option<&str>,
         start_ns: u64,
-    ) -> Result<(), SegmentError> {
+    ) -> Result<(), CountError> {
         let dir = run_dir
             .map(CString::new)
             .transpose()
-            .map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+            .map_err(|_| CountError::RunDir("NUL in path".into()))?;
         // SAFETY: a system call without arguments.
         let ppid = unsafe { libc::getppid() } as u32;
         self.reopen(None, dir.as_deref(), std::process::id(), ppid, start_ns)
@@ -532,7 +513,7 @@ impl Segment {
         pid: u32,
         ppid: u32,
         start_ns: u64,
-    ) -> Result<(), SegmentError> {
+    ) -> Result<(), CountError> {
         let l = *self.counters.layout();
         let base = self.counters.base();
         let result = (|| {
@@ -574,7 +555,7 @@ impl Segment {
                     libc::ftruncate(fd, 0);
                     libc::close(fd)
                 };
-                return Err(SegmentError::Reserve(e));
+                return Err(CountError::Reserve(e));
             }
             match map(l.total_size, fd, base.cast()) {
                 Ok(_) => Ok(fd),
@@ -619,8 +600,8 @@ impl Segment {
     /// for an agent loaded by `rtprof attach`, whose live segment is a
     /// memfd (so that rtprofd can map it) that rtprof cannot open. What is
     /// in use is written; the rest stays a hole no reader reads.
-    pub fn copy_into_dir(&self, run_dir: &str) -> Result<(), SegmentError> {
-        let dir = CString::new(run_dir).map_err(|_| SegmentError::RunDir("NUL in path".into()))?;
+    pub fn copy_into_dir(&self, run_dir: &str) -> Result<(), CountError> {
+        let dir = CString::new(run_dir).map_err(|_| CountError::RunDir("NUL in path".into()))?;
         let fd = create_in_dir(&dir)?;
         let l = *self.counters.layout();
         let base = self.counters.base();
@@ -664,7 +645,7 @@ impl Segment {
         if ok {
             Ok(())
         } else {
-            Err(SegmentError::Reserve(e))
+            Err(CountError::Reserve(e))
         }
     }
 
@@ -786,7 +767,7 @@ mod tests {
         let d = dir.to_str().unwrap();
         assert!(matches!(
             Segment::create(caps(), Some(d), 1, 0, 0),
-            Err(SegmentError::RunDir(_))
+            Err(CountError::RunDir(_))
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let _s1 = Segment::create(caps(), Some(d), 1, 0, 0).unwrap();

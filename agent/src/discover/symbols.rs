@@ -4,9 +4,9 @@
 //! named `sub_<hex address>`.
 
 use crate::arch::{InstructionSet, Native};
+use crate::error::DiscoverError;
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection};
 use goblin::elf::{sym, Elf};
-use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FuncSym {
@@ -21,21 +21,6 @@ pub struct FuncSym {
     /// Its unwind entry starts in a mid-function state (a frame already
     /// set up, registers saved): a sign of a split-off fragment.
     pub mid_function_cfi: bool,
-}
-
-#[derive(Debug)]
-pub enum SymbolError {
-    Parse(String),
-    NotElf64,
-}
-
-impl fmt::Display for SymbolError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SymbolError::Parse(e) => write!(f, "malformed ELF file: {e}"),
-            SymbolError::NotElf64 => f.write_str("not a 64-bit ELF file"),
-        }
-    }
 }
 
 /// Entry points that are not called like functions.
@@ -97,7 +82,7 @@ fn rank(bind: u8, name: &str) -> Rank {
 
 /// The functions of the file `data`, named from `debug` (its separate
 /// debug file's bytes) where the file itself has no symbol table.
-pub fn list_functions(data: &[u8], debug: Option<&[u8]>) -> Result<FunctionList, SymbolError> {
+pub fn list_functions(data: &[u8], debug: Option<&[u8]>) -> Result<FunctionList, DiscoverError> {
     list(data, debug, true)
 }
 
@@ -113,10 +98,10 @@ fn list(
     data: &[u8],
     debug: Option<&[u8]>,
     for_patching: bool,
-) -> Result<FunctionList, SymbolError> {
-    let elf = Elf::parse(data).map_err(|e| SymbolError::Parse(e.to_string()))?;
+) -> Result<FunctionList, DiscoverError> {
+    let elf = Elf::parse(data).map_err(|e| DiscoverError::Parse(e.to_string()))?;
     if !elf.is_64 {
-        return Err(SymbolError::NotElf64);
+        return Err(DiscoverError::NotElf64);
     }
     // A debug file that does not parse, or names nothing, is not used.
     let debug = debug

@@ -9,34 +9,11 @@
 //! attach writes them again.
 
 use crate::arch::{CounterRef, InstructionSet, Native};
+use crate::error::LifecycleError;
 use crate::lifecycle::interpose;
 use crate::patch::install::StubMap;
 use crate::patch::stubmem::StubArea;
 use crate::patch::switch::EntrySwitch;
-
-/// Why a function of libc goes without its hook.
-#[derive(Debug)]
-pub enum HookError {
-    /// libc's function or its size was not found.
-    NotFound,
-    /// Its first instructions cannot be moved (the reason).
-    Unmovable(rtprof_shared::Refusal),
-    /// A branch, or an indirect jump that could be one, reaches them.
-    BranchInto,
-    /// No memory within jump range for the detour.
-    NoMemory,
-}
-
-impl std::fmt::Display for HookError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HookError::NotFound => write!(f, "libc's definition not found"),
-            HookError::Unmovable(r) => write!(f, "its first instructions cannot be moved: {r:?}"),
-            HookError::BranchInto => write!(f, "a branch reaches its first instructions"),
-            HookError::NoMemory => write!(f, "no memory within jump range"),
-        }
-    }
-}
 
 /// The functions hooked: libc's definition, and ours (by a name of this
 /// library alone: an exported name would resolve to libc's).
@@ -60,7 +37,7 @@ pub fn prepare(
     stubs: &mut StubMap,
     tls_offset: i32,
     shared: u64,
-) -> Vec<(&'static str, HookError)> {
+) -> Vec<(&'static str, LifecycleError)> {
     hooks()
         .into_iter()
         .filter_map(|(name, real, ours)| {
@@ -116,18 +93,18 @@ fn prepare_one(
     ours: u64,
     tls_offset: i32,
     shared: u64,
-) -> Result<(), HookError> {
-    let (addr, size) = definition(real).ok_or(HookError::NotFound)?;
+) -> Result<(), LifecycleError> {
+    let (addr, size) = definition(real).ok_or(LifecycleError::NotFound)?;
     // SAFETY: the function's own bytes, in libc's text, mapped for good.
     let code = unsafe { std::slice::from_raw_parts(addr as *const u8, size) };
-    let plan = Native::plan_window(code, addr, size, 0).map_err(HookError::Unmovable)?;
+    let plan = Native::plan_window(code, addr, size, 0).map_err(LifecycleError::Unmovable)?;
     let scan = Native::scan_function(code, addr);
     let window = addr..plan.resume_at.max(plan.patch_at + plan.window as u64);
     if scan.decode_error
         || scan.has_indirect_jump
         || scan.branch_targets.iter().any(|t| window.contains(t))
     {
-        return Err(HookError::BranchInto);
+        return Err(LifecycleError::BranchInto);
     }
     let counted = stubs.entries().iter().position(|e| e.at == plan.patch_at);
     let detour_len = match counted {
@@ -138,7 +115,7 @@ fn prepare_one(
     let align = Native::STUB_ALIGN as usize;
     let detour_at = tramp_len.div_ceil(align) * align;
     let area = StubArea::near(addr, addr + size as u64, (detour_at + detour_len) as u64)
-        .ok_or(HookError::NoMemory)?;
+        .ok_or(LifecycleError::NoMemory)?;
     // SAFETY: the area is freshly mapped read-write, ours alone, and
     // nothing runs in it until it is sealed.
     let mem = unsafe { std::slice::from_raw_parts_mut(area.addr as *mut u8, area.len as usize) };
@@ -160,7 +137,7 @@ fn prepare_one(
             let out = &mut mem[detour_at..];
             if let Err(r) = Native::emit_stub(&plan, at, &counter, out) {
                 area.release();
-                return Err(HookError::Unmovable(r));
+                return Err(LifecycleError::Unmovable(r));
             }
             out[..2].copy_from_slice(&Native::counting_switch(false));
             at
@@ -184,11 +161,11 @@ fn prepare_one(
         Native::entry_patch(&plan, area.addr).and_then(|p| EntrySwitch::new(&plan, slot, stub, &p));
     let Some(entry) = entry else {
         area.release();
-        return Err(HookError::NoMemory);
+        return Err(LifecycleError::NoMemory);
     };
     if !area.seal() {
         area.release();
-        return Err(HookError::NoMemory);
+        return Err(LifecycleError::NoMemory);
     }
     // From now on ours calls the original through the detour; libc's
     // entry is not written yet, so either way reaches libc's code.

@@ -5,10 +5,11 @@
 #![cfg_attr(test, allow(dead_code))]
 
 use crate::config::Config;
-use crate::count::segment::{Segment, SegmentError};
+use crate::count::segment::Segment;
 use crate::discover::maps::Maps;
 use crate::discover::modules::Module;
 use crate::discover::symbols::FuncSym;
+use crate::error::CountError;
 use crate::log::{self, vlog};
 use crate::patch::install::{self, StubMap};
 use crate::plan::analysis::ModulePlan;
@@ -360,7 +361,7 @@ fn make_segment(cfg: &Config, plans: &[Planned], exe: &str) -> Option<(Segment, 
     let (pid, ppid) = (std::process::id(), unsafe { libc::getppid() } as u32);
     let create = |caps| {
         Segment::create(caps, cfg.run_dir.as_deref(), pid, ppid, now_ns()).or_else(|e| {
-            if cfg.run_dir.is_none() || matches!(e, SegmentError::Map(_)) {
+            if cfg.run_dir.is_none() || matches!(e, CountError::Map(_)) {
                 return Err(e);
             }
             vlog!("{e}; counting in anonymous memory instead");
@@ -368,7 +369,7 @@ fn make_segment(cfg: &Config, plans: &[Planned], exe: &str) -> Option<(Segment, 
         })
     };
     let created = create(caps).or_else(|e| {
-        let SegmentError::Map(_) = e else {
+        let CountError::Map(_) = e else {
             return Err(e);
         };
         let spare = spare_used(cfg, caps);

@@ -37,12 +37,13 @@ use crate::config::Config;
 use crate::count::segment::Segment;
 use crate::discover::maps::Maps;
 use crate::error::Errno;
+use crate::error::PatchError;
 use crate::lifecycle::lock::Lock;
 use crate::lifecycle::startup::{self, Planned};
 use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
 use crate::patch::install::{self, StubMap};
-use crate::patch::stopworld::{Held as StopHeld, StopError, Stopper};
+use crate::patch::stopworld::{Held as StopHeld, Stopper};
 use crate::patch::switch::{self, EntrySwitch};
 use crate::{
     agent,
@@ -366,7 +367,7 @@ fn stopper() -> Result<Stopper, String> {
             Ok(()) => return Ok(s),
             // rtprof lets the threads go one by one: until the last, a
             // seize fails (EPERM) even with the leader free.
-            Err(StopError::Traced | StopError::NotPermitted(Errno(libc::EPERM)))
+            Err(PatchError::Traced | PatchError::NotPermitted(Errno(libc::EPERM)))
                 if started.elapsed() < UNTRACED_WITHIN =>
             {
                 std::thread::sleep(Duration::from_millis(2))

@@ -18,11 +18,12 @@
 //! instead: the estimates hold, but the detour still costs.
 
 use crate::error::Errno;
+use crate::error::PatchError;
 use crate::lifecycle::locked::Locked;
 use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
 use crate::patch::install::StubMap;
-use crate::patch::stopworld::{StopError, Stopper};
+use crate::patch::stopworld::Stopper;
 use crate::patch::switch::{set_counting, write_entries_stopped, EntrySwitch};
 use crate::Agent;
 use rtprof_shared::layout::{cost, function_flags};
@@ -767,11 +768,11 @@ impl Controller {
     /// the counts and the clock while they are. An entry whose original
     /// instructions a thread is part-way through keeps its own code until
     /// the next burst.
-    fn switch_entries(&mut self, a: &Agent, on: bool, at: &mut [u64]) -> Result<Clock, StopError> {
+    fn switch_entries(&mut self, a: &Agent, on: bool, at: &mut [u64]) -> Result<Clock, PatchError> {
         let mem = std::fs::OpenOptions::new()
             .write(true)
             .open("/proc/self/mem")
-            .map_err(|e| StopError::NotPermitted(Errno::of(&e)))?;
+            .map_err(|e| PatchError::NotPermitted(Errno::of(&e)))?;
         let entries: Vec<EntrySwitch> = self.chosen.iter().map(|e| e.entry).collect();
         let mut done = vec![false; entries.len()];
         let w = &a.segment.counters;

@@ -5,10 +5,11 @@
 //! off.
 
 use crate::config::{glob_match, Config};
+use crate::error::PatchError;
 use crate::lifecycle::locked::Locked;
 use crate::log::vlog;
 use crate::patch::install::{Outcomes, StubMap};
-use crate::patch::switch::{set_counting, SwitchError};
+use crate::patch::switch::set_counting;
 use crate::plan::analysis::ModulePlan;
 use crate::Agent;
 use rtprof_shared::SegmentWriter;
@@ -21,7 +22,7 @@ fn switch_where(
     w: &mut SegmentWriter,
     on: bool,
     select: &dyn Fn(&[u8]) -> bool,
-) -> Result<usize, SwitchError> {
+) -> Result<usize, PatchError> {
     let chosen: Vec<u32> = (0..w.func_count())
         .filter(|&slot| {
             let f = w.function(slot);
@@ -97,7 +98,7 @@ pub fn serve_control(a: &Agent) {
 
 /// Switches counting of every patched function whose name matches `glob`
 /// on or off, while the program runs; returns how many.
-pub fn set_by_name(a: &Agent, glob: &[u8], on: bool) -> Result<usize, SwitchError> {
+pub fn set_by_name(a: &Agent, glob: &[u8], on: bool) -> Result<usize, PatchError> {
     let Some(mut state) = a.state.lock() else {
         // Called from inside the loader hook: the stubs may be changing.
         return Ok(0);

@@ -23,47 +23,20 @@
 
 use crate::arch::{InstructionSet, Native};
 use crate::error::Errno;
+use crate::error::PatchError;
 use std::time::{Duration, Instant};
 
 /// More threads than this: the process is not stopped (and not switched).
-const MAX_THREADS: usize = 4096;
+pub(crate) const MAX_THREADS: usize = 4096;
 const STACK_BYTES: usize = 64 * 1024;
 /// A thread that does not stop within this (blocked in a vfork whose child
 /// never execs, say) gives up the attempt.
-const DEADLINE: Duration = Duration::from_secs(2);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(2);
 
 /// The helper's outcome, in `Shared::error`: done, or an errno.
 const DONE: i32 = 0;
 const TOO_MANY: i32 = -1;
 const NOT_RUN: i32 = -2;
-
-/// Why the other threads could not be stopped.
-#[derive(Debug, PartialEq, Eq)]
-pub enum StopError {
-    /// A debugger or tracer already traces this process.
-    Traced,
-    /// ptrace of our own threads is not allowed here (Yama's ptrace scope,
-    /// a process that is not dumpable, a seccomp filter): the errno.
-    NotPermitted(Errno),
-    /// The helper task could not be made.
-    Helper(Errno),
-    /// More threads than can be tracked.
-    TooManyThreads,
-    /// Some thread did not stop in time.
-    Timeout,
-}
-
-impl std::fmt::Display for StopError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StopError::Traced => write!(f, "the process is traced by a debugger"),
-            StopError::NotPermitted(e) => write!(f, "ptrace of its threads refused: {e}"),
-            StopError::Helper(e) => write!(f, "no helper task: {e}"),
-            StopError::TooManyThreads => write!(f, "more than {MAX_THREADS} threads"),
-            StopError::Timeout => write!(f, "a thread did not stop within {DEADLINE:?}"),
-        }
-    }
-}
 
 /// What the helper and the caller share. The caller reads it only after
 /// the helper has exited.
@@ -97,7 +70,7 @@ pub struct Stopper {
 unsafe impl Send for Stopper {}
 
 impl Stopper {
-    pub fn new() -> Result<Stopper, StopError> {
+    pub fn new() -> Result<Stopper, PatchError> {
         preflight()?;
         // SAFETY: a fresh private mapping, released in `drop`.
         let stack = unsafe {
@@ -111,7 +84,7 @@ impl Stopper {
             )
         };
         if stack == libc::MAP_FAILED {
-            return Err(StopError::Helper(Errno::last()));
+            return Err(PatchError::Helper(Errno::last()));
         }
         let mut shared = zeroed_shared();
         // SAFETY: a plain system call.
@@ -123,13 +96,13 @@ impl Stopper {
     /// Runs `work` with every other thread of the process stopped, passing
     /// the program counters they stopped at. `work` must not allocate or
     /// take a lock another thread may hold.
-    pub fn run<F: FnOnce(&[u64]) -> R, R>(&mut self, work: F) -> Result<R, StopError> {
+    pub fn run<F: FnOnce(&[u64]) -> R, R>(&mut self, work: F) -> Result<R, PatchError> {
         self.run_held(|h: &Held<'_>| work(h.pcs))
     }
 
     /// As [`Stopper::run`], with each stopped thread's id and thread
     /// pointer besides its program counter.
-    pub fn run_held<F: FnOnce(&Held<'_>) -> R, R>(&mut self, work: F) -> Result<R, StopError> {
+    pub fn run_held<F: FnOnce(&Held<'_>) -> R, R>(&mut self, work: F) -> Result<R, PatchError> {
         let mut job = Job {
             work: Some(work),
             result: None,
@@ -142,16 +115,16 @@ impl Stopper {
         s.run = Job::<F, R>::run;
         s.work = &mut job as *mut Job<F, R> as *mut u8;
         let sp: *mut Shared = s;
-        let (helper, pidfd) = spawn_helper(self.stack, sp).map_err(StopError::Helper)?;
+        let (helper, pidfd) = spawn_helper(self.stack, sp).map_err(PatchError::Helper)?;
         let exited = reap(helper, pidfd);
         // SAFETY: the helper has exited: Shared is ours alone again.
         match (exited, unsafe { (*sp).error }) {
-            (false, _) => Err(StopError::Timeout),
-            (true, DONE) => job.result.ok_or(StopError::Helper(Errno(0))),
-            (true, TOO_MANY) => Err(StopError::TooManyThreads),
-            (true, NOT_RUN) => Err(StopError::Helper(Errno(0))),
-            (true, libc::EPERM) if traced() => Err(StopError::Traced),
-            (true, e) => Err(StopError::NotPermitted(Errno(e))),
+            (false, _) => Err(PatchError::Timeout),
+            (true, DONE) => job.result.ok_or(PatchError::Helper(Errno(0))),
+            (true, TOO_MANY) => Err(PatchError::TooManyThreads),
+            (true, NOT_RUN) => Err(PatchError::Helper(Errno(0))),
+            (true, libc::EPERM) if traced() => Err(PatchError::Traced),
+            (true, e) => Err(PatchError::NotPermitted(Errno(e))),
         }
     }
 }
@@ -197,7 +170,7 @@ fn traced() -> bool {
 /// only an ancestor trace us (or one named by PR_SET_PTRACER, which would
 /// replace the program's own choice). A debugger attached later, or a
 /// process made undumpable, makes the seize itself fail.
-fn preflight() -> Result<(), StopError> {
+fn preflight() -> Result<(), PatchError> {
     static YAMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let restricted = *YAMA.get_or_init(|| {
         let scope =
@@ -205,7 +178,7 @@ fn preflight() -> Result<(), StopError> {
         !matches!(scope.trim(), "" | "0")
     });
     if restricted {
-        return Err(StopError::NotPermitted(Errno(libc::EPERM)));
+        return Err(PatchError::NotPermitted(Errno(libc::EPERM)));
     }
     Ok(())
 }
@@ -492,11 +465,11 @@ mod tests {
     #[test]
     fn refusals_say_what_the_system_said() {
         assert_eq!(
-            StopError::NotPermitted(Errno(libc::EPERM)).to_string(),
+            PatchError::NotPermitted(Errno(libc::EPERM)).to_string(),
             "ptrace of its threads refused: Operation not permitted (os error 1)"
         );
         assert_eq!(
-            StopError::Helper(Errno(libc::EAGAIN)).to_string(),
+            PatchError::Helper(Errno(libc::EAGAIN)).to_string(),
             "no helper task: Resource temporarily unavailable (os error 11)"
         );
     }

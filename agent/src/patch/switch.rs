@@ -11,29 +11,15 @@
 
 use crate::arch::{EntryPatch, InstructionSet, Native, Plan};
 use crate::error::Errno;
+use crate::error::PatchError;
 use crate::log::vlog;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
 const PAGE: u64 = 4096;
 
-/// Why counting could not be switched.
-#[derive(Debug, PartialEq, Eq)]
-pub enum SwitchError {
-    /// The stub's page could not be made writable (a W^X policy).
-    Protect(Errno),
-}
-
-impl std::fmt::Display for SwitchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SwitchError::Protect(e) => write!(f, "stub memory cannot be made writable: {e}"),
-        }
-    }
-}
-
 /// Sets counting on or off for the stubs starting at `stubs` (sorted, each
 /// 2-byte aligned). The caller holds the loader lock: the stubs stay mapped.
-pub fn set_counting(stubs: &[u64], on: bool) -> Result<(), SwitchError> {
+pub fn set_counting(stubs: &[u64], on: bool) -> Result<(), PatchError> {
     let bytes = u16::from_le_bytes(Native::counting_switch(on));
     let mut i = 0;
     while i < stubs.len() {
@@ -55,11 +41,11 @@ pub fn set_counting(stubs: &[u64], on: bool) -> Result<(), SwitchError> {
     Ok(())
 }
 
-fn protect(page: u64, prot: libc::c_int) -> Result<(), SwitchError> {
+fn protect(page: u64, prot: libc::c_int) -> Result<(), PatchError> {
     // SAFETY: a page of a stub area we mapped; only its protection changes.
     match unsafe { libc::mprotect(page as *mut libc::c_void, PAGE as usize, prot) } {
         0 => Ok(()),
-        _ => Err(SwitchError::Protect(Errno::last())),
+        _ => Err(PatchError::Protect(Errno::last())),
     }
 }
 

@@ -21,7 +21,7 @@ use clap::Args;
 use hazards::Hazards;
 use inject::{call, mappings, remote_symbol, Arg};
 use ptrace::{SeizeError, Stopped};
-use refuse::Refusal;
+use refuse::AttachRefusal;
 use rtprof_shared::report;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -94,7 +94,7 @@ extern "C" fn on_sigint(_: libc::c_int) {
 
 #[derive(Debug)]
 enum Failure {
-    Refused(Refusal),
+    Refused(AttachRefusal),
     Seize(SeizeError),
     NoFunction(&'static str),
     Call(&'static str, inject::CallError),
@@ -144,7 +144,7 @@ fn maps_of(pid: i32) -> Result<String, Failure> {
             Some(libc::EACCES | libc::EPERM) => {
                 Failure::Refused(refuse::ptrace_refused(libc::EPERM))
             }
-            _ => Failure::Refused(Refusal::NoSuchProcess),
+            _ => Failure::Refused(AttachRefusal::NoSuchProcess),
         }
     })
 }
@@ -180,7 +180,7 @@ fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
             };
         }
         if !alive(pid) {
-            return Err(Failure::Refused(Refusal::NoSuchProcess));
+            return Err(Failure::Refused(AttachRefusal::NoSuchProcess));
         }
         if started.elapsed() > AGENT_DEADLINE {
             return Err(Failure::AgentSilent);
@@ -205,11 +205,13 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     let start = if loaded {
         match agent_function(pid, "rtprof_attach") {
             // An agent without attach, preloaded: it profiles already.
-            Err(Failure::NoFunction(_)) => return Err(Failure::Refused(Refusal::AlreadyProfiled)),
+            Err(Failure::NoFunction(_)) => {
+                return Err(Failure::Refused(AttachRefusal::AlreadyProfiled))
+            }
             r => Start::At(r?),
         }
     } else {
-        let libc = refuse::libc_path(&maps).ok_or(Failure::Refused(Refusal::Static))?;
+        let libc = refuse::libc_path(&maps).ok_or(Failure::Refused(AttachRefusal::Static))?;
         let dlopen = remote_symbol(pid, &maps, libc, &["dlopen", "__libc_dlopen_mode"])
             .ok_or(Failure::NoFunction("dlopen"))?;
         let value = inject::symbol_value(&agent_path, &["rtprof_attach"])
@@ -248,7 +250,7 @@ fn inject(pid: i32, agent: &Path, spec: &str) -> Result<Duration, Failure> {
     let held = held.elapsed();
     match r {
         0 => Ok(held),
-        1 => Err(Failure::Refused(Refusal::AlreadyProfiled)),
+        1 => Err(Failure::Refused(AttachRefusal::AlreadyProfiled)),
         _ => Err(Failure::AgentSaid(
             "the agent could not start its thread in the process".into(),
         )),

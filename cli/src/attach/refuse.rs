@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 
 #[derive(Debug)]
-pub enum Refusal {
+pub enum AttachRefusal {
     NoSuchProcess,
     OtherUser {
         owner: u32,
@@ -33,32 +33,32 @@ pub enum Refusal {
     YamaAgent(u32),
 }
 
-impl std::fmt::Display for Refusal {
+impl std::fmt::Display for AttachRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refusal::NoSuchProcess => write!(f, "no such process"),
-            Refusal::OtherUser { owner } => write!(
+            AttachRefusal::NoSuchProcess => write!(f, "no such process"),
+            AttachRefusal::OtherUser { owner } => write!(
                 f,
                 "the process belongs to another user (uid {owner}); attach as that user, \
                  or as root"
             ),
-            Refusal::SetId => write!(
+            AttachRefusal::SetId => write!(
                 f,
                 "the process runs a set-user-ID or set-group-ID program; it is not profiled"
             ),
-            Refusal::AlreadyProfiled => write!(
+            AttachRefusal::AlreadyProfiled => write!(
                 f,
                 "the process is already profiled (its librtprof.so is active)"
             ),
-            Refusal::Traced { by } => write!(
+            AttachRefusal::Traced { by } => write!(
                 f,
                 "the process is already traced by pid {by} (a debugger?); detach it first"
             ),
-            Refusal::Static => write!(
+            AttachRefusal::Static => write!(
                 f,
                 "the program is statically linked (no libc to load the agent with)"
             ),
-            Refusal::Ptrace { errno, yama } => match yama {
+            AttachRefusal::Ptrace { errno, yama } => match yama {
                 Some(1) => write!(
                     f,
                     "ptrace refused: kernel.yama.ptrace_scope is 1 (only a parent may trace); \
@@ -80,18 +80,18 @@ impl std::fmt::Display for Refusal {
                     std::io::Error::from_raw_os_error(*errno)
                 ),
             },
-            Refusal::Ourselves => write!(f, "rtprof cannot attach to itself"),
-            Refusal::Stopped => write!(
+            AttachRefusal::Ourselves => write!(f, "rtprof cannot attach to itself"),
+            AttachRefusal::Stopped => write!(
                 f,
                 "the process is stopped (SIGSTOP or a terminal's Ctrl-Z); continue it first \
                  (kill -CONT)"
             ),
-            Refusal::OtherMountNamespace => write!(
+            AttachRefusal::OtherMountNamespace => write!(
                 f,
                 "the process runs in another mount namespace (a container?); run rtprof \
                  attach inside it"
             ),
-            Refusal::YamaAgent(scope) => write!(
+            AttachRefusal::YamaAgent(scope) => write!(
                 f,
                 "kernel.yama.ptrace_scope is {scope}: the agent inside the process could not \
                  hold its threads still to rewrite function entries; allow it with \
@@ -119,12 +119,12 @@ fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
 
 /// The checks of who the process is, from /proc/PID/status and its
 /// executable: before its memory map, which only a tracer may read.
-pub fn check_process(pid: i32) -> Result<(), Refusal> {
+pub fn check_process(pid: i32) -> Result<(), AttachRefusal> {
     if pid as u32 == std::process::id() {
-        return Err(Refusal::Ourselves);
+        return Err(AttachRefusal::Ourselves);
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|_| Refusal::NoSuchProcess)?;
+        .map_err(|_| AttachRefusal::NoSuchProcess)?;
     // SAFETY: a plain system call without arguments.
     let me = unsafe { libc::geteuid() };
     let ids = |name| -> Vec<u32> {
@@ -140,30 +140,30 @@ pub fn check_process(pid: i32) -> Result<(), Refusal> {
     // CAP_SYS_PTRACE (root), as for gdb and perf.
     if let Some(&owner) = uids.iter().find(|&&u| u != me) {
         if uids.iter().any(|&u| u != uids[0]) {
-            return Err(Refusal::SetId);
+            return Err(AttachRefusal::SetId);
         }
         if !may_trace_anyone() {
-            return Err(Refusal::OtherUser { owner });
+            return Err(AttachRefusal::OtherUser { owner });
         }
     }
     // A set-group-ID program runs with groups that differ.
     if gids.iter().any(|&g| g != gids[0]) {
-        return Err(Refusal::SetId);
+        return Err(AttachRefusal::SetId);
     }
     if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/exe")) {
         if m.mode() & (libc::S_ISUID | libc::S_ISGID) != 0 {
-            return Err(Refusal::SetId);
+            return Err(AttachRefusal::SetId);
         }
     }
     if let Some(by) = status_field(&status, "TracerPid:")
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|&p| p != 0)
     {
-        return Err(Refusal::Traced { by });
+        return Err(AttachRefusal::Traced { by });
     }
     let ns = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
     if status_field(&status, "State:").is_some_and(|s| s.starts_with('T')) {
-        return Err(Refusal::Stopped);
+        return Err(AttachRefusal::Stopped);
     }
     // Unreadable without ptrace access: that refusal comes later.
     if let (Some(theirs), Some(ours)) = (
@@ -171,7 +171,7 @@ pub fn check_process(pid: i32) -> Result<(), Refusal> {
         ns("/proc/self/ns/mnt".into()),
     ) {
         if theirs != ours {
-            return Err(Refusal::OtherMountNamespace);
+            return Err(AttachRefusal::OtherMountNamespace);
         }
     }
     Ok(())
@@ -202,16 +202,16 @@ pub fn owner(pid: i32) -> Option<(u32, u32)> {
 }
 
 /// The checks of what the process has loaded (`maps`: its /proc/PID/maps).
-pub fn check_maps(maps: &str) -> Result<(), Refusal> {
+pub fn check_maps(maps: &str) -> Result<(), AttachRefusal> {
     // A process with the agent loaded (preloaded, or attached before) is
     // asked by the agent itself: it refuses if it is profiling.
     let paths = super::inject::mappings(maps);
     if libc_path(&paths).is_none() {
-        return Err(Refusal::Static);
+        return Err(AttachRefusal::Static);
     }
     // Checked last: the other reasons are the process's own.
     if let Some(scope) = yama_scope().filter(|&s| s > 0) {
-        return Err(Refusal::YamaAgent(scope));
+        return Err(AttachRefusal::YamaAgent(scope));
     }
     Ok(())
 }
@@ -229,11 +229,11 @@ pub fn libc_path(maps: &[super::inject::Mapping]) -> Option<&str> {
 }
 
 /// PTRACE_SEIZE's errno as the refusal the user reads.
-pub fn ptrace_refused(errno: i32) -> Refusal {
+pub fn ptrace_refused(errno: i32) -> AttachRefusal {
     if errno == libc::ESRCH {
-        return Refusal::NoSuchProcess;
+        return AttachRefusal::NoSuchProcess;
     }
-    Refusal::Ptrace {
+    AttachRefusal::Ptrace {
         errno,
         yama: yama_scope().filter(|&s| s > 0),
     }
