@@ -92,7 +92,7 @@ pub unsafe extern "C" fn rtprof_set_counting(pattern: *const c_char, on: i32) ->
     let glob = CStr::from_ptr(pattern).to_bytes();
     std::panic::catch_unwind(|| {
         let a = agent()?;
-        crate::options::switching::set_by_name(a, glob, on != 0).ok()
+        crate::options::counting_requests::set_by_name(a, glob, on != 0).ok()
     })
     .ok()
     .flatten()

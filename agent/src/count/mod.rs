@@ -7,5 +7,5 @@ pub mod cost;
 pub(crate) mod records;
 pub mod register;
 pub mod segment;
-pub mod thread_counts;
+pub mod thread_rows;
 pub mod threads;

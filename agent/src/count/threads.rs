@@ -40,7 +40,7 @@ unsafe extern "C" fn on_thread_exit(_: *mut libc::c_void) {
         let held = a.segment.counters.stripe_held_at(stripe(), gettid());
         set_stripe(std::ptr::null_mut());
         if let Some(i) = held {
-            super::thread_counts::thread_ending(a, i, gettid());
+            super::thread_rows::thread_ending(a, i, gettid());
         }
     }
 }

@@ -175,7 +175,7 @@ pub const CHILD_FORGETS: &[(&str, fn())] = &[
     ),
     (
         "per-thread counts",
-        crate::count::thread_counts::forget_in_child,
+        crate::count::thread_rows::forget_in_child,
     ),
     (
         "program threads",

@@ -362,7 +362,7 @@ fn instrument(
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, stubs, &counted);
     let patched = records::record_outcomes(w, first, &outcomes);
     records::mark_traps(w, first, &plan, &outcomes);
-    crate::options::switching::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
+    crate::options::counting_requests::mark_off_from_start(w, &a.config, &plan, first, &outcomes);
     let mut areas: Vec<StubArea> = area.into_iter().collect();
     if !plan.loops.is_empty() {
         let (probes, probe_areas) = crate::options::loops::probes::install(&plan, first, maps);

@@ -418,7 +418,7 @@ fn install_all(
             install::install(p, first, tls_offset, shared, &mut stubs, &counted);
         let patched = records::record_outcomes(writer, first, &outcomes);
         records::mark_traps(writer, first, p, &outcomes);
-        crate::options::switching::mark_off_from_start(writer, cfg, p, first, &outcomes);
+        crate::options::counting_requests::mark_off_from_start(writer, cfg, p, first, &outcomes);
         if !p.loops.is_empty() {
             // Kept for good, as the module's stub area.
             let (probes, _areas) = crate::options::loops::probes::install(p, first, maps);
@@ -550,8 +550,8 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
                 vlog!("loop counts not written: {e}");
             }
         }
-        let threads = if crate::count::thread_counts::wanted(a) {
-            crate::count::thread_counts::text(a)
+        let threads = if crate::count::thread_rows::wanted(a) {
+            crate::count::thread_rows::text(a)
         } else {
             String::new()
         };

@@ -79,8 +79,8 @@ fn copy_for_rtprof(a: &Agent) {
             vlog!("counts not copied for rtprof: {e}");
             return;
         }
-        let threads = crate::count::thread_counts::text(a);
-        crate::count::thread_counts::stop_attached();
+        let threads = crate::count::thread_rows::text(a);
+        crate::count::thread_rows::stop_attached();
         if let Err(e) = Segment::write_beside_copy(&dir, "threads", threads.as_bytes()) {
             vlog!("per-thread counts not written: {e}");
         }
@@ -565,7 +565,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     }
     let tls_offset = i32::try_from(threads::tls_offset())
         .map_err(|_| "thread-local storage out of reach".to_string())?;
-    crate::count::thread_counts::start_attached();
+    crate::count::thread_rows::start_attached();
     let _ = writer.set_exe(exe.as_bytes());
     let recorded = startup::record_all(&segment, &mut writer, &plans);
     let shared = segment.counters.stripe_ptr(0) as u64;
@@ -612,7 +612,13 @@ fn late_start(cfg: Config) -> Result<String, String> {
             }
         }
         patched += records::record_outcomes(&mut writer, first, &outcomes);
-        crate::options::switching::mark_off_from_start(&mut writer, &cfg, p, first, &outcomes);
+        crate::options::counting_requests::mark_off_from_start(
+            &mut writer,
+            &cfg,
+            p,
+            first,
+            &outcomes,
+        );
     }
     let known = startup::known_modules(&plans, recorded);
     segment
@@ -673,7 +679,7 @@ fn reattach(a: &'static Agent, run_dir: Option<&str>) -> Result<String, String> 
     if let Some(mut d) = RUN_DIR.lock() {
         *d = run_dir.map(str::to_string);
     }
-    crate::count::thread_counts::start_attached();
+    crate::count::thread_rows::start_attached();
     let state = a.state.lock().ok_or("the agent's state is unavailable")?;
     let entries = state.stubs.entries().to_vec();
     drop(state);

@@ -362,7 +362,7 @@ fn tick(gone: bool) -> Next {
     if gone {
         return Next::Idle;
     }
-    crate::options::switching::serve_control(a);
+    crate::options::counting_requests::serve_control(a);
     with_controller(a, |c, stubs, w| c.step(a, stubs, w)).map_or(Next::In(LOOK_AGAIN), Next::In)
 }
 

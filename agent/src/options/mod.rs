@@ -11,15 +11,16 @@
 //!   (`RTPROF_EVENTS`);
 //! - `budget`: an overhead budget (`RTPROF_BUDGET`) that counts hot
 //!   functions in bursts and estimates the rest;
-//! - `switching`: counting switched off and on per function by rtprofd's
-//!   requests;
+//! - `counting_requests`: counting switched off and on per function, by
+//!   name (`RTPROF_COUNT`, `RTPROF_NOCOUNT`, the C API, rtprofd's
+//!   requests);
 //! - `attach`: the agent loaded into a running process (`rtprof attach`),
 //!   and detached again.
 
 pub mod attach;
 pub mod budget;
 pub mod callers;
+pub mod counting_requests;
 pub mod events;
 pub mod loops;
-pub mod switching;
 pub mod traps;

@@ -47,7 +47,7 @@ static HELD: [Entry; ENTRIES] = [const {
 }; ENTRIES];
 
 /// Holds `n` samples at `ip` of the thread `(stripe, tid)` (see
-/// `thread_counts::owner_here`); false if every entry is taken.
+/// `thread_rows::owner_here`); false if every entry is taken.
 /// Async-signal-safe.
 pub fn hold(ip: u64, n: u64, (stripe, tid): (u32, u32)) -> bool {
     for e in &HELD {
@@ -116,7 +116,7 @@ pub fn settle(a: &Agent, name: Option<super::Namer>) -> usize {
             e.stripe.load(Ordering::Relaxed),
             e.tid.load(Ordering::Relaxed),
         );
-        crate::count::thread_counts::sampled_later(a, owner, slot, n);
+        crate::count::thread_rows::sampled_later(a, owner, slot, n);
         e.state.store(FREE, Ordering::Release);
     }
     super::stacks::held_settled();

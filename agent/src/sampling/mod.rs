@@ -155,7 +155,7 @@ fn drain_now(wait: bool) -> Next {
     let Some(a) = crate::agent() else {
         return Next::Idle;
     };
-    crate::options::switching::serve_control(a);
+    crate::options::counting_requests::serve_control(a);
     match drain(a, if wait { Wait::Yes } else { Wait::No }, true) {
         0 => Next::Idle,
         _ => Next::Busy,
@@ -402,7 +402,7 @@ fn drain_rings(rings: &[Ring], pid: u32, lost: &AtomicU64, name: Option<Namer>) 
                         };
                         // Counted now (not held for naming): its thread's too.
                         if let Some(a) = crate::agent() {
-                            crate::count::thread_counts::sampled(a, field_u32(body, 12), slot, 1);
+                            crate::count::thread_rows::sampled(a, field_u32(body, 12), slot, 1);
                         }
                         if let Some((sp, bp, stack)) = user_stack(body) {
                             stacks::record(ip, sp, bp, stack);

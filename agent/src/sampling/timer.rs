@@ -92,7 +92,7 @@ fn count_here(a: &crate::Agent, ip: u64, n: u64) -> bool {
     let slot = match counted {
         addrmap::Counted::Function(slot) => Some(slot),
         addrmap::Counted::Held(_) => {
-            if let Some(owner) = crate::count::thread_counts::owner_here(a) {
+            if let Some(owner) = crate::count::thread_rows::owner_here(a) {
                 if super::held::hold(ip, n, owner) {
                     super::wake_drainer();
                     return true;
@@ -103,7 +103,7 @@ fn count_here(a: &crate::Agent, ip: u64, n: u64) -> bool {
         }
         addrmap::Counted::Elsewhere => None,
     };
-    crate::count::thread_counts::sampled_here(a, slot, n);
+    crate::count::thread_rows::sampled_here(a, slot, n);
     false
 }
 
