@@ -31,6 +31,7 @@
 //! live register: the count saves what it touches, and the flags too
 //! unless the header's code sets them before it reads them.
 
+use super::emit::{Emitter, Label};
 use super::window::jcc_code;
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register, RflagsBits,
@@ -376,74 +377,57 @@ pub fn probe_len(w: &LoopWindow, head: bool, ways: &[Way], flags: bool) -> usize
     head as usize * count_len(1, flags) + pieces + jcc + ways
 }
 
-struct Out<'a> {
-    buf: &'a mut [u8],
-    len: usize,
-    at: u64,
-    /// Offset of the thread's loop counters pointer from `fs`.
+/// A probe being written: the one emitter, and the thread pointer's
+/// offset of the thread's loop counters pointer (from `fs`).
+struct Out<'e, 'b> {
+    e: &'e mut Emitter<'b>,
     tls: i32,
 }
 
-impl Out<'_> {
-    fn put(&mut self, b: &[u8]) {
-        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
-        self.len += b.len();
-    }
-    fn here(&self) -> u64 {
-        self.at + self.len as u64
-    }
-    fn jmp(&mut self, to: u64) -> Option<()> {
-        let rel = to as i64 - (self.here() + JMP as u64) as i64;
-        self.put(&[0xe9]);
-        self.put(&i32::try_from(rel).ok()?.to_le_bytes());
-        Some(())
-    }
-    /// A `jcc rel32` whose target is filled in later; returns its field.
-    fn jcc(&mut self, cc: u8) -> usize {
-        self.put(&[0x0f, 0x80 | cc, 0, 0, 0, 0]);
-        self.len - 4
-    }
-    /// Aims the rel32 field at `field` (ending 4 bytes on) here.
-    fn land(&mut self, field: usize) -> Option<()> {
-        let rel = i32::try_from(self.len - (field + 4)).ok()?;
-        self.buf[field..field + 4].copy_from_slice(&rel.to_le_bytes());
-        Some(())
-    }
-    fn count(&mut self, counters: &[ProbeCounter], flags: bool) -> Option<()> {
-        self.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
-        self.put(&[0x51]); // push rcx
+impl Out<'_, '_> {
+    /// Counts one arrival in each of `counters`: in the thread's own
+    /// counters, or atomically in the shared ones for a thread without.
+    fn count(&mut self, counters: &[ProbeCounter], flags: bool) {
+        let e = &mut *self.e;
+        let (own, done) = (e.label(), e.label());
+        e.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
+        e.put(&[0x51]); // push rcx
         if flags {
-            self.put(&[0x9c]); // pushfq
+            e.put(&[0x9c]); // pushfq
         }
-        self.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
-        self.put(&self.tls.to_le_bytes());
-        self.put(&[0x48, 0x85, 0xc9]); // test rcx, rcx
-        let shared = counters.len() * 14 + 2;
-        self.put(&[0x75, i8::try_from(shared).ok()? as u8]); // jnz own
+        e.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
+        e.put_i32(self.tls);
+        e.put(&[0x48, 0x85, 0xc9]); // test rcx, rcx
+        e.jnz_short(own);
         for c in counters {
-            self.put(&[0x48, 0xb9]); // mov rcx, imm64
-            self.put(&c.shared.to_le_bytes());
-            self.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+            e.put(&[0x48, 0xb9]); // mov rcx, imm64
+            e.put_u64(c.shared);
+            e.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
         }
-        self.put(&[0xeb, i8::try_from(counters.len() * 7).ok()? as u8]); // jmp done
+        e.jmp_short(done);
+        e.bind(own);
         for c in counters {
-            self.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
-            self.put(&i32::try_from(c.number as u64 * 8).ok()?.to_le_bytes());
+            e.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
+            match i32::try_from(c.number as u64 * 8) {
+                Ok(d) => e.put_i32(d),
+                Err(_) => e.fail(),
+            }
         }
+        e.bind(done);
         if flags {
-            self.put(&[0x9d]); // popfq
+            e.put(&[0x9d]); // popfq
         }
-        self.put(&[0x59]); // pop rcx
-        self.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
-        self.put(&RED_ZONE.to_le_bytes());
-        Some(())
+        e.put(&[0x59]); // pop rcx
+        e.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
+        e.put_i32(RED_ZONE);
     }
-    fn way(&mut self, w: &Way, flags: bool) -> Option<()> {
+
+    fn way(&mut self, w: &Way, flags: bool) {
         match w {
-            Way::To(to) => self.jmp(*to),
+            Way::To(to) => self.e.jmp_to(*to),
             Way::Counted { counters, to } => {
-                self.count(counters, flags)?;
-                self.jmp(*to)
+                self.count(counters, flags);
+                self.e.jmp_to(*to)
             }
         }
     }
@@ -463,54 +447,55 @@ pub fn emit_probe(
     out: &mut [u8],
 ) -> Option<u64> {
     let len = probe_len(w, head.is_some(), ways, flags);
-    let mut o = Out {
-        buf: out.get_mut(..len)?,
-        len: 0,
-        at,
-        tls,
-    };
+    let mut e = Emitter::new(out.get_mut(..len)?, at);
+    let mut o = Out { e: &mut e, tls };
     if let Some(c) = head {
-        o.count(&[c], flags)?;
+        o.count(&[c], flags);
     }
-    let body = o.here();
-    // Branches out of the middle, landed once their ways are placed.
-    let mut exits = Vec::new();
+    let body = o.e.here();
+    // Branches out of the middle, to their ways placed after the end.
+    let mut exits: Vec<Label> = Vec::new();
     for p in &w.pieces {
         match *p {
             Piece::Insn { off, len, disp } => {
-                let start = o.len;
-                o.put(&w.bytes[off as usize..(off + len) as usize]);
+                let start = o.e.offset();
+                o.e.put(&w.bytes[off as usize..(off + len) as usize]);
                 if disp != 0 {
                     let field = start + disp as usize;
-                    let old = i32::from_le_bytes(o.buf[field..field + 4].try_into().ok()?);
+                    let now = at + (start + len as usize) as u64;
+                    let code = o.e.written_mut();
+                    let old = i32::from_le_bytes(code.get(field..field + 4)?.try_into().ok()?);
                     // The operand's address, from where the instruction was.
                     let target = (w.at + off as u64 + len as u64).wrapping_add(old as i64 as u64);
-                    let now = at + (start + len as usize) as u64;
                     let rel = i32::try_from(target as i64 - now as i64).ok()?;
-                    o.buf[field..field + 4].copy_from_slice(&rel.to_le_bytes());
+                    code[field..field + 4].copy_from_slice(&rel.to_le_bytes());
                 }
             }
-            Piece::Exit { cc, .. } => exits.push(o.jcc(cc)),
+            Piece::Exit { cc, .. } => {
+                let l = o.e.label();
+                o.e.jcc(cc, l);
+                exits.push(l);
+            }
         }
     }
     let (mid, last) = ways.split_at_checked(exits.len())?;
     match (w.last, last) {
         (Last::Cond { cc, .. }, [taken, fall]) => {
             // jcc over the fall-through way to the taken one.
-            let field = o.jcc(cc);
-            o.way(fall, flags)?;
-            o.land(field)?;
-            o.way(taken, flags)?;
+            let l = o.e.label();
+            o.e.jcc(cc, l);
+            o.way(fall, flags);
+            o.e.bind(l);
+            o.way(taken, flags);
         }
-        (Last::Falls | Last::Jump { .. }, [only]) => o.way(only, flags)?,
+        (Last::Falls | Last::Jump { .. }, [only]) => o.way(only, flags),
         _ => return None,
     }
-    for (field, way) in exits.into_iter().zip(mid) {
-        o.land(field)?;
-        o.way(way, flags)?;
+    for (l, way) in exits.into_iter().zip(mid) {
+        o.e.bind(l);
+        o.way(way, flags);
     }
-    debug_assert_eq!(o.len, len);
-    Some(body)
+    (e.finish()? == len).then_some(body)
 }
 
 /// How far a probe's code before `ip` moved the stack pointer, for the

@@ -1,5 +1,6 @@
 //! x86-64: decoding with iced-x86, stubs and patches encoded by hand.
 
+mod emit;
 mod loop_probe;
 mod plan_bytes;
 mod scan;

@@ -29,6 +29,7 @@
 //! would have its count overwritten.
 
 use super::super::EntryPatch;
+use super::emit::{Emitter, Label};
 use super::window::{FixKind, Plan};
 use rtprof_shared::Refusal;
 
@@ -47,12 +48,11 @@ pub struct CounterRef {
     pub caller_hook: u64,
 }
 
-/// Bytes of the counting prologue, up to the moved instructions.
+/// Bytes of the counting prologue, up to the moved instructions: fixed,
+/// since the counting switch jumps over it and a moved instruction's
+/// relocation is computed before the stub is written (checked as each
+/// stub is written).
 pub const PROLOGUE_LEN: usize = 33;
-/// Offset just past the `jrcxz` (its rel8 counts from there).
-const JRCXZ_END: usize = 17;
-/// Offset of `pop rcx`, where the shared path rejoins.
-const DONE_AT: usize = 24;
 /// Bytes of the shared-stripe path after the moved code.
 const SHARED_LEN: usize = 19;
 /// The SysV red zone below `rsp`.
@@ -90,11 +90,6 @@ pub fn emit_stub(
     let slot_disp =
         i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
     let code = plan.code();
-    // jrcxz reaches `shared` with a rel8 across the moved code.
-    let to_shared = PROLOGUE_LEN + code.len() - JRCXZ_END;
-    if to_shared > 127 {
-        return Err(Refusal::RelocationFailed);
-    }
     let moved_at = at + PROLOGUE_LEN as u64;
     let mut moved = [0u8; super::window::MAX_CODE];
     let moved = &mut moved[..code.len()];
@@ -117,43 +112,46 @@ pub fn emit_stub(
     }
 
     let callers = counter.caller_hook != 0;
-    let out = out
-        .get_mut(..stub_len(plan, callers))
-        .ok_or(Refusal::NoMemoryInRange)?;
-    let mut s = Writer { out, at: 0 };
-    s.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
-    s.put(&[0x51]); // push rcx
-    s.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
-    s.put(&counter.tls_offset.to_le_bytes());
-    debug_assert_eq!(s.at + 2, JRCXZ_END);
-    s.put(&[0xe3, to_shared as u8]); // jrcxz shared
-    s.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
-    s.put(&slot_disp.to_le_bytes());
-    debug_assert_eq!(s.at, DONE_AT);
-    s.put(&[0x59]); // pop rcx
+    let len = stub_len(plan, callers);
+    let out = out.get_mut(..len).ok_or(Refusal::NoMemoryInRange)?;
+    let mut e = Emitter::new(out, at);
+    let (done, moved_code, shared, tail) = (e.label(), e.label(), e.label(), e.label());
+    e.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
+    e.put(&[0x51]); // push rcx
+    e.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
+    e.put_i32(counter.tls_offset);
+    e.jrcxz(shared); // across the moved code: refused if out of reach
+    e.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
+    e.put_i32(slot_disp);
+    e.bind(done);
+    e.put(&[0x59]); // pop rcx
     if callers {
         // The tail notes the caller, then comes back to the moved code.
-        let tail = PROLOGUE_LEN + code.len() + SHARED_LEN;
-        s.put(&[0xe9]); // jmp tail
-        s.put(&((tail as i32) - (s.at as i32 + 4)).to_le_bytes());
-        s.put(&[0x0f, 0x1f, 0x00]); // nop (the lea's remaining bytes)
+        e.jmp(tail);
+        e.put(&[0x0f, 0x1f, 0x00]); // nop (the lea's remaining bytes)
     } else {
-        s.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
-        s.put(&RED_ZONE.to_le_bytes());
+        e.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
+        e.put_i32(RED_ZONE);
     }
-    debug_assert_eq!(s.at, PROLOGUE_LEN);
-    s.put(moved);
-    s.put(&[0x48, 0xb9]); // mov rcx, imm64
-    s.put(&counter.shared_counter.to_le_bytes());
-    s.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
-    let back = DONE_AT as i64 - (s.at + 5) as i64;
-    s.put(&[0xe9]); // jmp done
-    s.put(&(back as i32).to_le_bytes());
+    e.bind(moved_code);
+    // The relocations above assumed the moved code here.
+    if e.offset() != PROLOGUE_LEN {
+        return Err(Refusal::RelocationFailed);
+    }
+    e.put(moved);
+    e.bind(shared);
+    e.put(&[0x48, 0xb9]); // mov rcx, imm64
+    e.put_u64(counter.shared_counter);
+    e.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+    e.jmp(done);
     if callers {
-        put_callers_tail(&mut s, counter);
+        e.bind(tail);
+        put_callers_tail(&mut e, counter, moved_code);
     }
-    debug_assert_eq!(s.at, s.out.len());
-    Ok(())
+    match e.finish() {
+        Some(n) if n == len => Ok(()),
+        _ => Err(Refusal::RelocationFailed),
+    }
 }
 
 /// The exact-callers tail, entered from `done` with `rsp` 128 bytes below
@@ -164,49 +162,32 @@ pub fn emit_stub(
 /// aligned), calls the hook with the slot and the return address, restores
 /// all, steps back over the red zone and goes on to the moved code.
 /// Flags are undefined at a function's entry, as in the prologue.
-fn put_callers_tail(s: &mut Writer, counter: &CounterRef) {
-    let start = s.at;
-    s.put(&[0x50, 0x51, 0x52, 0x56, 0x57]); // push rax, rcx, rdx, rsi, rdi
-    s.put(&[0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53]); // push r8-r11
-    s.put(&[0x48, 0x89, 0xe0]); // mov rax, rsp (entry rsp - 200)
-    s.put(&[0x48, 0x83, 0xe4, 0xf0]); // and rsp, -16
-    s.put(&[0x48, 0x81, 0xec, 0x90, 0, 0, 0]); // sub rsp, 144
-    s.put(&[0x48, 0x89, 0x84, 0x24, 0x80, 0, 0, 0]); // mov [rsp+128], rax
+fn put_callers_tail(e: &mut Emitter, counter: &CounterRef, moved_code: Label) {
+    e.put(&[0x50, 0x51, 0x52, 0x56, 0x57]); // push rax, rcx, rdx, rsi, rdi
+    e.put(&[0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53]); // push r8-r11
+    e.put(&[0x48, 0x89, 0xe0]); // mov rax, rsp (entry rsp - 200)
+    e.put(&[0x48, 0x83, 0xe4, 0xf0]); // and rsp, -16
+    e.put(&[0x48, 0x81, 0xec, 0x90, 0, 0, 0]); // sub rsp, 144
+    e.put(&[0x48, 0x89, 0x84, 0x24, 0x80, 0, 0, 0]); // mov [rsp+128], rax
     for i in 0..8u8 {
-        s.put(&[0xf3, 0x0f, 0x7f, 0x44 | i << 3, 0x24, 16 * i]); // movdqu [rsp+16i], xmm_i
+        e.put(&[0xf3, 0x0f, 0x7f, 0x44 | i << 3, 0x24, 16 * i]); // movdqu [rsp+16i], xmm_i
     }
-    s.put(&[0xbf]); // mov edi, slot
-    s.put(&counter.slot.to_le_bytes());
-    s.put(&[0x48, 0x8b, 0xb0]); // mov rsi, [rax+disp32]: the return address
-    s.put(&(RED_ZONE + 72).to_le_bytes());
-    s.put(&[0x48, 0xb8]); // mov rax, imm64
-    s.put(&counter.caller_hook.to_le_bytes());
-    s.put(&[0xff, 0xd0]); // call rax
+    e.put(&[0xbf]); // mov edi, slot
+    e.put_u32(counter.slot);
+    e.put(&[0x48, 0x8b, 0xb0]); // mov rsi, [rax+disp32]: the return address
+    e.put_i32(RED_ZONE + 72);
+    e.put(&[0x48, 0xb8]); // mov rax, imm64
+    e.put_u64(counter.caller_hook);
+    e.put(&[0xff, 0xd0]); // call rax
     for i in 0..8u8 {
-        s.put(&[0xf3, 0x0f, 0x6f, 0x44 | i << 3, 0x24, 16 * i]); // movdqu xmm_i, [rsp+16i]
+        e.put(&[0xf3, 0x0f, 0x6f, 0x44 | i << 3, 0x24, 16 * i]); // movdqu xmm_i, [rsp+16i]
     }
-    s.put(&[0x48, 0x8b, 0xa4, 0x24, 0x80, 0, 0, 0]); // mov rsp, [rsp+128]
-    s.put(&[0x41, 0x5b, 0x41, 0x5a, 0x41, 0x59, 0x41, 0x58]); // pop r11-r8
-    s.put(&[0x5f, 0x5e, 0x5a, 0x59, 0x58]); // pop rdi, rsi, rdx, rcx, rax
-    s.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
-    s.put(&RED_ZONE.to_le_bytes());
-    let back = PROLOGUE_LEN as i64 - (s.at + 5) as i64;
-    s.put(&[0xe9]); // jmp moved
-    s.put(&(back as i32).to_le_bytes());
-    debug_assert_eq!(s.at - start, CALLERS_TAIL_LEN);
-}
-
-/// Bytes written one piece after another into a slice of the right length.
-struct Writer<'a> {
-    out: &'a mut [u8],
-    at: usize,
-}
-
-impl Writer<'_> {
-    fn put(&mut self, b: &[u8]) {
-        self.out[self.at..self.at + b.len()].copy_from_slice(b);
-        self.at += b.len();
-    }
+    e.put(&[0x48, 0x8b, 0xa4, 0x24, 0x80, 0, 0, 0]); // mov rsp, [rsp+128]
+    e.put(&[0x41, 0x5b, 0x41, 0x5a, 0x41, 0x59, 0x41, 0x58]); // pop r11-r8
+    e.put(&[0x5f, 0x5e, 0x5a, 0x59, 0x58]); // pop rdi, rsi, rdx, rcx, rax
+    e.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+disp32]
+    e.put_i32(RED_ZONE);
+    e.jmp(moved_code);
 }
 
 /// The bytes written at `plan.patch_at`: `jmp rel32` to the stub, then
@@ -283,6 +264,8 @@ mod tests {
 
     /// Instructions in the counting prologue: moved code follows them.
     const P: usize = 7;
+    /// Offset of the prologue's `pop rcx`, where the shared path rejoins.
+    const DONE_AT: usize = 24;
 
     const COUNTER: CounterRef = CounterRef {
         tls_offset: -64,
