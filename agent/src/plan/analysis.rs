@@ -6,7 +6,9 @@ use crate::arch::{FunctionScan, InstructionSet, Native, Plan};
 use crate::discover::fileimage::FileImage;
 use crate::discover::maps::Maps;
 use crate::discover::modules::Module;
-use crate::discover::symbols::FunctionList;
+use crate::discover::symbols::{FuncSym, FunctionList};
+use crate::options::loops::counts::wanted_for;
+use crate::options::loops::plan::{Context, FunctionLoops};
 use rtprof_shared::Refusal;
 
 /// Alignment fill considered after a function (GCC pads to 16 bytes).
@@ -30,7 +32,7 @@ pub struct ModulePlan {
     /// Functions whose entry can take no jump got trap entries.
     pub traps: bool,
     /// The loops of the functions named in `RTPROF_LOOPS` (never cached).
-    pub loops: Vec<crate::options::loops::plan::FunctionLoops>,
+    pub loops: Vec<FunctionLoops>,
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -72,6 +74,76 @@ struct Own {
     indirect: bool,
 }
 
+/// The module's functions as address ranges, in the list's order (by
+/// start).
+struct Ranges {
+    starts: Vec<u64>,
+    ends: Vec<u64>,
+}
+
+impl Ranges {
+    fn new(m: &Module, funcs: &[FuncSym]) -> Ranges {
+        let starts: Vec<u64> = funcs.iter().map(|f| m.bias.wrapping_add(f.vaddr)).collect();
+        let ends = funcs.iter().zip(&starts).map(|(f, s)| s + f.size).collect();
+        Ranges { starts, ends }
+    }
+
+    /// The function whose range holds `t`.
+    fn holder(&self, t: u64) -> Option<usize> {
+        let i = self.starts.partition_point(|&s| s <= t).checked_sub(1)?;
+        (t < self.ends[i]).then_some(i)
+    }
+}
+
+/// The module's executable segments, and their bytes as the file has
+/// them.
+struct Text<'a> {
+    maps: &'a Maps,
+    file: &'a FileImage,
+    spans: Vec<(u64, u64)>,
+}
+
+impl<'a> Text<'a> {
+    fn new(m: &Module, maps: &'a Maps, file: &'a FileImage) -> Text<'a> {
+        let spans = m
+            .loads
+            .iter()
+            .filter(|l| l.executable())
+            .map(|l| (m.bias + l.vaddr, m.bias + l.vaddr + l.memsz))
+            .collect();
+        Text { maps, file, spans }
+    }
+
+    fn contains(&self, a: u64) -> bool {
+        self.spans.iter().any(|&(lo, hi)| a >= lo && a < hi)
+    }
+
+    /// Code is decoded as the file has it: a debugger may already have
+    /// written breakpoints into the mapped copy.
+    fn code_at(&self, a: u64, len: u64) -> Option<&'a [u8]> {
+        let file = self.file;
+        self.maps
+            .readable(a, len)
+            .then(|| file.bytes(a, len))
+            .flatten()
+    }
+}
+
+/// What the module-wide passes found, which each function's plan reads.
+struct Facts<'a> {
+    ranges: Ranges,
+    text: Text<'a>,
+    own: Vec<Own>,
+    /// Every direct branch and call target and every function's entry,
+    /// sorted.
+    direct: Vec<u64>,
+    /// Every jump-table target, sorted.
+    tables: Vec<u64>,
+    /// Branch targets in code no listed function covers, sorted (only
+    /// where loops are counted).
+    unlisted: Vec<u64>,
+}
+
 /// Decides every function of `m` from its file's bytes alone: the result
 /// depends on nothing else, and may be cached (see [`check_live`] for what
 /// must be checked in each process).
@@ -87,110 +159,180 @@ pub fn analyze(
     loops: bool,
 ) -> ModulePlan {
     let funcs = list.funcs;
-    let n = funcs.len();
-    let starts: Vec<u64> = funcs.iter().map(|f| m.bias.wrapping_add(f.vaddr)).collect();
-    let text: Vec<(u64, u64)> = m
-        .loads
+    let ranges = Ranges::new(&m, &funcs);
+    let text = Text::new(&m, maps, file);
+    let code = function_code(&m, &funcs, &ranges.starts, &text);
+    // One decode of every function.
+    let scans: Vec<Option<FunctionScan>> = code
         .iter()
-        .filter(|l| l.executable())
-        .map(|l| (m.bias + l.vaddr, m.bias + l.vaddr + l.memsz))
+        .zip(&ranges.starts)
+        .map(|(c, &start)| {
+            c.as_ref()
+                .ok()
+                .map(|(b, size, _)| Native::scan_function(&b[..*size as usize], start))
+        })
         .collect();
-    let in_text = |a: u64| text.iter().any(|&(lo, hi)| a >= lo && a < hi);
-    // Code is decoded as the file has it: a debugger may already have
-    // written breakpoints into the mapped copy.
-    let code_at = |a: u64, len: u64| maps.readable(a, len).then(|| file.bytes(a, len)).flatten();
-
-    // Per function: code (with trailing alignment fill) or why not.
-    let mut code: Vec<Code> = Vec::with_capacity(n);
-    for (i, f) in funcs.iter().enumerate() {
-        let start = starts[i];
-        if f.size == 0 {
-            code.push(Err(Refusal::UnknownSize));
+    let fragment = fragments(&funcs, &scans, &ranges);
+    let (own, direct, tables) = own_and_targets(scans, &ranges, &fragment, &text);
+    let loops = loops && funcs.iter().any(|f| wanted_for(&f.name));
+    let unlisted = match loops {
+        true => unlisted_targets(&text.spans, &ranges, |a, len| text.code_at(a, len)),
+        false => Vec::new(),
+    };
+    let facts = Facts {
+        ranges,
+        text,
+        own,
+        direct,
+        tables,
+        unlisted,
+    };
+    let mut out = Vec::with_capacity(funcs.len());
+    let mut function_loops = Vec::new();
+    // Where the last planned entry's moved bytes end.
+    let mut prev_end = 0;
+    for (i, (f, c)) in funcs.into_iter().zip(code).enumerate() {
+        if fragment[i] {
             continue;
         }
+        let outcome = facts.entry(i, c, prev_end, traps);
+        if let (true, Ok((bytes, size, _))) = (loops && wanted_for(&f.name), c) {
+            let mut fl = facts.loops(i, bytes, size, &outcome);
+            if !fl.sites.is_empty() {
+                fl.func = out.len();
+                function_loops.push(fl);
+            }
+        }
+        if let Ok(p) = &outcome {
+            prev_end = p.start + p.original().len() as u64;
+        }
+        out.push(Candidate {
+            name: f.name,
+            vaddr: f.vaddr,
+            size: f.size,
+            pad: c.map_or(0, |(_, _, pad)| pad),
+            outcome,
+        });
+    }
+    ModulePlan {
+        module: m,
+        funcs: out,
+        source: list.source,
+        text_relocations: list.text_relocations,
+        traps,
+        loops: function_loops,
+    }
+}
+
+/// Each function's code with the alignment fill after it (up to
+/// [`MAX_PAD`], before the next function and its segment's end), or why
+/// there is none.
+fn function_code<'a>(
+    m: &Module,
+    funcs: &[FuncSym],
+    starts: &[u64],
+    text: &Text<'a>,
+) -> Vec<Code<'a>> {
+    let code = |(i, f): (usize, &FuncSym)| -> Code<'a> {
+        let start = starts[i];
+        if f.size == 0 {
+            return Err(Refusal::UnknownSize);
+        }
         let Some(load) = m.load_containing(start, f.size).filter(|l| l.executable()) else {
-            code.push(Err(Refusal::OutsideText));
-            continue;
+            return Err(Refusal::OutsideText);
         };
         let end = start + f.size;
         let load_end = m.bias + load.vaddr + load.memsz;
         let next = starts.get(i + 1).copied().unwrap_or(u64::MAX).min(load_end);
         let pad = next.saturating_sub(end).min(MAX_PAD);
         // The fill is optional: without it the function may still do.
-        match code_at(start, f.size + pad).or_else(|| code_at(start, f.size)) {
-            Some(c) => code.push(Ok((c, f.size, c.len() as u64 - f.size))),
-            None => code.push(Err(Refusal::OutsideText)),
+        match text
+            .code_at(start, f.size + pad)
+            .or_else(|| text.code_at(start, f.size))
+        {
+            Some(c) => Ok((c, f.size, c.len() as u64 - f.size)),
+            None => Err(Refusal::OutsideText),
         }
-    }
-
-    // One decode of every function.
-    let scans: Vec<Option<FunctionScan>> = code
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            c.as_ref()
-                .ok()
-                .map(|(b, size, _)| Native::scan_function(&b[..*size as usize], starts[i]))
-        })
-        .collect();
-    let ends: Vec<u64> = funcs.iter().zip(&starts).map(|(f, s)| s + f.size).collect();
-    // The function whose range holds `t` (ranges sorted by start).
-    let holder = |t: u64| {
-        let i = starts.partition_point(|&s| s <= t).checked_sub(1)?;
-        (t < ends[i]).then_some(i)
     };
-    let mut calls: Vec<u64> = Vec::new();
-    let mut jumps: Vec<u64> = Vec::new();
-    let mut cond_jumps: Vec<u64> = Vec::new();
-    for (i, s) in scans.iter().enumerate() {
-        let Some(s) = s else { continue };
-        let outside = |t: &&u64| !(starts[i]..ends[i]).contains(*t);
-        calls.extend_from_slice(&s.call_targets);
-        jumps.extend(s.branch_targets.iter().filter(outside));
-        cond_jumps.extend(s.cond_targets.iter().filter(outside));
-    }
-    for v in [&mut calls, &mut jumps, &mut cond_jumps] {
-        v.sort_unstable();
-    }
+    funcs.iter().enumerate().map(code).collect()
+}
 
-    // Code that other functions jump to but nobody calls may be a split-off
-    // part of a function (a cold or BOLT-split path), entered with live
-    // flags and frame: no function to count. It is one if it jumps back
-    // into the middle of another function, or, without a name, if it is
-    // reached by a conditional jump or its unwind entry starts mid-frame.
-    // (An unnamed function reached only by unconditional tail jumps, like
-    // a static function in a stripped binary, is still counted; named
-    // fragments are recognised by their suffix, see `symbols`.)
-    let fragment: Vec<bool> = (0..n)
-        .map(|i| {
-            let start = starts[i];
-            if contains(&calls, start) {
-                return false;
-            }
-            if !contains(&jumps, start) {
-                return false;
-            }
-            let jumps_back = || {
-                scans[i].as_ref().is_some_and(|s| {
-                    s.branch_targets
-                        .iter()
-                        .any(|&t| holder(t).is_some_and(|j| j != i && t != starts[j]))
+/// Sorted targets of the branches from each decoded function: its calls,
+/// and its jumps and conditional jumps to outside its own range.
+struct Reached {
+    calls: Vec<u64>,
+    jumps: Vec<u64>,
+    cond_jumps: Vec<u64>,
+}
+
+impl Reached {
+    fn new(scans: &[Option<FunctionScan>], ranges: &Ranges) -> Reached {
+        let mut r = Reached {
+            calls: Vec::new(),
+            jumps: Vec::new(),
+            cond_jumps: Vec::new(),
+        };
+        for (i, s) in scans.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let outside = |t: &&u64| !(ranges.starts[i]..ranges.ends[i]).contains(*t);
+            r.calls.extend_from_slice(&s.call_targets);
+            r.jumps.extend(s.branch_targets.iter().filter(outside));
+            r.cond_jumps.extend(s.cond_targets.iter().filter(outside));
+        }
+        for v in [&mut r.calls, &mut r.jumps, &mut r.cond_jumps] {
+            v.sort_unstable();
+        }
+        r
+    }
+}
+
+/// Which functions are split-off parts of others, not counted. Code that
+/// other functions jump to but nobody calls may be a cold or BOLT-split
+/// path, entered with live flags and frame. It is one if it jumps back
+/// into the middle of another function, or, without a name, if it is
+/// reached by a conditional jump or its unwind entry starts mid-frame.
+/// (An unnamed function reached only by unconditional tail jumps, like a
+/// static function in a stripped binary, is still counted; named
+/// fragments are recognised by their suffix, see `symbols`.)
+fn fragments(funcs: &[FuncSym], scans: &[Option<FunctionScan>], ranges: &Ranges) -> Vec<bool> {
+    let reached = Reached::new(scans, ranges);
+    let fragment = |i: usize| {
+        let start = ranges.starts[i];
+        if contains(&reached.calls, start) || !contains(&reached.jumps, start) {
+            return false;
+        }
+        let jumps_back = || {
+            scans[i].as_ref().is_some_and(|s| {
+                s.branch_targets.iter().any(|&t| {
+                    ranges
+                        .holder(t)
+                        .is_some_and(|j| j != i && t != ranges.starts[j])
                 })
-            };
-            jumps_back()
-                || (funcs[i].unnamed && (contains(&cond_jumps, start) || funcs[i].mid_function_cfi))
-        })
-        .collect();
+            })
+        };
+        jumps_back()
+            || (funcs[i].unnamed
+                && (contains(&reached.cond_jumps, start) || funcs[i].mid_function_cfi))
+    };
+    (0..funcs.len()).map(fragment).collect()
+}
 
-    // Module-wide targets: every direct branch and call, every function's
-    // entry (a second entry inside a window), and jump-table entries. A
-    // table's entries run while they point into this function, a fragment
-    // of it, or code no function covers; the first one that points into
-    // another function ends it.
-    let mut direct: Vec<u64> = starts.clone();
+/// Each function's own findings, and the module-wide targets: every
+/// direct branch and call, every function's entry (a second entry inside
+/// a window), and jump-table entries (sorted). A table's entries run
+/// while they point into this function, a fragment of it, or code no
+/// function covers; the first one that points into another function ends
+/// it.
+fn own_and_targets(
+    scans: Vec<Option<FunctionScan>>,
+    ranges: &Ranges,
+    fragment: &[bool],
+    text: &Text,
+) -> (Vec<Own>, Vec<u64>, Vec<u64>) {
+    let mut direct: Vec<u64> = ranges.starts.clone();
     let mut tables: Vec<u64> = Vec::new();
-    let mut own: Vec<Own> = Vec::with_capacity(n);
-    let read = |a: u64, len: usize| mem(maps, a, len as u64);
+    let mut own: Vec<Own> = Vec::with_capacity(scans.len());
+    let read = |a: u64, len: usize| mem(text.maps, a, len as u64);
     for (i, s) in scans.into_iter().enumerate() {
         let Some(s) = s else {
             // Not decoded: nothing is known of how it ends.
@@ -200,12 +342,17 @@ pub fn analyze(
             });
             continue;
         };
-        let (lo, hi) = (starts[i], ends[i]);
-        let keep = |t: u64| in_text(t) && holder(t).is_none_or(|j| j == i || fragment[j]);
+        let (lo, hi) = (ranges.starts[i], ranges.ends[i]);
+        let keep =
+            |t: u64| text.contains(t) && ranges.holder(t).is_none_or(|j| j == i || fragment[j]);
         let jt = Native::jump_table_targets(&s, lo, hi, &keep, &read);
         // A branch within the function itself is the function's own: its
         // plan sends those into its entry bytes to their moved copies.
-        direct.extend(s.branch_targets.iter().filter(|&&t| holder(t) != Some(i)));
+        direct.extend(
+            s.branch_targets
+                .iter()
+                .filter(|&&t| ranges.holder(t) != Some(i)),
+        );
         direct.extend_from_slice(&s.call_targets);
         tables.extend_from_slice(&jt);
         own.push(Own {
@@ -221,187 +368,204 @@ pub fn analyze(
         v.sort_unstable();
         v.dedup();
     }
+    (own, direct, tables)
+}
 
-    // Where loops are counted: code no listed function covers (`.cold`
-    // parts, which the list leaves out) may jump into a loop's blocks.
-    let loops = loops
-        && funcs
-            .iter()
-            .any(|f| crate::options::loops::counts::wanted_for(&f.name));
+/// Direct branch and call targets in the code of `spans` no function of
+/// `ranges` covers (sorted): `.cold` parts, which the list leaves out, may
+/// jump into a loop's blocks.
+fn unlisted_targets<'a>(
+    spans: &[(u64, u64)],
+    ranges: &Ranges,
+    code_at: impl Fn(u64, u64) -> Option<&'a [u8]>,
+) -> Vec<u64> {
     let mut unlisted: Vec<u64> = Vec::new();
-    if loops {
-        for &(lo, hi) in &text {
-            let mut at = lo;
-            let gaps = starts
-                .iter()
-                .zip(&ends)
-                .filter(|(s, _)| (lo..hi).contains(*s));
-            for (&s, &e) in gaps.chain(std::iter::once((&hi, &hi))) {
-                if s > at {
-                    if let Some(bytes) = code_at(at, s - at) {
-                        unlisted.extend(Native::sweep_targets(bytes, at));
-                    }
+    for &(lo, hi) in spans {
+        let mut at = lo;
+        let gaps = ranges
+            .starts
+            .iter()
+            .zip(&ranges.ends)
+            .filter(|(s, _)| (lo..hi).contains(*s));
+        for (&s, &e) in gaps.chain(std::iter::once((&hi, &hi))) {
+            if s > at {
+                if let Some(bytes) = code_at(at, s - at) {
+                    unlisted.extend(Native::sweep_targets(bytes, at));
                 }
-                at = at.max(e);
             }
+            at = at.max(e);
         }
-        unlisted.sort_unstable();
     }
-    let mut out = Vec::with_capacity(n);
-    let mut function_loops = Vec::new();
-    for (i, (f, c)) in funcs.into_iter().zip(code).enumerate() {
-        let start = starts[i];
-        if fragment[i] {
-            continue;
-        }
-        let before = i.checked_sub(1).map(|j| &own[j]);
-        let own = &own[i];
-        let pad = c.as_ref().map_or(0, |&(_, _, pad)| pad);
-        // The fill before the function, if a trampoline fits at its end:
-        // alignment fill only, no function's, no branch lands in it, and
-        // the function before does not reach it with its own plan. Asked
-        // only of the few functions a full plan refuses.
-        let tramp_fits = || {
-            if !before.is_some_and(|b| !b.falls_through && !b.decode_error) {
-                return false;
-            }
-            // Fill decodes from where the function before ends, which
-            // never runs on into it (it ends in a return, jump or trap).
-            let lo = ends[i - 1];
-            let prev_end = out
-                .iter()
-                .rev()
-                .find_map(|c: &Candidate| c.outcome.as_ref().ok())
-                .map_or(0, |p| p.start + p.original().len() as u64);
-            start >= lo.max(prev_end) + 5
-                && holder(start - 5).is_none()
-                && !any_in(&direct, lo, start)
-                && !any_in(&tables, lo, start)
-                && code_at(lo, start - lo).is_some_and(Native::is_fill)
-        };
-        // Else dead fill inside the function: alignment fill after a
-        // return or jump, ending on an 8-byte boundary (or the function's
-        // end), that no branch lands in and no other function's range
-        // holds, past the bytes a short entry moves and within its jump's
-        // reach. Not in a function that jumps through tables or registers
-        // (a missed table could land in it).
-        let inner_fill = |bytes: &[u8], size: usize| {
-            if own.indirect {
-                return None;
-            }
-            let landed = |lo: u64, hi: u64| {
-                any_in(&direct, lo, hi)
-                    || any_in(&tables, lo, hi)
-                    || own
-                        .branches
-                        .iter()
-                        .chain(&own.tables)
-                        .any(|t| (lo..hi).contains(t))
-            };
-            let code = &bytes[..size.min(bytes.len())];
-            Native::dead_fill(code, start)
-                .into_iter()
-                .find_map(|(lo, hi)| {
-                    let at = lo.max(start + INNER_TRAMP_FROM);
-                    let aligned = hi % 8 == 0 || hi == start + size as u64;
-                    let alone = holder(lo) == Some(i) && holder(hi - 1) == Some(i);
-                    (aligned
-                        && alone
-                        && at + 5 <= hi
-                        && at - start <= i8::MAX as u64
-                        && !landed(lo, hi))
-                    .then(|| (at - start) as i8)
-                })
-        };
-        let outcome = c.and_then(|(bytes, size, pad)| {
-            let full = plan_full(bytes, start, size, pad, own, &direct, &tables);
+    unlisted.sort_unstable();
+    unlisted
+}
+
+impl Facts<'_> {
+    /// Function `i`'s entry plan, or why not: a full window; where a
+    /// branch lands in its first bytes, a short entry; where neither does
+    /// and `traps`, a trap entry. `prev_end`: where the moved bytes of the
+    /// last function planned before it end.
+    fn entry(&self, i: usize, code: Code, prev_end: u64, traps: bool) -> Result<Plan, Refusal> {
+        let (start, own) = (self.ranges.starts[i], &self.own[i]);
+        let outcome = code.and_then(|(bytes, size, pad)| {
+            let full = plan_full(bytes, start, size, pad, own, &self.direct, &self.tables);
             if full != Err(Refusal::BranchIntoWindow) || own.decode_error {
                 return full;
             }
-            // A branch lands within the first 5 bytes, past the first
-            // instructions: those move, and a short jump reaches the stub
-            // through a trampoline in fill.
-            let first = own
-                .branches
-                .iter()
-                .chain(own.tables.iter())
-                .copied()
-                .chain(first_in(&direct, start + 1, start + MAX_REACH))
-                .chain(first_in(&tables, start + 1, start + MAX_REACH))
-                .filter(|&t| t > start && t < start + MAX_REACH)
-                .min();
-            let loops_to_entry = own.branches.contains(&start) || own.tables.contains(&start);
-            let Some(t) = first.filter(|_| !loops_to_entry) else {
-                return full;
-            };
-            let tramp = if tramp_fits() {
-                Some(-5)
-            } else {
-                inner_fill(bytes, size as usize)
-            };
-            match tramp {
-                Some(k) => Native::plan_short(bytes, start, size as usize, (t - start) as usize, k),
-                None => full,
-            }
+            self.short_entry(i, bytes, size, prev_end).unwrap_or(full)
         });
-        let outcome = match (outcome, c) {
+        match (outcome, code) {
             (Err(why), Ok((bytes, size, _))) if traps && trap_may_help(why) => {
-                plan_trap(bytes, start, size, own, &direct, &tables).map_err(|_| why)
+                plan_trap(bytes, start, size, own, &self.direct, &self.tables).map_err(|_| why)
             }
             (outcome, _) => outcome,
-        };
-        if let (true, Ok((bytes, size, _))) = (
-            loops && crate::options::loops::counts::wanted_for(&f.name),
-            c,
-        ) {
-            // Probes start past what the entry's patch takes.
-            let entry_end = outcome.as_ref().map_or(start, |p| {
-                (p.start + p.original().len() as u64).max(p.patch_at + p.window as u64)
-            });
-            let lo = direct.partition_point(|&t| t <= start);
-            let hi = direct.partition_point(|&t| t < start + size);
-            let (tlo, thi) = (
-                tables.partition_point(|&t| t <= start),
-                tables.partition_point(|&t| t < start + size),
-            );
-            let (ulo, uhi) = (
-                unlisted.partition_point(|&t| t <= start),
-                unlisted.partition_point(|&t| t < start + size),
-            );
-            let mut foreign: Vec<u64> = direct[lo..hi]
-                .iter()
-                .chain(&tables[tlo..thi])
-                .chain(&unlisted[ulo..uhi])
-                .copied()
-                .collect();
-            foreign.sort_unstable();
-            let cx = crate::options::loops::plan::Context {
-                entry_end,
-                foreign: &foreign,
-                indirect: own.indirect,
-            };
-            let mut fl = crate::options::loops::plan::plan(bytes, start, size, &cx);
-            if !fl.sites.is_empty() {
-                fl.func = out.len();
-                function_loops.push(fl);
-            }
         }
-        out.push(Candidate {
-            name: f.name,
-            vaddr: f.vaddr,
-            size: f.size,
-            pad,
-            outcome,
+    }
+
+    /// Function `i`'s short entry, where a branch lands within its first
+    /// 5 bytes past the first instructions: those move, and a short jump
+    /// reaches the stub through a trampoline in fill (before the function,
+    /// else inside it). `None` where there is no such branch or no fill.
+    fn short_entry(
+        &self,
+        i: usize,
+        bytes: &[u8],
+        size: u64,
+        prev_end: u64,
+    ) -> Option<Result<Plan, Refusal>> {
+        let start = self.ranges.starts[i];
+        let t = first_landing(&self.own[i], &self.direct, &self.tables, start)?;
+        let tramp = match self.fill_before(i, prev_end) {
+            true => -5,
+            false => self.inner_fill(i, bytes, size as usize)?,
+        };
+        let limit = (t - start) as usize;
+        Some(Native::plan_short(
+            bytes,
+            start,
+            size as usize,
+            limit,
+            tramp,
+        ))
+    }
+
+    /// Whether a trampoline fits at the end of the fill before function
+    /// `i`: alignment fill only, no function's, no branch lands in it, and
+    /// the function before does not reach it with its own plan (its moved
+    /// bytes end at `prev_end`).
+    fn fill_before(&self, i: usize, prev_end: u64) -> bool {
+        let before = i.checked_sub(1).map(|j| &self.own[j]);
+        if !before.is_some_and(|b| !b.falls_through && !b.decode_error) {
+            return false;
+        }
+        // Fill decodes from where the function before ends, which never
+        // runs on into it (it ends in a return, jump or trap).
+        let (lo, start) = (self.ranges.ends[i - 1], self.ranges.starts[i]);
+        start >= lo.max(prev_end) + 5
+            && self.ranges.holder(start - 5).is_none()
+            && !any_in(&self.direct, lo, start)
+            && !any_in(&self.tables, lo, start)
+            && self
+                .text
+                .code_at(lo, start - lo)
+                .is_some_and(Native::is_fill)
+    }
+
+    /// Dead fill inside function `i` for a short entry's trampoline, as
+    /// its offset from the entry: alignment fill after a return or jump,
+    /// ending on an 8-byte boundary (or the function's end), that no
+    /// branch lands in and no other function's range holds, past the bytes
+    /// a short entry moves and within its jump's reach. Not in a function
+    /// that jumps through tables or registers (a missed table could land
+    /// in it).
+    fn inner_fill(&self, i: usize, bytes: &[u8], size: usize) -> Option<i8> {
+        let (start, own) = (self.ranges.starts[i], &self.own[i]);
+        if own.indirect {
+            return None;
+        }
+        let landed = |lo: u64, hi: u64| {
+            any_in(&self.direct, lo, hi)
+                || any_in(&self.tables, lo, hi)
+                || own
+                    .branches
+                    .iter()
+                    .chain(&own.tables)
+                    .any(|t| (lo..hi).contains(t))
+        };
+        let code = &bytes[..size.min(bytes.len())];
+        Native::dead_fill(code, start)
+            .into_iter()
+            .find_map(|(lo, hi)| {
+                let at = lo.max(start + INNER_TRAMP_FROM);
+                let aligned = hi % 8 == 0 || hi == start + size as u64;
+                let alone =
+                    self.ranges.holder(lo) == Some(i) && self.ranges.holder(hi - 1) == Some(i);
+                (aligned
+                    && alone
+                    && at + 5 <= hi
+                    && at - start <= i8::MAX as u64
+                    && !landed(lo, hi))
+                .then(|| (at - start) as i8)
+            })
+    }
+
+    /// The loops of function `i` and where their probes go: past what its
+    /// entry's patch (`outcome`) takes, and off every target of branches
+    /// from elsewhere.
+    fn loops(
+        &self,
+        i: usize,
+        bytes: &[u8],
+        size: u64,
+        outcome: &Result<Plan, Refusal>,
+    ) -> FunctionLoops {
+        let start = self.ranges.starts[i];
+        let entry_end = outcome.as_ref().map_or(start, |p| {
+            (p.start + p.original().len() as u64).max(p.patch_at + p.window as u64)
         });
+        let foreign = landing_inside(
+            start,
+            start + size,
+            [&self.direct, &self.tables, &self.unlisted],
+        );
+        let cx = Context {
+            entry_end,
+            foreign: &foreign,
+            indirect: self.own[i].indirect,
+        };
+        crate::options::loops::plan::plan(bytes, start, size, &cx)
     }
-    ModulePlan {
-        module: m,
-        funcs: out,
-        source: list.source,
-        text_relocations: list.text_relocations,
-        traps,
-        loops: function_loops,
+}
+
+/// Where the first branch into a function's first bytes lands (past its
+/// first byte, within a full plan's reach): the limit of what a short
+/// entry moves. `None` if none does, or if the function branches to its
+/// own first byte (a loop a short entry cannot send past the count).
+fn first_landing(own: &Own, direct: &[u64], tables: &[u64], start: u64) -> Option<u64> {
+    if own.branches.contains(&start) || own.tables.contains(&start) {
+        return None;
     }
+    let reach = start + MAX_REACH;
+    own.branches
+        .iter()
+        .chain(own.tables.iter())
+        .copied()
+        .chain(first_in(direct, start + 1, reach))
+        .chain(first_in(tables, start + 1, reach))
+        .filter(|&t| t > start && t < reach)
+        .min()
+}
+
+/// The targets in (lo, hi) of each of the sorted `lists`, merged and
+/// sorted: the function's first byte, its own entry, is not one.
+fn landing_inside(lo: u64, hi: u64, lists: [&[u64]; 3]) -> Vec<u64> {
+    let mut v: Vec<u64> = lists
+        .iter()
+        .flat_map(|l| &l[l.partition_point(|&t| t <= lo)..l.partition_point(|&t| t < hi)])
+        .copied()
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 /// Refusals a trap entry avoids: those of the bytes after the first one.
