@@ -17,7 +17,7 @@
 //! that reaches its end serves as both.
 
 use crate::arch::{InstructionSet, LoopSpan, LoopWindow, Native};
-use rtprof_shared::cfg::{Cfg, Flow};
+use rtprof_shared::cfg::{Cfg, Flow, Insn, Loop};
 use rtprof_shared::loops::LoopRefusal;
 
 /// One loop of a function: its header's address, and whether its probes
@@ -93,9 +93,51 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
     let insns = Native::decode_flow(code, start);
     let end = start + code.len() as u64;
     let whole = insns.last().is_some_and(|i| i.end == end);
-    // The function's own branches to no instruction's start (a jump into
-    // the middle of one): no window may hold them.
-    let mut foreign = cx.foreign.to_vec();
+    let foreign = with_mid_targets(cx.foreign, &insns, start, end);
+    let cfg = Cfg::new(&insns);
+    let loops = cfg.loops();
+    if loops.is_empty() {
+        return FunctionLoops::default();
+    }
+    if !whole {
+        return refuse_all(&cfg, &loops, LoopRefusal::Undecoded);
+    }
+    if cfg.indirect || cx.indirect {
+        return refuse_all(&cfg, &loops, LoopRefusal::JumpTable);
+    }
+    let g = Graph::new(code, start, cfg, loops);
+    let (need_head, mut need_ways) = g.needs();
+    let place = Placer {
+        g: &g,
+        entry_end: cx.entry_end,
+        foreign: &foreign,
+        need_head: &need_head,
+    };
+    let mut choice = place.choose(&need_ways);
+    let through = g.through(&choice.ends);
+    if through.iter().any(Option::is_some) {
+        // Each block leading into a latch counted through needs a window
+        // that takes its end.
+        for (u, _) in through.iter().enumerate().filter(|(_, k)| k.is_some()) {
+            for &p in &g.preds[u] {
+                need_ways[p] = true;
+            }
+        }
+        choice = place.choose(&need_ways);
+    }
+    let sites = g.sites(&choice, &through);
+    let probes = g.probes(choice, &through, &sites);
+    FunctionLoops {
+        func: 0,
+        sites,
+        probes,
+    }
+}
+
+/// `foreign` with the function's own branches to no instruction's start
+/// (a jump into the middle of one), sorted: no window may hold them.
+fn with_mid_targets(foreign: &[u64], insns: &[Insn], start: u64, end: u64) -> Vec<u64> {
+    let mut foreign = foreign.to_vec();
     foreign.extend(insns.iter().filter_map(|i| match i.flow {
         Flow::Branch(t) | Flow::Jump(t)
             if (start..end).contains(&t) && insns.binary_search_by_key(&t, |i| i.addr).is_err() =>
@@ -105,9 +147,12 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
         _ => None,
     }));
     foreign.sort_unstable();
-    let cfg = Cfg::new(&insns);
-    let loops = cfg.loops();
-    let refuse_all = |why| FunctionLoops {
+    foreign
+}
+
+/// Every loop of the function, refused for `why`.
+fn refuse_all(cfg: &Cfg, loops: &[Loop], why: LoopRefusal) -> FunctionLoops {
+    FunctionLoops {
         func: 0,
         sites: loops
             .iter()
@@ -117,135 +162,336 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
             })
             .collect(),
         probes: Vec::new(),
-    };
-    if loops.is_empty() {
-        return FunctionLoops::default();
     }
-    if !whole {
-        return refuse_all(LoopRefusal::Undecoded);
-    }
-    if cfg.indirect || cx.indirect {
-        return refuse_all(LoopRefusal::JumpTable);
-    }
-    let n = cfg.spans.len();
-    let mut preds = vec![Vec::new(); n];
-    for (b, ss) in cfg.succ.iter().enumerate() {
-        for &s in ss {
-            if !preds[s].contains(&b) {
-                preds[s].push(b);
+}
+
+/// A function's blocks and loops, with what placing probes asks of them.
+struct Graph<'a> {
+    code: &'a [u8],
+    start: u64,
+    cfg: Cfg,
+    loops: Vec<Loop>,
+    /// Each block's predecessors, each once.
+    preds: Vec<Vec<usize>>,
+    /// Per loop: its blocks that branch back to its header, sorted.
+    latches: Vec<Vec<usize>>,
+    /// Per loop: it tests at its top (its header's block leaves it, and is
+    /// not a branch back).
+    top_exit: Vec<bool>,
+    /// Per loop: it branches out of the function (to a `.cold` part that
+    /// may come back, or a tail call that does not), ways nobody sees.
+    split: Vec<bool>,
+}
+
+impl<'a> Graph<'a> {
+    fn new(code: &'a [u8], start: u64, cfg: Cfg, loops: Vec<Loop>) -> Graph<'a> {
+        let end = start + code.len() as u64;
+        let n = cfg.spans.len();
+        let mut preds = vec![Vec::new(); n];
+        for (b, ss) in cfg.succ.iter().enumerate() {
+            for &s in ss {
+                if !preds[s].contains(&b) {
+                    preds[s].push(b);
+                }
             }
         }
-    }
-    let latches: Vec<Vec<usize>> = loops
-        .iter()
-        .map(|l| {
-            let mut v: Vec<usize> = preds[l.header]
-                .iter()
-                .copied()
-                .filter(|&p| l.body[p])
-                .collect();
-            v.sort_unstable();
-            v
-        })
-        .collect();
-    // A loop that tests at its top: its header's block leaves it, and is
-    // not a branch back.
-    let top_exit: Vec<bool> = loops
-        .iter()
-        .zip(&latches)
-        .map(|(l, ls)| {
-            let h = l.header;
-            !ls.contains(&h) && cfg.succ[h].iter().any(|&s| !l.body[s])
-        })
-        .collect();
-    // A loop with a branch out of the function (to a `.cold` part that
-    // may come back, or a tail call that does not) has ways nobody sees.
-    let split: Vec<bool> = loops
-        .iter()
-        .map(|l| {
-            (0..n).filter(|&b| l.body[b]).any(|b| match cfg.last[b] {
-                Flow::Branch(t) | Flow::Jump(t) => !(start..end).contains(&t),
-                _ => false,
-            })
-        })
-        .collect();
-    let mut need_head = vec![false; n];
-    let mut need_ways = vec![false; n];
-    for ((l, ls), &top) in loops.iter().zip(&latches).zip(&top_exit) {
-        need_head[l.header] = true;
-        need_ways[l.header] |= top;
-        for &u in ls {
-            need_ways[u] = true;
-        }
-    }
-    let check = |w: LoopWindow, short: LoopRefusal| -> Result<LoopWindow, LoopRefusal> {
-        if w.at < cx.entry_end {
-            return Err(LoopRefusal::AtEntry);
-        }
-        let i = foreign.partition_point(|&t| t <= w.at);
-        if foreign.get(i).is_some_and(|&t| t < w.end) {
-            return Err(LoopRefusal::BranchInside);
-        }
-        // A branch to the entry bytes may be sent elsewhere by the entry's
-        // plan: not one a probe moves.
-        if w.ways()
+        let latches: Vec<Vec<usize>> = loops
             .iter()
-            .any(|&(_, t)| t >= start && t < cx.entry_end)
-        {
-            return Err(short);
+            .map(|l| {
+                let mut v: Vec<usize> = preds[l.header]
+                    .iter()
+                    .copied()
+                    .filter(|&p| l.body[p])
+                    .collect();
+                v.sort_unstable();
+                v
+            })
+            .collect();
+        let top_exit = loops
+            .iter()
+            .zip(&latches)
+            .map(|(l, ls)| {
+                let h = l.header;
+                !ls.contains(&h) && cfg.succ[h].iter().any(|&s| !l.body[s])
+            })
+            .collect();
+        let split = loops
+            .iter()
+            .map(|l| {
+                (0..n).filter(|&b| l.body[b]).any(|b| match cfg.last[b] {
+                    Flow::Branch(t) | Flow::Jump(t) => !(start..end).contains(&t),
+                    _ => false,
+                })
+            })
+            .collect();
+        Graph {
+            code,
+            start,
+            cfg,
+            loops,
+            preds,
+            latches,
+            top_exit,
+            split,
         }
-        Ok(w)
-    };
-    // A header's window, through the blocks its short block runs on into
-    // (each entered from the one before only, and no header).
-    let head_window = |b: usize| -> Result<LoopWindow, LoopRefusal> {
-        let (lo, mut hi) = cfg.spans[b];
+    }
+
+    /// Per block: whether a probe must start it (a loop's header, to count
+    /// entries), and whether one must take its end (a latch, to count the
+    /// branches back; a top-testing loop's header, to count leavings).
+    fn needs(&self) -> (Vec<bool>, Vec<bool>) {
+        let n = self.cfg.spans.len();
+        let mut need_head = vec![false; n];
+        let mut need_ways = vec![false; n];
+        for ((l, ls), &top) in self.loops.iter().zip(&self.latches).zip(&self.top_exit) {
+            need_head[l.header] = true;
+            need_ways[l.header] |= top;
+            for &u in ls {
+                need_ways[u] = true;
+            }
+        }
+        (need_head, need_ways)
+    }
+
+    /// Per block, the loop it is counted through: a latch too short for a
+    /// probe (per `ends`) whose only way on is its header, counted on the
+    /// ways into it instead. Only a block that surely reaches the header
+    /// once entered: arithmetic on registers and locals, and its jump (no
+    /// call that may not return, no access through a pointer).
+    fn through(&self, ends: &[Result<usize, LoopRefusal>]) -> Vec<Option<usize>> {
+        let mut through = vec![None; self.cfg.spans.len()];
+        for (k, (l, ls)) in self.loops.iter().zip(&self.latches).enumerate() {
+            for &u in ls {
+                let (lo, hi) = self.cfg.spans[u];
+                if ends[u] == Err(LoopRefusal::ShortLatch)
+                    && u != l.header
+                    && self.cfg.succ[u] == [l.header]
+                    && !self.preds[u].is_empty()
+                    && Native::loop_block_plain(self.code, self.start, lo, hi)
+                {
+                    through[u] = Some(k);
+                }
+            }
+        }
+        through
+    }
+
+    /// Each loop's outcome: counted if its header's block has a probe at
+    /// its start, each latch one that takes its end (or, counted through,
+    /// one on each way into it that does not run on into it), and a loop
+    /// that tests at its top one that takes its header's end; never a loop
+    /// that leaves the function.
+    fn sites(&self, choice: &Choice, through: &[Option<usize>]) -> Vec<LoopSite> {
+        let ends = &choice.ends;
+        let way_into = |p: usize, u: usize| -> Result<(), LoopRefusal> {
+            let w = &choice.windows[ends[p]?];
+            let inside = w.at < self.cfg.spans[u].0 && self.cfg.spans[u].0 < w.end;
+            if inside {
+                Err(LoopRefusal::ShortLatch)
+            } else {
+                Ok(())
+            }
+        };
+        let latch_ok = |u: usize| -> Result<(), LoopRefusal> {
+            match (ends[u], through[u]) {
+                (Ok(_), _) => Ok(()),
+                (Err(_), Some(_)) => self.preds[u].iter().try_for_each(|&p| way_into(p, u)),
+                (Err(why), None) => Err(why),
+            }
+        };
+        let loops = self.loops.iter().zip(&self.latches);
+        loops
+            .zip(self.top_exit.iter().zip(&self.split))
+            .map(|((l, ls), (&top, &split))| {
+                let h = l.header;
+                let outcome = match split {
+                    true => Err(LoopRefusal::Split),
+                    false => choice.heads[h]
+                        .and_then(|_| ls.iter().try_for_each(|&u| latch_ok(u)))
+                        .and_then(|()| match top {
+                            true => ends[h].map(|_| ()).map_err(|_| LoopRefusal::ShortHeader),
+                            false => Ok(()),
+                        }),
+                };
+                LoopSite {
+                    header: self.cfg.spans[h].0,
+                    outcome,
+                }
+            })
+            .collect()
+    }
+
+    /// The probes of the chosen windows: each counts the arrivals at the
+    /// header it starts (of a counted loop) and what each way on counts. A
+    /// window that counts nothing gets none.
+    fn probes(
+        &self,
+        choice: Choice,
+        through: &[Option<usize>],
+        sites: &[LoopSite],
+    ) -> Vec<ProbeSpec> {
+        let counted = |k: usize| sites[k].outcome.is_ok();
+        let mut probes = Vec::new();
+        for (wi, w) in choice.windows.into_iter().enumerate() {
+            let b = self.cfg.block_of(w.at).unwrap_or(0);
+            let head = (choice.heads[b] == Ok(wi))
+                .then(|| self.loop_at_header(b))
+                .flatten()
+                .filter(|&k| counted(k));
+            let mut flags = head.is_some_and(|k| self.flags_at(self.loops[k].header));
+            let ways: Vec<Vec<WayCount>> = w
+                .ways()
+                .iter()
+                .map(|&way| {
+                    let (counts, f) = self.way_counts(way, w.end, &choice.ends, through, &counted);
+                    flags |= f;
+                    counts
+                })
+                .collect();
+            if head.is_none() && ways.iter().all(Vec::is_empty) {
+                continue;
+            }
+            probes.push(ProbeSpec {
+                window: w,
+                head,
+                ways,
+                flags,
+            });
+        }
+        probes
+    }
+
+    /// What a probe's way `(from, to)` out of its window (ending at
+    /// `w_end`) counts, and whether those counts must save the flags.
+    fn way_counts(
+        &self,
+        (from, to): (u64, u64),
+        w_end: u64,
+        ends: &[Result<usize, LoopRefusal>],
+        through: &[Option<usize>],
+        counted: &dyn Fn(usize) -> bool,
+    ) -> (Vec<WayCount>, bool) {
+        let mut flags = false;
+        // Only a way that ends a block is an edge of the graph.
+        let Some(c) = self
+            .cfg
+            .block_of(from)
+            .filter(|&c| self.cfg.spans[c].1 <= w_end)
+        else {
+            return (Vec::new(), flags);
+        };
+        let s = self.cfg.block_of(to).filter(|&s| self.cfg.spans[s].0 == to);
+        let mut counts = Vec::new();
+        if let Some(k) = s.and_then(|s| self.loop_at_header(s)) {
+            if self.loops[k].body[c] && counted(k) {
+                flags |= self.flags_at(self.loops[k].header);
+                counts.push(WayCount::Back(k));
+            }
+        }
+        if let Some((k, u)) = s.and_then(|u| Some((through[u]?, u))) {
+            if counted(k) && ends[u].is_err() {
+                flags |= self.flags_at(u);
+                counts.push(WayCount::BackThrough(k));
+            }
+        }
+        if let Some(k) = self.loop_at_header(c) {
+            if self.top_exit[k] && counted(k) && s.is_none_or(|s| !self.loops[k].body[s]) {
+                // Where it goes may read the flags.
+                flags |= s.is_none_or(|s| self.flags_at(s));
+                counts.push(WayCount::TopExit(k));
+            }
+        }
+        (counts, flags)
+    }
+
+    /// The loop whose header is block `b`.
+    fn loop_at_header(&self, b: usize) -> Option<usize> {
+        self.loops.iter().position(|l| l.header == b)
+    }
+
+    /// Whether the flags may be live where block `b` starts.
+    fn flags_at(&self, b: usize) -> bool {
+        let (lo, hi) = self.cfg.spans[b];
+        Native::loop_flags_live(self.code, self.start, lo, hi)
+    }
+}
+
+/// Windows chosen for a function's blocks, in address order.
+struct Choice {
+    windows: Vec<LoopWindow>,
+    /// Per block: the window at its start (its loop's header probe).
+    heads: Vec<Result<usize, LoopRefusal>>,
+    /// Per block: the window that takes its end (with its ways out).
+    ends: Vec<Result<usize, LoopRefusal>>,
+}
+
+/// Chooses the windows of a function's probes.
+struct Placer<'a> {
+    g: &'a Graph<'a>,
+    /// No window starts before this (see `Context`).
+    entry_end: u64,
+    /// Targets no window may hold (see `with_mid_targets`).
+    foreign: &'a [u64],
+    /// Blocks a header's probe must start.
+    need_head: &'a [bool],
+}
+
+impl Placer<'_> {
+    /// `w` if a probe may take it, or why not (`short` where it would move
+    /// a branch to the entry's bytes).
+    fn check(&self, w: LoopWindow, short: LoopRefusal) -> Result<LoopWindow, LoopRefusal> {
+        check_window(w, short, self.g.start, self.entry_end, self.foreign)
+    }
+
+    /// A header's window, through the blocks its short block runs on into
+    /// (each entered from the one before only, and no header).
+    fn head_window(&self, b: usize) -> Result<LoopWindow, LoopRefusal> {
+        let g = self.g;
+        let (lo, mut hi) = g.cfg.spans[b];
         // Only into the loop's own blocks: a way out inside the window
         // would leave it unseen.
-        let body = loops.iter().find(|l| l.header == b).map(|l| &l.body);
+        let body = g.loops.iter().find(|l| l.header == b).map(|l| &l.body);
         let mut last = b;
         loop {
-            let got = Native::loop_window(code, start, lo, hi, LoopSpan::Head)
-                .and_then(|w| check(w, LoopRefusal::ShortHeader));
+            let got = Native::loop_window(g.code, g.start, lo, hi, LoopSpan::Head)
+                .and_then(|w| self.check(w, LoopRefusal::ShortHeader));
             let next = last + 1;
             let runs_on = got == Err(LoopRefusal::ShortHeader)
-                && next < n
+                && next < g.cfg.spans.len()
                 && next - b < MAX_RUN
-                && cfg.spans[next].0 == hi
-                && preds[next] == [last]
+                && g.cfg.spans[next].0 == hi
+                && g.preds[next] == [last]
                 && body.is_some_and(|body| body[next])
-                && !need_head[next];
+                && !self.need_head[next];
             if !runs_on {
                 return got;
             }
             last = next;
-            hi = cfg.spans[next].1;
+            hi = g.cfg.spans[next].1;
         }
-    };
-    // Windows for the blocks `need_head` and `need_ways` name, in address
-    // order: per block, the window at its start (its loop's header probe)
-    // and the window that takes its end (with its ways out).
-    type Choice = (
-        Vec<LoopWindow>,
-        Vec<Result<usize, LoopRefusal>>,
-        Vec<Result<usize, LoopRefusal>>,
-    );
-    let choose = |need_head: &[bool], need_ways: &[bool]| -> Choice {
+    }
+
+    /// Windows for the blocks `need_head` and `need_ways` name, in address
+    /// order: per block, the window at its start and the window that takes
+    /// its end, one window of the whole block where the two overlap.
+    fn choose(&self, need_ways: &[bool]) -> Choice {
+        let (code, start, spans) = (self.g.code, self.g.start, &self.g.cfg.spans);
+        let n = spans.len();
         let mut windows: Vec<LoopWindow> = Vec::new();
         let mut heads = vec![Err(LoopRefusal::ShortHeader); n];
         let mut ends = vec![Err(LoopRefusal::ShortLatch); n];
         let mut taken_until = start;
         for b in 0..n {
-            let (lo, hi) = cfg.spans[b];
+            let (lo, hi) = spans[b];
             // A block inside the last window (a header's run) has no
             // start of its own to take.
-            if need_head[b] && lo >= taken_until {
-                match head_window(b) {
+            if self.need_head[b] && lo >= taken_until {
+                match self.head_window(b) {
                     Ok(w) => {
                         let i = windows.len();
                         heads[b] = Ok(i);
                         // Every block whose end it takes.
-                        for (c, s) in cfg.spans.iter().enumerate().skip(b) {
+                        for (c, s) in spans.iter().enumerate().skip(b) {
                             if s.1 > w.end {
                                 break;
                             }
@@ -260,7 +506,7 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
             if need_ways[b] && ends[b].is_err() {
                 let get = |span| {
                     Native::loop_window(code, start, lo, hi, span)
-                        .and_then(|w| check(w, LoopRefusal::ShortLatch))
+                        .and_then(|w| self.check(w, LoopRefusal::ShortLatch))
                 };
                 match get(LoopSpan::Tail) {
                     Ok(t) if t.at >= taken_until => {
@@ -284,139 +530,34 @@ pub fn plan(code: &[u8], start: u64, size: u64, cx: &Context) -> FunctionLoops {
                 }
             }
         }
-        (windows, heads, ends)
-    };
-    let (mut windows, mut heads, mut ends) = choose(&need_head, &need_ways);
-    // A latch too short for a probe whose only way on is its header:
-    // counted on the ways into it, if the blocks they leave have room.
-    let mut through: Vec<Option<usize>> = vec![None; n];
-    for (k, (l, ls)) in loops.iter().zip(&latches).enumerate() {
-        for &u in ls {
-            // Only a block that surely reaches the header once entered:
-            // arithmetic on registers and locals, and its jump (no call
-            // that may not return, no access through a pointer).
-            let (lo, hi) = cfg.spans[u];
-            if ends[u] == Err(LoopRefusal::ShortLatch)
-                && u != l.header
-                && cfg.succ[u] == [l.header]
-                && !preds[u].is_empty()
-                && Native::loop_block_plain(code, start, lo, hi)
-            {
-                through[u] = Some(k);
-            }
+        Choice {
+            windows,
+            heads,
+            ends,
         }
     }
-    if through.iter().any(Option::is_some) {
-        for u in (0..n).filter(|&u| through[u].is_some()) {
-            for &p in &preds[u] {
-                need_ways[p] = true;
-            }
-        }
-        (windows, heads, ends) = choose(&need_head, &need_ways);
+}
+
+/// `w` if a probe may take it: not in the entry's patched bytes (before
+/// `entry_end`), holding none of the `foreign` targets, and moving no
+/// branch to the entry's bytes, which the entry's plan may send elsewhere
+/// (`short` then).
+fn check_window(
+    w: LoopWindow,
+    short: LoopRefusal,
+    start: u64,
+    entry_end: u64,
+    foreign: &[u64],
+) -> Result<LoopWindow, LoopRefusal> {
+    if w.at < entry_end {
+        return Err(LoopRefusal::AtEntry);
     }
-    // A way into `u` from `p`'s window: the window takes `p`'s end and
-    // does not run on into `u`.
-    let way_into = |p: usize, u: usize| -> Result<(), LoopRefusal> {
-        let w = &windows[ends[p]?];
-        let inside = w.at < cfg.spans[u].0 && cfg.spans[u].0 < w.end;
-        if inside {
-            Err(LoopRefusal::ShortLatch)
-        } else {
-            Ok(())
-        }
-    };
-    let latch_ok = |u: usize| -> Result<(), LoopRefusal> {
-        match (ends[u], through[u]) {
-            (Ok(_), _) => Ok(()),
-            (Err(_), Some(_)) => preds[u].iter().try_for_each(|&p| way_into(p, u)),
-            (Err(why), None) => Err(why),
-        }
-    };
-    let sites: Vec<LoopSite> = loops
-        .iter()
-        .zip(&latches)
-        .zip(&top_exit)
-        .map(|((l, ls), &top)| {
-            let h = l.header;
-            let outcome = heads[h]
-                .and_then(|_| ls.iter().try_for_each(|&u| latch_ok(u)))
-                .and_then(|()| match top {
-                    true => ends[h].map(|_| ()).map_err(|_| LoopRefusal::ShortHeader),
-                    false => Ok(()),
-                });
-            LoopSite {
-                header: cfg.spans[h].0,
-                outcome,
-            }
-        })
-        .zip(&split)
-        .map(|(site, &split)| match split {
-            true => LoopSite {
-                outcome: Err(LoopRefusal::Split),
-                ..site
-            },
-            false => site,
-        })
-        .collect();
-    let counted = |k: usize| sites[k].outcome.is_ok();
-    let loop_at_header = |b: usize| loops.iter().position(|l| l.header == b);
-    let flags_at = |b: usize| {
-        let (lo, hi) = cfg.spans[b];
-        Native::loop_flags_live(code, start, lo, hi)
-    };
-    let mut probes = Vec::new();
-    for (wi, w) in windows.into_iter().enumerate() {
-        let b = cfg.block_of(w.at).unwrap_or(0);
-        let head = (heads[b] == Ok(wi))
-            .then(|| loop_at_header(b))
-            .flatten()
-            .filter(|&k| counted(k));
-        let mut flags = head.is_some_and(|k| flags_at(loops[k].header));
-        let ways: Vec<Vec<WayCount>> = w
-            .ways()
-            .iter()
-            .map(|&(from, to)| {
-                // Only a way that ends a block is an edge of the graph.
-                let Some(c) = cfg.block_of(from).filter(|&c| cfg.spans[c].1 <= w.end) else {
-                    return Vec::new();
-                };
-                let s = cfg.block_of(to).filter(|&s| cfg.spans[s].0 == to);
-                let mut counts = Vec::new();
-                if let Some(k) = s.and_then(loop_at_header) {
-                    if loops[k].body[c] && counted(k) {
-                        flags |= flags_at(loops[k].header);
-                        counts.push(WayCount::Back(k));
-                    }
-                }
-                if let Some((k, u)) = s.and_then(|u| Some((through[u]?, u))) {
-                    if counted(k) && ends[u].is_err() {
-                        flags |= flags_at(u);
-                        counts.push(WayCount::BackThrough(k));
-                    }
-                }
-                if let Some(k) = loop_at_header(c) {
-                    if top_exit[k] && counted(k) && s.is_none_or(|s| !loops[k].body[s]) {
-                        // Where it goes may read the flags.
-                        flags |= s.is_none_or(flags_at);
-                        counts.push(WayCount::TopExit(k));
-                    }
-                }
-                counts
-            })
-            .collect();
-        if head.is_none() && ways.iter().all(Vec::is_empty) {
-            continue;
-        }
-        probes.push(ProbeSpec {
-            window: w,
-            head,
-            ways,
-            flags,
-        });
+    let i = foreign.partition_point(|&t| t <= w.at);
+    if foreign.get(i).is_some_and(|&t| t < w.end) {
+        return Err(LoopRefusal::BranchInside);
     }
-    FunctionLoops {
-        func: 0,
-        sites,
-        probes,
+    if w.ways().iter().any(|&(_, t)| t >= start && t < entry_end) {
+        return Err(short);
     }
+    Ok(w)
 }
