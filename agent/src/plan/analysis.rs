@@ -733,4 +733,139 @@ mod tests {
         assert!(any_in(&v, 0, 2));
         assert!(!any_in(&v, 10, 100));
     }
+
+    fn ranges(spans: &[(u64, u64)]) -> Ranges {
+        Ranges {
+            starts: spans.iter().map(|s| s.0).collect(),
+            ends: spans.iter().map(|s| s.1).collect(),
+        }
+    }
+
+    #[test]
+    fn holder_is_the_range_that_holds_an_address() {
+        let r = ranges(&[(0x10, 0x20), (0x20, 0x28), (0x30, 0x40)]);
+        assert_eq!(r.holder(0x0f), None);
+        assert_eq!(r.holder(0x10), Some(0));
+        assert_eq!(r.holder(0x1f), Some(0));
+        assert_eq!(r.holder(0x20), Some(1));
+        // Between functions, and past the last.
+        assert_eq!(r.holder(0x28), None);
+        assert_eq!(r.holder(0x2f), None);
+        assert_eq!(r.holder(0x3f), Some(2));
+        assert_eq!(r.holder(0x40), None);
+    }
+
+    fn sym(name: &str, vaddr: u64, size: u64, unnamed: bool) -> FuncSym {
+        FuncSym {
+            name: name.into(),
+            vaddr,
+            size,
+            unnamed,
+            mid_function_cfi: false,
+        }
+    }
+
+    fn scan(jumps: &[u64], cond: &[u64], calls: &[u64]) -> Option<FunctionScan> {
+        Some(FunctionScan {
+            branch_targets: jumps.iter().chain(cond).copied().collect(),
+            cond_targets: cond.to_vec(),
+            call_targets: calls.to_vec(),
+            ..FunctionScan::default()
+        })
+    }
+
+    #[test]
+    fn fragments_are_jumped_to_never_called_and_belong_to_another() {
+        let funcs = [
+            sym("a", 0x100, 0x40, false),
+            // Jumped to by `a`, jumps back into its middle: a fragment.
+            sym("a.part", 0x200, 0x20, false),
+            // The same, but also called: a function.
+            sym("c", 0x300, 0x10, false),
+            // Unnamed, reached by a conditional jump: a fragment.
+            sym("sub_400", 0x400, 0x10, true),
+            // Unnamed, reached by a tail jump only: a function.
+            sym("sub_500", 0x500, 0x10, true),
+            // Jumps to its own start and into `a`, nobody else jumps to it.
+            sym("f", 0x600, 0x20, false),
+        ];
+        let scans = [
+            scan(&[0x200, 0x300, 0x500, 0x110], &[0x400], &[0x300]),
+            scan(&[0x110], &[], &[]),
+            scan(&[0x120], &[], &[]),
+            scan(&[], &[], &[]),
+            scan(&[0x100], &[], &[]),
+            scan(&[0x600, 0x110], &[], &[]),
+        ];
+        let spans: Vec<(u64, u64)> = funcs.iter().map(|f| (f.vaddr, f.vaddr + f.size)).collect();
+        let got = fragments(&funcs, &scans, &ranges(&spans));
+        assert_eq!(got, [false, true, false, true, false, false]);
+        // Its unwind entry starting mid-frame makes an unnamed function
+        // reached by a tail jump one too.
+        let mut funcs = funcs;
+        funcs[4].mid_function_cfi = true;
+        let got = fragments(&funcs, &scans, &ranges(&spans));
+        assert_eq!(got, [false, true, false, true, true, false]);
+    }
+
+    #[test]
+    fn unlisted_code_is_swept_between_and_after_functions() {
+        let base = 0x1000u64;
+        let mut code = [0x90u8; 0x20];
+        // 0x1000, no function's: jmp 0x1012.
+        code[0..2].copy_from_slice(&[0xeb, 0x10]);
+        // Function 0x1004..0x1008: jmp 0x1006, not swept.
+        code[4..6].copy_from_slice(&[0xeb, 0x00]);
+        // 0x1008, no function's: call 0x1004.
+        code[8..13].copy_from_slice(&[0xe8, 0xf7, 0xff, 0xff, 0xff]);
+        // Function 0x1010..0x1018: jmp 0x1014, not swept.
+        code[0x10..0x12].copy_from_slice(&[0xeb, 0x02]);
+        // 0x1018, after the last function: jne 0x1000.
+        code[0x18..0x1a].copy_from_slice(&[0x75, 0xe6]);
+        let code_at = |a: u64, len: u64| {
+            let lo = a.checked_sub(base)? as usize;
+            code.get(lo..lo + len as usize)
+        };
+        let r = ranges(&[(0x1004, 0x1008), (0x1010, 0x1018)]);
+        let got = unlisted_targets(&[(base, base + 0x20)], &r, code_at);
+        assert_eq!(got, [0x1000, 0x1004, 0x1012]);
+    }
+
+    #[test]
+    fn a_short_entry_moves_what_comes_before_the_first_landing() {
+        let start = 0x100;
+        let own = Own {
+            branches: vec![start + 9, start + 40],
+            ..Own::default()
+        };
+        // The entry itself and targets out of reach do not count.
+        let direct = [start, start + 7, start + 30];
+        let tables = [start + 24];
+        assert_eq!(
+            first_landing(&own, &direct, &tables, start),
+            Some(start + 7)
+        );
+        assert_eq!(
+            first_landing(&own, &[start + 3], &tables, start),
+            Some(start + 3)
+        );
+        let none = Own::default();
+        assert_eq!(first_landing(&none, &[start], &tables, start), None);
+        // A loop back to the entry: no short entry.
+        let loops = Own {
+            branches: vec![start + 9, start],
+            ..Own::default()
+        };
+        assert_eq!(first_landing(&loops, &direct, &tables, start), None);
+    }
+
+    #[test]
+    fn targets_inside_a_function_are_past_its_entry_and_before_its_end() {
+        let (lo, hi) = (0x100, 0x120);
+        let direct = [0x80, lo, 0x104, hi];
+        let tables = [0x102, 0x11f];
+        let unlisted = [0x10f, 0x200];
+        let got = landing_inside(lo, hi, [&direct, &tables, &unlisted]);
+        assert_eq!(got, [0x102, 0x104, 0x10f, 0x11f]);
+    }
 }
