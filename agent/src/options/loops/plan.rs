@@ -561,3 +561,140 @@ fn check_window(
     }
     Ok(w)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Flow::*;
+
+    /// The graph of one-byte instructions at 0x10 (see
+    /// `Insn::one_byte_each`); its shape reads no bytes.
+    fn graph(flows: &[Flow]) -> Graph<'static> {
+        let cfg = Cfg::new(&Insn::one_byte_each(flows));
+        let loops = cfg.loops();
+        let code: &'static [u8] = &[0x90; 16];
+        Graph::new(&code[..flows.len()], 0x10, cfg, loops)
+    }
+
+    #[test]
+    fn loops_that_test_at_the_top_or_bottom_or_leave_the_function() {
+        // 0x11 header tests and leaves to 0x14; 0x12-0x13 branch back.
+        let g = graph(&[Next, Branch(0x14), Next, Jump(0x11), Stop]);
+        assert_eq!(
+            (g.latches.clone(), g.top_exit.clone()),
+            (vec![vec![2]], vec![true])
+        );
+        assert_eq!(g.split, [false]);
+        let (head, ways) = g.needs();
+        assert_eq!(head, [false, true, false, false]);
+        // The header's end counts leavings, the latch's the branches back.
+        assert_eq!(ways, [false, true, true, false]);
+
+        // 0x11-0x12 one block that branches back to itself.
+        let g = graph(&[Next, Next, Branch(0x11), Stop]);
+        assert_eq!(
+            (g.latches.clone(), g.top_exit.clone()),
+            (vec![vec![1]], vec![false])
+        );
+        let (head, ways) = g.needs();
+        assert_eq!(
+            (head, ways),
+            (vec![false, true, false], vec![false, true, false])
+        );
+
+        // A way out of the loop to code past the function's end.
+        let g = graph(&[Next, Branch(0x100), Jump(0x11), Stop]);
+        assert_eq!(g.split, [true]);
+    }
+
+    #[test]
+    fn branches_into_the_middle_of_an_instruction_are_foreign() {
+        let insn = |addr, end, flow| Insn {
+            addr,
+            end,
+            flow,
+            filler: false,
+        };
+        let insns = [
+            insn(0x10, 0x12, Next),
+            insn(0x12, 0x14, Branch(0x13)),
+            insn(0x14, 0x16, Jump(0x10)),
+            insn(0x16, 0x18, Branch(0x51)),
+        ];
+        let got = with_mid_targets(&[0x11, 0x40], &insns, 0x10, 0x18);
+        assert_eq!(got, [0x11, 0x13, 0x40]);
+    }
+
+    // 0: mov eax,[rip+0x100] (6); 6: add ecx,eax; 8: cmp ecx,edx;
+    // 10: jne 0. Its head window is [0, 6), its tail [6, 12).
+    const LOOP: [u8; 12] = [
+        0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x01, 0xc1, 0x39, 0xd1, 0x75, 0xf4,
+    ];
+
+    #[test]
+    fn a_window_holds_no_foreign_target_and_moves_no_branch_to_the_entry() {
+        let base = 0x40_0000;
+        let window = |span| Native::loop_window(&LOOP, base, base, base + 12, span).unwrap();
+        let head = || window(LoopSpan::Head);
+        let short = LoopRefusal::ShortHeader;
+        assert!(check_window(head(), short, base, base, &[]).is_ok());
+        let at_entry = check_window(head(), short, base, base + 1, &[]);
+        assert_eq!(at_entry.unwrap_err(), LoopRefusal::AtEntry);
+        let inside = check_window(head(), short, base, base, &[base + 3]);
+        assert_eq!(inside.unwrap_err(), LoopRefusal::BranchInside);
+        // A target at the window's first byte or past its end is no harm.
+        assert!(check_window(head(), short, base, base, &[base, base + 6]).is_ok());
+        // The tail's jne goes to the first byte: moved, it would miss the
+        // entry plan's redirect.
+        let tail = || window(LoopSpan::Tail);
+        let moved = check_window(tail(), LoopRefusal::ShortLatch, base, base + 5, &[]);
+        assert_eq!(moved.unwrap_err(), LoopRefusal::ShortLatch);
+        assert!(check_window(tail(), LoopRefusal::ShortLatch, base, base, &[]).is_ok());
+    }
+
+    #[test]
+    fn a_loop_gets_a_header_probe_and_one_on_its_branch_back() {
+        let base = 0x40_0000;
+        // xor eax,eax; the loop above at 2 (its jne, relative, to 2); ret.
+        let mut code = vec![0x31, 0xc0];
+        code.extend_from_slice(&LOOP);
+        code.push(0xc3);
+        let cx = |entry_end, indirect| Context {
+            entry_end,
+            foreign: &[],
+            indirect,
+        };
+        let fl = plan(&code, base, code.len() as u64, &cx(base, false));
+        let header = base + 2;
+        assert_eq!(
+            fl.sites,
+            [LoopSite {
+                header,
+                outcome: Ok(())
+            }]
+        );
+        let probes: Vec<_> = fl
+            .probes
+            .iter()
+            .map(|p| (p.window.at, p.window.end, p.head, p.ways.clone()))
+            .collect();
+        assert_eq!(
+            probes,
+            [
+                (header, base + 8, Some(0), vec![vec![]]),
+                (
+                    base + 8,
+                    base + 14,
+                    None,
+                    vec![vec![WayCount::Back(0)], vec![]]
+                ),
+            ]
+        );
+        // The entry's patch takes the header's first bytes.
+        let fl = plan(&code, base, code.len() as u64, &cx(base + 4, false));
+        assert_eq!(fl.sites[0].outcome, Err(LoopRefusal::AtEntry));
+        assert!(fl.probes.is_empty());
+        let fl = plan(&code, base, code.len() as u64, &cx(base, true));
+        assert_eq!(fl.sites[0].outcome, Err(LoopRefusal::JumpTable));
+    }
+}
