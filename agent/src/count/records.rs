@@ -1,6 +1,7 @@
 //! Writing a module's function records and their outcomes into the counter
 //! segment: the same at start-up and for a library loaded later.
 
+use crate::arch::EntryPlan;
 use crate::count::segment::Segment;
 use crate::discover::modules::Module;
 use crate::discover::symbols::FuncSym;

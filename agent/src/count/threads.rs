@@ -4,7 +4,7 @@
 //! wrapper before their start routine runs; when a thread ends, its counts
 //! are folded into the ended threads' sum and its stripe is reused.
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{Native, ThreadContext};
 use crate::error::Errno;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -3,7 +3,7 @@
 //! ranges of `.eh_frame` for code no symbol names (stripped binaries),
 //! named `sub_<hex address>`.
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{Native, ThreadContext};
 use crate::error::DiscoverError;
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection};
 use goblin::elf::{sym, Elf};

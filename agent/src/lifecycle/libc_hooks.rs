@@ -8,7 +8,7 @@
 //! The entries are kept with the others: detach restores them, a later
 //! attach writes them again.
 
-use crate::arch::{CounterRef, InstructionSet, Native};
+use crate::arch::{CounterRef, EntryPlan, Native, Planner, StubWriter};
 use crate::error::LifecycleError;
 use crate::lifecycle::interpose;
 use crate::patch::install::StubMap;
@@ -99,14 +99,14 @@ fn prepare_one(
     let code = unsafe { std::slice::from_raw_parts(addr as *const u8, size) };
     let plan = Native::plan_window(code, addr, size, 0).map_err(LifecycleError::Unmovable)?;
     let scan = Native::scan_function(code, addr);
-    let window = addr..plan.resume_at.max(plan.patch_at + plan.window as u64);
+    let window = addr..plan.resume_at().max(plan.patch_at() + plan.window() as u64);
     if scan.decode_error
         || scan.has_indirect_jump
         || scan.branch_targets.iter().any(|t| window.contains(t))
     {
         return Err(LifecycleError::BranchInto);
     }
-    let counted = stubs.entries().iter().position(|e| e.at == plan.patch_at);
+    let counted = stubs.entries().iter().position(|e| e.at == plan.patch_at());
     let detour_len = match counted {
         Some(_) => 0,
         None => Native::stub_len(&plan, false),

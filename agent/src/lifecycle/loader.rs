@@ -9,7 +9,7 @@
 //! A library that is unloaded keeps its records and counts in the segment;
 //! its stubs are unmapped.
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{EntryPlan, Native, Planner, StubWriter};
 use crate::discover::maps::Maps;
 use crate::discover::modules::{self, Module};
 use crate::lifecycle::locked::Locked;
@@ -72,7 +72,7 @@ pub type HookWriter<'a> =
 /// Points `_dl_debug_state` at [`on_loader_event`]. Start-up only.
 pub fn install_hook(ld: &Module, maps: &Maps) -> bool {
     install_hook_with(ld, maps, &|ld, plan, _, entry| {
-        write_entries(ld, &[(plan.patch_at, entry.as_slice())])[0]
+        write_entries(ld, &[(plan.patch_at(), entry.as_slice())])[0]
     })
 }
 

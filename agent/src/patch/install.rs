@@ -1,7 +1,7 @@
 //! Writing stubs near each module and overwriting function entries with a
 //! jump to them. Runs while the process is single-threaded (the constructor).
 
-use crate::arch::{CounterRef, EntryPatch, InstructionSet, Native};
+use crate::arch::{CounterRef, EntryPatch, EntryPlan, Native, StubWriter};
 use crate::discover::modules::Module;
 use crate::log::vlog;
 use crate::patch::stubmem::StubArea;
@@ -388,7 +388,7 @@ fn emit_stubs(
                 }
                 used = start + Native::stub_len(plan, counter.caller_hook != 0);
                 out.ranges.push((at, area.addr + used as u64, slot));
-                out.entries.push((plan.patch_at, e));
+                out.entries.push((plan.patch_at(), e));
                 out.owners.push(i);
             }
             Err(r) => outcomes[i] = Some(r),
@@ -412,8 +412,8 @@ fn write_entry_parts(mp: &ModulePlan, stubs: &Emitted) -> Vec<bool> {
         let stub = stubs.ranges[k].0;
         let moved = Native::uncounted_entry(stub);
         for r in plan.redirects() {
-            let field = plan.start + r.field as u64;
-            let (target, to) = (plan.start + r.target as u64, moved + r.code as u64);
+            let field = plan.start() + r.field as u64;
+            let (target, to) = (plan.start() + r.target as u64, moved + r.code as u64);
             match redirect_bytes(field, target, to) {
                 Some(b) => parts.push((field, [b[0], b[1], b[2], b[3], 0], 4, k)),
                 None => blocked[k] = true,
@@ -437,7 +437,7 @@ fn write_entry_parts(mp: &ModulePlan, stubs: &Emitted) -> Vec<bool> {
         .enumerate()
         .filter_map(|(k, &i)| {
             let plan = mp.funcs[i].outcome.as_ref().ok()?;
-            (plan.is_trap() && !blocked[k]).then_some((plan.patch_at, stubs.ranges[k].0))
+            (plan.is_trap() && !blocked[k]).then_some((plan.patch_at(), stubs.ranges[k].0))
         })
         .collect();
     crate::options::traps::add(&traps);

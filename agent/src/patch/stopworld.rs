@@ -21,7 +21,7 @@
 //! meanwhile). The caller's `work` runs there, so it must not allocate
 //! or take a lock either.
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{Native, ThreadContext};
 use crate::error::Errno;
 use crate::error::PatchError;
 use std::time::{Duration, Instant};

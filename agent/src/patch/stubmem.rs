@@ -1,7 +1,7 @@
 //! Executable memory for stubs within jump range of a module, mapped only
 //! into free address space (never over an existing mapping).
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{Native, StubWriter, ThreadContext};
 use crate::discover::maps::Maps;
 use crate::lifecycle::lock::Lock;
 

@@ -1,6 +1,6 @@
 //! Counting switched per function while the program's threads run: a
 //! stub's first two bytes become a `jmp` over its count, or go back to the
-//! start of the count (`InstructionSet::counting_switch`). Each switch is one aligned
+//! start of the count (`StubWriter::counting_switch`). Each switch is one aligned
 //! two-byte store, so no thread ever runs a half-written instruction; the
 //! stub's page is made writable for it (still executable: threads keep
 //! running through it) and sealed again, and a `membarrier` then makes
@@ -9,7 +9,7 @@
 //! An entry itself (jump to the stub, or the function's own bytes) is
 //! switched only with the other threads stopped: see [`EntrySwitch`].
 
-use crate::arch::{EntryPatch, InstructionSet, Native, Plan};
+use crate::arch::{EntryPatch, EntryPlan, Native, Plan, StubWriter};
 use crate::error::Errno;
 use crate::error::PatchError;
 use crate::log::vlog;
@@ -95,15 +95,15 @@ pub struct EntrySwitch {
 impl EntrySwitch {
     /// The entry of `plan`'s function, patched with `patch` to reach `stub`.
     pub fn new(plan: &Plan, slot: u32, stub: u64, patch: &EntryPatch) -> Option<EntrySwitch> {
-        let from = (plan.patch_at - plan.start) as usize;
-        let own = plan.original().get(from..from + plan.window)?;
+        let from = (plan.patch_at() - plan.start()) as usize;
+        let own = plan.original().get(from..from + plan.window())?;
         let jump = patch.as_slice();
         if jump.len() != own.len() || own.len() > 24 {
             return None;
         }
         let mut e = EntrySwitch {
             slot,
-            at: plan.patch_at,
+            at: plan.patch_at(),
             stub,
             len: own.len() as u8,
             original: [0; 24],

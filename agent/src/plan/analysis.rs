@@ -2,7 +2,7 @@
 //! patched: the window plan plus the module-wide checks that no branch,
 //! jump table or other function's entry lands inside the overwritten bytes.
 
-use crate::arch::{FunctionScan, InstructionSet, Native, Plan};
+use crate::arch::{EntryPlan, FunctionScan, Native, Plan, Planner};
 use crate::discover::fileimage::FileImage;
 use crate::discover::maps::Maps;
 use crate::discover::modules::Module;
@@ -204,7 +204,7 @@ pub fn analyze(
             }
         }
         if let Ok(p) = &outcome {
-            prev_end = p.start + p.original().len() as u64;
+            prev_end = p.start() + p.original().len() as u64;
         }
         out.push(Candidate {
             name: f.name,
@@ -521,7 +521,7 @@ impl Facts<'_> {
     ) -> FunctionLoops {
         let start = self.ranges.starts[i];
         let entry_end = outcome.as_ref().map_or(start, |p| {
-            (p.start + p.original().len() as u64).max(p.patch_at + p.window as u64)
+            (p.start() + p.original().len() as u64).max(p.patch_at() + p.window() as u64)
         });
         let foreign = landing_inside(
             start,
@@ -594,7 +594,7 @@ fn plan_trap(
         return Err(Refusal::DecodeError);
     }
     let plan = Native::plan_trap(bytes, start, size as usize)?;
-    let moved = start..plan.resume_at;
+    let moved = start..plan.resume_at();
     if own
         .branches
         .iter()
@@ -603,8 +603,8 @@ fn plan_trap(
     {
         return Err(Refusal::BranchIntoWindow);
     }
-    if any_in(direct, plan.patch_at + 1, plan.resume_at)
-        || any_in(tables, plan.patch_at + 1, plan.resume_at)
+    if any_in(direct, plan.patch_at() + 1, plan.resume_at())
+        || any_in(tables, plan.patch_at() + 1, plan.resume_at())
     {
         return Err(Refusal::BranchIntoWindow);
     }
@@ -650,7 +650,7 @@ fn plan_full(
     // entry bytes is a rel32 to one of the moved instructions (the
     // entry's, or a later one's), it is sent to that instruction's copy
     // in the stub, past the count.
-    let entry_range = start..plan.resume_at.max(plan.patch_at + plan.window as u64);
+    let entry_range = start..plan.resume_at().max(plan.patch_at() + plan.window() as u64);
     let mut plan = plan;
     let back = own
         .branches
@@ -672,7 +672,7 @@ fn plan_full(
     if own.tables.iter().any(|t| entry_range.contains(t)) {
         return Err(Refusal::JumpTableIntoWindow);
     }
-    let (lo, hi) = (plan.patch_at + 1, plan.patch_at + plan.window as u64);
+    let (lo, hi) = (plan.patch_at() + 1, plan.patch_at() + plan.window() as u64);
     if any_in(direct, lo, hi) {
         return Err(Refusal::BranchIntoWindow);
     }
@@ -710,10 +710,10 @@ pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) -> bool {
         }
         let want = plan.original();
         let len = want.len() as u64;
-        if mem(maps, plan.start, len) == Some(want) {
+        if mem(maps, plan.start(), len) == Some(want) {
             continue;
         }
-        if file.bytes(plan.start, len) != Some(want) {
+        if file.bytes(plan.start(), len) != Some(want) {
             return false;
         }
         c.outcome = Err(Refusal::ModifiedInMemory);

@@ -18,7 +18,7 @@
 //! temporary file renamed into place, so processes racing on an empty cache
 //! each write a whole entry and readers never see a partial one.
 
-use crate::arch::{InstructionSet, Native, Plan};
+use crate::arch::{EntryPlan, Native, Plan, Planner};
 use crate::discover::fileimage::Identity;
 use crate::discover::modules::Module;
 use crate::discover::symbols::FuncSym;

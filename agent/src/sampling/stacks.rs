@@ -15,7 +15,7 @@
 //! handler; after that a sample allocates nothing and opens nothing.
 
 use super::addrmap;
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{LoopProber, Native};
 use crate::lifecycle::lock::Lock;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{

@@ -16,7 +16,7 @@
 //! them can be stopped at once if the program takes SIGPROF over.
 
 use super::addrmap;
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{Native, ThreadContext};
 use crate::error::Errno;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};

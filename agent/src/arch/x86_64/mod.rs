@@ -10,31 +10,156 @@ mod window;
 
 pub use loop_probe::{LoopWindow, ProbeCounter, Span as LoopSpan, Way};
 pub use scan::FunctionScan;
-pub use stub::CounterRef;
 pub use window::Plan;
 
-use super::{EntryPatch, InstructionSet};
+use super::{CounterRef, EntryPatch, LoopProber, Planner, StubWriter, ThreadContext};
 use rtprof_shared::loops::LoopRefusal;
 use rtprof_shared::Refusal;
 
 /// This build's instruction set.
 pub struct X86_64;
 
-impl InstructionSet for X86_64 {
-    /// Stubs must be reachable from the entry with a `jmp rel32`.
-    const BRANCH_RANGE: u64 = 0x7FFF_0000;
-    const USER_END: u64 = 0x7fff_ffff_f000;
-    /// `int3`.
-    const TRAP: u8 = 0xcc;
-    const STUB_ALIGN: u64 = 16;
+impl Planner for X86_64 {
+    type Plan = Plan;
+    type Scan = FunctionScan;
 
     fn plan_window(code: &[u8], start: u64, size: usize, pad: usize) -> Result<Plan, Refusal> {
         window::plan_window(code, start, size, pad)
     }
 
+    fn plan_short(
+        code: &[u8],
+        start: u64,
+        size: usize,
+        limit: usize,
+        tramp: i8,
+    ) -> Result<Plan, Refusal> {
+        window::plan_short(code, start, size, limit, tramp)
+    }
+
+    fn plan_trap(code: &[u8], start: u64, size: usize) -> Result<Plan, Refusal> {
+        window::plan_trap(code, start, size)
+    }
+
+    fn is_fill(code: &[u8]) -> bool {
+        window::is_fill(code)
+    }
+
+    fn within_fill(code: &[u8], lead: usize, len: usize) -> bool {
+        window::within_fill(code, lead, len)
+    }
+
+    fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
+        window::dead_fill(code, start)
+    }
+
+    fn sweep_targets(code: &[u8], ip: u64) -> Vec<u64> {
+        scan::sweep_targets(code, ip)
+    }
+
+    fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
+        scan::scan_function(code, ip)
+    }
+
+    fn jump_table_targets<'m>(
+        s: &FunctionScan,
+        lo: u64,
+        hi: u64,
+        keep: &dyn Fn(u64) -> bool,
+        read: &dyn Fn(u64, usize) -> Option<&'m [u8]>,
+    ) -> Vec<u64> {
+        scan::jump_table_targets(s, lo, hi, keep, read)
+    }
+
+    fn encode_plan(plan: &Plan, out: &mut Vec<u8>) {
+        plan_bytes::encode(plan, out)
+    }
+
+    fn decode_plan(bytes: &[u8], start: u64) -> Option<Plan> {
+        plan_bytes::decode(bytes, start)
+    }
+
+    /// `[endbr64;] ret` at the start of 16 aligned bytes: the 5 bytes from
+    /// the `ret` on are the function's own and its fill, which nothing can
+    /// reach (decoding them instead would cost every process the decoder's
+    /// set-up, half a millisecond).
+    fn return_only_plan(code: &[u8], at: u64) -> Option<Plan> {
+        let skip = match code {
+            [0xc3, ..] => 0,
+            [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] => 4,
+            _ => return None,
+        };
+        let window = window::MIN_WINDOW;
+        let original = code.get(..skip as usize + window)?;
+        Plan::from_parts(at, skip, window as u8, skip + 1, original, &[0xc3], &[])
+            .filter(|_| at.is_multiple_of(16))
+    }
+
     fn decode_flow(code: &[u8], start: u64) -> Vec<rtprof_shared::cfg::Insn> {
         rtprof_shared::cfg::x86_64::decode(code, start)
     }
+}
+
+impl StubWriter for X86_64 {
+    /// Stubs must be reachable from the entry with a `jmp rel32`.
+    const BRANCH_RANGE: u64 = 0x7FFF_0000;
+
+    /// `int3`.
+    const TRAP: u8 = 0xcc;
+
+    const STUB_ALIGN: u64 = 16;
+
+    fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])> {
+        stub::trampoline(plan, stub)
+    }
+
+    fn stub_len(plan: &Plan, callers: bool) -> usize {
+        stub::stub_len(plan, callers)
+    }
+
+    fn emit_stub(
+        plan: &Plan,
+        at: u64,
+        counter: &CounterRef,
+        out: &mut [u8],
+    ) -> Result<(), Refusal> {
+        stub::emit_stub(plan, at, counter, out)
+    }
+
+    fn entry_patch(plan: &Plan, to: u64) -> Option<EntryPatch> {
+        stub::entry_patch(plan, to)
+    }
+
+    fn counting_switch(on: bool) -> [u8; 2] {
+        stub::counting_switch(on)
+    }
+
+    /// The moved code, right after the counting prologue.
+    fn uncounted_entry(stub: u64) -> u64 {
+        stub + stub::PROLOGUE_LEN as u64
+    }
+
+    /// `target - end of field`, the field being the last four bytes of a
+    /// `jmp`/`jcc rel32`.
+    fn redirect(field: u64, to: u64) -> Option<[u8; 4]> {
+        let rel = to.wrapping_sub(field + 4) as i64;
+        i32::try_from(rel).ok().map(i32::to_le_bytes)
+    }
+
+    /// `jmp [rip+0]; dq target`.
+    fn absolute_jump(target: u64) -> ([u8; 16], usize) {
+        let mut b = [0u8; 16];
+        b[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+        b[6..14].copy_from_slice(&target.to_le_bytes());
+        (b, 14)
+    }
+}
+
+impl LoopProber for X86_64 {
+    type Window = LoopWindow;
+    type Span = LoopSpan;
+    type Way = Way;
+    type Counter = ProbeCounter;
 
     fn loop_window(
         code: &[u8],
@@ -77,119 +202,10 @@ impl InstructionSet for X86_64 {
     fn window_patch(w: &LoopWindow, probe: u64) -> Option<Vec<u8>> {
         loop_probe::window_patch(w, probe)
     }
+}
 
-    fn sweep_targets(code: &[u8], ip: u64) -> Vec<u64> {
-        scan::sweep_targets(code, ip)
-    }
-
-    fn scan_function(code: &[u8], ip: u64) -> FunctionScan {
-        scan::scan_function(code, ip)
-    }
-
-    fn jump_table_targets<'m>(
-        s: &FunctionScan,
-        lo: u64,
-        hi: u64,
-        keep: &dyn Fn(u64) -> bool,
-        read: &dyn Fn(u64, usize) -> Option<&'m [u8]>,
-    ) -> Vec<u64> {
-        scan::jump_table_targets(s, lo, hi, keep, read)
-    }
-
-    fn stub_len(plan: &Plan, callers: bool) -> usize {
-        stub::stub_len(plan, callers)
-    }
-
-    fn emit_stub(
-        plan: &Plan,
-        at: u64,
-        counter: &CounterRef,
-        out: &mut [u8],
-    ) -> Result<(), Refusal> {
-        stub::emit_stub(plan, at, counter, out)
-    }
-
-    fn entry_patch(plan: &Plan, to: u64) -> Option<EntryPatch> {
-        stub::entry_patch(plan, to)
-    }
-
-    fn plan_short(
-        code: &[u8],
-        start: u64,
-        size: usize,
-        limit: usize,
-        tramp: i8,
-    ) -> Result<Plan, Refusal> {
-        window::plan_short(code, start, size, limit, tramp)
-    }
-
-    fn plan_trap(code: &[u8], start: u64, size: usize) -> Result<Plan, Refusal> {
-        window::plan_trap(code, start, size)
-    }
-
-    fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])> {
-        stub::trampoline(plan, stub)
-    }
-
-    fn is_fill(code: &[u8]) -> bool {
-        window::is_fill(code)
-    }
-
-    fn within_fill(code: &[u8], lead: usize, len: usize) -> bool {
-        window::within_fill(code, lead, len)
-    }
-
-    fn dead_fill(code: &[u8], start: u64) -> Vec<(u64, u64)> {
-        window::dead_fill(code, start)
-    }
-
-    fn counting_switch(on: bool) -> [u8; 2] {
-        stub::counting_switch(on)
-    }
-
-    fn encode_plan(plan: &Plan, out: &mut Vec<u8>) {
-        plan_bytes::encode(plan, out)
-    }
-
-    fn decode_plan(bytes: &[u8], start: u64) -> Option<Plan> {
-        plan_bytes::decode(bytes, start)
-    }
-
-    /// `[endbr64;] ret` at the start of 16 aligned bytes: the 5 bytes from
-    /// the `ret` on are the function's own and its fill, which nothing can
-    /// reach (decoding them instead would cost every process the decoder's
-    /// set-up, half a millisecond).
-    fn return_only_plan(code: &[u8], at: u64) -> Option<Plan> {
-        let skip = match code {
-            [0xc3, ..] => 0,
-            [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] => 4,
-            _ => return None,
-        };
-        let window = window::MIN_WINDOW;
-        let original = code.get(..skip as usize + window)?;
-        Plan::from_parts(at, skip, window as u8, skip + 1, original, &[0xc3], &[])
-            .filter(|_| at.is_multiple_of(16))
-    }
-
-    /// The moved code, right after the counting prologue.
-    fn uncounted_entry(stub: u64) -> u64 {
-        stub + stub::PROLOGUE_LEN as u64
-    }
-
-    /// `target - end of field`, the field being the last four bytes of a
-    /// `jmp`/`jcc rel32`.
-    fn redirect(field: u64, to: u64) -> Option<[u8; 4]> {
-        let rel = to.wrapping_sub(field + 4) as i64;
-        i32::try_from(rel).ok().map(i32::to_le_bytes)
-    }
-
-    /// `jmp [rip+0]; dq target`.
-    fn absolute_jump(target: u64) -> ([u8; 16], usize) {
-        let mut b = [0u8; 16];
-        b[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
-        b[6..14].copy_from_slice(&target.to_le_bytes());
-        (b, 14)
-    }
+impl ThreadContext for X86_64 {
+    const USER_END: u64 = 0x7fff_ffff_f000;
 
     fn stripe_tls_offset() -> i64 {
         tls::offset()
@@ -258,7 +274,7 @@ impl InstructionSet for X86_64 {
 
 /// The interface is implemented in full, checked when this module builds.
 const _: fn() = || {
-    fn implements<T: InstructionSet>() {}
+    fn implements<T: Planner + StubWriter + LoopProber + ThreadContext>() {}
     implements::<X86_64>();
 };
 

@@ -7,7 +7,8 @@
 //! offset, its target's, its copy's in the code) and 2 per moved
 //! instruction (its offset, its copy's).
 
-use super::window::{FixKind, Fixup, Plan, Redirect, MAX_FIXUPS, MAX_REDIRECTS, MIN_WINDOW};
+use super::super::Redirect;
+use super::window::{FixKind, Fixup, Plan, MAX_FIXUPS, MAX_REDIRECTS, MIN_WINDOW};
 
 const PLAN_HEAD: usize = 9;
 const REDIRECT: usize = 6;

@@ -28,25 +28,10 @@
 //! signal handler that calls the same function between a load and a store
 //! would have its count overwritten.
 
-use super::super::EntryPatch;
+use super::super::{CounterRef, EntryPatch};
 use super::emit::{Emitter, Label};
 use super::window::{FixKind, Plan};
 use rtprof_shared::Refusal;
-
-/// Where the stub's counter lives.
-#[derive(Clone, Copy, Debug)]
-pub struct CounterRef {
-    /// Offset from the thread pointer (fs base) of the per-thread stripe pointer.
-    pub tls_offset: i32,
-    /// Counter slot of the function within a stripe.
-    pub slot: u32,
-    /// Absolute address of the slot's counter in the shared stripe.
-    pub shared_counter: u64,
-    /// With exact callers on (`RTPROF_CALLERS=1`): the address of an
-    /// `extern "C" fn(slot: u32, return_address: u64)` the stub calls after
-    /// counting; 0 for none.
-    pub caller_hook: u64,
-}
 
 /// Bytes of the counting prologue, up to the moved instructions: fixed,
 /// since the counting switch jumps over it and a moved instruction's
@@ -233,7 +218,8 @@ pub fn trampoline(plan: &Plan, stub: u64) -> Option<(u64, [u8; 5])> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::window::{plan_window, Redirect};
+    use super::super::super::Redirect;
+    use super::super::window::plan_window;
     use super::*;
     use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 

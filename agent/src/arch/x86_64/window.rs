@@ -3,6 +3,7 @@
 //! code as a template (bytes plus fixups) that runs wherever the stub goes,
 //! so that a cached plan is installed without decoding anything again.
 
+use super::super::{EntryPlan, Redirect};
 use iced_x86::{
     ConditionCode, ConstantOffsets, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic,
     OpKind,
@@ -28,20 +29,6 @@ pub const SHORT_JUMP: usize = 2;
 /// Most of the function's own branches into its entry bytes a plan sends
 /// to the stub's moved code.
 pub const MAX_REDIRECTS: usize = 4;
-
-/// One of the function's own branches into its entry bytes (a loop whose
-/// head is the entry, or a jump to a later instruction of those moved),
-/// sent to that instruction's copy in the stub, past the count (a loop is
-/// not a call).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Redirect {
-    /// Offset from `start` of the branch's rel32 field.
-    pub field: u32,
-    /// Offset from `start` of where it branches to now.
-    pub target: u8,
-    /// Offset in the moved code of the copy it is sent to.
-    pub code: u8,
-}
 
 /// What a fixup writes into the template once the stub's address is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,13 +89,13 @@ impl Fixup {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// First byte of the function.
-    pub start: u64,
+    pub(super) start: u64,
     /// Where the jump is written: after an `endbr64`, which stays in place.
-    pub patch_at: u64,
+    pub(super) patch_at: u64,
     /// Bytes overwritten at `patch_at` (at least [`MIN_WINDOW`]).
-    pub window: usize,
+    pub(super) window: usize,
     /// Address execution continues at after the moved instructions.
-    pub resume_at: u64,
+    pub(super) resume_at: u64,
     code: [u8; MAX_CODE],
     code_len: u8,
     fixups: [Fixup; MAX_FIXUPS],
@@ -136,21 +123,21 @@ const TRAP_ENTRY: i8 = i8::MIN;
 
 impl Plan {
     /// Where a short plan's trampoline goes (a `jmp rel32` to the stub).
-    pub fn trampoline(&self) -> Option<u64> {
+    pub(in crate::arch) fn trampoline(&self) -> Option<u64> {
         (self.tramp != 0 && self.tramp != TRAP_ENTRY)
             .then(|| self.start.wrapping_add(self.tramp as i64 as u64))
     }
 
     /// The entry is an `int3`: the trap handler sends the thread on to
     /// the stub, which runs the first instruction and jumps back past it.
-    pub fn is_trap(&self) -> bool {
+    pub(in crate::arch) fn is_trap(&self) -> bool {
         self.tramp == TRAP_ENTRY
     }
 
     /// The plan with a trap for its entry. Only for a plan made by
     /// [`plan_trap`] or read back from one: one byte overwritten, one
     /// instruction moved.
-    pub fn with_trap(mut self) -> Option<Plan> {
+    pub(in crate::arch) fn with_trap(mut self) -> Option<Plan> {
         (self.window == 1 && self.moved_len == 1).then(|| {
             self.tramp = TRAP_ENTRY;
             self
@@ -158,13 +145,13 @@ impl Plan {
     }
 
     /// The trampoline's offset from `start` (0: none), for a cache entry.
-    pub fn tramp_offset(&self) -> i8 {
+    pub(in crate::arch) fn tramp_offset(&self) -> i8 {
         self.tramp
     }
 
     /// The function's own branches into its entry bytes, sent to the
     /// stub's moved code once the stub exists.
-    pub fn redirects(&self) -> &[Redirect] {
+    pub(in crate::arch) fn redirects(&self) -> &[Redirect] {
         &self.redirects[..self.redirect_len as usize]
     }
 
@@ -173,7 +160,7 @@ impl Plan {
     /// (the entry's: the first moved one); `None` if there are too many,
     /// one is not in the function's reach, or one reaches no moved
     /// instruction's first byte.
-    pub fn with_redirects(self, fields: &[(u64, u64)]) -> Option<Plan> {
+    pub(in crate::arch) fn with_redirects(self, fields: &[(u64, u64)]) -> Option<Plan> {
         let mut r = [Redirect::default(); MAX_REDIRECTS];
         for (k, &(f, t)) in fields.iter().enumerate() {
             let target = t.checked_sub(self.start)?;
@@ -194,13 +181,13 @@ impl Plan {
 
     /// Where each moved instruction is, from `start` and in the moved
     /// code.
-    pub fn moved_at(&self) -> &[(u8, u8)] {
+    pub(in crate::arch) fn moved_at(&self) -> &[(u8, u8)] {
         &self.moved_at[..self.moved_len as usize]
     }
 
     /// The plan with `moved_at` (a cache entry's), checked: each in the
     /// original bytes and the moved code, in order.
-    pub fn with_moved_at(mut self, moved_at: &[(u8, u8)]) -> Option<Plan> {
+    pub(in crate::arch) fn with_moved_at(mut self, moved_at: &[(u8, u8)]) -> Option<Plan> {
         let skip = (self.patch_at - self.start) as u8;
         let ok = moved_at.len() <= MIN_WINDOW
             && moved_at.first().is_none_or(|&m| m == (skip, 0))
@@ -221,7 +208,10 @@ impl Plan {
     /// The plan with `redirects` (a cache entry's), checked: never a
     /// field in the bytes the entry patch overwrites or moves, always a
     /// target among them and a copy inside the moved code.
-    pub fn with_resolved_redirects(mut self, redirects: &[Redirect]) -> Option<Plan> {
+    pub(in crate::arch) fn with_resolved_redirects(
+        mut self,
+        redirects: &[Redirect],
+    ) -> Option<Plan> {
         if redirects.len() > MAX_REDIRECTS {
             return None;
         }
@@ -243,23 +233,23 @@ impl Plan {
 
     /// The moved instructions as they run from a stub, ending with the
     /// jump back, before [`Plan::fixups`] are applied.
-    pub fn code(&self) -> &[u8] {
+    pub(in crate::arch) fn code(&self) -> &[u8] {
         &self.code[..self.code_len as usize]
     }
 
-    pub fn fixups(&self) -> &[Fixup] {
+    pub(in crate::arch) fn fixups(&self) -> &[Fixup] {
         &self.fixups[..self.fix_len as usize]
     }
 
     /// The bytes from `start` that the plan was made from and that patching
     /// overwrites or moves: memory must still hold them.
-    pub fn original(&self) -> &[u8] {
+    pub(in crate::arch) fn original(&self) -> &[u8] {
         &self.original[..self.original_len as usize]
     }
 
     /// A plan from its parts (a cache entry's), checked for consistency:
     /// `None` if they cannot have come from [`plan_window`].
-    pub fn from_parts(
+    pub(in crate::arch) fn from_parts(
         start: u64,
         skip: u8,
         window: u8,
@@ -299,7 +289,7 @@ impl Plan {
 
     /// The same plan for the module loaded `delta` bytes further up.
     #[cfg(test)]
-    pub fn moved_by(&self, delta: u64) -> Plan {
+    pub(in crate::arch) fn moved_by(&self, delta: u64) -> Plan {
         let mut p = *self;
         p.start = p.start.wrapping_add(delta);
         p.patch_at = p.patch_at.wrapping_add(delta);
@@ -331,7 +321,7 @@ impl Plan {
     /// offset `tramp` from `start`, before the function or past the bytes
     /// its entry moves. Only for a plan made by [`plan_short`] or read
     /// back from one.
-    pub fn with_trampoline(mut self, tramp: i8) -> Option<Plan> {
+    pub(in crate::arch) fn with_trampoline(mut self, tramp: i8) -> Option<Plan> {
         // Past every byte the plan overwrites or resumes into.
         let moved_end = self.original_len as i64;
         let reach = tramp as i64 - (self.patch_at - self.start + SHORT_JUMP as u64) as i64;
@@ -803,6 +793,37 @@ fn check_movable(ins: &Instruction) -> Result<(), Refusal> {
             Err(Refusal::UnsupportedInstruction)
         }
         _ => Ok(()),
+    }
+}
+
+/// Generic code sees a plan through these (see `EntryPlan`).
+impl EntryPlan for Plan {
+    fn start(&self) -> u64 {
+        self.start
+    }
+    fn patch_at(&self) -> u64 {
+        self.patch_at
+    }
+    fn window(&self) -> usize {
+        self.window
+    }
+    fn resume_at(&self) -> u64 {
+        self.resume_at
+    }
+    fn original(&self) -> &[u8] {
+        Plan::original(self)
+    }
+    fn redirects(&self) -> &[Redirect] {
+        Plan::redirects(self)
+    }
+    fn with_redirects(self, fields: &[(u64, u64)]) -> Option<Plan> {
+        Plan::with_redirects(self, fields)
+    }
+    fn trampoline(&self) -> Option<u64> {
+        Plan::trampoline(self)
+    }
+    fn is_trap(&self) -> bool {
+        Plan::is_trap(self)
     }
 }
 

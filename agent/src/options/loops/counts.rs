@@ -11,7 +11,7 @@
 //! start-up. At exit, the list of every loop with its counts (or why it
 //! has none) is written beside the counter segment.
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{Native, ThreadContext};
 use rtprof_shared::loops::LoopRefusal;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;

@@ -16,7 +16,7 @@
 //! on into, when nothing else enters them; one window at a block's start
 //! that reaches its end serves as both.
 
-use crate::arch::{InstructionSet, LoopSpan, LoopWindow, Native};
+use crate::arch::{LoopProber, LoopSpan, LoopWindow, Native, Planner};
 use rtprof_shared::cfg::{Cfg, Flow, Insn, Loop};
 use rtprof_shared::loops::LoopRefusal;
 

@@ -4,7 +4,7 @@
 //! Runs while the process is single-threaded (the constructor), for the
 //! modules present at start-up.
 
-use crate::arch::{InstructionSet, Native, ProbeCounter, Way};
+use crate::arch::{LoopProber, Native, ProbeCounter, StubWriter, Way};
 use crate::discover::maps::Maps;
 use crate::log::vlog;
 use crate::options::loops::counts::{Counter, Counters};

@@ -18,7 +18,7 @@
 
 pub mod signals;
 
-use crate::arch::{InstructionSet, Native};
+use crate::arch::{Native, ThreadContext};
 use crate::lifecycle::lock::Lock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
