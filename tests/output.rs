@@ -4,10 +4,10 @@
 //! example schedulers. Real programs compiled here, a real `rtprofd` on a
 //! private socket and segment.
 
-use rtprof_e2e::*;
-use rtprof_shared::present::{
+use rtprof_abi::present::{
     read_process, segment_bytes, BufferHeader, PresentHeader, PresentWriter, ProcTable, Row, RowIn,
 };
+use rtprof_e2e::*;
 use std::io::Read;
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};

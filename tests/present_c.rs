@@ -5,11 +5,11 @@
 //! the Rust reader's), and no read strays outside what the reader was
 //! given.
 
-use rtprof_e2e::*;
-use rtprof_shared::present::{
+use rtprof_abi::present::{
     lookup, read_process_into, read_view, segment_bytes, BufferHeader, PresentError, PresentHeader,
     PresentWriter, ProcEntry, ProcTable, ProcessRows, Row, RowIn,
 };
+use rtprof_e2e::*;
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

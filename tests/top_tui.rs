@@ -6,8 +6,8 @@
 //! help, resizing, a restarted daemon, and quitting with the terminal
 //! given back.
 
+use rtprof_abi::present::read_view;
 use rtprof_e2e::*;
-use rtprof_shared::present::read_view;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

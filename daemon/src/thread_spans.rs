@@ -13,9 +13,9 @@
 //! process are followed.
 
 use crate::spans::keep_first;
-use rtprof_shared::layout::Header;
-use rtprof_shared::present::{IdRow, ThreadRows, ROW_COUNTED};
-use rtprof_shared::reader::{
+use rtprof_abi::layout::Header;
+use rtprof_abi::present::{IdRow, ThreadRows, ROW_COUNTED};
+use rtprof_abi::reader::{
     fold_seq, live_stripes, stripe_calls, stripe_samples, thread_function_samples,
 };
 use std::collections::{HashMap, VecDeque};
@@ -398,8 +398,8 @@ impl ThreadSpans {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rtprof_shared::layout::{Capacities, Layout};
-    use rtprof_shared::{read_header, SegmentWriter};
+    use rtprof_abi::layout::{Capacities, Layout};
+    use rtprof_abi::{read_header, SegmentWriter};
 
     /// A segment of 4 functions and room for 4 threads' stripes (after
     /// the shared one and the two sums of ended threads).

@@ -10,8 +10,8 @@ pub use self::x86_64::{
     CounterRef, FunctionScan, LoopSpan, LoopWindow, Plan, ProbeCounter, Way, X86_64 as Native,
 };
 
-use rtprof_shared::loops::LoopRefusal;
-use rtprof_shared::Refusal;
+use rtprof_abi::loops::LoopRefusal;
+use rtprof_abi::Refusal;
 
 /// Everything the agent needs to know about the machine's instructions and
 /// ABI: choosing and encoding patches, the stubs and their live switch, the

@@ -4,7 +4,7 @@
 //! switches counting of functions on and off while it runs.
 
 use crate::agent;
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::SegmentWriter;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::Ordering;
 

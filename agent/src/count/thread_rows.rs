@@ -9,7 +9,7 @@
 
 use crate::lifecycle::lock::{Guard, Lock};
 use crate::Agent;
-use rtprof_shared::count_table::Table;
+use rtprof_abi::count_table::Table;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Samples by (stripe, function slot), in the segment (rtprofd reads them

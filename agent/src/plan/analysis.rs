@@ -7,7 +7,7 @@ use crate::discover::fileimage::FileImage;
 use crate::discover::maps::Maps;
 use crate::discover::modules::Module;
 use crate::discover::symbols::FunctionList;
-use rtprof_shared::Refusal;
+use rtprof_abi::Refusal;
 
 /// Alignment fill considered after a function (GCC pads to 16 bytes).
 const MAX_PAD: u64 = 32;

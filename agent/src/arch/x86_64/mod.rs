@@ -13,8 +13,8 @@ pub use stub::CounterRef;
 pub use window::Plan;
 
 use super::{EntryPatch, InstructionSet};
-use rtprof_shared::loops::LoopRefusal;
-use rtprof_shared::Refusal;
+use rtprof_abi::loops::LoopRefusal;
+use rtprof_abi::Refusal;
 
 /// This build's instruction set.
 pub struct X86_64;

@@ -30,7 +30,7 @@
 
 use super::super::EntryPatch;
 use super::window::{FixKind, Plan};
-use rtprof_shared::Refusal;
+use rtprof_abi::Refusal;
 
 /// Where the stub's counter lives.
 #[derive(Clone, Copy, Debug)]

@@ -17,8 +17,8 @@
 //! that reaches its end serves as both.
 
 use crate::arch::{InstructionSet, LoopSpan, LoopWindow, Native};
+use rtprof_abi::loops::LoopRefusal;
 use rtprof_shared::cfg::{Cfg, Flow};
-use rtprof_shared::loops::LoopRefusal;
 
 /// One loop of a function: its header's address, and whether its probes
 /// fit.

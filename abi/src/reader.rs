@@ -1163,7 +1163,7 @@ pub fn read_cost(bytes: &[u8], h: &Header) -> Option<AgentCost> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::writer::SegmentWriter;
     use std::sync::atomic::Ordering;
@@ -1221,6 +1221,11 @@ mod tests {
     fn as_bytes(buf: &[u64]) -> &[u8] {
         // SAFETY: the same memory as `buf`, borrowed as long, as bytes.
         unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) }
+    }
+
+    /// The snapshot of [`sample_segment`], for the side files' readers.
+    pub(crate) fn sample_snapshot() -> Snapshot {
+        read_snapshot(as_bytes(&sample_segment().0)).unwrap()
     }
 
     #[test]
