@@ -93,7 +93,7 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
         }
         let c = *w.counters();
         let stripes: Vec<u32> = (0..threads.saturating_sub(1))
-            .map(|t| c.alloc_stripe(pid + t).unwrap())
+            .map(|t| c.append_stripe(pid + t).unwrap())
             .chain([0])
             .collect();
         c.set_sampler(Sampler::Perf, Why::Default, 0, 1_000_000);

@@ -1189,7 +1189,7 @@ pub(crate) mod tests {
         w.add_module(b"/lib/libx.so", 0x7000).unwrap();
         let h = w.add_function(b"helper", 0x300, 20).unwrap();
         w.set_status(h, None);
-        let s1 = w.counters().alloc_stripe(100).unwrap();
+        let s1 = w.counters().append_stripe(100).unwrap();
         // SAFETY: slots below func_count of stripes handed out, inside
         // `buf`; no other thread uses it.
         unsafe {

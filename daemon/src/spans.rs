@@ -888,7 +888,7 @@ mod tests {
             let c = w.counters();
             c.set_sampler(Sampler::Perf, Why::Unknown, 0, 1_000_000);
             c.set_state(state::RUNNING);
-            assert_eq!(c.alloc_stripe(9), Some(1));
+            assert_eq!(c.append_stripe(9), Some(1));
             Seg { mem, w }
         }
         fn header(&self) -> Header {

@@ -5,6 +5,7 @@
 //! in the shared stripe), never SIGBUS in the host. Once mapped, the file's
 //! descriptor is closed: the program never sees a descriptor it did not open.
 
+use crate::count::stripes::Stripes;
 use crate::error::CountError;
 use crate::log::vlog;
 use rtprof_abi::layout::PAGE;
@@ -463,7 +464,7 @@ impl Segment {
         }
     }
 
-    /// Folds the ended stripes (see [`Counters::fold_ended`]); with `wait`,
+    /// Folds the ended stripes (see [`Stripes::fold_ended`]); with `wait`,
     /// after a fold under way rather than leaving them to it.
     fn fold_ended(&self, wait: bool) {
         self.counters.fold_ended(wait, |p, bytes| {

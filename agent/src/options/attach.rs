@@ -35,6 +35,7 @@
 
 use crate::config::Config;
 use crate::count::segment::Segment;
+use crate::count::stripes::Stripes;
 use crate::discover::maps::Maps;
 use crate::error::Errno;
 use crate::error::PatchError;
