@@ -329,9 +329,9 @@ fn main() {
     let built = Command::new("gcc")
         .args(["-O2", "-o"])
         .arg(&checker)
-        .arg(format!("-I{}", root.join("shared/include").display()))
-        .arg(root.join("shared/c/present_check.c"))
-        .arg(root.join("shared/c/rtprof_present.c"))
+        .arg(format!("-I{}", root.join("abi/include").display()))
+        .arg(root.join("abi/c/present_check.c"))
+        .arg(root.join("abi/c/rtprof_present.c"))
         .status()
         .is_ok_and(|s| s.success());
     if built {

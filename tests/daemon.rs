@@ -607,9 +607,9 @@ fn c_and_rust_schedulers_read_the_spans() {
     let o = Command::new("gcc")
         .args(["-O2", "-Wall", "-Werror", "-o"])
         .arg(&sched_c)
-        .arg(format!("-I{}", root().join("shared/include").display()))
+        .arg(format!("-I{}", root().join("abi/include").display()))
         .arg(root().join("examples/scheduler.c"))
-        .arg(root().join("shared/c/rtprof_present.c"))
+        .arg(root().join("abi/c/rtprof_present.c"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -410,9 +410,9 @@ fn c_scheduler(dir: &Path) -> PathBuf {
             "-o",
         ])
         .arg(&out)
-        .arg(format!("-I{}", root().join("shared/include").display()))
+        .arg(format!("-I{}", root().join("abi/include").display()))
         .arg(root().join("examples/scheduler.c"))
-        .arg(root().join("shared/c/rtprof_present.c"))
+        .arg(root().join("abi/c/rtprof_present.c"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

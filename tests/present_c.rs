@@ -1,4 +1,4 @@
-//! The C reader of the presentation segment (`shared/c/rtprof_present.c`),
+//! The C reader of the presentation segment (`abi/c/rtprof_present.c`),
 //! built with AddressSanitizer and UndefinedBehaviorSanitizer, against
 //! segments written by the Rust writer and then broken one field at a
 //! time: every malformed segment gets a clean error (the same verdict as
@@ -32,9 +32,9 @@ fn build_checker(dir: &Path) -> PathBuf {
             "-o",
         ])
         .arg(&out)
-        .arg(format!("-I{}", root().join("shared/include").display()))
-        .arg(root().join("shared/c/present_check.c"))
-        .arg(root().join("shared/c/rtprof_present.c"))
+        .arg(format!("-I{}", root().join("abi/include").display()))
+        .arg(root().join("abi/c/present_check.c"))
+        .arg(root().join("abi/c/rtprof_present.c"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
