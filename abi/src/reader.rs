@@ -1,6 +1,8 @@
 //! Validating reader: turns the bytes of a counter segment, which may be
 //! truncated, stale or hostile, into a [`Snapshot`] or a [`SegmentError`].
-//! It never trusts an offset, length or count it has not checked.
+//! It never trusts an offset, length or count it has not checked. It also
+//! reads the files the agent writes beside its segment at exit (stacks,
+//! callers, threads, events; loops' in [`crate::loops`]), as strictly.
 
 use crate::layout::*;
 use crate::loops::{LoopCounts, LoopStats, Offsets};
