@@ -25,10 +25,10 @@
 mod common;
 
 use common::{arg, arg_text, here, median};
-use rtprof_shared::layout::{state, Capacities, Layout};
-use rtprof_shared::present::{lookup, read_process_into, read_view, ProcessRows};
-use rtprof_shared::sampling::{Sampler, Why};
-use rtprof_shared::writer::SegmentWriter;
+use rtprof_abi::layout::{state, Capacities, Layout};
+use rtprof_abi::present::{lookup, read_process_into, read_view, ProcessRows};
+use rtprof_abi::sampling::{Sampler, Why};
+use rtprof_abi::writer::SegmentWriter;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 /// Sends a segment's descriptor to the daemon, as the agent does.
 fn register(socket: &Path, fd: i32) -> bool {
     std::os::unix::net::UnixStream::connect(socket)
-        .is_ok_and(|s| rtprof_shared::protocol::send_registration(s.as_raw_fd(), fd).is_ok())
+        .is_ok_and(|s| rtprof_abi::protocol::send_registration(s.as_raw_fd(), fd).is_ok())
 }
 
 fn exe_name(k: usize) -> String {
@@ -68,7 +68,7 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
     // counters are bumped by this thread alone (the daemon only reads).
     unsafe {
         let fd = libc::memfd_create(
-            rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
+            rtprof_abi::protocol::SEGMENT_MEMFD.as_ptr(),
             libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
         );
         assert!(fd >= 0 && libc::ftruncate(fd, layout.total_size as i64) == 0);
@@ -93,7 +93,7 @@ fn simulate(socket: &Path, exe: usize, funcs: u32, active: f64, threads: u32, pa
         }
         let c = *w.counters();
         let stripes: Vec<u32> = (0..threads.saturating_sub(1))
-            .map(|t| c.alloc_stripe(pid + t).unwrap())
+            .map(|t| c.append_stripe(pid + t).unwrap())
             .chain([0])
             .collect();
         c.set_sampler(Sampler::Perf, Why::Default, 0, 1_000_000);
@@ -329,9 +329,9 @@ fn main() {
     let built = Command::new("gcc")
         .args(["-O2", "-o"])
         .arg(&checker)
-        .arg(format!("-I{}", root.join("shared/include").display()))
-        .arg(root.join("shared/c/present_check.c"))
-        .arg(root.join("shared/c/rtprof_present.c"))
+        .arg(format!("-I{}", root.join("abi/include").display()))
+        .arg(root.join("abi/c/present_check.c"))
+        .arg(root.join("abi/c/rtprof_present.c"))
         .status()
         .is_ok_and(|s| s.success());
     if built {

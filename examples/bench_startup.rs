@@ -484,7 +484,7 @@ impl System<'_> {
         let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
         let mut seen = BTreeSet::new();
         let look = |seen: &mut BTreeSet<u32>| {
-            if let Ok(v) = rtprof_shared::present::read_view(&map) {
+            if let Ok(v) = rtprof_abi::present::read_view(&map) {
                 seen.extend(
                     v.procs
                         .iter()

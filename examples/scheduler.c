@@ -5,7 +5,7 @@
  * Cost model: moving a function saves its time x (1 - 1/speedup), and costs
  * a transfer per call; move it if the saving is larger.
  *
- * build: gcc -O2 -Ishared/include -o scheduler examples/scheduler.c shared/c/rtprof_present.c
+ * build: gcc -O2 -Iabi/include -o scheduler examples/scheduler.c abi/c/rtprof_present.c
  * usage: scheduler [--present PATH] [--once] [--speedup S] [--transfer-ns T] [--top N]
  * exit status: 0 after --once; 1 when the segment cannot be read (missing,
  * not a segment, malformed, never published, or rewritten under every read

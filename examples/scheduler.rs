@@ -9,8 +9,8 @@
 //! (missing, not a segment, malformed, never published, or rewritten under
 //! every read for five seconds); 2 for a bad argument.
 
-use rtprof_shared::present::{now_ns, open_file, read_view, OpenError, PresentError, RowView};
-use rtprof_shared::report::escape_text;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::present::{now_ns, open_file, read_view, OpenError, PresentError, RowView};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: scheduler [--present PATH] [--once] [--speedup S] [--transfer-ns T]";
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     };
     let parsed = (|| {
         let path =
-            opt("--present")?.unwrap_or_else(|| rtprof_shared::protocol::DEFAULT_PRESENT.into());
+            opt("--present")?.unwrap_or_else(|| rtprof_abi::protocol::DEFAULT_PRESENT.into());
         Ok::<_, String>((
             path,
             number("--speedup", 10.0)?,

@@ -2,8 +2,8 @@
 //! C programs with known call rates registering with it, spans read through
 //! the Rust client library.
 
+use rtprof_abi::present::{read_process, read_view, ProcView, RowView};
 use rtprof_e2e::*;
-use rtprof_shared::present::{read_process, read_view, ProcView, RowView};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -300,7 +300,7 @@ fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
     // SAFETY: plain system calls on a descriptor created here and then owned.
     unsafe {
         let fd = libc::memfd_create(
-            rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
+            rtprof_abi::protocol::SEGMENT_MEMFD.as_ptr(),
             libc::MFD_ALLOW_SEALING,
         );
         assert!(fd >= 0);
@@ -316,7 +316,7 @@ fn sealed_memfd(bytes: &[u8]) -> std::os::fd::OwnedFd {
 /// Sends `fd` as a registration, as an agent would.
 fn register(socket: &Path, fd: i32) {
     let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    rtprof_shared::protocol::send_registration(s.as_raw_fd(), fd).unwrap();
+    rtprof_abi::protocol::send_registration(s.as_raw_fd(), fd).unwrap();
 }
 
 /// Hostile registrations (garbage, a truncated header, offsets out of
@@ -333,8 +333,8 @@ fn hostile_segments_are_rejected() {
     // A valid-looking header from this test's own agent-less process.
     let mut header = vec![0u8; 4096];
     header[..8].copy_from_slice(b"RTPROFC\0");
-    header[8..12].copy_from_slice(&rtprof_shared::layout::VERSION.to_le_bytes());
-    let size = std::mem::size_of::<rtprof_shared::layout::Header>() as u32;
+    header[8..12].copy_from_slice(&rtprof_abi::layout::VERSION.to_le_bytes());
+    let size = std::mem::size_of::<rtprof_abi::layout::Header>() as u32;
     header[12..16].copy_from_slice(&size.to_le_bytes());
     header[16..24].copy_from_slice(&4096u64.to_le_bytes());
     let mut out_of_range = header.clone();
@@ -343,7 +343,7 @@ fn hostile_segments_are_rejected() {
     let mut huge = header.clone();
     huge[16..24].copy_from_slice(&(1u64 << 50).to_le_bytes());
     // A real segment whose function count is far beyond its capacity.
-    let layout = rtprof_shared::Layout::new(rtprof_shared::Capacities {
+    let layout = rtprof_abi::Layout::new(rtprof_abi::Capacities {
         modules: 1,
         functions: 4,
         strings: 64,
@@ -351,12 +351,11 @@ fn hostile_segments_are_rejected() {
     });
     let mut huge_count = vec![0u64; layout.total_size as usize / 8];
     // SAFETY: `huge_count` is the layout's size, 8-aligned, and outlives `w`.
-    let mut w = unsafe {
-        rtprof_shared::SegmentWriter::init(huge_count.as_mut_ptr().cast(), layout, 1, 1, 1)
-    };
+    let mut w =
+        unsafe { rtprof_abi::SegmentWriter::init(huge_count.as_mut_ptr().cast(), layout, 1, 1, 1) };
     w.set_exe(b"/bin/x").unwrap();
     let mut huge_count: Vec<u8> = huge_count.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let at = std::mem::offset_of!(rtprof_shared::layout::Header, func_count);
+    let at = std::mem::offset_of!(rtprof_abi::layout::Header, func_count);
     huge_count[at..at + 4].copy_from_slice(&(1u32 << 30).to_le_bytes());
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"not a segment at all, just bytes".repeat(20)),
@@ -477,7 +476,7 @@ fn rows_per_thread_on_request() {
         // thread, by name; and the process's own.
         type Seen = Vec<(String, u64, u64, Vec<u64>)>;
         type Own = (u64, u64, Vec<u64>);
-        let per_thread = |v: &rtprof_shared::present::View| -> Option<(Seen, Own)> {
+        let per_thread = |v: &rtprof_abi::present::View| -> Option<(Seen, Own)> {
             let p = v.procs.iter().find(|p| p.pid == pid)?;
             let find = |rows: &[RowView], name: &str| {
                 rows.iter()
@@ -608,9 +607,9 @@ fn c_and_rust_schedulers_read_the_spans() {
     let o = Command::new("gcc")
         .args(["-O2", "-Wall", "-Werror", "-o"])
         .arg(&sched_c)
-        .arg(format!("-I{}", root().join("shared/include").display()))
+        .arg(format!("-I{}", root().join("abi/include").display()))
         .arg(root().join("examples/scheduler.c"))
-        .arg(root().join("shared/c/rtprof_present.c"))
+        .arg(root().join("abi/c/rtprof_present.c"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -968,7 +967,7 @@ fn idle_connections_do_not_stall_publishing() {
 
 /// A complete segment of `pid` started at `start_ns`, with no functions.
 fn segment_of(pid: u32, start_ns: u64, exe: &[u8]) -> Vec<u8> {
-    let layout = rtprof_shared::Layout::new(rtprof_shared::Capacities {
+    let layout = rtprof_abi::Layout::new(rtprof_abi::Capacities {
         modules: 1,
         functions: 4,
         strings: 64,
@@ -977,11 +976,10 @@ fn segment_of(pid: u32, start_ns: u64, exe: &[u8]) -> Vec<u8> {
     let mut mem = vec![0u64; layout.total_size as usize / 8];
     // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
     let mut w = unsafe {
-        rtprof_shared::SegmentWriter::init(mem.as_mut_ptr().cast(), layout, pid, 1, start_ns)
+        rtprof_abi::SegmentWriter::init(mem.as_mut_ptr().cast(), layout, pid, 1, start_ns)
     };
     w.set_exe(exe).unwrap();
-    w.counters()
-        .set_state(rtprof_shared::layout::state::RUNNING);
+    w.counters().set_state(rtprof_abi::layout::state::RUNNING);
     mem.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
@@ -1088,7 +1086,7 @@ const CLAIM: &str = "/usr/sbin/cron";
 /// it runs; its claim is only shown as one.
 #[test]
 fn a_process_is_known_by_its_real_executable_whatever_its_segment_claims() {
-    use rtprof_shared::layout::Header;
+    use rtprof_abi::layout::Header;
     use std::io::BufRead;
     use std::mem::offset_of;
     let dir = scratch("claim");

@@ -4,10 +4,10 @@
 //! example schedulers. Real programs compiled here, a real `rtprofd` on a
 //! private socket and segment.
 
-use rtprof_e2e::*;
-use rtprof_shared::present::{
+use rtprof_abi::present::{
     read_process, segment_bytes, BufferHeader, PresentHeader, PresentWriter, ProcTable, Row, RowIn,
 };
+use rtprof_e2e::*;
 use std::io::Read;
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
@@ -410,9 +410,9 @@ fn c_scheduler(dir: &Path) -> PathBuf {
             "-o",
         ])
         .arg(&out)
-        .arg(format!("-I{}", root().join("shared/include").display()))
+        .arg(format!("-I{}", root().join("abi/include").display()))
         .arg(root().join("examples/scheduler.c"))
-        .arg(root().join("shared/c/rtprof_present.c"))
+        .arg(root().join("abi/c/rtprof_present.c"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

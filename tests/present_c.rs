@@ -1,15 +1,15 @@
-//! The C reader of the presentation segment (`shared/c/rtprof_present.c`),
+//! The C reader of the presentation segment (`abi/c/rtprof_present.c`),
 //! built with AddressSanitizer and UndefinedBehaviorSanitizer, against
 //! segments written by the Rust writer and then broken one field at a
 //! time: every malformed segment gets a clean error (the same verdict as
 //! the Rust reader's), and no read strays outside what the reader was
 //! given.
 
-use rtprof_e2e::*;
-use rtprof_shared::present::{
+use rtprof_abi::present::{
     lookup, read_process_into, read_view, segment_bytes, BufferHeader, PresentError, PresentHeader,
     PresentWriter, ProcEntry, ProcTable, ProcessRows, Row, RowIn,
 };
+use rtprof_e2e::*;
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -32,9 +32,9 @@ fn build_checker(dir: &Path) -> PathBuf {
             "-o",
         ])
         .arg(&out)
-        .arg(format!("-I{}", root().join("shared/include").display()))
-        .arg(root().join("shared/c/present_check.c"))
-        .arg(root().join("shared/c/rtprof_present.c"))
+        .arg(format!("-I{}", root().join("abi/include").display()))
+        .arg(root().join("abi/c/present_check.c"))
+        .arg(root().join("abi/c/rtprof_present.c"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

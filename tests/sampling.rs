@@ -352,7 +352,7 @@ fn user_namespace_can_be_entered() {
 #[test]
 fn c_api_adds_calls_and_time() {
     let dir = scratch("addcalls");
-    let include = root().join("shared/include");
+    let include = root().join("abi/include");
     let inc = format!("-I{}", include.display());
     let bin = compile_o2("addcalls.c", &[&inc], &dir);
     let plain = run_plain(&bin, &[]);

@@ -19,7 +19,7 @@ fn said(stderr: &[u8], key: &str) -> u64 {
 #[test]
 fn counting_switched_while_threads_call() {
     let dir = scratch("switch");
-    let inc = format!("-I{}", root().join("shared/include").display());
+    let inc = format!("-I{}", root().join("abi/include").display());
     let bin = compile_o2("switch.c", &["-pthread", &inc], &dir);
     // 8 threads; 2,000 rounds of 50 calls each, switched before every
     // round; then 10,000 switches while the threads call without pause.

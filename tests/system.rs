@@ -240,7 +240,7 @@ fn another_user_cannot_read_a_segment() {
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", in_memory.id())).unwrap();
     let range = maps
         .lines()
-        .find(|l| l.ends_with(rtprof_shared::protocol::SEGMENT_MEMFD_MAPPED))
+        .find(|l| l.ends_with(rtprof_abi::protocol::SEGMENT_MEMFD_MAPPED))
         .and_then(|l| l.split_whitespace().next())
         .expect("segment mapping");
     let memfd = format!("/proc/{}/map_files/{range}", in_memory.id());

@@ -6,8 +6,8 @@
 //! the machine's systemd is out of reach (its sockets are in the hidden
 //! /run). They need root, and fail without it.
 
+use rtprof_abi::present::read_view;
 use rtprof_e2e::*;
-use rtprof_shared::present::read_view;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -88,8 +88,8 @@ impl DefaultDaemon {
             .spawn()
             .unwrap();
         wait_until("rtprofd listens", Duration::from_secs(20), || {
-            Path::new(rtprof_shared::protocol::DEFAULT_SOCKET).exists()
-                && Path::new(rtprof_shared::protocol::DEFAULT_PRESENT).exists()
+            Path::new(rtprof_abi::protocol::DEFAULT_SOCKET).exists()
+                && Path::new(rtprof_abi::protocol::DEFAULT_PRESENT).exists()
         });
         DefaultDaemon(child)
     }
@@ -166,7 +166,7 @@ fn enable_profiles_new_process_trees_and_disable_removes_the_file() {
         .spawn()
         .unwrap();
     let shell_pid = shell.id();
-    let present = std::fs::File::open(rtprof_shared::protocol::DEFAULT_PRESENT).unwrap();
+    let present = std::fs::File::open(rtprof_abi::protocol::DEFAULT_PRESENT).unwrap();
     // SAFETY: rtprofd only ever writes the file (never truncates it), and
     // every read of it is validated.
     let map = unsafe { memmap2::Mmap::map(&present) }.unwrap();

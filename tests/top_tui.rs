@@ -6,8 +6,8 @@
 //! help, resizing, a restarted daemon, and quitting with the terminal
 //! given back.
 
+use rtprof_abi::present::read_view;
 use rtprof_e2e::*;
-use rtprof_shared::present::read_view;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -158,7 +158,7 @@ fn profiled(bin: &Path, socket: &Path) -> Killed {
 
 /// The program, as two executables of their own names.
 fn programs(dir: &Path) -> (PathBuf, PathBuf) {
-    let inc = format!("-I{}", root().join("shared/include").display());
+    let inc = format!("-I{}", root().join("abi/include").display());
     let bin = compile_o2("top_mix.c", &[&inc], dir);
     let (one, two) = (dir.join("top_one"), dir.join("top_two"));
     std::fs::copy(&bin, &one).unwrap();

@@ -330,7 +330,7 @@ pub enum LifecycleError {
     /// libc's function or its size was not found.
     NotFound,
     /// Its first instructions cannot be moved (the reason).
-    Unmovable(rtprof_shared::Refusal),
+    Unmovable(rtprof_abi::Refusal),
     /// A branch, or an indirect jump that could be one, reaches them.
     BranchInto,
     /// No memory within jump range for the detour.

@@ -50,7 +50,7 @@ pub(crate) fn set_agent(
     tls_offset: i32,
     stubs: patch::install::StubMap,
     known: lifecycle::loader::Known,
-    writer: rtprof_shared::SegmentWriter,
+    writer: rtprof_abi::SegmentWriter,
 ) -> bool {
     let state = lifecycle::locked::StateLock::new(lifecycle::locked::Locked {
         stubs,

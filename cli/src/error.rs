@@ -4,9 +4,9 @@
 //! prefix (`rtprof: `, `rtprof cache: `, ...); the end-to-end tests match
 //! some of these words, so they change only with the tests.
 
-use rtprof_shared::present::OpenError;
-use rtprof_shared::protocol::MAX_PATTERN;
-use rtprof_shared::report::escape_text;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::present::OpenError;
+use rtprof_abi::protocol::MAX_PATTERN;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;

@@ -3,16 +3,16 @@
 use crate::export::{model, Output, OutputArgs};
 use crate::presentation::{age_text, open, stale_text};
 use clap::Args;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::present::{now_ns, read_view, ProcView, RowView, View};
 use rtprof_shared::json::JsonWriter;
-use rtprof_shared::present::{now_ns, read_view, ProcView, RowView, View};
-use rtprof_shared::report::escape_text;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args)]
 pub struct ReportArgs {
     /// The daemon's presentation segment.
-    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_PRESENT)]
+    #[arg(long, default_value = rtprof_abi::protocol::DEFAULT_PRESENT)]
     present: PathBuf,
     /// Only this process.
     #[arg(long)]

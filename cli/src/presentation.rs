@@ -2,7 +2,7 @@
 //! read it: mapped from its file, and how old its last span is.
 
 use crate::error::Error;
-use rtprof_shared::present::{open_file, View};
+use rtprof_abi::present::{open_file, View};
 use std::path::Path;
 
 /// A mapped presentation segment and the file it came from.

@@ -3,8 +3,9 @@
 //! table, or from the module's separate debug file (`debuginfo`). Only
 //! the functions a report lists are looked up, one module at a time.
 
-use rtprof_shared::reader::SourceLine;
-use rtprof_shared::{debuginfo, Snapshot};
+use rtprof_abi::reader::SourceLine;
+use rtprof_abi::Snapshot;
+use rtprof_shared::debuginfo;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Read;

@@ -2,7 +2,7 @@
 //! functions on or off; rtprofd relays it to the process's agent.
 
 use crate::error::Error;
-use rtprof_shared::protocol;
+use rtprof_abi::protocol;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;

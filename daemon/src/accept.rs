@@ -381,7 +381,7 @@ mod tests {
         };
         let (mut a, path) = acceptor("switch", limits);
         let mut good = UnixStream::connect(&path).unwrap();
-        good.write_all(&rtprof_shared::protocol::switch_request(77, false, "lua_*").unwrap())
+        good.write_all(&rtprof_abi::protocol::switch_request(77, false, "lua_*").unwrap())
             .unwrap();
         let mut bad = UnixStream::connect(&path).unwrap();
         bad.write_all(b"RTPROFS1\x01\0\0\0\x05x").unwrap();

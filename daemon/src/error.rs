@@ -5,7 +5,7 @@
 //! (after `error: `); the end-to-end tests match some of these words, so
 //! they change only with the tests.
 
-use rtprof_shared::SegmentError;
+use rtprof_abi::SegmentError;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;

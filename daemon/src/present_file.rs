@@ -6,8 +6,8 @@
 //! path, or a directory other users may write, is refused.
 
 use crate::error::Error;
+use rtprof_abi::present::{segment_bytes, PresentWriter};
 use rtprof_shared::files::{Destination, FileError};
-use rtprof_shared::present::{segment_bytes, PresentWriter};
 use std::path::Path;
 
 /// The id of group `name`, if there is one.

@@ -12,8 +12,8 @@
 //! the process registers and checked to be the one that maps the segment.
 
 use crate::error::Error;
-use rtprof_shared::layout::Header;
-use rtprof_shared::protocol;
+use rtprof_abi::layout::Header;
+use rtprof_abi::protocol;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -316,7 +316,7 @@ impl Mapped {
     /// Whether this segment takes switch requests: mapped writable, and
     /// laid out with room for one (`layout::control`).
     pub fn takes_requests(&self, h: &Header) -> bool {
-        use rtprof_shared::layout::control;
+        use rtprof_abi::layout::control;
         self.control.is_some() && h.modules_off >= (control::PATTERN + control::PATTERN_MAX) as u64
     }
 
@@ -325,7 +325,7 @@ impl Mapped {
     /// segment takes requests: the caller checked [`Mapped::takes_requests`]).
     /// False while the last is unanswered.
     pub fn request(&mut self, on: bool, pattern: &[u8]) -> bool {
-        use rtprof_shared::layout::control;
+        use rtprof_abi::layout::control;
         use std::sync::atomic::{AtomicU32, Ordering};
         let Some(page) = &mut self.control else {
             return false;

@@ -19,7 +19,7 @@ use accept::{Acceptor, Outcome};
 use clap::Parser;
 use log::{Kind, Limiter};
 use registry::Registered;
-use rtprof_shared::present::{now_ns, PresentError};
+use rtprof_abi::present::{now_ns, PresentError};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use table::{RegistrationRefusal, Table};
@@ -41,10 +41,10 @@ const LOG_LINES: u32 = 10;
 )]
 struct Args {
     /// Unix socket agents register at.
-    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_SOCKET)]
+    #[arg(long, default_value = rtprof_abi::protocol::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Presentation segment schedulers map.
-    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_PRESENT)]
+    #[arg(long, default_value = rtprof_abi::protocol::DEFAULT_PRESENT)]
     present: PathBuf,
     /// Milliseconds between snapshots (at least 50).
     #[arg(long, default_value_t = 1000)]

@@ -8,7 +8,7 @@
 //! the daemon keeps is bounded by the segments it follows, however many
 //! names come and go.
 
-use rtprof_shared::present::{key_hash, RowNames};
+use rtprof_abi::present::{key_hash, RowNames};
 use std::collections::HashMap;
 
 #[derive(Default)]

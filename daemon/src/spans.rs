@@ -6,14 +6,14 @@
 
 use crate::slots::Slots;
 use crate::thread_spans::ThreadSpans;
-use rtprof_shared::layout::function_flags;
-use rtprof_shared::layout::Header;
-use rtprof_shared::present::{
+use rtprof_abi::layout::function_flags;
+use rtprof_abi::layout::Header;
+use rtprof_abi::present::{
     IdRow, ProcRows, AGENT_MODULE, ROW_ACCELERATED, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED,
     ROW_COUNTING_OFF, ROW_ESTIMATED, UNKNOWN_MODULE,
 };
-use rtprof_shared::reader::{read_samples, sum_calls};
-use rtprof_shared::{read_cost, read_function_flags, read_snapshot, SegmentError, Snapshot};
+use rtprof_abi::reader::{read_samples, sum_calls};
+use rtprof_abi::{read_cost, read_function_flags, read_snapshot, SegmentError, Snapshot};
 use std::collections::VecDeque;
 
 /// What a process's segment names, read when it changes: each function's
@@ -851,10 +851,10 @@ impl Tracked {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rtprof_shared::layout::{state, Capacities, Layout};
-    use rtprof_shared::present::{key_hash, RowNames};
-    use rtprof_shared::sampling::{Sampler, Why};
-    use rtprof_shared::{read_header, SegmentWriter};
+    use rtprof_abi::layout::{state, Capacities, Layout};
+    use rtprof_abi::present::{key_hash, RowNames};
+    use rtprof_abi::sampling::{Sampler, Why};
+    use rtprof_abi::{read_header, SegmentWriter};
 
     const S: u64 = 1_000_000_000;
 
@@ -888,7 +888,7 @@ mod tests {
             let c = w.counters();
             c.set_sampler(Sampler::Perf, Why::Unknown, 0, 1_000_000);
             c.set_state(state::RUNNING);
-            assert_eq!(c.alloc_stripe(9), Some(1));
+            assert_eq!(c.append_stripe(9), Some(1));
             Seg { mem, w }
         }
         fn header(&self) -> Header {

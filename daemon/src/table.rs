@@ -11,8 +11,8 @@ use crate::log::{Kind, Limiter};
 use crate::registry::{ExeError, Mapped, Registered, SwitchRequest, UNVERIFIED_EXE};
 use crate::slots::Slots;
 use crate::spans::{self, Tracked};
-use rtprof_shared::layout::state;
-use rtprof_shared::present::ProcRows;
+use rtprof_abi::layout::state;
+use rtprof_abi::present::ProcRows;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
@@ -97,7 +97,7 @@ impl Entry {
         let Some(bytes) = self.map.bytes() else {
             return Ok(None);
         };
-        let h = rtprof_shared::read_header(bytes).map_err(Error::Unreadable)?;
+        let h = rtprof_abi::read_header(bytes).map_err(Error::Unreadable)?;
         self.map.check_size(&h)?;
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
@@ -124,7 +124,7 @@ impl Entry {
             }
             // Folds kept the counters moving: not this tick. A process
             // that keeps them so is dropped like one never filled in.
-            Err(rtprof_shared::SegmentError::Busy) => Ok(None),
+            Err(rtprof_abi::SegmentError::Busy) => Ok(None),
             // Still starting: filled in but not yet consistent.
             Err(_) if self.tracked.is_none() && h.state == state::STARTING => Ok(None),
             Err(e) => Err(Error::Unreadable(e)),
@@ -260,7 +260,7 @@ impl Table {
         let h = e
             .map
             .bytes()
-            .and_then(|b| rtprof_shared::read_header(b).ok())
+            .and_then(|b| rtprof_abi::read_header(b).ok())
             .ok_or(Error::Starting { pid })?;
         if !e.map.takes_requests(&h) {
             return Err(Error::NoRelay { pid });
@@ -462,8 +462,8 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rtprof_shared::layout::{Capacities, Layout};
-    use rtprof_shared::SegmentWriter;
+    use rtprof_abi::layout::{Capacities, Layout};
+    use rtprof_abi::SegmentWriter;
     use std::cell::RefCell;
     use std::os::fd::{FromRawFd, OwnedFd};
     use std::rc::Rc;
@@ -474,7 +474,7 @@ mod tests {
         // SAFETY: plain system calls on a descriptor we create and own.
         unsafe {
             let fd = libc::memfd_create(
-                rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
+                rtprof_abi::protocol::SEGMENT_MEMFD.as_ptr(),
                 libc::MFD_ALLOW_SEALING,
             );
             assert!(fd >= 0);

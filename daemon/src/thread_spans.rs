@@ -13,9 +13,9 @@
 //! process are followed.
 
 use crate::spans::keep_first;
-use rtprof_shared::layout::Header;
-use rtprof_shared::present::{IdRow, ThreadRows, ROW_COUNTED};
-use rtprof_shared::reader::{
+use rtprof_abi::layout::Header;
+use rtprof_abi::present::{IdRow, ThreadRows, ROW_COUNTED};
+use rtprof_abi::reader::{
     fold_seq, live_stripes, stripe_calls, stripe_samples, thread_function_samples,
 };
 use std::collections::{HashMap, VecDeque};
@@ -398,8 +398,8 @@ impl ThreadSpans {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rtprof_shared::layout::{Capacities, Layout};
-    use rtprof_shared::{read_header, SegmentWriter};
+    use rtprof_abi::layout::{stripe_state, Capacities, Layout};
+    use rtprof_abi::{read_header, SegmentWriter};
 
     /// A segment of 4 functions and room for 4 threads' stripes (after
     /// the shared one and the two sums of ended threads).
@@ -448,7 +448,7 @@ mod tests {
     fn quiet_ticks_read_nothing_and_calls_still_leave_the_span() {
         let (mem, w) = segment();
         let c = *w.counters();
-        let s = c.alloc_stripe(100).unwrap();
+        let s = c.append_stripe(100).unwrap();
         // SAFETY: slot 1 of a stripe inside `mem`.
         unsafe { *c.stripe_ptr(s).add(1) = 7 };
         let mut t = ThreadSpans::default();
@@ -475,7 +475,7 @@ mod tests {
     fn a_thread_followed_late_counts_from_then_on() {
         let (mem, w) = segment();
         let c = *w.counters();
-        let stripes: Vec<u32> = (0..3).map(|t| c.alloc_stripe(100 + t).unwrap()).collect();
+        let stripes: Vec<u32> = (0..3).map(|t| c.append_stripe(100 + t).unwrap()).collect();
         for &s in &stripes {
             // SAFETY: slot 2 of a stripe inside `mem`.
             unsafe { *c.stripe_ptr(s).add(2) = 1000 };
@@ -494,7 +494,11 @@ mod tests {
                 .collect()
         };
         assert_eq!(calls(&t), vec![(100, 1000)]);
-        c.fold_stripe(stripes[0]);
+        // Thread 100 ends (the agent's end of a thread: its stripe ENDED,
+        // counted but no one's, until a fold).
+        c.stripe_slot(stripes[0])
+            .0
+            .store(stripe_state::ENDED, std::sync::atomic::Ordering::Release);
         read(&mut t, 20);
         assert_eq!(
             calls(&t),
@@ -540,7 +544,7 @@ mod tests {
     fn samples_per_thread_rank_the_rows() {
         let (mem, w) = segment();
         let c = *w.counters();
-        let (a, b) = (c.alloc_stripe(100).unwrap(), c.alloc_stripe(101).unwrap());
+        let (a, b) = (c.append_stripe(100).unwrap(), c.append_stripe(101).unwrap());
         // SAFETY: slots 0 and 1 of a stripe inside `mem`.
         unsafe {
             *c.stripe_ptr(a) = 50;

@@ -1,32 +1,18 @@
-//! The ABI shared by the rtprof agent and its readers: the counter segment's
-//! layout, a writer for the agent, a validating reader, and reports.
+//! What the rtprof agent and tool share beyond the ABI (`rtprof-abi`):
+//! analysis (control flow and natural loops, `cfg`; names and their
+//! demangling, `names`; separate debug files, `debuginfo`), the reports
+//! rendered from a snapshot (`report`, `json`), and plumbing (secure file
+//! writing, `files`; the plan cache's directories, `cachedir`; name globs,
+//! `glob`; system calls retried after a signal, `syscall_restart`).
 
 pub mod cachedir;
 pub mod cfg;
-mod codes;
-pub mod count_table;
 pub mod debuginfo;
 pub mod files;
 pub mod glob;
 pub mod json;
-pub mod layout;
-pub mod loops;
 pub mod names;
-pub mod present;
-pub mod protocol;
-pub mod reader;
-pub mod refusal;
 pub mod report;
-pub mod sampling;
 pub mod syscall_restart;
-pub mod writer;
 
 pub use glob::glob_match;
-pub use layout::{Capacities, Layout};
-pub use reader::{
-    read_cost, read_function_flags, read_header, read_snapshot, AgentCost, Callers, EventCounts,
-    EventStatus, Events, FunctionStats, ModuleStats, SegmentError, Snapshot, Stack, Stacks,
-    ThreadCalls, Threads,
-};
-pub use refusal::Refusal;
-pub use writer::{SegmentWriter, WriteError};

@@ -5,48 +5,13 @@ mod events;
 mod loops;
 
 use crate::json::JsonWriter;
-use crate::layout::{function_flags, state};
 use crate::names;
-use crate::reader::{Frame, SourceLine};
-use crate::{FunctionStats, Snapshot, ThreadCalls};
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::layout::{function_flags, state};
+use rtprof_abi::reader::{Frame, SourceLine};
+use rtprof_abi::{FunctionStats, Snapshot, ThreadCalls};
 use std::borrow::Cow;
 use std::fmt::Write as _;
-
-/// `s` made safe to print on a terminal. Function, module and executable
-/// names come from binaries and segments anyone can make, and whoever
-/// reads a report (root included) must not have their terminal driven by
-/// them: control characters (C0, DEL, C1) become `\n`, `\t`, `\r`,
-/// `\xHH` or `\u{HHHH}`, and so do the Unicode bidirectional controls
-/// that reorder what is shown; a backslash becomes `\\`, so an escape
-/// cannot be forged. Every text report of rtprof goes through this (JSON
-/// has its own escaping).
-pub fn escape_text(s: &str) -> Cow<'_, str> {
-    fn special(c: char) -> bool {
-        c.is_control()
-            || c == '\\'
-            || matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    }
-    if !s.contains(special) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x80 && special(c) => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c if special(c) => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    Cow::Owned(out)
-}
 
 /// Order of the function rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -353,7 +318,7 @@ fn module_name(s: &Snapshot, idx: u32) -> &str {
 
 /// A function's `name`, readable `function` and `module` fields, in the
 /// JSON object being written.
-fn function_fields(w: &mut JsonWriter, s: &Snapshot, f: &crate::FunctionStats) {
+fn function_fields(w: &mut JsonWriter, s: &Snapshot, f: &FunctionStats) {
     w.string_field("name", &f.name);
     w.string_field("function", &names::function(&f.name));
     w.string_field("module", module_name(s, f.module));
@@ -773,12 +738,12 @@ fn cost_share(s: &Snapshot) -> Option<f64> {
 /// "timer (default), 1000 Hz, 2301 samples (3 lost), 2.301 s of CPU": the
 /// timers count CPU time, system calls too; the perf sampler user time.
 pub fn sampler_text(s: &Snapshot) -> String {
-    let d = crate::sampling::Described {
+    let d = rtprof_abi::sampling::Described {
         sampler: s.sampler,
         why: s.sampler_why,
         errno: s.sampler_errno,
     };
-    if s.sampler == crate::sampling::Sampler::Off || s.sample_period_ns == 0 {
+    if s.sampler == rtprof_abi::sampling::Sampler::Off || s.sample_period_ns == 0 {
         return d.to_string();
     }
     let mut t = format!(
@@ -802,7 +767,7 @@ pub fn sampler_text(s: &Snapshot) -> String {
 /// kernel; the timers run on each thread's CPU clock, system calls too.
 fn sampled_time(s: &Snapshot) -> &'static str {
     match s.sampler {
-        crate::sampling::Sampler::Timer => "CPU",
+        rtprof_abi::sampling::Sampler::Timer => "CPU",
         _ => "user CPU",
     }
 }
@@ -1048,7 +1013,7 @@ pub fn json(procs: &[Snapshot], listing: Listing) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::{ModuleStats, Refusal};
+    use rtprof_abi::{ModuleStats, Refusal};
 
     pub(crate) fn snap() -> Snapshot {
         Snapshot {
@@ -1064,8 +1029,8 @@ pub(crate) mod tests {
             samples_total: 10,
             samples_lost: 0,
             samples_unknown: 1,
-            sampler: crate::sampling::Sampler::Perf,
-            sampler_why: crate::sampling::Why::Default,
+            sampler: rtprof_abi::sampling::Sampler::Perf,
+            sampler_why: rtprof_abi::sampling::Why::Default,
             sampler_errno: 0,
             setup_ns: 0,
             replaced_by_exec: false,
@@ -1202,26 +1167,12 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn names_cannot_drive_the_terminal() {
-        assert!(matches!(escape_text("plain name"), Cow::Borrowed(_)));
-        assert_eq!(
-            escape_text("\u{e9}t\u{e9} \u{65e5}"),
-            "\u{e9}t\u{e9} \u{65e5}"
-        );
-        assert_eq!(
-            escape_text("a\x1b[2Jb\x07\x08\x7f\0\t\n\r\\x1b"),
-            "a\\x1b[2Jb\\x07\\x08\\x7f\\x00\\t\\n\\r\\\\x1b"
-        );
-        // C1 controls (CSI) and bidirectional overrides.
-        assert_eq!(
-            escape_text("x\u{9b}31m\u{85}\u{202e}cod\u{2066}"),
-            "x\\u{9b}31m\\u{85}\\u{202e}cod\\u{2066}"
-        );
+    fn reports_escape_every_name() {
         let mut s = snap();
         s.exe = "/bin/\x1b]0;title\x07".into();
         s.modules[0].path = "/lib/\x1b[31m.so".into();
         s.functions[0].name = "lo\x1b[2J\u{9b}H".into();
-        s.threads.threads.push(crate::ThreadCalls {
+        s.threads.threads.push(ThreadCalls {
             tid: 9,
             name: "t\x1b[2J".into(),
             ended: false,
@@ -1269,7 +1220,7 @@ pub(crate) mod tests {
     /// counted for its module, unless something listed names it.
     #[test]
     fn json_leaves_out_what_nothing_used() {
-        use crate::reader::{Stack, Stacks};
+        use rtprof_abi::reader::{Stack, Stacks};
         let mut s = snap();
         let j = json(std::slice::from_ref(&s), Listing::Used);
         assert!(!j.contains(r#""name":"zero""#), "{j}");
@@ -1337,7 +1288,7 @@ pub(crate) mod tests {
     /// JSON.
     #[test]
     fn stacks_give_callers_and_callees() {
-        use crate::reader::{Stack, Stacks};
+        use rtprof_abi::reader::{Stack, Stacks};
         let mut s = snap();
         let f = |i| Frame::Function(i);
         s.stacks = Stacks {

@@ -13,8 +13,8 @@ pub use self::x86_64::{
     FunctionScan, LoopSpan, LoopWindow, Plan, ProbeCounter, Way, X86_64 as Native,
 };
 
-use rtprof_shared::loops::LoopRefusal;
-use rtprof_shared::Refusal;
+use rtprof_abi::loops::LoopRefusal;
+use rtprof_abi::Refusal;
 
 /// Choosing patches: a function's entry plan (a window of instructions
 /// moved to its stub, a short entry through a trampoline, a trap entry),

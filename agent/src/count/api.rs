@@ -1,10 +1,10 @@
-//! The agent's C API (declared in `shared/include/rtprof.h`): a program
+//! The agent's C API (declared in `abi/include/rtprof.h`): a program
 //! adds calls and time to one of its functions, by name or by address, as
 //! when a kernel runs on an accelerator instead of in software; and
 //! switches counting of functions on and off while it runs.
 
 use crate::agent;
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::SegmentWriter;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::Ordering;
 

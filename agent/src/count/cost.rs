@@ -6,7 +6,7 @@
 //! threads still, and, through the sampler, the samples that land in
 //! stubs (counting's cost). Start-up has its own header field.
 
-use rtprof_shared::layout::cost;
+use rtprof_abi::layout::cost;
 use std::sync::atomic::Ordering;
 
 /// Adds `ns` to word `word` of the cost block. Allocation-free and

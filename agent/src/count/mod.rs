@@ -7,5 +7,6 @@ pub mod cost;
 pub(crate) mod records;
 pub mod register;
 pub mod segment;
+pub(crate) mod stripes;
 pub mod thread_rows;
 pub mod threads;

@@ -9,8 +9,8 @@ use crate::log::vlog;
 use crate::patch::install::Outcomes;
 use crate::plan::analysis::ModulePlan;
 use crate::sampling::addrmap::Present;
-use rtprof_shared::layout::ModuleWhy;
-use rtprof_shared::{Refusal, SegmentWriter};
+use rtprof_abi::layout::ModuleWhy;
+use rtprof_abi::{Refusal, SegmentWriter};
 
 /// The segment has no room for the module: it is recorded as far as it
 /// went, all refused, and nothing more can be added.

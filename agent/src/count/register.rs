@@ -12,7 +12,7 @@ use crate::error::Errno;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Where `rtprofd` listens unless `RTPROF_DAEMON_SOCKET` says otherwise.
-pub use rtprof_shared::protocol::DEFAULT_SOCKET;
+pub use rtprof_abi::protocol::DEFAULT_SOCKET;
 
 static mut PATH: [u8; 108] = [0; 108];
 static SET: AtomicBool = AtomicBool::new(false);
@@ -122,5 +122,5 @@ unsafe fn connect_and_send(s: libc::c_int, fd: libc::c_int) -> Result<(), Refuse
     {
         return Err(Refused::Untrusted);
     }
-    rtprof_shared::protocol::send_registration(s, fd).map_err(|e| Refused::Send(Errno::of(&e)))
+    rtprof_abi::protocol::send_registration(s, fd).map_err(|e| Refused::Send(Errno::of(&e)))
 }

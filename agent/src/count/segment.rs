@@ -5,11 +5,12 @@
 //! in the shared stripe), never SIGBUS in the host. Once mapped, the file's
 //! descriptor is closed: the program never sees a descriptor it did not open.
 
+use crate::count::stripes::Stripes;
 use crate::error::CountError;
 use crate::log::vlog;
-use rtprof_shared::layout::PAGE;
-use rtprof_shared::writer::Counters;
-use rtprof_shared::{Capacities, Layout, SegmentWriter};
+use rtprof_abi::layout::PAGE;
+use rtprof_abi::writer::Counters;
+use rtprof_abi::{Capacities, Layout, SegmentWriter};
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -208,7 +209,7 @@ pub fn back_pages(p: *mut u8, len: usize) -> bool {
 /// names: function records, names, sample counters, the shared stripe.
 fn record_ranges(l: &Layout, funcs: u32, strings: u32) -> [(u64, u64); 4] {
     let (funcs, strings) = (funcs as u64, strings as u64);
-    let record = std::mem::size_of::<rtprof_shared::layout::FunctionRecord>() as u64;
+    let record = std::mem::size_of::<rtprof_abi::layout::FunctionRecord>() as u64;
     [
         (l.funcs_off, funcs * record),
         (l.strings_off, strings),
@@ -242,7 +243,7 @@ fn new_backing(layout: &Layout, run_dir: Option<&CStr>) -> Result<libc::c_int, C
             // SAFETY: a NUL-terminated static name.
             let fd = unsafe {
                 libc::memfd_create(
-                    rtprof_shared::protocol::SEGMENT_MEMFD.as_ptr(),
+                    rtprof_abi::protocol::SEGMENT_MEMFD.as_ptr(),
                     libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
                 )
             };
@@ -463,7 +464,7 @@ impl Segment {
         }
     }
 
-    /// Folds the ended stripes (see [`Counters::fold_ended`]); with `wait`,
+    /// Folds the ended stripes (see [`Stripes::fold_ended`]); with `wait`,
     /// after a fold under way rather than leaving them to it.
     fn fold_ended(&self, wait: bool) {
         self.counters.fold_ended(wait, |p, bytes| {
@@ -707,7 +708,7 @@ mod tests {
         let st = s.new_stripe(9).unwrap();
         // SAFETY: a slot below func_count of a stripe handed out.
         unsafe { *s.counters.stripe_ptr(st).add(f as usize) += 2 };
-        let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
+        let snap = rtprof_abi::read_snapshot(s.bytes()).unwrap();
         assert_eq!(snap.functions[0].calls, 2);
     }
 
@@ -728,12 +729,12 @@ mod tests {
         }
         s.reopen_in_child(Some(kept), 77, 1, 5).unwrap();
         assert_eq!(s.counters.base(), base, "same address: stubs hold it");
-        let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
+        let snap = rtprof_abi::read_snapshot(s.bytes()).unwrap();
         assert_eq!((snap.pid, snap.ppid, snap.exe.as_str()), (77, 1, "/x"));
         assert_eq!(snap.functions[0].calls, 0, "the child starts from zero");
         // SAFETY: a slot below func_count of a stripe handed out.
         unsafe { *s.counters.stripe_ptr(kept).add(f as usize) += 1 };
-        let snap = rtprof_shared::read_snapshot(s.bytes()).unwrap();
+        let snap = rtprof_abi::read_snapshot(s.bytes()).unwrap();
         assert_eq!(snap.functions[0].calls, 1, "and counts in its kept stripe");
         assert!(
             s.new_stripe(11).is_some(),

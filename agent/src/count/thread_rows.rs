@@ -7,15 +7,16 @@
 //! counted per stripe too, so each thread's CPU time is known, and by
 //! (stripe, function), so each thread's time in each function is.
 
+use crate::count::stripes::Stripes;
 use crate::lifecycle::lock::{Guard, Lock};
 use crate::Agent;
-use rtprof_shared::count_table::Table;
+use rtprof_abi::count_table::Table;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Samples by (stripe, function slot), in the segment (rtprofd reads them
 /// for its rows per thread). A stripe's keys stay when its thread ends:
 /// the next thread given the stripe finds their counts zeroed (see
-/// `Counters::alloc_stripe`), so the keys in use are bounded by the
+/// `Stripes::alloc_stripe`), so the keys in use are bounded by the
 /// stripes ever used times the functions sampled, however many threads
 /// come and go. Its pages get memory as samples reach them.
 fn by_function(a: &Agent) -> Table<'_> {

@@ -1,7 +1,7 @@
 //! The modules (executable and shared objects) loaded in this process, and
 //! which of them may be instrumented.
 
-use rtprof_shared::layout::ModuleWhy;
+use rtprof_abi::layout::ModuleWhy;
 use std::ffi::CStr;
 
 #[derive(Debug, Clone, Copy)]

@@ -226,8 +226,8 @@ pub fn become_child(p: *mut u64) {
         // Until `fork()` returns and starts the child's own sampler (a
         // child made by `_Fork` or inside libc never gets one).
         a.segment.counters.set_sampler(
-            rtprof_shared::sampling::Sampler::Off,
-            rtprof_shared::sampling::Why::ChildWithoutFork,
+            rtprof_abi::sampling::Sampler::Off,
+            rtprof_abi::sampling::Why::ChildWithoutFork,
             0,
             0,
         );

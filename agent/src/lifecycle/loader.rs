@@ -19,8 +19,8 @@ use crate::patch::stubmem::StubArea;
 use crate::plan::analysis;
 use crate::sampling::addrmap::Present;
 use crate::{agent, count::records, discover::symbols, plan::pipeline, Agent};
-use rtprof_shared::layout::ModuleWhy;
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::layout::ModuleWhy;
+use rtprof_abi::SegmentWriter;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 #[repr(C)]

@@ -7,7 +7,7 @@
 use crate::lifecycle::loader::Known;
 use crate::options::budget::Controller;
 use crate::patch::install::StubMap;
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::SegmentWriter;
 
 /// The state the lock guards.
 pub struct Locked {

@@ -22,8 +22,9 @@ use crate::{
     plan::pipeline,
     Agent,
 };
-use rtprof_shared::layout::ModuleWhy;
-use rtprof_shared::{report, Capacities, SegmentWriter};
+use rtprof_abi::layout::ModuleWhy;
+use rtprof_abi::{Capacities, SegmentWriter};
+use rtprof_shared::report;
 use std::time::Instant;
 
 /// In secure-execution mode (set-user-ID and the like) the environment
@@ -229,7 +230,7 @@ pub(crate) fn start() {
     let stripe_bytes = segment.counters.layout().stripe_bytes;
     segment
         .counters
-        .set_state(rtprof_shared::layout::state::RUNNING);
+        .set_state(rtprof_abi::layout::state::RUNNING);
     let ld = plans
         .iter()
         .map(Planned::module)
@@ -447,7 +448,7 @@ pub(crate) type Recorded = (Option<crate::sampling::addrmap::Present>, Option<u3
 /// function index; a module that does not fit ends the list.
 pub(crate) fn record_all(
     segment: &Segment,
-    writer: &mut rtprof_shared::SegmentWriter,
+    writer: &mut rtprof_abi::SegmentWriter,
     plans: &[Planned],
 ) -> Vec<Recorded> {
     let mut recorded = Vec::with_capacity(plans.len());
@@ -617,7 +618,7 @@ fn check_report_path(template: &str) {
 /// reader never finds a truncated report), private to this user (it names
 /// the program's functions); a device or FIFO is written in place.
 fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, events: Option<&str>) {
-    let mut snap = match rtprof_shared::read_snapshot(a.segment.bytes()) {
+    let mut snap = match rtprof_abi::read_snapshot(a.segment.bytes()) {
         Ok(s) => s,
         Err(e) => {
             log::alert!("cannot read own counters for the report: {e}");
@@ -626,12 +627,12 @@ fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, even
     };
     if let Some(st) = stacks {
         // The agent's own table, in the form it writes for rtprof run.
-        snap.stacks = rtprof_shared::Stacks::parse(st, snap.functions.len(), snap.modules.len())
+        snap.stacks = rtprof_abi::Stacks::parse(st, snap.functions.len(), snap.modules.len())
             .unwrap_or_default();
     }
-    snap.threads = rtprof_shared::Threads::parse(threads, &snap).unwrap_or_default();
+    snap.threads = rtprof_abi::Threads::parse(threads, &snap).unwrap_or_default();
     if let Some(ev) = events {
-        snap.events = rtprof_shared::reader::Events::parse(ev, &snap).unwrap_or_default();
+        snap.events = rtprof_abi::reader::Events::parse(ev, &snap).unwrap_or_default();
     }
     let path = report_path(path);
     let text = if path.ends_with(".json") {

@@ -35,6 +35,7 @@
 
 use crate::config::Config;
 use crate::count::segment::Segment;
+use crate::count::stripes::Stripes;
 use crate::discover::maps::Maps;
 use crate::error::Errno;
 use crate::error::PatchError;
@@ -52,7 +53,7 @@ use crate::{
     lifecycle::loader,
     now_ns, Agent,
 };
-use rtprof_shared::Refusal;
+use rtprof_abi::Refusal;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -106,7 +107,7 @@ const WRITE_TRIES: usize = 5;
 const UNTRACED_WITHIN: Duration = Duration::from_secs(3);
 
 /// The thread that attaches and detaches on request.
-static CONTROL: Worker = Worker::new(c"rtprof-control", rtprof_shared::layout::cost::CONTROL_NS);
+static CONTROL: Worker = Worker::new(c"rtprof-control", rtprof_abi::layout::cost::CONTROL_NS);
 /// An idle control thread wakes this often (a request wakes it at once),
 /// to end once it is the process's last thread.
 const CONTROL_IDLE_MS: u64 = 1000;
@@ -623,7 +624,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     let known = startup::known_modules(&plans, recorded);
     segment
         .counters
-        .set_state(rtprof_shared::layout::state::RUNNING);
+        .set_state(rtprof_abi::layout::state::RUNNING);
     crate::sampling::set_stacks(false);
     crate::sampling::publish_map(&writer, &known.present(), stubs.ranges(), stubs.probes());
     let modules = plans

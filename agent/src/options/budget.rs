@@ -26,9 +26,9 @@ use crate::patch::install::StubMap;
 use crate::patch::stopworld::Stopper;
 use crate::patch::switch::{set_counting, write_entries_stopped, EntrySwitch};
 use crate::Agent;
-use rtprof_shared::layout::{cost, function_flags};
-use rtprof_shared::writer::Counters;
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::layout::{cost, function_flags};
+use rtprof_abi::writer::Counters;
+use rtprof_abi::SegmentWriter;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -524,8 +524,8 @@ impl Controller {
         let mut now = vec![0u64; a.segment.counters.func_count() as usize];
         // Stripe by stripe, as readers sum (a torn sum, while a thread's
         // stripe is folded, only blurs one look).
-        if let Ok(h) = rtprof_shared::read_header(a.segment.bytes()) {
-            let _ = rtprof_shared::reader::sum_calls(a.segment.bytes(), &h, &mut now);
+        if let Ok(h) = rtprof_abi::read_header(a.segment.bytes()) {
+            let _ = rtprof_abi::reader::sum_calls(a.segment.bytes(), &h, &mut now);
         }
         let cpu = cpu_ns();
         let delta = now

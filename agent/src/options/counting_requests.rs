@@ -12,7 +12,7 @@ use crate::patch::install::{Outcomes, StubMap};
 use crate::patch::switch::set_counting;
 use crate::plan::analysis::ModulePlan;
 use crate::Agent;
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::SegmentWriter;
 
 /// Switches the patched functions whose names `select` to `on`; returns
 /// how many. `map` and `w` are the stub map and records the caller holds
@@ -76,11 +76,11 @@ pub fn mark_off_from_start(
 }
 
 /// Answers a switch request rtprofd relayed through the segment (see
-/// `rtprof_shared::layout::control`): called by the agent's threads on
+/// `rtprof_abi::layout::control`): called by the agent's threads on
 /// every tick; two loads when there is none.
 pub fn serve_control(a: &Agent) {
     let w = &a.segment.counters;
-    let mut pattern = [0u8; rtprof_shared::layout::control::PATTERN_MAX];
+    let mut pattern = [0u8; rtprof_abi::layout::control::PATTERN_MAX];
     let Some((seq, on, len)) = w.control_request(&mut pattern) else {
         return;
     };

@@ -21,7 +21,7 @@ use crate::sampling::stacks::MODULE;
 use crate::Agent;
 use perf_event::events::{Event, Hardware, Software};
 use perf_event::{Builder, SampleFlag};
-use rtprof_shared::sampling::Why;
+use rtprof_abi::sampling::Why;
 use std::os::fd::IntoRawFd;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;

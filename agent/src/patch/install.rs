@@ -7,7 +7,7 @@ use crate::log::vlog;
 use crate::patch::stubmem::StubArea;
 use crate::patch::switch::EntrySwitch;
 use crate::plan::analysis::ModulePlan;
-use rtprof_shared::Refusal;
+use rtprof_abi::Refusal;
 
 const STUB_ALIGN: u64 = Native::STUB_ALIGN;
 const PAGE: u64 = 4096;

@@ -9,7 +9,7 @@ use crate::discover::modules::Module;
 use crate::discover::symbols::{FuncSym, FunctionList};
 use crate::options::loops::counts::wanted_for;
 use crate::options::loops::plan::{Context, FunctionLoops};
-use rtprof_shared::Refusal;
+use rtprof_abi::Refusal;
 
 /// Alignment fill considered after a function (GCC pads to 16 bytes).
 const MAX_PAD: u64 = 32;

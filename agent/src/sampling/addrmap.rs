@@ -8,8 +8,8 @@
 //! reader can still hold it. Lookups never allocate or lock.
 
 use crate::lifecycle::lock::Lock;
-use rtprof_shared::layout::module_flags;
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::layout::module_flags;
+use rtprof_abi::SegmentWriter;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// [start, end) of a function's code, its stub or a loop probe. Small (24
@@ -80,7 +80,7 @@ pub struct AddrMap {
     /// Loop probes: (first byte, address of the window it stands for),
     /// sorted.
     probes: Vec<(u64, u64)>,
-    counters: rtprof_shared::writer::Counters,
+    counters: rtprof_abi::writer::Counters,
 }
 
 // SAFETY: `counters` refers to the process's counter segment, mapped for
@@ -251,7 +251,7 @@ impl AddrMap {
                 // counting costs.
                 if r.at != AT_START {
                     self.counters
-                        .cost(rtprof_shared::layout::cost::IN_STUBS)
+                        .cost(rtprof_abi::layout::cost::IN_STUBS)
                         .fetch_add(n, Ordering::Relaxed);
                 }
                 Counted::Function(r.id)
@@ -397,7 +397,7 @@ pub fn reset_readers_in_child() {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use rtprof_shared::{Capacities, Layout};
+    use rtprof_abi::{Capacities, Layout};
 
     /// A segment in a Vec: module "app" at 0x10000 with f [0x100,+0x40),
     /// g [0x200,+0x10) and h overlapping g [0x208,+0x100); no-size z.

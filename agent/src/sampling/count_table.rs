@@ -1,9 +1,9 @@
 //! A bounded table of counts by a 64-bit key, in the agent's own memory,
 //! for what samples are counted by besides their function (their place in
-//! it): [`rtprof_shared::count_table`] over a static array, so a signal
+//! it): [`rtprof_abi::count_table`] over a static array, so a signal
 //! handler may add to it.
 
-use rtprof_shared::count_table::{Entry, Meta, Table};
+use rtprof_abi::count_table::{Entry, Meta, Table};
 
 /// Distinct keys kept: 16,384 entries of 16 bytes, 256 KiB of zero pages
 /// until counts touch them.

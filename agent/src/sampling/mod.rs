@@ -28,8 +28,8 @@ use crate::lifecycle::worker::{Next, Worker};
 use crate::log::vlog;
 use crate::Agent;
 use ring::{field_u32, field_u64, Ring, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
-use rtprof_shared::sampling::{Sampler, Why};
-use rtprof_shared::SegmentWriter;
+use rtprof_abi::sampling::{Sampler, Why};
+use rtprof_abi::SegmentWriter;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// The perf rings of this process (leaked: they live as long as it does;
@@ -60,7 +60,7 @@ fn kind() -> Sampler {
 static PID: AtomicU32 = AtomicU32::new(0);
 /// The thread that drains perf rings, and names the modules timer samples
 /// are held for.
-static DRAINER: Worker = Worker::new(c"rtprof-drain", rtprof_shared::layout::cost::SAMPLING_NS);
+static DRAINER: Worker = Worker::new(c"rtprof-drain", rtprof_abi::layout::cost::SAMPLING_NS);
 /// Timer samples in modules not named yet are held for the drain thread
 /// (it runs); otherwise every module is named before the timers start.
 static HOLDING: AtomicBool = AtomicBool::new(false);
@@ -92,7 +92,7 @@ fn record(a: &Agent, s: Sampler, why: Why, errno: Option<Errno>) {
     a.segment.counters.set_sampler(s, why, errno, period);
     vlog!(
         "sampler: {}",
-        rtprof_shared::sampling::Described {
+        rtprof_abi::sampling::Described {
             sampler: s,
             why,
             errno
@@ -645,8 +645,8 @@ pub fn publish_map(
             .iter()
             .filter(|p| p.record < w.module_count() && !p.exec.is_empty())
             .filter(|p| {
-                rtprof_shared::layout::ModuleWhy::of_flags(w.module(p.record).flags)
-                    != Some(rtprof_shared::layout::ModuleWhy::OwnCode)
+                rtprof_abi::layout::ModuleWhy::of_flags(w.module(p.record).flags)
+                    != Some(rtprof_abi::layout::ModuleWhy::OwnCode)
             })
             .map(|p| stacks::ModuleFile {
                 path: String::from_utf8_lossy(w.module_path(p.record)).into_owned(),

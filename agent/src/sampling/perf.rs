@@ -11,7 +11,7 @@ use super::stacks::STACK_BYTES;
 use crate::error::Errno;
 use perf_event::events::Software;
 use perf_event::{Builder, SampleFlag};
-use rtprof_shared::sampling::Why;
+use rtprof_abi::sampling::Why;
 use std::os::fd::IntoRawFd;
 
 /// More CPUs than this and the agent samples with per-thread timers

@@ -69,7 +69,7 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
                 }
             }
             crate::count::cost::add(
-                rtprof_shared::layout::cost::SAMPLING_NS,
+                rtprof_abi::layout::cost::SAMPLING_NS,
                 crate::count::cost::thread_cpu_ns().saturating_sub(started),
             );
         }
@@ -120,7 +120,7 @@ fn periods(info: &libc::siginfo_t) -> u64 {
 
 /// Installs the handler, unless the program handles SIGPROF itself.
 pub fn install(period_ns: u64) -> Result<(), super::perf::Failure> {
-    use rtprof_shared::sampling::Why;
+    use rtprof_abi::sampling::Why;
     let Some(real) = crate::lifecycle::interpose::real_sigaction() else {
         return Err((Why::TimerFailed, Some(Errno(libc::ENOSYS))));
     };

@@ -3,7 +3,7 @@
 //! samples. Processes of one executable share its root.
 
 use super::model::Profile;
-use rtprof_shared::report::escape_text;
+use rtprof_abi::escape::escape_text;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 

@@ -14,7 +14,7 @@ mod svg;
 use crate::error::Error;
 pub use destination::Destination;
 use model::Profile;
-use rtprof_shared::report::escape_text;
+use rtprof_abi::escape::escape_text;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

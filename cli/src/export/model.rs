@@ -3,10 +3,10 @@
 //! each function's calls and for samples without a call stack, and the
 //! sampled call stacks the agent recorded.
 
+use rtprof_abi::present::{ProcView, View};
+use rtprof_abi::reader::Frame as StackFrame;
+use rtprof_abi::Snapshot;
 use rtprof_shared::names;
-use rtprof_shared::present::{ProcView, View};
-use rtprof_shared::reader::Frame as StackFrame;
-use rtprof_shared::Snapshot;
 use std::collections::HashMap;
 
 pub struct Profile {
@@ -50,7 +50,7 @@ pub struct Frame {
     /// The function's entry address in the process, when known.
     pub address: Option<u64>,
     /// Where the function is defined, where debug information says.
-    pub source: Option<rtprof_shared::reader::SourceLine>,
+    pub source: Option<rtprof_abi::reader::SourceLine>,
 }
 
 pub struct Stack {

@@ -416,7 +416,7 @@ mod tests {
     fn stacks_and_source_lines_decode() {
         let mut model = model_sample();
         let p = &mut model.processes[0];
-        p.frames[1].source = Some(rtprof_shared::reader::SourceLine {
+        p.frames[1].source = Some(rtprof_abi::reader::SourceLine {
             file: "prog.c".into(),
             line: 42,
         });

@@ -9,9 +9,9 @@
 //! one's own. A jump through a table may go to any block nothing else
 //! reaches; a block reached no way is in no loop.
 
+use rtprof_abi::loops::{LoopCount, LoopStats};
+use rtprof_abi::Snapshot;
 use rtprof_shared::cfg::{x86_64, Cfg, Loop};
-use rtprof_shared::loops::{LoopCount, LoopStats};
-use rtprof_shared::Snapshot;
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -11,8 +11,8 @@ use crate::error::Error;
 use crate::export::{model, shown, Format, Output, OutputArgs};
 use clap::Args;
 use room::{out_of_space, room_for_segments, RunDir};
+use rtprof_abi::escape::escape_text;
 use rtprof_shared::report;
-use rtprof_shared::report::escape_text;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 

@@ -2,7 +2,7 @@
 //! agents' counter segments, on a filesystem with room for one.
 
 use crate::error::Error;
-use rtprof_shared::{Capacities, Layout};
+use rtprof_abi::{Capacities, Layout};
 use std::path::{Path, PathBuf};
 
 /// A private directory, removed when dropped.
@@ -21,7 +21,7 @@ pub fn base() -> (PathBuf, String) {
     let t = std::env::temp_dir();
     let named = format!(
         "TMPDIR ({})",
-        rtprof_shared::report::escape_text(&t.to_string_lossy())
+        rtprof_abi::escape::escape_text(&t.to_string_lossy())
     );
     (t, named)
 }

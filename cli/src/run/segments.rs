@@ -1,8 +1,8 @@
 //! Reading back the counter segments the run's processes left behind.
 
 use crate::error::Error;
-use rtprof_shared::loops::{LoopCounts, Offsets};
-use rtprof_shared::{read_snapshot, Callers, Events, Snapshot, Stacks, Threads};
+use rtprof_abi::loops::{LoopCounts, Offsets};
+use rtprof_abi::{read_snapshot, Callers, Events, Snapshot, Stacks, Threads};
 use std::path::Path;
 
 /// Maps a segment read-only: the reader touches only the pages it needs

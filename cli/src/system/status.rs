@@ -4,9 +4,9 @@
 
 use super::{preload, unit, AGENT_PATH, BACKUP, KILL_SWITCH, PRELOAD, WAS_ABSENT};
 use crate::presentation::{age_text, open};
+use rtprof_abi::present::{now_ns, read_view};
+use rtprof_abi::protocol::{DEFAULT_PRESENT, DEFAULT_SOCKET};
 use rtprof_shared::cachedir::{user_dir, SYSTEM_DIR};
-use rtprof_shared::present::{now_ns, read_view};
-use rtprof_shared::protocol::{DEFAULT_PRESENT, DEFAULT_SOCKET};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;

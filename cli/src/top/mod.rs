@@ -21,7 +21,7 @@ use std::process::ExitCode;
 #[derive(Args)]
 pub struct TopArgs {
     /// The daemon's presentation segment.
-    #[arg(long, default_value = rtprof_shared::protocol::DEFAULT_PRESENT)]
+    #[arg(long, default_value = rtprof_abi::protocol::DEFAULT_PRESENT)]
     present: PathBuf,
     /// Only this process (interactive: start in its functions).
     #[arg(long)]

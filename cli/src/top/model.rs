@@ -2,7 +2,7 @@
 //! span filtered and sorted, and the history behind their sparklines.
 //! Shared by the plain and the interactive view.
 
-use rtprof_shared::present::{ProcView, RowView, ThreadView, View};
+use rtprof_abi::present::{ProcView, RowView, ThreadView, View};
 use std::cmp::Ordering;
 use std::collections::{HashMap, VecDeque};
 

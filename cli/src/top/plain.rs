@@ -5,8 +5,8 @@ use super::model::{functions, processes, sparkline, thread_functions, threads, H
 use super::source::{Reading, Source};
 use super::TopArgs;
 use crate::presentation::{age_text, stale_text};
-use rtprof_shared::present::{now_ns, RowView, View};
-use rtprof_shared::report::escape_text;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::present::{now_ns, RowView, View};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

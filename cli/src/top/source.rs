@@ -3,7 +3,7 @@
 //! the daemon rewrites the buffer under the reader.
 
 use crate::presentation::{open, Segment};
-use rtprof_shared::present::{read_view, PresentError, View};
+use rtprof_abi::present::{read_view, PresentError, View};
 use std::path::{Path, PathBuf};
 
 /// Consecutive `Busy` reads (one per poll) before giving up.

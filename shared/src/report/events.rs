@@ -3,11 +3,12 @@
 //! counted), per module and per thread, and ratios of two events where
 //! both ran (instructions per cycle).
 
-use super::{escape_text, function_fields, module_name};
+use super::{function_fields, module_name};
 use crate::json::JsonWriter;
 use crate::names;
-use crate::reader::{EventCounts, EventStatus};
-use crate::Snapshot;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::reader::{EventCounts, EventStatus};
+use rtprof_abi::Snapshot;
 use std::fmt::Write as _;
 
 /// Ratios of two events, (name, numerator, denominator), shown where both ran.

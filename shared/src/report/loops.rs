@@ -3,11 +3,12 @@
 //! where it is (source line, or its addresses); and the loops counted
 //! exactly (`RTPROF_LOOPS`), with their executions and iterations.
 
-use super::{escape_text, function_fields};
+use super::function_fields;
 use crate::json::JsonWriter;
-use crate::loops::{LoopCount, LoopStats};
 use crate::names;
-use crate::Snapshot;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::loops::{LoopCount, LoopStats};
+use rtprof_abi::Snapshot;
 use std::fmt::Write as _;
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -167,9 +168,9 @@ pub(super) fn json(w: &mut JsonWriter, s: &Snapshot) {
 
 #[cfg(test)]
 mod tests {
-    use crate::loops::LoopStats;
-    use crate::reader::SourceLine;
     use crate::report::tests::snap;
+    use rtprof_abi::loops::LoopStats;
+    use rtprof_abi::reader::SourceLine;
 
     #[test]
     fn hottest_loops_first_with_their_shares() {
@@ -219,7 +220,7 @@ mod tests {
 
     #[test]
     fn counted_loops_show_executions_and_iterations() {
-        use crate::loops::{LoopCount, LoopRefusal};
+        use rtprof_abi::loops::{LoopCount, LoopRefusal};
         let mut s = snap();
         let l = |header, count| LoopStats {
             function: 0,

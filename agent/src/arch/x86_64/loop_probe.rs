@@ -36,7 +36,7 @@ use super::window::jcc_code;
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register, RflagsBits,
 };
-use rtprof_shared::loops::LoopRefusal;
+use rtprof_abi::loops::LoopRefusal;
 
 /// Bytes of a `jmp rel32`.
 const JMP: usize = 5;

@@ -13,8 +13,8 @@ pub use scan::FunctionScan;
 pub use window::Plan;
 
 use super::{CounterRef, EntryPatch, LoopProber, Planner, StubWriter, ThreadContext};
-use rtprof_shared::loops::LoopRefusal;
-use rtprof_shared::Refusal;
+use rtprof_abi::loops::LoopRefusal;
+use rtprof_abi::Refusal;
 
 /// This build's instruction set.
 pub struct X86_64;

@@ -31,7 +31,7 @@
 use super::super::{CounterRef, EntryPatch};
 use super::emit::{Emitter, Label};
 use super::window::{FixKind, Plan};
-use rtprof_shared::Refusal;
+use rtprof_abi::Refusal;
 
 /// Bytes of the counting prologue, up to the moved instructions: fixed,
 /// since the counting switch jumps over it and a moved instruction's

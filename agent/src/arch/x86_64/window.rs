@@ -8,7 +8,7 @@ use iced_x86::{
     ConditionCode, ConstantOffsets, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic,
     OpKind,
 };
-use rtprof_shared::Refusal;
+use rtprof_abi::Refusal;
 
 /// Bytes of a `jmp rel32`.
 pub const MIN_WINDOW: usize = 5;

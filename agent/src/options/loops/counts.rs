@@ -12,7 +12,7 @@
 //! has none) is written beside the counter segment.
 
 use crate::arch::{Native, ThreadContext};
-use rtprof_shared::loops::LoopRefusal;
+use rtprof_abi::loops::LoopRefusal;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 

@@ -17,8 +17,8 @@
 //! that reaches its end serves as both.
 
 use crate::arch::{LoopProber, LoopSpan, LoopWindow, Native, Planner};
+use rtprof_abi::loops::LoopRefusal;
 use rtprof_shared::cfg::{Cfg, Flow, Insn, Loop};
-use rtprof_shared::loops::LoopRefusal;
 
 /// One loop of a function: its header's address, and whether its probes
 /// fit.

@@ -12,7 +12,7 @@ use crate::options::loops::plan::WayCount;
 use crate::patch::install::write_entries;
 use crate::patch::stubmem::StubArea;
 use crate::plan::analysis::ModulePlan;
-use rtprof_shared::loops::LoopRefusal;
+use rtprof_abi::loops::LoopRefusal;
 
 const ALIGN: usize = 16;
 

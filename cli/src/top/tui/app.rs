@@ -5,8 +5,8 @@ use super::super::model::{functions, processes, thread_functions, threads, Histo
 use super::super::source::Reading;
 use super::super::TopArgs;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use rtprof_shared::present::{PresentError, View};
-use rtprof_shared::report::escape_text;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::present::{PresentError, View};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -146,7 +146,7 @@ impl App {
         };
         let (f, sort) = (&self.filter, self.sort);
         let of = |pid: u32| v.procs.iter().find(|p| p.pid == pid);
-        let names = |rows: Vec<&rtprof_shared::present::RowView>| {
+        let names = |rows: Vec<&rtprof_abi::present::RowView>| {
             rows.iter().map(|r| r.name.clone()).collect()
         };
         match self.screen {
@@ -284,7 +284,7 @@ impl App {
             KeyCode::Char('p') | KeyCode::Char(' ') => {
                 self.paused = match self.paused {
                     Some(_) => None,
-                    None => Some(rtprof_shared::present::now_ns()),
+                    None => Some(rtprof_abi::present::now_ns()),
                 }
             }
             KeyCode::Char('/') => self.editing = Some(self.filter.clone()),

@@ -12,9 +12,9 @@ use ratatui::style::{Color, Modifier, Style, Stylize};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
+use rtprof_abi::escape::escape_text;
+use rtprof_abi::present::{ProcView, RowView, View};
 use rtprof_shared::names::readable;
-use rtprof_shared::present::{ProcView, RowView, View};
-use rtprof_shared::report::escape_text;
 
 /// The markers' legend, under the keys.
 const LEGEND: [(&str, &str); 4] = [

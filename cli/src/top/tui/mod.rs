@@ -10,7 +10,7 @@ use super::source::Source;
 use super::TopArgs;
 use app::{Action, App};
 use ratatui::crossterm::event::{self, Event, KeyEventKind};
-use rtprof_shared::present::now_ns;
+use rtprof_abi::present::now_ns;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 

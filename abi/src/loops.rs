@@ -222,7 +222,7 @@ pub struct LoopStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::snap;
+    use crate::reader::tests::sample_snapshot as snap;
 
     #[test]
     fn offsets_files_are_read_and_hostile_ones_refused() {

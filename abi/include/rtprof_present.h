@@ -8,7 +8,7 @@
  * entries, rows (each process's rows followed by its threads' rows when
  * rtprofd runs with --thread-rows, then global rows merged by executable
  * and function), a hash index, strings. All little-endian; see
- * shared/src/present/layout.rs for the layout and writer.rs beside it for
+ * abi/src/present/layout.rs for the layout and writer.rs beside it for
  * the writer.
  *
  * Usage:

@@ -1,6 +1,8 @@
 //! Validating reader: turns the bytes of a counter segment, which may be
 //! truncated, stale or hostile, into a [`Snapshot`] or a [`SegmentError`].
-//! It never trusts an offset, length or count it has not checked.
+//! It never trusts an offset, length or count it has not checked. It also
+//! reads the files the agent writes beside its segment at exit (stacks,
+//! callers, threads, events; loops' in [`crate::loops`]), as strictly.
 
 use crate::layout::*;
 use crate::loops::{LoopCounts, LoopStats, Offsets};
@@ -1163,7 +1165,7 @@ pub fn read_cost(bytes: &[u8], h: &Header) -> Option<AgentCost> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::writer::SegmentWriter;
     use std::sync::atomic::Ordering;
@@ -1189,7 +1191,7 @@ mod tests {
         w.add_module(b"/lib/libx.so", 0x7000).unwrap();
         let h = w.add_function(b"helper", 0x300, 20).unwrap();
         w.set_status(h, None);
-        let s1 = w.counters().alloc_stripe(100).unwrap();
+        let s1 = w.counters().append_stripe(100).unwrap();
         // SAFETY: slots below func_count of stripes handed out, inside
         // `buf`; no other thread uses it.
         unsafe {
@@ -1221,6 +1223,11 @@ mod tests {
     fn as_bytes(buf: &[u64]) -> &[u8] {
         // SAFETY: the same memory as `buf`, borrowed as long, as bytes.
         unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 8) }
+    }
+
+    /// The snapshot of [`sample_segment`], for the side files' readers.
+    pub(crate) fn sample_snapshot() -> Snapshot {
+        read_snapshot(as_bytes(&sample_segment().0)).unwrap()
     }
 
     #[test]

@@ -30,8 +30,8 @@
 //! says its executable is, where that differs from the executable the
 //! kernel says it runs (`ProcEntry::exe`, what rows are keyed by). Older
 //! writers leave it zero (no claims); older readers ignore it.
-//! `shared/c/rtprof_present.c` and
-//! `shared/include/rtprof_present.h` are the C reader of the same layout:
+//! `abi/c/rtprof_present.c` and
+//! `abi/include/rtprof_present.h` are the C reader of the same layout:
 //! change them together.
 
 use std::mem::size_of;
