@@ -3,9 +3,12 @@
 //! [`LoopProber`] (exact loop counts' probes) and [`ThreadContext`] (the
 //! thread pointer, signal contexts, stopped threads). Plans are opaque to
 //! the rest of the agent: it asks them what [`EntryPlan`] says. A second
-//! architecture implements these in a sibling folder. The rest of the agent reaches them only through
+//! architecture implements these in a sibling folder; `toy` (in tests)
+//! shows that one can. The rest of the agent reaches them only through
 //! [`Native`], this build's implementation, and the types below.
 
+#[cfg(test)]
+mod toy;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
@@ -294,6 +297,19 @@ pub struct CounterRef {
     /// `extern "C" fn(slot: u32, return_address: u64)` the stub calls after
     /// counting; 0 for none.
     pub caller_hook: u64,
+}
+
+/// Writes `plan`'s stub to run at `at` into `out` and returns the entry
+/// patch that reaches it: what every function's instrumenting does, for
+/// any instruction set.
+pub fn stub_and_entry<I: StubWriter>(
+    plan: &I::Plan,
+    at: u64,
+    counter: &CounterRef,
+    out: &mut [u8],
+) -> Result<EntryPatch, Refusal> {
+    I::emit_stub(plan, at, counter, out)?;
+    I::entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange)
 }
 
 /// What is written over a function's entry.

@@ -379,8 +379,7 @@ fn emit_stubs(
         let at = area.addr + start as u64;
         let slot = first_slot + i as u32;
         let counter = counter(slot);
-        let stub = Native::emit_stub(plan, at, &counter, room)
-            .and_then(|()| Native::entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange));
+        let stub = crate::arch::stub_and_entry::<Native>(plan, at, &counter, room);
         match stub {
             Ok(e) => {
                 if !counted(&c.name) {
