@@ -211,6 +211,130 @@ impl Thread {
     }
 }
 
+/// What one read of the segment found, for reading each thread's stripe:
+/// the fold sequence it was read under, each live thread's samples and
+/// the samples by (stripe, function) of those followed.
+struct Scan<'a> {
+    bytes: &'a [u8],
+    h: &'a Header,
+    seq: u64,
+    /// (stripe, samples), as [`ThreadSpans::totals`].
+    totals: &'a [(u32, u64)],
+    /// (stripe, slot, samples), sorted, as [`ThreadSpans::sampled`].
+    sampled: &'a [(u32, u32, u64)],
+}
+
+impl Scan<'_> {
+    /// A reading of the thread in `stripe` from its calls in `calls`
+    /// (read from its stripe just before) and its samples.
+    fn reading(&self, stripe: u32, calls: &[u64]) -> Reading {
+        reading(
+            calls,
+            &samples_of(self.sampled, stripe),
+            total_of(self.totals, stripe),
+        )
+    }
+}
+
+/// The samples of the thread in `stripe` in all, in `totals` (stripe,
+/// samples); 0 if it has none there.
+fn total_of(totals: &[(u32, u64)], stripe: u32) -> u64 {
+    totals.iter().find(|t| t.0 == stripe).map_or(0, |t| t.1)
+}
+
+/// The (slot, samples) of the thread in `stripe`, out of `sampled`
+/// (stripe, slot, samples), sorted.
+fn samples_of(sampled: &[(u32, u32, u64)], stripe: u32) -> Vec<(u32, u64)> {
+    let first = sampled.partition_point(|e| e.0 < stripe);
+    let n = sampled[first..].partition_point(|e| e.0 == stripe);
+    sampled[first..first + n]
+        .iter()
+        .map(|&(_, slot, n)| (slot, n))
+        .collect()
+}
+
+impl Thread {
+    /// Moves the thread on to `now_ns` (read from `scan`, through
+    /// `calls`, unless `quiet`); ticks at or before `start` leave its
+    /// span. Whether its rows are to be made again: not when nothing left
+    /// the span on a quiet tick, nor when its stripe could not be read.
+    fn advance(
+        &mut self,
+        scan: &Scan,
+        calls: &mut [u64],
+        quiet: bool,
+        (now_ns, start): (u64, u64),
+    ) -> bool {
+        if quiet && self.read {
+            // Nothing new (this tick added nothing); the rows change only
+            // if counts left the span.
+            self.ring.push_back(Tick {
+                at_ns: now_ns,
+                ..Tick::default()
+            });
+            return self.expire(start);
+        }
+        if !stripe_calls(scan.bytes, scan.h, self.stripe, calls) || {
+            // The stripe read before the sequence is read again.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            fold_seq(scan.bytes) != scan.seq
+        } {
+            // Not read while a fold began: this thread and the rest wait
+            // for the next tick (their last rows stay).
+            return false;
+        }
+        self.take(scan.reading(self.stripe, calls), now_ns);
+        self.read = true;
+        self.expire(start);
+        true
+    }
+
+    /// Reads the thread's name again every [`RENAME_TICKS`] ticks it
+    /// moves on, keeping the one it had if it is gone.
+    fn rename_if_due(&mut self, pid: u32) {
+        self.rename_in = self.rename_in.saturating_sub(1);
+        if self.rename_in == 0 {
+            self.rename_in = RENAME_TICKS;
+            let name = thread_name(pid, self.tid);
+            if !name.is_empty() {
+                self.rows.name = name;
+            }
+        }
+    }
+
+    /// Makes the thread's rows: its `top` hottest functions over the span
+    /// (by time, then calls, as the process's rows), named through `id_of`
+    /// (slot -> row id, module, counted), their time at `period` ns a
+    /// sample.
+    fn rank(&mut self, top: usize, period: u64, id_of: impl Fn(usize) -> (u32, u32, bool)) {
+        let mut hot: Vec<(Pair, u32)> = self.sums.iter().map(|(&slot, &c)| (c, slot)).collect();
+        keep_first(&mut hot, top, |&((c, n), slot)| {
+            (std::cmp::Reverse((n, c)), slot)
+        });
+        let f = &self.newest.funcs;
+        let total = |slot: u32| {
+            f.binary_search_by_key(&slot, |e| e.0)
+                .map_or(0, |i| f[i].1 .0)
+        };
+        self.rows.samples = self.samples;
+        self.rows.rows.clear();
+        self.rows
+            .rows
+            .extend(hot.iter().map(|&((calls, samples), slot)| {
+                let (id, module, counted) = id_of(slot as usize);
+                IdRow {
+                    id,
+                    module,
+                    flags: if counted { ROW_COUNTED } else { 0 },
+                    calls,
+                    samples,
+                    time_ns: samples.saturating_mul(period),
+                    total_calls: total(slot),
+                }
+            }));
+    }
+}
+
 impl ThreadSpans {
     /// Reads the live threads' counters of the process `pid` (segment
     /// `bytes`, header `h`, its first `funcs` functions, read through
@@ -243,6 +367,52 @@ impl ThreadSpans {
         }
         let from_now = !self.observed && !young;
         self.observed = true;
+        let beyond = self.read_live(bytes, h);
+        let quiet = self.read_samples(bytes, h, funcs, seq, moved);
+        scratch.resize(scratch.len().max(funcs), 0);
+        let calls = &mut scratch[..funcs];
+        let scan = Scan {
+            bytes,
+            h,
+            seq,
+            totals: &self.totals,
+            sampled: &self.sampled,
+        };
+        for &(stripe, tid) in &self.live {
+            if !self.threads.iter().any(|t| t.stripe == stripe) {
+                let seen_before = self.unfollowed.contains(&(stripe, tid));
+                let t = Self::follow(
+                    &scan,
+                    calls,
+                    (stripe, tid, pid),
+                    from_now || seen_before,
+                    now_ns,
+                );
+                self.threads.push(t);
+            }
+        }
+        self.unfollowed = beyond;
+        self.threads.sort_by_key(|t| t.tid);
+        let start = now_ns.saturating_sub(span_ns);
+        self.tables.clear();
+        for t in &mut self.threads {
+            if t.advance(&scan, calls, quiet, (now_ns, start)) {
+                t.rename_if_due(pid);
+                t.rank(top, h.sample_period_ns, &id_of);
+            }
+            // A thread that neither called nor ran a function in the
+            // span has no rows.
+            if !t.rows.rows.is_empty() {
+                self.tables.push(t.rows.clone());
+            }
+        }
+    }
+
+    /// Reads which threads are live (their stripes and ids) into
+    /// [`Self::live`], the first [`MAX_THREADS`] (or `max`) of them, and
+    /// lets go of the followed threads no longer there; returns those
+    /// beyond the cap.
+    fn read_live(&mut self, bytes: &[u8], h: &Header) -> Vec<(u32, u32)> {
         live_stripes(bytes, h, &mut self.live);
         let max = if self.max == 0 { MAX_THREADS } else { self.max };
         let beyond = self.live.split_off(self.live.len().min(max));
@@ -250,14 +420,31 @@ impl ThreadSpans {
         // A stripe handed to another thread is a new thread.
         self.threads
             .retain(|t| live.iter().any(|&(s, tid)| s == t.stripe && tid == t.tid));
+        beyond
+    }
+
+    /// Reads the live threads' samples, in all and, unless nothing moved,
+    /// by function (of the first `funcs`), at fold sequence `seq`;
+    /// whether nothing moved (the tick is quiet): not the process's
+    /// counts (`moved`), the sequence, nor any followed thread's samples.
+    fn read_samples(
+        &mut self,
+        bytes: &[u8],
+        h: &Header,
+        funcs: usize,
+        seq: u64,
+        moved: bool,
+    ) -> bool {
         // Each thread's samples before the table: a sample is counted in
         // the table before its stripe's total, so every sample a total
         // read here has is in the table read after it.
         self.totals.clear();
-        self.totals
-            .extend(live.iter().map(|&(s, _)| (s, stripe_samples(bytes, h, s))));
+        self.totals.extend(
+            self.live
+                .iter()
+                .map(|&(s, _)| (s, stripe_samples(bytes, h, s))),
+        );
         let totals = &self.totals;
-        let total_of = |stripe: u32| totals.iter().find(|t| t.0 == stripe).map_or(0, |t| t.1);
         // Quiet: nothing moved since the last read, not even a thread's
         // samples (the process's total moves before them).
         let quiet = !moved
@@ -265,11 +452,11 @@ impl ThreadSpans {
             && self
                 .threads
                 .iter()
-                .all(|t| !t.read || total_of(t.stripe) == t.newest.samples);
+                .all(|t| !t.read || total_of(totals, t.stripe) == t.newest.samples);
         self.last_seq = Some(seq);
         // Samples by (stripe, function) of the threads followed: one scan
         // of the segment's table, unless nothing moved.
-        let mut stripes: Vec<u32> = live.iter().map(|&(s, _)| s).collect();
+        let mut stripes: Vec<u32> = self.live.iter().map(|&(s, _)| s).collect();
         stripes.sort_unstable();
         self.sampled.clear();
         if !quiet {
@@ -281,112 +468,29 @@ impl ThreadSpans {
             });
             sampled.sort_unstable();
         }
-        let sampled = &self.sampled;
-        let samples_of = |stripe: u32| {
-            let first = sampled.partition_point(|e| e.0 < stripe);
-            let n = sampled[first..].partition_point(|e| e.0 == stripe);
-            sampled[first..first + n]
-                .iter()
-                .map(|&(_, slot, n)| (slot, n))
-                .collect::<Vec<_>>()
-        };
-        scratch.resize(scratch.len().max(funcs), 0);
-        let now = &mut scratch[..funcs];
-        for &(stripe, tid) in live {
-            if self.threads.iter().any(|t| t.stripe == stripe) {
-                continue;
-            }
-            let mut t = Thread::new(stripe, tid, thread_name(pid, tid));
-            // Seen by a first read of an older process, or by an earlier
-            // read that did not follow it: its counts so far are not this
-            // tick's.
-            let seen_before = self.unfollowed.contains(&(stripe, tid));
-            if (from_now || seen_before) && stripe_calls(bytes, h, stripe, now) {
-                let total = total_of(stripe);
-                t.take(reading(now, &samples_of(stripe), total), now_ns);
-                t.sums.clear();
-                t.ring.clear();
-                t.samples = 0;
-                t.read = true;
-            }
-            self.threads.push(t);
+        quiet
+    }
+
+    /// Starts following thread `tid` of `pid`, new in `stripe`. If it
+    /// counted before it was followed (`counted_before`: seen by a first
+    /// read of an older process, or by an earlier read that did not follow
+    /// it), its counts so far are taken as its start, not as this tick's.
+    fn follow(
+        scan: &Scan,
+        calls: &mut [u64],
+        (stripe, tid, pid): (u32, u32, u32),
+        counted_before: bool,
+        now_ns: u64,
+    ) -> Thread {
+        let mut t = Thread::new(stripe, tid, thread_name(pid, tid));
+        if counted_before && stripe_calls(scan.bytes, scan.h, stripe, calls) {
+            t.take(scan.reading(stripe, calls), now_ns);
+            t.sums.clear();
+            t.ring.clear();
+            t.samples = 0;
+            t.read = true;
         }
-        self.unfollowed = beyond;
-        self.threads.sort_by_key(|t| t.tid);
-        let start = now_ns.saturating_sub(span_ns);
-        self.tables.clear();
-        for t in &mut self.threads {
-            if quiet && t.read {
-                // Nothing new (this tick added nothing); the rows change
-                // only if counts left the span.
-                t.ring.push_back(Tick {
-                    at_ns: now_ns,
-                    ..Tick::default()
-                });
-                if !t.expire(start) {
-                    if !t.rows.rows.is_empty() {
-                        self.tables.push(t.rows.clone());
-                    }
-                    continue;
-                }
-            } else if !stripe_calls(bytes, h, t.stripe, now) || {
-                // The stripe read before the sequence is read again.
-                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-                fold_seq(bytes) != seq
-            } {
-                // Not read while a fold began: this thread and the rest
-                // wait for the next tick (their last rows stay).
-                if !t.rows.rows.is_empty() {
-                    self.tables.push(t.rows.clone());
-                }
-                continue;
-            } else {
-                let total = total_of(t.stripe);
-                t.take(reading(now, &samples_of(t.stripe), total), now_ns);
-                t.read = true;
-                t.expire(start);
-            }
-            t.rename_in = t.rename_in.saturating_sub(1);
-            if t.rename_in == 0 {
-                t.rename_in = RENAME_TICKS;
-                let name = thread_name(pid, t.tid);
-                if !name.is_empty() {
-                    t.rows.name = name;
-                }
-            }
-            let mut hot: Vec<(Pair, u32)> = t.sums.iter().map(|(&slot, &c)| (c, slot)).collect();
-            // By time, then calls, as the process's rows.
-            keep_first(&mut hot, top, |&((c, n), slot)| {
-                (std::cmp::Reverse((n, c)), slot)
-            });
-            let total = |slot: u32| {
-                let f = &t.newest.funcs;
-                f.binary_search_by_key(&slot, |e| e.0)
-                    .map_or(0, |i| f[i].1 .0)
-            };
-            let period = h.sample_period_ns;
-            t.rows.samples = t.samples;
-            t.rows.rows.clear();
-            t.rows
-                .rows
-                .extend(hot.iter().map(|&((calls, samples), slot)| {
-                    let (id, module, counted) = id_of(slot as usize);
-                    IdRow {
-                        id,
-                        module,
-                        flags: if counted { ROW_COUNTED } else { 0 },
-                        calls,
-                        samples,
-                        time_ns: samples.saturating_mul(period),
-                        total_calls: total(slot),
-                    }
-                }));
-            // A thread that neither called nor ran a function in the
-            // span has no rows.
-            if !t.rows.rows.is_empty() {
-                self.tables.push(t.rows.clone());
-            }
-        }
+        t
     }
 
     /// The rows of each live thread with calls in the span, by thread id.
@@ -535,6 +639,41 @@ mod tests {
         assert_eq!(last(&t), vec![(0, (4, 0)), (1, (9, 0)), (3, (2, 0))]);
         assert_eq!(t.sums.len(), 3);
         assert_eq!((t.ring.len(), t.samples), (1, 1));
+    }
+
+    /// One stripe's samples by function, out of those of all; a stripe
+    /// not there has none.
+    #[test]
+    fn a_stripes_samples_are_its_run_of_the_sorted_table() {
+        let sampled = [(1, 0, 5), (2, 1, 7), (2, 3, 1), (4, 0, 2)];
+        assert_eq!(samples_of(&sampled, 2), [(1, 7), (3, 1)]);
+        assert_eq!(samples_of(&sampled, 3), []);
+        assert_eq!(samples_of(&sampled, 4), [(0, 2)]);
+        assert_eq!(total_of(&[(3, 9), (5, 2)], 5), 2);
+        assert_eq!(total_of(&[(3, 9), (5, 2)], 4), 0);
+    }
+
+    /// A thread's rows are its hottest functions over the span, by time
+    /// then calls, the first `top`; each with its calls in the span and
+    /// since the thread began.
+    #[test]
+    fn rows_rank_the_span_by_time_then_calls() {
+        let mut t = Thread::new(1, 7, String::new());
+        t.take(reading(&[4, 9, 1, 0], &[(2, 3)], 3), 1);
+        t.take(reading(&[6, 9, 1, 2], &[(2, 3), (3, 1)], 4), 2);
+        t.expire(1);
+        t.rank(2, 10, |s| (100 + s as u32, 0, s != 3));
+        let rows: Vec<_> = t
+            .rows
+            .rows
+            .iter()
+            .map(|r| (r.id, r.flags, r.calls, r.samples, r.time_ns, r.total_calls))
+            .collect();
+        assert_eq!(
+            rows,
+            [(103, 0, 2, 1, 10, 2), (100, ROW_COUNTED, 2, 0, 0, 6)]
+        );
+        assert_eq!(t.rows.samples, 1);
     }
 
     /// Samples by (thread, function) in the segment reach each thread's
