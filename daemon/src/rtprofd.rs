@@ -19,8 +19,10 @@ use accept::{Acceptor, Outcome};
 use clap::Parser;
 use log::{Kind, Limiter};
 use registry::Registered;
-use rtprof_abi::present::{now_ns, PresentError};
+use rtprof_abi::present::{now_ns, PresentError, PresentWriter};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use table::{RegistrationRefusal, Table};
 
@@ -161,21 +163,36 @@ fn admit(table: &mut Table, reg: Registered, log: &mut Limiter) {
     }
 }
 
-fn main() -> std::process::ExitCode {
-    let a = Args::parse();
-    // Every tick builds tables of about the same size: keep freed memory
-    // rather than giving it back to the kernel and faulting it in again.
+/// Every tick builds tables of about the same size: malloc keeps freed
+/// memory rather than giving it back to the kernel and faulting it in
+/// again. Called first, before any other thread exists.
+fn keep_freed_memory() {
     // SAFETY: tuning malloc before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
+}
+
+/// The tick (at least 50 ms) and the span in ns (at least the tick asked
+/// for) of the arguments.
+fn timing(a: &Args) -> (Duration, u64) {
     let tick = Duration::from_millis(a.tick.max(50));
     let span_ns = a.span.max(a.tick) * 1_000_000;
-    // Followed segments hold no descriptor; waiting connections do, and a
-    // few are needed besides (the present file, /proc while discovering).
-    let fds = raise_descriptor_limit();
-    let waiting_total = WAITING_TOTAL.min((fds.saturating_sub(32) / 2) as usize);
+    (tick, span_ns)
+}
+
+/// Connections that may wait in all with `fds` descriptors: followed
+/// segments hold no descriptor; waiting connections do, and a few are
+/// needed besides (the present file, /proc while discovering).
+fn waiting_total(fds: u64) -> usize {
+    WAITING_TOTAL.min((fds.saturating_sub(32) / 2) as usize)
+}
+
+/// Opens the socket agents register at and creates the presentation
+/// segment (its mapping must outlive the writer); says why not, and the
+/// exit code, if either cannot be.
+fn open_endpoints(a: &Args) -> Result<(UnixListener, memmap2::MmapMut, PresentWriter), ExitCode> {
     if let Some(dir) = a.socket.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -183,65 +200,43 @@ fn main() -> std::process::ExitCode {
         Ok(l) => l,
         Err(e) => {
             eprintln!("rtprofd: cannot listen at {}: {e}", a.socket.display());
-            return std::process::ExitCode::from(1);
+            return Err(ExitCode::from(1));
         }
     };
-    let (_map, mut writer) =
-        match present_file::create(&a.present, a.group.as_deref(), a.buffer_mib, a.tick) {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("rtprofd: cannot create {}: {e}", a.present.display());
-                return std::process::ExitCode::from(1);
-            }
-        };
-    eprintln!(
-        "rtprofd: listening at {}, publishing {} every {} ms over {} ms",
-        a.socket.display(),
-        a.present.display(),
-        tick.as_millis(),
-        span_ns / 1_000_000
-    );
-    let mut log = Limiter::to_stderr(LOG_LINES, Duration::from_secs(a.log_interval.max(1)));
-    let mut table = Table::new(table::Caps {
-        per_user: a.max_segments_per_user,
-        total: a.max_segments,
-    });
-    table.set_thread_rows(a.thread_rows);
-    // Said once: thread rows did not fit the buffer.
-    let mut warned_threads = false;
-    let mut acceptor = Acceptor::new(
-        listener,
-        accept::Limits {
-            per_user: WAITING_PER_USER,
-            total: waiting_total,
-            deadline: WAITING_DEADLINE,
-        },
-    );
-    // Agents that started before us (root only: others' map_files are closed).
-    for reg in registry::discover(&a.socket) {
-        admit(&mut table, reg, &mut log);
+    match present_file::create(&a.present, a.group.as_deref(), a.buffer_mib, a.tick) {
+        Ok((map, writer)) => Ok((listener, map, writer)),
+        Err(e) => {
+            eprintln!("rtprofd: cannot create {}: {e}", a.present.display());
+            Err(ExitCode::from(1))
+        }
     }
-    if table.len() > 0 {
-        eprintln!("rtprofd: found {} running agent(s)", table.len());
-    }
-    let token = match a.metrics {
+}
+
+/// The bearer token `/metrics` asks for: none without `--metrics` or
+/// with `--metrics-public`; says why not, and the exit code, if it
+/// cannot be read or made.
+fn metrics_token(a: &Args) -> Result<Option<Vec<u8>>, ExitCode> {
+    match a.metrics {
         Some(_) if !a.metrics_public => match token::load_or_create(&a.metrics_token_file) {
-            Ok(t) => Some(t),
+            Ok(t) => Ok(Some(t)),
             Err(e) => {
                 eprintln!("rtprofd: metrics token: {e}");
-                return std::process::ExitCode::from(1);
+                Err(ExitCode::from(1))
             }
         },
-        _ => None,
+        _ => Ok(None),
+    }
+}
+
+/// Serves `/metrics` if `--metrics` asks for it, saying to whom; says
+/// why not, and the exit code, if it cannot.
+fn start_metrics(a: &Args) -> Result<Option<metrics::Metrics>, ExitCode> {
+    let token = metrics_token(a)?;
+    let Some(addr) = a.metrics else {
+        return Ok(None);
     };
-    let mut metrics = match a.metrics.map(|addr| {
-        (
-            addr,
-            metrics::Metrics::serve(addr, token.clone(), a.metrics_top, a.metrics_per_process),
-        )
-    }) {
-        None => None,
-        Some((addr, Ok(m))) => {
+    match metrics::Metrics::serve(addr, token.clone(), a.metrics_top, a.metrics_per_process) {
+        Ok(m) => {
             match &token {
                 Some(_) => eprintln!(
                     "rtprofd: serving http://{addr}/metrics to holders of the token in {}",
@@ -251,31 +246,100 @@ fn main() -> std::process::ExitCode {
                     eprintln!("rtprofd: serving http://{addr}/metrics to anyone (--metrics-public)")
                 }
             }
-            Some(m)
+            Ok(Some(m))
         }
-        Some((addr, Err(e))) => {
+        Err(e) => {
             eprintln!("rtprofd: cannot serve metrics at {addr}: {e}");
-            return std::process::ExitCode::from(1);
+            Err(ExitCode::from(1))
         }
-    };
-    let mut outcomes = Vec::new();
-    let mut due = Instant::now();
-    loop {
-        // Registrations until the tick is due: the acceptor never blocks
-        // past it, whatever connections do.
+    }
+}
+
+/// What the daemon keeps from one tick to the next.
+struct Daemon {
+    table: Table,
+    acceptor: Acceptor,
+    log: Limiter,
+    writer: PresentWriter,
+    metrics: Option<metrics::Metrics>,
+    span_ns: u64,
+    /// Said once: thread rows did not fit the buffer.
+    warned_threads: bool,
+}
+
+impl Daemon {
+    /// Follows the agents that register at `listener` (at most
+    /// `waiting_total` connections waiting) and those already running,
+    /// publishing spans of `span_ns` through `writer`.
+    fn new(
+        a: &Args,
+        listener: UnixListener,
+        writer: PresentWriter,
+        waiting_total: usize,
+        span_ns: u64,
+    ) -> Daemon {
+        let mut log = Limiter::to_stderr(LOG_LINES, Duration::from_secs(a.log_interval.max(1)));
+        let mut table = Table::new(table::Caps {
+            per_user: a.max_segments_per_user,
+            total: a.max_segments,
+        });
+        table.set_thread_rows(a.thread_rows);
+        let acceptor = Acceptor::new(
+            listener,
+            accept::Limits {
+                per_user: WAITING_PER_USER,
+                total: waiting_total,
+                deadline: WAITING_DEADLINE,
+            },
+        );
+        // Agents that started before us (root only: others' map_files are closed).
+        for reg in registry::discover(&a.socket) {
+            admit(&mut table, reg, &mut log);
+        }
+        if table.len() > 0 {
+            eprintln!("rtprofd: found {} running agent(s)", table.len());
+        }
+        Daemon {
+            table,
+            acceptor,
+            log,
+            writer,
+            metrics: None,
+            span_ns,
+            warned_threads: false,
+        }
+    }
+
+    /// A tick every `tick`, taking registrations in between; never ends.
+    fn run(mut self, tick: Duration) -> ! {
+        let mut outcomes = Vec::new();
+        let mut due = Instant::now();
         loop {
-            acceptor.wait(due, &mut outcomes);
+            self.accept_until(due, &mut outcomes);
+            self.tick();
+            // The next tick a period after this one was due; at once if
+            // late, but never several at once to catch up.
+            due = (due + tick).max(Instant::now());
+        }
+    }
+
+    /// Registrations and switch requests until `due` (through
+    /// `outcomes`): the acceptor never blocks past it, whatever
+    /// connections do.
+    fn accept_until(&mut self, due: Instant, outcomes: &mut Vec<Outcome>) {
+        loop {
+            self.acceptor.wait(due, outcomes);
             let now = Instant::now();
             for o in outcomes.drain(..) {
                 match o {
-                    Outcome::Registered(reg) => admit(&mut table, reg, &mut log),
-                    Outcome::Switch(req, conn) => answer(&mut table, &req, conn),
+                    Outcome::Registered(reg) => admit(&mut self.table, reg, &mut self.log),
+                    Outcome::Switch(req, conn) => answer(&mut self.table, &req, conn),
                     Outcome::Closed { peer, why } => {
-                        log.log(Some(peer.uid), Kind::Connection, now, || {
+                        self.log.log(Some(peer.uid), Kind::Connection, now, || {
                             format!("rtprofd: pid {} (uid {}): {why}", peer.pid, peer.uid)
                         })
                     }
-                    Outcome::Starved(e) => log.log(None, Kind::Cap, now, || {
+                    Outcome::Starved(e) => self.log.log(None, Kind::Cap, now, || {
                         format!("rtprofd: cannot accept connections: {e}")
                     }),
                 }
@@ -284,38 +348,122 @@ fn main() -> std::process::ExitCode {
                 break;
             }
         }
+    }
+
+    /// Reads every followed process, publishes the span's rows and the
+    /// metrics, then lets the ended processes go.
+    fn tick(&mut self) {
         let (now, started) = (now_ns(), Instant::now());
-        table.observe(now, span_ns, &mut log);
-        // Rows carry ids; the table's slots name them. Thread rows are the
-        // first to go when the buffer cannot hold everything.
-        let mut tables = table.tables();
-        let mut published = writer.publish_rows(now, span_ns, &tables, table.slots());
+        self.table.observe(now, self.span_ns, &mut self.log);
+        self.publish(now);
+        if let Some(m) = &mut self.metrics {
+            m.tick(now, &self.table, started);
+        }
+        // Ended processes were published once more, with their last counts.
+        self.table.drop_ended();
+        self.log.flush(Instant::now());
+    }
+
+    /// Publishes the rows of the span ending at `now` (ns). Rows carry
+    /// ids; the table's slots name them. Thread rows are the first to go
+    /// when the buffer cannot hold everything.
+    fn publish(&mut self, now: u64) {
+        let span_ns = self.span_ns;
+        let mut tables = self.table.tables();
+        let mut published = self
+            .writer
+            .publish_rows(now, span_ns, &tables, self.table.slots());
         if matches!(published, Err(PresentError::TooLarge { .. }))
             && tables.iter().any(|t| !t.threads.is_empty())
         {
-            if !warned_threads {
+            if !self.warned_threads {
                 eprintln!(
                     "rtprofd: the buffer cannot hold every thread's rows; published without them (--buffer-mib)"
                 );
-                warned_threads = true;
+                self.warned_threads = true;
             }
             tables.iter_mut().for_each(|t| t.threads = &[]);
-            published = writer.publish_rows(now, span_ns, &tables, table.slots());
+            published = self
+                .writer
+                .publish_rows(now, span_ns, &tables, self.table.slots());
         }
         if let Err(e) = published {
             eprintln!("rtprofd: cannot publish: {e}");
-            if let Some(m) = &metrics {
+            if let Some(m) = &self.metrics {
                 m.publish_failed();
             }
         }
-        if let Some(m) = &mut metrics {
-            m.tick(now, &table, started);
-        }
-        // Ended processes were published once more, with their last counts.
-        table.drop_ended();
-        log.flush(Instant::now());
-        // The next tick a period after this one was due; at once if late,
-        // but never several at once to catch up.
-        due = (due + tick).max(Instant::now());
+    }
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    keep_freed_memory();
+    let (tick, span_ns) = timing(&a);
+    let fds = raise_descriptor_limit();
+    let (listener, _map, writer) = match open_endpoints(&a) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    eprintln!(
+        "rtprofd: listening at {}, publishing {} every {} ms over {} ms",
+        a.socket.display(),
+        a.present.display(),
+        tick.as_millis(),
+        span_ns / 1_000_000
+    );
+    let mut daemon = Daemon::new(&a, listener, writer, waiting_total(fds), span_ns);
+    daemon.metrics = match start_metrics(&a) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
+    daemon.run(tick)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("rtprofd").chain(line.iter().copied())).unwrap()
+    }
+
+    /// The tick is never under 50 ms; the span never under the tick asked
+    /// for (not the tick in force).
+    #[test]
+    fn the_tick_has_a_floor_and_the_span_covers_the_tick_asked_for() {
+        let t = |line: &[&str]| timing(&args(line));
+        assert_eq!(t(&[]), (Duration::from_millis(1000), 5_000_000_000));
+        assert_eq!(
+            t(&["--tick", "10", "--span", "5"]),
+            (Duration::from_millis(50), 10_000_000)
+        );
+        assert_eq!(
+            t(&["--tick", "2000", "--span", "1000"]),
+            (Duration::from_millis(2000), 2_000_000_000)
+        );
+    }
+
+    /// Waiting connections get half the descriptors beyond a reserve, up
+    /// to the cap.
+    #[test]
+    fn waiting_connections_leave_descriptors_to_spare() {
+        assert_eq!(waiting_total(1024), WAITING_TOTAL);
+        assert_eq!(waiting_total(100), 34);
+        assert_eq!(waiting_total(10), 0);
+    }
+
+    /// No token is read or made unless metrics are served to its holders.
+    #[test]
+    fn a_token_only_for_metrics_that_are_not_public() {
+        // A directory: refused as a token, without anything written.
+        let file = "/";
+        let none = |line: &[&str]| {
+            let a = args(&[line, &["--metrics-token-file", file]].concat());
+            matches!(metrics_token(&a), Ok(None))
+        };
+        assert!(none(&[]));
+        assert!(none(&["--metrics", "127.0.0.1:0", "--metrics-public"]));
+        assert!(!none(&["--metrics", "127.0.0.1:0"]));
     }
 }
