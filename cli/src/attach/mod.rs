@@ -328,39 +328,40 @@ fn private_dir_for(pid: i32) -> Result<RunDir, String> {
     Ok(dir)
 }
 
-pub fn run_attach(args: AttachArgs) -> ExitCode {
+/// Checks the arguments and finds the agent before anything is done to
+/// the process: the output asked for and the agent's path. Says why not,
+/// and the exit code (2: the arguments, 127: no agent).
+fn check_args(args: &AttachArgs) -> Result<(Option<Output>, PathBuf), ExitCode> {
     if let Some(m) = &args.modules {
         if let Err(e) = crate::run::modules_arg::check(m) {
             eprintln!("rtprof: --modules: {e}; nothing was attached");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     }
     let output = match Output::from_args(&args.output) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("rtprof: {e}; nothing was attached");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     };
-    let agent = match crate::agent::find(args.agent.clone()) {
-        Ok(a) => a,
+    match crate::agent::find(args.agent.clone()) {
+        Ok(a) => Ok((output, a)),
         Err(e) => {
             eprintln!("rtprof: {e}");
-            return ExitCode::from(127);
+            Err(ExitCode::from(127))
         }
-    };
-    let pid = args.pid;
-    let dir = match private_dir_for(pid) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("rtprof: {e}");
-            return ExitCode::from(1);
-        }
-    };
+    }
+}
+
+/// The settings handed to `rtprof_attach`, one `NAME=value` a line: the
+/// private directory `dir` and where to answer in it, the arguments', and
+/// what the agent would read from its environment, as rtprof has it.
+fn agent_spec(args: &AttachArgs, dir: &Path) -> String {
     let mut spec = format!(
         "RTPROF_RUN_DIR={}\nRTPROF_ATTACH_STATUS={}\n",
-        dir.0.display(),
-        dir.0.join("attach.status").display()
+        dir.display(),
+        dir.join("attach.status").display()
     );
     if let Some(m) = &args.modules {
         spec.push_str(&format!("RTPROF_MODULES={m}\n"));
@@ -371,81 +372,120 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
     if let Some(hz) = args.sample_hz {
         spec.push_str(&format!("RTPROF_SAMPLE_HZ={hz}\n"));
     }
-    // What the agent would read from its environment, as rtprof has it.
     for var in FORWARDED {
         if let Some(v) = std::env::var_os(var) {
             spec.push_str(&format!("{var}={}\n", v.to_string_lossy()));
         }
     }
-    // Ctrl-C (or a terminal hang-up, a kill) while the threads are held or
-    // the agent is attached must still detach: it only ends the wait.
+    spec
+}
+
+/// Ctrl-C (or a terminal hang-up, a kill) while the threads are held or
+/// the agent is attached must still detach: it only ends the wait.
+fn end_wait_on_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installs an async-signal-safe handler (one atomic store).
         unsafe { libc::signal(sig, on_sigint as *const () as libc::sighandler_t) };
     }
-    let held = match inject(pid, &agent, &spec) {
+}
+
+/// Loads the agent at `agent` into `pid` with `spec` and waits for it to
+/// say it has attached (in `dir`). Says why not, and the exit code.
+fn start_agent(
+    pid: i32,
+    agent: &Path,
+    spec: &str,
+    dir: &Path,
+    verbose: bool,
+) -> Result<(), ExitCode> {
+    let held = match inject(pid, agent, spec) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("rtprof: cannot attach to {pid}: {e}");
-            return ExitCode::from(1);
+            return Err(ExitCode::from(1));
         }
     };
-    if args.verbose {
+    if verbose {
         eprintln!(
             "rtprof: process {pid} held for {:.1} ms to load the agent",
             held.as_secs_f64() * 1e3
         );
     }
-    match await_status(pid, &dir.0.join("attach.status")) {
+    match await_status(pid, &dir.join("attach.status")) {
         Ok(said) => {
-            if args.verbose {
+            if verbose {
                 eprintln!("rtprof: attached to {pid}: {said}");
             }
+            Ok(())
         }
         Err(e) => {
             eprintln!("rtprof: cannot attach to {pid}: {e}");
-            return ExitCode::from(1);
+            Err(ExitCode::from(1))
         }
     }
-    let until = args
-        .duration
-        .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+}
+
+/// Profiles until `duration` seconds have passed (if given), a signal
+/// came, or the process ended.
+fn wait_for_end(pid: i32, duration: Option<f64>) {
+    let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     while !INTERRUPTED.load(Ordering::Relaxed)
         && until.is_none_or(|u| Instant::now() < u)
         && alive(pid)
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut code = ExitCode::SUCCESS;
-    if alive(pid) {
-        // A busy process may take a few tries to catch outside libc.
-        let mut tries = 0;
-        let detached = loop {
-            tries += 1;
-            match detach(pid, &dir.0) {
-                Err(Failure::Busy) if tries < 5 => continue,
-                r => break r,
-            }
-        };
-        match detached {
-            Ok(said) if args.verbose => eprintln!("rtprof: detached from {pid}: {said}"),
-            Ok(_) => {}
-            Err(e) => {
-                eprintln!("rtprof: detaching from {pid}: {e}");
-                code = ExitCode::from(1);
-            }
+}
+
+/// Calls `detach` again while the process is busy (no thread of it was
+/// caught outside libc), [`DETACH_TRIES`] times at most: a busy process
+/// may take a few tries.
+fn retry_while_busy(
+    mut detach: impl FnMut() -> Result<String, Failure>,
+) -> Result<String, Failure> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match detach() {
+            Err(Failure::Busy) if tries < DETACH_TRIES => continue,
+            r => break r,
         }
     }
-    let mut procs = crate::run::segments::collect(&dir.0);
+}
+
+/// Tries at most to detach from a busy process.
+const DETACH_TRIES: u32 = 5;
+
+/// Detaches from `pid` if it still runs (answers in `dir`): the exit
+/// code, 1 if the agent could not be detached.
+fn detach_if_alive(pid: i32, dir: &Path, verbose: bool) -> ExitCode {
+    if !alive(pid) {
+        return ExitCode::SUCCESS;
+    }
+    match retry_while_busy(|| detach(pid, dir)) {
+        Ok(said) if verbose => eprintln!("rtprof: detached from {pid}: {said}"),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rtprof: detaching from {pid}: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Reports the profile the agent left in `dir`, to `output` or as text;
+/// whether there was one (said if not).
+fn write_report(args: &AttachArgs, dir: &Path, output: Option<Output>) -> bool {
+    let mut procs = crate::run::segments::collect(dir);
     crate::source_lines::annotate(&mut procs);
     crate::loops::annotate(&mut procs);
     if procs.is_empty() {
         eprintln!("rtprof: no profile was recorded");
-        return ExitCode::from(1);
+        return false;
     }
     match output {
         Some(o) => {
-            let name = format!("pid {pid}");
+            let name = format!("pid {}", args.pid);
             o.write(
                 || {
                     report::json(
@@ -472,6 +512,32 @@ pub fn run_attach(args: AttachArgs) -> ExitCode {
             )
         ),
     }
+    true
+}
+
+pub fn run_attach(args: AttachArgs) -> ExitCode {
+    let (output, agent) = match check_args(&args) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let pid = args.pid;
+    let dir = match private_dir_for(pid) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rtprof: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let spec = agent_spec(&args, &dir.0);
+    end_wait_on_signals();
+    if let Err(code) = start_agent(pid, &agent, &spec, &dir.0, args.verbose) {
+        return code;
+    }
+    wait_for_end(pid, args.duration);
+    let code = detach_if_alive(pid, &dir.0, args.verbose);
+    if !write_report(&args, &dir.0, output) {
+        return ExitCode::from(1);
+    }
     code
 }
 
@@ -492,5 +558,62 @@ pub fn run_detach(args: DetachArgs) -> ExitCode {
             eprintln!("rtprof: cannot detach from {}: {e}", args.pid);
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Line {
+        #[command(flatten)]
+        args: AttachArgs,
+    }
+
+    fn args(line: &[&str]) -> AttachArgs {
+        let line = std::iter::once("rtprof").chain(line.iter().copied());
+        Line::try_parse_from(line).unwrap().args
+    }
+
+    /// The agent learns its directory and where to answer first, then
+    /// only what was asked for.
+    #[test]
+    fn the_spec_names_the_directory_and_what_was_asked() {
+        let dir = Path::new("/run/rtprof/x");
+        let spec = agent_spec(&args(&["7"]), dir);
+        assert!(spec.starts_with(
+            "RTPROF_RUN_DIR=/run/rtprof/x\nRTPROF_ATTACH_STATUS=/run/rtprof/x/attach.status\n"
+        ));
+        assert!(!spec.contains("RTPROF_MODULES") && !spec.contains("RTPROF_VERBOSE"));
+        let spec = agent_spec(
+            &args(&["7", "--modules", "libz*", "--verbose", "--sample-hz", "99"]),
+            dir,
+        );
+        assert!(spec.contains("\nRTPROF_MODULES=libz*\nRTPROF_VERBOSE=1\nRTPROF_SAMPLE_HZ=99\n"));
+    }
+
+    /// A busy process is tried a few times; any other outcome ends the
+    /// tries at once.
+    #[test]
+    fn detaching_is_tried_again_only_while_the_process_is_busy() {
+        let mut tries = 0;
+        let r = retry_while_busy(|| {
+            tries += 1;
+            Err(Failure::Busy)
+        });
+        assert!(matches!(r, Err(Failure::Busy)));
+        assert_eq!(tries, DETACH_TRIES);
+        let mut tries = 0;
+        let r = retry_while_busy(|| {
+            tries += 1;
+            match tries {
+                1 => Err(Failure::Busy),
+                _ => Err(Failure::AgentSilent),
+            }
+        });
+        assert!(matches!(r, Err(Failure::AgentSilent)));
+        assert_eq!(tries, 2);
     }
 }
