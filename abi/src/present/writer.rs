@@ -186,6 +186,16 @@ struct Scratch {
     claims: Vec<Claim>,
 }
 
+impl Scratch {
+    /// Empties `global_of` of this publish's ids: kept all `EMPTY` between
+    /// publishes, so a tick clears only the ids it used.
+    fn forget_globals(&mut self) {
+        for &(id, _) in self.global_ids.iter() {
+            self.global_of[id as usize] = EMPTY;
+        }
+    }
+}
+
 /// Rows a process's threads take: a head row each and theirs.
 fn thread_rows(p: &ProcRows) -> usize {
     p.threads.iter().map(|t| 1 + t.rows.len()).sum()
@@ -292,255 +302,483 @@ impl PresentWriter {
         let gen_off = std::mem::offset_of!(PresentHeader, generation) as u64;
         let gen = self.word(gen_off).load(Ordering::Relaxed);
         let b = ((gen + 1) & 1) as usize;
-        let boff = self.header.buffer_off[b] as usize;
         // Offsets are 32-bit: a larger buffer is used up to 4 GiB.
         let cap = self.header.buffer_len.min(u32::MAX as u64) as usize;
-        let (base, sc) = (self.base, &mut self.scratch);
-        let ((unknown, bad), agent) = plan(sc, procs, names.strings().len());
         let names_len = names.strings().len();
+        let own = plan(&mut self.scratch, procs, names_len);
+        // Refused before a byte is written if even the process rows, without
+        // global rows and index, pass the buffer.
+        let r = Regions::new(procs, names_len, self.scratch.strings.len(), cap)
+            .map_err(|need| self.too_large(need))?;
+        let buf = self.idle(b);
+        let odd = buf.open();
+        self.copy_strings(buf, b, &r, names);
+        let global_count = write_rows(&mut self.scratch, buf, &r, procs, names, own);
+        let tail = r.tail(global_count, self.scratch.claims.len());
+        // Ready for the next publish, whatever happens to this one.
+        self.scratch.forget_globals();
+        if tail.need > cap {
+            // The buffer keeps its odd sequence number: never read.
+            self.names_in[b] = None;
+            return Err(self.too_large(tail.need));
+        }
+        let sc = &mut self.scratch;
+        fill_hash(&mut sc.hash, &sc.global_ids, tail.hash_cap, r.global_first);
+        let hdr = r.header(&tail, span_end_ns, span_ns, procs.len(), sc.claims.len());
+        // SAFETY: everything after the rows ends at `tail.need`, checked
+        // against `cap` above.
+        unsafe { buf.write_tail(&hdr, &tail, &sc.hash, &sc.claims) };
+        buf.close(odd);
+        self.word(gen_off).store(gen + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// The error of a table that needs `need` bytes of a buffer.
+    fn too_large(&self, need: usize) -> PresentError {
+        PresentError::TooLarge {
+            need: need as u64,
+            have: self.header.buffer_len,
+        }
+    }
+
+    /// Buffer `b`, the one readers are not using.
+    fn idle(&self, b: usize) -> Idle {
+        // SAFETY: `init` placed both buffers inside the segment, which
+        // outlives `self`.
+        let start = unsafe { self.base.add(self.header.buffer_off[b] as usize) };
+        Idle { start }
+    }
+
+    /// Copies the strings region of buffer `b`: the caller's names only if
+    /// that buffer does not hold this version of them already (they are
+    /// most of a tick's bytes), then the writer's own strings.
+    fn copy_strings(&mut self, buf: Idle, b: usize, r: &Regions, names: &impl RowNames) {
+        let own = &self.scratch.strings;
+        let version = names
+            .version()
+            .map(|v| (v, names.strings().as_ptr() as usize, r.names_len));
+        // SAFETY: the strings region ends before `procs_off`, checked
+        // against `cap` by `Regions::new`; the sources are the caller's and
+        // the scratch's, which do not overlap the segment.
+        unsafe {
+            if version.is_none() || self.names_in[b] != version {
+                let to = buf.at(r.strings_off);
+                std::ptr::copy_nonoverlapping(names.strings().as_ptr(), to, r.names_len);
+            }
+            let to = buf.at(r.strings_off + r.names_len);
+            std::ptr::copy_nonoverlapping(own.as_ptr(), to, own.len());
+        }
+        self.names_in[b] = version;
+    }
+}
+
+/// Where each region of the idle buffer goes for one publish, fixed before
+/// anything is written so that each is written once, in place: strings,
+/// processes, their rows, then the global rows (as many as fit in `room`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Regions {
+    strings_off: usize,
+    /// The caller's names, then the writer's own strings.
+    names_len: usize,
+    strings_len: usize,
+    procs_off: usize,
+    rows_off: usize,
+    /// Process and thread rows come before it, global rows from it on.
+    global_first: usize,
+    process_rows_end: usize,
+    /// Global rows that fit after the process rows.
+    room: usize,
+}
+
+/// The regions after the global rows, placed once their number is known:
+/// the hash index, then the claims, ending at `need`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tail {
+    global_count: usize,
+    hash_cap: u32,
+    hash_off: usize,
+    claims_off: usize,
+    need: usize,
+}
+
+impl Regions {
+    /// Lays out `procs` with `names_len` bytes of the caller's names and
+    /// `own_len` of the writer's own strings, in a buffer of `cap` bytes;
+    /// `Err(need)` if even the process rows do not fit.
+    fn new(
+        procs: &[ProcRows],
+        names_len: usize,
+        own_len: usize,
+        cap: usize,
+    ) -> Result<Regions, usize> {
         let strings_off = size_of::<BufferHeader>();
-        let strings_len = names_len + sc.strings.len();
+        let strings_len = names_len + own_len;
         let procs_off = align64(strings_off + strings_len);
         let rows_off = procs_off + procs.len() * size_of::<ProcEntry>();
         let global_first: usize = procs.iter().map(|p| p.rows.len() + thread_rows(p)).sum();
         let process_rows_end = rows_off + global_first * size_of::<Row>();
         if process_rows_end > cap {
-            // Too large even without its global rows and index.
-            return Err(PresentError::TooLarge {
-                need: process_rows_end as u64,
-                have: self.header.buffer_len,
-            });
+            return Err(process_rows_end);
         }
-        // SAFETY: as in `word`: the buffer's first word, 8-aligned, inside
-        // the segment, which outlives this call.
-        let seq = unsafe { &*(base.add(boff) as *const AtomicU64) };
-        let s = seq.load(Ordering::Relaxed);
-        seq.store(s | 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        // SAFETY: `off` is below `cap`, within the idle buffer, which lies
-        // inside the segment (`init` placed it). Readers do not use the
-        // idle buffer: the odd sequence number stored above makes any who
-        // still do discard what they read.
-        let at = |off: usize| unsafe { base.add(boff + off) };
-        let version = names
-            .version()
-            .map(|v| (v, names.strings().as_ptr() as usize, names_len));
-        // SAFETY: the strings region ends before `procs_off`, checked
-        // against `cap` above; the sources are the caller's and the
-        // scratch's, which do not overlap the segment.
-        unsafe {
-            if version.is_none() || self.names_in[b] != version {
-                std::ptr::copy_nonoverlapping(names.strings().as_ptr(), at(strings_off), names_len);
-            }
-            std::ptr::copy_nonoverlapping(
-                sc.strings.as_ptr(),
-                at(strings_off + names_len),
-                sc.strings.len(),
-            );
-        }
-        self.names_in[b] = version;
-        // Room for this many global rows after the process rows.
-        let room = (cap - process_rows_end) / size_of::<Row>();
-        // SAFETY: `rows_off` is a multiple of 64 from the buffer's start
-        // (itself 64-aligned in the page-aligned segment), so `Row`s are
-        // aligned; process rows end within `cap` (checked above) and
-        // global rows are written only up to `room`.
-        let rows = at(rows_off) as *mut Row;
-        let mut next = 0usize;
-        let Scratch {
-            entry_of,
-            exe,
-            module_first,
-            modules,
-            order,
-            global_of,
-            global_ids,
-            thread_names,
-            thread_first,
-            ..
-        } = sc;
-        for &pi in order.iter() {
-            let (pi, p) = (pi as usize, &procs[pi as usize]);
-            let entry = entry_of[pi];
-            let e = ProcEntry {
-                pid: p.pid,
-                flags: if p.ended { PROC_ENDED } else { 0 },
-                exe_off: exe[pi].0,
-                exe_len: exe[pi].1,
-                first_row: next as u32,
-                row_count: p.rows.len() as u32,
-                span_ns: p.span_ns,
-                samples: p.samples,
-                period_ns: p.period_ns,
-                lost: p.lost,
-                thread_rows: thread_rows(p) as u64,
-            };
-            // SAFETY: entry < procs.len(): inside the processes region.
-            unsafe {
-                (at(procs_off) as *mut ProcEntry)
-                    .add(entry as usize)
-                    .write(e)
-            };
-            let first = module_first[pi] as usize;
-            let mods = &modules[first..first + p.modules.len()];
-            // A row of this process (or of one of its threads, `tid`).
-            let row_of = |r: &IdRow, flags: u32, tid: u64| {
-                let module = match r.module {
-                    UNKNOWN_MODULE => unknown,
-                    AGENT_MODULE => agent,
-                    m => mods.get(m as usize).copied().unwrap_or(bad),
-                };
-                let (name_off, name_len) = names.span(r.id);
-                Row {
-                    name_off,
-                    name_len,
-                    module_off: module.0,
-                    module_len: module.1,
-                    proc_index: entry,
-                    flags,
-                    calls: r.calls,
-                    samples: r.samples,
-                    time_ns: r.time_ns,
-                    total_calls: r.total_calls,
-                    tid,
-                }
-            };
-            for r in p.rows {
-                let row = row_of(r, r.flags & !ROW_GLOBAL, 0);
-                // SAFETY: next < global_first: a process row.
-                unsafe { rows.add(next).write(row) };
-                next += 1;
-                // Its global row: the first process of the executable
-                // with this id (in pid order) names it.
-                let id = r.id as usize;
-                if global_of.len() <= id {
-                    global_of.resize(id + 1, EMPTY);
-                }
-                let g = match global_of[id] {
-                    EMPTY => {
-                        let g = global_ids.len();
-                        global_of[id] = g as u32;
-                        global_ids.push((r.id, names.key(r.id)));
-                        if g < room {
-                            let first = Row {
-                                flags: ROW_GLOBAL,
-                                calls: 0,
-                                samples: 0,
-                                time_ns: 0,
-                                total_calls: 0,
-                                ..row
-                            };
-                            // SAFETY: g < room: inside the buffer.
-                            unsafe { rows.add(global_first + g).write(first) };
-                        }
-                        g
-                    }
-                    g => g as usize,
-                };
-                if g < room {
-                    // SAFETY: as above; no other reference to it is live.
-                    let gr = unsafe { &mut *rows.add(global_first + g) };
-                    // Rows come from segments the daemon does not trust.
-                    gr.calls = gr.calls.saturating_add(row.calls);
-                    gr.samples = gr.samples.saturating_add(row.samples);
-                    gr.time_ns = gr.time_ns.saturating_add(row.time_ns);
-                    gr.total_calls = gr.total_calls.saturating_add(row.total_calls);
-                    gr.flags |= row.flags;
-                }
-            }
-            // Its threads' rows: after its own, in no global row.
-            let thread_names = &thread_names[thread_first[pi] as usize..];
-            for (t, &(name_off, name_len)) in p.threads.iter().zip(thread_names) {
-                let head = Row {
-                    name_off,
-                    name_len,
-                    proc_index: entry,
-                    flags: ROW_THREAD | ROW_THREAD_HEAD,
-                    calls: t.rows.iter().fold(0u64, |a, r| a.saturating_add(r.calls)),
-                    samples: t.samples,
-                    time_ns: t.samples.saturating_mul(p.period_ns),
-                    tid: t.tid as u64,
-                    ..Row::default()
-                };
-                // SAFETY: next < global_first: thread rows are counted in it.
-                unsafe { rows.add(next).write(head) };
-                next += 1;
-                for r in &t.rows {
-                    let flags = (r.flags & !(ROW_GLOBAL | ROW_THREAD_HEAD)) | ROW_THREAD;
-                    let row = row_of(r, flags, t.tid as u64);
-                    // SAFETY: as above.
-                    unsafe { rows.add(next).write(row) };
-                    next += 1;
-                }
-            }
-        }
-        let global_count = global_ids.len();
+        Ok(Regions {
+            strings_off,
+            names_len,
+            strings_len,
+            procs_off,
+            rows_off,
+            global_first,
+            process_rows_end,
+            room: (cap - process_rows_end) / size_of::<Row>(),
+        })
+    }
+
+    /// The rest, for `global_count` global rows and `claims` claims.
+    fn tail(&self, global_count: usize, claims: usize) -> Tail {
         let hash_cap = hash_cap(global_count);
-        let hash_off = process_rows_end + global_count * size_of::<Row>();
+        let hash_off = self.process_rows_end + global_count * size_of::<Row>();
         let claims_off = hash_off + hash_cap as usize * 4;
-        let need = claims_off + sc.claims.len() * size_of::<Claim>();
-        // Ready for the next publish, whatever happens to this one.
-        for &(id, _) in global_ids.iter() {
-            global_of[id as usize] = EMPTY;
+        Tail {
+            global_count,
+            hash_cap,
+            hash_off,
+            claims_off,
+            need: claims_off + claims * size_of::<Claim>(),
         }
-        if need > cap {
-            // The buffer keeps its odd sequence number: never read.
-            self.names_in[b] = None;
-            return Err(PresentError::TooLarge {
-                need: need as u64,
-                have: self.header.buffer_len,
-            });
-        }
-        // Every global row is distinct, so its hash slot is the first free
-        // one.
-        let hash = &mut sc.hash;
-        hash.clear();
-        hash.resize(hash_cap as usize, EMPTY);
-        for (k, &(_, key)) in global_ids.iter().enumerate() {
-            let mut h = key & (hash_cap - 1);
-            while hash[h as usize] != EMPTY {
-                h = (h + 1) & (hash_cap - 1);
-            }
-            hash[h as usize] = (global_first + k) as u32;
-        }
-        let hdr = BufferHeader {
+    }
+
+    /// The buffer's header, stamped with the time it is published.
+    fn header(
+        &self,
+        t: &Tail,
+        span_end_ns: u64,
+        span_ns: u64,
+        proc_count: usize,
+        claim_count: usize,
+    ) -> BufferHeader {
+        BufferHeader {
             seq: 0,
             span_end_ns,
             span_ns,
             // Stamped here, not by the caller: the time readers judge the
             // daemon's liveness by is when the table really became current.
             publish_ns: now_ns(),
-            proc_count: procs.len() as u32,
-            row_count: (global_first + global_count) as u32,
-            global_first: global_first as u32,
-            global_count: global_count as u32,
-            hash_cap,
-            strings_len: strings_len as u32,
-            procs_off: procs_off as u32,
-            rows_off: rows_off as u32,
-            hash_off: hash_off as u32,
-            strings_off: strings_off as u32,
-            claims_off: if sc.claims.is_empty() {
+            proc_count: proc_count as u32,
+            row_count: (self.global_first + t.global_count) as u32,
+            global_first: self.global_first as u32,
+            global_count: t.global_count as u32,
+            hash_cap: t.hash_cap,
+            strings_len: self.strings_len as u32,
+            procs_off: self.procs_off as u32,
+            rows_off: self.rows_off as u32,
+            hash_off: t.hash_off as u32,
+            strings_off: self.strings_off as u32,
+            claims_off: if claim_count == 0 {
                 0
             } else {
-                claims_off as u32
+                t.claims_off as u32
             },
-            claim_count: sc.claims.len() as u32,
+            claim_count: claim_count as u32,
             reserved: [0; 6],
-        };
-        // SAFETY: the hash index ends at `need` <= `cap`; the header is the
-        // buffer's first 128 bytes, written after its sequence word.
-        unsafe {
-            let h = as_bytes(std::slice::from_ref(&hdr));
-            std::ptr::copy_nonoverlapping(h.as_ptr().add(8), at(8), h.len() - 8);
-            let hb = as_bytes(hash);
-            std::ptr::copy_nonoverlapping(hb.as_ptr(), at(hash_off), hb.len());
-            let cb = as_bytes(&sc.claims);
-            std::ptr::copy_nonoverlapping(cb.as_ptr(), at(claims_off), cb.len());
         }
-        seq.store((s | 1) + 1, Ordering::Release);
-        self.word(gen_off).store(gen + 1, Ordering::Release);
-        Ok(())
+    }
+}
+
+/// The idle buffer of one publish: where it starts in the segment.
+#[derive(Clone, Copy)]
+struct Idle {
+    start: *mut u8,
+}
+
+impl Idle {
+    fn seq(&self) -> &AtomicU64 {
+        // SAFETY: as in `word`: the buffer's first word, 8-aligned, inside
+        // the segment, which outlives the publish.
+        unsafe { &*(self.start as *const AtomicU64) }
+    }
+
+    /// Marks the buffer as being written (an odd sequence number) before
+    /// any byte of it is; returns that number.
+    fn open(&self) -> u64 {
+        let seq = self.seq();
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        s | 1
+    }
+
+    /// Marks the buffer written (the even number after `odd`), after every
+    /// byte of it is.
+    fn close(&self, odd: u64) {
+        self.seq().store(odd + 1, Ordering::Release);
+    }
+
+    /// Byte `off` of the buffer.
+    fn at(&self, off: usize) -> *mut u8 {
+        // SAFETY: callers pass `off` below `cap`, within the idle buffer,
+        // which lies inside the segment (`init` placed it). Readers do not
+        // use the idle buffer: the odd sequence number `open` stored makes
+        // any who still do discard what they read.
+        unsafe { self.start.add(off) }
+    }
+
+    /// Writes the header (all but its sequence word), the hash index and
+    /// the claims: the regions the rows decided the size of.
+    ///
+    /// # Safety
+    /// `t.need` must be within the buffer.
+    unsafe fn write_tail(&self, hdr: &BufferHeader, t: &Tail, hash: &[u32], claims: &[Claim]) {
+        // SAFETY: the hash index and claims end at `t.need`, within the
+        // buffer (the caller's promise); the header is the buffer's first
+        // 128 bytes, written after its sequence word.
+        unsafe {
+            let h = as_bytes(std::slice::from_ref(hdr));
+            std::ptr::copy_nonoverlapping(h.as_ptr().add(8), self.at(8), h.len() - 8);
+            let hb = as_bytes(hash);
+            std::ptr::copy_nonoverlapping(hb.as_ptr(), self.at(t.hash_off), hb.len());
+            let cb = as_bytes(claims);
+            std::ptr::copy_nonoverlapping(cb.as_ptr(), self.at(t.claims_off), cb.len());
+        }
+    }
+}
+
+/// Writes each process's entry and rows, in `sc.order`: its own rows, each
+/// added into its global row, then its threads'. Returns how many global
+/// rows they add up to (only the first `r.room` are written).
+fn write_rows<N: RowNames>(
+    sc: &mut Scratch,
+    buf: Idle,
+    r: &Regions,
+    procs: &[ProcRows],
+    names: &N,
+    own: OwnSpans,
+) -> usize {
+    let Scratch {
+        entry_of,
+        exe,
+        module_first,
+        modules,
+        order,
+        global_of,
+        global_ids,
+        thread_names,
+        thread_first,
+        ..
+    } = sc;
+    // SAFETY: `rows_off` is a multiple of 64 from the buffer's start
+    // (itself 64-aligned in the page-aligned segment), so `Row`s are
+    // aligned; process rows end within `cap` (`Regions::new`) and `room`
+    // global rows fit after them.
+    let mut out = unsafe {
+        let rows = buf.at(r.rows_off) as *mut Row;
+        RowsOut::new(rows, r.global_first, r.room, global_of, global_ids)
+    };
+    let entries = buf.at(r.procs_off) as *mut ProcEntry;
+    for &pi in order.iter() {
+        let (pi, p) = (pi as usize, &procs[pi as usize]);
+        let entry = entry_of[pi];
+        let e = proc_entry(p, exe[pi], out.next);
+        // SAFETY: entry < procs.len(): inside the processes region.
+        unsafe { entries.add(entry as usize).write(e) };
+        let first = module_first[pi] as usize;
+        let naming = RowNaming {
+            names,
+            own,
+            modules: &modules[first..first + p.modules.len()],
+            entry,
+        };
+        out.process_rows(p, &naming);
+        out.thread_rows(p, &naming, &thread_names[thread_first[pi] as usize..]);
+    }
+    out.global_ids.len()
+}
+
+/// A process's entry, its rows from `first_row` on.
+fn proc_entry(p: &ProcRows, exe: Span32, first_row: usize) -> ProcEntry {
+    ProcEntry {
+        pid: p.pid,
+        flags: if p.ended { PROC_ENDED } else { 0 },
+        exe_off: exe.0,
+        exe_len: exe.1,
+        first_row: first_row as u32,
+        row_count: p.rows.len() as u32,
+        span_ns: p.span_ns,
+        samples: p.samples,
+        period_ns: p.period_ns,
+        lost: p.lost,
+        thread_rows: thread_rows(p) as u64,
+    }
+}
+
+/// Makes one process's [`IdRow`]s rows of the buffer: names from the
+/// caller's strings, modules from the writer's own.
+struct RowNaming<'a, N> {
+    names: &'a N,
+    own: OwnSpans,
+    /// The process's modules, by index.
+    modules: &'a [Span32],
+    /// The process's entry.
+    entry: u32,
+}
+
+impl<N: RowNames> RowNaming<'_, N> {
+    /// `r` as a row of this process (or of its thread `tid`), with `flags`.
+    fn row(&self, r: &IdRow, flags: u32, tid: u64) -> Row {
+        let module = match r.module {
+            UNKNOWN_MODULE => self.own.unknown,
+            AGENT_MODULE => self.own.agent,
+            m => self
+                .modules
+                .get(m as usize)
+                .copied()
+                .unwrap_or(self.own.bad),
+        };
+        let (name_off, name_len) = self.names.span(r.id);
+        Row {
+            name_off,
+            name_len,
+            module_off: module.0,
+            module_len: module.1,
+            proc_index: self.entry,
+            flags,
+            calls: r.calls,
+            samples: r.samples,
+            time_ns: r.time_ns,
+            total_calls: r.total_calls,
+            tid,
+        }
+    }
+}
+
+/// The rows region as it is written: process and thread rows in order,
+/// and after them the global rows they add up to.
+struct RowsOut<'a> {
+    rows: *mut Row,
+    /// Where the next process or thread row goes.
+    next: usize,
+    global_first: usize,
+    /// Global rows that fit: those past it are counted, not written.
+    room: usize,
+    /// Per id, its global row (`EMPTY`: none yet); per global row, its id
+    /// and key.
+    global_of: &'a mut Vec<u32>,
+    global_ids: &'a mut Vec<(u32, u32)>,
+}
+
+impl<'a> RowsOut<'a> {
+    /// # Safety
+    /// `rows` must point to `global_first + room` writable, aligned rows
+    /// that nothing else uses while this lives.
+    unsafe fn new(
+        rows: *mut Row,
+        global_first: usize,
+        room: usize,
+        global_of: &'a mut Vec<u32>,
+        global_ids: &'a mut Vec<(u32, u32)>,
+    ) -> RowsOut<'a> {
+        RowsOut {
+            rows,
+            next: 0,
+            global_first,
+            room,
+            global_of,
+            global_ids,
+        }
+    }
+
+    /// Writes the next process or thread row.
+    fn push(&mut self, row: Row) {
+        debug_assert!(self.next < self.global_first);
+        // SAFETY: next < global_first, the rows `Regions::new` counted for
+        // processes and threads: within `new`'s rows.
+        unsafe { self.rows.add(self.next).write(row) };
+        self.next += 1;
+    }
+
+    /// Writes a process's own rows, each added into its global row.
+    fn process_rows<N: RowNames>(&mut self, p: &ProcRows, naming: &RowNaming<N>) {
+        for r in p.rows {
+            let row = naming.row(r, r.flags & !ROW_GLOBAL, 0);
+            self.push(row);
+            self.add_to_global(r.id, &row, naming.names);
+        }
+    }
+
+    /// Adds `row` into the global row of `id`: the first process of the
+    /// executable with this id (in pid order) names it.
+    fn add_to_global(&mut self, id: u32, row: &Row, names: &impl RowNames) {
+        let i = id as usize;
+        if self.global_of.len() <= i {
+            self.global_of.resize(i + 1, EMPTY);
+        }
+        let g = match self.global_of[i] {
+            EMPTY => {
+                let g = self.global_ids.len();
+                self.global_of[i] = g as u32;
+                self.global_ids.push((id, names.key(id)));
+                if g < self.room {
+                    let first = Row {
+                        flags: ROW_GLOBAL,
+                        calls: 0,
+                        samples: 0,
+                        time_ns: 0,
+                        total_calls: 0,
+                        ..*row
+                    };
+                    // SAFETY: g < room: within `new`'s rows.
+                    unsafe { self.rows.add(self.global_first + g).write(first) };
+                }
+                g
+            }
+            g => g as usize,
+        };
+        if g < self.room {
+            // SAFETY: as above; no other reference to it is live.
+            let gr = unsafe { &mut *self.rows.add(self.global_first + g) };
+            // Rows come from segments the daemon does not trust.
+            gr.calls = gr.calls.saturating_add(row.calls);
+            gr.samples = gr.samples.saturating_add(row.samples);
+            gr.time_ns = gr.time_ns.saturating_add(row.time_ns);
+            gr.total_calls = gr.total_calls.saturating_add(row.total_calls);
+            gr.flags |= row.flags;
+        }
+    }
+
+    /// Writes a process's threads' rows, after its own and in no global
+    /// row: a head row per thread (its name, calls and CPU time), then its
+    /// functions'. `names`: the threads' names.
+    fn thread_rows<N: RowNames>(&mut self, p: &ProcRows, naming: &RowNaming<N>, names: &[Span32]) {
+        for (t, &(name_off, name_len)) in p.threads.iter().zip(names) {
+            self.push(Row {
+                name_off,
+                name_len,
+                proc_index: naming.entry,
+                flags: ROW_THREAD | ROW_THREAD_HEAD,
+                calls: t.rows.iter().fold(0u64, |a, r| a.saturating_add(r.calls)),
+                samples: t.samples,
+                time_ns: t.samples.saturating_mul(p.period_ns),
+                tid: t.tid as u64,
+                ..Row::default()
+            });
+            for r in &t.rows {
+                let flags = (r.flags & !(ROW_GLOBAL | ROW_THREAD_HEAD)) | ROW_THREAD;
+                self.push(naming.row(r, flags, t.tid as u64));
+            }
+        }
+    }
+}
+
+/// Fills the hash index of the global rows (`global_ids`, numbered from
+/// `global_first`) in `hash_cap` slots: open addressing from each key's
+/// slot. Every global row is distinct, so its slot is the first free one.
+fn fill_hash(hash: &mut Vec<u32>, global_ids: &[(u32, u32)], hash_cap: u32, global_first: usize) {
+    hash.clear();
+    hash.resize(hash_cap as usize, EMPTY);
+    for (k, &(_, key)) in global_ids.iter().enumerate() {
+        let mut h = key & (hash_cap - 1);
+        while hash[h as usize] != EMPTY {
+            h = (h + 1) & (hash_cap - 1);
+        }
+        hash[h as usize] = (global_first + k) as u32;
     }
 }
 
@@ -554,12 +792,23 @@ fn row_flags(counted: bool, estimated: bool, accelerated: bool, counting_off: bo
 /// A string's (offset, length) in the buffer.
 type Span32 = (u32, u32);
 
+/// Where the writer's fixed module names are among its strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OwnSpans {
+    /// `unknown`: samples no module claims.
+    unknown: Span32,
+    /// `?`: a module index out of range.
+    bad: Span32,
+    /// `rtprof`: a process's `[rtprof]` row.
+    agent: Span32,
+}
+
 /// Sets out `sc` for a publish: processes' entries in pid order, rows by
 /// executable (the rows of one program's processes share ids, so the
 /// global rows they add up to stay in cache), and the writer's own strings
-/// (each executable and module once) at `base` and on. Returns where
-/// `unknown` and `?` (a module index out of range) are, and `rtprof`.
-fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((Span32, Span32), Span32) {
+/// (each executable and module once) at `base` and on. Returns where its
+/// fixed module names are.
+fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> OwnSpans {
     sc.strings.clear();
     sc.exe.clear();
     sc.module_first.clear();
@@ -574,8 +823,11 @@ fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((Span32, 
             (off, s.len() as u32)
         })
     };
-    let missing = (intern("unknown"), intern("?"));
-    let agent = intern("rtprof");
+    let own = OwnSpans {
+        unknown: intern("unknown"),
+        bad: intern("?"),
+        agent: intern("rtprof"),
+    };
     sc.thread_names.clear();
     sc.thread_first.clear();
     for p in procs {
@@ -612,7 +864,7 @@ fn plan<'a>(sc: &mut Scratch, procs: &[ProcRows<'a>], base: usize) -> ((Span32, 
     }
     let exe = &sc.exe;
     sc.order.sort_by_key(|&i| exe[i as usize].0);
-    (missing, agent)
+    own
 }
 
 /// The bytes of plain `repr(C)` records.
@@ -960,6 +1212,114 @@ pub(super) mod tests {
         let other = Names(names.0.clone(), names.1.clone(), names.2.clone(), 2);
         w.publish_rows(7, 1, &procs, &other).unwrap();
         assert_eq!(first(&mem), "main");
+    }
+
+    /// Regions follow one another in order, the processes' on a 64-byte
+    /// boundary; a buffer short of the process rows needs their end, and
+    /// the global rows take what room is left.
+    #[test]
+    fn regions_follow_one_another() {
+        let t = table(1);
+        let mut names = Names(Vec::new(), String::new(), Vec::new(), 1);
+        let rows = by_id(&t, &mut names);
+        let modules = ["app".to_string()];
+        let procs = proc_rows(&t, &rows, &modules);
+        let r = Regions::new(&procs, 10, 5, 4096).unwrap();
+        assert_eq!((r.strings_off, r.strings_len), (128, 15));
+        assert_eq!(r.procs_off, 192);
+        assert_eq!(r.rows_off, 192 + 3 * 64);
+        assert_eq!(r.global_first, 3 + 2 + 1);
+        assert_eq!(r.process_rows_end, r.rows_off + 6 * 64);
+        assert_eq!(r.room, (4096 - r.process_rows_end) / 64);
+        assert_eq!(
+            Regions::new(&procs, 10, 5, r.process_rows_end - 1),
+            Err(r.process_rows_end)
+        );
+        let t = r.tail(4, 1);
+        assert_eq!(t.hash_off, r.process_rows_end + 4 * 64);
+        assert_eq!(t.claims_off, t.hash_off + 8 * 4);
+        assert_eq!(t.need, t.claims_off + 16);
+        assert_eq!(r.header(&t, 1, 2, 3, 0).claims_off, 0, "no claims");
+    }
+
+    /// Rows of one id add up, saturating, in one global row named by the
+    /// first of them; a global row past the room is counted, not written.
+    #[test]
+    fn rows_of_one_id_add_up_in_their_global_row() {
+        let mut names = OwnNames::default();
+        let (a, b) = (names.id("/bin/a", "f"), names.id("/bin/a", "g"));
+        // Three process rows, room for one global row, and one row past it.
+        let mut mem = vec![Row::default(); 5];
+        let (mut global_of, mut global_ids) = (Vec::new(), Vec::new());
+        // SAFETY: `mem` holds more than 3 + 1 rows and outlives `out`.
+        let mut out =
+            unsafe { RowsOut::new(mem.as_mut_ptr(), 3, 1, &mut global_of, &mut global_ids) };
+        let row = |calls, flags| Row {
+            calls,
+            flags,
+            proc_index: calls as u32,
+            ..Row::default()
+        };
+        out.push(row(u64::MAX, ROW_COUNTED));
+        out.add_to_global(a, &row(u64::MAX, ROW_COUNTED), &names);
+        out.add_to_global(b, &row(5, 0), &names);
+        out.add_to_global(a, &row(2, ROW_ESTIMATED), &names);
+        assert_eq!(out.next, 1);
+        assert_eq!(
+            global_ids,
+            [(a, key_hash("/bin/a", "f")), (b, key_hash("/bin/a", "g"))]
+        );
+        let g = mem[3];
+        assert_eq!(g.calls, u64::MAX);
+        assert_eq!(g.flags, ROW_GLOBAL | ROW_COUNTED | ROW_ESTIMATED);
+        assert_eq!(g.proc_index, u64::MAX as u32, "named by its first row");
+        assert_eq!(mem[4], Row::default(), "nothing written past the room");
+    }
+
+    /// A module index names the process's module, or `unknown`, `rtprof`,
+    /// or `?` out of range; the name is the caller's.
+    #[test]
+    fn rows_are_named_by_their_module_index() {
+        let mut names = OwnNames::default();
+        names.id("/bin/a", "skip");
+        let f = names.id("/bin/a", "f");
+        let own = OwnSpans {
+            unknown: (1, 7),
+            bad: (8, 1),
+            agent: (9, 6),
+        };
+        let naming = RowNaming {
+            names: &names,
+            own,
+            modules: &[(20, 3)],
+            entry: 4,
+        };
+        let module = |m| {
+            let r = naming.row(
+                &IdRow {
+                    id: f,
+                    module: m,
+                    ..IdRow::default()
+                },
+                0,
+                9,
+            );
+            assert_eq!((r.name_off, r.name_len, r.proc_index, r.tid), (4, 1, 4, 9));
+            (r.module_off, r.module_len)
+        };
+        assert_eq!(module(0), (20, 3));
+        assert_eq!(module(1), own.bad);
+        assert_eq!(module(UNKNOWN_MODULE), own.unknown);
+        assert_eq!(module(AGENT_MODULE), own.agent);
+    }
+
+    /// Keys that collide take the next free slots, wrapping around; every
+    /// global row is found by probing from its key's slot.
+    #[test]
+    fn hash_index_probes_past_collisions() {
+        let mut hash = Vec::new();
+        fill_hash(&mut hash, &[(0, 7), (1, 15), (2, 3)], 8, 10);
+        assert_eq!(hash, [11, EMPTY, EMPTY, 12, EMPTY, EMPTY, EMPTY, 10]);
     }
 
     #[test]
