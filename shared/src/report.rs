@@ -418,97 +418,15 @@ fn threads_text(out: &mut String, s: &Snapshot, top: usize) {
     }
 }
 
+/// The text report: per process, its heading, its rows and what was
+/// patched, then the sections its profile has (call stacks, exact
+/// callers, threads, loops, events) and, with `opts.stats`, its modules.
 pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
     let mut out = String::new();
     for s in procs {
-        let _ = write!(
-            out,
-            "rtprof: pid {} (parent {}) {}: {}",
-            s.pid,
-            s.ppid,
-            escape_text(&s.exe),
-            state_text(s)
-        );
-        if let Some(d) = duration_s(s) {
-            let _ = write!(out, ", {d:.3} s");
-        }
-        out.push('\n');
-        let _ = writeln!(out, "  sampler: {}", sampler_text(s));
-        if let Some(c) = cost_text(s) {
-            let _ = writeln!(out, "  rtprof's cost: {c}");
-        }
-        let rows = rows(s, opts.sort, opts.merge_copies);
-        let shown = if opts.top == 0 {
-            rows.len()
-        } else {
-            opts.top.min(rows.len())
-        };
-        if rows.is_empty() {
-            out.push_str("  no instrumented function was called and nothing was sampled\n");
-        } else {
-            let _ = writeln!(
-                out,
-                "  {:>14}  {:>8}  {:>10}  {:>6}  {:>10}  {:<40}  module",
-                "calls", "samples", "time ms", "share", "ns/call", "function"
-            );
-            for r in &rows[..shown] {
-                let calls = r.calls.map_or("-".to_string(), |c| c.to_string());
-                let per_call = r
-                    .ns_per_call(s)
-                    .map_or("-".to_string(), |n| format!("{n:.1}"));
-                let _ = write!(
-                    out,
-                    "  {:>14}  {:>8}  {:>10.1}  {:>5.1}%  {:>10}  {:<40}  {}",
-                    calls,
-                    r.samples,
-                    r.time_ns(s) as f64 / 1e6,
-                    r.share(s),
-                    per_call,
-                    escape_text(&r.name),
-                    escape_text(r.module)
-                );
-                if let Some(at) = r.source {
-                    let _ = write!(out, "  {}:{}", escape_text(&at.file), at.line);
-                }
-                out.push('\n');
-            }
-            if shown < rows.len() {
-                let _ = writeln!(
-                    out,
-                    "  ... {} more rows (--top 0 shows all)",
-                    rows.len() - shown
-                );
-            }
-        }
-        let instrumented = || s.modules.iter().filter(|m| !m.sampled_only);
-        let total: u32 = instrumented().map(|m| m.functions).sum();
-        let patched: u32 = instrumented().map(|m| m.patched).sum();
-        let trapped = s.functions.iter().filter(|f| f.trapped).count();
-        let _ = writeln!(
-            out,
-            "  patched {patched} of {total} functions ({:.1}%) in {} module(s){}",
-            percent(patched, total),
-            instrumented().count(),
-            match trapped {
-                0 => String::new(),
-                n => format!(", {n} through a trap (a signal per call)"),
-            }
-        );
-        // Text rows are the called and sampled functions alone.
-        let used: Vec<bool> = s
-            .functions
-            .iter()
-            .map(|f| f.calls > 0 || f.samples > 0)
-            .collect();
-        let idle = module_listing(s, &used);
-        let left_out: u32 = idle.iter().map(|m| m.1).sum();
-        if left_out > 0 {
-            let _ = writeln!(
-                out,
-                "  {left_out} of {} functions had no call and no sample: not listed",
-                s.functions.len()
-            );
-        }
+        heading_text(&mut out, s);
+        rows_text(&mut out, s, opts);
+        let listing = patched_text(&mut out, s);
         if !s.stacks.stacks.is_empty() {
             call_graph_text(&mut out, s);
         }
@@ -521,38 +439,162 @@ pub fn text(procs: &[Snapshot], opts: TextOptions) -> String {
         loops::text(&mut out, s, opts.top.min(10));
         events::text(&mut out, s, opts.top.min(10));
         if opts.stats {
-            for (m, (_, left_out)) in s.modules.iter().zip(&idle).filter(|(m, _)| !m.sampled_only) {
-                let _ = write!(
-                    out,
-                    "    {}: {} functions, {} patched ({:.1}%), {left_out} not listed",
-                    escape_text(&m.path),
-                    m.functions,
-                    m.patched,
-                    percent(m.patched, m.functions)
-                );
-                if !m.refused.is_empty() {
-                    out.push_str(", refused:");
-                    for (r, n) in &m.refused {
-                        let _ = write!(out, " {r} {n}");
-                    }
-                }
-                if let Some(note) = m.note {
-                    let _ = write!(out, " ({note})");
-                }
-                out.push('\n');
-            }
-            for m in s.modules.iter().filter(|m| m.sampled_only) {
-                if let Some(note) = m.note {
-                    let _ = writeln!(
-                        out,
-                        "    {}: not instrumented: {note}",
-                        escape_text(&m.path)
-                    );
-                }
-            }
+            module_stats_text(&mut out, s, &listing);
         }
     }
     out
+}
+
+/// A process's first lines: which process, how it ended and after how
+/// long, its sampler, and what rtprof cost it where that was measured.
+fn heading_text(out: &mut String, s: &Snapshot) {
+    let _ = write!(
+        out,
+        "rtprof: pid {} (parent {}) {}: {}",
+        s.pid,
+        s.ppid,
+        escape_text(&s.exe),
+        state_text(s)
+    );
+    if let Some(d) = duration_s(s) {
+        let _ = write!(out, ", {d:.3} s");
+    }
+    out.push('\n');
+    let _ = writeln!(out, "  sampler: {}", sampler_text(s));
+    if let Some(c) = cost_text(s) {
+        let _ = writeln!(out, "  rtprof's cost: {c}");
+    }
+}
+
+/// The table of rows in `opts.sort` order, `opts.top` of them (0: all),
+/// saying how many more there are.
+fn rows_text(out: &mut String, s: &Snapshot, opts: TextOptions) {
+    let rows = rows(s, opts.sort, opts.merge_copies);
+    let shown = if opts.top == 0 {
+        rows.len()
+    } else {
+        opts.top.min(rows.len())
+    };
+    if rows.is_empty() {
+        out.push_str("  no instrumented function was called and nothing was sampled\n");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:>14}  {:>8}  {:>10}  {:>6}  {:>10}  {:<40}  module",
+        "calls", "samples", "time ms", "share", "ns/call", "function"
+    );
+    for r in &rows[..shown] {
+        row_text(out, s, r);
+    }
+    if shown < rows.len() {
+        let _ = writeln!(
+            out,
+            "  ... {} more rows (--top 0 shows all)",
+            rows.len() - shown
+        );
+    }
+}
+
+/// One line of the table: `-` for what is not known (calls not counted,
+/// no time per call), the source line where known.
+fn row_text(out: &mut String, s: &Snapshot, r: &Row) {
+    let calls = r.calls.map_or("-".to_string(), |c| c.to_string());
+    let per_call = r
+        .ns_per_call(s)
+        .map_or("-".to_string(), |n| format!("{n:.1}"));
+    let _ = write!(
+        out,
+        "  {:>14}  {:>8}  {:>10.1}  {:>5.1}%  {:>10}  {:<40}  {}",
+        calls,
+        r.samples,
+        r.time_ns(s) as f64 / 1e6,
+        r.share(s),
+        per_call,
+        escape_text(&r.name),
+        escape_text(r.module)
+    );
+    if let Some(at) = r.source {
+        let _ = write!(out, "  {}:{}", escape_text(&at.file), at.line);
+    }
+    out.push('\n');
+}
+
+/// How many functions of the instrumented modules were patched (and how
+/// many through traps), and how many were left out of the rows for having
+/// no call and no sample. Returns per module its functions (listed, left
+/// out) by the rows, for `module_stats_text`.
+fn patched_text(out: &mut String, s: &Snapshot) -> Vec<(u32, u32)> {
+    let instrumented = || s.modules.iter().filter(|m| !m.sampled_only);
+    let total: u32 = instrumented().map(|m| m.functions).sum();
+    let patched: u32 = instrumented().map(|m| m.patched).sum();
+    let trapped = s.functions.iter().filter(|f| f.trapped).count();
+    let _ = writeln!(
+        out,
+        "  patched {patched} of {total} functions ({:.1}%) in {} module(s){}",
+        percent(patched, total),
+        instrumented().count(),
+        match trapped {
+            0 => String::new(),
+            n => format!(", {n} through a trap (a signal per call)"),
+        }
+    );
+    // Text rows are the called and sampled functions alone.
+    let used: Vec<bool> = s
+        .functions
+        .iter()
+        .map(|f| f.calls > 0 || f.samples > 0)
+        .collect();
+    let idle = module_listing(s, &used);
+    let left_out: u32 = idle.iter().map(|m| m.1).sum();
+    if left_out > 0 {
+        let _ = writeln!(
+            out,
+            "  {left_out} of {} functions had no call and no sample: not listed",
+            s.functions.len()
+        );
+    }
+    idle
+}
+
+/// `--stats`: per instrumented module its patch statistics and refusal
+/// reasons, with `listing`'s count of functions not listed; then the
+/// modules not instrumented that say why.
+fn module_stats_text(out: &mut String, s: &Snapshot, listing: &[(u32, u32)]) {
+    let instrumented = s
+        .modules
+        .iter()
+        .zip(listing)
+        .filter(|(m, _)| !m.sampled_only);
+    for (m, (_, left_out)) in instrumented {
+        let _ = write!(
+            out,
+            "    {}: {} functions, {} patched ({:.1}%), {left_out} not listed",
+            escape_text(&m.path),
+            m.functions,
+            m.patched,
+            percent(m.patched, m.functions)
+        );
+        if !m.refused.is_empty() {
+            out.push_str(", refused:");
+            for (r, n) in &m.refused {
+                let _ = write!(out, " {r} {n}");
+            }
+        }
+        if let Some(note) = m.note {
+            let _ = write!(out, " ({note})");
+        }
+        out.push('\n');
+    }
+    for m in s.modules.iter().filter(|m| m.sampled_only) {
+        if let Some(note) = m.note {
+            let _ = writeln!(
+                out,
+                "    {}: not instrumented: {note}",
+                escape_text(&m.path)
+            );
+        }
+    }
 }
 
 /// Each called function's exact callers by readable name, most calls
@@ -1013,7 +1055,7 @@ pub fn json(procs: &[Snapshot], listing: Listing) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use rtprof_abi::{ModuleStats, Refusal};
+    use rtprof_abi::{AgentCost, ModuleStats, Refusal};
 
     pub(crate) fn snap() -> Snapshot {
         Snapshot {
@@ -1199,6 +1241,128 @@ pub(crate) mod tests {
         ] {
             assert!(t.contains(want), "{want} in {t}");
         }
+    }
+
+    /// The heading gives how long the process ran only where its end is
+    /// known, and rtprof's cost only where it was measured.
+    #[test]
+    fn heading_gives_duration_and_cost_where_known() {
+        let mut s = snap();
+        let mut out = String::new();
+        heading_text(&mut out, &s);
+        assert_eq!(
+            out,
+            "rtprof: pid 7 (parent 1) /bin/a\"b: exited with status 3\n  \
+             sampler: perf (default), 1000 Hz, 10 samples, 0.010 s of user CPU\n"
+        );
+        s.end_ns = 2_500_000_000;
+        s.cost = Some(AgentCost {
+            process_cpu_ns: 1_000_000_000,
+            ..AgentCost::default()
+        });
+        let mut out = String::new();
+        heading_text(&mut out, &s);
+        assert!(
+            out.starts_with("rtprof: pid 7 (parent 1) /bin/a\"b: exited with status 3, 2.500 s\n"),
+            "{out}"
+        );
+        assert!(out.ends_with("\n  rtprof's cost: 0.00% of its CPU time: set-up 0.0 ms, counting 0.0 ms (as sampled: 0 in stubs)\n"), "{out}");
+    }
+
+    /// `top` cuts the table and says how many rows it left out; a process
+    /// with no row says so instead of a bare header.
+    #[test]
+    fn rows_table_is_cut_at_top() {
+        let mut s = snap();
+        let mut out = String::new();
+        let top = |top| TextOptions {
+            top,
+            ..TextOptions::default()
+        };
+        rows_text(&mut out, &s, top(1));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[1].contains(" lo "), "{out}");
+        assert_eq!(lines[2], "  ... 3 more rows (--top 0 shows all)");
+        let mut out = String::new();
+        rows_text(&mut out, &s, top(0));
+        assert_eq!(out.lines().count(), 5, "{out}");
+        for f in &mut s.functions {
+            (f.calls, f.samples) = (0, 0);
+        }
+        (s.modules[0].samples, s.samples_unknown) = (0, 0);
+        let mut out = String::new();
+        rows_text(&mut out, &s, top(1));
+        assert_eq!(
+            out,
+            "  no instrumented function was called and nothing was sampled\n"
+        );
+    }
+
+    /// What is not known shows as `-`; the source line follows where known.
+    #[test]
+    fn row_line_marks_what_is_not_known() {
+        let s = snap();
+        let at = SourceLine {
+            file: "x.c".into(),
+            line: 4,
+        };
+        let r = Row {
+            name: "[a]".into(),
+            module: "a",
+            calls: None,
+            samples: 2,
+            source: Some(&at),
+        };
+        let mut out = String::new();
+        row_text(&mut out, &s, &r);
+        assert_eq!(
+            out,
+            format!(
+                "  {:>14}  {:>8}  {:>10}  {:>6}  {:>10}  {:<40}  a  x.c:4\n",
+                "-", 2, "2.0", "20.0%", "-", "[a]"
+            )
+        );
+    }
+
+    /// The patched line counts functions entered through traps; the
+    /// functions with no call and no sample are counted, per module too.
+    #[test]
+    fn patched_line_counts_traps_and_unlisted_functions() {
+        let mut s = snap();
+        s.functions[1].trapped = true;
+        let mut out = String::new();
+        assert_eq!(patched_text(&mut out, &s), [(2, 1)]);
+        assert_eq!(
+            out,
+            "  patched 2 of 3 functions (66.7%) in 1 module(s), 1 through a trap (a signal per call)\n  \
+             1 of 3 functions had no call and no sample: not listed\n"
+        );
+    }
+
+    /// `--stats` lists instrumented modules with refusals and notes; a
+    /// module not instrumented only where it says why.
+    #[test]
+    fn module_stats_say_why_a_module_is_not_instrumented() {
+        let mut s = snap();
+        let quiet = ModuleStats {
+            path: "/lib/quiet.so".into(),
+            sampled_only: true,
+            ..s.modules[0].clone()
+        };
+        let vdso = ModuleStats {
+            path: "vdso".into(),
+            note: Some("the kernel's vDSO"),
+            ..quiet.clone()
+        };
+        s.modules.extend([quiet, vdso]);
+        let mut out = String::new();
+        module_stats_text(&mut out, &s, &[(2, 1), (0, 0), (0, 0)]);
+        assert_eq!(
+            out,
+            "    /bin/a: 3 functions, 2 patched (66.7%), 1 not listed, refused: too_small 1\n    \
+             vdso: not instrumented: the kernel's vDSO\n"
+        );
     }
 
     #[test]
