@@ -834,222 +834,283 @@ pub fn json(procs: &[Snapshot], listing: Listing) -> String {
     w.key("processes");
     w.begin_array();
     for s in procs {
-        w.begin_object();
-        w.key("pid");
-        w.uint(s.pid as u64);
-        w.key("ppid");
-        w.uint(s.ppid as u64);
-        w.string_field("exe", &s.exe);
-        w.key("exited");
-        w.bool(s.state == state::EXITED);
-        w.string_field("ended", ending(s));
-        w.key("exit_status");
-        w.int(s.exit_status as i64);
-        w.uint_field("start_ns", s.start_ns);
-        w.uint_field("end_ns", s.end_ns);
-        w.uint_field("setup_ns", s.setup_ns);
-        if let Some(c) = s.cost {
-            // What the agent cost the process, as it measured it.
-            w.key("rtprof_cost");
-            w.begin_object();
-            w.uint_field("process_cpu_ns", c.process_cpu_ns);
-            w.uint_field("setup_ns", s.setup_ns);
-            if s.sample_period_ns > 0 {
-                w.uint_field("counting_ns", c.counting_ns(s.sample_period_ns));
-            }
-            w.uint_field("samples_in_stubs", c.in_stubs);
-            w.uint_field("sampling_ns", c.sampling_ns);
-            w.uint_field("budget_ns", c.budget_ns);
-            w.uint_field("held_ns", c.held_ns);
-            w.uint_field("control_ns", c.control_ns);
-            if let Some(share) = cost_share(s) {
-                w.key("share");
-                w.float(share);
-            }
-            w.end_object();
-        }
-        w.uint_field("stripes", s.stripes as u64);
-        w.key("sampler");
-        w.begin_object();
-        w.string_field("name", s.sampler.name());
-        w.string_field("why", s.sampler_why.name());
-        w.uint_field("errno", s.sampler_errno as u64);
-        w.uint_field("period_ns", s.sample_period_ns);
-        // What a period is of, for either sampler.
-        w.string_field("time", sampled_time(s));
-        w.uint_field("samples", s.samples_total);
-        w.uint_field("lost", s.samples_lost);
-        w.uint_field("unknown", s.samples_unknown);
-        w.end_object();
-        let callers_of = callers_by_callee(s);
-        let keep = listed(s, listing);
-        w.key("functions");
+        process_json(&mut w, s, listing);
+    }
+    w.end_array();
+    w.end_object();
+    w.finish()
+}
+
+/// One process's object: who it was, what rtprof cost it, its sampler,
+/// then its functions and the sections its profile has, its modules last.
+fn process_json(w: &mut JsonWriter, s: &Snapshot, listing: Listing) {
+    w.begin_object();
+    w.key("pid");
+    w.uint(s.pid as u64);
+    w.key("ppid");
+    w.uint(s.ppid as u64);
+    w.string_field("exe", &s.exe);
+    w.key("exited");
+    w.bool(s.state == state::EXITED);
+    w.string_field("ended", ending(s));
+    w.key("exit_status");
+    w.int(s.exit_status as i64);
+    w.uint_field("start_ns", s.start_ns);
+    w.uint_field("end_ns", s.end_ns);
+    w.uint_field("setup_ns", s.setup_ns);
+    cost_json(w, s);
+    w.uint_field("stripes", s.stripes as u64);
+    sampler_json(w, s);
+    let keep = listed(s, listing);
+    functions_json(w, s, &keep);
+    stacks_json(w, s);
+    threads_json(w, s);
+    loops::json(w, s);
+    events::json(w, s);
+    modules_json(w, s, &keep);
+    w.end_object();
+}
+
+/// `rtprof_cost`: what the agent cost the process, as it measured it
+/// (counting only where the sampler could see it); nothing if it did not.
+fn cost_json(w: &mut JsonWriter, s: &Snapshot) {
+    let Some(c) = s.cost else {
+        return;
+    };
+    w.key("rtprof_cost");
+    w.begin_object();
+    w.uint_field("process_cpu_ns", c.process_cpu_ns);
+    w.uint_field("setup_ns", s.setup_ns);
+    if s.sample_period_ns > 0 {
+        w.uint_field("counting_ns", c.counting_ns(s.sample_period_ns));
+    }
+    w.uint_field("samples_in_stubs", c.in_stubs);
+    w.uint_field("sampling_ns", c.sampling_ns);
+    w.uint_field("budget_ns", c.budget_ns);
+    w.uint_field("held_ns", c.held_ns);
+    w.uint_field("control_ns", c.control_ns);
+    if let Some(share) = cost_share(s) {
+        w.key("share");
+        w.float(share);
+    }
+    w.end_object();
+}
+
+/// `sampler`: which sampler ran and why, its period and samples.
+fn sampler_json(w: &mut JsonWriter, s: &Snapshot) {
+    w.key("sampler");
+    w.begin_object();
+    w.string_field("name", s.sampler.name());
+    w.string_field("why", s.sampler_why.name());
+    w.uint_field("errno", s.sampler_errno as u64);
+    w.uint_field("period_ns", s.sample_period_ns);
+    // What a period is of, for either sampler.
+    w.string_field("time", sampled_time(s));
+    w.uint_field("samples", s.samples_total);
+    w.uint_field("lost", s.samples_lost);
+    w.uint_field("unknown", s.samples_unknown);
+    w.end_object();
+}
+
+/// `functions`: those `keep` lists, most called first, each with its exact
+/// callers where they were counted.
+fn functions_json(w: &mut JsonWriter, s: &Snapshot, keep: &[bool]) {
+    let callers_of = callers_by_callee(s);
+    w.key("functions");
+    w.begin_array();
+    for (slot, f) in by_calls(s)
+        .into_iter()
+        .filter(|&(slot, _)| keep[slot as usize])
+    {
+        function_json(w, s, f, callers_of.get(&slot).map(Vec::as_slice));
+    }
+    w.end_array();
+}
+
+/// One function's object: its names, counts and place, its source line
+/// and exact callers where known, then how its calls were counted.
+fn function_json(
+    w: &mut JsonWriter,
+    s: &Snapshot,
+    f: &FunctionStats,
+    callers: Option<&[(Cow<str>, u64)]>,
+) {
+    w.begin_object();
+    // The symbol as the file names it; readable names beside it.
+    w.key("name");
+    w.string(&f.name);
+    w.key("demangled");
+    w.string(&names::readable(&f.name));
+    w.key("function");
+    w.string(&names::function(&f.name));
+    w.key("module");
+    w.string(module_name(s, f.module));
+    w.key("calls");
+    w.uint(f.calls);
+    w.key("samples");
+    w.uint(f.samples);
+    w.key("time_ns");
+    w.uint(f.samples.saturating_mul(s.sample_period_ns));
+    w.key("instrumented");
+    w.bool(f.instrumented);
+    w.key("vaddr");
+    w.uint(f.vaddr);
+    w.key("size");
+    w.uint(f.size as u64);
+    w.key("patched");
+    w.bool(f.instrumented && f.refused.is_none());
+    if let Some(at) = &f.source {
+        w.string_field("file", &at.file);
+        w.uint_field("line", at.line as u64);
+    }
+    if let Some(from) = callers {
+        // Exact callers (RTPROF_CALLERS=1), most calls first.
+        w.key("callers");
         w.begin_array();
-        for (slot, f) in by_calls(s)
-            .into_iter()
-            .filter(|&(slot, _)| keep[slot as usize])
-        {
+        for (name, n) in from {
             w.begin_object();
-            // The symbol as the file names it; readable names beside it.
-            w.key("name");
-            w.string(&f.name);
-            w.key("demangled");
-            w.string(&names::readable(&f.name));
-            w.key("function");
-            w.string(&names::function(&f.name));
-            w.key("module");
-            w.string(module_name(s, f.module));
-            w.key("calls");
-            w.uint(f.calls);
-            w.key("samples");
-            w.uint(f.samples);
-            w.key("time_ns");
-            w.uint(f.samples.saturating_mul(s.sample_period_ns));
-            w.key("instrumented");
-            w.bool(f.instrumented);
-            w.key("vaddr");
-            w.uint(f.vaddr);
-            w.key("size");
-            w.uint(f.size as u64);
-            w.key("patched");
-            w.bool(f.instrumented && f.refused.is_none());
-            if let Some(at) = &f.source {
-                w.string_field("file", &at.file);
-                w.uint_field("line", at.line as u64);
-            }
-            if let Some(from) = callers_of.get(&slot) {
-                // Exact callers (RTPROF_CALLERS=1), most calls first.
-                w.key("callers");
-                w.begin_array();
-                for (name, n) in from {
-                    w.begin_object();
-                    w.string_field("function", name);
-                    w.uint_field("calls", *n);
-                    w.end_object();
-                }
-                w.end_array();
-            }
-            if f.counting_off {
-                w.key("counting");
-                w.string("off");
-            }
-            if let Some(b) = f.estimated {
-                // Counted in bursts under an overhead budget.
-                w.key("estimated");
-                w.bool(true);
-                if b == function_flags::AT_LEAST {
-                    // Too uncertain between bursts: the calls counted.
-                    w.key("at_least");
-                    w.bool(true);
-                } else {
-                    w.key("error_bound");
-                    w.uint(bound_calls(f.calls, b));
-                }
-            }
-            if f.trapped {
-                // Entered through a trap (RTPROF_TRAPS=1).
-                w.key("entry");
-                w.string("trap");
-            }
-            if let Some(r) = f.refused {
-                w.key("refused");
-                w.string(r.name());
-            }
+            w.string_field("function", name);
+            w.uint_field("calls", *n);
             w.end_object();
         }
         w.end_array();
-        if !s.stacks.stacks.is_empty() {
-            // Sampled call stacks, leaf first, by readable function name.
-            w.key("stacks");
-            w.begin_array();
-            for st in &s.stacks.stacks {
-                w.begin_object();
-                w.key("frames");
-                w.begin_array();
-                for &f in &st.frames {
-                    w.string(&frame_name(s, f));
-                }
-                w.end_array();
-                w.uint_field("samples", st.samples);
-                w.end_object();
-            }
-            w.end_array();
-            w.uint_field("stacks_truncated", s.stacks.truncated);
-            w.uint_field("stacks_dropped", s.stacks.dropped);
+    }
+    counting_json(w, f);
+    w.end_object();
+}
+
+/// How a function's calls were counted, where not plainly: switched off,
+/// estimated (with its bound in calls), through a trap; or why it was not
+/// patched.
+fn counting_json(w: &mut JsonWriter, f: &FunctionStats) {
+    if f.counting_off {
+        w.key("counting");
+        w.string("off");
+    }
+    if let Some(b) = f.estimated {
+        // Counted in bursts under an overhead budget.
+        w.key("estimated");
+        w.bool(true);
+        if b == function_flags::AT_LEAST {
+            // Too uncertain between bursts: the calls counted.
+            w.key("at_least");
+            w.bool(true);
+        } else {
+            w.key("error_bound");
+            w.uint(bound_calls(f.calls, b));
         }
-        if !s.threads.threads.is_empty() {
-            // Exact calls per thread, most calls first within each.
-            w.key("threads");
-            w.begin_array();
-            for t in &s.threads.threads {
-                w.begin_object();
-                w.uint_field("tid", t.tid as u64);
-                w.string_field("name", &t.name);
-                w.key("ended");
-                w.bool(t.ended);
-                w.uint_field("calls", t.total());
-                w.uint_field("samples", t.samples);
-                w.uint_field("time_ns", t.samples.saturating_mul(s.sample_period_ns));
-                w.key("functions");
-                w.begin_array();
-                for (slot, calls, samples) in thread_rows(t) {
-                    let f = &s.functions[slot as usize];
-                    w.begin_object();
-                    function_fields(&mut w, s, f);
-                    w.uint_field("calls", calls);
-                    w.uint_field("samples", samples);
-                    w.uint_field("time_ns", samples.saturating_mul(s.sample_period_ns));
-                    w.end_object();
-                }
-                w.end_array();
-                w.end_object();
-            }
-            w.end_array();
-            w.uint_field("threads_dropped", s.threads.dropped);
-            w.uint_field(
-                "thread_function_samples_dropped",
-                s.threads.function_samples_dropped,
-            );
-        }
-        loops::json(&mut w, s);
-        events::json(&mut w, s);
-        w.key("modules");
+    }
+    if f.trapped {
+        // Entered through a trap (RTPROF_TRAPS=1).
+        w.key("entry");
+        w.string("trap");
+    }
+    if let Some(r) = f.refused {
+        w.key("refused");
+        w.string(r.name());
+    }
+}
+
+/// `stacks`: the sampled call stacks, leaf first, by readable function
+/// name, and how many samples' stacks were cut or not kept (nothing if no
+/// stack was recorded).
+fn stacks_json(w: &mut JsonWriter, s: &Snapshot) {
+    if s.stacks.stacks.is_empty() {
+        return;
+    }
+    w.key("stacks");
+    w.begin_array();
+    for st in &s.stacks.stacks {
+        w.begin_object();
+        w.key("frames");
         w.begin_array();
-        for (m, (shown, left_out)) in s.modules.iter().zip(module_listing(s, &keep)) {
+        for &f in &st.frames {
+            w.string(&frame_name(s, f));
+        }
+        w.end_array();
+        w.uint_field("samples", st.samples);
+        w.end_object();
+    }
+    w.end_array();
+    w.uint_field("stacks_truncated", s.stacks.truncated);
+    w.uint_field("stacks_dropped", s.stacks.dropped);
+}
+
+/// `threads`: exact calls and samples per thread, its functions with the
+/// most calls first, and what was not kept (nothing if no thread was
+/// recorded).
+fn threads_json(w: &mut JsonWriter, s: &Snapshot) {
+    if s.threads.threads.is_empty() {
+        return;
+    }
+    w.key("threads");
+    w.begin_array();
+    for t in &s.threads.threads {
+        w.begin_object();
+        w.uint_field("tid", t.tid as u64);
+        w.string_field("name", &t.name);
+        w.key("ended");
+        w.bool(t.ended);
+        w.uint_field("calls", t.total());
+        w.uint_field("samples", t.samples);
+        w.uint_field("time_ns", t.samples.saturating_mul(s.sample_period_ns));
+        w.key("functions");
+        w.begin_array();
+        for (slot, calls, samples) in thread_rows(t) {
+            let f = &s.functions[slot as usize];
             w.begin_object();
-            w.key("path");
-            w.string(&m.path);
-            w.key("functions");
-            w.uint(m.functions as u64);
-            // Of its functions named in the segment: those listed above,
-            // and those left out (no call, no sample, named by nothing).
-            w.uint_field("listed", shown as u64);
-            w.uint_field("left_out", left_out as u64);
-            w.key("patched");
-            w.uint(m.patched as u64);
-            w.key("sampled_only");
-            w.bool(m.sampled_only);
-            w.key("samples");
-            w.uint(m.samples);
-            w.key("refused");
-            w.begin_object();
-            for (r, n) in &m.refused {
-                w.key(r.name());
-                w.uint(*n as u64);
-            }
-            w.end_object();
-            if let Some(note) = m.note {
-                w.key("note");
-                w.string(note);
-            }
+            function_fields(w, s, f);
+            w.uint_field("calls", calls);
+            w.uint_field("samples", samples);
+            w.uint_field("time_ns", samples.saturating_mul(s.sample_period_ns));
             w.end_object();
         }
         w.end_array();
         w.end_object();
     }
     w.end_array();
-    w.end_object();
-    w.finish()
+    w.uint_field("threads_dropped", s.threads.dropped);
+    w.uint_field(
+        "thread_function_samples_dropped",
+        s.threads.function_samples_dropped,
+    );
+}
+
+/// `modules`: each module's patch statistics and refusal reasons, and how
+/// many of its functions `keep` lists and leaves out.
+fn modules_json(w: &mut JsonWriter, s: &Snapshot, keep: &[bool]) {
+    w.key("modules");
+    w.begin_array();
+    for (m, (shown, left_out)) in s.modules.iter().zip(module_listing(s, keep)) {
+        w.begin_object();
+        w.key("path");
+        w.string(&m.path);
+        w.key("functions");
+        w.uint(m.functions as u64);
+        // Of its functions named in the segment: those listed above,
+        // and those left out (no call, no sample, named by nothing).
+        w.uint_field("listed", shown as u64);
+        w.uint_field("left_out", left_out as u64);
+        w.key("patched");
+        w.uint(m.patched as u64);
+        w.key("sampled_only");
+        w.bool(m.sampled_only);
+        w.key("samples");
+        w.uint(m.samples);
+        w.key("refused");
+        w.begin_object();
+        for (r, n) in &m.refused {
+            w.key(r.name());
+            w.uint(*n as u64);
+        }
+        w.end_object();
+        if let Some(note) = m.note {
+            w.key("note");
+            w.string(note);
+        }
+        w.end_object();
+    }
+    w.end_array();
 }
 
 #[cfg(test)]
@@ -1362,6 +1423,93 @@ pub(crate) mod tests {
             out,
             "    /bin/a: 3 functions, 2 patched (66.7%), 1 not listed, refused: too_small 1\n    \
              vdso: not instrumented: the kernel's vDSO\n"
+        );
+    }
+
+    /// What one step writes into an object of its own (without the line
+    /// end `finish` adds).
+    fn object(f: impl FnOnce(&mut JsonWriter)) -> String {
+        let mut w = JsonWriter::new();
+        w.begin_object();
+        f(&mut w);
+        w.end_object();
+        w.finish().trim_end().to_string()
+    }
+
+    /// No cost without its measure; counting's cost is given only where
+    /// the sampler could see it, the share only where the process's CPU
+    /// time is known.
+    #[test]
+    fn cost_json_leaves_out_what_was_not_measured() {
+        let mut s = snap();
+        assert_eq!(object(|w| cost_json(w, &s)), "{}");
+        let c = AgentCost {
+            in_stubs: 2,
+            ..AgentCost::default()
+        };
+        (s.cost, s.sample_period_ns) = (Some(c), 0);
+        let j = object(|w| cost_json(w, &s));
+        assert!(!j.contains("counting_ns") && !j.contains("share"), "{j}");
+        s.sample_period_ns = 1_000;
+        s.cost = Some(AgentCost {
+            process_cpu_ns: 4_000,
+            ..c
+        });
+        let j = object(|w| cost_json(w, &s));
+        assert!(j.contains(r#""counting_ns":2000,"#), "{j}");
+        assert!(j.ends_with(r#""share":0.5}}"#), "{j}");
+    }
+
+    /// A function counted plainly adds nothing; each other way of counting
+    /// says itself, an estimate with its bound in calls.
+    #[test]
+    fn counting_json_marks_how_calls_were_counted() {
+        let mut f = snap().functions[1].clone();
+        assert_eq!(object(|w| counting_json(w, &f)), "{}");
+        f.counting_off = true;
+        f.estimated = Some(1000);
+        f.trapped = true;
+        f.refused = Some(Refusal::TooSmall);
+        assert_eq!(
+            object(|w| counting_json(w, &f)),
+            r#"{"counting":"off","estimated":true,"error_bound":5,"entry":"trap","refused":"too_small"}"#
+        );
+    }
+
+    /// Sections of stacks and threads are left out without them; a
+    /// thread's time is its samples', its functions most called first.
+    #[test]
+    fn threads_json_gives_each_threads_functions() {
+        let mut s = snap();
+        assert_eq!(object(|w| stacks_json(w, &s)), "{}");
+        assert_eq!(object(|w| threads_json(w, &s)), "{}");
+        s.threads.threads.push(ThreadCalls {
+            tid: 9,
+            name: "w".into(),
+            ended: true,
+            samples: 3,
+            calls: vec![(0, 1), (1, 4)],
+            function_samples: vec![(0, 3)],
+        });
+        let j = object(|w| threads_json(w, &s));
+        assert!(j.starts_with(r#"{"threads":[{"tid":9,"name":"w","ended":true,"calls":5,"samples":3,"time_ns":3000000,"functions":[{"name":"hi","#), "{j}");
+        assert!(
+            j.contains(r#""function":"lo","module":"a","calls":1,"samples":3,"time_ns":3000000}"#),
+            "{j}"
+        );
+        assert!(
+            j.ends_with(r#""threads_dropped":0,"thread_function_samples_dropped":0}"#),
+            "{j}"
+        );
+    }
+
+    /// Each module counts its functions listed and left out by `keep`.
+    #[test]
+    fn modules_json_counts_listed_and_left_out() {
+        let s = snap();
+        assert_eq!(
+            object(|w| modules_json(w, &s, &[true, false, false])),
+            r#"{"modules":[{"path":"/bin/a","functions":3,"listed":1,"left_out":2,"patched":2,"sampled_only":false,"samples":2,"refused":{"too_small":1}}]}"#
         );
     }
 
