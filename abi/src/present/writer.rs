@@ -1219,11 +1219,14 @@ pub(super) mod tests {
     /// the global rows take what room is left.
     #[test]
     fn regions_follow_one_another() {
-        let t = table(1);
-        let mut names = Names(Vec::new(), String::new(), Vec::new(), 1);
-        let rows = by_id(&t, &mut names);
-        let modules = ["app".to_string()];
-        let procs = proc_rows(&t, &rows, &modules);
+        let rows = [3, 2, 1].map(|n| vec![IdRow::default(); n]);
+        let procs: Vec<ProcRows> = rows
+            .iter()
+            .map(|rows| ProcRows {
+                rows,
+                ..ProcRows::default()
+            })
+            .collect();
         let r = Regions::new(&procs, 10, 5, 4096).unwrap();
         assert_eq!((r.strings_off, r.strings_len), (128, 15));
         assert_eq!(r.procs_off, 192);
