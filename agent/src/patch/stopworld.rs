@@ -270,6 +270,23 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: the caller passes its live Shared and waits for us to exit
     // before reading or freeing it.
     let s = unsafe { &mut *(arg as *mut Shared) };
+    // Killed with the thread that made it. A process that exits while its
+    // threads are held would leave the helper waiting for ever for a
+    // thread the kernel reports only once the others are reaped, and the
+    // process a zombie its parent never sees end (a build under
+    // `budget = 1` hung so); the helper's death lets its tracees go. If
+    // that thread is gone already, the process is ending: nothing to do.
+    // SAFETY: plain system calls without pointers.
+    let orphaned = unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        // Signal 0 to that thread of the parent: an error if it is gone
+        // (or the whole process is: the helper's parent is then another).
+        libc::syscall(libc::SYS_tgkill, libc::getppid(), s.caller, 0) != 0
+    };
+    if orphaned {
+        s.error = libc::ESRCH;
+        return 0;
+    }
     // Shared is valid as zero bytes: the outcome crosses as its code.
     s.error = match stop_all(s) {
         Ok(()) => {
