@@ -8,6 +8,10 @@
  * test the function pointer first.
  *
  *     if (rtprof_add_calls) rtprof_add_calls("matmul", 1, elapsed_ns);
+ *
+ * It also offers other implementations of a function, to which a
+ * scheduler may route its calls while the program runs (rtprof_offer,
+ * RTPROF_OFFER).
  */
 #ifndef RTPROF_H
 #define RTPROF_H
@@ -33,6 +37,36 @@ __attribute__((weak)) int rtprof_add_calls_at(const void *address, uint64_t call
  * Returns how many functions matched, or -1 if the agent is not active or
  * cannot rewrite its stubs. Thread-safe. */
 __attribute__((weak)) int rtprof_set_counting(const char *pattern, int on);
+
+/* Offers `implementation`, a function with the same signature as the one
+ * named `function` (the program's promise), as its implementation `name`
+ * (at most 64 bytes; not "original", which is the function's own code).
+ * Calls of `function` keep running its own code until they are routed to
+ * `name` (`rtprof route PID function name`, through rtprofd); they are
+ * then counted in the row `function [name]` and run `implementation`.
+ * Returns 0, or a negative reason: -1 the agent is not active (or an
+ * argument is null), -2 no patched function of that name, -3
+ * `implementation` is not in executable memory, -4 a bad name (or one
+ * offered already with another address), -5 no room. Thread-safe. */
+__attribute__((weak)) int rtprof_offer(const char *function, void *implementation, const char *name);
+
+/* The same offer without a call at run time: an entry in the ELF section
+ * `rtprof_offers`, which the agent reads at start-up and after each
+ * dlopen. At file scope:
+ *
+ *     RTPROF_OFFER(work, work_fast, "fast");
+ */
+struct rtprof_offer_entry {
+    const char *function;
+    const void *implementation;
+    const char *name;
+};
+#define RTPROF_OFFER_CAT2(a, b) a##b
+#define RTPROF_OFFER_CAT(a, b) RTPROF_OFFER_CAT2(a, b)
+#define RTPROF_OFFER(function, implementation, name)                                  \
+    __attribute__((used, section("rtprof_offers"), aligned(8))) static const struct \
+        rtprof_offer_entry RTPROF_OFFER_CAT(rtprof_offer_, __LINE__) = {              \
+            #function, (const void *)(implementation), name}
 
 #ifdef __cplusplus
 }

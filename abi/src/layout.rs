@@ -163,7 +163,9 @@ pub struct Header {
     pub control_seq: u32,
     pub control_ack: u32,
     pub control_len: u32,
-    pub control_on: u32,
+    /// What is asked ([`control::OFF`], [`control::ON`], [`control::ROUTE`]);
+    /// a route's outcome once answered (a [`crate::route::RouteOutcome`]).
+    pub control_kind: u32,
     /// Bumped after every change of a function's flags: a reader re-reads
     /// them only when it moved.
     pub flags_changes: u64,
@@ -173,21 +175,27 @@ pub struct Header {
 }
 
 /// rtprofd relays a request to switch counting of the functions whose
-/// names match a glob through the segment itself, one request at a time:
-/// it writes the glob at [`control::PATTERN`] (the bytes between the
-/// header and the module records), its length in `control_len`,
-/// `control_on` (1: count, 0: do not), then `control_seq` one past
-/// `control_ack`. The agent's drain (or budget) thread sees `control_seq
-/// != control_ack`, switches the matching patched functions, and sets
-/// `control_ack` to `control_seq`. A segment whose module records start
-/// before the end of the pattern area takes no requests.
+/// names match a glob, or to route a function's calls to an implementation
+/// the program offered, through the segment itself, one request at a time:
+/// it writes the glob (or `function\0implementation`) at
+/// [`control::PATTERN`] (the bytes between the header and the module
+/// records), its length in `control_len`, the kind in `control_kind`, then
+/// `control_seq` one past `control_ack`. The agent's drain (or budget)
+/// thread sees `control_seq != control_ack`, does it, writes a route's
+/// outcome into `control_kind`, and sets `control_ack` to `control_seq`.
+/// A segment whose module records start before the end of the pattern
+/// area takes no requests.
 pub mod control {
     use super::Header;
     use std::mem::offset_of;
     pub const SEQ: usize = offset_of!(Header, control_seq);
     pub const ACK: usize = offset_of!(Header, control_ack);
     pub const LEN: usize = offset_of!(Header, control_len);
-    pub const ON: usize = offset_of!(Header, control_on);
+    pub const KIND: usize = offset_of!(Header, control_kind);
+    /// Kinds of request: switch counting off, on; route calls.
+    pub const OFF: u32 = 0;
+    pub const ON: u32 = 1;
+    pub const ROUTE: u32 = 2;
     /// Where the glob is, and its longest.
     pub const PATTERN: usize = 256;
     pub const PATTERN_MAX: usize = 256;
@@ -283,7 +291,17 @@ pub mod module_flags {
     /// A sampled-only module whose functions are listed when the first
     /// sample lands in it (until then it lists none).
     pub const NAMED_ON_DEMAND: u32 = 2;
+    /// Implementations the program offered for its functions (module
+    /// `[implementations]`, base 0), one row each, named `function
+    /// [name]`: its `vaddr` is the implementation's address, its `size`
+    /// the slot of the function it implements, its calls those routed to
+    /// it. Listed as offers come, so rows of other modules may lie
+    /// between two such modules.
+    pub const IMPLEMENTATIONS: u32 = 4;
 }
+
+/// The path of a module of implementation rows.
+pub const IMPLEMENTATIONS_MODULE: &str = "[implementations]";
 
 /// Bits of [`FunctionRecord::reserved`].
 pub mod function_flags {
@@ -298,6 +316,12 @@ pub mod function_flags {
     /// Its entry is a trap (`RTPROF_TRAPS=1`): counted exactly, at the
     /// cost of a signal per call.
     pub const TRAPPED: u32 = 8;
+    /// The program offered other implementations of it (rows of an
+    /// [`super::module_flags::IMPLEMENTATIONS`] module).
+    pub const OFFERED: u32 = 32;
+    /// On an offered function or an implementation row: the one that runs
+    /// the function's calls now.
+    pub const ACTIVE: u32 = 64;
     /// Bits 16..32 of an estimated function's flags: the bound on the
     /// estimate's error, in hundredths of a percent of its calls, or
     /// [`AT_LEAST`].

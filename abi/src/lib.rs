@@ -11,7 +11,8 @@
 //!   offsets, exact loop counts).
 //! - The presentation segment rtprofd publishes for schedulers:
 //!   `present`.
-//! - rtprofd's socket: `protocol`.
+//! - rtprofd's socket: `protocol`; routing calls to offered
+//!   implementations: `route`.
 //! - `escape`: names read from a segment made safe to print.
 //!
 //! The C headers for programs and schedulers written in C are in
@@ -26,14 +27,15 @@ pub mod present;
 pub mod protocol;
 pub mod reader;
 pub mod refusal;
+pub mod route;
 pub mod sampling;
 pub mod writer;
 
 pub use layout::{Capacities, Layout};
 pub use reader::{
     read_cost, read_function_flags, read_header, read_snapshot, AgentCost, Callers, EventCounts,
-    EventStatus, Events, FunctionStats, ModuleStats, SegmentError, Snapshot, Stack, Stacks,
-    ThreadCalls, Threads,
+    EventStatus, Events, FunctionStats, Implementation, ModuleStats, SegmentError, Snapshot, Stack,
+    Stacks, ThreadCalls, Threads,
 };
 pub use refusal::Refusal;
 pub use writer::{SegmentWriter, WriteError};

@@ -1,7 +1,8 @@
 //! What is said on rtprofd's socket: an agent's registration (the greeting
 //! with its segment's descriptor attached) and a client's request to switch
-//! counting in a followed process (answered with one line, `ok: ...` or
-//! `error: ...`).
+//! counting in a followed process, or to route a function's calls to an
+//! implementation it offered (each answered with one line, `ok: ...` or
+//! `error: ...`). [`ask`] and [`route`] are the client side, for schedulers.
 
 use std::os::fd::RawFd;
 
@@ -20,6 +21,116 @@ pub const HELLO: &[u8; 8] = b"RTPROF1\0";
 pub const SWITCH: &[u8; 8] = b"RTPROFS1";
 /// The longest name glob a switch request carries.
 pub const MAX_PATTERN: usize = 240;
+/// First bytes of a route request.
+pub const ROUTE: &[u8; 8] = b"RTPROFR1";
+
+/// A route request: the greeting, the pid (little-endian u32), then
+/// `function\0implementation`. `None` if a name is empty, holds a NUL, or
+/// both are longer than [`MAX_PATTERN`].
+pub fn route_request(pid: u32, function: &str, implementation: &str) -> Option<Vec<u8>> {
+    let names = crate::route::request_bytes(function, implementation)?;
+    if names.len() > MAX_PATTERN {
+        return None;
+    }
+    let mut m = ROUTE.to_vec();
+    m.extend_from_slice(&pid.to_le_bytes());
+    m.extend_from_slice(&names);
+    Some(m)
+}
+
+/// The fields of a route request after its greeting: (pid, function,
+/// implementation).
+pub fn parse_route(b: &[u8]) -> Option<(u32, &str, &str)> {
+    if b.len() < 7 || b.len() > 4 + MAX_PATTERN {
+        return None;
+    }
+    let pid = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let (f, i) = crate::route::parse_request(&b[4..])?;
+    Some((
+        pid,
+        std::str::from_utf8(f).ok()?,
+        std::str::from_utf8(i).ok()?,
+    ))
+}
+
+/// rtprofd's socket: `$RTPROF_DAEMON_SOCKET` if set, else
+/// [`DEFAULT_SOCKET`].
+pub fn default_socket() -> std::path::PathBuf {
+    std::env::var_os("RTPROF_DAEMON_SOCKET")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| DEFAULT_SOCKET.into(), std::path::PathBuf::from)
+}
+
+/// Why a request got no answer.
+#[derive(Debug)]
+pub enum AskError {
+    /// rtprofd's socket could not be reached.
+    Unreachable(std::path::PathBuf, std::io::Error),
+    /// Sending, or reading the answer, failed (or timed out).
+    Io(std::io::Error),
+    /// rtprofd closed the connection without a word.
+    NoAnswer,
+}
+
+impl std::fmt::Display for AskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AskError::Unreachable(p, e) => {
+                write!(
+                    f,
+                    "cannot reach rtprofd at {}: {e} (is it running?)",
+                    p.display()
+                )
+            }
+            AskError::Io(e) => write!(f, "no answer from rtprofd: {e}"),
+            AskError::NoAnswer => f.write_str("rtprofd closed the connection without an answer"),
+        }
+    }
+}
+
+impl std::error::Error for AskError {}
+
+/// Sends `request` to rtprofd at `socket` and returns its one-line answer
+/// (`ok: ...` or `error: ...`), waiting at most `timeout`.
+pub fn ask(
+    socket: &std::path::Path,
+    request: &[u8],
+    timeout: std::time::Duration,
+) -> Result<String, AskError> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .map_err(|e| AskError::Unreachable(socket.to_path_buf(), e))?;
+    s.set_read_timeout(Some(timeout)).map_err(AskError::Io)?;
+    s.set_write_timeout(Some(timeout)).map_err(AskError::Io)?;
+    s.write_all(request).map_err(AskError::Io)?;
+    let mut answer = String::new();
+    s.take(4096)
+        .read_to_string(&mut answer)
+        .map_err(AskError::Io)?;
+    match answer.lines().next() {
+        Some(l) if !l.is_empty() => Ok(l.to_string()),
+        _ => Err(AskError::NoAnswer),
+    }
+}
+
+/// Asks rtprofd at `socket` to route the calls of `function` in process
+/// `pid` to its implementation `implementation` (`"original"`: its own
+/// code). `Ok` with rtprofd's answer once the agent has done it; `Err`
+/// with the reason it was refused.
+pub fn route(
+    socket: &std::path::Path,
+    pid: u32,
+    function: &str,
+    implementation: &str,
+) -> Result<String, String> {
+    let msg = route_request(pid, function, implementation)
+        .ok_or_else(|| "names empty, with a NUL, or too long".to_string())?;
+    let line = ask(socket, &msg, std::time::Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    match line.strip_prefix("ok: ") {
+        Some(ok) => Ok(ok.to_string()),
+        None => Err(line.strip_prefix("error: ").unwrap_or(&line).to_string()),
+    }
+}
 
 /// A switch request: the greeting, the pid (little-endian u32), 1 (count)
 /// or 0 (do not), the glob. `None` if the glob is empty, too long or holds
@@ -108,6 +219,17 @@ mod tests {
             "not UTF-8"
         );
         assert_eq!(parse_switch(&m[8..12]), None, "too short");
+    }
+
+    #[test]
+    fn route_requests_round_trip_and_bad_ones_are_refused() {
+        let m = route_request(7, "work", "fast").unwrap();
+        assert_eq!(&m[..8], ROUTE);
+        assert_eq!(parse_route(&m[8..]), Some((7, "work", "fast")));
+        assert!(route_request(7, "", "fast").is_none());
+        assert!(route_request(7, "work", &"x".repeat(MAX_PATTERN)).is_none());
+        assert_eq!(parse_route(&m[8..12]), None, "no names");
+        assert_eq!(parse_route(b"\x07\0\0\0work"), None, "no implementation");
     }
 
     /// A registration arrives as the greeting with a working descriptor.

@@ -108,10 +108,32 @@ pub struct FunctionStats {
     pub estimated: Option<u16>,
     /// Entered through a trap (`RTPROF_TRAPS=1`): exact, a signal per call.
     pub trapped: bool,
+    /// The program offered other implementations of it.
+    pub offered: bool,
+    /// An offered function whose own code runs its calls now, or an
+    /// implementation that does.
+    pub active: bool,
+    /// A row of an implementation offered for another function: its
+    /// calls are those routed to it, its samples those of the function
+    /// whose code it is (`size` 0: it covers no addresses of its own).
+    pub implementation: Option<Implementation>,
     /// Where the function is defined, if debug information says (filled in
     /// by the reader of a report for the rows it shows: the segment does
     /// not carry it).
     pub source: Option<SourceLine>,
+}
+
+/// What an implementation row is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Implementation {
+    /// The slot of the function it implements.
+    pub of: u32,
+    /// Its name, as offered (`fast` in `work [fast]`).
+    pub name: String,
+    /// Its address in the process.
+    pub address: u64,
+    /// The slot of the function its code lies in, if one is listed.
+    pub code: Option<u32>,
 }
 
 /// A source file and line.
@@ -967,6 +989,46 @@ pub fn read_samples(bytes: &[u8], h: &Header, out: &mut [u64], modules: &mut [u6
 /// Validates `bytes` as a counter segment and sums its stripes. A live
 /// segment whose state is still STARTING is being filled in and may fail
 /// validation for a moment; a reader retries it later.
+/// Names each implementation row's implementation, finds the function
+/// its code lies in, and gives the row that function's samples.
+fn place_implementations(functions: &mut [FunctionStats], modules: &[ModuleStats]) {
+    if functions.iter().all(|f| f.implementation.is_none()) {
+        return;
+    }
+    let mut ranges: Vec<(u64, u64, u32)> = functions
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.size > 0 && f.implementation.is_none())
+        .filter_map(|(i, f)| {
+            let start = modules.get(f.module as usize)?.base.wrapping_add(f.vaddr);
+            Some((start, start.saturating_add(f.size as u64), i as u32))
+        })
+        .collect();
+    ranges.sort_unstable();
+    for i in 0..functions.len() {
+        let Some(imp) = &functions[i].implementation else {
+            continue;
+        };
+        let at = ranges.partition_point(|r| r.0 <= imp.address);
+        let code = at
+            .checked_sub(1)
+            .map(|k| ranges[k])
+            .filter(|r| imp.address < r.1)
+            .map(|r| r.2);
+        let parent = functions[imp.of as usize].name.clone();
+        let samples = code.map_or(0, |c| functions[c as usize].samples);
+        let f = &mut functions[i];
+        let name = crate::route::implementation_in(&f.name, &parent)
+            .unwrap_or(&f.name)
+            .to_string();
+        if let Some(imp) = &mut f.implementation {
+            imp.name = name;
+            imp.code = code;
+        }
+        f.samples = samples;
+    }
+}
+
 pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     let h = read_header(bytes)?;
     let strings = &bytes[h.strings_off as usize..(h.strings_off + h.strings_len as u64) as usize];
@@ -1003,7 +1065,8 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let sampled_only = m.flags & module_flags::SAMPLED_ONLY != 0;
-        module_funcs.push((m.first_func, m.func_count, sampled_only));
+        let offers = m.flags & module_flags::IMPLEMENTATIONS != 0;
+        module_funcs.push((m.first_func, m.func_count, sampled_only, offers));
         let on_demand = m.flags & module_flags::NAMED_ON_DEMAND != 0;
         let note = ModuleWhy::of_flags(m.flags)
             .and_then(ModuleWhy::text)
@@ -1043,7 +1106,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
         if f.module >= h.module_count {
             return Err(SegmentError::BadReference("function module"));
         }
-        let (first, count, sampled_only) = module_funcs[f.module as usize];
+        let (first, count, sampled_only, offers) = module_funcs[f.module as usize];
         if (i as u32) < first || i as u32 >= first + count {
             return Err(SegmentError::BadReference(
                 "function outside its module's range",
@@ -1056,11 +1119,21 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             0 | STATUS_SAMPLED_ONLY => None,
             c => Some(Refusal::from_code(c).ok_or(SegmentError::BadReference("refusal code"))?),
         };
+        let implementation = match offers {
+            true if f.size < h.func_count && f.size as u64 != i => Some(Implementation {
+                of: f.size,
+                name: String::new(),
+                address: f.vaddr,
+                code: None,
+            }),
+            true => return Err(SegmentError::BadReference("implemented function")),
+            false => None,
+        };
         functions.push(FunctionStats {
             name: string("function name", strings, f.name_off, f.name_len)?,
             module: f.module,
             vaddr: f.vaddr,
-            size: f.size,
+            size: if offers { 0 } else { f.size },
             refused,
             instrumented: !sampled_only,
             calls: calls[i as usize],
@@ -1068,9 +1141,13 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             counting_off: f.reserved & function_flags::COUNTING_OFF != 0,
             estimated: function_flags::estimate(f.reserved),
             trapped: f.reserved & function_flags::TRAPPED != 0,
+            offered: f.reserved & function_flags::OFFERED != 0,
+            active: f.reserved & function_flags::ACTIVE != 0,
+            implementation,
             source: None,
         });
     }
+    place_implementations(&mut functions, &modules);
 
     Ok(Snapshot {
         cost: read_cost(bytes, &h),

@@ -323,6 +323,53 @@ impl SegmentWriter {
         Ok(idx)
     }
 
+    /// Lists implementation `name` of function `of` (a patched slot), at
+    /// `address`, as a row of an implementations module (see
+    /// [`module_flags::IMPLEMENTATIONS`]), and marks `of` offered with its
+    /// own code active. Returns the row's slot.
+    pub fn add_implementation(
+        &mut self,
+        of: u32,
+        name: &[u8],
+        address: u64,
+    ) -> Result<u32, WriteError> {
+        use crate::layout::function_flags::{ACTIVE, OFFERED};
+        if of >= self.func_count {
+            return Err(WriteError::Full);
+        }
+        let last_is_ours = self.module_count > 0 && {
+            let m = self.module_ptr(self.module_count - 1);
+            // SAFETY: a written module record; `&mut self` is its only writer.
+            let flags = unsafe { std::ptr::read_volatile(addr_of!((*m).flags)) };
+            flags & module_flags::IMPLEMENTATIONS != 0
+        };
+        if !last_is_ours {
+            self.add_module_with(
+                crate::layout::IMPLEMENTATIONS_MODULE.as_bytes(),
+                0,
+                module_flags::IMPLEMENTATIONS,
+            )?;
+        }
+        let row = crate::route::row_name(self.function_name(of), name);
+        let slot = self.add_function(&row, address, of)?;
+        self.set_status(slot, None);
+        self.update_function_flags(of, |f| {
+            if f & OFFERED == 0 {
+                f | OFFERED | ACTIVE
+            } else {
+                f
+            }
+        });
+        Ok(slot)
+    }
+
+    /// Says whether function or implementation row `idx` runs its
+    /// function's calls now.
+    pub fn set_active(&mut self, idx: u32, on: bool) {
+        use crate::layout::function_flags::ACTIVE;
+        self.update_function_flags(idx, |f| if on { f | ACTIVE } else { f & !ACTIVE });
+    }
+
     /// Marks sampled-only module `idx` as named on demand (`true`), or as
     /// named for good.
     pub fn set_named_on_demand(&mut self, idx: u32, on: bool) {
@@ -596,13 +643,13 @@ impl Counters {
             .compare_exchange(0, period_ns, Ordering::AcqRel, Ordering::Relaxed);
     }
 
-    /// A switch request rtprofd left in the segment (see
+    /// A request rtprofd left in the segment (see
     /// [`crate::layout::control`]) and not yet answered: its sequence
-    /// number, on or off, and the glob copied into `pattern` (its length).
+    /// number, its kind, and its bytes copied into `pattern` (their length).
     pub fn control_request(
         &self,
         pattern: &mut [u8; crate::layout::control::PATTERN_MAX],
-    ) -> Option<(u32, bool, usize)> {
+    ) -> Option<(u32, u32, usize)> {
         use crate::layout::control;
         let seq = self.header_u32(control::SEQ).load(Ordering::Acquire);
         if seq == self.header_u32(control::ACK).load(Ordering::Relaxed) {
@@ -610,20 +657,35 @@ impl Counters {
         }
         let len = (self.header_u32(control::LEN).load(Ordering::Relaxed) as usize)
             .min(control::PATTERN_MAX);
-        let on = self.header_u32(control::ON).load(Ordering::Relaxed) != 0;
+        let kind = self.header_u32(control::KIND).load(Ordering::Relaxed);
         for (i, b) in pattern[..len].iter_mut().enumerate() {
             // SAFETY: inside the pattern area, between the header and the
             // module records (Layout::new leaves it there); rtprofd may
             // write it meanwhile, so each byte is read once, volatile.
             *b = unsafe { std::ptr::read_volatile(self.base.add(control::PATTERN + i)) };
         }
-        Some((seq, on, len))
+        Some((seq, kind, len))
+    }
+
+    /// The words a thread that serves requests waits on: (sequence number,
+    /// answered number). rtprofd wakes waiters on the first (a shared
+    /// futex) once it has left a request.
+    pub fn control_words(&self) -> (&AtomicU32, &AtomicU32) {
+        use crate::layout::control;
+        (self.header_u32(control::SEQ), self.header_u32(control::ACK))
     }
 
     /// Answers the switch request `seq`.
     pub fn control_done(&self, seq: u32) {
         self.header_u32(crate::layout::control::ACK)
             .store(seq, Ordering::Release);
+    }
+
+    /// Answers the route request `seq` with `outcome`.
+    pub fn control_answer(&self, seq: u32, outcome: crate::route::RouteOutcome) {
+        self.header_u32(crate::layout::control::KIND)
+            .store(outcome.code(), Ordering::Relaxed);
+        self.control_done(seq);
     }
 
     /// Stripes handed out so far (the shared one included).

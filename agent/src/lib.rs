@@ -56,6 +56,7 @@ pub(crate) fn set_agent(
         stubs,
         known,
         budget: None,
+        routes: Default::default(),
         writer,
     });
     AGENT

@@ -8,6 +8,7 @@ mod export;
 mod last_span;
 mod loops;
 mod presentation;
+mod route;
 mod run;
 mod source_lines;
 mod switch;
@@ -41,6 +42,10 @@ enum Command {
     /// Switch counting of a running process's functions on or off,
     /// through rtprofd.
     Switch(switch::SwitchArgs),
+    /// Send the calls of a running process's function to an
+    /// implementation the program offered, or back (`original`), through
+    /// rtprofd.
+    Route(route::RouteArgs),
     /// Profile every new process on this machine, or stop (enable and
     /// disable need root).
     System(system::SystemArgs),
@@ -59,6 +64,7 @@ fn main() -> ExitCode {
         Command::Top(args) => top::run(args),
         Command::Cache(args) => cache::run(args),
         Command::Switch(args) => switch::run(args),
+        Command::Route(args) => route::run(args),
         Command::System(args) => system::run(args),
         Command::Attach(args) => attach::run_attach(args),
         Command::Detach(args) => attach::run_detach(args),

@@ -6,7 +6,7 @@
 //! may have a few connections waiting: one more closes that user's oldest,
 //! so whoever holds idle connections delays only their own registrations.
 
-use crate::registry::{self, Message, Peer, RecvError, Registered, SwitchRequest};
+use crate::registry::{self, Message, Peer, RecvError, Registered, RouteRequest, SwitchRequest};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -64,6 +64,8 @@ pub enum Outcome {
     Registered(Registered),
     /// A switch request, with its connection to answer on.
     Switch(SwitchRequest, OwnedFd),
+    /// A route request, with its connection to answer on.
+    Route(RouteRequest, OwnedFd),
     Closed {
         peer: Peer,
         why: Closed,
@@ -195,6 +197,7 @@ impl Acceptor {
                 out.push(match r {
                     Ok(Message::Register(reg)) => Outcome::Registered(reg),
                     Ok(Message::Switch(req)) => Outcome::Switch(req, w.conn),
+                    Ok(Message::Route(req)) => Outcome::Route(req, w.conn),
                     Err(e) => Outcome::Closed {
                         peer: w.peer,
                         why: Closed::Refused(e),
@@ -236,6 +239,7 @@ impl Acceptor {
             match registry::receive(conn.as_fd(), peer) {
                 Ok(Message::Register(reg)) => out.push(Outcome::Registered(reg)),
                 Ok(Message::Switch(req)) => out.push(Outcome::Switch(req, conn)),
+                Ok(Message::Route(req)) => out.push(Outcome::Route(req, conn)),
                 Err(RecvError::WouldBlock) => self.park(conn, peer, out),
                 Err(e) => out.push(Outcome::Closed {
                     peer,

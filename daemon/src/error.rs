@@ -60,6 +60,8 @@ pub enum Error {
     NoMatch { pid: u32, pattern: String },
     /// As many requests as may wait are waiting for the agent.
     Backlog { pid: u32, waiting: usize },
+    /// A route request while another request waits for the agent.
+    Busy { pid: u32 },
 }
 
 impl fmt::Display for Error {
@@ -101,6 +103,10 @@ impl fmt::Display for Error {
             Error::Backlog { pid, waiting } => write!(
                 f,
                 "pid {pid}: {waiting} requests are waiting for its agent already"
+            ),
+            Error::Busy { pid } => write!(
+                f,
+                "pid {pid}: another request is waiting for its agent; ask again"
             ),
         }
     }

@@ -175,10 +175,23 @@ pub struct SwitchRequest {
     pub pattern: String,
 }
 
+/// A request to route the calls of function `function` of process `pid`
+/// to its implementation `implementation`, relayed to its agent (see
+/// `Table::route`) and answered once the agent has.
+#[derive(Debug)]
+pub struct RouteRequest {
+    /// The sender, from the socket's credentials.
+    pub from: Peer,
+    pub pid: u32,
+    pub function: String,
+    pub implementation: String,
+}
+
 /// What a connection sent.
 pub enum Message {
     Register(Registered),
     Switch(SwitchRequest),
+    Route(RouteRequest),
 }
 
 /// Reads one message from `conn` without waiting: a registration (an
@@ -247,6 +260,16 @@ pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Message, RecvError> {
             pid,
             on,
             pattern: pattern.to_string(),
+        }));
+    }
+    if n >= 8 && &payload[..8] == protocol::ROUTE && fds.is_empty() {
+        let (pid, function, implementation) =
+            protocol::parse_route(&payload[8..n]).ok_or(RecvError::NotRegistration)?;
+        return Ok(Message::Route(RouteRequest {
+            from,
+            pid,
+            function: function.to_string(),
+            implementation: implementation.to_string(),
         }));
     }
     if n < 8 || &payload[..8] != protocol::HELLO || fds.is_empty() {
@@ -320,16 +343,14 @@ impl Mapped {
         self.control.is_some() && h.modules_off >= (control::PATTERN + control::PATTERN_MAX) as u64
     }
 
-    /// Leaves a request to switch counting of the functions matching
-    /// `pattern` for the agent, if it has answered the last one (and the
-    /// segment takes requests: the caller checked [`Mapped::takes_requests`]).
-    /// False while the last is unanswered.
-    pub fn request(&mut self, on: bool, pattern: &[u8]) -> bool {
+    /// Leaves a request of `kind` (`layout::control`) with `pattern` for
+    /// the agent, if it has answered the last one (and the segment takes
+    /// requests: the caller checked [`Mapped::takes_requests`]). Its
+    /// sequence number; `None` while the last is unanswered.
+    pub fn request(&mut self, kind: u32, pattern: &[u8]) -> Option<u32> {
         use rtprof_abi::layout::control;
         use std::sync::atomic::{AtomicU32, Ordering};
-        let Some(page) = &mut self.control else {
-            return false;
-        };
+        let page = self.control.as_mut()?;
         let base = page.as_mut_ptr();
         let word = |off: usize| {
             // SAFETY: an aligned u32 of the header inside our mapping,
@@ -338,16 +359,47 @@ impl Mapped {
         };
         let seq = word(control::SEQ).load(Ordering::Acquire);
         if seq != word(control::ACK).load(Ordering::Acquire) {
-            return false;
+            return None;
         }
         let len = pattern.len().min(control::PATTERN_MAX);
         // SAFETY: the pattern area, inside the header page we mapped; the
         // agent reads it only after seeing the new sequence number.
         unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), base.add(control::PATTERN), len) };
         word(control::LEN).store(len as u32, Ordering::Relaxed);
-        word(control::ON).store(on as u32, Ordering::Relaxed);
+        word(control::KIND).store(kind, Ordering::Relaxed);
         word(control::SEQ).store(seq.wrapping_add(1), Ordering::Release);
-        true
+        // The agent's drain thread sleeps on this word (a shared futex of
+        // the memfd's page): it serves the request now, not at its next
+        // tick.
+        // SAFETY: a futex wake on an aligned u32 of our mapping; it only
+        // wakes waiters, whoever they are.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                base.add(control::SEQ),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+            )
+        };
+        Some(seq.wrapping_add(1))
+    }
+
+    /// The agent's answer to request `seq` (what it left in the kind
+    /// word), once it has answered; `None` until then, or if another
+    /// request has been made since.
+    pub fn answer(&self, seq: u32) -> Option<u32> {
+        use rtprof_abi::layout::control;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let page = self.control.as_ref()?;
+        let base = page.as_ptr();
+        let word = |off: usize| {
+            // SAFETY: as in `request`: an aligned u32 of the header inside
+            // our mapping, accessed only atomically.
+            unsafe { AtomicU32::from_ptr(base.add(off) as *mut u32) }
+        };
+        let ack = word(control::ACK).load(Ordering::Acquire);
+        (ack == seq && word(control::SEQ).load(Ordering::Acquire) == seq)
+            .then(|| word(control::KIND).load(Ordering::Relaxed))
     }
 
     /// The segment's bytes; `None` while the agent has not written its

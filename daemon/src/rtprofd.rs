@@ -9,6 +9,7 @@ mod log;
 mod metrics;
 mod present_file;
 mod registry;
+mod routes;
 mod slots;
 mod spans;
 mod table;
@@ -265,6 +266,8 @@ struct Daemon {
     span_ns: u64,
     /// Said once: thread rows did not fit the buffer.
     warned_threads: bool,
+    /// Route requests waiting for their agents.
+    routes: routes::Routes,
 }
 
 impl Daemon {
@@ -307,6 +310,7 @@ impl Daemon {
             metrics: None,
             span_ns,
             warned_threads: false,
+            routes: routes::Routes::default(),
         }
     }
 
@@ -328,12 +332,18 @@ impl Daemon {
     /// connections do.
     fn accept_until(&mut self, due: Instant, outcomes: &mut Vec<Outcome>) {
         loop {
-            self.acceptor.wait(due, outcomes);
+            // Waiting routes are answered as soon as their agents have.
+            let until = match self.routes.any() {
+                true => due.min(Instant::now() + routes::POLL),
+                false => due,
+            };
+            self.acceptor.wait(until, outcomes);
             let now = Instant::now();
             for o in outcomes.drain(..) {
                 match o {
                     Outcome::Registered(reg) => admit(&mut self.table, reg, &mut self.log),
                     Outcome::Switch(req, conn) => answer(&mut self.table, &req, conn),
+                    Outcome::Route(req, conn) => self.routes.ask(&mut self.table, req, conn, now),
                     Outcome::Closed { peer, why } => {
                         self.log.log(Some(peer.uid), Kind::Connection, now, || {
                             format!("rtprofd: pid {} (uid {}): {why}", peer.pid, peer.uid)
@@ -344,6 +354,7 @@ impl Daemon {
                     }),
                 }
             }
+            self.routes.poll(&self.table, now);
             if now >= due {
                 break;
             }

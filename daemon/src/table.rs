@@ -8,10 +8,10 @@
 
 use crate::error::Error;
 use crate::log::{Kind, Limiter};
-use crate::registry::{ExeError, Mapped, Registered, SwitchRequest, UNVERIFIED_EXE};
+use crate::registry::{ExeError, Mapped, Registered, RouteRequest, SwitchRequest, UNVERIFIED_EXE};
 use crate::slots::Slots;
 use crate::spans::{self, Tracked};
-use rtprof_abi::layout::state;
+use rtprof_abi::layout::{control, state};
 use rtprof_abi::present::ProcRows;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
@@ -113,7 +113,9 @@ impl Entry {
         };
         // One switch request at a time, once the agent answered the last.
         if let Some((on, pattern)) = self.pending.front() {
-            if !self.map.takes_requests(&h) || self.map.request(*on, pattern.as_bytes()) {
+            let kind = if *on { control::ON } else { control::OFF };
+            if !self.map.takes_requests(&h) || self.map.request(kind, pattern.as_bytes()).is_some()
+            {
                 self.pending.pop_front();
             }
         }
@@ -288,6 +290,54 @@ impl Table {
             req.pattern,
             if req.on { "on" } else { "off" }
         ))
+    }
+
+    /// Relays a request to route the calls of `req.function` to
+    /// `req.implementation` to the process's agent, with the checks of
+    /// [`Table::switch`]; returns what to ask [`Table::route_answer`] for.
+    pub fn route(&mut self, req: &RouteRequest) -> Result<(u64, u32), Error> {
+        let pid = req.pid;
+        let key = self
+            .by_pid
+            .get(&pid)
+            .and_then(|seqs| seqs.last())
+            .copied()
+            .ok_or(Error::NotFollowed { pid })?;
+        let e = self
+            .entries
+            .get_mut(&key)
+            .ok_or(Error::NotFollowed { pid })?;
+        if req.from.uid != 0 && req.from.uid != e.uid {
+            return Err(Error::OtherUser { pid });
+        }
+        let h = e
+            .map
+            .bytes()
+            .and_then(|b| rtprof_abi::read_header(b).ok())
+            .ok_or(Error::Starting { pid })?;
+        if !e.map.takes_requests(&h) {
+            return Err(Error::NoRelay { pid });
+        }
+        if e.tracked.as_ref().is_some_and(|t| t.ended) {
+            return Err(Error::Ended { pid });
+        }
+        if !e.pending.is_empty() {
+            return Err(Error::Busy { pid });
+        }
+        let bytes = rtprof_abi::route::request_bytes(&req.function, &req.implementation)
+            .ok_or(Error::Busy { pid })?;
+        let seq = e
+            .map
+            .request(control::ROUTE, &bytes)
+            .ok_or(Error::Busy { pid })?;
+        Ok((key, seq))
+    }
+
+    /// The agent's answer to route request `seq` of entry `key`, once it
+    /// has answered; an error if the process is no longer followed.
+    pub fn route_answer(&self, key: u64, seq: u32, pid: u32) -> Result<Option<u32>, Error> {
+        let e = self.entries.get(&key).ok_or(Error::Ended { pid })?;
+        Ok(e.map.answer(seq))
     }
 
     fn remove(&mut self, seq: u64) -> Option<Entry> {

@@ -1163,6 +1163,9 @@ pub(crate) mod tests {
                     counting_off: false,
                     estimated: None,
                     trapped: false,
+                    offered: false,
+                    active: false,
+                    implementation: None,
                     source: None,
                 })
                 .collect(),

@@ -137,6 +137,23 @@ pub trait StubWriter: Planner {
 
     /// A trampoline that jumps to absolute address `target`: (bytes, length).
     fn absolute_jump(target: u64) -> ([u8; 16], usize);
+
+    /// Bytes of a route stub.
+    const ROUTE_STUB_LEN: usize;
+
+    /// Writes the stub, to run at `at`, that counts a call in `counter`'s
+    /// slot and jumps to `target` (an implementation the program offered).
+    fn emit_route_stub(
+        at: u64,
+        counter: &CounterRef,
+        target: u64,
+        out: &mut [u8],
+    ) -> Result<(), Refusal>;
+
+    /// A stub's first eight bytes (`first`, as they are) sending its calls
+    /// to the route stub at `to` instead, switched with one aligned store
+    /// while threads run through it; `None` if out of reach.
+    fn route_jump(stub: u64, first: [u8; 8], to: u64) -> Option<[u8; 8]>;
 }
 
 /// Exact loop counts: where a probe takes over a loop's block, and the

@@ -199,6 +199,29 @@ impl StubWriter for Toy {
     fn absolute_jump(_: u64) -> ([u8; 16], usize) {
         ([TRAP; 16], 0)
     }
+    /// `CNT on slot`, `JMP target`.
+    const ROUTE_STUB_LEN: usize = 2 * INSN;
+    fn emit_route_stub(
+        at: u64,
+        c: &CounterRef,
+        target: u64,
+        out: &mut [u8],
+    ) -> Result<(), Refusal> {
+        let out = out.get_mut(..2 * INSN).ok_or(Refusal::NoMemoryInRange)?;
+        let slot = i32::try_from(c.slot)
+            .ok()
+            .filter(|s| *s < 1 << 16)
+            .ok_or(Refusal::NoCounterSpace)?;
+        out[..INSN].copy_from_slice(&insn(CNT, 1 | slot << 8));
+        out[INSN..]
+            .copy_from_slice(&jump(at + INSN as u64, target).ok_or(Refusal::RelocationFailed)?);
+        Ok(())
+    }
+    fn route_jump(stub: u64, first: [u8; 8], to: u64) -> Option<[u8; 8]> {
+        let mut b = first;
+        b[..INSN].copy_from_slice(&jump(stub, to)?);
+        Some(b)
+    }
 }
 
 /// `JMP` at `from` to `to`, if in reach.

@@ -7,6 +7,7 @@ pub struct Mapping {
     pub start: u64,
     pub end: u64,
     pub read: bool,
+    pub exec: bool,
     /// The mapped file's device (major, minor) and inode; 0 for anonymous
     /// memory.
     pub dev: (u32, u32),
@@ -33,6 +34,7 @@ impl Maps {
                     start: u64::from_str_radix(a, 16).ok()?,
                     end: u64::from_str_radix(b, 16).ok()?,
                     read: perms.starts_with('r'),
+                    exec: perms.as_bytes().get(2) == Some(&b'x'),
                     dev: (
                         u32::from_str_radix(major, 16).ok()?,
                         u32::from_str_radix(minor, 16).ok()?,
@@ -66,6 +68,11 @@ impl Maps {
             }
         }
         true
+    }
+
+    /// Whether `addr` lies in a mapping that may be executed.
+    pub fn executable(&self, addr: u64) -> bool {
+        self.at(addr).is_some_and(|m| m.exec)
     }
 
     /// The mapping that holds `addr`.

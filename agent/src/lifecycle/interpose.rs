@@ -135,6 +135,7 @@ pub fn resolve() {
         .chain(&crate::options::traps::signals::ALL)
         .chain(&super::credentials::ALL)
         .chain(&super::sandbox::ALL)
+        .chain(&crate::options::routes::ALL)
     {
         r.addr();
     }

@@ -14,6 +14,8 @@ pub struct Locked {
     pub stubs: StubMap,
     pub known: Known,
     pub budget: Option<Controller>,
+    /// Implementations offered, and the functions routed to them.
+    pub routes: crate::options::routes::Routes,
     /// Module and function records: one writer, so `&mut` through the guard.
     pub writer: SegmentWriter,
 }

@@ -247,6 +247,10 @@ pub(crate) fn start() {
         vlog!("no hook into the dynamic loader: libraries loaded later stay unprofiled");
     }
     ph.mark("hook");
+    if let Some(a) = agent() {
+        crate::options::routes::read_sections(a);
+    }
+    ph.mark("offers");
     threads::init_exit_key(true);
     fork::install_handlers(stripe_bytes);
     ph.mark("handlers");

@@ -45,6 +45,10 @@ pub struct Worker {
     thread: AtomicUsize,
     /// Its kernel thread id, once it runs (0: none).
     tid: AtomicU32,
+    /// The counter segment's request words (sequence, answered) it also
+    /// wakes for, if set: rtprofd wakes it as it leaves a request.
+    requests: AtomicUsize,
+    requests_ack: AtomicUsize,
 }
 
 const BUSY_SLEEP_MS: u64 = 100;
@@ -59,7 +63,20 @@ impl Worker {
             program_gone: AtomicBool::new(false),
             thread: AtomicUsize::new(0),
             tid: AtomicU32::new(0),
+            requests: AtomicUsize::new(0),
+            requests_ack: AtomicUsize::new(0),
         }
+    }
+
+    /// Wakes the thread also when another process (rtprofd) leaves a
+    /// request in the shared words `seq` and `ack` (see
+    /// `rtprof_abi::layout::control`), so that it is served at once, not
+    /// at the next tick. The words must outlive the thread.
+    pub fn wake_on_requests(&self, (seq, ack): (&AtomicU32, &AtomicU32)) {
+        self.requests_ack
+            .store(ack.as_ptr() as usize, Ordering::Release);
+        self.requests
+            .store(seq.as_ptr() as usize, Ordering::Release);
     }
 
     fn futex_wait(&self, timeout: Duration) {
@@ -67,31 +84,55 @@ impl Worker {
             tv_sec: timeout.as_secs() as i64,
             tv_nsec: timeout.subsec_nanos() as i64,
         };
-        // SAFETY: our futex word and a timespec on the stack.
+        let (word, op, expected) = match self.requests.load(Ordering::Acquire) {
+            0 => (
+                self.wake.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                0,
+            ),
+            seq => {
+                // SAFETY: the segment's request words, set by
+                // `wake_on_requests` and mapped for the process's life.
+                let (seq, ack) = unsafe {
+                    (
+                        AtomicU32::from_ptr(seq as *mut u32),
+                        AtomicU32::from_ptr(self.requests_ack.load(Ordering::Acquire) as *mut u32),
+                    )
+                };
+                let now = seq.load(Ordering::Acquire);
+                if now != ack.load(Ordering::Acquire) {
+                    return; // a request waits: tick now
+                }
+                // Shared (no PRIVATE flag): rtprofd wakes it through its
+                // own mapping of the same memfd page.
+                (seq.as_ptr(), libc::FUTEX_WAIT, now)
+            }
+        };
+        // SAFETY: a futex word that stays mapped, and a timespec on the stack.
         unsafe {
             libc::syscall(
                 libc::SYS_futex,
-                self.wake.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                0u32,
+                word,
+                op,
+                expected,
                 &ts as *const libc::timespec,
             )
         };
     }
 
     /// Asks the thread to tick now (async-signal-safe: a store and a
-    /// system call).
+    /// system call or two).
     pub fn wake(&self) {
         self.wake.store(1, Ordering::Release);
-        // SAFETY: our futex word.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
+        let (word, op) = match self.requests.load(Ordering::Acquire) {
+            0 => (
                 self.wake.as_ptr(),
                 libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-            )
+            ),
+            seq => (seq as *mut u32, libc::FUTEX_WAKE),
         };
+        // SAFETY: the futex word the thread waits on (see `futex_wait`).
+        unsafe { libc::syscall(libc::SYS_futex, word, op, 1) };
     }
 
     /// Starts the thread (if not running), ticking with `tick`; an idle

@@ -298,6 +298,12 @@ pub(crate) fn may_instrument_new() -> bool {
     !matches!(PHASE.load(Ordering::Acquire), DETACHING | DETACHED)
 }
 
+/// Whether the agent was loaded by `rtprof attach` (it may have detached
+/// since).
+pub(crate) fn loaded_by_attach() -> bool {
+    PHASE.load(Ordering::Acquire) != IDLE
+}
+
 /// Whether `rtprof detach` has ended this agent's profile: the exit
 /// handler leaves the counter segment as it is.
 pub(crate) fn detached() -> bool {

@@ -8,6 +8,7 @@ use crate::config::{glob_match, Config};
 use crate::error::PatchError;
 use crate::lifecycle::locked::Locked;
 use crate::log::vlog;
+use crate::options::routes::Routes;
 use crate::patch::install::{Outcomes, StubMap};
 use crate::patch::switch::set_counting;
 use crate::plan::analysis::ModulePlan;
@@ -19,6 +20,7 @@ use rtprof_abi::SegmentWriter;
 /// locked.
 fn switch_where(
     map: &StubMap,
+    routes: &Routes,
     w: &mut SegmentWriter,
     on: bool,
     select: &dyn Fn(&[u8]) -> bool,
@@ -34,12 +36,13 @@ fn switch_where(
         return Ok(0);
     }
     // Stubs in address order, for one page protection change per page.
-    let stubs: Vec<u64> = map
+    let mut stubs: Vec<u64> = map
         .ranges()
         .iter()
         .filter(|r| chosen.binary_search(&r.2).is_ok())
         .map(|r| r.0)
         .collect();
+    routes.counting_stubs(&chosen, &mut stubs);
     set_counting(&stubs, on)?;
     for &slot in &chosen {
         w.set_counting_off(slot, !on);
@@ -75,14 +78,28 @@ pub fn mark_off_from_start(
     }
 }
 
-/// Answers a switch request rtprofd relayed through the segment (see
-/// `rtprof_abi::layout::control`): called by the agent's threads on
+/// Answers a switch or route request rtprofd relayed through the segment
+/// (see `rtprof_abi::layout::control`): called by the agent's threads on
 /// every tick; two loads when there is none.
 pub fn serve_control(a: &Agent) {
+    use rtprof_abi::layout::control;
     let w = &a.segment.counters;
-    let mut pattern = [0u8; rtprof_abi::layout::control::PATTERN_MAX];
-    let Some((seq, on, len)) = w.control_request(&mut pattern) else {
+    let mut pattern = [0u8; control::PATTERN_MAX];
+    let Some((seq, kind, len)) = w.control_request(&mut pattern) else {
         return;
+    };
+    let on = match kind {
+        control::ON => true,
+        control::OFF => false,
+        control::ROUTE => {
+            let outcome = crate::options::routes::serve(a, &pattern[..len]);
+            w.control_answer(seq, outcome);
+            return;
+        }
+        _ => {
+            w.control_answer(seq, rtprof_abi::route::RouteOutcome::Malformed);
+            return;
+        }
     };
     let glob = &pattern[..len];
     match set_by_name(a, glob, on) {
@@ -103,6 +120,11 @@ pub fn set_by_name(a: &Agent, glob: &[u8], on: bool) -> Result<usize, PatchError
         // Called from inside the loader hook: the stubs may be changing.
         return Ok(0);
     };
-    let Locked { stubs, writer, .. } = &mut *state;
-    switch_where(stubs, writer, on, &|name| glob_match(glob, name))
+    let Locked {
+        stubs,
+        writer,
+        routes,
+        ..
+    } = &mut *state;
+    switch_where(stubs, routes, writer, on, &|name| glob_match(glob, name))
 }

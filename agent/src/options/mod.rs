@@ -14,6 +14,9 @@
 //! - `counting_requests`: counting switched off and on per function, by
 //!   name (`RTPROF_COUNT`, `RTPROF_NOCOUNT`, the C API, rtprofd's
 //!   requests);
+//! - `routes`: implementations the program offers for its functions
+//!   (`rtprof_offer`, the `rtprof_offers` section), and calls routed to
+//!   them on request (`rtprof route`);
 //! - `attach`: the agent loaded into a running process (`rtprof attach`),
 //!   and detached again.
 
@@ -23,4 +26,5 @@ pub mod callers;
 pub mod counting_requests;
 pub mod events;
 pub mod loops;
+pub mod routes;
 pub mod traps;

@@ -13,7 +13,7 @@ use crate::arch::{EntryPatch, EntryPlan, Native, Plan, StubWriter};
 use crate::error::Errno;
 use crate::error::PatchError;
 use crate::log::vlog;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
 const PAGE: u64 = 4096;
 
@@ -39,6 +39,32 @@ pub fn set_counting(stubs: &[u64], on: bool) -> Result<(), PatchError> {
     }
     serialise_cores();
     Ok(())
+}
+
+/// Stores `bytes` over the first eight bytes of the stub at `stub`
+/// (16-byte aligned) in one atomic store, while threads may run through
+/// it: each fetches the old instructions or the new ones (see
+/// `StubWriter::route_jump`). The caller holds the loader lock.
+pub fn store_stub_word(stub: u64, bytes: [u8; 8]) -> Result<(), PatchError> {
+    debug_assert_eq!(stub % 8, 0);
+    let page = stub / PAGE * PAGE;
+    protect(page, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC)?;
+    // SAFETY: the first eight bytes of one of our stubs, 8-byte aligned
+    // (stubs are 16-byte aligned, so they never cross a page), on a page
+    // made writable just above.
+    let cell = unsafe { AtomicU64::from_ptr(stub as *mut u64) };
+    cell.store(u64::from_le_bytes(bytes), Ordering::Release);
+    protect(page, libc::PROT_READ | libc::PROT_EXEC)?;
+    serialise_cores();
+    Ok(())
+}
+
+/// The first eight bytes of the stub at `stub`, as they are.
+pub fn stub_word(stub: u64) -> [u8; 8] {
+    // SAFETY: the first eight bytes of one of our stubs, readable and
+    // 8-byte aligned; written only by atomic stores.
+    let cell = unsafe { AtomicU64::from_ptr(stub as *mut u64) };
+    cell.load(Ordering::Acquire).to_le_bytes()
 }
 
 fn protect(page: u64, prot: libc::c_int) -> Result<(), PatchError> {

@@ -176,6 +176,7 @@ fn start_drainer(a: &Agent) -> Result<(), Errno> {
     } else {
         perf::sleep_ms(a.config.sample_hz, a.config.stacks)
     };
+    DRAINER.wake_on_requests(a.segment.counters.control_words());
     DRAINER.start(sleep_ms, void_stripe(a), drain_now)
 }
 

@@ -153,6 +153,21 @@ impl StubWriter for X86_64 {
         b[6..14].copy_from_slice(&target.to_le_bytes());
         (b, 14)
     }
+
+    const ROUTE_STUB_LEN: usize = stub::ROUTE_STUB_LEN;
+
+    fn emit_route_stub(
+        at: u64,
+        counter: &CounterRef,
+        target: u64,
+        out: &mut [u8],
+    ) -> Result<(), Refusal> {
+        stub::emit_route_stub(at, counter, target, out)
+    }
+
+    fn route_jump(stub: u64, first: [u8; 8], to: u64) -> Option<[u8; 8]> {
+        stub::route_jump(stub, first, to)
+    }
 }
 
 impl LoopProber for X86_64 {

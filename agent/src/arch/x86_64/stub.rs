@@ -72,8 +72,6 @@ pub fn emit_stub(
     counter: &CounterRef,
     out: &mut [u8],
 ) -> Result<(), Refusal> {
-    let slot_disp =
-        i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
     let code = plan.code();
     let moved_at = at + PROLOGUE_LEN as u64;
     let mut moved = [0u8; super::window::MAX_CODE];
@@ -98,6 +96,58 @@ pub fn emit_stub(
 
     let callers = counter.caller_hook != 0;
     let len = stub_len(plan, callers);
+    put_counting_stub(at, counter, moved, len, out)
+}
+
+/// Bytes of a route stub ([`emit_route_stub`]).
+pub const ROUTE_STUB_LEN: usize = PROLOGUE_LEN + 14 + SHARED_LEN;
+
+/// Writes, at `at`, the stub that counts a call routed to implementation
+/// `target` (in `counter`'s slot, the implementation's row) and jumps
+/// there. Laid out as a function's stub, with `jmp [rip]; dq target` for
+/// the moved instructions: the same counting switch turns its count off.
+pub fn emit_route_stub(
+    at: u64,
+    counter: &CounterRef,
+    target: u64,
+    out: &mut [u8],
+) -> Result<(), Refusal> {
+    let mut jump = [0u8; 14];
+    jump[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
+    jump[6..].copy_from_slice(&target.to_le_bytes());
+    let counter = CounterRef {
+        caller_hook: 0,
+        ..*counter
+    };
+    put_counting_stub(at, &counter, &jump, ROUTE_STUB_LEN, out)
+}
+
+/// A stub's first eight bytes (`first`, as they are now) with its first
+/// instruction sent to the route stub at `to` instead: `jmp rel32`, then
+/// the same last three bytes, so a thread already past the first
+/// instruction runs on unchanged. Stubs are 16-byte aligned: the eight
+/// bytes are switched with one atomic store while threads run through
+/// them. `None` if `to` is out of `jmp rel32` reach.
+pub fn route_jump(stub: u64, first: [u8; 8], to: u64) -> Option<[u8; 8]> {
+    let rel = i32::try_from(to as i64 - (stub as i64 + 5)).ok()?;
+    let mut b = first;
+    b[0] = 0xe9;
+    b[1..5].copy_from_slice(&rel.to_le_bytes());
+    Some(b)
+}
+
+/// Writes the counting prologue, `moved`, and the shared-stripe path
+/// (and a callers tail if `counter` has a hook): `len` bytes at `at`.
+fn put_counting_stub(
+    at: u64,
+    counter: &CounterRef,
+    moved: &[u8],
+    len: usize,
+    out: &mut [u8],
+) -> Result<(), Refusal> {
+    let slot_disp =
+        i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
+    let callers = counter.caller_hook != 0;
     let out = out.get_mut(..len).ok_or(Refusal::NoMemoryInRange)?;
     let mut e = Emitter::new(out, at);
     let (done, moved_code, shared, tail) = (e.label(), e.label(), e.label(), e.label());
