@@ -53,6 +53,9 @@ extern "C" {
 #define RTPROF_ROW_THREAD_HEAD 64u /* with RTPROF_ROW_THREAD: a thread's first row, its name */
 #define RTPROF_ROW_AT_LEAST 128u /* with RTPROF_ROW_ESTIMATED: the calls counted in bursts, at least */
 #define RTPROF_ROW_AGENT 256u /* "[rtprof]": what rtprof cost the process over the span (time_ns) */
+#define RTPROF_ROW_OFFERED 512u        /* the program offered other implementations of it */
+#define RTPROF_ROW_IMPLEMENTATION 1024u /* "function [name]": calls routed to an implementation */
+#define RTPROF_ROW_ACTIVE 2048u        /* the implementation that runs the function's calls now */
 
 /* A view is stale when it is older than this many ticks (plus a second of
  * slack): the daemon that published it has stopped. */

@@ -9,8 +9,8 @@ use crate::thread_spans::ThreadSpans;
 use rtprof_abi::layout::function_flags;
 use rtprof_abi::layout::Header;
 use rtprof_abi::present::{
-    IdRow, ProcRows, AGENT_MODULE, ROW_ACCELERATED, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED,
-    ROW_COUNTING_OFF, ROW_ESTIMATED, UNKNOWN_MODULE,
+    IdRow, ProcRows, AGENT_MODULE, ROW_ACCELERATED, ROW_ACTIVE, ROW_AGENT, ROW_AT_LEAST,
+    ROW_COUNTED, ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_IMPLEMENTATION, ROW_OFFERED, UNKNOWN_MODULE,
 };
 use rtprof_abi::reader::{read_samples, sum_calls};
 use rtprof_abi::{read_cost, read_function_flags, read_snapshot, SegmentError, Snapshot};
@@ -34,6 +34,9 @@ struct Meta {
     unknown: Option<u32>,
     /// Row id of `[rtprof]`, what the agent costs the process.
     agent: Option<u32>,
+    /// Implementation rows, and the slot of the function whose code each
+    /// runs (its samples are the row's).
+    implementations: Vec<(u32, u32)>,
 }
 
 #[derive(Clone, Copy)]
@@ -44,6 +47,8 @@ struct FuncSlot {
     module: u32,
     /// Instrumented: calls are counted.
     counted: bool,
+    /// An implementation's row.
+    implementation: bool,
     /// Its [`function_flags`] (estimated, accelerated, counting off).
     flags: u32,
 }
@@ -55,13 +60,17 @@ impl Meta {
         self.func_count = s.functions.len() as u32;
         self.module_count = s.modules.len() as u32;
         self.strings_len = h.strings_len;
-        for f in s.functions.iter().skip(self.funcs.len()) {
+        for (i, f) in s.functions.iter().enumerate().skip(self.funcs.len()) {
             self.funcs.push(FuncSlot {
                 id: slots.acquire(exe, &f.name),
                 module: f.module,
                 counted: false,
+                implementation: f.implementation.is_some(),
                 flags: 0,
             });
+            if let Some(code) = f.implementation.as_ref().and_then(|m| m.code) {
+                self.implementations.push((i as u32, code));
+            }
         }
         for (m, f) in self.funcs.iter_mut().zip(&s.functions) {
             m.counted = f.instrumented;
@@ -433,6 +442,10 @@ impl Tracked {
                 &mut scratch.samples[..f],
                 &mut scratch.rest.buckets[..m],
             );
+            // An implementation's time is that of the code it runs.
+            for &(row, code) in &self.meta.implementations {
+                scratch.samples[row as usize] = scratch.samples[code as usize];
+            }
         }
         scratch.rest.unknown = h.samples_unknown;
         scratch.rest.total = h.samples_total;
@@ -791,7 +804,14 @@ impl Tracked {
                             0
                         }
                         | flag(function_flags::ACCELERATED, ROW_ACCELERATED)
-                        | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF),
+                        | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF)
+                        | flag(function_flags::OFFERED, ROW_OFFERED)
+                        | flag(function_flags::ACTIVE, ROW_ACTIVE)
+                        | if fs.implementation {
+                            ROW_IMPLEMENTATION
+                        } else {
+                            0
+                        },
                     calls: if fs.counted { sp.calls } else { 0 },
                     samples: sp.samples,
                     time_ns: time(sp.samples),

@@ -245,7 +245,13 @@ pub fn listed(s: &Snapshot, listing: Listing) -> Vec<bool> {
         .iter()
         .map(|f| match listing {
             // A function switched off may have been called uncounted.
-            Listing::Used => f.calls > 0 || f.samples > 0 || f.counting_off,
+            Listing::Used => {
+                f.calls > 0
+                    || f.samples > 0
+                    || f.counting_off
+                    || f.offered
+                    || f.implementation.is_some()
+            }
             Listing::All => f.instrumented || f.samples > 0,
         })
         .collect();
@@ -976,7 +982,34 @@ fn function_json(
         w.end_array();
     }
     counting_json(w, f);
+    implementation_json(w, s, f);
     w.end_object();
+}
+
+/// For a function the program offered other implementations of, and for
+/// those implementations' rows: which implementation the row counts, and
+/// whether it runs the function's calls now.
+fn implementation_json(w: &mut JsonWriter, s: &Snapshot, f: &FunctionStats) {
+    let name = |slot: u32| {
+        s.functions
+            .get(slot as usize)
+            .map_or("", |f| f.name.as_str())
+    };
+    match &f.implementation {
+        Some(imp) => {
+            w.string_field("implementation", &imp.name);
+            w.string_field("implements", name(imp.of));
+            w.string_field("address", &format!("{:#x}", imp.address));
+            if let Some(code) = imp.code {
+                // Where its samples are counted.
+                w.string_field("code", name(code));
+            }
+        }
+        None if f.offered => w.string_field("implementation", rtprof_abi::route::ORIGINAL),
+        None => return,
+    }
+    w.key("active");
+    w.bool(f.active);
 }
 
 /// How a function's calls were counted, where not plainly: switched off,

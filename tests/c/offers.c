@@ -110,8 +110,11 @@ int main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
     const char *mode = argc > 1 ? argv[1] : "serve";
     if (rtprof_offer) {
-        int r = rtprof_offer("work", (void *)work_fast, "fast");
-        fprintf(stderr, "offer %d\n", r);
+        fprintf(stderr, "offer %d\n", rtprof_offer("work", (void *)work_fast, "fast"));
+        /* Refused: data is no code, no such function, a reserved name. */
+        fprintf(stderr, "data %d\n", rtprof_offer("work", (void *)&work_own, "data"));
+        fprintf(stderr, "unknown %d\n", rtprof_offer("no_such_function", (void *)work_fast, "x"));
+        fprintf(stderr, "reserved %d\n", rtprof_offer("work", (void *)work_fast, "original"));
     }
     if (!strcmp(mode, "serve")) {
         printf("ready\n");

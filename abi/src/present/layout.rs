@@ -152,6 +152,16 @@ pub const ROW_AT_LEAST: u32 = 128;
 /// which the functions' own rows count too); named `[rtprof]`, module
 /// `rtprof`, no calls or samples of its own.
 pub const ROW_AGENT: u32 = 256;
+/// `Row::flags`: the program offered other implementations of the
+/// function (their rows carry [`ROW_IMPLEMENTATION`]).
+pub const ROW_OFFERED: u32 = 512;
+/// `Row::flags`: an implementation offered for a function, named
+/// `function [name]`: its calls are those routed to it, its samples those
+/// of the code it runs.
+pub const ROW_IMPLEMENTATION: u32 = 1024;
+/// `Row::flags`, with [`ROW_OFFERED`] or [`ROW_IMPLEMENTATION`]: the
+/// implementation that runs the function's calls now.
+pub const ROW_ACTIVE: u32 = 2048;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

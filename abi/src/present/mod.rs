@@ -18,9 +18,9 @@ mod writer;
 
 pub use layout::{
     key_hash, now_ns, segment_bytes, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry,
-    Row, MAGIC, PROC_ENDED, ROW_ACCELERATED, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED,
-    ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS,
-    STALE_TICKS, VERSION,
+    Row, MAGIC, PROC_ENDED, ROW_ACCELERATED, ROW_ACTIVE, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED,
+    ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, ROW_IMPLEMENTATION, ROW_OFFERED, ROW_THREAD,
+    ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
 };
 pub use reader::{
     age, lookup, open_file, read_process, read_process_into, read_view, OpenError, ProcView,

@@ -5,8 +5,9 @@
 
 use super::layout::{
     key_hash, BufferHeader, Claim, PresentError, PresentHeader, ProcEntry, Row, EMPTY, MAGIC,
-    PROC_ENDED, ROW_ACCELERATED, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED, ROW_COUNTING_OFF,
-    ROW_ESTIMATED, ROW_GLOBAL, ROW_THREAD, ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
+    PROC_ENDED, ROW_ACCELERATED, ROW_ACTIVE, ROW_AGENT, ROW_AT_LEAST, ROW_COUNTED,
+    ROW_COUNTING_OFF, ROW_ESTIMATED, ROW_GLOBAL, ROW_IMPLEMENTATION, ROW_OFFERED, ROW_THREAD,
+    ROW_THREAD_HEAD, STALE_SLACK_NS, STALE_TICKS, VERSION,
 };
 use std::mem::size_of;
 use std::ops::Range;
@@ -113,6 +114,12 @@ pub struct RowView {
     pub accelerated: bool,
     /// Counting switched off now.
     pub counting_off: bool,
+    /// The program offered other implementations of the function.
+    pub offered: bool,
+    /// An implementation's row (`function [name]`).
+    pub implementation: bool,
+    /// The implementation that runs the function's calls now.
+    pub active: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -390,6 +397,9 @@ impl<'a> Buffer<'a> {
             agent: r.flags & ROW_AGENT != 0,
             accelerated: r.flags & ROW_ACCELERATED != 0,
             counting_off: r.flags & ROW_COUNTING_OFF != 0,
+            offered: r.flags & ROW_OFFERED != 0,
+            implementation: r.flags & ROW_IMPLEMENTATION != 0,
+            active: r.flags & ROW_ACTIVE != 0,
             calls: r.calls,
             samples: r.samples,
             time_ns: r.time_ns,
@@ -541,6 +551,12 @@ pub struct RowRef<'a> {
     pub agent: bool,
     pub accelerated: bool,
     pub counting_off: bool,
+    /// The program offered other implementations of the function.
+    pub offered: bool,
+    /// An implementation's row (`function [name]`).
+    pub implementation: bool,
+    /// The implementation that runs the function's calls now.
+    pub active: bool,
     pub calls: u64,
     pub samples: u64,
     pub time_ns: u64,
@@ -584,6 +600,9 @@ impl ProcessRows {
             agent: r.flags & ROW_AGENT != 0,
             accelerated: r.flags & ROW_ACCELERATED != 0,
             counting_off: r.flags & ROW_COUNTING_OFF != 0,
+            offered: r.flags & ROW_OFFERED != 0,
+            implementation: r.flags & ROW_IMPLEMENTATION != 0,
+            active: r.flags & ROW_ACTIVE != 0,
             calls: r.calls,
             samples: r.samples,
             time_ns: r.time_ns,

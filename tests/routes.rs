@@ -1,0 +1,424 @@
+//! Calls routed to implementations the program offered, while it runs:
+//! `rtprof route` through rtprofd moves a function's calls to the offered
+//! implementation and back, which the program's own per-implementation
+//! counts show at once; rtprof's rows per implementation equal them; eight
+//! threads keep their results while the route flips 1,000 times; a route
+//! survives fork, not exec; a library that is unloaded while it holds the
+//! implementation is routed back first; requests that cannot be done are
+//! refused with their reason.
+
+use rtprof_e2e::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+fn compile_offers(dir: &Path) -> PathBuf {
+    let inc = format!("-I{}", root().join("abi/include").display());
+    compile_o2("offers.c", &["-pthread", &inc, "-ldl"], dir)
+}
+
+fn daemon(dir: &Path) -> Rtprofd {
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    cmd.args(["--tick", "100", "--span", "500"])
+        .stderr(Stdio::null());
+    Rtprofd::start(cmd, dir)
+}
+
+/// The program under the agent, registered with `d`, its report in
+/// `report`; with its stdout read line by line.
+struct Program {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl Program {
+    fn start(
+        bin: &Path,
+        args: &[&str],
+        d: &Rtprofd,
+        report: &Path,
+        env: &[(&str, &str)],
+    ) -> Program {
+        let mut child = Command::new(bin)
+            .args(args)
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_DAEMON_SOCKET", &d.socket)
+            .env("RTPROF_REPORT", report)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut p = Program { child, out };
+        assert_eq!(p.line(), "ready");
+        p
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim_end().to_string()
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(self.pid() as i32, sig) }, 0);
+    }
+
+    /// The program's own counts, asked for with SIGUSR1.
+    fn counts(&mut self) -> Counts {
+        self.signal(libc::SIGUSR1);
+        Counts::parse(&self.line())
+    }
+
+    /// Ends it with SIGTERM: its last counts, its stderr and status.
+    fn end(mut self) -> (Counts, String) {
+        self.signal(libc::SIGTERM);
+        let last = Counts::parse(&self.line());
+        let out = self.child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (last, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// `WHO work original A fast B scale original C fast D`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Counts {
+    work: (u64, u64),
+    scale: (u64, u64),
+}
+
+impl Counts {
+    fn parse(line: &str) -> Counts {
+        let n: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert_eq!(n.len(), 4, "{line}");
+        Counts {
+            work: (n[0], n[1]),
+            scale: (n[2], n[3]),
+        }
+    }
+}
+
+/// `rtprof route`, retried while rtprofd does not follow the process yet.
+fn route(d: &Rtprofd, pid: u32, function: &str, to: &str) -> std::process::Output {
+    poll(
+        "rtprofd to follow the program",
+        Duration::from_secs(20),
+        || {
+            let o = Command::new(rtprof())
+                .args(["route", "--socket"])
+                .arg(&d.socket)
+                .args([&pid.to_string(), function, to])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            (!err.contains("not a process rtprofd follows") && !err.contains("not filled"))
+                .then_some(o)
+        },
+    )
+}
+
+fn route_ok(d: &Rtprofd, pid: u32, function: &str, to: &str) {
+    let o = route(d, pid, function, to);
+    assert!(o.status.success(), "route {function} {to}: {o:?}");
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains(&format!("calls of {function} go to {to}")),
+        "{said}"
+    );
+}
+
+fn route_refused(d: &Rtprofd, pid: u32, function: &str, to: &str, why: &str) {
+    let o = route(d, pid, function, to);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(why), "{function} {to}: {err}");
+}
+
+fn report(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn row<'a>(report: &'a Value, name: &str) -> &'a Value {
+    function_named(&report["processes"][0], name)
+}
+
+#[test]
+fn calls_are_routed_to_an_offer_and_back_and_counted_per_implementation() {
+    let dir = scratch("routes");
+    let bin = compile_offers(&dir);
+    let d = daemon(&dir);
+    let json = dir.join("report.json");
+    let mut p = Program::start(&bin, &["serve"], &d, &json, &[]);
+    let pid = p.pid();
+
+    // Offered by the call (work) and by the section (scale).
+    route_ok(&d, pid, "work", "fast");
+    route_ok(&d, pid, "scale", "fast");
+    // Every call after the answer runs the offered code.
+    let a = p.counts();
+    std::thread::sleep(Duration::from_millis(200));
+    let b = p.counts();
+    assert_eq!((b.work.0, b.scale.0), (a.work.0, a.scale.0), "{a:?} {b:?}");
+    assert!(b.work.1 > a.work.1 && b.scale.1 > a.scale.1, "{a:?} {b:?}");
+    // rtprofd's span shows the implementation that runs, active.
+    let f = std::fs::File::open(&d.present).unwrap();
+    // SAFETY: the daemon only ever writes the file, and every read is validated.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    let (fast, own) = poll("a span of work [fast]", Duration::from_secs(10), || {
+        let (_, rows) = rtprof_abi::present::read_process(&map, pid)
+            .ok()
+            .flatten()?;
+        let fast = rows
+            .iter()
+            .find(|r| r.name == "work [fast]" && r.calls > 0)?
+            .clone();
+        let own = rows.iter().find(|r| r.name == "work")?.clone();
+        (fast.active && !own.active).then_some((fast, own))
+    });
+    assert!(
+        fast.implementation && !own.implementation && own.offered,
+        "{fast:?} {own:?}"
+    );
+    assert!(fast.samples > 0, "its code's samples: {fast:?}");
+
+    // And back.
+    route_ok(&d, pid, "work", "original");
+    let c = p.counts();
+    std::thread::sleep(Duration::from_millis(200));
+    let e = p.counts();
+    assert_eq!(e.work.1, c.work.1, "{c:?} {e:?}");
+    assert!(e.work.0 > c.work.0, "{c:?} {e:?}");
+    let again = route(&d, pid, "work", "original");
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("already so"),
+        "{again:?}"
+    );
+
+    route_refused(
+        &d,
+        pid,
+        "work",
+        "slow",
+        "offered no implementation of that name",
+    );
+    route_refused(
+        &d,
+        pid,
+        "no_such_function",
+        "fast",
+        "no patched function of that name",
+    );
+    let stranger = rtprof_abi::protocol::route(&d.socket, 1, "work", "fast");
+    assert!(
+        stranger
+            .as_ref()
+            .is_err_and(|e| e.contains("not a process rtprofd follows")),
+        "{stranger:?}"
+    );
+    if let Ok(o) = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(rtprof())
+        .args(["route", "--socket"])
+        .arg(&d.socket)
+        .args([&pid.to_string(), "work", "fast"])
+        .output()
+    {
+        assert_eq!(o.status.code(), Some(1), "{o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("belongs to another user"),
+            "{o:?}"
+        );
+    }
+
+    let (last, stderr) = p.end();
+    // Offers the agent refused, each with its reason.
+    for (what, code) in [
+        ("offer", 0),
+        ("data", -3),
+        ("unknown", -2),
+        ("reserved", -4),
+    ] {
+        assert!(
+            stderr.contains(&format!("{what} {code}\n")),
+            "{what}: {stderr}"
+        );
+    }
+    let r = report(&json);
+    let count = |name: &str| row(&r, name)["calls"].as_u64().unwrap();
+    assert_eq!(count("work"), last.work.0, "{}", row(&r, "work"));
+    assert_eq!(count("work [fast]"), last.work.1);
+    assert_eq!(count("scale"), last.scale.0);
+    assert_eq!(count("scale [fast]"), last.scale.1);
+    let (w, wf) = (row(&r, "work"), row(&r, "work [fast]"));
+    assert_eq!(
+        (&w["implementation"], &w["active"]),
+        (&"original".into(), &true.into()),
+        "{w}"
+    );
+    assert_eq!(
+        (
+            &wf["implementation"],
+            &wf["implements"],
+            &wf["code"],
+            &wf["active"]
+        ),
+        (
+            &"fast".into(),
+            &"work".into(),
+            &"work_fast".into(),
+            &false.into()
+        ),
+        "{wf}"
+    );
+    let sf = row(&r, "scale [fast]");
+    assert_eq!(sf["active"], true, "{sf}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Eight threads check every result of `work` while its calls are routed
+/// to the offer and back 1,000 times, through the Rust reader library:
+/// the output is that of a plain run, and rtprof's counts per
+/// implementation are the program's.
+#[test]
+fn eight_threads_keep_their_results_while_routed_a_thousand_times() {
+    let dir = scratch("routes-threads");
+    let bin = compile_offers(&dir);
+    let mut plain = Command::new(&bin)
+        .args(["threads", "8"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(plain.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(plain.id() as i32, libc::SIGTERM) };
+    let plain = plain.wait_with_output().unwrap();
+
+    let d = daemon(&dir);
+    let json = dir.join("report.json");
+    let mut p = Program::start(&bin, &["threads", "8"], &d, &json, &[]);
+    let pid = p.pid();
+    route_ok(&d, pid, "work", "fast");
+    for i in 0..1000 {
+        let to = if i % 2 == 0 { "original" } else { "fast" };
+        let said = rtprof_abi::protocol::route(&d.socket, pid, "work", to)
+            .unwrap_or_else(|e| panic!("route {i} to {to}: {e}"));
+        assert!(said.contains("(routed)"), "{said}");
+    }
+    p.signal(libc::SIGTERM);
+    let summary = p.line();
+    let out = p.child.wait_with_output().unwrap();
+    assert_eq!(
+        format!("ready\n{summary}\n"),
+        format!("{first}{}", String::from_utf8_lossy(&plain.stdout))
+    );
+    assert_eq!(out.status.code(), plain.status.code());
+    assert!(summary.ends_with(" 0 wrong results"), "{summary}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("work original"))
+        .unwrap();
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let r = report(&json);
+    assert!(n[0] > 0 && n[1] > 0, "{line}");
+    assert_eq!(row(&r, "work")["calls"].as_u64(), Some(n[0]), "{line}");
+    assert_eq!(
+        row(&r, "work [fast]")["calls"].as_u64(),
+        Some(n[1]),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fork child keeps the route; the image an exec starts has none.
+#[test]
+fn a_route_survives_fork_and_not_exec() {
+    let dir = scratch("routes-fork");
+    let bin = compile_offers(&dir);
+    let d = daemon(&dir);
+    let mut p = Program::start(&bin, &["fork"], &d, &dir.join("r.json"), &[]);
+    route_ok(&d, p.pid(), "work", "fast");
+    p.signal(libc::SIGUSR1);
+    let lines: Vec<String> = (0..3).map(|_| p.line()).collect();
+    let c: Vec<Counts> = lines.iter().map(|l| Counts::parse(l)).collect();
+    assert!(
+        lines[0].starts_with("parent") && c[0].work == (0, 1000),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].starts_with("child") && c[1].work == (0, 1000),
+        "{lines:?}"
+    );
+    assert!(
+        lines[2].starts_with("exec") && c[2].work == (1000, 0),
+        "{lines:?}"
+    );
+    assert!(p.child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A library that offered the implementation the calls are routed to is
+/// unloaded: the calls go back to the function's own code first.
+#[test]
+fn unloading_the_implementation_routes_back_first() {
+    let dir = scratch("routes-dlclose");
+    let bin = compile_offers(&dir);
+    let lib = dir.join("liboffers.so");
+    let inc = format!("-I{}", root().join("abi/include").display());
+    let st = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", &inc, "-o"])
+        .arg(&lib)
+        .arg(root().join("tests/c/offers_lib.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let d = daemon(&dir);
+    let lib_arg = lib.to_str().unwrap();
+    let mut p = Program::start(&bin, &["dlclose", lib_arg], &d, &dir.join("r.json"), &[]);
+    // Offered by the library's section, read after its dlopen.
+    route_ok(&d, p.pid(), "work", "lib");
+    p.signal(libc::SIGUSR1);
+    assert_eq!(p.line(), "loaded work original 0 lib 1000");
+    assert_eq!(p.line(), "unloaded work original 1000");
+    let out = p.child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Under an overhead budget a function's entry is not always patched: its
+/// calls are not routed, and the request says why.
+#[test]
+fn routes_are_refused_under_a_budget_with_the_reason() {
+    let dir = scratch("routes-budget");
+    let bin = compile_offers(&dir);
+    let d = daemon(&dir);
+    let p = Program::start(
+        &bin,
+        &["serve"],
+        &d,
+        &dir.join("r.json"),
+        &[("RTPROF_BUDGET", "1")],
+    );
+    route_refused(&d, p.pid(), "work", "fast", "overhead budget");
+    let (_, _) = p.end();
+    let _ = std::fs::remove_dir_all(&dir);
+}
