@@ -3,17 +3,29 @@
 //! would move to an accelerator. Moving saves time x (1 - 1/speedup) and
 //! costs a transfer per call; a function moves if the saving is larger.
 //!
+//! With `--act`, it moves them: every span it gives `--slots K` slots,
+//! shared by every process, to the (process, function) pairs whose move to
+//! an implementation the program offered saves most, measured from the
+//! spans of each implementation (see `scheduler/act.rs`), and routes their
+//! calls through rtprofd, logging each decision with its reason.
+//!
 //! usage: scheduler [--present PATH] [--once] [--speedup S] [--transfer-ns T]
+//!        scheduler --act [--slots K] [--socket PATH] [--move-cost-ms C]
+//!                  [--hysteresis H] [--min-spans N] [--present PATH]
 //!
 //! Exit status: 0 after `--once`; 1 when the segment cannot be read
 //! (missing, not a segment, malformed, never published, or rewritten under
 //! every read for five seconds); 2 for a bad argument.
 
+#[path = "scheduler/act.rs"]
+mod act;
+
 use rtprof_abi::escape::escape_text;
-use rtprof_abi::present::{now_ns, open_file, read_view, OpenError, PresentError, RowView};
+use rtprof_abi::present::{now_ns, open_file, read_view, OpenError, PresentError, RowView, View};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: scheduler [--present PATH] [--once] [--speedup S] [--transfer-ns T]";
+const USAGE: &str = "usage: scheduler [--present PATH] [--once] [--speedup S] [--transfer-ns T]
+       scheduler --act [--slots K] [--socket PATH] [--move-cost-ms C] [--hysteresis H] [--min-spans N] [--present PATH]";
 /// Polls (100 ms apart) that may find the segment busy, or not yet
 /// published by a daemon that just started, before giving up.
 const RETRIES: u32 = 50;
@@ -41,13 +53,26 @@ fn main() -> ExitCode {
     let parsed = (|| {
         let path =
             opt("--present")?.unwrap_or_else(|| rtprof_abi::protocol::DEFAULT_PRESENT.into());
+        let acting = args.iter().any(|a| a == "--act").then(|| {
+            Ok::<_, String>(Acting {
+                placer: act::Placer::new(act::Options {
+                    slots: number("--slots", 1.0)? as usize,
+                    move_cost_ns: number("--move-cost-ms", 0.1)? * 1e6,
+                    hysteresis: number("--hysteresis", 0.25)?,
+                    min_spans: number("--min-spans", 2.0)? as u64,
+                }),
+                socket: opt("--socket")?
+                    .map_or_else(rtprof_abi::protocol::default_socket, Into::into),
+            })
+        });
         Ok::<_, String>((
             path,
             number("--speedup", 10.0)?,
             number("--transfer-ns", 5000.0)?,
+            acting.transpose()?,
         ))
     })();
-    let (path, speedup, transfer_ns) = match parsed {
+    let (path, speedup, transfer_ns, mut acting) = match parsed {
         Ok(p) => p,
         Err(e) => {
             eprintln!("scheduler: {e}\n{USAGE}");
@@ -91,7 +116,12 @@ fn main() -> ExitCode {
                     );
                 }
                 warned = stale;
-                if v.generation != last {
+                if v.generation != last && acting.is_some() {
+                    last = v.generation;
+                    if let Some(a) = &mut acting {
+                        a.act(&v);
+                    }
+                } else if v.generation != last {
                     last = v.generation;
                     let mut hot: Vec<&RowView> = v.global_rows().iter().collect();
                     hot.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then(b.calls.cmp(&a.calls)));
@@ -135,5 +165,39 @@ fn main() -> ExitCode {
             }
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The acting scheduler: its placement and rtprofd's socket.
+struct Acting {
+    placer: act::Placer,
+    socket: std::path::PathBuf,
+}
+
+impl Acting {
+    /// Decides this span's moves, routes them and logs each.
+    fn act(&mut self, v: &View) {
+        let offered = act::offered_in(v);
+        let span_s = v.span_ns as f64 / 1e9;
+        for d in self.placer.decide(&offered, span_s) {
+            let outcome = match rtprof_abi::protocol::route(&self.socket, d.pid, &d.function, &d.to)
+            {
+                Ok(_) => "done".to_string(),
+                Err(e) => {
+                    self.placer.refused(&d);
+                    format!("refused: {e}")
+                }
+            };
+            println!(
+                "tick {}: pid {} {} -> {}: {} ({outcome})",
+                v.generation,
+                d.pid,
+                escape_text(&d.function),
+                escape_text(&d.to),
+                d.reason
+            );
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
     }
 }

@@ -422,3 +422,99 @@ fn routes_are_refused_under_a_budget_with_the_reason() {
     let (_, _) = p.end();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `scheduler --act --slots 1` gives the one slot to whichever of two
+/// programs is in its hot phase: A's kernel is routed to its offered
+/// implementation, then back when B's phase begins and B's is routed,
+/// then A's again. Each program's own counts per implementation equal
+/// rtprof's, and no result differs.
+#[test]
+fn the_acting_scheduler_moves_the_slot_between_two_programs() {
+    let dir = scratch("routes-scheduler");
+    let inc = format!("-I{}", root().join("abi/include").display());
+    let bin = dir.join("offload");
+    let st = Command::new("cc")
+        .args(["-O2", &inc, "-o"])
+        .arg(&bin)
+        .arg(root().join("examples/offload/offload.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    cmd.args(["--tick", "100", "--span", "300"])
+        .stderr(Stdio::null());
+    let d = Rtprofd::start(cmd, &dir);
+    let log = dir.join("scheduler.log");
+    let mut scheduler = Killed(
+        Command::new(rtprof().with_file_name("scheduler"))
+            .args(["--act", "--slots", "1", "--socket"])
+            .arg(&d.socket)
+            .arg("--present")
+            .arg(&d.present)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let program = |phases: &[&str], report: &Path| {
+        Command::new(&bin)
+            .arg("1.5")
+            .args(phases)
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_DAEMON_SOCKET", &d.socket)
+            .env("RTPROF_REPORT", report)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let reports = [dir.join("a.json"), dir.join("b.json")];
+    let a = program(&["hot", "idle", "hot"], &reports[0]);
+    let b = program(&["idle", "hot", "idle"], &reports[1]);
+    let pids = [a.id(), b.id()];
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let _ = scheduler.0.kill();
+    let _ = scheduler.0.wait();
+    let log = std::fs::read_to_string(&log).unwrap();
+    // (program, routed to its offer) of each decision that was done.
+    let moves: Vec<(usize, bool)> = log
+        .lines()
+        .filter(|l| l.ends_with("(done)"))
+        .filter_map(|l| {
+            let who = pids
+                .iter()
+                .position(|p| l.contains(&format!("pid {p} kernel ")))?;
+            Some((who, !l.contains(" -> original:")))
+        })
+        .collect();
+    let wanted = [(0, true), (0, false), (1, true), (1, false), (0, true)];
+    let mut at = 0;
+    for m in &moves {
+        if at < wanted.len() && *m == wanted[at] {
+            at += 1;
+        }
+    }
+    assert_eq!(at, wanted.len(), "decisions {moves:?} in:\n{log}");
+    for (out, path) in outs.iter().zip(&reports) {
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("wrong 0\n"), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("calls original"))
+            .unwrap();
+        let n: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert!(n[1] > 0, "{line}");
+        let r = report(path);
+        let offered = r["processes"][0]["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["implements"] == "kernel")
+            .unwrap();
+        assert_eq!(row(&r, "kernel")["calls"].as_u64(), Some(n[0]), "{line}");
+        assert_eq!(offered["calls"].as_u64(), Some(n[1]), "{line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

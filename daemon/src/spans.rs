@@ -37,6 +37,9 @@ struct Meta {
     /// Implementation rows, and the slot of the function whose code each
     /// runs (its samples are the row's).
     implementations: Vec<(u32, u32)>,
+    /// Offered functions and their implementations' rows: shown in every
+    /// span, called or not, so that a scheduler sees what it may route to.
+    offered: Vec<u32>,
 }
 
 #[derive(Clone, Copy)]
@@ -68,8 +71,14 @@ impl Meta {
                 implementation: f.implementation.is_some(),
                 flags: 0,
             });
-            if let Some(code) = f.implementation.as_ref().and_then(|m| m.code) {
-                self.implementations.push((i as u32, code));
+            if let Some(imp) = &f.implementation {
+                if let Some(code) = imp.code {
+                    self.implementations.push((i as u32, code));
+                }
+                if !self.offered.contains(&imp.of) {
+                    self.offered.push(imp.of);
+                }
+                self.offered.push(i as u32);
             }
         }
         for (m, f) in self.funcs.iter_mut().zip(&s.functions) {
@@ -784,39 +793,50 @@ impl Tracked {
             let as_samples = s.agent / self.period_ns.max(1_000_000);
             order.push((key(as_samples, 0), f + m.buckets.len() as u32 + 1));
         }
+        // Offers the span did not touch, last.
+        let idle = f + m.buckets.len() as u32 + 2;
+        for (k, &slot) in m.offered.iter().enumerate() {
+            if self.counts[slot as usize].span().is_none() {
+                order.push((0, idle + k as u32));
+            }
+        }
         order.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
         let (counts, spans) = (&self.counts, &self.spans);
+        // A function's row, with its sums over the span.
+        let function_row = |slot: usize, calls: u64, samples: u64| {
+            let (fs, c) = (&m.funcs[slot], &counts[slot]);
+            let flag = |bit: u32, row: u32| if fs.flags & bit != 0 { row } else { 0 };
+            IdRow {
+                id: fs.id,
+                module: fs.module,
+                flags: if fs.counted { ROW_COUNTED } else { 0 }
+                    | flag(function_flags::ESTIMATED, ROW_ESTIMATED)
+                    | if function_flags::estimate(fs.flags) == Some(function_flags::AT_LEAST) {
+                        ROW_AT_LEAST
+                    } else {
+                        0
+                    }
+                    | flag(function_flags::ACCELERATED, ROW_ACCELERATED)
+                    | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF)
+                    | flag(function_flags::OFFERED, ROW_OFFERED)
+                    | flag(function_flags::ACTIVE, ROW_ACTIVE)
+                    | if fs.implementation {
+                        ROW_IMPLEMENTATION
+                    } else {
+                        0
+                    },
+                calls: if fs.counted { calls } else { 0 },
+                samples,
+                time_ns: time(samples),
+                total_calls: c.calls,
+            }
+        };
         let row = |&(_, i): &(u64, u32)| {
             let b = i.saturating_sub(f) as usize;
             if i < f {
                 // A function's row: `i` is where its span sums are.
                 let sp = &spans[i as usize];
-                let (fs, c) = (&m.funcs[sp.slot as usize], &counts[sp.slot as usize]);
-                let flag = |bit: u32, row: u32| if fs.flags & bit != 0 { row } else { 0 };
-                IdRow {
-                    id: fs.id,
-                    module: fs.module,
-                    flags: if fs.counted { ROW_COUNTED } else { 0 }
-                        | flag(function_flags::ESTIMATED, ROW_ESTIMATED)
-                        | if function_flags::estimate(fs.flags) == Some(function_flags::AT_LEAST) {
-                            ROW_AT_LEAST
-                        } else {
-                            0
-                        }
-                        | flag(function_flags::ACCELERATED, ROW_ACCELERATED)
-                        | flag(function_flags::COUNTING_OFF, ROW_COUNTING_OFF)
-                        | flag(function_flags::OFFERED, ROW_OFFERED)
-                        | flag(function_flags::ACTIVE, ROW_ACTIVE)
-                        | if fs.implementation {
-                            ROW_IMPLEMENTATION
-                        } else {
-                            0
-                        },
-                    calls: if fs.counted { sp.calls } else { 0 },
-                    samples: sp.samples,
-                    time_ns: time(sp.samples),
-                    total_calls: c.calls,
-                }
+                function_row(sp.slot as usize, sp.calls, sp.samples)
             } else if b < m.buckets.len() {
                 IdRow {
                     id: m.buckets[b],
@@ -834,6 +854,8 @@ impl Tracked {
                     time_ns: time(s.unknown),
                     ..IdRow::default()
                 }
+            } else if i >= idle {
+                function_row(m.offered[(i - idle) as usize] as usize, 0, 0)
             } else {
                 IdRow {
                     // Pushed above only with an id.
