@@ -241,6 +241,42 @@ fn calls_are_routed_to_an_offer_and_back_and_counted_per_implementation() {
         );
     }
 
+    // The same request from the C reader library.
+    let client = dir.join("route_client");
+    let st = Command::new("cc")
+        .args([
+            "-O2",
+            &format!("-I{}", root().join("abi/include").display()),
+            "-o",
+        ])
+        .arg(&client)
+        .arg(root().join("tests/c/route_client.c"))
+        .arg(root().join("abi/c/rtprof_route.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let c_route = |function: &str, to: &str| {
+        Command::new(&client)
+            .arg(&d.socket)
+            .args([&pid.to_string(), function, to])
+            .output()
+            .unwrap()
+    };
+    let done = c_route("scale", "original");
+    assert_eq!(done.status.code(), Some(0), "{done:?}");
+    assert!(String::from_utf8_lossy(&done.stdout).contains("calls of scale go to original"));
+    let f = p.counts();
+    std::thread::sleep(Duration::from_millis(100));
+    let g = p.counts();
+    assert!(
+        g.scale.1 == f.scale.1 && g.scale.0 > f.scale.0,
+        "{f:?} {g:?}"
+    );
+    let refused = c_route("work", "slow");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("no implementation of that name"));
+    route_ok(&d, pid, "scale", "fast");
+
     let (last, stderr) = p.end();
     // Offers the agent refused, each with its reason.
     for (what, code) in [

@@ -149,6 +149,20 @@ void rtprof_release_process(rtprof_process_view *v);
 /* Copies string (off, len) of a process view, as rtprof_string does. */
 char *rtprof_process_string(const rtprof_process_view *v, uint32_t off, uint32_t len, char *out, size_t size);
 
+/* rtprofd's socket when none is given and $RTPROF_DAEMON_SOCKET is unset. */
+#define RTPROF_DEFAULT_SOCKET "/run/rtprof/rtprofd.sock"
+/* Asks rtprofd at socket_path (NULL: $RTPROF_DAEMON_SOCKET, else the
+ * default) to send the calls of `function` in process `pid` to the
+ * implementation the program offered as `implementation` ("original": its
+ * own code). Waits for the answer, given once the process's agent has done
+ * it (at most 5 s), and copies it into answer (NUL-terminated, cut to
+ * size). Returns 0 if the calls go there now, 1 if refused (answer says
+ * why: the caller is neither root nor the process's user, no such
+ * function or implementation, ...), -1 on a system error (errno set).
+ * In abi/c/rtprof_route.c. */
+int rtprof_route(const char *socket_path, uint32_t pid, const char *function,
+                 const char *implementation, char *answer, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

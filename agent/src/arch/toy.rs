@@ -327,6 +327,40 @@ mod tests {
         assert_eq!(Toy::decode_plan(&bytes, BASE), Some(plan));
     }
 
+    /// A patched function's calls routed to another implementation
+    /// through the generic route stub and route jump, counted in the
+    /// implementation's slot, and back.
+    #[test]
+    fn routed_calls_run_the_implementation_and_count_in_its_slot() {
+        let f = [insn(ADD, 5), insn(ADD, 7), insn(RET, 0)];
+        let mut m = Machine::new(&f);
+        // The implementation, at 0x1800: computes the same another way.
+        let fast = 0x1800;
+        m.at(fast, 8)
+            .copy_from_slice(&[insn(ADD, 12), insn(RET, 0)].concat());
+        let code = m.at(BASE, 12).to_vec();
+        let plan = Toy::plan_window(&code, BASE, 12, 0).unwrap();
+        let (stub, route) = (0x2000, 0x2100);
+        let mut out = [0u8; STUB_LEN];
+        let entry = stub_and_entry::<Toy>(&plan, stub, &counter(1), &mut out).unwrap();
+        m.at(stub, STUB_LEN).copy_from_slice(&out);
+        m.at(plan.patch_at(), plan.window())
+            .copy_from_slice(entry.as_slice());
+        let mut r = [0u8; Toy::ROUTE_STUB_LEN];
+        Toy::emit_route_stub(route, &counter(3), fast, &mut r).unwrap();
+        m.at(route, r.len()).copy_from_slice(&r);
+        let own: [u8; 8] = m.at(stub, 8).try_into().unwrap();
+        let jump = Toy::route_jump(stub, own, route).unwrap();
+        m.at(stub, 8).copy_from_slice(&jump);
+        for _ in 0..2 {
+            assert_eq!(m.call(BASE), 12);
+        }
+        assert_eq!(m.counters, [0, 0, 0, 2]);
+        m.at(stub, 8).copy_from_slice(&own);
+        assert_eq!(m.call(BASE), 12);
+        assert_eq!(m.counters, [0, 1, 0, 2]);
+    }
+
     #[test]
     fn what_cannot_move_or_reach_is_refused() {
         // A branch first: its target would move with it.

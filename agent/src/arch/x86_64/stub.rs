@@ -353,6 +353,47 @@ mod tests {
         assert_eq!(ins.len(), 14);
     }
 
+    /// A route stub counts like a function's stub (the same prologue, so
+    /// the same counting switch), then jumps to the implementation, which
+    /// may lie anywhere; the route jump written over a stub's first eight
+    /// bytes reaches it and keeps the last three bytes as they were.
+    #[test]
+    fn a_route_stub_counts_then_jumps_to_the_implementation() {
+        let at = 0x40_1000;
+        let target = 0x7f12_3456_7890;
+        let mut out = [0u8; ROUTE_STUB_LEN];
+        emit_route_stub(at, &COUNTER, target, &mut out).unwrap();
+        let ins = decode_all(&out, at);
+        assert_eq!(ins[0].mnemonic(), Mnemonic::Lea);
+        assert_eq!(ins[4].mnemonic(), Mnemonic::Inc);
+        assert_eq!(ins[5].ip(), at + DONE_AT as u64);
+        assert_eq!(ins[7].ip(), at + PROLOGUE_LEN as u64);
+        assert_eq!(ins[7].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[7].memory_base(), Register::RIP);
+        assert_eq!(ins[7].len(), 6);
+        assert_eq!(
+            out[PROLOGUE_LEN + 6..PROLOGUE_LEN + 14],
+            target.to_le_bytes()
+        );
+        // The counting switch jumps over the count to the same place.
+        let off = counting_switch(false);
+        assert_eq!(off[0], 0xeb);
+        assert_eq!(2 + off[1] as usize, PROLOGUE_LEN);
+        // shared path
+        assert_eq!(ins[3].near_branch_target(), at + PROLOGUE_LEN as u64 + 14);
+
+        let first: [u8; 8] = out[..8].try_into().unwrap();
+        let to = at + 0x10_0000;
+        let jump = route_jump(at, first, to).unwrap();
+        let j = decode_all(&jump[..5], at);
+        assert_eq!(
+            (j[0].mnemonic(), j[0].near_branch_target()),
+            (Mnemonic::Jmp, to)
+        );
+        assert_eq!(jump[5..], first[5..]);
+        assert_eq!(route_jump(at, first, at + (1 << 32)), None, "out of reach");
+    }
+
     /// With a caller hook, `done` jumps to a tail that saves the argument
     /// registers, calls the hook with the slot and the return address,
     /// restores them in reverse and goes on to the moved code.
