@@ -606,6 +606,18 @@ fn an_attached_process_registers_with_rtprofd() {
         },
     );
     assert!(shown.contains("calls/s"), "{shown}");
+    // An attached agent routes no calls, and says so.
+    let route = Command::new(rtprof())
+        .args(["route", "--socket"])
+        .arg(&d.socket)
+        .args([&pid.to_string(), "work", "fast"])
+        .output()
+        .unwrap();
+    assert_eq!(route.status.code(), Some(1), "{route:?}");
+    assert!(
+        String::from_utf8_lossy(&route.stderr).contains("loaded by rtprof attach routes no calls"),
+        "{route:?}"
+    );
     assert!(attach.wait().unwrap().success());
     assert!(child.wait().unwrap().success());
 }

@@ -78,13 +78,31 @@ impl Program {
         Counts::parse(&self.line())
     }
 
+    /// Waits for its end: its status and stderr.
+    fn wait(&mut self) -> (std::process::ExitStatus, String) {
+        use std::io::Read;
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            e.read_to_string(&mut err).unwrap();
+        }
+        (self.child.wait().unwrap(), err)
+    }
+
     /// Ends it with SIGTERM: its last counts, its stderr and status.
     fn end(mut self) -> (Counts, String) {
         self.signal(libc::SIGTERM);
         let last = Counts::parse(&self.line());
-        let out = self.child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-        (last, String::from_utf8_lossy(&out.stderr).into_owned())
+        let (status, stderr) = self.wait();
+        assert!(status.success(), "{status:?} {stderr}");
+        (last, stderr)
+    }
+}
+
+impl Drop for Program {
+    /// A test that fails leaves no program running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -358,14 +376,13 @@ fn eight_threads_keep_their_results_while_routed_a_thousand_times() {
     }
     p.signal(libc::SIGTERM);
     let summary = p.line();
-    let out = p.child.wait_with_output().unwrap();
+    let (status, stderr) = p.wait();
     assert_eq!(
         format!("ready\n{summary}\n"),
         format!("{first}{}", String::from_utf8_lossy(&plain.stdout))
     );
-    assert_eq!(out.status.code(), plain.status.code());
+    assert_eq!(status.code(), plain.status.code());
     assert!(summary.ends_with(" 0 wrong results"), "{summary}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
     let line = stderr
         .lines()
         .find(|l| l.starts_with("work original"))
@@ -435,8 +452,8 @@ fn unloading_the_implementation_routes_back_first() {
     p.signal(libc::SIGUSR1);
     assert_eq!(p.line(), "loaded work original 0 lib 1000");
     assert_eq!(p.line(), "unloaded work original 1000");
-    let out = p.child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let (status, stderr) = p.wait();
+    assert!(status.success(), "{status:?} {stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -155,6 +155,10 @@ fn post(kind: u8, text: &CStr) -> bool {
 
 /// The control thread's tick: serves a request if one was posted.
 fn serve(_gone: bool) -> Next {
+    // rtprofd's requests (switches, routes), seen within a tick.
+    if let Some(a) = crate::agent() {
+        crate::options::counting_requests::serve_control(a);
+    }
     let kind = REQUEST.kind.swap(NO_REQUEST, Ordering::Acquire);
     if kind == NO_REQUEST {
         // The program's threads have all ended (its main thread called
