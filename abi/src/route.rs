@@ -18,8 +18,9 @@ pub enum RouteOutcome {
     NotPatched = 1,
     /// The function has no implementation of that name.
     NotOffered = 2,
-    /// Counted in bursts under an overhead budget: its entry is not
-    /// always patched, so its calls cannot all be routed.
+    /// The process runs under an overhead budget, which switches entries
+    /// between the jump and their own bytes: its calls cannot all be
+    /// routed.
     Budget = 3,
     /// The agent was loaded by `rtprof attach`, which routes nothing.
     Attached = 4,
@@ -40,7 +41,7 @@ impl RouteOutcome {
             RouteOutcome::NotPatched => "no patched function of that name",
             RouteOutcome::NotOffered => "the program offered no implementation of that name for it",
             RouteOutcome::Budget => {
-                "its calls are counted in bursts under an overhead budget (its entry is not always patched), so they cannot be routed"
+                "the process runs under an overhead budget, which switches entries between the jump and their own bytes, so its calls cannot all be routed"
             }
             RouteOutcome::Attached => "an agent loaded by rtprof attach routes no calls",
             RouteOutcome::Failed => "its stub could not be rewritten",
