@@ -245,18 +245,18 @@ impl Table {
         })
     }
 
-    /// Queues a request to switch counting in a followed process, from
-    /// its own user or root: what to tell the requester.
-    pub fn switch(&mut self, req: &SwitchRequest) -> Result<String, Error> {
-        let pid = req.pid;
-        // The newest registration of the pid is its running image.
-        let e = self
+    /// The entry of followed process `pid` whose segment takes a request
+    /// from user `uid` (its own user or root): the newest registration of
+    /// the pid, its running image.
+    fn requestable(&self, uid: u32, pid: u32) -> Result<u64, Error> {
+        let key = self
             .by_pid
             .get(&pid)
             .and_then(|seqs| seqs.last())
-            .and_then(|s| self.entries.get_mut(s))
+            .copied()
             .ok_or(Error::NotFollowed { pid })?;
-        if req.from.uid != 0 && req.from.uid != e.uid {
+        let e = self.entries.get(&key).ok_or(Error::NotFollowed { pid })?;
+        if uid != 0 && uid != e.uid {
             return Err(Error::OtherUser { pid });
         }
         let h = e
@@ -267,6 +267,18 @@ impl Table {
         if !e.map.takes_requests(&h) {
             return Err(Error::NoRelay { pid });
         }
+        Ok(key)
+    }
+
+    /// Queues a request to switch counting in a followed process, from
+    /// its own user or root: what to tell the requester.
+    pub fn switch(&mut self, req: &SwitchRequest) -> Result<String, Error> {
+        let pid = req.pid;
+        let key = self.requestable(req.from.uid, pid)?;
+        let e = self
+            .entries
+            .get_mut(&key)
+            .ok_or(Error::NotFollowed { pid })?;
         let t = e.tracked.as_ref().ok_or(Error::Starting { pid })?;
         if t.ended {
             return Err(Error::Ended { pid });
@@ -297,27 +309,11 @@ impl Table {
     /// [`Table::switch`]; returns what to ask [`Table::route_answer`] for.
     pub fn route(&mut self, req: &RouteRequest) -> Result<(u64, u32), Error> {
         let pid = req.pid;
-        let key = self
-            .by_pid
-            .get(&pid)
-            .and_then(|seqs| seqs.last())
-            .copied()
-            .ok_or(Error::NotFollowed { pid })?;
+        let key = self.requestable(req.from.uid, pid)?;
         let e = self
             .entries
             .get_mut(&key)
             .ok_or(Error::NotFollowed { pid })?;
-        if req.from.uid != 0 && req.from.uid != e.uid {
-            return Err(Error::OtherUser { pid });
-        }
-        let h = e
-            .map
-            .bytes()
-            .and_then(|b| rtprof_abi::read_header(b).ok())
-            .ok_or(Error::Starting { pid })?;
-        if !e.map.takes_requests(&h) {
-            return Err(Error::NoRelay { pid });
-        }
         if e.tracked.as_ref().is_some_and(|t| t.ended) {
             return Err(Error::Ended { pid });
         }
