@@ -1343,6 +1343,78 @@ pub(crate) mod tests {
         assert_eq!((s.sampler_errno, s.sample_period_ns), (13, 1_000_000));
     }
 
+    /// Implementation rows: listed in an implementations module (one
+    /// more only when another module came between two offers), their
+    /// function and code found, their samples those of their code, and
+    /// the active implementation marked.
+    #[test]
+    fn implementation_rows_name_their_function_and_code() {
+        let layout = Layout::new(Capacities {
+            modules: 4,
+            functions: 8,
+            strings: 256,
+            stripes: 3,
+        });
+        let mut buf = vec![0u64; (layout.total_size / 8) as usize];
+        // SAFETY: as in `sample_segment`.
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 7, 1, 5) };
+        w.add_module(b"/bin/app", 0x1000).unwrap();
+        let work = w.add_function(b"work", 0x100, 16).unwrap();
+        let fast = w.add_function(b"work_fast", 0x200, 16).unwrap();
+        w.set_status(work, None);
+        w.set_status(fast, None);
+        w.counters()
+            .function_samples(fast)
+            .store(6, Ordering::Relaxed);
+        let row = w.add_implementation(work, b"fast", 0x1205).unwrap();
+        let other = w.add_implementation(work, b"other", 0x1200).unwrap();
+        assert_eq!(w.module_count(), 2, "one implementations module");
+        w.add_module(b"/lib/x.so", 0x9000).unwrap();
+        let third = w.add_implementation(work, b"far", 0x5000).unwrap();
+        assert_eq!(w.module_count(), 4);
+        // SAFETY: slot `row` of stripe 0, inside `buf`.
+        unsafe { *w.counters().stripe_ptr(0).add(row as usize) = 4 };
+        let s = read_snapshot(as_bytes(&buf)).unwrap();
+        let (f, r) = (&s.functions[work as usize], &s.functions[row as usize]);
+        assert!(f.offered && f.active && f.implementation.is_none());
+        assert_eq!(r.name, "work [fast]");
+        assert_eq!(
+            r.implementation,
+            Some(Implementation {
+                of: work,
+                name: "fast".into(),
+                address: 0x1205,
+                code: Some(fast),
+            })
+        );
+        assert_eq!((r.calls, r.samples, r.size, r.active), (4, 6, 0, false));
+        assert_eq!(
+            s.functions[other as usize]
+                .implementation
+                .as_ref()
+                .unwrap()
+                .name,
+            "other"
+        );
+        assert_eq!(
+            s.functions[third as usize]
+                .implementation
+                .as_ref()
+                .unwrap()
+                .code,
+            None
+        );
+        assert_eq!(s.modules[1].path, crate::layout::IMPLEMENTATIONS_MODULE);
+        w.set_active(work, false);
+        w.set_active(row, true);
+        let s = read_snapshot(as_bytes(&buf)).unwrap();
+        assert!(!s.functions[work as usize].active && s.functions[row as usize].active);
+        // A row that names itself or no function is refused.
+        let at = (layout.funcs_off + row as u64 * 32 + 24) as usize / 8;
+        buf[at] = (buf[at] & !0xffff_ffff) | row as u64;
+        assert!(read_snapshot(as_bytes(&buf)).is_err());
+    }
+
     /// A reader that knows more functions than the header it reads with
     /// (a newer snapshot's) finds them zero, not what its buffer held.
     #[test]
