@@ -446,11 +446,19 @@ fn unloading_the_implementation_routes_back_first() {
     assert!(st.success());
     let d = daemon(&dir);
     let lib_arg = lib.to_str().unwrap();
-    let mut p = Program::start(&bin, &["dlclose", lib_arg], &d, &dir.join("r.json"), &[]);
-    // Offered by the library's section, read after its dlopen.
+    // The library instrumented too.
+    let env = [("RTPROF_MODULES", "all")];
+    let mut p = Program::start(&bin, &["dlclose", lib_arg], &d, &dir.join("r.json"), &env);
+    // Offered by the library's section, read after its dlopen: an
+    // implementation in the library of the program's function, and one of
+    // the library's own function.
     route_ok(&d, p.pid(), "work", "lib");
+    route_ok(&d, p.pid(), "lib_own", "fast");
     p.signal(libc::SIGUSR1);
-    assert_eq!(p.line(), "loaded work original 0 lib 1000");
+    assert_eq!(
+        p.line(),
+        "loaded work original 0 lib 1000 lib_own original 0 fast 1000"
+    );
     assert_eq!(p.line(), "unloaded work original 1000");
     let (status, stderr) = p.wait();
     assert!(status.success(), "{status:?} {stderr}");

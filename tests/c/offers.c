@@ -167,12 +167,19 @@ int main(int argc, char **argv) {
             return 1;
         }
         atomic_ulong *lib_calls = dlsym(h, "lib_calls");
+        atomic_ulong *own = dlsym(h, "own_calls"), *own_fast = dlsym(h, "own_fast_calls");
+        uint64_t (*lib_own)(uint64_t) = (uint64_t(*)(uint64_t))dlsym(h, "lib_own");
         printf("ready\n");
         fflush(stdout);
         wait_asked();
         reset();
         calls(1000);
-        printf("loaded work original %lu lib %lu\n", atomic_load(&work_own), atomic_load(lib_calls));
+        volatile uint64_t sink = 0;
+        for (int i = 0; i < 1000; i++) sink += lib_own(i);
+        printf("loaded work original %lu lib %lu lib_own original %lu fast %lu\n",
+               atomic_load(&work_own), atomic_load(lib_calls), atomic_load(own),
+               atomic_load(own_fast));
+        fflush(stdout);
         dlclose(h);
         calls(1000);
         printf("unloaded work original %lu\n", atomic_load(&work_own));
