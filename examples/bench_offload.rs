@@ -125,7 +125,9 @@ fn route_when_followed(socket: &Path, pid: u32) {
     }
 }
 
-fn run(cfg: &str, bin: &Path, dir: &Path, (phase_s, n): (f64, usize)) -> Vec<Outcome> {
+/// Runs both programs under configuration `cfg`: what each did, and the
+/// scheduler's log (acting).
+fn run(cfg: &str, bin: &Path, dir: &Path, (phase_s, n): (f64, usize)) -> (Vec<Outcome>, String) {
     let (socket, present) = (dir.join("sock"), dir.join("present"));
     let reports = [
         dir.join(format!("{cfg}-a.json")),
@@ -147,16 +149,13 @@ fn run(cfg: &str, bin: &Path, dir: &Path, (phase_s, n): (f64, usize)) -> Vec<Out
         route_when_followed(&socket, a.id());
     }
     let out = vec![finish(a, &reports[0]), finish(b, &reports[1])];
+    let mut log = String::new();
     if let Some(mut s) = scheduler {
         let _ = s.kill();
         let _ = s.wait();
-        let log = std::fs::read_to_string(dir.join("scheduler.log")).unwrap_or_default();
-        println!("  scheduler's decisions:");
-        for l in log.lines() {
-            println!("    {l}");
-        }
+        log = std::fs::read_to_string(dir.join("scheduler.log")).unwrap_or_default();
     }
-    out
+    (out, log)
 }
 
 fn main() {
@@ -197,7 +196,7 @@ fn main() {
             vec![2, 1, 0]
         };
         for k in order {
-            let out = run(CONFIGS[k], &bin, &dir, (phase_s, n));
+            let (out, log) = run(CONFIGS[k], &bin, &dir, (phase_s, n));
             let total: u64 = out.iter().map(|o| o.work).sum();
             work[k].push(total as f64);
             println!("run {} {:<7} work {total}", r + 1, CONFIGS[k]);
@@ -214,6 +213,12 @@ fn main() {
                     if equal { "equal" } else { "DIFFER" },
                     o.wrong
                 );
+            }
+            if !log.is_empty() {
+                println!("  the scheduler's decisions:");
+                for l in log.lines() {
+                    println!("    {l}");
+                }
             }
         }
     }
