@@ -30,6 +30,9 @@ pub enum RouteOutcome {
     Malformed = 6,
     /// Already so: nothing changed.
     Unchanged = 7,
+    /// A library is being unloaded (`dlclose`) and the implementation
+    /// lies in one that might be.
+    Unloading = 8,
 }
 }
 
@@ -47,6 +50,7 @@ impl RouteOutcome {
             RouteOutcome::Failed => "its stub could not be rewritten",
             RouteOutcome::Malformed => "malformed request",
             RouteOutcome::Unchanged => "already so",
+            RouteOutcome::Unloading => "a library is being unloaded and the implementation may lie in it; ask again",
         }
     }
 

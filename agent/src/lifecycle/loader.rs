@@ -52,6 +52,8 @@ pub struct KnownModule {
     /// A sampled-only module whose functions are listed when a sample
     /// first lands in it.
     pub on_demand: Option<Module>,
+    /// Its address range.
+    pub span: (u64, u64),
 }
 
 /// Modules seen so far.
@@ -138,19 +140,27 @@ extern "C" fn on_loader_event() {
             stubs,
             known,
             writer,
+            routes,
             ..
         } = &mut *state;
-        update(a, known, stubs, writer);
+        update(a, known, stubs, writer, routes);
     }));
 }
 
-fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWriter) {
+fn update(
+    a: &Agent,
+    known: &mut Known,
+    stubs: &mut StubMap,
+    w: &mut SegmentWriter,
+    routes: &mut crate::options::routes::Routes,
+) {
     let now = modules::loaded();
     let before = known.0.len();
     // Unloaded: their stubs go; their records and counts stay.
     known.0.retain_mut(|k| {
         let present = now.iter().any(|m| m.bias == k.bias && m.file == k.file);
         if !present {
+            routes.forget_unloaded(w, k.span.0, k.span.1);
             for area in std::mem::take(&mut k.areas) {
                 stubs.remove(area.addr, area.addr + area.len);
                 crate::options::traps::remove_stubs_in(area.addr, area.addr + area.len);
@@ -168,7 +178,8 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
         if known.0.iter().any(|k| k.bias == m.bias && k.file == m.file) {
             continue;
         }
-        let (bias, file) = (m.bias, m.file.clone());
+        let (bias, file, span) = (m.bias, m.file.clone(), m.span());
+        routes.note_module(&m);
         let (areas, present, on_demand) =
             add_module(a, m, maps.get_or_insert_with(Maps::current), stubs, w);
         known.0.push(KnownModule {
@@ -177,6 +188,7 @@ fn update(a: &Agent, known: &mut Known, stubs: &mut StubMap, w: &mut SegmentWrit
             areas,
             present,
             on_demand,
+            span,
         });
         changed = true;
     }

@@ -227,6 +227,7 @@ pub(crate) fn start() {
     );
     ph.mark("install");
     let known = known_modules(&plans, recorded);
+    let modules: Vec<modules::Module> = plans.iter().map(Planned::module).cloned().collect();
     let stripe_bytes = segment.counters.layout().stripe_bytes;
     segment
         .counters
@@ -248,7 +249,10 @@ pub(crate) fn start() {
     }
     ph.mark("hook");
     if let Some(a) = agent() {
-        crate::options::routes::read_sections(a);
+        if let Some(mut state) = a.state.lock() {
+            state.routes.note_startup(&modules);
+        }
+        crate::options::routes::read_pending(a);
     }
     ph.mark("offers");
     threads::init_exit_key(true);
@@ -491,6 +495,7 @@ pub(crate) fn known_modules(plans: &[Planned], recorded: Vec<Recorded>) -> loade
                     Planned::Sample(m, None, _) => Some(m.clone()),
                     _ => None,
                 },
+                span: p.module().span(),
             })
             .collect(),
     )

@@ -80,59 +80,114 @@ impl Worker {
     }
 
     fn futex_wait(&self, timeout: Duration) {
+        if self.requests.load(Ordering::Acquire) != 0 && self.wait_for_requests_too(timeout) {
+            return;
+        }
         let ts = libc::timespec {
             tv_sec: timeout.as_secs() as i64,
             tv_nsec: timeout.subsec_nanos() as i64,
         };
-        let (word, op, expected) = match self.requests.load(Ordering::Acquire) {
-            0 => (
-                self.wake.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                0,
-            ),
-            seq => {
-                // SAFETY: the segment's request words, set by
-                // `wake_on_requests` and mapped for the process's life.
-                let (seq, ack) = unsafe {
-                    (
-                        AtomicU32::from_ptr(seq as *mut u32),
-                        AtomicU32::from_ptr(self.requests_ack.load(Ordering::Acquire) as *mut u32),
-                    )
-                };
-                let now = seq.load(Ordering::Acquire);
-                if now != ack.load(Ordering::Acquire) {
-                    return; // a request waits: tick now
-                }
-                // Shared (no PRIVATE flag): rtprofd wakes it through its
-                // own mapping of the same memfd page.
-                (seq.as_ptr(), libc::FUTEX_WAIT, now)
-            }
-        };
-        // SAFETY: a futex word that stays mapped, and a timespec on the stack.
+        // SAFETY: our futex word and a timespec on the stack.
         unsafe {
             libc::syscall(
                 libc::SYS_futex,
-                word,
-                op,
-                expected,
+                self.wake.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                0u32,
                 &ts as *const libc::timespec,
             )
         };
     }
 
+    /// Waits on its own word and on the segment's request word at once
+    /// (`futex_waitv`, Linux 5.16): woken by [`Worker::wake`] (which
+    /// changes its own word, so no wake-up is lost) or by rtprofd leaving a
+    /// request (a shared futex: rtprofd wakes it through its own mapping
+    /// of the memfd's page). False where the kernel has no `futex_waitv`:
+    /// requests then wait for the next tick.
+    fn wait_for_requests_too(&self, timeout: Duration) -> bool {
+        /// `struct futex_waitv` (linux/futex.h).
+        #[repr(C)]
+        struct FutexWaitv {
+            val: u64,
+            uaddr: u64,
+            flags: u32,
+            reserved: u32,
+        }
+        const SYS_FUTEX_WAITV: libc::c_long = 449;
+        const FUTEX2_SIZE_U32: u32 = 0x02;
+        const FUTEX2_PRIVATE: u32 = 128;
+        static MISSING: AtomicBool = AtomicBool::new(false);
+        if MISSING.load(Ordering::Relaxed) {
+            return false;
+        }
+        // SAFETY: the segment's request words, set by `wake_on_requests`
+        // and mapped for the process's life.
+        let (seq, ack) = unsafe {
+            (
+                AtomicU32::from_ptr(self.requests.load(Ordering::Acquire) as *mut u32),
+                AtomicU32::from_ptr(self.requests_ack.load(Ordering::Acquire) as *mut u32),
+            )
+        };
+        let now = seq.load(Ordering::Acquire);
+        if now != ack.load(Ordering::Acquire) {
+            return true; // a request waits: tick now
+        }
+        let waiters = [
+            FutexWaitv {
+                val: 0,
+                uaddr: self.wake.as_ptr() as u64,
+                flags: FUTEX2_SIZE_U32 | FUTEX2_PRIVATE,
+                reserved: 0,
+            },
+            FutexWaitv {
+                val: now as u64,
+                uaddr: seq.as_ptr() as u64,
+                flags: FUTEX2_SIZE_U32,
+                reserved: 0,
+            },
+        ];
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writes the timespec on our stack.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let ns = ts.tv_nsec as u64 + timeout.subsec_nanos() as u64;
+        ts.tv_sec += timeout.as_secs() as i64 + (ns / 1_000_000_000) as i64;
+        ts.tv_nsec = (ns % 1_000_000_000) as i64;
+        // SAFETY: two waiters on words that stay mapped, and an absolute
+        // timeout on our stack.
+        let r = unsafe {
+            libc::syscall(
+                SYS_FUTEX_WAITV,
+                waiters.as_ptr(),
+                2u32,
+                0u32,
+                &ts as *const libc::timespec,
+                libc::CLOCK_MONOTONIC,
+            )
+        };
+        if r < 0 && Errno::last().0 == libc::ENOSYS {
+            MISSING.store(true, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
     /// Asks the thread to tick now (async-signal-safe: a store and a
-    /// system call or two).
+    /// system call).
     pub fn wake(&self) {
         self.wake.store(1, Ordering::Release);
-        let (word, op) = match self.requests.load(Ordering::Acquire) {
-            0 => (
+        // SAFETY: our futex word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
                 self.wake.as_ptr(),
                 libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            ),
-            seq => (seq as *mut u32, libc::FUTEX_WAKE),
+                1,
+            )
         };
-        // SAFETY: the futex word the thread waits on (see `futex_wait`).
-        unsafe { libc::syscall(libc::SYS_futex, word, op, 1) };
     }
 
     /// Starts the thread (if not running), ticking with `tick`; an idle

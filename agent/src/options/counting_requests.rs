@@ -83,6 +83,8 @@ pub fn mark_off_from_start(
 /// every tick; two loads when there is none.
 pub fn serve_control(a: &Agent) {
     use rtprof_abi::layout::control;
+    // Offers of libraries loaded since, once relocated.
+    crate::options::routes::read_pending(a);
     let w = &a.segment.counters;
     let mut pattern = [0u8; control::PATTERN_MAX];
     let Some((seq, kind, len)) = w.control_request(&mut pattern) else {

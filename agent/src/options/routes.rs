@@ -20,6 +20,7 @@
 
 use crate::arch::{CounterRef, Native, StubWriter};
 use crate::discover::maps::Maps;
+use crate::discover::modules::Module;
 use crate::lifecycle::interpose::Real;
 use crate::lifecycle::locked::Locked;
 use crate::log::vlog;
@@ -71,20 +72,38 @@ struct Offer {
     route_stub: u64,
 }
 
-/// Every offer and route of the process (under the loader lock).
+/// Every offer and route of the process (under the state lock).
 #[derive(Default)]
 pub struct Routes {
     offers: Vec<Offer>,
     /// Functions routed now: (slot, index of the offer in `offers`).
     routed: Vec<(u32, usize)>,
-    /// Modules whose offers section was read: (bias, file).
-    read: Vec<(u64, String)>,
+    /// Modules whose offers section is not read yet.
+    pending: Vec<Pending>,
+    /// The address ranges of the modules loaded at start-up (never
+    /// unloaded by a `dlclose`).
+    startup: Vec<(u64, u64)>,
+    /// `dlclose` calls under way: no route into a later module meanwhile.
+    closing: u32,
 }
 
 /// Whether any offer was made: `dlclose` looks no further otherwise.
 static ANY: AtomicBool = AtomicBool::new(false);
 
 impl Routes {
+    /// Notes the modules loaded at start-up: what a `dlclose` cannot take.
+    pub fn note_startup(&mut self, modules: &[Module]) {
+        for m in modules {
+            self.startup.push(m.span());
+            self.note_module(m);
+        }
+    }
+
+    /// Whether `addr` lies in a module loaded at start-up.
+    fn from_start(&self, addr: u64) -> bool {
+        self.startup.iter().any(|&(lo, hi)| addr >= lo && addr < hi)
+    }
+
     fn routed_to(&self, slot: u32) -> Option<usize> {
         self.routed.iter().find(|r| r.0 == slot).map(|r| r.1)
     }
@@ -109,17 +128,18 @@ impl Routes {
     }
 }
 
-/// The patched function named `name` (not an implementation row) and its
-/// stub.
+/// The first patched function named `name` (not an implementation row)
+/// that has a stub now (an unloaded library's records stay, their stubs
+/// do not), and its stub.
 fn function(w: &SegmentWriter, stubs: &StubMap, name: &[u8]) -> Option<(u32, u64)> {
-    let slot = (0..w.func_count()).find(|&slot| {
-        let f = w.function(slot);
-        f.status == 0
-            && w.module(f.module).flags & module_flags::IMPLEMENTATIONS == 0
-            && w.function_name(slot) == name
-    })?;
-    let stub = stubs.ranges().iter().find(|r| r.2 == slot)?.0;
-    Some((slot, stub))
+    (0..w.func_count())
+        .filter(|&slot| {
+            let f = w.function(slot);
+            f.status == 0
+                && w.module(f.module).flags & module_flags::IMPLEMENTATIONS == 0
+                && w.function_name(slot) == name
+        })
+        .find_map(|slot| Some((slot, stubs.ranges().iter().find(|r| r.2 == slot)?.0)))
 }
 
 fn valid_name(name: &[u8]) -> bool {
@@ -135,6 +155,7 @@ pub fn offer(a: &Agent, function: &[u8], target: u64, name: &[u8]) -> Result<u32
     if !Maps::current().executable(target) {
         return Err(OfferRefusal::NotExecutable);
     }
+    read_pending(a);
     let mut state = a.state.lock().ok_or(OfferRefusal::Inactive)?;
     offer_locked(a, &mut state, function, target, name)
 }
@@ -249,6 +270,11 @@ pub fn route(a: &Agent, function_name: &[u8], name: &[u8]) -> RouteOutcome {
             None => return RouteOutcome::NotOffered,
         }
     };
+    if let Some(i) = wanted {
+        if routes.closing > 0 && !routes.from_start(routes.offers[i].target) {
+            return RouteOutcome::Unloading;
+        }
+    }
     set_route(routes, writer, of, wanted)
 }
 
@@ -320,226 +346,271 @@ struct SectionEntry {
     name: *const c_char,
 }
 
-/// The runtime address and size of `file`'s `rtprof_offers` section, if
-/// it has one: the ELF header, the section headers and their names, read
-/// with three `pread`s.
-fn offers_section(file: &str) -> Option<(u64, u64)> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(file).ok()?;
-    let mut eh = [0u8; 64];
-    f.read_exact_at(&mut eh, 0).ok()?;
-    if eh[..4] != *b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+/// A module whose offers section is not read yet: the loader maps a
+/// library before it relocates the pointers of its section, so a library
+/// loaded later is read once they are (see [`read_pending`]).
+pub struct Pending {
+    module: Module,
+    /// Where its section is (`None` until the file was looked at).
+    section: Option<(u64, u64)>,
+    /// Reads that found pointers not relocated yet.
+    tries: u32,
+}
+
+/// Reads of a module whose entries still point outside it before it is
+/// given up (a tick apart).
+const MAX_TRIES: u32 = 50;
+
+/// Whether modules wait for their section to be read.
+static PENDING: AtomicBool = AtomicBool::new(false);
+
+impl Routes {
+    /// Notes module `m` (loaded now): its offers are read by
+    /// [`read_pending`].
+    pub fn note_module(&mut self, m: &Module) {
+        self.pending.push(Pending {
+            module: m.clone(),
+            section: None,
+            tries: 0,
+        });
+        PENDING.store(true, Ordering::Release);
+    }
+
+    /// Module `[lo, hi)` was unloaded: offers of its functions or into its
+    /// code are forgotten, and a function still routed into it goes back
+    /// to its own code (its stub may be gone with the module, then only
+    /// the record goes).
+    pub fn forget_unloaded(&mut self, w: &mut SegmentWriter, lo: u64, hi: u64) {
+        self.pending.retain(|p| !(p.module.span().0 == lo));
+        if self.offers.is_empty() {
+            return;
+        }
+        let inside = |a: u64| a >= lo && a < hi;
+        let own = |w: &SegmentWriter, of: u32| {
+            let f = w.function(of);
+            inside(w.module(f.module).base.wrapping_add(f.vaddr))
+        };
+        let routed: Vec<(u32, usize)> = self.routed.clone();
+        for (of, i) in routed {
+            if own(w, of) {
+                self.routed.retain(|r| r.0 != of);
+            } else if inside(self.offers[i].target) {
+                let _ = set_route(self, w, of, None);
+            }
+        }
+        self.drop_offers(|o| inside(o.target) || own(w, o.of));
+    }
+
+    /// Forgets the offers `gone` selects (none of them routed).
+    fn drop_offers(&mut self, gone: impl Fn(&Offer) -> bool) {
+        let mut i = 0;
+        while i < self.offers.len() {
+            if gone(&self.offers[i]) && !self.routed.iter().any(|r| r.1 == i) {
+                self.offers.remove(i);
+                for r in &mut self.routed {
+                    if r.1 > i {
+                        r.1 -= 1;
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+/// The address and size of the `rtprof_offers` section in `data` (an ELF
+/// file), if it has one.
+fn offers_section(data: &[u8]) -> Option<(u64, u64)> {
+    let at = |o: usize, n: usize| data.get(o..o.checked_add(n)?);
+    let u16_at = |o: usize| at(o, 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u32_at = |o: usize| at(o, 4).map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])));
+    let u64_at = |o: usize| at(o, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+    if at(0, 6)? != b"\x7fELF\x02\x01" {
         return None;
     }
-    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
-    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
-    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
-    let (shoff, shentsize, shnum, shstrndx) = (
-        u64_at(&eh, 0x28),
-        u16_at(&eh, 0x3a),
-        u16_at(&eh, 0x3c),
-        u16_at(&eh, 0x3e),
-    );
-    if shentsize != 64 || shnum == 0 || shnum > 4096 || shstrndx >= shnum {
+    let shoff = usize::try_from(u64_at(0x28)?).ok()?;
+    let (entsize, shnum, shstrndx) = (u16_at(0x3a)?, u16_at(0x3c)?, u16_at(0x3e)?);
+    if entsize != 64 || shstrndx >= shnum {
         return None;
     }
-    let mut sh = vec![0u8; shnum * 64];
-    f.read_exact_at(&mut sh, shoff).ok()?;
-    let names = &sh[shstrndx * 64..shstrndx * 64 + 64];
-    let (names_off, names_len) = (u64_at(names, 24), u64_at(names, 32).min(1 << 20));
-    let mut strtab = vec![0u8; names_len as usize];
-    f.read_exact_at(&mut strtab, names_off).ok()?;
+    let header = |i: usize| shoff.checked_add(i * 64);
+    let names = usize::try_from(u64_at(header(shstrndx)? + 24)?).ok()?;
     (0..shnum).find_map(|i| {
-        let s = &sh[i * 64..i * 64 + 64];
-        let name = strtab.get(u32_at(s, 0) as usize..)?;
-        let name = &name[..name.iter().position(|&c| c == 0)?];
-        (name == SECTION).then(|| (u64_at(s, 16), u64_at(s, 32)))
+        let h = header(i)?;
+        let name = names.checked_add(u32_at(h)? as usize)?;
+        let wanted = at(name, SECTION.len() + 1)?;
+        (wanted[..SECTION.len()] == *SECTION && wanted[SECTION.len()] == 0)
+            .then_some((u64_at(h + 16)?, u64_at(h + 32)?))
     })
 }
 
-/// A NUL-terminated string of at most 255 bytes at `p`, if readable.
-fn c_string(maps: &Maps, p: *const c_char) -> Option<Vec<u8>> {
+/// A NUL-terminated string of at most 255 bytes at `p` inside `[lo, hi)`,
+/// if readable.
+fn c_string(maps: &Maps, p: *const c_char, (lo, hi): (u64, u64)) -> Option<Vec<u8>> {
     let at = p as u64;
+    if at < lo || at >= hi {
+        return None;
+    }
     let m = maps.at(at).filter(|m| m.read)?;
-    let len = (m.end - at).min(256) as usize;
+    let len = (m.end.min(hi) - at).min(256) as usize;
     // SAFETY: [p, p + len) lies in one readable mapping (checked above).
     let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
     let n = bytes.iter().position(|&c| c == 0)?;
     Some(bytes[..n].to_vec())
 }
 
-/// Makes the offers of the sections of the modules loaded and not read
-/// yet: at start-up, and after a `dlopen` (once the loader has relocated
-/// the library's pointers).
-pub fn read_sections(a: &Agent) {
+/// One section entry, if its pointers are final: both names in the module
+/// (a pointer the loader has not relocated yet is the file's value, which
+/// does not lie there) and the implementation in executable memory.
+fn entry(maps: &Maps, e: &SectionEntry, span: (u64, u64)) -> Option<(Vec<u8>, u64, Vec<u8>)> {
+    let function = c_string(maps, e.function, span)?;
+    let name = c_string(maps, e.name, span)?;
+    let target = e.implementation as u64;
+    maps.executable(target).then_some((function, target, name))
+}
+
+/// Makes the offers of the modules noted and not read yet: at start-up
+/// (every module relocated), and for libraries loaded later on the drain
+/// thread's next tick, a route request or an offer, once the loader has
+/// relocated their sections' pointers.
+pub fn read_pending(a: &Agent) {
+    if !PENDING.load(Ordering::Acquire) || crate::lifecycle::sandbox::on() {
+        return;
+    }
     let Some(mut state) = a.state.lock() else {
         return;
     };
-    let new: Vec<(u64, String)> = state
-        .known
-        .0
-        .iter()
-        .map(|k| (k.bias, k.file.clone()))
-        .filter(|m| !state.routes.read.contains(m))
-        .collect();
-    let mut maps: Option<Maps> = None;
-    for (bias, file) in new {
-        state.routes.read.push((bias, file.clone()));
-        let Some((vaddr, size)) = offers_section(&file) else {
-            continue;
-        };
-        let maps = maps.get_or_insert_with(Maps::current);
-        let n = (size as usize / std::mem::size_of::<SectionEntry>()).min(MAX_SECTION_OFFERS);
-        let at = bias.wrapping_add(vaddr);
-        if !maps.readable(at, (n * std::mem::size_of::<SectionEntry>()) as u64) {
-            continue;
+    let mut pending = std::mem::take(&mut state.routes.pending);
+    let maps = Maps::current();
+    pending.retain_mut(|p| !read_module(a, &mut state, &maps, p));
+    state.routes.pending.append(&mut pending);
+    PENDING.store(!state.routes.pending.is_empty(), Ordering::Release);
+}
+
+/// Reads `p`'s section; whether it is done with (read, none, or given up).
+fn read_module(a: &Agent, state: &mut Locked, maps: &Maps, p: &mut Pending) -> bool {
+    let m = &p.module;
+    let (vaddr, size) = match p.section {
+        Some(s) => s,
+        None => {
+            // The file the loader mapped, not whatever has its name now.
+            let Some(s) = crate::discover::fileimage::FileImage::open(m, maps)
+                .ok()
+                .and_then(|f| offers_section(f.data()))
+            else {
+                return true;
+            };
+            *p.section.insert(s)
         }
-        for i in 0..n {
+    };
+    let n = (size as usize / std::mem::size_of::<SectionEntry>()).min(MAX_SECTION_OFFERS);
+    let at = m.bias.wrapping_add(vaddr);
+    let bytes = (n * std::mem::size_of::<SectionEntry>()) as u64;
+    if m.load_containing(at, bytes).is_none() || !maps.readable(at, bytes) {
+        vlog!(
+            "{}: its {} section lies outside its loaded segments",
+            m.path,
+            "rtprof_offers"
+        );
+        return true;
+    }
+    let entries: Vec<Option<(Vec<u8>, u64, Vec<u8>)>> = (0..n)
+        .map(|i| {
             // SAFETY: entry `i` of the section, inside the readable range
             // checked above; read unaligned, as plain integers.
-            let e: SectionEntry =
-                unsafe { std::ptr::read_unaligned((at as *const SectionEntry).add(i)) };
-            let (Some(function), Some(name)) = (c_string(maps, e.function), c_string(maps, e.name))
-            else {
-                vlog!(
-                    "{file}: offer {i} of its {} section unreadable",
-                    "rtprof_offers"
-                );
-                continue;
-            };
-            let target = e.implementation as u64;
-            let outcome = if !valid_name(&name) {
-                Err(OfferRefusal::BadName)
-            } else if !maps.executable(target) {
-                Err(OfferRefusal::NotExecutable)
-            } else {
-                offer_locked(a, &mut state, &function, target, &name)
-            };
-            if let Err(why) = outcome {
-                vlog!(
-                    "{file}: offer of {} as {} refused: {why:?}",
-                    String::from_utf8_lossy(&function),
-                    String::from_utf8_lossy(&name)
-                );
-            }
+            let e = unsafe { std::ptr::read_unaligned((at as *const SectionEntry).add(i)) };
+            entry(maps, &e, m.span())
+        })
+        .collect();
+    if entries.iter().any(Option::is_none) {
+        p.tries += 1;
+        if p.tries < MAX_TRIES {
+            return false;
+        }
+        vlog!(
+            "{}: offers in its {} section left unread",
+            m.path,
+            "rtprof_offers"
+        );
+    }
+    for (function, target, name) in entries.into_iter().flatten() {
+        let outcome = if valid_name(&name) {
+            offer_locked(a, state, &function, target, &name)
+        } else {
+            Err(OfferRefusal::BadName)
+        };
+        if let Err(why) = outcome {
+            vlog!(
+                "{}: offer of {} as {} refused: {why:?}",
+                m.path,
+                String::from_utf8_lossy(&function),
+                String::from_utf8_lossy(&name)
+            );
         }
     }
+    true
 }
 
 // ---- Libraries unloaded ----
 
-/// Before library `handle` may be unloaded: every function routed to an
-/// implementation in it, or routed and in it, goes back to its own code,
-/// and the offers for and from it are forgotten (whether or not this
-/// `dlclose` really unloads it).
-fn before_dlclose(handle: *mut c_void) {
-    if !ANY.load(Ordering::Acquire) {
+/// Before `dlclose`: which modules the call may unload is known only
+/// after it, so every function routed into a module loaded after start-up
+/// (or routed and in one) goes back to its own code first, and no route
+/// into one is taken until the call returns. The offers of a module that
+/// did go are forgotten by the loader hook ([`Routes::forget_unloaded`]).
+fn before_dlclose() {
+    if !ANY.load(Ordering::Acquire) || crate::lifecycle::sandbox::on() {
         return;
     }
     let Some(a) = crate::agent() else { return };
-    /// The start of glibc's `struct link_map` (link.h).
-    #[repr(C)]
-    struct LinkMap {
-        l_addr: usize,
-    }
-    let mut map: *mut LinkMap = std::ptr::null_mut();
-    // SAFETY: RTLD_DI_LINKMAP writes the handle's link_map pointer into
-    // `map`; a bad handle is refused with -1.
-    if unsafe {
-        libc::dlinfo(
-            handle,
-            libc::RTLD_DI_LINKMAP,
-            (&mut map as *mut *mut LinkMap).cast(),
-        )
-    } != 0
-        || map.is_null()
-    {
-        return;
-    }
-    // SAFETY: the loader's own record of a loaded library.
-    let bias = unsafe { (*map).l_addr } as u64;
-    let Some(m) = crate::discover::modules::loaded()
-        .into_iter()
-        .find(|m| m.bias == bias && !m.is_main)
-    else {
-        return;
-    };
-    let (lo, hi) = m.span();
     let Some(mut state) = a.state.lock() else {
         return;
     };
     let Locked { writer, routes, .. } = &mut *state;
-    let inside = |addr: u64| addr >= lo && addr < hi;
-    let gone: Vec<u32> = routes
-        .offers
-        .iter()
-        .filter(|o| {
-            let f = writer.function(o.of);
-            inside(o.target) || inside(writer.module(f.module).base.wrapping_add(f.vaddr))
-        })
-        .map(|o| o.of)
-        .collect();
-    for &of in &gone {
-        if routes.routed_to(of).is_some() {
+    routes.closing += 1;
+    let routed: Vec<(u32, usize)> = routes.routed.clone();
+    for (of, i) in routed {
+        let f = writer.function(of);
+        let own = writer.module(f.module).base.wrapping_add(f.vaddr);
+        if !routes.from_start(routes.offers[i].target) || !routes.from_start(own) {
             let outcome = set_route(routes, writer, of, None);
             vlog!(
-                "{}: unloading; routed back to its own code: {}",
-                m.path,
+                "dlclose: {} routed back to its own code: {}",
+                String::from_utf8_lossy(writer.function_name(of)),
                 outcome.text()
             );
         }
     }
-    // Indices shift: no route points past here (all of `gone` are back).
-    let mut i = 0;
-    while i < routes.offers.len() {
-        let o = &routes.offers[i];
-        let f = writer.function(o.of);
-        if inside(o.target) || inside(writer.module(f.module).base.wrapping_add(f.vaddr)) {
-            routes.offers.remove(i);
-            for r in &mut routes.routed {
-                if r.1 > i {
-                    r.1 -= 1;
-                }
-            }
-        } else {
-            i += 1;
-        }
-    }
-    routes.read.retain(|r| r.0 != bias);
 }
 
-pub static DLOPEN: Real = Real::new(c"dlopen");
+fn after_dlclose() {
+    if !ANY.load(Ordering::Acquire) {
+        return;
+    }
+    if let Some(mut state) = crate::agent().and_then(|a| a.state.lock()) {
+        state.routes.closing = state.routes.closing.saturating_sub(1);
+    }
+}
+
 pub static DLCLOSE: Real = Real::new(c"dlclose");
-/// The functions wrapped for offers and routes, resolved at start-up.
-pub static ALL: [&Real; 2] = [&DLOPEN, &DLCLOSE];
-
-/// # Safety
-/// Same contract as `dlopen(3)`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
-    type F = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
-    let Some(real) = DLOPEN.get::<F>() else {
-        return std::ptr::null_mut();
-    };
-    let h = real(file, mode);
-    if !h.is_null() && !crate::lifecycle::sandbox::on() {
-        if let Some(a) = crate::agent() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_sections(a)));
-        }
-    }
-    h
-}
+/// The functions wrapped for routes, resolved at start-up. (`dlopen` is
+/// not: glibc takes its caller's return address for the library whose
+/// search path and `$ORIGIN` apply.)
+pub static ALL: [&Real; 1] = [&DLCLOSE];
 
 /// # Safety
 /// Same contract as `dlclose(3)`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     type F = unsafe extern "C" fn(*mut c_void) -> c_int;
-    let _ = std::panic::catch_unwind(|| before_dlclose(handle));
-    match DLCLOSE.get::<F>() {
+    let _ = std::panic::catch_unwind(before_dlclose);
+    let rc = match DLCLOSE.get::<F>() {
         Some(real) => real(handle),
         None => -1,
-    }
+    };
+    let _ = std::panic::catch_unwind(after_dlclose);
+    rc
 }
 
 /// The C API: offers `implementation` as `name` for `function`.
@@ -585,12 +656,34 @@ mod tests {
         assert!(!valid_name(&[b'x'; MAX_NAME + 1]));
     }
 
-    /// The section's place is found in a real file: this test's own
-    /// binary has none, a C program built with the macro has one.
+    /// The section is found by name, in bounds: this test's own binary
+    /// has none; a file cut short or not ELF gives none, never a panic.
     #[test]
     fn the_offers_section_is_found_by_name() {
-        assert_eq!(offers_section("/proc/self/exe"), None);
-        assert_eq!(offers_section("/nonexistent"), None);
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        assert_eq!(offers_section(&exe), None);
+        for cut in [0, 6, 64, 0x40, exe.len() / 2] {
+            assert_eq!(offers_section(&exe[..cut]), None);
+        }
+        assert_eq!(offers_section(b"not an ELF file at all"), None);
+    }
+
+    /// Names are read only inside the module's range: a pointer the
+    /// loader has not relocated yet (the file's value) is not.
+    #[test]
+    fn names_outside_the_module_are_not_read() {
+        let maps = Maps::current();
+        let s = c"kernel";
+        let at = s.as_ptr() as u64;
+        assert_eq!(
+            c_string(&maps, s.as_ptr(), (at, at + 64)),
+            Some(b"kernel".to_vec())
+        );
+        assert_eq!(c_string(&maps, s.as_ptr(), (at + 1, at + 64)), None);
+        assert_eq!(
+            c_string(&maps, 0x2000 as *const c_char, (0, u64::MAX)),
+            None
+        );
     }
 
     #[test]
@@ -607,7 +700,7 @@ mod tests {
         let r = Routes {
             offers: vec![offer(1, 0x1000, 0x9000), offer(2, 0x2000, 0xa000)],
             routed: vec![(1, 0)],
-            read: Vec::new(),
+            ..Routes::default()
         };
         let mut stubs = vec![0x1000, 0x2000, 0x3000];
         r.counting_stubs(&[1, 2, 3], &mut stubs);
