@@ -180,6 +180,18 @@ impl Acting {
         let offered = act::offered_in(v);
         let span_s = v.span_ns as f64 / 1e9;
         for d in self.placer.decide(&offered, span_s) {
+            // A move back refused keeps its slot: no newcomer beyond K.
+            if d.to != rtprof_abi::route::ORIGINAL && self.placer.over_capacity() {
+                self.placer.refused(&d);
+                println!(
+                    "tick {}: pid {} {} -> {}: skipped, no slot was freed",
+                    v.generation,
+                    d.pid,
+                    escape_text(&d.function),
+                    escape_text(&d.to)
+                );
+                continue;
+            }
             let outcome = match rtprof_abi::protocol::route(&self.socket, d.pid, &d.function, &d.to)
             {
                 Ok(_) => "done".to_string(),

@@ -22,8 +22,12 @@ int rtprof_route(const char *socket_path, uint32_t pid, const char *function,
         socket_path = getenv("RTPROF_DAEMON_SOCKET");
         if (!socket_path || !*socket_path) socket_path = RTPROF_DEFAULT_SOCKET;
     }
-    size_t f = strlen(function), i = strlen(implementation);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (!function || !implementation) {
+        errno = EINVAL;
+        return -1;
+    }
+    size_t f = strlen(function), i = strlen(implementation);
     if (!f || !i || f + 1 + i > MAX_NAMES || strlen(socket_path) >= sizeof addr.sun_path) {
         errno = EINVAL;
         return -1;
@@ -40,9 +44,10 @@ int rtprof_route(const char *socket_path, uint32_t pid, const char *function,
     struct timeval five = {.tv_sec = 5};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof five);
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &five, sizeof five);
+    ssize_t sent = -1;
     if (connect(s, (struct sockaddr *)&addr, sizeof addr) != 0 ||
-        send(s, msg, len, MSG_NOSIGNAL) != (ssize_t)len) {
-        int e = errno;
+        (sent = send(s, msg, len, MSG_NOSIGNAL)) != (ssize_t)len) {
+        int e = sent >= 0 ? EIO : errno;
         close(s);
         errno = e;
         return -1;

@@ -986,9 +986,6 @@ pub fn read_samples(bytes: &[u8], h: &Header, out: &mut [u64], modules: &mut [u6
     }
 }
 
-/// Validates `bytes` as a counter segment and sums its stripes. A live
-/// segment whose state is still STARTING is being filled in and may fail
-/// validation for a moment; a reader retries it later.
 /// Names each implementation row's implementation, finds the function
 /// its code lies in, and gives the row that function's samples.
 fn place_implementations(functions: &mut [FunctionStats], modules: &[ModuleStats]) {
@@ -1029,6 +1026,9 @@ fn place_implementations(functions: &mut [FunctionStats], modules: &[ModuleStats
     }
 }
 
+/// Validates `bytes` as a counter segment and sums its stripes. A live
+/// segment whose state is still STARTING is being filled in and may fail
+/// validation for a moment; a reader retries it later.
 pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
     let h = read_header(bytes)?;
     let strings = &bytes[h.strings_off as usize..(h.strings_off + h.strings_len as u64) as usize];

@@ -62,6 +62,8 @@ pub enum Error {
     Backlog { pid: u32, waiting: usize },
     /// A route request while another request waits for the agent.
     Busy { pid: u32 },
+    /// A route request whose names do not fit the segment's request area.
+    BadNames { pid: u32 },
 }
 
 impl fmt::Display for Error {
@@ -107,6 +109,10 @@ impl fmt::Display for Error {
             Error::Busy { pid } => write!(
                 f,
                 "pid {pid}: another request is waiting for its agent; ask again"
+            ),
+            Error::BadNames { pid } => write!(
+                f,
+                "pid {pid}: the function's and implementation's names are empty or too long"
             ),
         }
     }

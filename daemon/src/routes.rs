@@ -51,19 +51,19 @@ impl Routes {
     }
 
     /// Answers the requests whose agents have answered, or took too long.
-    pub fn poll(&mut self, table: &Table, now: Instant) {
+    pub fn poll(&mut self, table: &mut Table, now: Instant) {
         let mut i = 0;
         while i < self.waiting.len() {
             let w = &self.waiting[i];
             let (pid, f, to) = (w.req.pid, &w.req.function, &w.req.implementation);
-            let line = match table.route_answer(w.key, w.seq, pid) {
+            let line = match table.route_answer(w.key, w.seq, pid, now >= w.deadline) {
                 Ok(Some(code)) => Some(match RouteOutcome::from_code(code) {
                     Some(o) if o.done() => format!("ok: pid {pid}: calls of {f} go to {to} ({})", o.text()),
                     Some(o) => format!("error: pid {pid}: {f} not routed to {to}: {}", o.text()),
                     None => format!("error: pid {pid}: its agent answered with unknown code {code}"),
                 }),
                 Ok(None) if now >= w.deadline => Some(format!(
-                    "error: pid {pid}: its agent did not answer within {} ms (no drain thread runs where sampling is off)",
+                    "error: pid {pid}: its agent did not answer within {} ms (no drain thread runs where sampling is off); the request stays with it and may still be carried out",
                     ANSWER_WITHIN.as_millis()
                 )),
                 Ok(None) => None,

@@ -354,7 +354,7 @@ impl Daemon {
                     }),
                 }
             }
-            self.routes.poll(&self.table, now);
+            self.routes.poll(&mut self.table, now);
             if now >= due {
                 break;
             }

@@ -40,6 +40,8 @@ struct Meta {
     /// Offered functions and their implementations' rows: shown in every
     /// span, called or not, so that a scheduler sees what it may route to.
     offered: Vec<u32>,
+    /// The offered functions among them.
+    offered_functions: std::collections::HashSet<u32>,
 }
 
 #[derive(Clone, Copy)]
@@ -75,7 +77,7 @@ impl Meta {
                 if let Some(code) = imp.code {
                     self.implementations.push((i as u32, code));
                 }
-                if !self.offered.contains(&imp.of) {
+                if self.offered_functions.insert(imp.of) {
                     self.offered.push(imp.of);
                 }
                 self.offered.push(i as u32);

@@ -81,6 +81,9 @@ struct Entry {
     unfilled: u32,
     /// Switch requests for its agent, oldest first: (on, pattern).
     pending: VecDeque<(bool, String)>,
+    /// A route request whose answer is not collected yet: no switch is
+    /// relayed over it (it would overwrite the answer).
+    route_waiting: bool,
 }
 
 impl Entry {
@@ -111,8 +114,9 @@ impl Entry {
                 },
             ),
         };
-        // One switch request at a time, once the agent answered the last.
-        if let Some((on, pattern)) = self.pending.front() {
+        // One switch request at a time, once the agent answered the last
+        // (and its answer, a route's, was collected).
+        if let Some((on, pattern)) = self.pending.front().filter(|_| !self.route_waiting) {
             let kind = if *on { control::ON } else { control::OFF };
             if !self.map.takes_requests(&h) || self.map.request(kind, pattern.as_bytes()).is_some()
             {
@@ -236,6 +240,7 @@ impl Table {
                 tracked: None,
                 unfilled: 0,
                 pending: VecDeque::new(),
+                route_waiting: false,
             },
         );
         self.by_pid.entry(reg.pid).or_default().push(seq);
@@ -321,19 +326,31 @@ impl Table {
             return Err(Error::Busy { pid });
         }
         let bytes = rtprof_abi::route::request_bytes(&req.function, &req.implementation)
-            .ok_or(Error::Busy { pid })?;
+            .ok_or(Error::BadNames { pid })?;
         let seq = e
             .map
             .request(control::ROUTE, &bytes)
             .ok_or(Error::Busy { pid })?;
+        e.route_waiting = true;
         Ok((key, seq))
     }
 
     /// The agent's answer to route request `seq` of entry `key`, once it
-    /// has answered; an error if the process is no longer followed.
-    pub fn route_answer(&self, key: u64, seq: u32, pid: u32) -> Result<Option<u32>, Error> {
-        let e = self.entries.get(&key).ok_or(Error::Ended { pid })?;
-        Ok(e.map.answer(seq))
+    /// has answered; an error if the process is no longer followed. With
+    /// `giving_up`, switches may be relayed again whatever it says.
+    pub fn route_answer(
+        &mut self,
+        key: u64,
+        seq: u32,
+        pid: u32,
+        giving_up: bool,
+    ) -> Result<Option<u32>, Error> {
+        let e = self.entries.get_mut(&key).ok_or(Error::Ended { pid })?;
+        let answer = e.map.answer(seq);
+        if answer.is_some() || giving_up {
+            e.route_waiting = false;
+        }
+        Ok(answer)
     }
 
     fn remove(&mut self, seq: u64) -> Option<Entry> {

@@ -11,7 +11,9 @@
 //! tried for a span when its function is worth a slot: its saving is then
 //! at most the function's whole time, counted at half. Hysteresis keeps
 //! slots from flapping: a pair keeps its slot for `min_spans` spans, and
-//! is displaced only by one whose saving is larger by `hysteresis`.
+//! is displaced only by one whose saving is larger by `hysteresis`. The
+//! rows' active implementation is the truth: a route someone else made
+//! holds a slot, and one undone frees it.
 
 use rtprof_abi::present::View;
 use rtprof_abi::route::{implementation_in, ORIGINAL};
@@ -89,6 +91,8 @@ pub struct Decision {
     pub function: String,
     /// The implementation its calls go to (`original`: back).
     pub to: String,
+    /// The one they went to.
+    pub from: String,
     pub reason: String,
 }
 
@@ -103,7 +107,14 @@ pub struct Placer {
     measured: HashMap<(u32, String, String), f64>,
     /// Pairs holding a slot: the implementation, and the span they got it.
     placed: HashMap<Pair, (String, u64)>,
+    /// Spans each (pid, function, implementation) ran without a
+    /// measurement (no samples of its code).
+    unmeasured: HashMap<(u32, String, String), u32>,
 }
+
+/// Spans an implementation may run unmeasured before it counts as saving
+/// nothing (its code has no row to measure it by).
+const MAX_UNMEASURED: u32 = 3;
 
 /// A pair's best move this span.
 struct Candidate {
@@ -121,19 +132,21 @@ impl Placer {
             span: 0,
             measured: HashMap::new(),
             placed: HashMap::new(),
+            unmeasured: HashMap::new(),
         }
+    }
+
+    /// Whether more pairs hold a slot than there are slots (a move back
+    /// was refused).
+    pub fn over_capacity(&self) -> bool {
+        self.placed.len() > self.opts.slots
     }
 
     /// The moves for a span of `span_s` seconds showing `offered`.
     pub fn decide(&mut self, offered: &[Offered], span_s: f64) -> Vec<Decision> {
         self.span += 1;
         self.measure(offered);
-        // A process gone frees its slot (nothing to route back).
-        self.placed.retain(|pair, _| {
-            offered
-                .iter()
-                .any(|o| o.pid == pair.0 && o.function == pair.1)
-        });
+        self.follow_rows(offered);
         let mut candidates: Vec<Candidate> = offered
             .iter()
             .filter_map(|o| self.candidate(o, span_s))
@@ -152,11 +165,12 @@ impl Placer {
                 Some(c) => format!("no longer saves: {}", c.why),
                 None => "no longer saves anything".to_string(),
             };
-            self.placed.remove(&pair);
+            let (from, _) = self.placed.remove(&pair).unwrap_or_default();
             out.push(Decision {
                 pid: pair.0,
                 function: pair.1,
                 to: ORIGINAL.to_string(),
+                from,
                 reason: why,
             });
         }
@@ -164,38 +178,78 @@ impl Placer {
             if self.placed.get(&c.pair).is_some_and(|(to, _)| *to == c.to) {
                 continue;
             }
-            self.placed
-                .insert(c.pair.clone(), (c.to.clone(), self.span));
+            let from = self
+                .placed
+                .insert(c.pair.clone(), (c.to.clone(), self.span))
+                .map_or(ORIGINAL.to_string(), |(f, _)| f);
             out.push(Decision {
                 pid: c.pair.0,
                 function: c.pair.1.clone(),
                 to: c.to.clone(),
+                from,
                 reason: c.why.clone(),
             });
         }
         out
     }
 
-    /// Forgets decision `d`, which rtprofd refused: its pair holds no
-    /// slot (a refused move back leaves it where it was, unplaced).
+    /// Takes the rows' word for where each function's calls go: a pair
+    /// routed by someone else holds a slot, one routed back frees it, and
+    /// a process gone frees its slot (nothing to route back). Forgets the
+    /// measurements of processes gone (a pid is reused).
+    fn follow_rows(&mut self, offered: &[Offered]) {
+        let span = self.span;
+        let mut seen = std::collections::HashSet::new();
+        for o in offered {
+            let pair = (o.pid, o.function.clone());
+            seen.insert(pair.clone());
+            match o.implementations.iter().find(|i| i.active) {
+                Some(i) if i.name != ORIGINAL => {
+                    let e = self.placed.entry(pair).or_insert((i.name.clone(), span));
+                    e.0 = i.name.clone();
+                }
+                Some(_) => {
+                    self.placed.remove(&pair);
+                }
+                None => {}
+            }
+        }
+        self.placed.retain(|pair, _| seen.contains(pair));
+        let live: std::collections::HashSet<u32> = offered.iter().map(|o| o.pid).collect();
+        self.measured.retain(|k, _| live.contains(&k.0));
+        self.unmeasured.retain(|k, _| live.contains(&k.0));
+    }
+
+    /// Undoes decision `d`, which rtprofd refused: the pair stays where
+    /// it was (holding its slot if it had one).
     pub fn refused(&mut self, d: &Decision) {
-        if d.to != ORIGINAL {
-            self.placed.remove(&(d.pid, d.function.clone()));
+        let pair = (d.pid, d.function.clone());
+        if d.from == ORIGINAL {
+            self.placed.remove(&pair);
+        } else {
+            self.placed.insert(pair, (d.from.clone(), self.span));
         }
     }
 
     /// Notes each implementation's time per call where the span ran it.
+    /// One that ran for [`MAX_UNMEASURED`] spans without samples of its
+    /// code counts as saving nothing: it is not tried again.
     fn measure(&mut self, offered: &[Offered]) {
         for o in offered {
-            for i in o
-                .implementations
-                .iter()
-                .filter(|i| i.calls > 0 && i.time_ns > 0)
-            {
-                self.measured.insert(
-                    (o.pid, o.function.clone(), i.name.clone()),
-                    i.time_ns as f64 / i.calls as f64,
-                );
+            let own = self.per_call(o, ORIGINAL);
+            for i in o.implementations.iter().filter(|i| i.calls > 0) {
+                let key = (o.pid, o.function.clone(), i.name.clone());
+                if i.time_ns > 0 {
+                    self.measured.insert(key, i.time_ns as f64 / i.calls as f64);
+                    continue;
+                }
+                let n = self.unmeasured.entry(key.clone()).or_insert(0);
+                *n += 1;
+                if *n >= MAX_UNMEASURED && !self.measured.contains_key(&key) {
+                    if let Some(own) = own {
+                        self.measured.insert(key, own);
+                    }
+                }
             }
         }
     }
@@ -375,5 +429,69 @@ mod tests {
         let d = p.decide(&[span(2, ORIGINAL, 1_000_000, 100)], 1.0);
         assert!(!p.placed.contains_key(&(1, "work".to_string())));
         assert_eq!((d[0].pid, d[0].to.as_str()), (2, "fast"));
+    }
+
+    /// A move back that rtprofd refused keeps the pair's slot, and the
+    /// newcomer waits; a route made by someone else holds a slot too.
+    #[test]
+    fn the_slots_are_those_the_rows_show() {
+        let mut p = Placer::new(opts());
+        p.measured
+            .insert((1, "work".into(), ORIGINAL.into()), 100.0);
+        p.measured.insert((1, "work".into(), "fast".into()), 25.0);
+        p.measured
+            .insert((2, "work".into(), ORIGINAL.into()), 100.0);
+        p.measured.insert((2, "work".into(), "fast".into()), 25.0);
+        // 1 was routed by another scheduler: it holds the one slot.
+        let d = p.decide(
+            &[span(1, "fast", 1_000, 25), span(2, ORIGINAL, 1_000, 100)],
+            1.0,
+        );
+        assert!(d.is_empty(), "{d:?}");
+        for _ in 0..2 {
+            let _ = p.decide(
+                &[span(1, "fast", 0, 25), span(2, ORIGINAL, 10_000_000, 100)],
+                1.0,
+            );
+        }
+        let mut p2 = Placer::new(opts());
+        p2.measured = p.measured.clone();
+        let _ = p2.decide(
+            &[span(1, "fast", 1_000, 25), span(2, ORIGINAL, 1_000, 100)],
+            1.0,
+        );
+        let _ = p2.decide(
+            &[span(1, "fast", 1_000, 25), span(2, ORIGINAL, 1_000, 100)],
+            1.0,
+        );
+        let d = p2.decide(
+            &[span(1, "fast", 0, 25), span(2, ORIGINAL, 10_000_000, 100)],
+            1.0,
+        );
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(
+            (d[0].pid, d[0].from.as_str(), d[0].to.as_str()),
+            (1, "fast", ORIGINAL)
+        );
+        p2.refused(&d[0]);
+        assert!(p2.over_capacity(), "1 kept its slot: 2 must wait");
+    }
+
+    /// An implementation whose code has no samples (no row to measure it
+    /// by) is tried for a few spans, then counts as saving nothing.
+    #[test]
+    fn an_unmeasurable_offer_is_given_up() {
+        let mut p = Placer::new(opts());
+        let d = p.decide(&[span(1, ORIGINAL, 1_000_000, 100)], 1.0);
+        assert_eq!(d[0].to, "fast");
+        let mut gave_up = false;
+        for _ in 0..MAX_UNMEASURED + 2 {
+            let d = p.decide(&[span(1, "fast", 1_000_000, 0)], 1.0);
+            gave_up |= d.iter().any(|d| d.to == ORIGINAL);
+        }
+        assert!(
+            gave_up,
+            "the slot is not held for ever by an unmeasured offer"
+        );
     }
 }

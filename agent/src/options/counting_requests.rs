@@ -14,6 +14,7 @@ use crate::patch::switch::set_counting;
 use crate::plan::analysis::ModulePlan;
 use crate::Agent;
 use rtprof_abi::SegmentWriter;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Switches the patched functions whose names `select` to `on`; returns
 /// how many. `map` and `w` are the stub map and records the caller holds
@@ -28,8 +29,11 @@ fn switch_where(
     let chosen: Vec<u32> = (0..w.func_count())
         .filter(|&slot| {
             let f = w.function(slot);
-            // Only patched functions have a stub to switch.
-            f.status == 0 && select(w.function_name(slot))
+            // Only patched functions have a stub to switch; an
+            // implementation's route stub follows its function's.
+            f.status == 0
+                && w.module(f.module).flags & rtprof_abi::layout::module_flags::IMPLEMENTATIONS == 0
+                && select(w.function_name(slot))
         })
         .collect();
     if chosen.is_empty() {
@@ -83,6 +87,20 @@ pub fn mark_off_from_start(
 /// every tick; two loads when there is none.
 pub fn serve_control(a: &Agent) {
     use rtprof_abi::layout::control;
+    /// The drain and budget threads both serve: one at a time, so that a
+    /// request is answered once (a late second answer would write over
+    /// the next request).
+    static SERVING: AtomicBool = AtomicBool::new(false);
+    struct Serving;
+    impl Drop for Serving {
+        fn drop(&mut self) {
+            SERVING.store(false, Ordering::Release);
+        }
+    }
+    if SERVING.swap(true, Ordering::Acquire) {
+        return;
+    }
+    let _serving = Serving;
     // Offers of libraries loaded since, once relocated.
     crate::options::routes::read_pending(a);
     let w = &a.segment.counters;

@@ -100,7 +100,7 @@ impl Routes {
     }
 
     /// Whether `addr` lies in a module loaded at start-up.
-    fn from_start(&self, addr: u64) -> bool {
+    fn loaded_at_start(&self, addr: u64) -> bool {
         self.startup.iter().any(|&(lo, hi)| addr >= lo && addr < hi)
     }
 
@@ -271,7 +271,7 @@ pub fn route(a: &Agent, function_name: &[u8], name: &[u8]) -> RouteOutcome {
         }
     };
     if let Some(i) = wanted {
-        if routes.closing > 0 && !routes.from_start(routes.offers[i].target) {
+        if routes.closing > 0 && !routes.loaded_at_start(routes.offers[i].target) {
             return RouteOutcome::Unloading;
         }
     }
@@ -381,7 +381,7 @@ impl Routes {
     /// to its own code (its stub may be gone with the module, then only
     /// the record goes).
     pub fn forget_unloaded(&mut self, w: &mut SegmentWriter, lo: u64, hi: u64) {
-        self.pending.retain(|p| !(p.module.span().0 == lo));
+        self.pending.retain(|p| p.module.span().0 != lo);
         if self.offers.is_empty() {
             return;
         }
@@ -460,10 +460,13 @@ fn c_string(maps: &Maps, p: *const c_char, (lo, hi): (u64, u64)) -> Option<Vec<u
     Some(bytes[..n].to_vec())
 }
 
+/// A section entry read: (function, implementation, name).
+type Entry = (Vec<u8>, u64, Vec<u8>);
+
 /// One section entry, if its pointers are final: both names in the module
 /// (a pointer the loader has not relocated yet is the file's value, which
 /// does not lie there) and the implementation in executable memory.
-fn entry(maps: &Maps, e: &SectionEntry, span: (u64, u64)) -> Option<(Vec<u8>, u64, Vec<u8>)> {
+fn entry(maps: &Maps, e: &SectionEntry, span: (u64, u64)) -> Option<Entry> {
     let function = c_string(maps, e.function, span)?;
     let name = c_string(maps, e.name, span)?;
     let target = e.implementation as u64;
@@ -515,7 +518,7 @@ fn read_module(a: &Agent, state: &mut Locked, maps: &Maps, p: &mut Pending) -> b
         );
         return true;
     }
-    let entries: Vec<Option<(Vec<u8>, u64, Vec<u8>)>> = (0..n)
+    let entries: Vec<Option<Entry>> = (0..n)
         .map(|i| {
             // SAFETY: entry `i` of the section, inside the readable range
             // checked above; read unaligned, as plain integers.
@@ -573,7 +576,7 @@ fn before_dlclose() {
     for (of, i) in routed {
         let f = writer.function(of);
         let own = writer.module(f.module).base.wrapping_add(f.vaddr);
-        if !routes.from_start(routes.offers[i].target) || !routes.from_start(own) {
+        if !routes.loaded_at_start(routes.offers[i].target) || !routes.loaded_at_start(own) {
             let outcome = set_route(routes, writer, of, None);
             vlog!(
                 "dlclose: {} routed back to its own code: {}",
@@ -626,7 +629,8 @@ pub unsafe extern "C" fn rtprof_offer(
     if function.is_null() || name.is_null() || implementation.is_null() {
         return -(OfferRefusal::Inactive as c_int);
     }
-    let Some(a) = crate::agent() else {
+    // Under a seccomp filter the agent makes no system call it may forbid.
+    let Some(a) = crate::agent().filter(|_| !crate::lifecycle::sandbox::on()) else {
         return -(OfferRefusal::Inactive as c_int);
     };
     let (function, name) = (CStr::from_ptr(function), CStr::from_ptr(name));

@@ -54,7 +54,10 @@ pub fn store_stub_word(stub: u64, bytes: [u8; 8]) -> Result<(), PatchError> {
     // made writable just above.
     let cell = unsafe { AtomicU64::from_ptr(stub as *mut u64) };
     cell.store(u64::from_le_bytes(bytes), Ordering::Release);
-    protect(page, libc::PROT_READ | libc::PROT_EXEC)?;
+    // Stored: whether or not the page is sealed again, the route is made.
+    if let Err(e) = protect(page, libc::PROT_READ | libc::PROT_EXEC) {
+        vlog!("a stub page stays writable: {e}");
+    }
     serialise_cores();
     Ok(())
 }
