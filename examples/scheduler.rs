@@ -195,6 +195,12 @@ impl Acting {
             let outcome = match rtprof_abi::protocol::route(&self.socket, d.pid, &d.function, &d.to)
             {
                 Ok(_) => "done".to_string(),
+                // A process gone holds no slot.
+                Err(e)
+                    if e.contains("has ended") || e.contains("not a process rtprofd follows") =>
+                {
+                    format!("refused: {e}")
+                }
                 Err(e) => {
                     self.placer.refused(&d);
                     format!("refused: {e}")

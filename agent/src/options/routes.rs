@@ -92,10 +92,18 @@ static ANY: AtomicBool = AtomicBool::new(false);
 
 impl Routes {
     /// Notes the modules loaded at start-up: what a `dlclose` cannot take.
+    /// The agent's own, the loader and the vDSO offer nothing: their
+    /// files are not read.
     pub fn note_startup(&mut self, modules: &[Module]) {
+        use crate::discover::modules::{skip_reason, Skip};
         for m in modules {
             self.startup.push(m.span());
-            self.note_module(m);
+            if !matches!(
+                skip_reason(m, &|_| true),
+                Some(Skip::Agent | Skip::Loader | Skip::Vdso)
+            ) {
+                self.note_module(m);
+            }
         }
     }
 
