@@ -349,14 +349,9 @@ impl Mapped {
     /// sequence number; `None` while the last is unanswered.
     pub fn request(&mut self, kind: u32, pattern: &[u8]) -> Option<u32> {
         use rtprof_abi::layout::control;
-        use std::sync::atomic::{AtomicU32, Ordering};
-        let page = self.control.as_mut()?;
-        let base = page.as_mut_ptr();
-        let word = |off: usize| {
-            // SAFETY: an aligned u32 of the header inside our mapping,
-            // which the agent also accesses only atomically.
-            unsafe { AtomicU32::from_ptr(base.add(off) as *mut u32) }
-        };
+        use std::sync::atomic::Ordering;
+        let base = self.control.as_mut()?.as_mut_ptr();
+        let word = |off| self.control_word(off);
         let seq = word(control::SEQ).load(Ordering::Acquire);
         if seq != word(control::ACK).load(Ordering::Acquire) {
             return None;
@@ -389,17 +384,27 @@ impl Mapped {
     /// request has been made since.
     pub fn answer(&self, seq: u32) -> Option<u32> {
         use rtprof_abi::layout::control;
-        use std::sync::atomic::{AtomicU32, Ordering};
-        let page = self.control.as_ref()?;
-        let base = page.as_ptr();
-        let word = |off: usize| {
-            // SAFETY: as in `request`: an aligned u32 of the header inside
-            // our mapping, accessed only atomically.
-            unsafe { AtomicU32::from_ptr(base.add(off) as *mut u32) }
-        };
+        use std::sync::atomic::Ordering;
+        self.control.as_ref()?;
+        let word = |off| self.control_word(off);
         let ack = word(control::ACK).load(Ordering::Acquire);
         (ack == seq && word(control::SEQ).load(Ordering::Acquire) == seq)
             .then(|| word(control::KIND).load(Ordering::Relaxed))
+    }
+
+    /// The request word at `off` (a `layout::control` offset) of the
+    /// header page mapped writable; only called once that page is known
+    /// mapped.
+    fn control_word(&self, off: usize) -> &std::sync::atomic::AtomicU32 {
+        let base = self
+            .control
+            .as_ref()
+            .map_or(std::ptr::null(), |p| p.as_ptr());
+        assert!(!base.is_null() && off + 4 <= HEADER_PAGE && off.is_multiple_of(4));
+        // SAFETY: an aligned u32 of the header inside our mapping (checked
+        // above), which the agent also accesses only atomically; it lives
+        // as long as `self`.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(base.add(off) as *mut u32) }
     }
 
     /// The segment's bytes; `None` while the agent has not written its

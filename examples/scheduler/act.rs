@@ -351,6 +351,19 @@ mod tests {
         }
     }
 
+    /// `pid`'s `work`, measured at `own` ns a call and `fast` ns with its offer.
+    fn measured(p: &mut Placer, pid: u32, own: f64, fast: f64) {
+        p.measured
+            .insert((pid, "work".into(), ORIGINAL.into()), own);
+        p.measured.insert((pid, "work".into(), "fast".into()), fast);
+    }
+
+    fn measured_4x_faster(p: &mut Placer, pids: &[u32]) {
+        for &pid in pids {
+            measured(p, pid, 100.0, 25.0);
+        }
+    }
+
     #[test]
     fn an_unmeasured_offer_is_tried_then_kept_while_it_saves() {
         let mut p = Placer::new(opts());
@@ -370,12 +383,7 @@ mod tests {
     fn one_slot_follows_the_hotter_program_without_flapping() {
         let mut p = Placer::new(opts());
         // Both measured: fast is 4x faster for either.
-        p.measured
-            .insert((1, "work".into(), ORIGINAL.into()), 100.0);
-        p.measured.insert((1, "work".into(), "fast".into()), 25.0);
-        p.measured
-            .insert((2, "work".into(), ORIGINAL.into()), 100.0);
-        p.measured.insert((2, "work".into(), "fast".into()), 25.0);
+        measured_4x_faster(&mut p, &[1, 2]);
         let d = p.decide(
             &[
                 span(1, ORIGINAL, 10_000_000, 100),
@@ -414,9 +422,7 @@ mod tests {
     #[test]
     fn a_move_that_saves_less_than_it_costs_is_not_made() {
         let mut p = Placer::new(opts());
-        p.measured
-            .insert((1, "work".into(), ORIGINAL.into()), 100.0);
-        p.measured.insert((1, "work".into(), "fast".into()), 99.0);
+        measured(&mut p, 1, 100.0, 99.0);
         // 1,000 calls/s x 1 ns saves 1 us/s; the move costs 1 ms.
         assert!(p.decide(&[span(1, ORIGINAL, 1000, 100)], 1.0).is_empty());
     }
@@ -436,35 +442,17 @@ mod tests {
     #[test]
     fn the_slots_are_those_the_rows_show() {
         let mut p = Placer::new(opts());
-        p.measured
-            .insert((1, "work".into(), ORIGINAL.into()), 100.0);
-        p.measured.insert((1, "work".into(), "fast".into()), 25.0);
-        p.measured
-            .insert((2, "work".into(), ORIGINAL.into()), 100.0);
-        p.measured.insert((2, "work".into(), "fast".into()), 25.0);
-        // 1 was routed by another scheduler: it holds the one slot.
-        let d = p.decide(
-            &[span(1, "fast", 1_000, 25), span(2, ORIGINAL, 1_000, 100)],
-            1.0,
-        );
-        assert!(d.is_empty(), "{d:?}");
+        measured_4x_faster(&mut p, &[1, 2]);
+        // 1 was routed by another scheduler: it holds the one slot, for
+        // its first spans whatever 2 does.
         for _ in 0..2 {
-            let _ = p.decide(
-                &[span(1, "fast", 0, 25), span(2, ORIGINAL, 10_000_000, 100)],
+            let d = p.decide(
+                &[span(1, "fast", 1_000, 25), span(2, ORIGINAL, 1_000, 100)],
                 1.0,
             );
+            assert!(d.is_empty(), "{d:?}");
         }
-        let mut p2 = Placer::new(opts());
-        p2.measured = p.measured.clone();
-        let _ = p2.decide(
-            &[span(1, "fast", 1_000, 25), span(2, ORIGINAL, 1_000, 100)],
-            1.0,
-        );
-        let _ = p2.decide(
-            &[span(1, "fast", 1_000, 25), span(2, ORIGINAL, 1_000, 100)],
-            1.0,
-        );
-        let d = p2.decide(
+        let d = p.decide(
             &[span(1, "fast", 0, 25), span(2, ORIGINAL, 10_000_000, 100)],
             1.0,
         );
@@ -473,8 +461,8 @@ mod tests {
             (d[0].pid, d[0].from.as_str(), d[0].to.as_str()),
             (1, "fast", ORIGINAL)
         );
-        p2.refused(&d[0]);
-        assert!(p2.over_capacity(), "1 kept its slot: 2 must wait");
+        p.refused(&d[0]);
+        assert!(p.over_capacity(), "1 kept its slot: 2 must wait");
     }
 
     /// An implementation whose code has no samples (no row to measure it

@@ -1,7 +1,8 @@
 //! Implementations a program offers for its functions (`rtprof_offer`, or
 //! the `RTPROF_OFFER` macro's ELF section `rtprof_offers`, read at
-//! start-up and after each `dlopen`), and a function's calls routed to one
-//! of them while the program's threads run (rtprofd's route requests).
+//! start-up and, for a library loaded later, once its pointers are
+//! relocated), and a function's calls routed to one of them while the
+//! program's threads run (rtprofd's route requests).
 //!
 //! An offer gets a row in the counter segment (`function [name]`) and a
 //! route stub near the function's own stub, which counts the call in the
@@ -14,9 +15,10 @@
 //! routed to it.
 //!
 //! A route lives in the process's memory, so a fork child keeps it; an
-//! exec starts a new agent without any. Before `dlclose` of a library
-//! holding a routed function or implementation, the function goes back to
-//! `original` and the library's offers are forgotten.
+//! exec starts a new agent without any. Before a `dlclose`, every route
+//! into (or of) a library loaded after start-up goes back to `original`;
+//! the offers of a library that did go are forgotten when the loader hook
+//! sees it gone.
 
 use crate::arch::{CounterRef, Native, StubWriter};
 use crate::discover::maps::Maps;
@@ -70,14 +72,14 @@ struct Offer {
     name: Box<[u8]>,
     target: u64,
     route_stub: u64,
+    /// The function's calls are routed to it now.
+    active: bool,
 }
 
 /// Every offer and route of the process (under the state lock).
 #[derive(Default)]
 pub struct Routes {
     offers: Vec<Offer>,
-    /// Functions routed now: (slot, index of the offer in `offers`).
-    routed: Vec<(u32, usize)>,
     /// Modules whose offers section is not read yet.
     pending: Vec<Pending>,
     /// The address ranges of the modules loaded at start-up (never
@@ -112,8 +114,9 @@ impl Routes {
         self.startup.iter().any(|&(lo, hi)| addr >= lo && addr < hi)
     }
 
+    /// The offer function `slot`'s calls are routed to now.
     fn routed_to(&self, slot: u32) -> Option<usize> {
-        self.routed.iter().find(|r| r.0 == slot).map(|r| r.1)
+        self.offers.iter().position(|o| o.of == slot && o.active)
     }
 
     /// The stubs a counting switch of `chosen` (sorted slots) writes,
@@ -124,7 +127,7 @@ impl Routes {
         if self.offers.is_empty() {
             return;
         }
-        stubs.retain(|s| !self.routed.iter().any(|&(_, i)| self.offers[i].stub == *s));
+        stubs.retain(|s| !self.offers.iter().any(|o| o.active && o.stub == *s));
         stubs.extend(
             self.offers
                 .iter()
@@ -234,6 +237,7 @@ fn offer_locked(
         name: name.into(),
         target,
         route_stub: area.addr,
+        active: false,
     });
     ANY.store(true, Ordering::Release);
     vlog!(
@@ -317,13 +321,15 @@ fn set_route(
         vlog!("route: {e}");
         return RouteOutcome::Failed;
     }
-    routes.routed.retain(|r| r.0 != of);
-    if let Some(i) = wanted {
-        routes.routed.push((of, i));
-    }
     w.set_active(of, wanted.is_none());
-    for (i, o) in routes.offers.iter().enumerate().filter(|(_, o)| o.of == of) {
-        w.set_active(o.row, Some(i) == wanted);
+    for (i, o) in routes
+        .offers
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, o)| o.of == of)
+    {
+        o.active = Some(i) == wanted;
+        w.set_active(o.row, o.active);
     }
     RouteOutcome::Routed
 }
@@ -398,32 +404,17 @@ impl Routes {
             let f = w.function(of);
             inside(w.module(f.module).base.wrapping_add(f.vaddr))
         };
-        let routed: Vec<(u32, usize)> = self.routed.clone();
-        for (of, i) in routed {
-            if own(w, of) {
-                self.routed.retain(|r| r.0 != of);
-            } else if inside(self.offers[i].target) {
-                let _ = set_route(self, w, of, None);
-            }
+        let back: Vec<u32> = self
+            .offers
+            .iter()
+            .filter(|o| o.active && inside(o.target) && !own(w, o.of))
+            .map(|o| o.of)
+            .collect();
+        for of in back {
+            let _ = set_route(self, w, of, None);
         }
-        self.drop_offers(|o| inside(o.target) || own(w, o.of));
-    }
-
-    /// Forgets the offers `gone` selects (none of them routed).
-    fn drop_offers(&mut self, gone: impl Fn(&Offer) -> bool) {
-        let mut i = 0;
-        while i < self.offers.len() {
-            if gone(&self.offers[i]) && !self.routed.iter().any(|r| r.1 == i) {
-                self.offers.remove(i);
-                for r in &mut self.routed {
-                    if r.1 > i {
-                        r.1 -= 1;
-                    }
-                }
-            } else {
-                i += 1;
-            }
-        }
+        // A function of the module goes with its stub, routed or not.
+        self.offers.retain(|o| !inside(o.target) && !own(w, o.of));
     }
 }
 
@@ -580,11 +571,16 @@ fn before_dlclose() {
     };
     let Locked { writer, routes, .. } = &mut *state;
     routes.closing += 1;
-    let routed: Vec<(u32, usize)> = routes.routed.clone();
-    for (of, i) in routed {
+    let active: Vec<(u32, u64)> = routes
+        .offers
+        .iter()
+        .filter(|o| o.active)
+        .map(|o| (o.of, o.target))
+        .collect();
+    for (of, target) in active {
         let f = writer.function(of);
         let own = writer.module(f.module).base.wrapping_add(f.vaddr);
-        if !routes.loaded_at_start(routes.offers[i].target) || !routes.loaded_at_start(own) {
+        if !routes.loaded_at_start(target) || !routes.loaded_at_start(own) {
             let outcome = set_route(routes, writer, of, None);
             vlog!(
                 "dlclose: {} routed back to its own code: {}",
@@ -708,10 +704,10 @@ mod tests {
             name: b"fast"[..].into(),
             target: 0,
             route_stub,
+            active: of == 1,
         };
         let r = Routes {
             offers: vec![offer(1, 0x1000, 0x9000), offer(2, 0x2000, 0xa000)],
-            routed: vec![(1, 0)],
             ..Routes::default()
         };
         let mut stubs = vec![0x1000, 0x2000, 0x3000];
