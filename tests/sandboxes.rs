@@ -242,3 +242,127 @@ fn a_filter_at_start_is_tried_out_before_the_agent_acts() {
         assert!(err.contains(said), "{argv:?}: {err}");
     }
 }
+
+/// `argv` under `timeout`, so that a hang fails the test (status 137)
+/// rather than stalling it.
+fn bounded(argv: &[&str]) -> Vec<String> {
+    let mut v = strings(&["timeout", "-s", "KILL", "60"]);
+    v.extend(strings(argv));
+    v
+}
+
+/// A child made by clone() (glibc's wrapper, and a raw clone system call)
+/// that changes its credentials, as firejail's sandbox child does: no
+/// fork handler runs there, so its C library still lists the agent's
+/// threads, which do not exist in it. Every run ends, with the output of
+/// a run without the agent (five runs each: the hang was not every time).
+#[test]
+fn a_clone_child_changes_credentials_as_without_the_agent() {
+    let dir = open_scratch("clone-credentials");
+    let bin = compile_o2("clone_credentials.c", &[], &dir);
+    let bin = bin.to_str().unwrap();
+    let agent = agent();
+    for mode in ["clone", "raw"] {
+        let plain = run(
+            &bounded(&[bin, mode])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &[],
+        );
+        assert!(
+            plain.status.success(),
+            "{mode} without the agent: {plain:?}"
+        );
+        let out = String::from_utf8_lossy(&plain.stdout);
+        assert!(out.contains("setresuid 0 uid 65534"), "{out}");
+        assert!(out.contains("child exited 7"), "{out}");
+        for sampler in ["timer", "perf"] {
+            for _ in 0..5 {
+                let with = run(
+                    &bounded(&[bin, mode])
+                        .iter()
+                        .map(String::as_str)
+                        .collect::<Vec<_>>(),
+                    &[
+                        ("LD_PRELOAD", agent.to_str().unwrap()),
+                        ("RTPROF_SAMPLER", sampler),
+                    ],
+                );
+                assert_same_behaviour(&format!("{mode}, {sampler}"), &plain, &with);
+            }
+        }
+    }
+}
+
+/// firejail makes its sandbox with clone() and changes credentials in the
+/// child; under a machine-wide preload it ran as without the agent only
+/// some of the time. Five runs, as root and with secure programs
+/// profiled.
+#[test]
+fn firejail_runs_under_a_machine_wide_preload() {
+    if !Path::new("/usr/bin/firejail").exists() {
+        panic!("firejail is not installed (scripts/test-deps installs it)");
+    }
+    let argv = bounded(&["firejail", "--quiet", "--noprofile", "/bin/echo", "hi"]);
+    let plain = run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    assert!(
+        plain.status.success(),
+        "firejail without the agent: {plain:?}"
+    );
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "hi\n");
+    preload_everywhere();
+    std::fs::create_dir_all("/etc/rtprof").unwrap();
+    for policy in ["", "profile_secure_processes = yes\n"] {
+        std::fs::write("/etc/rtprof/rtprof.conf", policy).unwrap();
+        for _ in 0..5 {
+            let with = run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+            assert_same_behaviour(&format!("firejail, policy {policy:?}"), &plain, &with);
+        }
+    }
+}
+
+/// A root program gives capabilities up in each way programs do (capset,
+/// the capset system call through syscall(), the bounding set with
+/// PR_CAPBSET_DROP, libcap's cap_set_proc, libcap-ng's capng_apply) or
+/// changes its file system user id: no task of the process (the agent's
+/// threads among them) keeps what its main thread gave up.
+#[test]
+fn no_agent_thread_keeps_what_the_program_gave_up() {
+    let dir = open_scratch("capabilities");
+    let bin = compile_o2("capabilities.c", &["-lcap", "-lcap-ng"], &dir);
+    let bin = bin.to_str().unwrap();
+    let agent = agent();
+    for how in ["capset", "syscall", "bounding", "libcap", "capng", "fsuid"] {
+        let plain = run(&[bin, how], &[]);
+        assert!(plain.status.success(), "{how}: {plain:?}");
+        for sampler in ["timer", "perf"] {
+            let with = run(
+                &[bin, how],
+                &[
+                    ("LD_PRELOAD", agent.to_str().unwrap()),
+                    ("RTPROF_SAMPLER", sampler),
+                ],
+            );
+            assert!(with.status.success(), "{how}: {with:?}");
+            assert_eq!(
+                String::from_utf8_lossy(&plain.stdout),
+                String::from_utf8_lossy(&with.stdout),
+                "{how}, {sampler}"
+            );
+            let out = String::from_utf8_lossy(&with.stdout);
+            assert!(
+                out.contains("tasks keeping what the main thread gave up: 0"),
+                "{how}: {out}"
+            );
+            // Not vacuous: the agent's thread was there to be checked.
+            let err = String::from_utf8_lossy(&with.stderr);
+            let tasks: usize = err
+                .lines()
+                .find_map(|l| l.strip_prefix("tasks: "))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0);
+            assert!(tasks >= 2, "{how}, {sampler}: no agent thread ran: {err}");
+        }
+    }
+}

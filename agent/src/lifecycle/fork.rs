@@ -69,6 +69,9 @@ extern "C" fn in_parent() {
 }
 
 extern "C" fn in_child() {
+    // This child is known: its own from here on (the mark's page exists,
+    // zeroed by the kernel in the child; no system call).
+    crate::lifecycle::process_mark::mark_this_process();
     let scratch = SCRATCH.load(Ordering::Acquire);
     // Under a seccomp filter the child gets no segment of its own (that
     // takes system calls): it counts into the scratch stripe, private to
@@ -206,6 +209,7 @@ pub fn run_steps(list: &[(&str, fn())]) {
 /// Gives this new child process its own segment, keeping the stripe at
 /// `p` (the forking thread's) for its only thread.
 pub fn become_child(p: *mut u64) {
+    crate::lifecycle::process_mark::mark_this_process();
     // Until the fork handler says it was `fork()`.
     FORKED.store(false, Ordering::Relaxed);
     run_steps(CHILD_FORGETS);

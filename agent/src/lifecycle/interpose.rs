@@ -268,6 +268,7 @@ pub unsafe extern "C" fn create_thread(
     let Some(real) = real_pthread_create() else {
         return libc::EAGAIN;
     };
+    super::process_mark::note_thread_started();
     if crate::agent().is_none() {
         return real(thread, attr, start, arg);
     }

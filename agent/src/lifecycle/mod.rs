@@ -10,6 +10,7 @@ pub(crate) mod loader;
 pub(crate) mod lock;
 pub(crate) mod locked;
 pub(crate) mod private_files;
+pub(crate) mod process_mark;
 pub(crate) mod sandbox;
 pub(crate) mod startup;
 pub mod system;

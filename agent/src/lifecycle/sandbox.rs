@@ -46,6 +46,17 @@ const CREDENTIAL_CALLS: [c_long; 10] = [
     libc::SYS_capset,
 ];
 
+/// `prctl` options that change the calling thread's capabilities (its
+/// bounding and ambient sets, its securebits, whether it keeps them across
+/// `setuid`): the agent's threads step aside and start again from the
+/// calling thread, as for a credential change.
+const CAPABILITY_OPTIONS: [c_int; 4] = [
+    libc::PR_CAPBSET_DROP,
+    libc::PR_CAP_AMBIENT,
+    libc::PR_SET_SECUREBITS,
+    libc::PR_SET_KEEPCAPS,
+];
+
 /// Whether the process runs under a seccomp filter (or strict mode).
 pub fn on() -> bool {
     SANDBOXED.load(Ordering::Acquire)
@@ -272,11 +283,16 @@ pub unsafe extern "C" fn prctl(
         entering();
     }
     // SAFETY: F is prctl's C signature.
-    match unsafe { PRCTL.get::<F>() } {
+    let real = unsafe { PRCTL.get::<F>() };
+    let call = || match real {
         // SAFETY: the caller's arguments, passed on as it gave them.
         Some(f) => unsafe { f(option, a2, a3, a4, a5) },
         None => super::interpose::no_such_function(),
+    };
+    if CAPABILITY_OPTIONS.contains(&option) {
+        return super::interpose::with_agent_threads_stopped(|_| call());
     }
+    call()
 }
 
 /// `syscall(2)`: `SYS_seccomp` first stops the agent's own calls. Six
@@ -318,7 +334,8 @@ pub unsafe extern "C" fn syscall(
     // A credential change made directly changes the calling thread only;
     // the agent's threads still step aside and start again with it, so
     // that none keeps what the program gave up.
-    if CREDENTIAL_CALLS.contains(&n) {
+    let capabilities = n == libc::SYS_prctl && CAPABILITY_OPTIONS.contains(&(a1 as c_int));
+    if CREDENTIAL_CALLS.contains(&n) || capabilities {
         let mut r = -1;
         super::interpose::with_agent_threads_stopped(|_| {
             r = call();

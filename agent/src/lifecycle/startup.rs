@@ -181,6 +181,9 @@ pub(crate) fn start() {
     if !may_patch(&cfg) {
         return;
     }
+    // Before any thread of ours exists: a child this process makes
+    // without our fork handlers can then tell it is one.
+    crate::lifecycle::process_mark::mark_this_process();
     ph.mark("checks");
     let maps = Maps::current();
     // Single-threaded here: the cache's directories stay open for all the

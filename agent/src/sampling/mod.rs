@@ -294,9 +294,18 @@ pub fn stop_for_sandbox() {
 }
 
 /// Whether this is the process the agent started in (or its fork child
-/// once the fork handlers ran), not a vfork child sharing its memory.
+/// once the fork handlers ran), not a vfork child sharing its memory nor
+/// a `clone()` child that copied it.
 pub fn in_own_process() -> bool {
-    PID.load(Ordering::Relaxed) == std::process::id()
+    use crate::lifecycle::process_mark::{memory, Memory};
+    match memory() {
+        Memory::Copied => false,
+        // Once a filter may exist, no `getpid`: a vfork child (the only
+        // other task sharing this memory) finds the agent's threads and
+        // sampler already stopped, so nothing it does here matters.
+        Memory::Own if crate::lifecycle::sandbox::on() => true,
+        _ => PID.load(Ordering::Relaxed) == std::process::id(),
+    }
 }
 
 /// Stops the drain thread (a process must be single-threaded to enter a
