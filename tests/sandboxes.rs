@@ -366,3 +366,168 @@ fn no_agent_thread_keeps_what_the_program_gave_up() {
         }
     }
 }
+
+/// Runs `argv` plainly, then with the agent preloaded under each sampler
+/// of `samplers` (and `env`): where the plain run succeeds, the runs
+/// with the agent behave the same. Returns how many cases were compared.
+fn same_where_plain_succeeds(argv: &[&str], env: &[(&str, &str)], samplers: &[&str]) -> usize {
+    let plain = run(argv, &[]);
+    if !plain.status.success() {
+        return 0;
+    }
+    let agent = agent();
+    for sampler in samplers {
+        let mut e = vec![
+            ("LD_PRELOAD", agent.to_str().unwrap()),
+            ("RTPROF_SAMPLER", sampler),
+        ];
+        e.extend_from_slice(env);
+        let with = run(argv, &e);
+        assert_same_behaviour(&format!("{argv:?} with {e:?}"), &plain, &with);
+    }
+    1
+}
+
+/// Calls the agent makes (or made, before it tried them) that a program
+/// need not: each killed by a filter the program inherits at exec.
+const AGENT_CALLS: &[&str] = &[
+    "close_range",
+    "sched_getaffinity",
+    "readlink",
+    "lseek",
+    "rt_sigprocmask",
+    "dup2",
+    "wait4",
+    "statx",
+    "getdents64",
+    "rt_sigreturn",
+    "futex_waitv",
+    "tgkill",
+    "getpid",
+    "membarrier",
+    "clock_nanosleep",
+    "timer_create",
+    "perf_event_open",
+    "memfd_create",
+    "fallocate",
+    "socket",
+    "sigaltstack",
+];
+
+/// A filter present from the program's start (inherited at exec, as bwrap
+/// --seccomp and systemd put it) that kills one call the agent would
+/// make: the agent tries every call it makes in a child before making it,
+/// and the program (single- and multi-threaded) runs as without it.
+#[test]
+fn a_filter_from_the_start_kills_no_call_of_the_agent() {
+    let dir = open_scratch("filters-start");
+    let bin = compile_o2("filters.c", &["-pthread", "-lseccomp"], &dir);
+    let b = bin.to_str().unwrap();
+    let mut compared = 0;
+    for call in AGENT_CALLS {
+        for prog in [&["/bin/echo", "hi"][..], &[b, "threads"][..]] {
+            let mut argv = vec![b, "exec", call];
+            argv.extend_from_slice(prog);
+            compared += same_where_plain_succeeds(&argv, &[], &["timer", "perf"]);
+        }
+    }
+    assert!(
+        compared >= AGENT_CALLS.len(),
+        "only {compared} cases ran plainly"
+    );
+    // bwrap's own --seccomp, as the sandboxes that found it used it.
+    for call in ["statx", "wait4", "close_range", "readlink"] {
+        let bpf = dir.join(format!("{call}.bpf"));
+        let out = run(&[b, "bpf", call], &[]);
+        assert!(out.status.success(), "{out:?}");
+        std::fs::write(&bpf, &out.stdout).unwrap();
+        let script = format!(
+            "exec bwrap --bind / / --seccomp 9 /bin/echo hi 9<{}",
+            bpf.display()
+        );
+        assert_eq!(
+            same_where_plain_succeeds(&["/bin/sh", "-c", &script], &[], &["timer", "perf"]),
+            1,
+            "bwrap --seccomp did not run plainly"
+        );
+    }
+}
+
+/// A filter the program installs while it runs, killing one call, then
+/// work and the program's end (exit or _exit): with libseccomp (the agent
+/// sees it arrive) under every sampler, and with a raw `syscall`
+/// instruction (seen only at the end) under the samplers that send no
+/// signal to the program's threads. Nothing the agent does after the
+/// filter kills the program.
+#[test]
+fn a_filter_arriving_later_kills_no_call_of_the_agent() {
+    let dir = open_scratch("filters-later");
+    let bin = compile_o2("filters.c", &["-pthread", "-lseccomp"], &dir);
+    let b = bin.to_str().unwrap();
+    let calls = [
+        "getpid",
+        "tgkill",
+        "statx",
+        "timer_delete",
+        "futex",
+        "gettid",
+        "madvise",
+        "munmap",
+        "clock_gettime",
+        "lseek",
+    ];
+    let mut compared = 0;
+    for call in calls {
+        for end in ["exit", "_exit"] {
+            compared +=
+                same_where_plain_succeeds(&[b, "later", call, end], &[], &["timer", "perf", "off"]);
+            compared += same_where_plain_succeeds(&[b, "raw", call, end], &[], &["perf", "off"]);
+        }
+    }
+    assert!(
+        compared >= calls.len() * 4,
+        "only {compared} cases ran plainly"
+    );
+}
+
+/// With the agent switched off (RTPROF_DISABLE, the machine's kill switch)
+/// it makes no call at all beyond the dynamic loader's: filters killing
+/// the calls it used to make run as without it.
+#[test]
+fn a_switched_off_agent_makes_no_call() {
+    let dir = open_scratch("filters-off");
+    let bin = compile_o2("filters.c", &["-pthread", "-lseccomp"], &dir);
+    let b = bin.to_str().unwrap();
+    let calls = [
+        "statx",
+        "getpid",
+        "lseek",
+        "readlink",
+        "madvise",
+        "getrandom",
+    ];
+    let off = [("RTPROF_DISABLE", "1")];
+    let mut compared = 0;
+    for call in calls {
+        compared +=
+            same_where_plain_succeeds(&[b, "exec", call, "/bin/echo", "hi"], &off, &["timer"]);
+        for end in ["exit", "_exit"] {
+            compared += same_where_plain_succeeds(&[b, "later", call, end], &off, &["timer"]);
+            compared += same_where_plain_succeeds(&[b, "raw", call, end], &off, &["timer"]);
+        }
+    }
+    assert!(
+        compared >= calls.len() * 4,
+        "only {compared} cases ran plainly"
+    );
+    // The kill switch, in a private copy of /etc.
+    private_machine(&[]);
+    std::fs::create_dir_all("/etc/rtprof").unwrap();
+    std::fs::write("/etc/rtprof/disable", "").unwrap();
+    for call in calls {
+        compared +=
+            same_where_plain_succeeds(&[b, "exec", call, "/bin/echo", "hi"], &[], &["timer"]);
+        compared += same_where_plain_succeeds(&[b, "later", call, "_exit"], &[], &["timer"]);
+    }
+    assert!(compared >= calls.len() * 6);
+}

@@ -109,6 +109,17 @@ pub fn parse_budget(v: &str) -> Option<f64> {
     (p.is_finite() && p > 0.0 && p < 100.0).then_some(p)
 }
 
+/// `RTPROF_DISABLE` set (read from the environment alone: no system call).
+pub fn disabled_by_env() -> bool {
+    std::env::var("RTPROF_DISABLE").is_ok_and(|v| truthy(&v))
+}
+
+/// `RTPROF_VERBOSE` set (from the environment alone, before the full
+/// configuration is read: a seccomp filter's trial is said too).
+pub fn verbose_by_env() -> bool {
+    std::env::var("RTPROF_VERBOSE").is_ok_and(|v| truthy(&v))
+}
+
 fn truthy(v: &str) -> bool {
     !matches!(v.trim(), "" | "0" | "no" | "false" | "off")
 }

@@ -87,11 +87,16 @@ pub(crate) fn now_ns() -> u64 {
 #[cfg(not(test))]
 #[ctor::ctor]
 fn rtprof_init() {
+    lifecycle::interpose::resolve();
+    // Switched off: nothing more, not even an allocation (a seccomp filter
+    // may allow no call the dynamic loader did not make).
+    if lifecycle::startup::switched_off() {
+        return;
+    }
     // Our panic messages stay quiet unless asked for; none crosses into the host.
     std::panic::set_hook(Box::new(|info| {
         log::emit(format_args!("internal error: {info}"))
     }));
-    lifecycle::interpose::resolve();
     if std::panic::catch_unwind(lifecycle::startup::start).is_err() {
         log::emit(format_args!("start-up failed; process left unprofiled"));
     }

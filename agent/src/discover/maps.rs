@@ -102,11 +102,39 @@ impl Maps {
 /// unknown beforehand (0 in a stat): with room for 16 KiB from the start,
 /// not the doubling steps from 32 bytes a read of unknown size makes.
 pub fn read_proc(path: &str) -> String {
-    use std::io::Read;
-    let mut text = String::with_capacity(16 << 10);
-    match std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text)) {
-        Ok(_) => text,
-        Err(_) => String::new(),
+    let Ok(c) = std::ffi::CString::new(path) else {
+        return String::new();
+    };
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return String::new();
+    }
+    let bytes = read_all(fd);
+    // SAFETY: the descriptor opened above, closed once.
+    unsafe { libc::close(fd) };
+    String::from_utf8(bytes).unwrap_or_default()
+}
+
+/// Everything `fd` reads, with `read` alone: no size asked first (`statx`)
+/// nor position (`lseek`), as `std::fs` would, since before a seccomp
+/// filter is tried out only calls the dynamic loader made itself are
+/// sure to be allowed (openat, read, close, newfstatat, access, mmap...).
+pub fn read_all(fd: libc::c_int) -> Vec<u8> {
+    let mut out: Vec<u8> = Vec::with_capacity(16 << 10);
+    loop {
+        if out.capacity() - out.len() < 4096 {
+            out.reserve(out.capacity());
+        }
+        let spare = out.capacity() - out.len();
+        // SAFETY: reads into the vector's spare capacity, `spare` bytes.
+        let n = unsafe { libc::read(fd, out.as_mut_ptr().add(out.len()).cast(), spare) };
+        if n > 0 {
+            // SAFETY: the kernel wrote `n` bytes there.
+            unsafe { out.set_len(out.len() + n as usize) };
+        } else if n == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return out;
+        }
     }
 }
 

@@ -116,7 +116,10 @@ pub fn ending_without_exit_handlers() {
     let Some(a) = agent() else { return };
     // Before anything allocates: a vfork child of this child sees the
     // flag too, but the segment is not its own.
-    if a.config.report.is_none() || a.segment.counters.pid() != std::process::id() {
+    if a.config.report.is_none() || crate::lifecycle::sandbox::filter_arrived_unseen() {
+        return;
+    }
+    if a.segment.counters.pid() != std::process::id() {
         return;
     }
     crate::lifecycle::startup::finish(None);

@@ -57,6 +57,68 @@ const CAPABILITY_OPTIONS: [c_int; 4] = [
     libc::PR_SET_KEEPCAPS,
 ];
 
+/// A thread's seccomp state as `/proc/.../status` gives it: the mode
+/// (`Seccomp:`) and the number of filters (`Seccomp_filters:`, since Linux
+/// 5.9). Either grows when a filter arrives, however it was installed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Filters {
+    pub mode: u64,
+    pub count: u64,
+}
+
+impl Filters {
+    pub fn parse(status: &str) -> Filters {
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Filters {
+            mode: field("Seccomp:"),
+            count: field("Seccomp_filters:"),
+        }
+    }
+}
+
+/// The main thread's filters at start-up (mode, count).
+static AT_START: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// Start-up's reading of the filters the process came with.
+pub fn note_filters_at_start(f: Filters) {
+    AT_START[0].store(f.mode, Ordering::Relaxed);
+    AT_START[1].store(f.count, Ordering::Relaxed);
+}
+
+/// Whether a filter arrived on this thread that no wrapper saw (installed
+/// by a raw `syscall` instruction, as Go's runtime and others do): asked of
+/// `/proc/thread-self/status` (openat, read, close) before the image ends
+/// and the agent would make calls of its own. If so, from now on the agent
+/// makes none, as if it had seen the filter arrive (its threads and
+/// timers, which would need calls to stop, are left to end with the
+/// process).
+pub fn filter_arrived_unseen() -> bool {
+    if on() {
+        return true;
+    }
+    let now = Filters::parse(&crate::discover::maps::read_proc(
+        "/proc/thread-self/status",
+    ));
+    let start = Filters {
+        mode: AT_START[0].load(Ordering::Relaxed),
+        count: AT_START[1].load(Ordering::Relaxed),
+    };
+    if now.mode > start.mode || now.count > start.count {
+        SANDBOXED.store(true, Ordering::Release);
+        return true;
+    }
+    false
+}
+
 /// Whether the process runs under a seccomp filter (or strict mode).
 pub fn on() -> bool {
     SANDBOXED.load(Ordering::Acquire)
@@ -100,34 +162,55 @@ static NO_CORE: libc::rlimit = libc::rlimit {
     rlim_max: 0,
 };
 
-/// Calls start-up makes that a program loaded by the dynamic loader has not
-/// already made: the counter segment (memfd, its size, seals, memory backed
-/// in advance), registering with rtprofd, Rust's own (random seeds, file
-/// status, futexes), writes of files beside the segment.
+/// Calls start-up (and the agent in the program's threads) makes that the
+/// dynamic loader has not made already (it made openat, read, pread64,
+/// close, newfstatat, access, mmap, mprotect, munmap, arch_prctl,
+/// set_tid_address, set_robust_list, rseq and prlimit64 under the same
+/// filter): the probe's own reaping first (the parent reaps the child only
+/// once the child has made that call), the counter segment (memfd, its
+/// size, seals, memory backed in advance), registering with rtprofd, the C
+/// library's and Rust's own (memory, random seeds, file status, futexes),
+/// files beside the segment, the process's identity.
 const START_UP: &[Trial] = &[
-    // First, so that a child killed later leaves no core dump: not
-    // dumpable (its core file size is set to none before the trials).
+    trial(libc::SYS_wait4, -1, 0, libc::WNOHANG as c_long, 0),
+    // Then, so that a child killed later leaves no core dump: not dumpable
+    // (its core file size is set to none before the trials).
     trial(libc::SYS_prctl, libc::PR_SET_DUMPABLE as c_long, 0, 0, 0),
     trial(libc::SYS_memfd_create, 0, 0, 0, 0),
     trial(libc::SYS_ftruncate, -1, 0, 0, 0),
     trial(libc::SYS_fallocate, -1, 0, 0, 0),
     trial(libc::SYS_fcntl, -1, libc::F_ADD_SEALS as c_long, 0, 0),
     trial(libc::SYS_madvise, 0, 0, 23, 0),
+    trial(libc::SYS_brk, 0, 0, 0, 0),
+    trial(libc::SYS_mremap, 0, 0, 0, 0),
     trial(libc::SYS_socket, -1, 0, 0, 0),
     trial(libc::SYS_connect, -1, 0, 0, 0),
     trial(libc::SYS_sendmsg, -1, 0, 0, 0),
     trial(libc::SYS_recvmsg, -1, 0, 0, 0),
     trial(libc::SYS_getrandom, 0, 0, libc::GRND_NONBLOCK as c_long, 0),
     trial(libc::SYS_statx, -1, 0, 0, 0),
+    trial(libc::SYS_lseek, -1, 0, 0, 0),
+    trial(libc::SYS_readlink, 0, 0, 0, 0),
+    trial(libc::SYS_readlinkat, -1, 0, 0, 0),
+    trial(libc::SYS_getdents64, -1, 0, 0, 0),
     trial(libc::SYS_futex, 0, libc::FUTEX_WAKE as c_long, 0, 0),
+    trial(libc::SYS_write, -1, 0, 0, 0),
     trial(libc::SYS_pwrite64, -1, 0, 0, 0),
     trial(libc::SYS_renameat, -1, 0, -1, 0),
     trial(libc::SYS_unlinkat, -1, 0, 0, 0),
     trial(libc::SYS_fchmod, -1, 0, 0, 0),
+    trial(libc::SYS_ioctl, -1, 0, 0, 0),
+    trial(libc::SYS_membarrier, -1, 0, 0, 0),
+    trial(libc::SYS_kcmp, 0, 0, -1, 0),
+    trial(libc::SYS_rt_sigprocmask, -1, 0, 0, 8),
+    trial(libc::SYS_sched_getaffinity, 0, 0, 0, 0),
     trial(libc::SYS_getpid, 0, 0, 0, 0),
     trial(libc::SYS_gettid, 0, 0, 0, 0),
     trial(libc::SYS_getppid, 0, 0, 0, 0),
     trial(libc::SYS_geteuid, 0, 0, 0, 0),
+    trial(libc::SYS_getegid, 0, 0, 0, 0),
+    trial(libc::SYS_getuid, 0, 0, 0, 0),
+    trial(libc::SYS_getgid, 0, 0, 0, 0),
 ];
 
 /// Calls of sampling and of the agent's threads (and of starting them).
@@ -135,6 +218,7 @@ const THREADS_AND_SAMPLING: &[Trial] = &[
     trial(libc::SYS_perf_event_open, 0, 0, -1, -1),
     trial(libc::SYS_timer_create, -1, 0, 0, 0),
     trial(libc::SYS_timer_settime, -1, 0, 0, 0),
+    trial(libc::SYS_timer_getoverrun, -1, 0, 0, 0),
     trial(libc::SYS_timer_delete, -1, 0, 0, 0),
     trial(libc::SYS_rt_sigaction, -1, 0, 0, 8),
     trial(libc::SYS_rt_sigtimedwait, 0, 0, 0, 8),
@@ -145,6 +229,16 @@ const THREADS_AND_SAMPLING: &[Trial] = &[
     trial(libc::SYS_sched_yield, 0, 0, 0, 0),
     trial(libc::SYS_mprotect, 0, 0, 0, 0),
     trial(libc::SYS_poll, 0, 0, 0, 0),
+    trial(libc::SYS_futex_waitv, 0, 0, -1, 0),
+    trial(libc::SYS_clock_nanosleep, -1, 0, 0, 0),
+    trial(libc::SYS_nanosleep, 0, 0, 0, 0),
+    // Each agent thread's descriptor table of its own.
+    trial(libc::SYS_close_range, 1, 0, 0, 0),
+    trial(libc::SYS_dup2, -1, -1, 0, 0),
+    trial(libc::SYS_dup3, -1, -1, 0, 0),
+    // A thread's end is waited for with signal 0.
+    trial(libc::SYS_tgkill, 0, 0, 0, 0),
+    trial(libc::SYS_sigaltstack, 0, 0, 0, 0),
     // The timers' handlers and the agent's threads read CPU clocks, which
     // the vDSO does not serve (a null result: EFAULT, if allowed).
     trial(
@@ -157,10 +251,15 @@ const THREADS_AND_SAMPLING: &[Trial] = &[
 ];
 
 /// Tries every call of [`START_UP`] then [`THREADS_AND_SAMPLING`] in a
-/// child (a copy of this process, under the same filter): the child
-/// notes each step in memory shared with us before it makes the call, and
-/// ends with `exit` once all were allowed. From the agent's constructor,
-/// single-threaded: the child runs no C library code, only system calls.
+/// child (a copy of this process, under the same filter), then a signal
+/// taken and returned from (`rt_sigreturn`, as after every timer sample):
+/// the child notes each step in memory shared with us before it makes the
+/// call, and ends with `exit` once all were allowed. The parent sleeps
+/// until the child has ended (`CLONE_VFORK`: no call of ours to wait), and
+/// reaps it only if the child showed `wait4` allowed. From the agent's
+/// constructor, single-threaded: the child runs system calls and the C
+/// library's `sigaction` and nothing else. The one call the parent makes
+/// untried is the `clone` itself.
 pub fn probe() -> Verdict {
     // SAFETY: a fresh shared anonymous page, unmapped below; no address
     // given, nothing existing is replaced.
@@ -178,55 +277,40 @@ pub fn probe() -> Verdict {
         return Verdict::Nothing;
     }
     let step = page as *mut u32;
-    let trials = START_UP.len() + THREADS_AND_SAMPLING.len();
+    STEP.store(step, Ordering::Release);
+    let calls = START_UP.len() + THREADS_AND_SAMPLING.len();
+    let trials = calls + 1;
     // A copy of this process without fork handlers and with no signal to
     // the program at its end (so never reaped for us by an ignored
-    // SIGCHLD, nor seen by a handler): it shares the page.
-    // SAFETY: clone with no flags is fork without handlers nor exit
-    // signal; the child below makes system calls only, then exits.
-    let pid = unsafe { raw(libc::SYS_clone, [0, 0, 0, 0, 0]) };
+    // SIGCHLD, nor seen by a handler): it shares the page. The parent
+    // sleeps until the child has ended (CLONE_VFORK, with memory of its
+    // own).
+    // SAFETY: clone with no exit signal is fork without handlers; the child
+    // below makes system calls only, then exits.
+    let pid = unsafe { raw(libc::SYS_clone, [libc::CLONE_VFORK as c_long, 0, 0, 0, 0]) };
     if pid == 0 {
-        // No core file for a child killed below (the C library asked for
-        // limits at the program's start: prlimit64 is allowed).
-        let no_core = &NO_CORE as *const libc::rlimit as c_long;
-        // SAFETY: sets this child's own core file size; reads NO_CORE.
-        unsafe {
-            raw(
-                libc::SYS_prlimit64,
-                [0, libc::RLIMIT_CORE as c_long, no_core, 0, 0],
-            )
-        };
-        for (i, t) in START_UP.iter().chain(THREADS_AND_SAMPLING).enumerate() {
-            // SAFETY: our shared page; the parent reads it after we end.
-            unsafe { std::ptr::write_volatile(step, i as u32) };
-            let [a, b, c, d] = t.args;
-            // SAFETY: each call with arguments that change nothing of the
-            // parent's (bad descriptors, null pointers, invalid flags; the
-            // child's own dumpable flag).
-            unsafe { raw(t.nr, [a, b, c, d, 0]) };
-        }
-        // A thread's end, as the agent's threads end: the last trial.
-        // SAFETY: as above.
-        unsafe { std::ptr::write_volatile(step, trials as u32) };
-        // SAFETY: ends this child (its only thread).
-        unsafe { raw(libc::SYS_exit, [0, 0, 0, 0, 0]) };
-        // SAFETY: unreachable; exit_group if exit returned.
-        unsafe { raw(libc::SYS_exit_group, [0, 0, 0, 0, 0]) };
+        // SAFETY: in the child only; see `trial_child`.
+        unsafe { trial_child(step, calls) };
     }
+    // SAFETY: the shared page, read once the child has ended (CLONE_VFORK
+    // returned).
+    let last = unsafe { std::ptr::read_volatile(step) } as usize;
     let verdict = if pid < 0 {
+        Verdict::Nothing
+    } else if last == 0 {
+        // wait4 kills: the child stays a zombie no one sees (no exit
+        // signal: only a wait for every kind of child finds it).
         Verdict::Nothing
     } else {
         let mut status = 0;
         let r = loop {
-            // SAFETY: waits for the child just made (a clone child: __WALL),
-            // with a status on our stack.
+            // SAFETY: waits for the child just made (a clone child:
+            // __WALL), with a status on our stack.
             let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::__WALL) };
             if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
                 break r;
             }
         };
-        // SAFETY: the shared page, read once the child has ended.
-        let last = unsafe { std::ptr::read_volatile(step) } as usize;
         if r != pid as libc::pid_t {
             Verdict::Nothing
         } else if last == trials && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
@@ -237,9 +321,72 @@ pub fn probe() -> Verdict {
             Verdict::Nothing
         }
     };
+    STEP.store(std::ptr::null_mut(), Ordering::Release);
     // SAFETY: the page mapped above, no longer used.
     unsafe { libc::munmap(page, 4096) };
     verdict
+}
+
+/// The probe's shared step word, for the trial child's signal handler.
+static STEP: std::sync::atomic::AtomicPtr<u32> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// The trial child's signal handler: it ran; its return is the trial.
+extern "C" fn trial_signal(_: c_int) {
+    let step = STEP.load(Ordering::Acquire);
+    if !step.is_null() {
+        // SAFETY: the shared page, live while the probe runs.
+        unsafe { std::ptr::write_volatile(step, std::ptr::read_volatile(step) + 1) };
+    }
+}
+
+/// The trial child: each call with harmless arguments, the step noted
+/// before it; a signal taken and returned from; then `exit`.
+///
+/// # Safety
+/// Only in the probe's child, a copy of a single-threaded process.
+unsafe fn trial_child(step: *mut u32, calls: usize) -> ! {
+    // No core file for a child killed below (the C library asked for
+    // limits at the program's start: prlimit64 is allowed).
+    let no_core = &NO_CORE as *const libc::rlimit as c_long;
+    // SAFETY: sets this child's own core file size; reads NO_CORE.
+    unsafe {
+        raw(
+            libc::SYS_prlimit64,
+            [0, libc::RLIMIT_CORE as c_long, no_core, 0, 0],
+        )
+    };
+    for (i, t) in START_UP.iter().chain(THREADS_AND_SAMPLING).enumerate() {
+        // SAFETY: our shared page; the parent reads it after we end.
+        unsafe { std::ptr::write_volatile(step, i as u32) };
+        let [a, b, c, d] = t.args;
+        // SAFETY: each call with arguments that change nothing of the
+        // parent's (bad descriptors, null pointers, invalid flags; the
+        // child's own dumpable flag).
+        unsafe { raw(t.nr, [a, b, c, d, 0]) };
+    }
+    // A signal and its return: the handler adds one to the step.
+    // SAFETY: as above.
+    unsafe { std::ptr::write_volatile(step, calls as u32) };
+    if let Some(real) = super::interpose::real_sigaction() {
+        // SAFETY: a sigaction of this child's own, zeroed then filled; the
+        // C library adds its restorer (rt_sigreturn).
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = trial_signal as *const () as usize;
+            real(libc::SIGUSR2, &act, std::ptr::null_mut());
+            let me = raw(libc::SYS_getpid, [0; 5]);
+            let tid = raw(libc::SYS_gettid, [0; 5]);
+            raw(libc::SYS_tgkill, [me, tid, libc::SIGUSR2 as c_long, 0, 0]);
+        }
+    }
+    // SAFETY: ends this child (its only thread); exit_group if exit
+    // returned.
+    unsafe {
+        raw(libc::SYS_exit, [0, 0, 0, 0, 0]);
+        raw(libc::SYS_exit_group, [0, 0, 0, 0, 0]);
+    }
+    unreachable!("exit returned")
 }
 
 /// A system call through the C library's `syscall`, as the program's own

@@ -17,7 +17,7 @@ use crate::{
     agent,
     count::{records, threads},
     discover::modules,
-    lifecycle::{fork, loader, system},
+    lifecycle::{fork, loader, sandbox, system},
     now_ns,
     plan::pipeline,
     Agent,
@@ -41,6 +41,8 @@ pub(crate) struct Status {
     pub threads: Option<usize>,
     pub tracer: Option<u32>,
     pub seccomp: bool,
+    /// The seccomp mode and filter count, as the kernel says them.
+    pub filters: sandbox::Filters,
 }
 
 pub(crate) fn status() -> Status {
@@ -56,7 +58,17 @@ pub(crate) fn status() -> Status {
         threads: field("Threads:").map(|n| n as usize),
         tracer: field("TracerPid:").filter(|&p| p != 0).map(|p| p as u32),
         seccomp: field("Seccomp:").is_some_and(|m| m != 0),
+        filters: sandbox::Filters::parse(&text),
     }
+}
+
+/// Whether this process is not to be profiled at all, asked before
+/// anything else: the machine's kill switch, or `RTPROF_DISABLE` (never
+/// read in a set-user-ID program, whose environment is not its own). No
+/// system call beyond one the dynamic loader made itself (`access`), so
+/// that a process under any seccomp filter runs as without the agent.
+pub(crate) fn switched_off() -> bool {
+    system::kill_switch_on() || !secure_mode() && crate::config::disabled_by_env()
 }
 
 /// What start-up does with each loaded module.
@@ -177,8 +189,17 @@ pub(crate) fn capacities(cfg: &Config, plans: &[Planned], exe: &str) -> Capaciti
 /// unprofiled (said with `RTPROF_VERBOSE`), never stopped.
 pub(crate) fn start() {
     let mut ph = log::Phases::start();
+    // First what /proc says, then (under a filter) the trial of every call
+    // the agent makes, before any call of its own but the loader's.
+    if !secure_mode() {
+        log::set_verbose(crate::config::verbose_by_env());
+    }
+    let status = status();
+    if !sandbox_allows(&status) {
+        return;
+    }
     let Some(cfg) = configure() else { return };
-    if !may_patch(&cfg) {
+    if !may_patch(&cfg, &status) {
         return;
     }
     // Before any thread of ours exists: a child this process makes
@@ -281,9 +302,6 @@ pub(crate) fn start() {
 /// profiled (the machine's kill switch, `RTPROF_DISABLE`, a setuid
 /// program that root's policy leaves alone).
 fn configure() -> Option<Config> {
-    if system::kill_switch_on() {
-        return None;
-    }
     let mut system = None;
     let mut cfg = if secure_mode() {
         // The environment belongs to a less privileged user: only root's
@@ -313,12 +331,36 @@ fn configure() -> Option<Config> {
 /// Whether this process's entries may be rewritten now (not traced, one
 /// thread, no seccomp filter that forbids start-up's system calls); then
 /// sets up what planning needs (the cache's places, the options' choices).
-fn may_patch(cfg: &Config) -> bool {
+/// Whether a seccomp filter present from the start lets the agent act: it
+/// is tried out in a child ([`sandbox::probe`]) before the agent makes any
+/// call the dynamic loader did not make itself.
+fn sandbox_allows(status: &Status) -> bool {
+    sandbox::note_filters_at_start(status.filters);
+    if !status.seccomp {
+        return true;
+    }
+    use crate::lifecycle::sandbox::Verdict;
+    match sandbox::probe() {
+        Verdict::Everything => vlog!("under a seccomp filter that allows what the agent does"),
+        Verdict::CountOnly => {
+            sandbox::started_sandboxed();
+            vlog!("under a seccomp filter: counted, not sampled, nothing written at exit");
+        }
+        Verdict::Nothing => {
+            vlog!(
+                "under a seccomp filter that forbids what start-up needs; process left unprofiled"
+            );
+            return false;
+        }
+    }
+    true
+}
+
+fn may_patch(cfg: &Config, status: &Status) -> bool {
     // A debugger has already written breakpoints where entries would be
     // rewritten, places later ones after a function's prologue (inside a
     // rewritten entry) and steps through code it expects to find there:
     // the program is debugged exactly as without the agent.
-    let status = status();
     if let Some(pid) = status.tracer {
         vlog!("traced by pid {pid} (a debugger?) at start-up; process left unprofiled");
         return false;
@@ -329,20 +371,6 @@ fn may_patch(cfg: &Config) -> bool {
     if threads != Some(1) {
         vlog!("{threads:?} threads already running at start-up; process left unprofiled");
         return false;
-    }
-    if status.seccomp {
-        use crate::lifecycle::sandbox::{self, Verdict};
-        match sandbox::probe() {
-            Verdict::Everything => vlog!("under a seccomp filter that allows what the agent does"),
-            Verdict::CountOnly => {
-                sandbox::started_sandboxed();
-                vlog!("under a seccomp filter: counted, not sampled, nothing written at exit");
-            }
-            Verdict::Nothing => {
-                vlog!("under a seccomp filter that forbids what start-up needs; process left unprofiled");
-                return false;
-            }
-        }
     }
     crate::plan::cache::configure(crate::plan::cache::places(
         cfg.cache.as_deref(),
@@ -535,21 +563,28 @@ pub(crate) fn finish(status: Option<libc::c_int>) {
         if crate::lifecycle::fork::uncounted_stripe().is_some() {
             return;
         }
-        // A child made without fork handlers (raw clone) still maps its
-        // parent's segment: its exit is not the parent's.
+        // A child made without fork handlers (clone, a raw system call)
+        // still maps its parent's segment: its exit is not the parent's.
+        if crate::lifecycle::process_mark::memory()
+            == crate::lifecycle::process_mark::Memory::Copied
+        {
+            return;
+        }
+        // Under a seccomp filter (seen arriving, or one a raw system call
+        // installed, found now before any call of ours): the counts stay in
+        // the segment, for rtprofd or rtprof run to read; nothing is
+        // written and no system call made.
+        if sandbox::on() || sandbox::filter_arrived_unseen() {
+            if let Some(status) = status {
+                a.segment.counters.set_exit(status, now_ns());
+            }
+            return;
+        }
         let pid = std::process::id();
         if a.segment.counters.pid() != pid {
             return;
         }
         if FINISHED.swap(pid, std::sync::atomic::Ordering::AcqRel) == pid {
-            return;
-        }
-        // Under a seccomp filter: the counts stay in the segment, for
-        // rtprofd or rtprof run to read; nothing is written.
-        if crate::lifecycle::sandbox::on() {
-            if let Some(status) = status {
-                a.segment.counters.set_exit(status, now_ns());
-            }
             return;
         }
         crate::sampling::at_exit(a);

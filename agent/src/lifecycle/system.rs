@@ -3,16 +3,20 @@
 //! owned by root, or that others may write, are ignored.
 
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// While this file exists, every newly started agent stays inert.
 pub const KILL_SWITCH: &str = "/etc/rtprof/disable";
+/// The same path, for `access`.
+const KILL_SWITCH_C: &std::ffi::CStr = c"/etc/rtprof/disable";
 /// `key = value` lines; `#` starts a comment.
 pub const CONFIG: &str = "/etc/rtprof/rtprof.conf";
 
 /// Opens `path` for reading only if it is a regular file owned by root and
-/// writable by nobody else (checked on the opened file, no race).
-fn root_owned(path: &str) -> Option<std::fs::File> {
-    use std::os::unix::fs::MetadataExt;
+/// writable by nobody else (checked on the opened file, no race). Only
+/// calls the dynamic loader itself made (openat, newfstatat, close), since
+/// a seccomp filter has not been tried out yet.
+fn root_owned(path: &str) -> Option<OwnedFd> {
     let c = CString::new(path).ok()?;
     // Non-blocking: a FIFO put there must not stall every process.
     // SAFETY: a NUL-terminated path.
@@ -26,12 +30,25 @@ fn root_owned(path: &str) -> Option<std::fs::File> {
         return None;
     }
     // SAFETY: a descriptor just opened, owned by nobody else.
-    let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let m = f.metadata().ok()?;
-    (m.is_file() && m.uid() == 0 && m.mode() & 0o022 == 0).then_some(f)
+    let f = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an all-zero stat is valid; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: our descriptor, a stat on our stack.
+    if unsafe { libc::fstat(f.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+    (regular && st.st_uid == 0 && st.st_mode & 0o022 == 0).then_some(f)
 }
 
+/// Whether the machine's kill switch is on. First asked with `access`,
+/// which the dynamic loader made too (for /etc/ld.so.preload): with the
+/// switch off, and while it is on, nothing else is called.
 pub fn kill_switch_on() -> bool {
+    // SAFETY: a static NUL-terminated path.
+    if unsafe { libc::access(KILL_SWITCH_C.as_ptr(), libc::F_OK) } != 0 {
+        return false;
+    }
     root_owned(KILL_SWITCH).is_some()
 }
 
@@ -63,13 +80,12 @@ impl SystemConfig {
     }
 
     pub fn load() -> SystemConfig {
-        use std::io::Read;
-        let mut text = String::new();
-        let read = root_owned(CONFIG).is_some_and(|mut f| f.read_to_string(&mut text).is_ok());
-        if read {
-            SystemConfig::parse(&text)
-        } else {
-            SystemConfig::default()
+        match root_owned(CONFIG) {
+            Some(f) => {
+                let bytes = crate::discover::maps::read_all(f.as_raw_fd());
+                SystemConfig::parse(&String::from_utf8_lossy(&bytes))
+            }
+            None => SystemConfig::default(),
         }
     }
 }
@@ -77,6 +93,11 @@ impl SystemConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kill_switch_paths_agree() {
+        assert_eq!(KILL_SWITCH_C.to_str().unwrap(), KILL_SWITCH);
+    }
 
     #[test]
     fn parses_the_secure_policy() {

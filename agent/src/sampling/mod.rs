@@ -245,6 +245,16 @@ pub fn program_threads_gone() {
 /// the samples still in the rings. Not in a vfork child (another pid
 /// sharing our memory).
 pub fn image_ending() {
+    use crate::lifecycle::process_mark::{memory, Memory};
+    // Never started, or a copy that is not ours: nothing, without a call.
+    if PID.load(Ordering::Relaxed) == 0 || memory() == Memory::Copied {
+        return;
+    }
+    // A filter that arrived unseen (a raw system call) forbids what we
+    // cannot know: no drain, no call of ours.
+    if crate::lifecycle::sandbox::filter_arrived_unseen() {
+        return;
+    }
     if in_own_process() {
         if let Some(a) = crate::agent() {
             // Perhaps from a signal handler: nothing is named (no heap),
@@ -298,6 +308,11 @@ pub fn stop_for_sandbox() {
 /// a `clone()` child that copied it.
 pub fn in_own_process() -> bool {
     use crate::lifecycle::process_mark::{memory, Memory};
+    // The agent never started here: no process of its own (and no call to
+    // find out, as with the agent switched off nothing may be called).
+    if PID.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
     match memory() {
         Memory::Copied => false,
         // Once a filter may exist, no `getpid`: a vfork child (the only
