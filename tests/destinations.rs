@@ -3,8 +3,11 @@
 //! beside a destination (links to a victim, another user's files) are
 //! never followed nor taken over; a directory other users may write is
 //! refused unless sticky and the destination is the writer's own; reports
-//! are private (0600) whatever the umask. The agent's `RTPROF_REPORT`,
-//! `rtprof run --json` and rtprofd's presentation segment alike.
+//! are private (0600) whatever the umask; a link on the way that another
+//! user may have planted in a sticky shared directory is not followed. The
+//! agent's `RTPROF_REPORT`, `rtprof run --json` and rtprofd's presentation
+//! segment alike; a report failing at exit goes to syslog when stderr
+//! cannot take it.
 
 use rtprof_e2e::*;
 use std::io::{BufRead, BufReader, Write};
@@ -77,8 +80,8 @@ fn report_calls(report: &Path) -> u64 {
 }
 
 /// Root writes its report in a sticky directory every user may write
-/// (as /tmp): another user planted, under the temporary names the agent
-/// has used and uses, links to a root-owned victim and files of her own.
+/// (as /tmp): another user planted, under temporary names earlier agents
+/// used, links to a root-owned victim and files of her own.
 /// The victim is untouched, her files stay hers, and the report is
 /// root's, 0600 although the umask was 000.
 #[test]
