@@ -1,8 +1,13 @@
 //! Files rtprof creates or trusts, reached through directory descriptors so
 //! that no name can be re-pointed between a check and its use: a path is
-//! resolved once, then opened component by component from `/` without
-//! following links, each component checked on its descriptor; files are
-//! created beside their destination with `O_CREAT|O_EXCL|O_NOFOLLOW` and
+//! walked component by component from `/` (or the working directory) with
+//! `O_NOFOLLOW`, a link on the way read and what it names walked in turn,
+//! unless the link may have been planted by another user (in a sticky
+//! directory every user may write, as /tmp, and owned by neither the
+//! directory's owner nor this user: the kernel's `protected_symlinks`
+//! rule, applied whether or not the system sets it), each directory
+//! checked on its descriptor; files are created beside their destination
+//! under names no one can predict, with `O_CREAT|O_EXCL|O_NOFOLLOW`, and
 //! renamed over it relative to the same descriptor.
 //!
 //! Destinations (reports, the presentation segment) follow one policy: a
@@ -52,6 +57,17 @@ pub enum FileError {
     NotRegular {
         path: PathBuf,
     },
+    /// A link in a sticky directory every user may write (as /tmp), owned
+    /// by `owner`, neither the directory's owner nor this user: anyone
+    /// could have planted it there, so it is not followed.
+    ProtectedLink {
+        path: PathBuf,
+        owner: u32,
+    },
+    /// More than [`MAX_LINKS`] links on the way (a loop of links).
+    TooManyLinks {
+        path: PathBuf,
+    },
 }
 
 impl fmt::Display for FileError {
@@ -76,6 +92,17 @@ impl fmt::Display for FileError {
             FileError::NotRegular { path } => write!(
                 f,
                 "{}: not a regular file (a device, FIFO, socket or link); left as it is",
+                path.display()
+            ),
+            FileError::ProtectedLink { path, owner } => write!(
+                f,
+                "{}: a link owned by user {owner} in a sticky directory other users may write, \
+                 not the directory's owner's nor this user's; not followed",
+                path.display()
+            ),
+            FileError::TooManyLinks { path } => write!(
+                f,
+                "{}: more than {MAX_LINKS} links on the way; not followed",
                 path.display()
             ),
         }
@@ -110,6 +137,272 @@ fn file_type(st: &libc::stat) -> libc::mode_t {
     st.st_mode & libc::S_IFMT
 }
 
+/// Links one resolution follows at most, the kernel's own bound
+/// (`MAXSYMLINKS`): a loop of links is an error, not a hang.
+pub const MAX_LINKS: u32 = 40;
+
+/// `name` in `dirfd` as a directory handle that reads nothing
+/// (`O_PATH|O_DIRECTORY`), a link at `name` not followed.
+fn open_dir_at(dirfd: libc::c_int, name: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name relative to a directory descriptor the
+    // caller holds (or AT_FDCWD); the new descriptor is owned below.
+    let fd = unsafe {
+        libc::openat(
+            dirfd,
+            name.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Status of `name` in `dirfd`, the link itself if it is one.
+fn lstat_at(dirfd: libc::c_int, name: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain data, filled by fstatat before use.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated name relative to a descriptor the caller
+    // holds, a stat on our stack.
+    let r = unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// What the link `name` in `dirfd` names.
+fn readlink_at(dirfd: libc::c_int, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: a NUL-terminated name relative to a descriptor the caller
+    // holds; readlinkat writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::readlinkat(dirfd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // A target that fills the buffer may have been cut short.
+    if n as usize >= buf.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// Whether a link found in the directory `dir` may be followed by `euid`:
+/// the rule of the kernel's `fs.protected_symlinks`, applied whatever that
+/// setting says. Anyone may plant a link in a sticky directory every user
+/// may write (as /tmp), so there only a link owned by the directory's
+/// owner or by the follower is followed.
+pub fn may_follow_link(dir: &libc::stat, link: &libc::stat, euid: u32) -> bool {
+    let open_sticky = sticky(dir) && dir.st_mode & 0o002 != 0;
+    !open_sticky || link.st_uid == dir.st_uid || link.st_uid == euid
+}
+
+/// One part of a path still to walk.
+enum Part {
+    Root,
+    Up,
+    Name(Vec<u8>),
+}
+
+/// `path`'s parts, in walking order.
+fn parts(path: &Path) -> Vec<Part> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::RootDir => Some(Part::Root),
+            Component::ParentDir => Some(Part::Up),
+            Component::Normal(n) => Some(Part::Name(n.as_bytes().to_vec())),
+            Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
+}
+
+/// A walk through directories, one component at a time, each opened
+/// relative to the one above without following links: the directories
+/// from where the walk started down to where it is, each with its path
+/// (for messages).
+struct Walk {
+    steps: Vec<(OwnedFd, PathBuf)>,
+    euid: u32,
+}
+
+impl Walk {
+    /// A walk from `/`.
+    fn root(euid: u32) -> Result<Walk, FileError> {
+        let at = PathBuf::from("/");
+        let fd = open_dir_at(libc::AT_FDCWD, c"/").map_err(|e| io_at(&at, e))?;
+        Ok(Walk {
+            steps: vec![(fd, at)],
+            euid,
+        })
+    }
+
+    /// A walk for `path`: from `/` if it is absolute, else from `from`
+    /// (or the working directory).
+    fn start(path: &Path, from: Option<&Dir>, euid: u32) -> Result<Walk, FileError> {
+        if path.is_absolute() {
+            return Walk::root(euid);
+        }
+        let (fd, at) = match from {
+            Some(d) => (
+                d.fd.try_clone().map_err(|e| io_at(&d.path, e))?,
+                d.path.clone(),
+            ),
+            None => {
+                let at = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+                let fd = open_dir_at(libc::AT_FDCWD, c".").map_err(|e| io_at(&at, e))?;
+                (fd, at)
+            }
+        };
+        Ok(Walk {
+            steps: vec![(fd, at)],
+            euid,
+        })
+    }
+
+    fn top(&self) -> &(OwnedFd, PathBuf) {
+        self.steps.last().expect("a walk always has a directory")
+    }
+
+    /// The directory above `(fd, at)`, `None` at the root.
+    fn above(fd: &OwnedFd, at: &Path) -> Result<Option<(OwnedFd, PathBuf)>, FileError> {
+        let up = open_dir_at(fd.as_raw_fd(), c"..").map_err(|e| io_at(at, e))?;
+        let (a, b) = (
+            fstat(fd).map_err(|e| io_at(at, e))?,
+            fstat(&up).map_err(|e| io_at(at, e))?,
+        );
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) {
+            return Ok(None);
+        }
+        let path = match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => at.join(".."),
+        };
+        Ok(Some((up, path)))
+    }
+
+    /// Walks `path` from where the walk is. A link on the way is followed
+    /// (at most `links` more in all) unless the kernel's
+    /// `protected_symlinks` rule forbids it ([`may_follow_link`]), checked
+    /// on the link and the directory it was found in, whatever the
+    /// system's setting.
+    fn walk(&mut self, path: &Path, links: &mut u32) -> Result<(), FileError> {
+        let mut todo = parts(path);
+        todo.reverse();
+        while let Some(part) = todo.pop() {
+            let name = match part {
+                Part::Root => {
+                    *self = Walk::root(self.euid)?;
+                    continue;
+                }
+                Part::Up if self.steps.len() > 1 => {
+                    self.steps.pop();
+                    continue;
+                }
+                Part::Up => {
+                    let (fd, at) = self.top();
+                    if let Some(up) = Walk::above(fd, at)? {
+                        self.steps = vec![up];
+                    }
+                    continue;
+                }
+                Part::Name(n) => n,
+            };
+            let (dirfd, dir_at) = self.top();
+            let at = dir_at.join(std::ffi::OsStr::from_bytes(&name));
+            let c = cstr(&name).map_err(|e| io_at(&at, e))?;
+            let err = match open_dir_at(dirfd.as_raw_fd(), &c) {
+                Ok(fd) => {
+                    self.steps.push((fd, at));
+                    continue;
+                }
+                Err(e) => e,
+            };
+            // O_NOFOLLOW|O_DIRECTORY on a link fails (ELOOP or ENOTDIR):
+            // is it one?
+            if !matches!(err.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) {
+                return Err(io_at(&at, err));
+            }
+            let link = lstat_at(dirfd.as_raw_fd(), &c).map_err(|e| io_at(&at, e))?;
+            if file_type(&link) != libc::S_IFLNK {
+                return Err(io_at(&at, err));
+            }
+            let dir = fstat(dirfd).map_err(|e| io_at(dir_at, e))?;
+            if !may_follow_link(&dir, &link, self.euid) {
+                return Err(FileError::ProtectedLink {
+                    path: at,
+                    owner: link.st_uid,
+                });
+            }
+            if *links == 0 {
+                return Err(FileError::TooManyLinks { path: at });
+            }
+            *links -= 1;
+            let target = readlink_at(dirfd.as_raw_fd(), &c).map_err(|e| io_at(&at, e))?;
+            // What the link names, walked from the directory it is in,
+            // before the rest.
+            let mut more = parts(Path::new(std::ffi::OsStr::from_bytes(&target)));
+            more.reverse();
+            todo.extend(more);
+        }
+        Ok(())
+    }
+
+    fn into_dir(mut self) -> Dir {
+        let (fd, path) = self.steps.pop().expect("a walk always has a directory");
+        Dir { fd, path }
+    }
+}
+
+/// How much of a destination's name its temporary name keeps: a name is
+/// at most 255 bytes, and the rest needs 45.
+const TEMP_NAME_KEEPS: usize = 200;
+
+/// `.name.rtprof-` and `bits` in hex: hidden, beside `name`.
+fn temp_name(name: &str, bits: u128) -> String {
+    let mut keep = name.len().min(TEMP_NAME_KEEPS);
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!(".{}.rtprof-{bits:032x}", &name[..keep])
+}
+
+/// 128 bits no other user can predict, from getrandom(2) without waiting
+/// (`GRND_NONBLOCK`; early in boot, before the pool is ready,
+/// `GRND_INSECURE`, which never waits). Where getrandom is refused (a
+/// seccomp filter, a kernel before 3.17), the clocks, the pid and a count:
+/// a name guessed then only makes `O_EXCL` fail, and the next try differs.
+fn unpredictable() -> u128 {
+    let mut b = [0u8; 16];
+    for flags in [libc::GRND_NONBLOCK, libc::GRND_INSECURE] {
+        // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), flags) };
+        if n == b.len() as isize {
+            return u128::from_ne_bytes(b);
+        }
+    }
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let clock = |id| {
+        // SAFETY: timespec is plain data, filled by clock_gettime.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: a timespec on our stack; a failure leaves it zero.
+        unsafe { libc::clock_gettime(id, &mut ts) };
+        (ts.tv_sec as u64).wrapping_mul(1_000_000_000) ^ ts.tv_nsec as u64
+    };
+    // splitmix64's finaliser: each input bit spreads over the output.
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let hi = mix(clock(libc::CLOCK_REALTIME) ^ count.rotate_left(32));
+    let lo = mix(clock(libc::CLOCK_MONOTONIC) ^ u64::from(std::process::id()) ^ hi);
+    (u128::from(hi) << 64) | u128::from(lo)
+}
+
 /// A directory opened by [`Dir::open`]: names are looked up relative to
 /// it, never through its path again.
 pub struct Dir {
@@ -118,57 +411,37 @@ pub struct Dir {
 }
 
 impl Dir {
-    /// Opens the directory `path`, resolved once (`realpath`), then walked
-    /// from `/` component by component with `O_NOFOLLOW`; `check` sees
-    /// each component's path, status (from its descriptor) and whether it
-    /// is the last.
+    /// Opens the directory `path`, walked from `/` (or the working
+    /// directory, for a relative path) component by component with
+    /// `O_NOFOLLOW`; a link on the way is read and what it names walked in
+    /// turn, unless found in a sticky directory every user may write and
+    /// owned by neither that directory's owner nor this user
+    /// ([`FileError::ProtectedLink`]). Then `check` sees each directory of
+    /// the path as resolved, from `/` down: its path, its status (from its
+    /// descriptor) and whether it is the last.
     pub fn open(
         path: &Path,
         mut check: impl FnMut(&Path, &libc::stat, bool) -> Result<(), FileError>,
     ) -> Result<Dir, FileError> {
-        let real = std::fs::canonicalize(path).map_err(|e| io_at(path, e))?;
-        let names: Vec<&[u8]> = real
-            .components()
-            .filter_map(|c| match c {
-                Component::Normal(n) => Some(n.as_bytes()),
-                _ => None,
-            })
-            .collect();
-        let open_at = |dirfd: libc::c_int, name: &CStr| -> io::Result<OwnedFd> {
-            // SAFETY: a NUL-terminated name relative to a directory
-            // descriptor we hold (or an absolute "/"); the new descriptor
-            // is owned by the result.
-            let fd = unsafe {
-                libc::openat(
-                    dirfd,
-                    name.as_ptr(),
-                    libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: a descriptor just opened, owned by nothing else.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-        };
-        let mut at = PathBuf::from("/");
-        let mut fd = open_at(libc::AT_FDCWD, c"/").map_err(|e| io_at(&at, e))?;
-        check(
-            &at,
-            &fstat(&fd).map_err(|e| io_at(&at, e))?,
-            names.is_empty(),
-        )?;
-        for (i, name) in names.iter().enumerate() {
-            at.push(std::ffi::OsStr::from_bytes(name));
-            let c = cstr(name).map_err(|e| io_at(&at, e))?;
-            fd = open_at(fd.as_raw_fd(), &c).map_err(|e| io_at(&at, e))?;
-            check(
-                &at,
-                &fstat(&fd).map_err(|e| io_at(&at, e))?,
-                i + 1 == names.len(),
-            )?;
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        let mut walk = Walk::start(path, None, euid)?;
+        let mut links = MAX_LINKS;
+        walk.walk(path, &mut links)?;
+        // The directories above where the walk began (all of them, for a
+        // relative path), so that `check` sees the whole path.
+        let mut above = Vec::new();
+        let mut from = Walk::above(&walk.steps[0].0, &walk.steps[0].1)?;
+        while let Some((fd, at)) = from {
+            from = Walk::above(&fd, &at)?;
+            above.push((fd, at));
         }
-        Ok(Dir { fd, path: real })
+        above.reverse();
+        let n = above.len() + walk.steps.len();
+        for (i, (fd, at)) in above.iter().chain(walk.steps.iter()).enumerate() {
+            check(at, &fstat(fd).map_err(|e| io_at(at, e))?, i + 1 == n)?;
+        }
+        Ok(walk.into_dir())
     }
 
     /// The directory's path as resolved (for messages).
@@ -222,16 +495,19 @@ impl Dir {
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
-    /// A new file beside `name`: `.name.rtprof-PID-N`, created with
-    /// `O_CREAT|O_EXCL|O_NOFOLLOW` and `mode`, open for reading and
-    /// writing (a segment is mapped shared).
+    /// A new file beside `name`, `.name.rtprof-` and 32 hex digits no
+    /// one can predict ([`unpredictable`]): a name planted in advance
+    /// cannot stop the write. Created with `O_CREAT|O_EXCL|O_NOFOLLOW` and
+    /// `mode` (nothing at the name is followed nor taken over), open for
+    /// reading and writing (a segment is mapped shared).
     pub fn create_temp(&self, name: &str, mode: u32) -> io::Result<(String, File)> {
-        let mut n = 0;
+        let mut tries = 0;
         loop {
-            let tmp = format!(".{name}.rtprof-{}-{n}", std::process::id());
+            let tmp = temp_name(name, unpredictable());
             match self.open_file(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode) {
                 Ok(f) => return Ok((tmp, f)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+                // Only a guess (or the clock of the fallback) collides.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
                 Err(e) => return Err(e),
             }
         }
@@ -334,16 +610,26 @@ fn descriptor_number(path: &Path) -> Option<i32> {
     }
 }
 
+/// What a destination's path leads to, once settled.
+enum Settled {
+    /// Nothing at `name` in `dir` yet.
+    Absent(Dir, String),
+    Found(Destination),
+}
+
 impl Destination {
     /// Settles where `path` is written. A descriptor's name is that
     /// descriptor (duplicated, whatever it is: a pipe, a socket, a file
     /// written after what the program wrote). Otherwise the directory is
-    /// opened (see [`Dir::open`]) and the name looked up in it without
-    /// following a link: a directory other users may write must be sticky,
-    /// and the name there absent or this user's own (file, FIFO, device or
-    /// link alike); a link elsewhere is followed to where it leads; a
-    /// device, FIFO or socket is opened now, without waiting (a FIFO that
-    /// nobody reads is an error, not a hang).
+    /// walked to (see [`Dir::open`]: a link on the way that another user
+    /// may have planted in a sticky shared directory is refused) and the
+    /// name looked up in it without following a link: a directory other
+    /// users may write must be sticky, and the name there absent or this
+    /// user's own (file, FIFO, device or link alike); a link elsewhere is
+    /// followed to where it leads, checked there in turn (one that leads
+    /// nowhere is replaced by the file); a device, FIFO or socket is
+    /// opened now, without waiting (a FIFO that nobody reads is an error,
+    /// not a hang).
     pub fn prepare(path: &Path) -> Result<Destination, FileError> {
         if let Some(fd) = descriptor_number(path) {
             // SAFETY: duplicates a descriptor number of this process (an
@@ -355,10 +641,16 @@ impl Destination {
             // SAFETY: a descriptor just made, owned by nothing else.
             return Ok(Destination::InPlace(unsafe { File::from_raw_fd(dup) }));
         }
-        Self::prepare_at(path, true)
+        let mut links = MAX_LINKS;
+        match Self::settle(path, None, &mut links)? {
+            Settled::Absent(dir, name) => Ok(Destination::Replace { dir, name }),
+            Settled::Found(d) => Ok(d),
+        }
     }
 
-    fn prepare_at(path: &Path, follow: bool) -> Result<Destination, FileError> {
+    /// Settles `path`, walked from `from` if it is relative (else from the
+    /// working directory), following at most `links` more links.
+    fn settle(path: &Path, from: Option<&Dir>, links: &mut u32) -> Result<Settled, FileError> {
         // SAFETY: geteuid and getegid cannot fail.
         let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let name = path
@@ -370,7 +662,9 @@ impl Destination {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        let dir = Dir::open(parent, |_, _, _| Ok(()))?;
+        let mut walk = Walk::start(parent, from, euid)?;
+        walk.walk(parent, links)?;
+        let dir = walk.into_dir();
         let st = fstat(&dir.fd).map_err(|e| io_at(dir.path(), e))?;
         let shared = others_may_write(&st, euid, egid);
         if shared && !sticky(&st) {
@@ -380,25 +674,38 @@ impl Destination {
         }
         let target = dir.path().join(&name);
         let Some(t) = dir.stat(&name).map_err(|e| io_at(&target, e))? else {
-            return Ok(Destination::Replace { dir, name });
+            return Ok(Settled::Absent(dir, name));
         };
         if shared && t.st_uid != euid {
             return Err(FileError::NotOwnDestination { path: target });
         }
-        match file_type(&t) {
-            libc::S_IFDIR => Err(FileError::IsDirectory { path: target }),
-            libc::S_IFREG => Ok(Destination::Replace { dir, name }),
-            libc::S_IFLNK if shared => Err(FileError::NotOwnDestination { path: target }),
-            libc::S_IFLNK => match std::fs::canonicalize(&target) {
-                // Where the link leads, checked there in turn.
-                Ok(real) if follow => Self::prepare_at(&real, false),
-                // A link that leads nowhere (yet) is replaced by the file.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    Ok(Destination::Replace { dir, name })
+        let found = match file_type(&t) {
+            libc::S_IFDIR => return Err(FileError::IsDirectory { path: target }),
+            libc::S_IFREG => Destination::Replace { dir, name },
+            libc::S_IFLNK if shared => return Err(FileError::NotOwnDestination { path: target }),
+            libc::S_IFLNK => {
+                if *links == 0 {
+                    return Err(FileError::TooManyLinks { path: target });
                 }
-                Ok(_) => Err(FileError::NotRegular { path: target }),
-                Err(e) => Err(io_at(&target, e)),
-            },
+                *links -= 1;
+                let c = cstr(name.as_bytes()).map_err(|e| io_at(&target, e))?;
+                let to = readlink_at(dir.fd.as_raw_fd(), &c).map_err(|e| io_at(&target, e))?;
+                let to = Path::new(std::ffi::OsStr::from_bytes(&to));
+                // Where the link leads, walked from the link's directory
+                // and checked there in turn; one that leads nowhere (yet)
+                // is replaced by the file.
+                return match Self::settle(to, Some(&dir), links) {
+                    Ok(Settled::Absent(..)) => {
+                        Ok(Settled::Found(Destination::Replace { dir, name }))
+                    }
+                    Err(FileError::Io { source, .. })
+                        if source.kind() == io::ErrorKind::NotFound =>
+                    {
+                        Ok(Settled::Found(Destination::Replace { dir, name }))
+                    }
+                    r => r,
+                };
+            }
             _ => {
                 let f = dir
                     .open_file(&name, libc::O_WRONLY | libc::O_NONBLOCK, 0)
@@ -414,9 +721,10 @@ impl Destination {
                     let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
                     libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
                 }
-                Ok(Destination::InPlace(f))
+                Destination::InPlace(f)
             }
-        }
+        };
+        Ok(Settled::Found(found))
     }
 
     /// Writes `bytes`: in place, or to a new file (`mode`) renamed over
@@ -650,6 +958,174 @@ mod tests {
         std::os::unix::fs::symlink(d.join("b/entry"), d.join("a/linked")).unwrap();
         let e = dir.open_file("linked", libc::O_RDONLY, 0).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A link `at` to `to`, owned by `uid` (root makes it for another
+    /// user, as that user could have).
+    fn link_owned_by(to: &Path, at: &Path, uid: u32) {
+        std::os::unix::fs::symlink(to, at).unwrap();
+        std::os::unix::fs::lchown(at, Some(uid), Some(uid)).unwrap();
+    }
+
+    #[test]
+    fn links_in_sticky_shared_directories_follow_the_kernels_rule() {
+        // SAFETY: stat is plain data.
+        let mut dir: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut link: libc::stat = unsafe { std::mem::zeroed() };
+        dir.st_mode = libc::S_IFDIR | 0o1777;
+        dir.st_uid = 0;
+        link.st_uid = 65534;
+        // Another user's link in /tmp: not for root, nor for a third user.
+        assert!(!may_follow_link(&dir, &link, 0));
+        assert!(!may_follow_link(&dir, &link, 1000));
+        // Her own link, for her; the directory owner's link, for anyone.
+        assert!(may_follow_link(&dir, &link, 65534));
+        link.st_uid = 0;
+        assert!(may_follow_link(&dir, &link, 1000));
+        // Not sticky, or sticky but not writable by all: followed.
+        link.st_uid = 65534;
+        dir.st_mode = libc::S_IFDIR | 0o777;
+        assert!(may_follow_link(&dir, &link, 0));
+        dir.st_mode = libc::S_IFDIR | 0o1775;
+        assert!(may_follow_link(&dir, &link, 0));
+    }
+
+    #[test]
+    fn a_link_another_user_planted_in_a_sticky_directory_is_not_followed() {
+        let d = scratch("protected");
+        let sticky = d.join("sticky");
+        let private = d.join("private");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::write(private.join("important"), b"root's own").unwrap();
+        std::fs::create_dir(private.join("sub")).unwrap();
+        link_owned_by(&private, &sticky.join("d"), 65534);
+        // The last directory, and one further up the path.
+        for dest in [
+            sticky.join("d/important"),
+            sticky.join("d/new"),
+            sticky.join("d/sub/new"),
+        ] {
+            let e = write_destination(&dest, b"x", 0o600).unwrap_err();
+            match &e {
+                FileError::ProtectedLink { path, owner } => {
+                    assert_eq!((path, *owner), (&sticky.join("d"), 65534), "{e}")
+                }
+                _ => panic!("{}: {e}", dest.display()),
+            }
+            assert!(e.to_string().contains("not followed"), "{e}");
+        }
+        assert_eq!(
+            std::fs::read(private.join("important")).unwrap(),
+            b"root's own"
+        );
+        assert!(!private.join("new").exists() && !private.join("sub/new").exists());
+        let e = Dir::open(&sticky.join("d/sub"), |_, _, _| Ok(())).err();
+        assert!(matches!(e, Some(FileError::ProtectedLink { .. })));
+        // Reached through a link of this user's elsewhere, as well.
+        let mine = d.join("mine");
+        std::fs::create_dir(&mine).unwrap();
+        std::os::unix::fs::symlink(sticky.join("d/important"), mine.join("r")).unwrap();
+        let e = write_destination(&mine.join("r"), b"x", 0o600).unwrap_err();
+        assert!(matches!(e, FileError::ProtectedLink { .. }), "{e}");
+        assert_eq!(
+            std::fs::read(private.join("important")).unwrap(),
+            b"root's own"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn links_of_the_directory_owner_or_the_writer_are_followed() {
+        let d = scratch("own-links");
+        let sticky = d.join("sticky");
+        let private = d.join("private");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        link_owned_by(&private, &sticky.join("d"), euid);
+        write_destination(&sticky.join("d/r"), b"through", 0o600).unwrap();
+        assert_eq!(std::fs::read(private.join("r")).unwrap(), b"through");
+        let dir = Dir::open(&sticky.join("d"), |_, _, _| Ok(())).unwrap();
+        assert_eq!(dir.path(), private);
+        // A relative link, and `..` after it: resolved where the link is.
+        std::fs::create_dir(private.join("sub")).unwrap();
+        std::os::unix::fs::symlink("../private/sub", sticky.join("rel")).unwrap();
+        let dir = Dir::open(&sticky.join("rel/../sub/."), |_, _, _| Ok(())).unwrap();
+        assert_eq!(dir.path(), private.join("sub"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_loop_of_links_ends_in_an_error() {
+        let d = scratch("loop");
+        std::os::unix::fs::symlink("b", d.join("a")).unwrap();
+        std::os::unix::fs::symlink("a", d.join("b")).unwrap();
+        let e = write_destination(&d.join("a/r"), b"x", 0o600).unwrap_err();
+        assert!(matches!(e, FileError::TooManyLinks { .. }), "{e}");
+        let e = write_destination(&d.join("a"), b"x", 0o600).unwrap_err();
+        assert!(matches!(e, FileError::TooManyLinks { .. }), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_link_that_leads_nowhere_is_replaced_by_the_file() {
+        let d = scratch("dangling");
+        std::os::unix::fs::symlink(d.join("absent"), d.join("a")).unwrap();
+        std::os::unix::fs::symlink(d.join("no/such/dir/f"), d.join("b")).unwrap();
+        for n in ["a", "b"] {
+            write_destination(&d.join(n), b"x", 0o600).unwrap();
+            let m = std::fs::symlink_metadata(d.join(n)).unwrap();
+            assert!(m.is_file(), "{n}");
+        }
+        assert!(!d.join("absent").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_relative_path_is_walked_from_the_working_directory() {
+        let cwd = std::env::current_dir().unwrap();
+        let mut seen = Vec::new();
+        let dir = Dir::open(Path::new("src/../src"), |p, _, last| {
+            seen.push((p.to_path_buf(), last));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(dir.path(), cwd.join("src"));
+        // Every directory from `/` down, for checks on the ones above.
+        assert_eq!(seen.first().unwrap(), &(PathBuf::from("/"), false));
+        assert_eq!(seen.last().unwrap(), &(cwd.join("src"), true));
+        assert_eq!(seen.len(), cwd.join("src").components().count());
+    }
+
+    #[test]
+    fn temporary_names_are_unpredictable_and_short_enough() {
+        let (a, b) = (unpredictable(), unpredictable());
+        assert_ne!(a, b);
+        assert_ne!(a, 0);
+        let n = temp_name("r.json", a);
+        assert!(
+            n.starts_with(".r.json.rtprof-") && n.len() == 15 + 32,
+            "{n}"
+        );
+        let long = "é".repeat(127);
+        assert!(temp_name(&long, a).len() <= 255);
+        // Names an earlier version used, planted: no obstacle.
+        let d = scratch("planted");
+        let dir = Dir::open(&d, |_, _, _| Ok(())).unwrap();
+        for n in 0..=100 {
+            let at = d.join(format!(".r.rtprof-{}-{n}", std::process::id()));
+            std::os::unix::fs::symlink("/nonexistent", at).unwrap();
+        }
+        let (tmp, _) = dir.create_temp("r", 0o600).unwrap();
+        assert!(!tmp.contains(&format!("-{}-", std::process::id())), "{tmp}");
+        write_destination(&d.join("r"), b"x", 0o600).unwrap();
+        assert_eq!(std::fs::read(d.join("r")).unwrap(), b"x");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -663,7 +663,9 @@ fn check_report_path(template: &str) {
 
 /// Writes the report: beside its final name, then renamed over it (a
 /// reader never finds a truncated report), private to this user (it names
-/// the program's functions); a device or FIFO is written in place.
+/// the program's functions); a device or FIFO is written in place. A
+/// failure is said on stderr, or through syslog where stderr cannot take
+/// it.
 fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, events: Option<&str>) {
     let mut snap = match rtprof_abi::read_snapshot(a.segment.bytes()) {
         Ok(s) => s,
@@ -692,7 +694,54 @@ fn write_report(a: &Agent, path: &str, stacks: Option<&str>, threads: &str, even
         text.as_bytes(),
         0o600,
     );
-    if let Err(e) = written {
-        log::alert!("cannot write report {path}: {e}");
+    let Err(e) = written else { return };
+    // Said on the program's standard error (this thread ends the program,
+    // its 2 is the program's). By now the program may have closed it (a
+    // daemon) or left it on a pipe nobody reads or a full disk: then said
+    // through syslog, where a failure at exit can still be seen.
+    let msg = format!("cannot write report {path}: {e}");
+    let line = format!("rtprof[{}]: {msg}\n", std::process::id());
+    // SAFETY: signal sets on our stack, filled by sigemptyset/sigaddset
+    // and pthread_sigmask/sigpending before use; write reads `line`'s own
+    // bytes. SIGPIPE is blocked for this one write, so that a pipe nobody
+    // reads fails it with EPIPE instead of killing the program as it
+    // exits; the SIGPIPE it raised is taken back (unless one was already
+    // pending) and the mask restored.
+    let said = unsafe {
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
+        libc::sigpending(&mut pending);
+        let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
+        let n = libc::write(2, line.as_ptr().cast(), line.len());
+        let broken = n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPIPE);
+        if broken && !was_pending {
+            let now = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::sigtimedwait(&pipe, std::ptr::null_mut(), &now);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        n == line.len() as isize
+    };
+    if !said {
+        let msg = std::ffi::CString::new(msg.replace('\0', "")).unwrap_or_default();
+        // SAFETY: a static ident (syslog keeps the pointer) and format,
+        // `msg` NUL-terminated and alive for the call. The program's exit
+        // handlers have run (ours was registered before theirs), so the
+        // ident replaced here is not one the program still logs under.
+        unsafe {
+            libc::openlog(c"rtprof".as_ptr(), libc::LOG_PID, libc::LOG_USER);
+            libc::syslog(
+                libc::LOG_USER | libc::LOG_WARNING,
+                c"%s".as_ptr(),
+                msg.as_ptr(),
+            );
+            libc::closelog();
+        }
     }
 }
