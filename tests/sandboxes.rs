@@ -531,3 +531,41 @@ fn a_switched_off_agent_makes_no_call() {
     }
     assert!(compared >= calls.len() * 6);
 }
+
+/// The notifications a seccomp supervisor received from `argv` (run by
+/// tests/c/supervised.c, answering each after 20 ms), checked to end
+/// well.
+fn notifications(supervised: &str, argv: &[&str]) -> u64 {
+    let mut all = vec![supervised, "20"];
+    all.extend_from_slice(argv);
+    let o = run(&all, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("status 0"),
+        "{all:?}: {o:?}"
+    );
+    err.lines()
+        .find_map(|l| l.strip_prefix("notifications: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{all:?}: {err}"))
+}
+
+/// A filter whose calls a supervisor answers (SECCOMP_RET_USER_NOTIF, as
+/// container runtimes intercept calls), slowly: the agent notices from
+/// its first reading of /proc and makes no call beyond it (openat, read,
+/// close), so the supervisor hears of at most those, where the trial
+/// alone sent it dozens.
+#[test]
+fn a_supervisor_hears_of_almost_no_call_of_the_agent() {
+    let dir = open_scratch("supervised");
+    let sup = compile_o2("supervised.c", &[], &dir);
+    let sup = sup.to_str().unwrap();
+    let agent = format!("LD_PRELOAD={}", agent().display());
+    let off = notifications(sup, &["env", &agent, "RTPROF_DISABLE=1", "/bin/true"]);
+    let on = notifications(sup, &["env", &agent, "/bin/true"]);
+    // Two processes (env, then true) with the agent loaded in each.
+    assert!(
+        on <= off + 8,
+        "the supervisor heard of {on} calls with the agent on, {off} with it off"
+    );
+}

@@ -82,6 +82,27 @@ impl Filters {
     }
 }
 
+/// A call that takes longer than this many processor cycles (a few
+/// milliseconds) under a filter is being answered by a supervisor
+/// (`SECCOMP_RET_USER_NOTIF`): every further call of the agent's would be
+/// too, each as slowly.
+const SLOW_CYCLES: u64 = 20_000_000;
+
+/// The processor's cycle counter: a clock read without a system call (the
+/// vDSO's may fall back to one, which a filter could kill).
+pub fn cycles() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtsc reads the time-stamp counter; it has no side effects.
+    return unsafe { core::arch::x86_64::_rdtsc() };
+    #[cfg(not(target_arch = "x86_64"))]
+    return 0;
+}
+
+/// Whether calls that took `elapsed` cycles were answered by a supervisor.
+pub fn answered_slowly(elapsed: u64) -> bool {
+    elapsed > SLOW_CYCLES
+}
+
 /// The main thread's filters at start-up (mode, count).
 static AT_START: [std::sync::atomic::AtomicU64; 2] = [
     std::sync::atomic::AtomicU64::new(0),
@@ -140,6 +161,9 @@ pub enum Verdict {
     CountOnly,
     /// Nothing: a call start-up needs kills, or the trial could not be made.
     Nothing,
+    /// Nothing: a supervisor answers the filter's calls, slowly; every call
+    /// of the agent's would wait for it.
+    Supervised,
 }
 
 /// One system call of the trial, with harmless arguments (most fail with
@@ -297,6 +321,10 @@ pub fn probe() -> Verdict {
     let last = unsafe { std::ptr::read_volatile(step) } as usize;
     let verdict = if pid < 0 {
         Verdict::Nothing
+    } else if last == SUPERVISED as usize {
+        // Each call waits for a supervisor: not one more is made (the
+        // child is left unreaped, as after a wait4 that kills).
+        Verdict::Supervised
     } else if last == 0 {
         // wait4 kills: the child stays a zombie no one sees (no exit
         // signal: only a wait for every kind of child finds it).
@@ -326,6 +354,9 @@ pub fn probe() -> Verdict {
     unsafe { libc::munmap(page, 4096) };
     verdict
 }
+
+/// The step word's value when a trial call was answered slowly.
+const SUPERVISED: u32 = u32::MAX;
 
 /// The probe's shared step word, for the trial child's signal handler.
 static STEP: std::sync::atomic::AtomicPtr<u32> =
@@ -360,10 +391,18 @@ unsafe fn trial_child(step: *mut u32, calls: usize) -> ! {
         // SAFETY: our shared page; the parent reads it after we end.
         unsafe { std::ptr::write_volatile(step, i as u32) };
         let [a, b, c, d] = t.args;
+        let t0 = cycles();
         // SAFETY: each call with arguments that change nothing of the
         // parent's (bad descriptors, null pointers, invalid flags; the
         // child's own dumpable flag).
         unsafe { raw(t.nr, [a, b, c, d, 0]) };
+        if answered_slowly(cycles().wrapping_sub(t0)) {
+            // SAFETY: as above; then this child ends at once.
+            unsafe {
+                std::ptr::write_volatile(step, SUPERVISED);
+                raw(libc::SYS_exit, [0, 0, 0, 0, 0]);
+            }
+        }
     }
     // A signal and its return: the handler adds one to the step.
     // SAFETY: as above.

@@ -194,7 +194,14 @@ pub(crate) fn start() {
     if !secure_mode() {
         log::set_verbose(crate::config::verbose_by_env());
     }
+    let t0 = sandbox::cycles();
     let status = status();
+    if status.seccomp && sandbox::answered_slowly(sandbox::cycles().wrapping_sub(t0)) {
+        // Reading /proc took a supervisor's answers (openat, read, close):
+        // so would every call of the agent's.
+        vlog!("under a seccomp filter whose calls a supervisor answers; process left unprofiled");
+        return;
+    }
     if !sandbox_allows(&status) {
         return;
     }
@@ -349,6 +356,12 @@ fn sandbox_allows(status: &Status) -> bool {
         Verdict::Nothing => {
             vlog!(
                 "under a seccomp filter that forbids what start-up needs; process left unprofiled"
+            );
+            return false;
+        }
+        Verdict::Supervised => {
+            vlog!(
+                "under a seccomp filter whose calls a supervisor answers; process left unprofiled"
             );
             return false;
         }
