@@ -832,7 +832,16 @@ pub unsafe extern "C" fn rtprof_offer(
     }))
     .map_or(-(OfferRefusal::Inactive as c_int), |r| match r {
         Ok(_) => 0,
-        Err(why) => -(why as c_int),
+        Err(why) => {
+            vlog!(
+                "rtprof_offer of {} as {} refused: {} (code -{})",
+                String::from_utf8_lossy(function.to_bytes()),
+                String::from_utf8_lossy(name.to_bytes()).escape_debug(),
+                why.text(),
+                why as c_int
+            );
+            -(why as c_int)
+        }
     })
 }
 
@@ -846,6 +855,12 @@ mod tests {
         assert!(!valid_name(b""));
         assert!(!valid_name(b"original"));
         assert!(!valid_name(&[b'x'; MAX_NAME + 1]));
+        assert_eq!(check_name(b"avx2"), Ok(()));
+        assert_eq!(check_name("ü-fast".as_bytes()), Ok(()));
+        for bad in [&b"\xff\xfe"[..], b"a\nb", b"tab\t", b"nul\x01"] {
+            assert_eq!(check_name(bad), Err(OfferRefusal::Unnameable), "{bad:?}");
+        }
+        assert_eq!(check_name(b"original"), Err(OfferRefusal::BadName));
     }
 
     /// The section is found by name, in bounds: this test's own binary
