@@ -852,3 +852,79 @@ fn a_zombie_is_treated_as_gone() {
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `bin ARGS` to its end, killed if it is still running after a
+/// minute (it ran its benchmark instead of answering): (exit code,
+/// stdout, stderr, whether it had to be killed).
+fn answer_of(bin: &Path, args: &[&str]) -> (Option<i32>, String, String, bool) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    let mut killed = false;
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        killed,
+    )
+}
+
+/// Every program of `examples/` answers `--help` with its usage and runs
+/// nothing, and refuses an option it does not know (`scheduler --slot 2`
+/// among them) with a message and exit status 2.
+#[test]
+fn examples_answer_help_and_refuse_unknown_options() {
+    for name in [
+        "bench-attach",
+        "bench-daemon",
+        "bench-loops",
+        "bench-multiply",
+        "bench-offload",
+        "bench-sampling",
+        "bench-startup",
+        "bench-threads",
+        "scheduler",
+    ] {
+        let bin = rtprof().with_file_name(name);
+        let (code, out, err, killed) = answer_of(&bin, &["--help"]);
+        assert!(!killed, "{name} --help ran instead of answering: {out}");
+        assert_eq!(code, Some(0), "{name} --help: {out} {err}");
+        assert!(out.starts_with(&format!("usage: {name}")), "{name}: {out}");
+        for bad in [&["--no-such-option"][..], &["--runs"], &["stray"]] {
+            if name == "scheduler" && bad == ["--runs"] {
+                continue;
+            }
+            let (code, out, err, killed) = answer_of(&bin, bad);
+            assert!(!killed, "{name} {bad:?} ran: {out}");
+            assert_eq!(code, Some(2), "{name} {bad:?}: {out} {err}");
+            assert!(
+                err.contains("unknown option") || err.contains("needs a value"),
+                "{name} {bad:?}: {err}"
+            );
+        }
+    }
+    let (code, _, err, killed) = answer_of(&rtprof().with_file_name("scheduler"), &["--slot", "2"]);
+    assert!(
+        !killed && code == Some(2) && err.contains("unknown option \"--slot\""),
+        "{err}"
+    );
+    let (code, _, err, _) = answer_of(&rtprof().with_file_name("scheduler"), &["--slots", "2"]);
+    assert!(
+        code == Some(2) && err.contains("--slots is an option of --act"),
+        "{err}"
+    );
+}
