@@ -927,4 +927,39 @@ fn examples_answer_help_and_refuse_unknown_options() {
         code == Some(2) && err.contains("--slots is an option of --act"),
         "{err}"
     );
+
+    // The C examples too.
+    let dir = scratch("examples-help");
+    let inc = format!("-I{}", root().join("abi/include").display());
+    for (name, sources, bad, why) in [
+        (
+            "scheduler",
+            &["examples/scheduler.c", "abi/c/rtprof_present.c"][..],
+            &["--slot", "2"][..],
+            "bad argument --slot",
+        ),
+        (
+            "offload",
+            &["examples/offload/offload.c"],
+            &["1", "warm"],
+            "unknown phase warm",
+        ),
+    ] {
+        let bin = dir.join(name);
+        let o = Command::new("gcc")
+            .args(["-O2", "-Wall", "-Werror", &inc, "-o"])
+            .arg(&bin)
+            .args(sources.iter().map(|s| root().join(s)))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (code, out, _, killed) = answer_of(&bin, &["--help"]);
+        assert!(
+            !killed && code == Some(0) && out.starts_with(&format!("usage: {name}")),
+            "{out}"
+        );
+        let (code, _, err, killed) = answer_of(&bin, bad);
+        assert!(!killed && code == Some(2) && err.contains(why), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
