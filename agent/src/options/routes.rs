@@ -495,9 +495,67 @@ struct Section {
     /// Its runtime address, and how many entries are read.
     at: u64,
     entries: usize,
-    /// Each entry's three pointers as the file has them (before the
-    /// loader relocates them), if the file holds the section's bytes.
-    file: Option<Vec<[u64; 3]>>,
+    /// What each entry's three pointers read once the loader has
+    /// relocated them, if the file holds the section's bytes.
+    file: Option<Vec<[Relocated; 3]>>,
+}
+
+/// How a section pointer reads once the loader has relocated it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Relocated {
+    /// Nothing relocates it: as the file has it (a null stays null).
+    AsIs,
+    /// A relative relocation: the module's base plus its addend.
+    Exactly(u64),
+    /// A symbol's address, or a packed relative relocation: anything but
+    /// what the file has.
+    Not(u64),
+}
+
+impl Relocated {
+    fn by(self, now: u64) -> bool {
+        match self {
+            Relocated::AsIs => true,
+            Relocated::Exactly(v) => now == v,
+            Relocated::Not(v) => now != v,
+        }
+    }
+}
+
+/// What the `n` entries of the section at link-time address `vaddr`
+/// read once relocated, given the file's bytes of them and the module's
+/// `bias`: by the file's dynamic relocations (`.rela.dyn`); a pointer
+/// none of them names is either null (left as it is) or relocated by a
+/// packed relative relocation (`.relr.dyn`), which changes it.
+fn relocated_values(data: &[u8], bytes: &[u8], vaddr: u64, bias: u64) -> Vec<[Relocated; 3]> {
+    const R_X86_64_RELATIVE: u32 = 8;
+    let relocs: Vec<(u64, u32, i64)> = goblin::elf::Elf::parse(data)
+        .map(|elf| {
+            elf.dynrelas
+                .iter()
+                .map(|r| (r.r_offset, r.r_type, r.r_addend.unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default();
+    bytes
+        .chunks_exact(std::mem::size_of::<SectionEntry>())
+        .enumerate()
+        .map(|(i, e)| {
+            let slot = |k: usize| {
+                let was = u64::from_le_bytes(e[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
+                let at = vaddr + (i * std::mem::size_of::<SectionEntry>() + k * 8) as u64;
+                match relocs.iter().find(|r| r.0 == at) {
+                    Some(&(_, R_X86_64_RELATIVE, addend)) => {
+                        Relocated::Exactly(bias.wrapping_add(addend as u64))
+                    }
+                    Some(_) => Relocated::Not(was),
+                    None if was == 0 => Relocated::AsIs,
+                    None => Relocated::Not(was),
+                }
+            };
+            [slot(0), slot(1), slot(2)]
+        })
+        .collect()
 }
 
 /// Reads of a module whose entries are still as the file has them before
@@ -642,15 +700,9 @@ fn find_section(m: &Module, maps: &Maps) -> Option<Section> {
     let entries = (size as usize / std::mem::size_of::<SectionEntry>()).min(MAX_SECTION_OFFERS);
     let at = m.bias.wrapping_add(vaddr);
     let len = entries * std::mem::size_of::<SectionEntry>();
-    let file = image.bytes(at, len as u64).map(|b| {
-        b.chunks_exact(std::mem::size_of::<SectionEntry>())
-            .map(|e| {
-                let word =
-                    |i: usize| u64::from_le_bytes(e[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-                [word(0), word(1), word(2)]
-            })
-            .collect()
-    });
+    let file = image
+        .bytes(at, len as u64)
+        .map(|b| relocated_values(image.data(), b, vaddr, m.bias));
     Some(Section { at, entries, file })
 }
 
@@ -685,18 +737,16 @@ fn read_module(a: &Agent, state: &mut Locked, maps: &Maps, p: &mut Pending) -> b
         })
         .collect();
     // The loader maps a library before it relocates it: its pointers are
-    // final once none is what the file has (a null stays null). A module
-    // loaded at start-up was relocated before the agent started.
+    // final once each reads as its relocation makes it. A module loaded at
+    // start-up was relocated before the agent started.
     let span = m.span();
     let relocated = state.routes.loaded_at_start(at)
         || m.bias == 0
         || match &section.file {
-            Some(file) => raw.iter().zip(file).all(|(e, f)| {
-                pointers(e)
-                    .iter()
-                    .zip(f)
-                    .all(|(&now, &was)| now == 0 || now != was)
-            }),
+            Some(file) => raw
+                .iter()
+                .zip(file)
+                .all(|(e, f)| pointers(e).iter().zip(f).all(|(&now, r)| r.by(now))),
             // No file values to compare with: names inside the module.
             None => raw.iter().all(|e| {
                 [e.function as u64, e.name as u64]
