@@ -943,6 +943,25 @@ mod tests {
         );
     }
 
+    /// Without a relocation naming it, a null pointer is final as it is
+    /// and any other must change (a packed relative relocation); one the
+    /// file relocates reads as that relocation makes it.
+    #[test]
+    fn section_pointers_are_final_once_they_read_as_relocated() {
+        let mut bytes = Vec::new();
+        for w in [0u64, 0x2000, 0] {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        let r = relocated_values(b"not an ELF file", &bytes, 0x4000, 0x7f00_0000_0000);
+        assert_eq!(
+            r,
+            [[Relocated::AsIs, Relocated::Not(0x2000), Relocated::AsIs]]
+        );
+        assert!(Relocated::AsIs.by(0) && Relocated::Not(0x2000).by(0x7f00_0000_2000));
+        assert!(!Relocated::Not(0x2000).by(0x2000));
+        assert!(Relocated::Exactly(5).by(5) && !Relocated::Exactly(5).by(0));
+    }
+
     #[test]
     fn a_counting_switch_skips_routed_stubs_and_follows_route_stubs() {
         let offer = |of, stub, route_stub| Offer {
