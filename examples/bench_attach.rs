@@ -23,6 +23,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn main() {
+    common::check_args(
+        "usage: bench-attach [--rounds 3] [--phase 2]\n(build first: cargo build --release --workspace)",
+        &common::Takes {
+            numbers: &["--rounds", "--phase"],
+            texts: &[],
+            flags: &[],
+        },
+    );
     let rounds = arg("--rounds", 3.0) as usize;
     let phase = arg("--phase", 2.0);
     let rtprof = here().join("rtprof");

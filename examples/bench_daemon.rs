@@ -176,6 +176,14 @@ fn time_ns(n: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    common::check_args(
+        "usage: bench-daemon [--procs 500] [--funcs 2000] [--exes 50]\n                    [--active 0.1] [--threads 2] [--tick-ms 1000]\n                    [--ticks 20] [--reads 20000] [--metrics 1]\n                    [--thread-rows N] [--daemon PATH]\n(build first: cargo build --release --workspace)",
+        &common::Takes {
+            numbers: &["--procs", "--funcs", "--exes", "--active", "--threads", "--tick-ms", "--ticks", "--reads", "--metrics", "--thread-rows"],
+            texts: &["--daemon"],
+            flags: &[],
+        },
+    );
     let procs = arg("--procs", 500.0) as usize;
     let funcs = arg("--funcs", 2000.0) as u32;
     let exes = (arg("--exes", 50.0) as usize).clamp(1, procs.max(1));

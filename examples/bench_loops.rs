@@ -34,6 +34,14 @@ fn per_iteration(bin: &Path, n: u64, threads: u32, agent: Option<&Path>, loops: 
 }
 
 fn main() {
+    common::check_args(
+        "usage: bench-loops [--iterations N] [--runs R]\n(build first: cargo build --release --workspace)",
+        &common::Takes {
+            numbers: &["--iterations", "--runs"],
+            texts: &[],
+            flags: &[],
+        },
+    );
     let n = arg("--iterations", 1e8) as u64;
     let runs = arg("--runs", 7.0) as usize;
     let agent = here().join("librtprof.so");

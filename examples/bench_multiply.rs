@@ -36,6 +36,14 @@ fn loop_ns(bin: &Path, calls: u64, threads: u32, agent: Option<&Path>, callers: 
 }
 
 fn main() {
+    common::check_args(
+        "usage: bench-multiply [--calls N] [--runs R]\n(build first: cargo build --release --workspace)",
+        &common::Takes {
+            numbers: &["--calls", "--runs"],
+            texts: &[],
+            flags: &[],
+        },
+    );
     let calls = arg("--calls", 1e8) as u64;
     let runs = arg("--runs", 7.0) as usize;
     let agent = here().join("librtprof.so");

@@ -159,6 +159,14 @@ fn run(cfg: &str, bin: &Path, dir: &Path, (phase_s, n): (f64, usize)) -> (Vec<Ou
 }
 
 fn main() {
+    common::check_args(
+        "usage: bench-offload [--runs 3] [--phase-s 2] [--phases 4]\n                     [--tick-ms 100] [--span-ms 500]\n(build first: cargo build --release --workspace)",
+        &common::Takes {
+            numbers: &["--runs", "--phase-s", "--phases", "--tick-ms", "--span-ms"],
+            texts: &[],
+            flags: &[],
+        },
+    );
     let runs = arg("--runs", 3.0) as usize;
     let phase_s = arg("--phase-s", 2.0);
     let n = arg("--phases", 4.0) as usize;

@@ -170,6 +170,14 @@ fn timed(bin: &Path, scale: &str, env: &[(&str, String)], dir: &Path) -> (f64, f
 }
 
 fn main() {
+    common::check_args(
+        "usage: bench-sampling [--runs R] [--scale S]\n(build first: cargo build --release --workspace; needs `perf` from linux-perf)",
+        &common::Takes {
+            numbers: &["--runs", "--scale"],
+            texts: &[],
+            flags: &[],
+        },
+    );
     let runs = arg("--runs", 7.0) as usize;
     let scale = format!("{}", arg("--scale", 2.0));
     let agent = here().join("librtprof.so");

@@ -602,6 +602,14 @@ fn fmt_ms(v: f64) -> String {
 }
 
 fn main() {
+    common::check_args(
+        "usage: bench-startup [--runs N] [--system-runs N] [--only ROW] [--skip-system]\n[--budget P]\n(--budget: the system row's agents run under an overhead budget of P\npercent, `budget = P` in the bound copy of /etc/rtprof/rtprof.conf.)\n(--runs defaults to 11, --system-runs to 3; --only: rows whose name\ncontains ROW)\n(build first: cargo build --release --workspace; the system row needs\nroot, `unshare`, gcc and make)",
+        &common::Takes {
+            numbers: &["--runs", "--system-runs"],
+            texts: &["--only", "--budget"],
+            flags: &["--skip-system"],
+        },
+    );
     let runs = arg("--runs", 11.0) as usize;
     // A build with the agent takes ~16 s on two cores against ~5 s plain:
     // three rounds keep the whole run under five minutes, and the difference

@@ -56,6 +56,14 @@ fn rate(bin: &Path, ms: u64, spawners: u32, how: &How) -> f64 {
 }
 
 fn main() {
+    common::check_args(
+        "usage: bench-threads [--ms MS] [--spawners S] [--runs R] [--other-agent PATH]\n(build first: cargo build --release --workspace)",
+        &common::Takes {
+            numbers: &["--ms", "--spawners", "--runs"],
+            texts: &["--other-agent"],
+            flags: &[],
+        },
+    );
     let ms = arg("--ms", 1000.0) as u64;
     let spawners = arg("--spawners", 2.0) as u32;
     let runs = arg("--runs", 5.0) as usize;

@@ -61,6 +61,12 @@ int main(int argc, char **argv) {
     int once = 0, top = 5;
     double speedup = 10, transfer_ns = 5000, t;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf(USAGE);
+            return 0;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--present") && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "--once")) once = 1;
         else if (!strcmp(argv[i], "--speedup") && i + 1 < argc && positive(argv[i + 1], &speedup)) i++;

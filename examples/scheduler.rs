@@ -30,8 +30,68 @@ const USAGE: &str = "usage: scheduler [--present PATH] [--once] [--speedup S] [-
 /// published by a daemon that just started, before giving up.
 const RETRIES: u32 = 50;
 
+/// Options followed by a value; flags; the options that only `--act` takes.
+const VALUES: &[&str] = &[
+    "--present",
+    "--speedup",
+    "--transfer-ns",
+    "--slots",
+    "--socket",
+    "--move-cost-ms",
+    "--hysteresis",
+    "--min-spans",
+];
+const FLAGS: &[&str] = &["--act", "--once"];
+const ACTING_ONLY: &[&str] = &[
+    "--slots",
+    "--socket",
+    "--move-cost-ms",
+    "--hysteresis",
+    "--min-spans",
+];
+
+/// Checks the command line (without the program's name) before anything
+/// runs: `Ok(true)` for `--help`; an unknown option or argument, one
+/// without its value, or one of `--act`'s without it is refused.
+fn check_args(args: &[String]) -> Result<bool, String> {
+    let acting = args.iter().any(|a| a == "--act");
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "--help" || a == "-h" {
+            return Ok(true);
+        }
+        if FLAGS.contains(&a) {
+            i += 1;
+            continue;
+        }
+        if !VALUES.contains(&a) {
+            return Err(format!("unknown option {a:?}"));
+        }
+        if ACTING_ONLY.contains(&a) && !acting {
+            return Err(format!("{a} is an option of --act"));
+        }
+        if args.get(i + 1).is_none() {
+            return Err(format!("{a} needs a value"));
+        }
+        i += 2;
+    }
+    Ok(false)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    match check_args(&args[1.min(args.len())..]) {
+        Ok(true) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            eprintln!("scheduler: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    }
     let opt = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -179,6 +239,9 @@ impl Acting {
     fn act(&mut self, v: &View) {
         let offered = act::offered_in(v);
         let span_s = v.span_ns as f64 / 1e9;
+        // A table is published every tick: `--min-spans` counts spans.
+        self.placer
+            .set_ticks_per_span(v.span_ns.div_ceil(v.tick_ns.max(1)));
         for d in self.placer.decide(&offered, span_s) {
             // A move back refused keeps its slot: no newcomer beyond K.
             if d.to != rtprof_abi::route::ORIGINAL && self.placer.over_capacity() {
@@ -217,5 +280,31 @@ impl Acting {
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_args;
+
+    #[test]
+    fn options_are_checked_before_anything_runs() {
+        let check = |a: &[&str]| check_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(check(&[]), Ok(false));
+        assert_eq!(
+            check(&["--act", "--slots", "2", "--min-spans", "3"]),
+            Ok(false)
+        );
+        assert_eq!(check(&["--once", "--help"]), Ok(true));
+        assert!(check(&["--slot", "2"])
+            .unwrap_err()
+            .contains("unknown option"));
+        assert!(check(&["--slots", "2"])
+            .unwrap_err()
+            .contains("option of --act"));
+        assert!(check(&["--act", "--slots"])
+            .unwrap_err()
+            .contains("needs a value"));
+        assert!(check(&["stray"]).unwrap_err().contains("unknown option"));
     }
 }

@@ -579,3 +579,387 @@ fn the_acting_scheduler_moves_the_slot_between_two_programs() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn compile_checks(dir: &Path) -> PathBuf {
+    let inc = format!("-I{}", root().join("abi/include").display());
+    compile_o2("offer_checks.c", &[&inc], dir)
+}
+
+/// `offer_checks MODE` under the agent, registered with `d`, its stderr
+/// (the agent's log too) in `log`: a file, which a verbose agent cannot
+/// fill up as it could a pipe nobody reads yet.
+fn start_checks(bin: &Path, mode: &str, d: &Rtprofd, dir: &Path, env: &[(&str, &str)]) -> Program {
+    let mut child = Command::new(bin)
+        .arg(mode)
+        .env("LD_PRELOAD", agent())
+        .env("RTPROF_DAEMON_SOCKET", &d.socket)
+        .env("RTPROF_REPORT", dir.join("report.json"))
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut p = Program { child, out };
+    assert_eq!(p.line(), "ready");
+    p
+}
+
+fn stderr_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("stderr.log")).unwrap()
+}
+
+/// `f own N a N b N g own N fast N h own N fast N`, asked for with SIGUSR1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CheckCounts {
+    f: (u64, u64, u64),
+    g: (u64, u64),
+    h: (u64, u64),
+}
+
+impl CheckCounts {
+    fn parse(line: &str) -> CheckCounts {
+        let n: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert_eq!(n.len(), 7, "{line}");
+        CheckCounts {
+            f: (n[0], n[1], n[2]),
+            g: (n[3], n[4]),
+            h: (n[5], n[6]),
+        }
+    }
+
+    fn ask(p: &mut Program) -> CheckCounts {
+        p.signal(libc::SIGUSR1);
+        CheckCounts::parse(&p.line())
+    }
+
+    /// The counts before and after the program ran a while.
+    fn over_a_while(p: &mut Program) -> (CheckCounts, CheckCounts) {
+        let a = CheckCounts::ask(p);
+        std::thread::sleep(Duration::from_millis(200));
+        (a, CheckCounts::ask(p))
+    }
+}
+
+/// Ends `offer_checks` with SIGTERM: its last counts (it exits 0).
+fn end_checks(mut p: Program, dir: &Path) -> CheckCounts {
+    p.signal(libc::SIGTERM);
+    let last = CheckCounts::parse(&p.line());
+    let (status, _) = p.wait();
+    assert!(status.success(), "{status:?} {}", stderr_of(dir));
+    last
+}
+
+/// The process's state letter in /proc/PID/stat.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].chars().next()
+}
+
+/// A second offer after libc's functions were named for samples (their
+/// records written after the first offer's row): the segment stays
+/// readable, rtprofd follows the process, both offers route, and the
+/// report counts each implementation's calls as the program does.
+#[test]
+fn a_second_offer_after_libc_was_named_keeps_the_segment_readable() {
+    let dir = scratch("routes-second-offer");
+    let bin = compile_checks(&dir);
+    let d = daemon(&dir);
+    let mut p = start_checks(&bin, "second", &d, &dir, &[]);
+    let log = stderr_of(&dir);
+    assert!(
+        log.contains("first 0\n") && log.contains("second 0\n"),
+        "{log}"
+    );
+    let pid = p.pid();
+    route_ok(&d, pid, "f", "b");
+    let (x, y) = CheckCounts::over_a_while(&mut p);
+    assert!(
+        y.f.2 > x.f.2 && (y.f.0, y.f.1) == (x.f.0, x.f.1),
+        "{x:?} {y:?}"
+    );
+    route_ok(&d, pid, "f", "a");
+    let (x, y) = CheckCounts::over_a_while(&mut p);
+    assert!(
+        y.f.1 > x.f.1 && (y.f.0, y.f.2) == (x.f.0, x.f.2),
+        "{x:?} {y:?}"
+    );
+    // rtprofd still reads the segment: its span shows both rows.
+    let f = std::fs::File::open(&d.present).unwrap();
+    // SAFETY: the daemon only ever writes the file, and every read is validated.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    poll(
+        "a span with f [a] and f [b]",
+        Duration::from_secs(10),
+        || {
+            let (_, rows) = rtprof_abi::present::read_process(&map, pid)
+                .ok()
+                .flatten()?;
+            let has = |n: &str| rows.iter().any(|r| r.name == n && r.implementation);
+            (has("f [a]") && has("f [b]")).then_some(())
+        },
+    );
+    let last = end_checks(p, &dir);
+    let log = stderr_of(&dir);
+    assert!(!log.contains("cannot read own counters"), "{log}");
+    let r = report(&dir.join("report.json"));
+    let calls = |name: &str| row(&r, name)["calls"].as_u64().unwrap();
+    assert_eq!(
+        (calls("f"), calls("f [a]"), calls("f [b]")),
+        last.f,
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Offers that would route a function into itself (its address, an alias
+/// of it, an address inside it) or into the middle of another function,
+/// with a null function name, or with names `rtprof route` cannot carry,
+/// are refused, each with its code. The section's good entries are taken
+/// though bad ones sit among them, and each bad one is logged.
+#[test]
+fn offers_into_the_function_itself_or_mid_function_are_refused_with_their_codes() {
+    let dir = scratch("routes-bad-offers");
+    let bin = compile_checks(&dir);
+    let d = daemon(&dir);
+    let mut p = start_checks(&bin, "bad", &d, &dir, &[("RTPROF_VERBOSE", "1")]);
+    let log = stderr_of(&dir);
+    for (what, code) in [
+        ("first", 0),
+        ("itself", -7),
+        ("alias", -7),
+        ("inside", -7),
+        ("elsewhere", -8),
+        ("null", -6),
+        ("utf8", -9),
+        ("newline", -9),
+        ("tab", -9),
+        ("good", 0),
+    ] {
+        assert!(log.contains(&format!("\n{what} {code}\n")), "{what}: {log}");
+    }
+    let pid = p.pid();
+    route_ok(&d, pid, "g", "fast");
+    route_ok(&d, pid, "h", "fast");
+    route_ok(&d, pid, "f", "b");
+    for name in ["self", "alias", "inside", "elsewhere"] {
+        route_refused(&d, pid, "f", name, "offered no implementation");
+    }
+    let (x, y) = CheckCounts::over_a_while(&mut p);
+    assert!(
+        y.g.1 > x.g.1 && y.h.1 > x.h.1 && y.f.2 > x.f.2 && y.g.0 == x.g.0,
+        "{x:?} {y:?}"
+    );
+    // Each bad section entry is logged with its reason.
+    let log = stderr_of(&dir);
+    for why in [
+        "its function name is not a string inside the module",
+        "the implementation is not in executable memory",
+        "a null function name, implementation or name",
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("rtprof_offers entry") && l.contains(why)),
+            "{why}: {log}"
+        );
+    }
+    end_checks(p, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A route to a stopped process is refused with that reason, nothing is
+/// left for it to do when it runs again, and later routes work.
+#[test]
+fn a_stopped_process_is_refused_and_routes_work_once_it_runs() {
+    let dir = scratch("routes-stopped");
+    let bin = compile_checks(&dir);
+    let d = daemon(&dir);
+    let mut p = start_checks(&bin, "bad", &d, &dir, &[]);
+    let pid = p.pid();
+    route_ok(&d, pid, "f", "a");
+    route_ok(&d, pid, "f", "original");
+    p.signal(libc::SIGSTOP);
+    poll("the process stopped", Duration::from_secs(10), || {
+        (proc_state(pid) == Some('T')).then_some(())
+    });
+    route_refused(&d, pid, "f", "b", "is stopped");
+    p.signal(libc::SIGCONT);
+    poll("the process running", Duration::from_secs(10), || {
+        (proc_state(pid) != Some('T')).then_some(())
+    });
+    // Nothing stale is carried out: f's calls stay with its own code.
+    std::thread::sleep(Duration::from_millis(300));
+    let (x, y) = CheckCounts::over_a_while(&mut p);
+    assert!(
+        y.f.0 > x.f.0 && y.f.2 == x.f.2 && y.f.1 == x.f.1,
+        "{x:?} {y:?}"
+    );
+    route_ok(&d, pid, "f", "b");
+    let (x, y) = CheckCounts::over_a_while(&mut p);
+    assert!(y.f.2 > x.f.2 && y.f.0 == x.f.0, "{x:?} {y:?}");
+    end_checks(p, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A request its agent never takes (no thread of it serves requests:
+/// sampling off, no budget) is withdrawn, and the answer says it will not
+/// be carried out, and why.
+#[test]
+fn a_request_its_agent_does_not_take_is_withdrawn() {
+    let dir = scratch("routes-withdrawn");
+    let bin = compile_checks(&dir);
+    let d = daemon(&dir);
+    let p = start_checks(&bin, "bad", &d, &dir, &[("RTPROF_SAMPLER", "off")]);
+    let o = route(&d, p.pid(), "f", "b");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        err.contains("withdrawn and will not be carried out") && err.contains("did not take it"),
+        "{err}"
+    );
+    let again = route(&d, p.pid(), "f", "b");
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("has not taken an earlier request"), "{err}");
+    end_checks(p, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process killed and not yet reaped (a zombie) has ended: a route to
+/// it is refused as such at once.
+#[test]
+fn a_zombie_is_treated_as_gone() {
+    let dir = scratch("routes-zombie");
+    let bin = compile_checks(&dir);
+    let d = daemon(&dir);
+    let p = start_checks(&bin, "bad", &d, &dir, &[]);
+    let pid = p.pid();
+    route_ok(&d, pid, "f", "a");
+    p.signal(libc::SIGKILL);
+    poll("a zombie", Duration::from_secs(10), || {
+        (proc_state(pid) == Some('Z')).then_some(())
+    });
+    // Refused at once as ended, or already no longer followed; not asked
+    // of an agent that will never answer.
+    let said = rtprof_abi::protocol::route(&d.socket, pid, "f", "b");
+    assert!(
+        said.as_ref()
+            .is_err_and(|e| e.contains("has ended") || e.contains("not a process rtprofd follows")),
+        "{said:?}"
+    );
+    drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `bin ARGS` to its end, killed if it is still running after a
+/// minute (it ran its benchmark instead of answering): (exit code,
+/// stdout, stderr, whether it had to be killed).
+fn answer_of(bin: &Path, args: &[&str]) -> (Option<i32>, String, String, bool) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    let mut killed = false;
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        killed,
+    )
+}
+
+/// Every program of `examples/` answers `--help` with its usage and runs
+/// nothing, and refuses an option it does not know (`scheduler --slot 2`
+/// among them) with a message and exit status 2.
+#[test]
+fn examples_answer_help_and_refuse_unknown_options() {
+    for name in [
+        "bench-attach",
+        "bench-daemon",
+        "bench-loops",
+        "bench-multiply",
+        "bench-offload",
+        "bench-sampling",
+        "bench-startup",
+        "bench-threads",
+        "scheduler",
+    ] {
+        let bin = rtprof().with_file_name(name);
+        let (code, out, err, killed) = answer_of(&bin, &["--help"]);
+        assert!(!killed, "{name} --help ran instead of answering: {out}");
+        assert_eq!(code, Some(0), "{name} --help: {out} {err}");
+        assert!(out.starts_with(&format!("usage: {name}")), "{name}: {out}");
+        for bad in [&["--no-such-option"][..], &["--runs"], &["stray"]] {
+            if name == "scheduler" && bad == ["--runs"] {
+                continue;
+            }
+            let (code, out, err, killed) = answer_of(&bin, bad);
+            assert!(!killed, "{name} {bad:?} ran: {out}");
+            assert_eq!(code, Some(2), "{name} {bad:?}: {out} {err}");
+            assert!(
+                err.contains("unknown option") || err.contains("needs a value"),
+                "{name} {bad:?}: {err}"
+            );
+        }
+    }
+    let (code, _, err, killed) = answer_of(&rtprof().with_file_name("scheduler"), &["--slot", "2"]);
+    assert!(
+        !killed && code == Some(2) && err.contains("unknown option \"--slot\""),
+        "{err}"
+    );
+    let (code, _, err, _) = answer_of(&rtprof().with_file_name("scheduler"), &["--slots", "2"]);
+    assert!(
+        code == Some(2) && err.contains("--slots is an option of --act"),
+        "{err}"
+    );
+
+    // The C examples too.
+    let dir = scratch("examples-help");
+    let inc = format!("-I{}", root().join("abi/include").display());
+    for (name, sources, bad, why) in [
+        (
+            "scheduler",
+            &["examples/scheduler.c", "abi/c/rtprof_present.c"][..],
+            &["--slot", "2"][..],
+            "bad argument --slot",
+        ),
+        (
+            "offload",
+            &["examples/offload/offload.c"],
+            &["1", "warm"],
+            "unknown phase warm",
+        ),
+    ] {
+        let bin = dir.join(name);
+        let o = Command::new("gcc")
+            .args(["-O2", "-Wall", "-Werror", &inc, "-o"])
+            .arg(&bin)
+            .args(sources.iter().map(|s| root().join(s)))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (code, out, _, killed) = answer_of(&bin, &["--help"]);
+        assert!(
+            !killed && code == Some(0) && out.starts_with(&format!("usage: {name}")),
+            "{out}"
+        );
+        let (code, _, err, killed) = answer_of(&bin, bad);
+        assert!(!killed && code == Some(2) && err.contains(why), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

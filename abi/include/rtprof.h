@@ -44,15 +44,30 @@ __attribute__((weak)) int rtprof_set_counting(const char *pattern, int on);
  * Calls of `function` keep running its own code until they are routed to
  * `name` (`rtprof route PID function name`, through rtprofd); they are
  * then counted in the row `function [name]` and run `implementation`.
- * Returns 0, or a negative reason: -1 the agent is not active (or an
- * argument is null), -2 no patched function of that name, -3
- * `implementation` is not in executable memory, -4 a bad name (or one
- * offered already with another address), -5 no room. Thread-safe. */
+ * `implementation` must be where a function starts (by its module's
+ * symbols, or its unwind entries where it has none), and not the function
+ * itself: routed, the calls would run into the route again.
+ * Returns 0, or a negative reason:
+ *   -1 the agent is not active;
+ *   -2 no patched function of that name;
+ *   -3 `implementation` is not in executable memory;
+ *   -4 a bad name (empty, "original", longer than 64 bytes, or offered
+ *      already with another address);
+ *   -5 no room;
+ *   -6 `function`, `implementation` or `name` is null;
+ *   -7 `implementation` is the function's own code: its address, an alias
+ *      of it, or an address inside it (where its patched entry is);
+ *   -8 `implementation` is not where a function of its module starts;
+ *   -9 `name` is not UTF-8, or holds a control character (a newline, a
+ *      tab...): `rtprof route` could not name it.
+ * Thread-safe. */
 __attribute__((weak)) int rtprof_offer(const char *function, void *implementation, const char *name);
 
 /* The same offer without a call at run time: an entry in the ELF section
  * `rtprof_offers`, which the agent reads at start-up and after each
- * dlopen. At file scope:
+ * dlopen. Each entry is taken or refused on its own (both names must be
+ * strings of the module itself); a refusal is logged under
+ * RTPROF_VERBOSE=1. At file scope:
  *
  *     RTPROF_OFFER(work, work_fast, "fast");
  */

@@ -196,6 +196,10 @@ pub mod control {
     pub const OFF: u32 = 0;
     pub const ON: u32 = 1;
     pub const ROUTE: u32 = 2;
+    /// A route request the agent has taken and is carrying out (see
+    /// `crate::route`): never an answer, which replaces it before
+    /// `control_ack` moves.
+    pub const CLAIMED: u32 = 0x8000_0002;
     /// Where the glob is, and its longest.
     pub const PATTERN: usize = 256;
     pub const PATTERN_MAX: usize = 256;

@@ -1244,7 +1244,7 @@ pub fn read_cost(bytes: &[u8], h: &Header) -> Option<AgentCost> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::writer::SegmentWriter;
+    use crate::writer::{SegmentWriter, WriteError};
     use std::sync::atomic::Ordering;
 
     fn sample_segment() -> (Vec<u64>, Layout) {
@@ -1413,6 +1413,42 @@ pub(crate) mod tests {
         let at = (layout.funcs_off + row as u64 * 32 + 24) as usize / 8;
         buf[at] = (buf[at] & !0xffff_ffff) | row as u64;
         assert!(read_snapshot(as_bytes(&buf)).is_err());
+    }
+
+    /// An offer after a module was named on demand (its functions
+    /// recorded after the implementations module's rows) starts another
+    /// implementations module: every module's range stays contiguous and
+    /// the segment reads.
+    #[test]
+    fn an_offer_after_a_module_named_on_demand_keeps_ranges_contiguous() {
+        let layout = Layout::new(Capacities {
+            modules: 4,
+            functions: 8,
+            strings: 256,
+            stripes: 3,
+        });
+        let mut buf = vec![0u64; (layout.total_size / 8) as usize];
+        // SAFETY: as in `sample_segment`.
+        let mut w = unsafe { SegmentWriter::init(buf.as_mut_ptr() as *mut u8, layout, 7, 1, 5) };
+        w.add_module(b"/bin/app", 0x1000).unwrap();
+        let f = w.add_function(b"f", 0x100, 16).unwrap();
+        w.set_status(f, None);
+        let libc = w.add_sampled_module(b"/lib/libc.so.6", 0x9000).unwrap();
+        let a = w.add_implementation(f, b"a", 0x1200).unwrap();
+        assert_eq!(
+            w.name_module(libc, [(&b"memset"[..], 0x10, 8)].into_iter()),
+            1
+        );
+        // A function for a module whose range is closed is refused.
+        assert_eq!(w.add_function(b"g", 0x0, 1), Err(WriteError::NotLast));
+        let b = w.add_implementation(f, b"b", 0x1300).unwrap();
+        assert_eq!(w.module_count(), 4, "a second implementations module");
+        let s = read_snapshot(as_bytes(&buf)).unwrap();
+        for (row, name) in [(a, "a"), (b, "b")] {
+            let imp = s.functions[row as usize].implementation.as_ref().unwrap();
+            assert_eq!((imp.of, imp.name.as_str()), (f, name));
+        }
+        assert_eq!(s.functions[(b - 1) as usize].name, "memset");
     }
 
     /// A reader that knows more functions than the header it reads with

@@ -24,6 +24,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub enum WriteError {
     /// More modules, functions or string bytes than the segment was sized for.
     Full,
+    /// A function for a module whose range does not end the function
+    /// table (another module's functions were recorded after it): it
+    /// would lie outside its module's range.
+    NotLast,
 }
 
 /// Lock-free access to a mapped segment's counters, stripes, samples and
@@ -280,8 +284,13 @@ impl SegmentWriter {
         if modules == 0 || idx >= self.counters.layout.caps.functions {
             return Err(WriteError::Full);
         }
-        let (name_off, name_len) = self.add_string(name)?;
         let module = modules - 1;
+        // Its range must stay contiguous: refused if functions of another
+        // module were recorded after this one's (named on demand).
+        if !self.ends_table(&self.module(module)) {
+            return Err(WriteError::NotLast);
+        }
+        let (name_off, name_len) = self.add_string(name)?;
         let m = self.module_ptr(module);
         // SAFETY: a module record already written (below module_count);
         // `&mut self` makes this the only metadata writer.
@@ -323,6 +332,12 @@ impl SegmentWriter {
         Ok(idx)
     }
 
+    /// Whether module record `m`'s functions end where the function table
+    /// does (a function added now would extend its range).
+    fn ends_table(&self, m: &ModuleRecord) -> bool {
+        m.first_func.checked_add(m.func_count) == Some(self.func_count)
+    }
+
     /// Lists implementation `name` of function `of` (a patched slot), at
     /// `address`, as a row of an implementations module (see
     /// [`module_flags::IMPLEMENTATIONS`]), and marks `of` offered with its
@@ -337,13 +352,15 @@ impl SegmentWriter {
         if of >= self.func_count {
             return Err(WriteError::Full);
         }
-        let last_is_ours = self.module_count > 0 && {
-            let m = self.module_ptr(self.module_count - 1);
-            // SAFETY: a written module record; `&mut self` is its only writer.
-            let flags = unsafe { std::ptr::read_volatile(addr_of!((*m).flags)) };
-            flags & module_flags::IMPLEMENTATIONS != 0
+        // A module's functions are one contiguous range of slots: the last
+        // implementations module takes this row only if nothing was
+        // recorded after its rows (a module named on demand lists its
+        // functions at the end of the table), else a new one starts.
+        let last_takes_it = self.module_count > 0 && {
+            let m = self.module(self.module_count - 1);
+            m.flags & module_flags::IMPLEMENTATIONS != 0 && self.ends_table(&m)
         };
-        if !last_is_ours {
+        if !last_takes_it {
             self.add_module_with(
                 crate::layout::IMPLEMENTATIONS_MODULE.as_bytes(),
                 0,
@@ -673,6 +690,24 @@ impl Counters {
     pub fn control_words(&self) -> (&AtomicU32, &AtomicU32) {
         use crate::layout::control;
         (self.header_u32(control::SEQ), self.header_u32(control::ACK))
+    }
+
+    /// Takes the route request waiting, whose moment of expiry is
+    /// `expires_ns`, for carrying out: whether it may be (it was not
+    /// withdrawn). See `crate::route` for why the mark comes before the
+    /// clock.
+    pub fn control_claim(&self, expires_ns: u64) -> bool {
+        use crate::layout::control;
+        let marked = self
+            .header_u32(control::KIND)
+            .compare_exchange(
+                control::ROUTE,
+                control::CLAIMED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok();
+        marked && crate::route::monotonic_ns() < expires_ns
     }
 
     /// Answers the switch request `seq`.

@@ -56,12 +56,18 @@ pub enum Error {
     NoRelay { pid: u32 },
     /// The process has ended.
     Ended { pid: u32 },
+    /// The process is stopped (a stop signal, or a debugger's stop): its
+    /// agent cannot take a request until it runs again.
+    Stopped { pid: u32, traced: bool },
     /// No instrumented function of the process matches the pattern.
     NoMatch { pid: u32, pattern: String },
     /// As many requests as may wait are waiting for the agent.
     Backlog { pid: u32, waiting: usize },
     /// A route request while another request waits for the agent.
     Busy { pid: u32 },
+    /// A route request while one that was withdrawn is still not taken by
+    /// the agent (no thread of it serves requests).
+    Unserved { pid: u32 },
     /// A route request whose names do not fit the segment's request area.
     BadNames { pid: u32 },
 }
@@ -99,6 +105,11 @@ impl fmt::Display for Error {
                 "pid {pid}: its agent takes no switch requests (an older rtprof)"
             ),
             Error::Ended { pid } => write!(f, "pid {pid} has ended"),
+            Error::Stopped { pid, traced } => write!(
+                f,
+                "pid {pid} is stopped ({}): its agent cannot take a request until it runs again; nothing was asked of it",
+                if *traced { "by a debugger" } else { "SIGSTOP or another stop signal" }
+            ),
             Error::NoMatch { pid, pattern } => {
                 write!(f, "pid {pid}: no instrumented function matches {pattern:?}")
             }
@@ -109,6 +120,10 @@ impl fmt::Display for Error {
             Error::Busy { pid } => write!(
                 f,
                 "pid {pid}: another request is waiting for its agent; ask again"
+            ),
+            Error::Unserved { pid } => write!(
+                f,
+                "pid {pid}: its agent has not taken an earlier request, withdrawn (no thread of it serves requests where sampling is off and no budget runs); nothing can be asked of it until it does"
             ),
             Error::BadNames { pid } => write!(
                 f,

@@ -13,6 +13,7 @@ use crate::slots::Slots;
 use crate::spans::{self, Tracked};
 use rtprof_abi::layout::{control, state};
 use rtprof_abi::present::ProcRows;
+use rtprof_abi::route::RequestState;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
@@ -84,6 +85,9 @@ struct Entry {
     /// A route request whose answer is not collected yet: no switch is
     /// relayed over it (it would overwrite the answer).
     route_waiting: bool,
+    /// A route request that was withdrawn before its agent took it: until
+    /// the agent answers it (as withdrawn), the segment takes no other.
+    withdrawn: Option<u32>,
 }
 
 impl Entry {
@@ -142,10 +146,14 @@ impl Entry {
     }
 }
 
+/// Whether process `pid` runs (or is stopped): not a zombie, which has
+/// ended though its parent has not reaped it yet.
 fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only asks whether the process exists; errno is
     // this thread's.
-    unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    let exists =
+        unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM };
+    exists && !crate::routes::ProcState::of(pid).ended()
 }
 
 pub struct Table {
@@ -241,6 +249,7 @@ impl Table {
                 unfilled: 0,
                 pending: VecDeque::new(),
                 route_waiting: false,
+                withdrawn: None,
             },
         );
         self.by_pid.entry(reg.pid).or_default().push(seq);
@@ -311,8 +320,12 @@ impl Table {
 
     /// Relays a request to route the calls of `req.function` to
     /// `req.implementation` to the process's agent, with the checks of
-    /// [`Table::switch`]; returns what to ask [`Table::route_answer`] for.
-    pub fn route(&mut self, req: &RouteRequest) -> Result<(u64, u32), Error> {
+    /// [`Table::switch`], to be carried out only if its agent takes it
+    /// before `expires_ns` ([`rtprof_abi::route::monotonic_ns`]); returns
+    /// what to ask [`Table::route_state`] for. A process that is stopped
+    /// is refused (its agent could not take it), a zombie is ended.
+    pub fn route(&mut self, req: &RouteRequest, expires_ns: u64) -> Result<(u64, u32), Error> {
+        use crate::routes::ProcState;
         let pid = req.pid;
         let key = self.requestable(req.from.uid, pid)?;
         let e = self
@@ -322,35 +335,59 @@ impl Table {
         if e.tracked.as_ref().is_some_and(|t| t.ended) {
             return Err(Error::Ended { pid });
         }
+        match ProcState::of(pid) {
+            s if s.ended() => {
+                if let Some(t) = &mut e.tracked {
+                    t.ended = true;
+                }
+                return Err(Error::Ended { pid });
+            }
+            ProcState::Stopped { traced } => return Err(Error::Stopped { pid, traced }),
+            _ => {}
+        }
         if !e.pending.is_empty() {
             return Err(Error::Busy { pid });
         }
-        let bytes = rtprof_abi::route::request_bytes(&req.function, &req.implementation)
-            .ok_or(Error::BadNames { pid })?;
-        let seq = e
-            .map
-            .request(control::ROUTE, &bytes)
-            .ok_or(Error::Busy { pid })?;
+        let bytes =
+            rtprof_abi::route::segment_request(&req.function, &req.implementation, expires_ns)
+                .ok_or(Error::BadNames { pid })?;
+        let Some(seq) = e.map.request(control::ROUTE, &bytes) else {
+            return Err(match e.withdrawn {
+                Some(_) => Error::Unserved { pid },
+                None => Error::Busy { pid },
+            });
+        };
+        e.withdrawn = None;
         e.route_waiting = true;
         Ok((key, seq))
     }
 
-    /// The agent's answer to route request `seq` of entry `key`, once it
-    /// has answered; an error if the process is no longer followed. With
-    /// `giving_up`, switches may be relayed again whatever it says.
-    pub fn route_answer(
+    /// Where route request `seq` of entry `key`, expiring at
+    /// `expires_ns`, stands (see [`rtprof_abi::route::request_state`]); an
+    /// error if the process is no longer followed. With `giving_up`, or
+    /// once it is settled (answered, withdrawn), switches may be relayed
+    /// again.
+    pub fn route_state(
         &mut self,
         key: u64,
         seq: u32,
         pid: u32,
+        expires_ns: u64,
         giving_up: bool,
-    ) -> Result<Option<u32>, Error> {
+    ) -> Result<RequestState, Error> {
         let e = self.entries.get_mut(&key).ok_or(Error::Ended { pid })?;
-        let answer = e.map.answer(seq);
-        if answer.is_some() || giving_up {
+        let state = match (e.map.answer(seq), e.map.bytes()) {
+            (Some(code), _) => RequestState::Answered(code),
+            (None, Some(b)) => rtprof_abi::route::request_state(b, seq, expires_ns),
+            (None, None) => RequestState::Replaced,
+        };
+        if giving_up || !matches!(state, RequestState::Waiting | RequestState::Taken) {
             e.route_waiting = false;
         }
-        Ok(answer)
+        if state == RequestState::Withdrawn {
+            e.withdrawn = Some(seq);
+        }
+        Ok(state)
     }
 
     fn remove(&mut self, seq: u64) -> Option<Entry> {

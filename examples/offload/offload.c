@@ -59,12 +59,29 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+#define USAGE "usage: offload SECONDS PHASE...   (each PHASE hot or idle, SECONDS long)\n"
+
 int main(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf(USAGE);
+        return 0;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: offload SECONDS PHASE...\n");
+        fprintf(stderr, USAGE);
         return 2;
     }
-    double seconds = atof(argv[1]);
+    char *end;
+    double seconds = strtod(argv[1], &end);
+    if (end == argv[1] || *end || !(seconds > 0)) {
+        fprintf(stderr, "offload: SECONDS %s: not a positive number\n" USAGE, argv[1]);
+        return 2;
+    }
+    /* Every phase checked before any runs. */
+    for (int p = 2; p < argc; p++)
+        if (strcmp(argv[p], "hot") && strcmp(argv[p], "idle")) {
+            fprintf(stderr, "offload: unknown phase %s\n" USAGE, argv[p]);
+            return 2;
+        }
     if (rtprof_offer) {
         if (__builtin_cpu_supports("avx2")) rtprof_offer("kernel", (void *)kernel_avx2, "avx2");
         else rtprof_offer("kernel", (void *)kernel_sse2, "sse2");

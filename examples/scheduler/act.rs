@@ -101,7 +101,12 @@ type Pair = (u32, String);
 /// What the scheduler remembers from one span to the next.
 pub struct Placer {
     opts: Options,
+    /// Decisions so far: one per table rtprofd publishes, every tick, each
+    /// showing the span that ends then (spans overlap when the span is
+    /// longer than the tick).
     span: u64,
+    /// Ticks in a span: `min_spans` spans are this many decisions.
+    ticks_per_span: u64,
     /// Time per call, ns, of each (pid, function, implementation) as last
     /// measured.
     measured: HashMap<(u32, String, String), f64>,
@@ -130,10 +135,17 @@ impl Placer {
         Placer {
             opts,
             span: 0,
+            ticks_per_span: 1,
             measured: HashMap::new(),
             placed: HashMap::new(),
             unmeasured: HashMap::new(),
         }
+    }
+
+    /// Says how many decisions (tables published, a tick apart) a span
+    /// lasts, so that a pair keeps its slot `min_spans` spans, not ticks.
+    pub fn set_ticks_per_span(&mut self, n: u64) {
+        self.ticks_per_span = n.max(1);
     }
 
     /// Whether more pairs hold a slot than there are slots (a move back
@@ -311,7 +323,11 @@ impl Placer {
     fn choose<'c>(&self, candidates: &'c [Candidate]) -> Vec<&'c Candidate> {
         let held = |c: &Candidate| self.placed.get(&c.pair).map(|(_, since)| *since);
         let weight = |c: &Candidate| match held(c) {
-            Some(since) if self.span - since < self.opts.min_spans => f64::INFINITY,
+            Some(since)
+                if self.span - since < self.opts.min_spans.saturating_mul(self.ticks_per_span) =>
+            {
+                f64::INFINITY
+            }
             Some(_) => c.saves * (1.0 + self.opts.hysteresis),
             None => c.saves,
         };
@@ -377,6 +393,34 @@ mod tests {
         let d = p.decide(&[span(1, "fast", 1_000_000, 300)], 1.0);
         assert_eq!(d.len(), 1, "{d:?}");
         assert_eq!(d[0].to, ORIGINAL);
+    }
+
+    /// `min_spans` counts spans: with a table published five times a
+    /// span, a pair keeps its slot for 2 x 5 decisions against a newcomer
+    /// that saves far more.
+    #[test]
+    fn a_slot_is_kept_for_min_spans_spans_not_ticks() {
+        let mut p = Placer::new(opts());
+        p.set_ticks_per_span(5);
+        measured_4x_faster(&mut p, &[1, 2]);
+        let d = p.decide(
+            &[
+                span(1, ORIGINAL, 10_000_000, 100),
+                span(2, ORIGINAL, 1_000, 100),
+            ],
+            1.0,
+        );
+        assert_eq!((d.len(), d[0].pid), (1, 1));
+        let hotter = [
+            span(1, "fast", 10_000_000, 25),
+            span(2, ORIGINAL, 1_000_000_000, 100),
+        ];
+        for tick in 1..10 {
+            assert!(p.decide(&hotter, 1.0).is_empty(), "tick {tick}");
+        }
+        let d = p.decide(&hotter, 1.0);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!((d[1].pid, d[1].to.as_str()), (2, "fast"));
     }
 
     #[test]

@@ -46,7 +46,7 @@ const SECTION: &[u8] = b"rtprof_offers";
 /// Why an offer was refused: the negated code `rtprof_offer` returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OfferRefusal {
-    /// No agent runs, or an argument is null.
+    /// No agent runs.
     Inactive = 1,
     /// No patched function of that name.
     NotPatched = 2,
@@ -58,6 +58,38 @@ pub enum OfferRefusal {
     /// No room in the counter segment, or no memory for a route stub in
     /// reach of the function's stub.
     NoRoom = 5,
+    /// The function's name, the implementation or its name is null.
+    Null = 6,
+    /// The implementation is the function itself (its address, an alias
+    /// of it, or an address inside its code, where its patched entry is):
+    /// routed, every call would run into the route again, or into the
+    /// middle of an instruction.
+    ItsOwnCode = 7,
+    /// The implementation is not where a function of its module starts
+    /// (by the module's symbols, or its unwind entries where it has none).
+    NotAFunctionStart = 8,
+    /// The name is not UTF-8, or holds a control character (a newline, a
+    /// tab...): `rtprof route` could not name it.
+    Unnameable = 9,
+}
+
+impl OfferRefusal {
+    /// Why, as a log line says it.
+    pub fn text(self) -> &'static str {
+        match self {
+            OfferRefusal::Inactive => "the agent is not active",
+            OfferRefusal::NotPatched => "no patched function of that name",
+            OfferRefusal::NotExecutable => "the implementation is not in executable memory",
+            OfferRefusal::BadName => {
+                "a bad name (empty, original, longer than 64 bytes, or offered already with another address)"
+            }
+            OfferRefusal::NoRoom => "no room",
+            OfferRefusal::Null => "a null name or implementation",
+            OfferRefusal::ItsOwnCode => "the implementation is the function's own code",
+            OfferRefusal::NotAFunctionStart => "the implementation is not at a function's start",
+            OfferRefusal::Unnameable => "the name is not UTF-8 or holds a control character",
+        }
+    }
 }
 
 /// One implementation offered for a function.
@@ -87,6 +119,14 @@ pub struct Routes {
     startup: Vec<(u64, u64)>,
     /// `dlclose` calls under way: no route into a later module meanwhile.
     closing: u32,
+    /// Every module noted (loaded and not unloaded since): where an
+    /// implementation's address is looked up without asking the loader
+    /// (whose lock a thread in the loader hook holds while it waits for
+    /// the state lock).
+    modules: Vec<Module>,
+    /// Where the functions of a module start (runtime addresses, sorted),
+    /// by its lowest address: read from its file once an offer needs them.
+    starts: Vec<(u64, Vec<u64>)>,
 }
 
 /// Whether any offer was made: `dlclose` looks no further otherwise.
@@ -105,6 +145,8 @@ impl Routes {
                 Some(Skip::Agent | Skip::Loader | Skip::Vdso)
             ) {
                 self.note_module(m);
+            } else {
+                self.modules.push(m.clone());
             }
         }
     }
@@ -157,12 +199,82 @@ fn valid_name(name: &[u8]) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME && name != ORIGINAL.as_bytes()
 }
 
+/// Whether `rtprof route` can carry `name`: UTF-8, without control
+/// characters (a request is one line of text).
+fn nameable(name: &[u8]) -> bool {
+    std::str::from_utf8(name).is_ok_and(|s| !s.chars().any(char::is_control))
+}
+
+/// Why implementation `name` is refused before anything is looked up.
+fn check_name(name: &[u8]) -> Result<(), OfferRefusal> {
+    if !nameable(name) {
+        Err(OfferRefusal::Unnameable)
+    } else if !valid_name(name) {
+        Err(OfferRefusal::BadName)
+    } else {
+        Ok(())
+    }
+}
+
+impl Routes {
+    /// Whether `target` may implement function `of`: not inside the
+    /// function's own code (its start, an alias, its patched entry), and,
+    /// in a module noted, where one of its functions starts. An address in
+    /// no module (generated code) or in one whose file names no function
+    /// cannot be checked, and is taken.
+    fn check_target(
+        &mut self,
+        w: &SegmentWriter,
+        of: u32,
+        target: u64,
+    ) -> Result<(), OfferRefusal> {
+        let f = w.function(of);
+        let start = w.module(f.module).base.wrapping_add(f.vaddr);
+        if target >= start && target - start < (f.size as u64).max(1) {
+            return Err(OfferRefusal::ItsOwnCode);
+        }
+        let Some(m) = self.modules.iter().find(|m| m.contains(target)) else {
+            return Ok(());
+        };
+        let lo = m.span().0;
+        let i = match self.starts.iter().position(|(at, _)| *at == lo) {
+            Some(i) => i,
+            None => {
+                let starts = function_starts(m);
+                self.starts.push((lo, starts));
+                self.starts.len() - 1
+            }
+        };
+        let starts = &self.starts[i].1;
+        if starts.is_empty() || starts.binary_search(&target).is_ok() {
+            Ok(())
+        } else {
+            Err(OfferRefusal::NotAFunctionStart)
+        }
+    }
+}
+
+/// Where the functions of module `m` start, from its file's symbols (its
+/// unwind entries where it has none): sorted runtime addresses, none if
+/// the file cannot be read.
+fn function_starts(m: &Module) -> Vec<u64> {
+    let maps = Maps::current();
+    let Ok(image) = crate::discover::fileimage::FileImage::open(m, &maps) else {
+        return Vec::new();
+    };
+    let mut starts: Vec<u64> = crate::discover::symbols::list_for_sampling(image.data(), None)
+        .iter()
+        .map(|f| m.bias.wrapping_add(f.vaddr))
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    starts
+}
+
 /// Offers `target` as implementation `name` of `function`; returns its
 /// row's slot.
 pub fn offer(a: &Agent, function: &[u8], target: u64, name: &[u8]) -> Result<u32, OfferRefusal> {
-    if !valid_name(name) {
-        return Err(OfferRefusal::BadName);
-    }
+    check_name(name)?;
     if !Maps::current().executable(target) {
         return Err(OfferRefusal::NotExecutable);
     }
@@ -196,6 +308,7 @@ fn offer_locked(
             Err(OfferRefusal::BadName)
         };
     }
+    routes.check_target(writer, of, target)?;
     let own = match routes.offers.iter().find(|o| o.of == of) {
         Some(o) => o.own,
         None => {
@@ -334,12 +447,18 @@ fn set_route(
     RouteOutcome::Routed
 }
 
-/// Answers a route request rtprofd relayed (`function\0name`).
+/// Answers a route request rtprofd relayed (`function\0name\0expiry`):
+/// carried out only if taken before it expired (rtprofd withdraws it then:
+/// see `rtprof_abi::route`).
 pub fn serve(a: &Agent, request: &[u8]) -> RouteOutcome {
-    let Some((function, name)) = rtprof_abi::route::parse_request(request) else {
+    let Some((function, name, expires)) = rtprof_abi::route::parse_segment_request(request) else {
         return RouteOutcome::Malformed;
     };
-    let outcome = route(a, function, name);
+    let outcome = if a.segment.counters.control_claim(expires) {
+        route(a, function, name)
+    } else {
+        RouteOutcome::Withdrawn
+    };
     vlog!(
         "rtprofd: route {} to {}: {}",
         String::from_utf8_lossy(function),
@@ -366,13 +485,81 @@ struct SectionEntry {
 pub struct Pending {
     module: Module,
     /// Where its section is (`None` until the file was looked at).
-    section: Option<(u64, u64)>,
+    section: Option<Section>,
     /// Reads that found pointers not relocated yet.
     tries: u32,
 }
 
-/// Reads of a module whose entries still point outside it before it is
-/// given up (a tick apart).
+/// A module's offers section as its file has it.
+struct Section {
+    /// Its runtime address, and how many entries are read.
+    at: u64,
+    entries: usize,
+    /// What each entry's three pointers read once the loader has
+    /// relocated them, if the file holds the section's bytes.
+    file: Option<Vec<[Relocated; 3]>>,
+}
+
+/// How a section pointer reads once the loader has relocated it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Relocated {
+    /// Nothing relocates it: as the file has it (a null stays null).
+    AsIs,
+    /// A relative relocation: the module's base plus its addend.
+    Exactly(u64),
+    /// A symbol's address, or a packed relative relocation: anything but
+    /// what the file has.
+    Not(u64),
+}
+
+impl Relocated {
+    fn by(self, now: u64) -> bool {
+        match self {
+            Relocated::AsIs => true,
+            Relocated::Exactly(v) => now == v,
+            Relocated::Not(v) => now != v,
+        }
+    }
+}
+
+/// What the `n` entries of the section at link-time address `vaddr`
+/// read once relocated, given the file's bytes of them and the module's
+/// `bias`: by the file's dynamic relocations (`.rela.dyn`); a pointer
+/// none of them names is either null (left as it is) or relocated by a
+/// packed relative relocation (`.relr.dyn`), which changes it.
+fn relocated_values(data: &[u8], bytes: &[u8], vaddr: u64, bias: u64) -> Vec<[Relocated; 3]> {
+    const R_X86_64_RELATIVE: u32 = 8;
+    let relocs: Vec<(u64, u32, i64)> = goblin::elf::Elf::parse(data)
+        .map(|elf| {
+            elf.dynrelas
+                .iter()
+                .map(|r| (r.r_offset, r.r_type, r.r_addend.unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default();
+    bytes
+        .chunks_exact(std::mem::size_of::<SectionEntry>())
+        .enumerate()
+        .map(|(i, e)| {
+            let slot = |k: usize| {
+                let was = u64::from_le_bytes(e[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
+                let at = vaddr + (i * std::mem::size_of::<SectionEntry>() + k * 8) as u64;
+                match relocs.iter().find(|r| r.0 == at) {
+                    Some(&(_, R_X86_64_RELATIVE, addend)) => {
+                        Relocated::Exactly(bias.wrapping_add(addend as u64))
+                    }
+                    Some(_) => Relocated::Not(was),
+                    None if was == 0 => Relocated::AsIs,
+                    None => Relocated::Not(was),
+                }
+            };
+            [slot(0), slot(1), slot(2)]
+        })
+        .collect()
+}
+
+/// Reads of a module whose entries are still as the file has them before
+/// they are taken as they are (a tick apart).
 const MAX_TRIES: u32 = 50;
 
 /// Whether modules wait for their section to be read.
@@ -382,6 +569,7 @@ impl Routes {
     /// Notes module `m` (loaded now): its offers are read by
     /// [`read_pending`].
     pub fn note_module(&mut self, m: &Module) {
+        self.modules.push(m.clone());
         self.pending.push(Pending {
             module: m.clone(),
             section: None,
@@ -396,6 +584,8 @@ impl Routes {
     /// the record goes).
     pub fn forget_unloaded(&mut self, w: &mut SegmentWriter, lo: u64, hi: u64) {
         self.pending.retain(|p| p.module.span().0 != lo);
+        self.modules.retain(|m| m.span().0 != lo);
+        self.starts.retain(|(at, _)| *at != lo);
         if self.offers.is_empty() {
             return;
         }
@@ -462,14 +652,26 @@ fn c_string(maps: &Maps, p: *const c_char, (lo, hi): (u64, u64)) -> Option<Vec<u
 /// A section entry read: (function, implementation, name).
 type Entry = (Vec<u8>, u64, Vec<u8>);
 
-/// One section entry, if its pointers are final: both names in the module
-/// (a pointer the loader has not relocated yet is the file's value, which
-/// does not lie there) and the implementation in executable memory.
-fn entry(maps: &Maps, e: &SectionEntry, span: (u64, u64)) -> Option<Entry> {
-    let function = c_string(maps, e.function, span)?;
-    let name = c_string(maps, e.name, span)?;
+/// One section entry checked: both names readable inside the module (a
+/// string of another library is not taken: a module offers for itself)
+/// and the implementation in executable memory; else why not.
+fn entry(maps: &Maps, e: &SectionEntry, span: (u64, u64)) -> Result<Entry, &'static str> {
+    if e.function.is_null() || e.name.is_null() || e.implementation.is_null() {
+        return Err("a null function name, implementation or name");
+    }
+    let function = c_string(maps, e.function, span)
+        .ok_or("its function name is not a string inside the module")?;
+    let name = c_string(maps, e.name, span).ok_or("its name is not a string inside the module")?;
     let target = e.implementation as u64;
-    maps.executable(target).then_some((function, target, name))
+    if !maps.executable(target) {
+        return Err(OfferRefusal::NotExecutable.text());
+    }
+    Ok((function, target, name))
+}
+
+/// The three pointers of entry `e`.
+fn pointers(e: &SectionEntry) -> [u64; 3] {
+    [e.function as u64, e.implementation as u64, e.name as u64]
 }
 
 /// Makes the offers of the modules noted and not read yet: at start-up
@@ -490,24 +692,34 @@ pub fn read_pending(a: &Agent) {
     PENDING.store(!state.routes.pending.is_empty(), Ordering::Release);
 }
 
+/// Finds `m`'s offers section in the file the loader mapped (not whatever
+/// has its name now), with its entries' values in the file.
+fn find_section(m: &Module, maps: &Maps) -> Option<Section> {
+    let image = crate::discover::fileimage::FileImage::open(m, maps).ok()?;
+    let (vaddr, size) = offers_section(image.data())?;
+    let entries = (size as usize / std::mem::size_of::<SectionEntry>()).min(MAX_SECTION_OFFERS);
+    let at = m.bias.wrapping_add(vaddr);
+    let len = entries * std::mem::size_of::<SectionEntry>();
+    let file = image
+        .bytes(at, len as u64)
+        .map(|b| relocated_values(image.data(), b, vaddr, m.bias));
+    Some(Section { at, entries, file })
+}
+
 /// Reads `p`'s section; whether it is done with (read, none, or given up).
+/// Each entry is taken or refused on its own, every refusal logged.
 fn read_module(a: &Agent, state: &mut Locked, maps: &Maps, p: &mut Pending) -> bool {
     let m = &p.module;
-    let (vaddr, size) = match p.section {
-        Some(s) => s,
-        None => {
-            // The file the loader mapped, not whatever has its name now.
-            let Some(s) = crate::discover::fileimage::FileImage::open(m, maps)
-                .ok()
-                .and_then(|f| offers_section(f.data()))
-            else {
-                return true;
-            };
-            *p.section.insert(s)
+    if p.section.is_none() {
+        match find_section(m, maps) {
+            Some(s) => p.section = Some(s),
+            None => return true,
         }
+    }
+    let Some(section) = &p.section else {
+        return true;
     };
-    let n = (size as usize / std::mem::size_of::<SectionEntry>()).min(MAX_SECTION_OFFERS);
-    let at = m.bias.wrapping_add(vaddr);
+    let (at, n) = (section.at, section.entries);
     let bytes = (n * std::mem::size_of::<SectionEntry>()) as u64;
     if m.load_containing(at, bytes).is_none() || !maps.readable(at, bytes) {
         vlog!(
@@ -517,39 +729,61 @@ fn read_module(a: &Agent, state: &mut Locked, maps: &Maps, p: &mut Pending) -> b
         );
         return true;
     }
-    let entries: Vec<Option<Entry>> = (0..n)
+    let raw: Vec<SectionEntry> = (0..n)
         .map(|i| {
             // SAFETY: entry `i` of the section, inside the readable range
             // checked above; read unaligned, as plain integers.
-            let e = unsafe { std::ptr::read_unaligned((at as *const SectionEntry).add(i)) };
-            entry(maps, &e, m.span())
+            unsafe { std::ptr::read_unaligned((at as *const SectionEntry).add(i)) }
         })
         .collect();
-    if entries.iter().any(Option::is_none) {
+    // The loader maps a library before it relocates it: its pointers are
+    // final once each reads as its relocation makes it. A module loaded at
+    // start-up was relocated before the agent started.
+    let span = m.span();
+    let relocated = state.routes.loaded_at_start(at)
+        || m.bias == 0
+        || match &section.file {
+            Some(file) => raw
+                .iter()
+                .zip(file)
+                .all(|(e, f)| pointers(e).iter().zip(f).all(|(&now, r)| r.by(now))),
+            // No file values to compare with: names inside the module.
+            None => raw.iter().all(|e| {
+                [e.function as u64, e.name as u64]
+                    .iter()
+                    .all(|&p| p == 0 || (p >= span.0 && p < span.1))
+            }),
+        };
+    if !relocated {
         p.tries += 1;
         if p.tries < MAX_TRIES {
             return false;
         }
         vlog!(
-            "{}: offers in its {} section left unread",
+            "{}: its {} section still reads as in its file; its entries taken as they are",
             m.path,
             "rtprof_offers"
         );
     }
-    for (function, target, name) in entries.into_iter().flatten() {
-        let outcome = if valid_name(&name) {
-            offer_locked(a, state, &function, target, &name)
-        } else {
-            Err(OfferRefusal::BadName)
+    for (i, e) in raw.iter().enumerate() {
+        let why = match entry(maps, e, span) {
+            Err(why) => why.to_string(),
+            Ok((function, target, name)) => {
+                match check_name(&name)
+                    .and_then(|()| offer_locked(a, state, &function, target, &name))
+                {
+                    Ok(_) => continue,
+                    Err(why) => format!(
+                        "offer of {} as {} refused: {} (code -{})",
+                        String::from_utf8_lossy(&function),
+                        String::from_utf8_lossy(&name).escape_debug(),
+                        why.text(),
+                        why as u32
+                    ),
+                }
+            }
         };
-        if let Err(why) = outcome {
-            vlog!(
-                "{}: offer of {} as {} refused: {why:?}",
-                m.path,
-                String::from_utf8_lossy(&function),
-                String::from_utf8_lossy(&name)
-            );
-        }
+        vlog!("{}: {} entry {i} refused: {why}", m.path, "rtprof_offers");
     }
     true
 }
@@ -631,7 +865,7 @@ pub unsafe extern "C" fn rtprof_offer(
     name: *const c_char,
 ) -> c_int {
     if function.is_null() || name.is_null() || implementation.is_null() {
-        return -(OfferRefusal::Inactive as c_int);
+        return -(OfferRefusal::Null as c_int);
     }
     // Under a seccomp filter the agent makes no system call it may forbid.
     let Some(a) = crate::agent().filter(|_| !crate::lifecycle::sandbox::on()) else {
@@ -648,7 +882,16 @@ pub unsafe extern "C" fn rtprof_offer(
     }))
     .map_or(-(OfferRefusal::Inactive as c_int), |r| match r {
         Ok(_) => 0,
-        Err(why) => -(why as c_int),
+        Err(why) => {
+            vlog!(
+                "rtprof_offer of {} as {} refused: {} (code -{})",
+                String::from_utf8_lossy(function.to_bytes()),
+                String::from_utf8_lossy(name.to_bytes()).escape_debug(),
+                why.text(),
+                why as c_int
+            );
+            -(why as c_int)
+        }
     })
 }
 
@@ -662,6 +905,12 @@ mod tests {
         assert!(!valid_name(b""));
         assert!(!valid_name(b"original"));
         assert!(!valid_name(&[b'x'; MAX_NAME + 1]));
+        assert_eq!(check_name(b"avx2"), Ok(()));
+        assert_eq!(check_name("ü-fast".as_bytes()), Ok(()));
+        for bad in [&b"\xff\xfe"[..], b"a\nb", b"tab\t", b"nul\x01"] {
+            assert_eq!(check_name(bad), Err(OfferRefusal::Unnameable), "{bad:?}");
+        }
+        assert_eq!(check_name(b"original"), Err(OfferRefusal::BadName));
     }
 
     /// The section is found by name, in bounds: this test's own binary
@@ -692,6 +941,25 @@ mod tests {
             c_string(&maps, 0x2000 as *const c_char, (0, u64::MAX)),
             None
         );
+    }
+
+    /// Without a relocation naming it, a null pointer is final as it is
+    /// and any other must change (a packed relative relocation); one the
+    /// file relocates reads as that relocation makes it.
+    #[test]
+    fn section_pointers_are_final_once_they_read_as_relocated() {
+        let mut bytes = Vec::new();
+        for w in [0u64, 0x2000, 0] {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        let r = relocated_values(b"not an ELF file", &bytes, 0x4000, 0x7f00_0000_0000);
+        assert_eq!(
+            r,
+            [[Relocated::AsIs, Relocated::Not(0x2000), Relocated::AsIs]]
+        );
+        assert!(Relocated::AsIs.by(0) && Relocated::Not(0x2000).by(0x7f00_0000_2000));
+        assert!(!Relocated::Not(0x2000).by(0x2000));
+        assert!(Relocated::Exactly(5).by(5) && !Relocated::Exactly(5).by(0));
     }
 
     #[test]
