@@ -59,9 +59,20 @@ __attribute__((weak)) int rtprof_set_counting(const char *pattern, int on);
  *      of it, or an address inside it (where its patched entry is);
  *   -8 `implementation` is not where a function of its module starts;
  *   -9 `name` is not UTF-8, or holds a control character (a newline, a
- *      tab...): `rtprof route` could not name it.
+ *      tab...): `rtprof route` could not name it;
+ *   -10 several patched functions have that name (static functions of
+ *      several files, C++ overloads named without their parameters):
+ *      offer by address, with rtprof_offer_at.
+ * `function` is the function's symbol or its name as reports print it:
+ * C++'s `k::sum` or `k::sum(int)`, Rust's `dot::dot_plain`.
  * Thread-safe. */
 __attribute__((weak)) int rtprof_offer(const char *function, void *implementation, const char *name);
+
+/* The same, for the function whose code starts at `function` (a pointer
+ * to it): one of several of the same name, a C++ overload, a Rust
+ * function. Same answers (-2: no patched function starts there). */
+__attribute__((weak)) int rtprof_offer_at(const void *function, const void *implementation,
+                                          const char *name);
 
 /* The same offer without a call at run time: an entry in the ELF section
  * `rtprof_offers`, which the agent reads at start-up and after each

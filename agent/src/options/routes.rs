@@ -71,6 +71,10 @@ pub enum OfferRefusal {
     /// The name is not UTF-8, or holds a control character (a newline, a
     /// tab...): `rtprof route` could not name it.
     Unnameable = 9,
+    /// Several patched functions have that name (static functions of
+    /// several files, C++ overloads named without their parameters): the
+    /// offer is made by address (`rtprof_offer_at`).
+    Ambiguous = 10,
 }
 
 impl OfferRefusal {
@@ -88,6 +92,9 @@ impl OfferRefusal {
             OfferRefusal::ItsOwnCode => "the implementation is the function's own code",
             OfferRefusal::NotAFunctionStart => "the implementation is not at a function's start",
             OfferRefusal::Unnameable => "the name is not UTF-8 or holds a control character",
+            OfferRefusal::Ambiguous => {
+                "several patched functions have that name: offer by address (rtprof_offer_at)"
+            }
         }
     }
 }
@@ -181,18 +188,86 @@ impl Routes {
     }
 }
 
-/// The first patched function named `name` (not an implementation row)
-/// that has a stub now (an unloaded library's records stay, their stubs
-/// do not), and its stub.
-fn function(w: &SegmentWriter, stubs: &StubMap, name: &[u8]) -> Option<(u32, u64)> {
+/// The patched functions (not implementation rows) that have a stub now
+/// (an unloaded library's records stay, their stubs do not), with their
+/// stubs, for which `wanted` holds.
+fn functions<'a>(
+    w: &'a SegmentWriter,
+    stubs: &'a StubMap,
+    wanted: impl Fn(u32) -> bool + 'a,
+) -> impl Iterator<Item = (u32, u64)> + 'a {
     (0..w.func_count())
-        .filter(|&slot| {
+        .filter(move |&slot| {
             let f = w.function(slot);
             f.status == 0
                 && w.module(f.module).flags & module_flags::IMPLEMENTATIONS == 0
-                && w.function_name(slot) == name
+                && wanted(slot)
         })
-        .find_map(|slot| Some((slot, stubs.ranges().iter().find(|r| r.2 == slot)?.0)))
+        .filter_map(|slot| Some((slot, stubs.ranges().iter().find(|r| r.2 == slot)?.0)))
+}
+
+/// The patched functions called `name` (see [`is_called`]), with stubs.
+fn named(w: &SegmentWriter, stubs: &StubMap, name: &[u8]) -> Vec<(u32, u64)> {
+    functions(w, stubs, |slot| is_called(w.function_name(slot), name)).collect()
+}
+
+/// The one patched function called `name`: none, or several, refused.
+fn function(w: &SegmentWriter, stubs: &StubMap, name: &[u8]) -> Result<(u32, u64), OfferRefusal> {
+    match named(w, stubs, name)[..] {
+        [] => Err(OfferRefusal::NotPatched),
+        [one] => Ok(one),
+        _ => Err(OfferRefusal::Ambiguous),
+    }
+}
+
+/// The patched function whose code starts at `addr`, with its stub.
+fn function_at(w: &SegmentWriter, stubs: &StubMap, addr: u64) -> Option<(u32, u64)> {
+    functions(w, stubs, |slot| {
+        let f = w.function(slot);
+        w.module(f.module).base.wrapping_add(f.vaddr) == addr
+    })
+    .next()
+}
+
+/// Whether a function whose symbol is `symbol` is called `name`: its
+/// symbol, or the symbol demangled as reports print it (C++'s
+/// `k::sum(int)`, with or without its parameters; Rust's `dot::dot_plain`,
+/// without the hash).
+fn is_called(symbol: &[u8], name: &[u8]) -> bool {
+    if symbol == name {
+        return true;
+    }
+    let Ok(symbol) = std::str::from_utf8(symbol) else {
+        return false;
+    };
+    if !(symbol.starts_with("_Z") || symbol.starts_with("_R")) {
+        return false;
+    }
+    let readable = rtprof_shared::names::demangle(symbol);
+    readable.as_bytes() == name || without_parameters(&readable).as_bytes() == name
+}
+
+/// A demangled C++ name without its parameter list and qualifiers:
+/// `k::sum(int) const` -> `k::sum`.
+fn without_parameters(readable: &str) -> &str {
+    let b = readable.as_bytes();
+    let Some(close) = readable.rfind(')') else {
+        return readable;
+    };
+    let mut depth = 0usize;
+    for i in (0..=close).rev() {
+        match b[i] {
+            b')' => depth += 1,
+            b'(' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &readable[..i];
+                }
+            }
+            _ => {}
+        }
+    }
+    readable
 }
 
 fn valid_name(name: &[u8]) -> bool {
@@ -273,7 +348,7 @@ fn function_starts(m: &Module) -> Vec<u64> {
 
 /// Offers `target` as implementation `name` of `function`; returns its
 /// row's slot.
-pub fn offer(a: &Agent, function: &[u8], target: u64, name: &[u8]) -> Result<u32, OfferRefusal> {
+pub fn offer(a: &Agent, function: Of, target: u64, name: &[u8]) -> Result<u32, OfferRefusal> {
     check_name(name)?;
     if !Maps::current().executable(target) {
         return Err(OfferRefusal::NotExecutable);
@@ -283,10 +358,17 @@ pub fn offer(a: &Agent, function: &[u8], target: u64, name: &[u8]) -> Result<u32
     offer_locked(a, &mut state, function, target, name)
 }
 
+/// The function an offer is for: by name, or by the address of its code.
+#[derive(Clone, Copy)]
+pub enum Of<'a> {
+    Name(&'a [u8]),
+    Address(u64),
+}
+
 fn offer_locked(
     a: &Agent,
     state: &mut Locked,
-    function_name: &[u8],
+    of: Of,
     target: u64,
     name: &[u8],
 ) -> Result<u32, OfferRefusal> {
@@ -296,7 +378,11 @@ fn offer_locked(
         routes,
         ..
     } = state;
-    let (of, stub) = function(writer, stubs, function_name).ok_or(OfferRefusal::NotPatched)?;
+    let (of, stub) = match of {
+        Of::Name(n) => function(writer, stubs, n)?,
+        Of::Address(at) => function_at(writer, stubs, at).ok_or(OfferRefusal::NotPatched)?,
+    };
+    let function_name = writer.function_name(of).to_vec();
     if let Some(o) = routes
         .offers
         .iter()
@@ -355,7 +441,7 @@ fn offer_locked(
     ANY.store(true, Ordering::Release);
     vlog!(
         "{} offered as {} at {target:#x}",
-        String::from_utf8_lossy(function_name),
+        String::from_utf8_lossy(&function_name),
         String::from_utf8_lossy(name)
     );
     Ok(row)
@@ -377,23 +463,29 @@ pub fn route(a: &Agent, function_name: &[u8], name: &[u8]) -> RouteOutcome {
         budget,
         ..
     } = &mut *state;
-    let Some((of, _)) = function(writer, stubs, function_name) else {
+    // Of the functions of that name (static functions of several files,
+    // C++ overloads), the one with an offer of that name (`original`: one
+    // with any offer).
+    let candidates = named(writer, stubs, function_name);
+    let Some(&(first, _)) = candidates.first() else {
         return RouteOutcome::NotPatched;
     };
     if budget.is_some() {
         return RouteOutcome::Budget;
     }
-    let wanted = if name == ORIGINAL.as_bytes() {
-        None
-    } else {
-        match routes
+    let original = name == ORIGINAL.as_bytes();
+    let found = candidates.iter().find_map(|&(slot, _)| {
+        routes
             .offers
             .iter()
-            .position(|o| o.of == of && *o.name == *name)
-        {
-            Some(i) => Some(i),
-            None => return RouteOutcome::NotOffered,
-        }
+            .position(|o| o.of == slot && (original || *o.name == *name))
+            .map(|i| (slot, i))
+    });
+    let (of, wanted) = match (found, original) {
+        (Some((slot, _)), true) => (slot, None),
+        (None, true) => (first, None),
+        (Some((slot, i)), false) => (slot, Some(i)),
+        (None, false) => return RouteOutcome::NotOffered,
     };
     if let Some(i) = wanted {
         if routes.closing > 0 && !routes.loaded_at_start(routes.offers[i].target) {
@@ -770,7 +862,7 @@ fn read_module(a: &Agent, state: &mut Locked, maps: &Maps, p: &mut Pending) -> b
             Err(why) => why.to_string(),
             Ok((function, target, name)) => {
                 match check_name(&name)
-                    .and_then(|()| offer_locked(a, state, &function, target, &name))
+                    .and_then(|()| offer_locked(a, state, Of::Name(&function), target, &name))
                 {
                     Ok(_) => continue,
                     Err(why) => format!(
@@ -864,29 +956,62 @@ pub unsafe extern "C" fn rtprof_offer(
     implementation: *const c_void,
     name: *const c_char,
 ) -> c_int {
-    if function.is_null() || name.is_null() || implementation.is_null() {
+    if function.is_null() {
+        return -(OfferRefusal::Null as c_int);
+    }
+    // SAFETY: the caller's NUL-terminated string.
+    let function = unsafe { CStr::from_ptr(function) }.to_bytes();
+    // SAFETY: the caller's contract, passed on.
+    unsafe { offer_from_c(Of::Name(function), implementation, name) }
+}
+
+/// The C API by address: offers `implementation` as `name` for the
+/// function whose code starts at `function` (C++ overloads, static
+/// functions of one name in several files, Rust functions by pointer).
+///
+/// # Safety
+/// `name` must be a NUL-terminated string (or null).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn rtprof_offer_at(
+    function: *const c_void,
+    implementation: *const c_void,
+    name: *const c_char,
+) -> c_int {
+    if function.is_null() {
+        return -(OfferRefusal::Null as c_int);
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { offer_from_c(Of::Address(function as u64), implementation, name) }
+}
+
+/// What both C entry points do: the offer, its refusal logged and
+/// returned negated.
+///
+/// # Safety
+/// `name` must be a NUL-terminated string (or null).
+unsafe fn offer_from_c(function: Of, implementation: *const c_void, name: *const c_char) -> c_int {
+    if name.is_null() || implementation.is_null() {
         return -(OfferRefusal::Null as c_int);
     }
     // Under a seccomp filter the agent makes no system call it may forbid.
     let Some(a) = crate::agent().filter(|_| !crate::lifecycle::sandbox::on()) else {
         return -(OfferRefusal::Inactive as c_int);
     };
-    let (function, name) = (CStr::from_ptr(function), CStr::from_ptr(name));
+    // SAFETY: the caller's NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }.to_bytes();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        offer(
-            a,
-            function.to_bytes(),
-            implementation as u64,
-            name.to_bytes(),
-        )
+        offer(a, function, implementation as u64, name)
     }))
     .map_or(-(OfferRefusal::Inactive as c_int), |r| match r {
         Ok(_) => 0,
         Err(why) => {
+            let of = match function {
+                Of::Name(n) => String::from_utf8_lossy(n).into_owned(),
+                Of::Address(at) => format!("the function at {at:#x}"),
+            };
             vlog!(
-                "rtprof_offer of {} as {} refused: {} (code -{})",
-                String::from_utf8_lossy(function.to_bytes()),
-                String::from_utf8_lossy(name.to_bytes()).escape_debug(),
+                "rtprof_offer of {of} as {} refused: {} (code -{})",
+                String::from_utf8_lossy(name).escape_debug(),
                 why.text(),
                 why as c_int
             );
@@ -898,6 +1023,22 @@ pub unsafe extern "C" fn rtprof_offer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn functions_are_found_by_their_readable_names() {
+        assert_eq!(without_parameters("k::sum(int) const"), "k::sum");
+        assert_eq!(without_parameters("f(void (*)(int))"), "f");
+        assert_eq!(without_parameters("plain"), "plain");
+        assert!(is_called(b"_ZN1k3sumEi", b"k::sum"));
+        assert!(is_called(b"_ZN1k3sumEi", b"k::sum(int)"));
+        assert!(!is_called(b"_ZN1k3sumEi", b"sum"));
+        assert!(is_called(
+            b"_ZN3dot9dot_plain17h0123456789abcdefE",
+            b"dot::dot_plain"
+        ));
+        assert!(is_called(b"work", b"work"));
+        assert!(!is_called(b"work", b"work2"));
+    }
 
     #[test]
     fn names_that_are_refused() {
