@@ -94,7 +94,10 @@ impl Drop for Program {
 
 fn parse_counts(line: &str) -> HashMap<String, u64> {
     let w: Vec<&str> = line.split_whitespace().collect();
-    assert!(w.len().is_multiple_of(2) && !w.is_empty(), "not counts: {line}");
+    assert!(
+        w.len().is_multiple_of(2) && !w.is_empty(),
+        "not counts: {line}"
+    );
     w.chunks(2)
         .map(|p| (p[0].to_string(), p[1].parse().expect(line)))
         .collect()

@@ -209,6 +209,26 @@ fn calls_are_routed_to_an_offer_and_back_and_counted_per_implementation() {
         "{fast:?} {own:?}"
     );
     assert!(fast.samples > 0, "its code's samples: {fast:?}");
+    // A sample in routed code counts once, for the implementation routed
+    // to: not for a twin offer of the same code, nor for the code's own
+    // function.
+    let (twin, code, routed) = poll(
+        "rows of the twin and the code",
+        Duration::from_secs(10),
+        || {
+            let (_, rows) = rtprof_abi::present::read_process(&map, pid)
+                .ok()
+                .flatten()?;
+            let twin = rows.iter().find(|r| r.name == "work [twin]")?.clone();
+            let code = rows.iter().find(|r| r.name == "work_fast")?.clone();
+            let routed = rows.iter().find(|r| r.name == "work [fast]")?.clone();
+            (routed.samples > 0).then_some((twin, code, routed))
+        },
+    );
+    assert_eq!((twin.samples, twin.calls), (0, 0), "{twin:?}");
+    // Under the timer sampler a few samples (5-10%) still land on the
+    // code's own row; before, all of them did, and on every offer's row.
+    assert!(code.samples * 4 <= routed.samples, "{code:?} {routed:?}");
 
     // And back.
     route_ok(&d, pid, "work", "original");
@@ -299,6 +319,7 @@ fn calls_are_routed_to_an_offer_and_back_and_counted_per_implementation() {
     // Offers the agent refused, each with its reason.
     for (what, code) in [
         ("offer", 0),
+        ("twin", 0),
         ("data", -3),
         ("unknown", -2),
         ("reserved", -4),

@@ -1013,7 +1013,6 @@ fn place_implementations(functions: &mut [FunctionStats], modules: &[ModuleStats
             .filter(|r| imp.address < r.1)
             .map(|r| r.2);
         let parent = functions[imp.of as usize].name.clone();
-        let samples = code.map_or(0, |c| functions[c as usize].samples);
         let f = &mut functions[i];
         let name = crate::route::implementation_in(&f.name, &parent)
             .unwrap_or(&f.name)
@@ -1022,7 +1021,6 @@ fn place_implementations(functions: &mut [FunctionStats], modules: &[ModuleStats
             imp.name = name;
             imp.code = code;
         }
-        f.samples = samples;
     }
 }
 
@@ -1387,7 +1385,10 @@ pub(crate) mod tests {
                 code: Some(fast),
             })
         );
-        assert_eq!((r.calls, r.samples, r.size, r.active), (4, 6, 0, false));
+        // Its samples are its own (the agent counts a sample in routed code
+        // for the implementation routed to), not its code's.
+        assert_eq!((r.calls, r.samples, r.size, r.active), (4, 0, 0, false));
+        assert_eq!(s.functions[fast as usize].samples, 6);
         assert_eq!(
             s.functions[other as usize]
                 .implementation

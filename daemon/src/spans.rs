@@ -34,9 +34,6 @@ struct Meta {
     unknown: Option<u32>,
     /// Row id of `[rtprof]`, what the agent costs the process.
     agent: Option<u32>,
-    /// Implementation rows, and the slot of the function whose code each
-    /// runs (its samples are the row's).
-    implementations: Vec<(u32, u32)>,
     /// Offered functions and their implementations' rows: shown in every
     /// span, called or not, so that a scheduler sees what it may route to.
     offered: Vec<u32>,
@@ -74,9 +71,6 @@ impl Meta {
                 flags: 0,
             });
             if let Some(imp) = &f.implementation {
-                if let Some(code) = imp.code {
-                    self.implementations.push((i as u32, code));
-                }
                 if self.offered_functions.insert(imp.of) {
                     self.offered.push(imp.of);
                 }
@@ -453,10 +447,8 @@ impl Tracked {
                 &mut scratch.samples[..f],
                 &mut scratch.rest.buckets[..m],
             );
-            // An implementation's time is that of the code it runs.
-            for &(row, code) in &self.meta.implementations {
-                scratch.samples[row as usize] = scratch.samples[code as usize];
-            }
+            // An implementation's samples are its own: the agent counts a
+            // sample in routed code for the implementation routed to.
         }
         scratch.rest.unknown = h.samples_unknown;
         scratch.rest.total = h.samples_total;

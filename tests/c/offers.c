@@ -111,6 +111,8 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "serve";
     if (rtprof_offer) {
         fprintf(stderr, "offer %d\n", rtprof_offer("work", (void *)work_fast, "fast"));
+        /* The same code offered under a second name: never routed to. */
+        fprintf(stderr, "twin %d\n", rtprof_offer("work", (void *)work_fast, "twin"));
         /* Refused: data is no code, no such function, a reserved name. */
         fprintf(stderr, "data %d\n", rtprof_offer("work", (void *)&work_own, "data"));
         fprintf(stderr, "unknown %d\n", rtprof_offer("no_such_function", (void *)work_fast, "x"));

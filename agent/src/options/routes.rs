@@ -535,6 +535,11 @@ fn set_route(
     {
         o.active = Some(i) == wanted;
         w.set_active(o.row, o.active);
+        // Samples in the implementation's code count for its row while
+        // its route is active (the code's own row keeps the others).
+        if let Some(code) = crate::sampling::addrmap::slot_at(o.target) {
+            crate::sampling::addrmap::set_routed(code, o.row, o.active);
+        }
     }
     RouteOutcome::Routed
 }

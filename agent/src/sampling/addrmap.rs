@@ -208,7 +208,7 @@ impl AddrMap {
     #[inline]
     fn counter(&self, func: Option<&Range>, module: Option<&ModuleRange>) -> &AtomicU64 {
         match (func, module) {
-            (Some(r), _) => self.counters.function_samples(r.id),
+            (Some(r), _) => self.counters.function_samples(routed_row(r.id)),
             (None, Some(m)) => self.counters.module_samples(m.record),
             (None, None) => self.counters.samples_unknown(),
         }
@@ -254,11 +254,62 @@ impl AddrMap {
                         .cost(rtprof_abi::layout::cost::IN_STUBS)
                         .fetch_add(n, Ordering::Relaxed);
                 }
-                Counted::Function(r.id)
+                Counted::Function(routed_row(r.id))
             }
             None => Counted::Elsewhere,
         }
     }
+}
+
+/// Implementations whose routes are active, each as its code's slot and
+/// its row (`code << 32 | row`, 0: free): a sample in that code counts for
+/// the implementation that runs the routed calls, once, not for the code's
+/// own function nor for every offer of the same code.
+static ROUTED: [AtomicU64; MAX_ROUTED] = [const { AtomicU64::new(0) }; MAX_ROUTED];
+const MAX_ROUTED: usize = 64;
+/// Set once any route was active: until then a sample asks nothing.
+static ANY_ROUTED: AtomicBool = AtomicBool::new(false);
+
+/// The slot a sample in function `slot`'s code counts for: the row of the
+/// implementation routed to it now, or the slot itself.
+#[inline]
+fn routed_row(slot: u32) -> u32 {
+    if !ANY_ROUTED.load(Ordering::Relaxed) {
+        return slot;
+    }
+    for r in &ROUTED {
+        let v = r.load(Ordering::Relaxed);
+        if v != 0 && (v >> 32) as u32 == slot {
+            return v as u32;
+        }
+    }
+    slot
+}
+
+/// The function slot whose code holds `ip`, if its module is named.
+pub fn slot_at(ip: u64) -> Option<u32> {
+    with_current(|m| find(&m.funcs, ip).map(|r| r.id))
+}
+
+/// Samples in function `code`'s code count for implementation `row` while
+/// `active` (from the routes, under the state lock). Returns false if
+/// every place is taken (the samples then stay the code's).
+pub fn set_routed(code: u32, row: u32, active: bool) -> bool {
+    let v = (code as u64) << 32 | row as u64;
+    if !active {
+        for r in &ROUTED {
+            let _ = r.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        return true;
+    }
+    ANY_ROUTED.store(true, Ordering::Release);
+    if ROUTED.iter().any(|r| r.load(Ordering::Acquire) == v) {
+        return true;
+    }
+    ROUTED.iter().any(|r| {
+        r.compare_exchange(0, v, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    })
 }
 
 static CURRENT: AtomicPtr<AddrMap> = AtomicPtr::new(std::ptr::null_mut());
