@@ -2,17 +2,21 @@
 //!
 //! Agents send their segment's descriptor over a Unix socket; the kernel
 //! tells us who sent it (SO_PEERCRED), and a segment is accepted only if it
-//! names that process. A segment is mapped read-only only if its memfd is
-//! sealed against shrinking (a process shrinking its file under our
-//! mapping would otherwise kill the daemon with SIGBUS); its bytes are
-//! treated as hostile and validated on every read.
+//! names that process. A segment is mapped read-only only if it is a
+//! shmem memfd (not hugetlbfs, whose pages a hole punched under our
+//! mapping cannot always give back: SIGBUS) sealed against shrinking (a
+//! process shrinking its file under our mapping would otherwise kill the
+//! daemon with SIGBUS); its bytes are treated as hostile and validated on
+//! every read. A read of a shmem page the process never backed would give
+//! it memory, charged to the daemon: the pages a segment's reads touch are
+//! checked to be in memory first (see [`Mapped::charge`]).
 //!
 //! What a segment says about its process is the process's claim; which
 //! executable it runs is the kernel's to say (`/proc/PID/exe`), read when
 //! the process registers and checked to be the one that maps the segment.
 
 use crate::error::Error;
-use rtprof_abi::layout::Header;
+use rtprof_abi::layout::{Header, PAGE};
 use rtprof_abi::protocol;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -288,12 +292,40 @@ pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Message, RecvError> {
 
 /// The header's page, all a switch request writes.
 const HEADER_PAGE: usize = 4096;
+/// `statfs` f_type of tmpfs and shmem (memfds but hugetlb ones).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// Ticks a segment may have pages absent from what its reads touch
+/// (swapped out, asked back in) before it is refused.
+const ABSENT_TICKS: u32 = 3;
 
 /// A registered segment, mapped read-only, and its header page writable
 /// for the switch requests relayed to its agent.
 pub struct Mapped {
     map: memmap2::Mmap,
     control: Option<memmap2::MmapMut>,
+    /// The header page was found in memory once: reading it gives the
+    /// file no page.
+    header_seen: bool,
+    /// The ranges last found all in memory (see [`Mapped::charge`]), by
+    /// what decides them: fixed by the header, then by its tables.
+    checked: (Vec<(u64, u64)>, Vec<(u64, u64)>),
+    /// Ticks in a row with pages absent.
+    absent_ticks: u32,
+    /// Reused for the ranges and `mincore`'s answer.
+    ranges: Vec<(u64, u64)>,
+    tables: Vec<(u64, u64)>,
+    resident: Vec<u8>,
+}
+
+/// Whether a segment's reads may go ahead, by the pages they touch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// As last checked: nothing new to charge.
+    Unchanged,
+    /// Every page the reads touch is in memory: this many bytes of them.
+    Resident(u64),
+    /// Some are absent, asked back in (if swapped out): not read this tick.
+    NotYet,
 }
 
 impl Mapped {
@@ -306,6 +338,20 @@ impl Mapped {
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
             return Err(Error::NotSealed);
+        }
+        // Sealed hugetlbfs files may still have holes punched; once the
+        // huge pages are gone, a read of such a hole is SIGBUS. In a shmem
+        // file it gets a page (which [`Mapped::charge`] keeps bounded).
+        // SAFETY: statfs is plain data; all-zero is valid.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `fs` is valid for writes; fstatfs reads only the descriptor.
+        if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) } != 0 {
+            return Err(Error::SegmentStat(io::Error::last_os_error()));
+        }
+        if fs.f_type as i64 != TMPFS_MAGIC {
+            return Err(Error::NotShmem {
+                f_type: fs.f_type as u64,
+            });
         }
         // SAFETY: stat is plain data; all-zero is valid.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -325,15 +371,144 @@ impl Mapped {
             });
         }
         // SAFETY: the file can never shrink below `len` (the seal checked
-        // above), so no page of the mapping can fault; its bytes change
-        // under us, which every reader of them allows for.
+        // above) and is shmem, where a hole punched in it is given a new
+        // page when read, so no page of the mapping can fault; its bytes
+        // change under us, which every reader of them allows for.
         let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
             .map_err(Error::SegmentMap)?;
         // SAFETY: as above; only the request words are written, with
         // atomic stores (the agent reads them concurrently). A descriptor
         // opened read-only gives no relay, nothing else changes.
         let control = unsafe { memmap2::MmapOptions::new().len(HEADER_PAGE).map_mut(fd) }.ok();
-        Ok(Mapped { map, control })
+        Ok(Mapped {
+            map,
+            control,
+            header_seen: false,
+            checked: Default::default(),
+            absent_ticks: 0,
+            ranges: Vec::new(),
+            tables: Vec::new(),
+            resident: Vec::new(),
+        })
+    }
+
+    /// Pages of `ranges` (offset, length; sorted and merged) of the
+    /// mapping that are in memory, and how many are not.
+    fn residency(&mut self, ranges: &[(u64, u64)]) -> (u64, u64) {
+        let (mut present, mut absent) = (0, 0);
+        for &(off, len) in ranges {
+            let end = (off + len).min(self.map.len() as u64).div_ceil(PAGE) * PAGE;
+            let lo = off / PAGE * PAGE;
+            if end <= lo {
+                continue;
+            }
+            let pages = ((end - lo) / PAGE) as usize;
+            self.resident.clear();
+            self.resident.resize(pages, 0);
+            // SAFETY: a PAGE-aligned range inside our mapping (clamped to
+            // its length, which is PAGE-rounded by the kernel), and one byte
+            // of `resident` per PAGE of it.
+            let r = unsafe {
+                libc::mincore(
+                    self.map.as_ptr().add(lo as usize) as *mut libc::c_void,
+                    (end - lo) as usize,
+                    self.resident.as_mut_ptr(),
+                )
+            };
+            if r != 0 {
+                // Cannot tell: counted as absent.
+                absent += pages as u64;
+                continue;
+            }
+            let here = self.resident.iter().filter(|&&b| b & 1 != 0).count() as u64;
+            present += here;
+            absent += pages as u64 - here;
+        }
+        (present, absent)
+    }
+
+    /// Asks the kernel to bring back the pages of `ranges` that were
+    /// swapped out (for shmem this reads swap only: a hole stays one).
+    fn ask_back(&self, ranges: &[(u64, u64)]) {
+        for &(off, len) in ranges {
+            let end = (off + len).min(self.map.len() as u64).div_ceil(PAGE) * PAGE;
+            let lo = off / PAGE * PAGE;
+            if end > lo {
+                // SAFETY: advice only, on a PAGE-aligned range of our
+                // mapping; it changes no contents.
+                unsafe {
+                    libc::madvise(
+                        self.map.as_ptr().add(lo as usize) as *mut libc::c_void,
+                        (end - lo) as usize,
+                        libc::MADV_WILLNEED,
+                    )
+                };
+            }
+        }
+    }
+
+    /// Whether every PAGE this tick's reads of the segment touch (header
+    /// `h`, read from [`Mapped::bytes`], and the tables it names) is in
+    /// memory: a real agent gives memory to all it publishes before it
+    /// publishes it, and reading a PAGE it did not would give the file
+    /// one, charged to us. Checked again only when the ranges change; a
+    /// PAGE taken away in between is given back by our read once, and
+    /// counts as present from then on. Pages absent [`ABSENT_TICKS`] in
+    /// a row refuse the segment.
+    pub fn charge(&mut self, h: &Header) -> Result<Charge, Error> {
+        let mut fixed = std::mem::take(&mut self.ranges);
+        fixed_ranges(h, &mut fixed);
+        let same_fixed = fixed == self.checked.0;
+        if !same_fixed {
+            let (_, absent) = self.residency(&fixed);
+            if absent > 0 {
+                return self.absent(fixed, absent);
+            }
+        }
+        // The tables the fixed ranges hold are in memory: reading them
+        // gives the file no page.
+        let mut tables = std::mem::take(&mut self.tables);
+        table_ranges(&self.map, h, &mut tables);
+        if same_fixed && tables == self.checked.1 {
+            self.ranges = fixed;
+            self.tables = tables;
+            self.absent_ticks = 0;
+            return Ok(Charge::Unchanged);
+        }
+        let (_, absent) = self.residency(&tables);
+        if absent > 0 {
+            self.tables = tables;
+            return self.absent(fixed, absent);
+        }
+        let mut all = fixed.clone();
+        all.extend_from_slice(&tables);
+        merge(&mut all);
+        let bytes = all
+            .iter()
+            .map(|&(off, len)| {
+                let end = (off + len).min(self.map.len() as u64);
+                end.div_ceil(PAGE).saturating_sub(off / PAGE) * PAGE
+            })
+            .sum();
+        self.absent_ticks = 0;
+        self.ranges = std::mem::replace(&mut self.checked.0, fixed);
+        self.tables = std::mem::replace(&mut self.checked.1, tables);
+        Ok(Charge::Resident(bytes))
+    }
+
+    /// `absent` pages of `ranges` (what the reads touch) are not in
+    /// memory: not read this tick, and refused after [`ABSENT_TICKS`].
+    fn absent(&mut self, ranges: Vec<(u64, u64)>, absent: u64) -> Result<Charge, Error> {
+        self.checked = Default::default();
+        self.absent_ticks += 1;
+        self.ask_back(&ranges);
+        self.ranges = ranges;
+        if self.absent_ticks >= ABSENT_TICKS {
+            return Err(Error::Unbacked {
+                absent: absent * PAGE,
+            });
+        }
+        Ok(Charge::NotYet)
     }
 
     /// Whether this segment takes switch requests: mapped writable, and
@@ -407,10 +582,20 @@ impl Mapped {
         unsafe { std::sync::atomic::AtomicU32::from_ptr(base.add(off) as *mut u32) }
     }
 
-    /// The segment's bytes; `None` while the agent has not written its
-    /// header yet.
+    /// The segment's bytes, once its header page was found in memory
+    /// ([`Mapped::look`]); `None` before, and while the agent has not
+    /// written its header.
     pub fn bytes(&self) -> Option<&[u8]> {
-        (self.map[..8] != [0; 8]).then_some(&self.map[..])
+        (self.header_seen && self.map[..8] != [0; 8]).then_some(&self.map[..])
+    }
+
+    /// [`Mapped::bytes`], looking first whether the header page has
+    /// memory yet (reading it before would give it some).
+    pub fn look(&mut self) -> Option<&[u8]> {
+        if !self.header_seen {
+            self.header_seen = self.residency(&[(0, HEADER_PAGE as u64)]) == (1, 0);
+        }
+        self.bytes()
     }
 
     /// Refuses a segment that asks for more reading each tick than any
@@ -423,6 +608,116 @@ impl Mapped {
         }
         Ok(())
     }
+}
+
+/// Adds `(off, len)` to `out` if it is not empty.
+fn push(out: &mut Vec<(u64, u64)>, off: u64, len: u64) {
+    if len > 0 {
+        out.push((off, len));
+    }
+}
+
+/// Sorts `ranges` and merges those that share a page.
+fn merge(ranges: &mut Vec<(u64, u64)>) {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(off, len) in ranges.iter() {
+        let end = off.saturating_add(len);
+        match out.last_mut() {
+            Some((o, l)) if (*o + *l).div_ceil(PAGE) * PAGE > off / PAGE * PAGE => {
+                *l = (*o + *l).max(end) - *o;
+            }
+            _ => out.push((off, end - off)),
+        }
+    }
+    *ranges = out;
+}
+
+/// The ranges (offset, length) of a segment that its reads touch and that
+/// header `h` alone decides (checked against the file by
+/// `read_header`): the header with its cost words, the module and
+/// function records and names in use, the functions' samples, the stripe
+/// table and the per-thread samples' head.
+fn fixed_ranges(h: &Header, out: &mut Vec<(u64, u64)>) {
+    use rtprof_abi::layout::{cost, FunctionRecord, ModuleRecord, TableHead};
+    use std::mem::size_of;
+    out.clear();
+    let (funcs, stripes) = (h.func_count as u64, h.stripe_count.min(h.stripe_cap) as u64);
+    push(
+        out,
+        0,
+        (cost::END as u64)
+            .min(h.modules_off)
+            .max(HEADER_PAGE as u64),
+    );
+    let module = size_of::<ModuleRecord>() as u64;
+    push(out, h.modules_off, h.module_count as u64 * module);
+    let function = size_of::<FunctionRecord>() as u64;
+    push(out, h.funcs_off, funcs * function);
+    push(out, h.strings_off, h.strings_len as u64);
+    push(out, h.samples_off, funcs * 8);
+    push(out, h.stripe_table_off, stripes * 8);
+    if h.thread_samples_off != 0 {
+        let head = size_of::<TableHead>() as u64 + h.stripe_cap as u64 * 8;
+        push(out, h.thread_samples_off, head);
+    }
+    merge(out);
+}
+
+/// The ranges that the tables in the fixed ranges decide: the stripes
+/// counted (the stripe table says which) and the written parts of the
+/// per-thread sample table (its head says which), as the reader takes
+/// them (`rtprof_abi::sum_calls`, `thread_function_samples`).
+fn table_ranges(bytes: &[u8], h: &Header, out: &mut Vec<(u64, u64)>) {
+    use rtprof_abi::layout::{stripe_state, thread_entries_off, TableHead, VERSION};
+    use std::mem::offset_of;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    out.clear();
+    let word = |off: u64| -> u64 {
+        let o = off as usize;
+        match bytes.get(o..o + 8) {
+            // SAFETY: 8 bytes inside the mapping, 8-aligned (checked),
+            // written by the agent with whole aligned stores.
+            Some(b) if (b.as_ptr() as usize).is_multiple_of(8) => unsafe {
+                AtomicU64::from_ptr(b.as_ptr() as *mut u64).load(Ordering::Acquire)
+            },
+            _ => 0,
+        }
+    };
+    let generation = word(offset_of!(Header, fold_seq) as u64) / 2;
+    let live = h.func_count as u64 * 8;
+    for s in 0..h.stripe_count.min(h.stripe_cap) as u64 {
+        let slot = word(h.stripe_table_off + s * 8);
+        let (state, tid) = (slot as u32, (slot >> 32) as u32);
+        // What the reader sums of this generation or the next, and the
+        // stripes of live threads.
+        let read = if h.version >= VERSION {
+            stripe_state::counted(state, tid, generation)
+                || stripe_state::counted(state, tid, generation + 1)
+                || state == stripe_state::LIVE
+        } else {
+            state != stripe_state::FREE
+        };
+        if read {
+            push(out, h.stripes_off + s * h.stripe_bytes, live);
+        }
+    }
+    if h.thread_samples_off != 0 {
+        let head = h.thread_samples_off;
+        let cap = word(head + offset_of!(TableHead, cap) as u64) as u32 as u64;
+        let dirty = word(head + offset_of!(TableHead, dirty) as u64);
+        let first = thread_entries_off(head, h.stripe_cap);
+        if cap.is_power_of_two()
+            && (64..=1 << 20).contains(&cap)
+            && first + cap * 16 <= h.total_size
+        {
+            let group = cap / 64 * 16;
+            for bit in (0..64).filter(|b| dirty & 1 << b != 0) {
+                push(out, first + bit * group, group);
+            }
+        }
+    }
+    merge(out);
 }
 
 /// The socket the agent in process `pid` registers at: its

@@ -8,7 +8,9 @@
 
 use crate::error::Error;
 use crate::log::{Kind, Limiter};
-use crate::registry::{ExeError, Mapped, Registered, RouteRequest, SwitchRequest, UNVERIFIED_EXE};
+use crate::registry::{
+    Charge, ExeError, Mapped, Registered, RouteRequest, SwitchRequest, UNVERIFIED_EXE,
+};
 use crate::slots::Slots;
 use crate::spans::{self, Tracked};
 use rtprof_abi::layout::{control, state};
@@ -28,6 +30,44 @@ const MAX_PENDING: usize = 16;
 pub struct Caps {
     pub per_user: usize,
     pub total: usize,
+    /// Bytes the segments of one user may have read each tick, counted
+    /// in the pages those reads touch (`--read-mib-per-user`).
+    pub read_per_user: u64,
+}
+
+/// What each user's segments have read each tick, against their budget.
+#[derive(Default)]
+struct Budget {
+    per_user: u64,
+    held: HashMap<u32, u64>,
+}
+
+impl Budget {
+    /// Charges `new` bytes for a segment of `uid` that was charged
+    /// `*charge` so far, if the user stays within the budget.
+    fn take(&mut self, uid: u32, charge: &mut u64, new: u64) -> Result<(), Error> {
+        let held = self.held.get(&uid).copied().unwrap_or(0) - *charge;
+        if held.saturating_add(new) > self.per_user {
+            return Err(Error::OverBudget {
+                charge: new,
+                held,
+                budget: self.per_user,
+            });
+        }
+        self.held.insert(uid, held + new);
+        *charge = new;
+        Ok(())
+    }
+
+    /// Gives back what a segment of `uid` was charged.
+    fn give_back(&mut self, uid: u32, charge: u64) {
+        if let Some(n) = self.held.get_mut(&uid) {
+            *n -= charge;
+            if *n == 0 {
+                self.held.remove(&uid);
+            }
+        }
+    }
 }
 
 /// Why a registration was not taken.
@@ -76,6 +116,8 @@ struct Entry {
     /// The claim (see [`Tracked::claimed`]) last logged.
     logged_claim: Option<String>,
     map: Mapped,
+    /// Bytes its reads touch each tick, charged to its user.
+    charge: u64,
     tracked: Option<Tracked>,
     /// Ticks it has stayed unreadable (an agent still starting).
     unfilled: u32,
@@ -96,12 +138,23 @@ impl Entry {
         thread_top: usize,
         slots: &mut Slots,
         scratch: &mut spans::Counts,
+        budget: &mut Budget,
     ) -> Result<Option<spans::Seen>, Error> {
-        let Some(bytes) = self.map.bytes() else {
+        let Some(bytes) = self.map.look() else {
             return Ok(None);
         };
         let h = rtprof_abi::read_header(bytes).map_err(Error::Unreadable)?;
         self.map.check_size(&h)?;
+        // Nothing but the header is read before every page the reads
+        // touch is known to have memory, within the user's budget.
+        match self.map.charge(&h)? {
+            Charge::Unchanged => {}
+            Charge::NotYet => return Ok(None),
+            Charge::Resident(bytes) => budget.take(self.uid, &mut self.charge, bytes)?,
+        }
+        let Some(bytes) = self.map.bytes() else {
+            return Ok(None);
+        };
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
             None => Tracked::new(bytes, &h, &self.exe, now, span_ns, slots, scratch).map(
@@ -165,6 +218,7 @@ pub struct Table {
     slots: Slots,
     /// What each process's counters are read into, in turn.
     scratch: spans::Counts,
+    budget: Budget,
 }
 
 impl Table {
@@ -174,6 +228,7 @@ impl Table {
                 // One user never fills the table.
                 per_user: caps.per_user.min(caps.total / 2).max(1),
                 total: caps.total.max(2),
+                read_per_user: caps.read_per_user,
             },
             entries: BTreeMap::new(),
             next: 0,
@@ -183,6 +238,10 @@ impl Table {
             thread_top: 0,
             slots: Slots::default(),
             scratch: spans::Counts::default(),
+            budget: Budget {
+                per_user: caps.read_per_user,
+                held: HashMap::new(),
+            },
         }
     }
 
@@ -237,6 +296,7 @@ impl Table {
                 unverified: reg.exe.err(),
                 logged_claim: None,
                 map,
+                charge: 0,
                 tracked: None,
                 unfilled: 0,
                 pending: VecDeque::new(),
@@ -355,6 +415,7 @@ impl Table {
 
     fn remove(&mut self, seq: u64) -> Option<Entry> {
         let mut e = self.entries.remove(&seq)?;
+        self.budget.give_back(e.uid, e.charge);
         if let Some(t) = &mut e.tracked {
             t.release(&mut self.slots);
         }
@@ -381,7 +442,14 @@ impl Table {
         let mut gone = Vec::new();
         for (&seq, e) in &mut self.entries {
             let top = self.thread_top;
-            let seen = match e.observe(now, span_ns, top, &mut self.slots, &mut self.scratch) {
+            let seen = match e.observe(
+                now,
+                span_ns,
+                top,
+                &mut self.slots,
+                &mut self.scratch,
+                &mut self.budget,
+            ) {
                 Ok(Some(s)) => s,
                 Ok(None) if e.unfilled < UNFILLED_TICKS => {
                     e.unfilled += 1;
@@ -588,6 +656,7 @@ mod tests {
     }
 
     const CAPS: Caps = Caps {
+        read_per_user: 1 << 30,
         per_user: 100,
         total: 1000,
     };
@@ -636,6 +705,7 @@ mod tests {
     fn each_user_holds_at_most_its_share() {
         // Asked for all 10: a user gets half.
         let mut t = Table::new(Caps {
+            read_per_user: 1 << 30,
             per_user: 10,
             total: 10,
         });
@@ -662,6 +732,7 @@ mod tests {
     #[test]
     fn a_pid_at_its_limit_replaces_its_own_even_at_the_users_cap() {
         let mut t = Table::new(Caps {
+            read_per_user: 1 << 30,
             per_user: PER_PID,
             total: 1000,
         });
