@@ -637,7 +637,9 @@ fn merge(ranges: &mut Vec<(u64, u64)>) {
 /// header `h` alone decides (checked against the file by
 /// `read_header`): the header with its cost words, the module and
 /// function records and names in use, the functions' samples, the stripe
-/// table and the per-thread samples' head.
+/// table and the per-thread samples' head. A real agent has written all
+/// of them (pages it reserved with fallocate but never wrote would look
+/// absent).
 fn fixed_ranges(h: &Header, out: &mut Vec<(u64, u64)>) {
     use rtprof_abi::layout::{cost, FunctionRecord, ModuleRecord, TableHead};
     use std::mem::size_of;
@@ -657,9 +659,12 @@ fn fixed_ranges(h: &Header, out: &mut Vec<(u64, u64)>) {
     push(out, h.strings_off, h.strings_len as u64);
     push(out, h.samples_off, funcs * 8);
     push(out, h.stripe_table_off, stripes * 8);
+    // The head only: the agent reserves the stripes' sample words with it
+    // (fallocate), but writes a word only when its thread is sampled, and
+    // a page reserved but never written looks absent. They are read for
+    // the threads followed (at most 64) only.
     if h.thread_samples_off != 0 {
-        let head = size_of::<TableHead>() as u64 + h.stripe_cap as u64 * 8;
-        push(out, h.thread_samples_off, head);
+        push(out, h.thread_samples_off, size_of::<TableHead>() as u64);
     }
     merge(out);
 }
