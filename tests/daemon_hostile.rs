@@ -393,9 +393,7 @@ fn giant_claim(start_ns: u64) -> Vec<u8> {
             .unwrap();
     }
     w.counters().set_state(rtprof_abi::layout::state::RUNNING);
-    drop(w);
     let mut bytes: Vec<u8> = mem.iter().flat_map(|w| w.to_le_bytes()).collect();
-    drop(mem);
     let at = std::mem::offset_of!(Header, stripe_count);
     bytes[at..at + 4].copy_from_slice(&STRIPES.to_le_bytes());
     for s in 0..STRIPES as usize {

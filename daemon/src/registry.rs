@@ -296,7 +296,11 @@ const HEADER_PAGE: usize = 4096;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// Ticks a segment may have pages absent from what its reads touch
 /// (swapped out, asked back in) before it is refused.
-const ABSENT_TICKS: u32 = 3;
+pub const ABSENT_TICKS: u32 = 3;
+
+/// Byte ranges (offset, length) of a segment, sorted, no two sharing a
+/// page.
+type Ranges = Vec<(u64, u64)>;
 
 /// A registered segment, mapped read-only, and its header page writable
 /// for the switch requests relayed to its agent.
@@ -308,12 +312,12 @@ pub struct Mapped {
     header_seen: bool,
     /// The ranges last found all in memory (see [`Mapped::charge`]), by
     /// what decides them: fixed by the header, then by its tables.
-    checked: (Vec<(u64, u64)>, Vec<(u64, u64)>),
+    checked: (Ranges, Ranges),
     /// Ticks in a row with pages absent.
     absent_ticks: u32,
     /// Reused for the ranges and `mincore`'s answer.
-    ranges: Vec<(u64, u64)>,
-    tables: Vec<(u64, u64)>,
+    ranges: Ranges,
+    tables: Ranges,
     resident: Vec<u8>,
 }
 

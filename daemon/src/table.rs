@@ -759,4 +759,123 @@ mod tests {
         );
         assert_eq!(t.len(), 0);
     }
+
+    /// A memfd of `bytes`' length holding only its non-zero pages, sealed.
+    fn sparse(bytes: &[u8]) -> OwnedFd {
+        // SAFETY: plain system calls on a descriptor we create and own;
+        // every write is from inside `bytes`.
+        unsafe {
+            let fd = libc::memfd_create(
+                rtprof_abi::protocol::SEGMENT_MEMFD.as_ptr(),
+                libc::MFD_ALLOW_SEALING,
+            );
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, bytes.len() as i64), 0);
+            for (i, page) in bytes.chunks(4096).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    let n = libc::pwrite(fd, page.as_ptr().cast(), page.len(), i as i64 * 4096);
+                    assert_eq!(n, page.len() as isize);
+                }
+            }
+            assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+            OwnedFd::from_raw_fd(fd)
+        }
+    }
+
+    fn blocks(fd: &OwnedFd) -> i64 {
+        // SAFETY: stat is plain data; fstat writes only it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(fd);
+        // SAFETY: `st` is valid for writes; fstat reads only the descriptor.
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        st.st_blocks
+    }
+
+    #[test]
+    fn counters_published_without_memory_are_refused_unread() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 4096,
+            strings: 64,
+            stripes: 1,
+        });
+        let me = std::process::id();
+        let mut mem = vec![0u64; layout.total_size as usize / 8];
+        // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
+        let mut w = unsafe { SegmentWriter::init(mem.as_mut_ptr().cast(), layout, me, 1, 5) };
+        w.set_exe(b"/bin/app").unwrap();
+        w.counters().set_state(state::RUNNING);
+        let mut bytes: Vec<u8> = mem.iter().flat_map(|w| w.to_le_bytes()).collect();
+        // 4,096 functions claimed, their records, samples and counters
+        // never written: holes.
+        let at = std::mem::offset_of!(rtprof_abi::layout::Header, func_count);
+        bytes[at..at + 4].copy_from_slice(&4096u32.to_le_bytes());
+        let fd = sparse(&bytes);
+        let before = blocks(&fd);
+        let mut t = Table::new(CAPS);
+        let r = Registered {
+            fd: fd.try_clone().unwrap(),
+            pid: me,
+            uid: 0,
+            exe: Ok("/bin/app".into()),
+        };
+        t.admit(r).unwrap();
+        let (mut log, seen) = quiet();
+        for i in 0..crate::registry::ABSENT_TICKS as u64 {
+            assert_eq!(t.len(), 1);
+            t.observe((100 + i) * S, 5 * S, &mut log);
+        }
+        assert_eq!(t.len(), 0);
+        assert!(
+            seen.borrow()
+                .iter()
+                .any(|l| l.contains("never gave memory")),
+            "{:?}",
+            seen.borrow()
+        );
+        assert_eq!(blocks(&fd), before, "reading gave the file memory");
+        assert!(t.budget.held.is_empty());
+    }
+
+    #[test]
+    fn what_a_users_segments_have_read_is_bounded() {
+        let me = std::process::id();
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let (mut log, seen) = quiet();
+        // What one segment's reads touch.
+        let mut t = Table::new(CAPS);
+        t.admit(reg(&segment(me, 5), me, 7)).unwrap();
+        t.observe(100 * S, 5 * S, &mut log);
+        let one = t.budget.held[&7];
+        assert!((4096..=4 * 4096).contains(&one), "{one}");
+        // Room for one and a half: the second of the same user is refused,
+        // another user's is not.
+        let mut t = Table::new(Caps {
+            read_per_user: one + one / 2,
+            ..CAPS
+        });
+        t.admit(reg(&segment(me, 5), me, 7)).unwrap();
+        t.admit(reg(&segment(other.id(), 5), other.id(), 7))
+            .unwrap();
+        t.observe(100 * S, 5 * S, &mut log);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.budget.held[&7], one);
+        assert!(
+            seen.borrow()
+                .iter()
+                .any(|l| l.contains("--read-mib-per-user")),
+            "{:?}",
+            seen.borrow()
+        );
+        t.admit(reg(&segment(other.id(), 5), other.id(), 8))
+            .unwrap();
+        t.observe(101 * S, 5 * S, &mut log);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.budget.held[&8], one);
+        let _ = other.kill();
+        let _ = other.wait();
+    }
 }
