@@ -578,3 +578,54 @@ fn nix_statvfs(dir: &Path) -> u64 {
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     st.f_bavail * st.f_frsize
 }
+
+/// A metrics token path in a directory of another user's, or one others
+/// may write, is refused at start, naming the directory, and no token is
+/// made there.
+#[test]
+fn a_token_in_a_directory_of_another_user_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("hostile-token");
+    let theirs = dir.join("theirs");
+    let open = dir.join("open");
+    for d in [&theirs, &open] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    for (d, why) in [
+        (&theirs, "owned by uid 65534"),
+        (&open, "group or others may write it"),
+    ] {
+        let token = d.join("metrics.token");
+        let mut child = Command::new(rtprof().with_file_name("rtprofd"))
+            .args(["--metrics", &format!("127.0.0.1:{}", free_port())])
+            .arg("--metrics-token-file")
+            .arg(&token)
+            .arg("--socket")
+            .arg(dir.join("sock"))
+            .arg("--present")
+            .arg(dir.join("present"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A daemon that takes the path runs on: stopped after a while, it
+        // fails the checks below.
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(why) && err.contains(&*d.to_string_lossy()),
+            "{err}"
+        );
+        assert!(!token.exists());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -90,11 +90,16 @@ pub fn load_or_create(path: &Path) -> Result<Vec<u8>, TokenError> {
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     if !dir.exists() {
-        // Made by us, ours alone.
-        std::fs::create_dir_all(dir).map_err(|source| TokenError::Create {
-            path: path.into(),
-            source,
-        })?;
+        // Made by us, ours alone (whatever the umask lets through).
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| TokenError::Create {
+                path: path.into(),
+                source,
+            })?;
     }
     check_dir(dir)?;
     match std::fs::symlink_metadata(path) {
