@@ -624,17 +624,21 @@ fn push(out: &mut Vec<(u64, u64)>, off: u64, len: u64) {
 /// Sorts `ranges` and merges those that share a page.
 fn merge(ranges: &mut Vec<(u64, u64)>) {
     ranges.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-    for &(off, len) in ranges.iter() {
+    // In place: this runs for every segment every tick.
+    let mut kept: usize = 0;
+    for i in 0..ranges.len() {
+        let (off, len) = ranges[i];
         let end = off.saturating_add(len);
-        match out.last_mut() {
-            Some((o, l)) if (*o + *l).div_ceil(PAGE) * PAGE > off / PAGE * PAGE => {
+        if let Some((o, l)) = kept.checked_sub(1).map(|k| &mut ranges[k]) {
+            if (*o + *l).div_ceil(PAGE) * PAGE > off / PAGE * PAGE {
                 *l = (*o + *l).max(end) - *o;
+                continue;
             }
-            _ => out.push((off, end - off)),
         }
+        ranges[kept] = (off, end - off);
+        kept += 1;
     }
-    *ranges = out;
+    ranges.truncate(kept);
 }
 
 /// The ranges (offset, length) of a segment that its reads touch and that
