@@ -409,9 +409,9 @@ impl Mapped {
             let pages = ((end - lo) / PAGE) as usize;
             self.resident.clear();
             self.resident.resize(pages, 0);
-            // SAFETY: a PAGE-aligned range inside our mapping (clamped to
-            // its length, which is PAGE-rounded by the kernel), and one byte
-            // of `resident` per PAGE of it.
+            // SAFETY: a page-aligned range inside our mapping (clamped to
+            // its length, which the kernel rounds up to pages), and one
+            // byte of `resident` per page of it.
             let r = unsafe {
                 libc::mincore(
                     self.map.as_ptr().add(lo as usize) as *mut libc::c_void,
@@ -438,7 +438,7 @@ impl Mapped {
             let end = (off + len).min(self.map.len() as u64).div_ceil(PAGE) * PAGE;
             let lo = off / PAGE * PAGE;
             if end > lo {
-                // SAFETY: advice only, on a PAGE-aligned range of our
+                // SAFETY: advice only, on a page-aligned range of our
                 // mapping; it changes no contents.
                 unsafe {
                     libc::madvise(
@@ -451,12 +451,12 @@ impl Mapped {
         }
     }
 
-    /// Whether every PAGE this tick's reads of the segment touch (header
+    /// Whether every page this tick's reads of the segment touch (header
     /// `h`, read from [`Mapped::bytes`], and the tables it names) is in
     /// memory: a real agent gives memory to all it publishes before it
-    /// publishes it, and reading a PAGE it did not would give the file
+    /// publishes it, and reading a page it did not would give the file
     /// one, charged to us. Checked again only when the ranges change; a
-    /// PAGE taken away in between is given back by our read once, and
+    /// page taken away in between is given back by our read once, and
     /// counts as present from then on. Pages absent [`ABSENT_TICKS`] in
     /// a row refuse the segment.
     pub fn charge(&mut self, h: &Header) -> Result<Charge, Error> {
@@ -653,13 +653,9 @@ fn fixed_ranges(h: &Header, out: &mut Vec<(u64, u64)>) {
     use std::mem::size_of;
     out.clear();
     let (funcs, stripes) = (h.func_count as u64, h.stripe_count.min(h.stripe_cap) as u64);
-    push(
-        out,
-        0,
-        (cost::END as u64)
-            .min(h.modules_off)
-            .max(HEADER_PAGE as u64),
-    );
+    // The header, the request area and the cost words.
+    const _: () = assert!(cost::END <= HEADER_PAGE);
+    push(out, 0, HEADER_PAGE as u64);
     let module = size_of::<ModuleRecord>() as u64;
     push(out, h.modules_off, h.module_count as u64 * module);
     let function = size_of::<FunctionRecord>() as u64;
