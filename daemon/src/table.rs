@@ -313,20 +313,24 @@ impl Table {
     /// The entry of followed process `pid` whose segment takes a request
     /// from user `uid` (its own user or root): the newest registration of
     /// the pid, its running image.
-    fn requestable(&self, uid: u32, pid: u32) -> Result<u64, Error> {
+    fn requestable(&mut self, uid: u32, pid: u32) -> Result<u64, Error> {
         let key = self
             .by_pid
             .get(&pid)
             .and_then(|seqs| seqs.last())
             .copied()
             .ok_or(Error::NotFollowed { pid })?;
-        let e = self.entries.get(&key).ok_or(Error::NotFollowed { pid })?;
+        let e = self
+            .entries
+            .get_mut(&key)
+            .ok_or(Error::NotFollowed { pid })?;
         if uid != 0 && uid != e.uid {
             return Err(Error::OtherUser { pid });
         }
+        // A request may come before the first tick has read the segment.
         let h = e
             .map
-            .bytes()
+            .look()
             .and_then(|b| rtprof_abi::read_header(b).ok())
             .ok_or(Error::Starting { pid })?;
         if !e.map.takes_requests(&h) {
