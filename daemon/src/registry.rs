@@ -302,6 +302,44 @@ pub const ABSENT_TICKS: u32 = 3;
 /// page.
 type Ranges = Vec<(u64, u64)>;
 
+/// `cachestat(2)` (Linux 6.5) on x86-64, which the libc crate does not name.
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// How many pages of `[off, off + len)` (page-aligned) of the file behind
+/// `fd` have memory: in the page cache, written or only allocated
+/// (fallocate), or swapped out. `None` if the kernel cannot say.
+fn backed_pages(fd: BorrowedFd<'_>, off: u64, len: u64) -> Option<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    let range = Range { off, len };
+    let mut st = Stat::default();
+    // SAFETY: both structures are laid out as the kernel's and live across
+    // the call; it only reads `range` and writes `st`.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0u32,
+        )
+    };
+    // Swapped-out shmem pages are counted as evicted.
+    (r == 0).then_some(st.cache + st.evicted)
+}
+
 /// A registered segment, mapped read-only, and its header page writable
 /// for the switch requests relayed to its agent.
 pub struct Mapped {
@@ -313,6 +351,8 @@ pub struct Mapped {
     /// The ranges last found all in memory (see [`Mapped::charge`]), by
     /// what decides them: fixed by the header, then by its tables.
     checked: (Ranges, Ranges),
+    /// Both, merged: pages known to have memory, not looked at again.
+    verified: Ranges,
     /// Ticks in a row with pages absent.
     absent_ticks: u32,
     /// Reused for the ranges and `mincore`'s answer.
@@ -389,6 +429,7 @@ impl Mapped {
             control,
             header_seen: false,
             checked: Default::default(),
+            verified: Vec::new(),
             absent_ticks: 0,
             ranges: Vec::new(),
             tables: Vec::new(),
@@ -455,18 +496,22 @@ impl Mapped {
     /// `h`, read from [`Mapped::bytes`], and the tables it names) is in
     /// memory: a real agent gives memory to all it publishes before it
     /// publishes it, and reading a page it did not would give the file
-    /// one, charged to us. Checked again only when the ranges change; a
-    /// page taken away in between is given back by our read once, and
-    /// counts as present from then on. Pages absent [`ABSENT_TICKS`] in
-    /// a row refuse the segment.
+    /// one, charged to us. Only pages not verified before are looked at,
+    /// when the ranges change (`mincore`: pages allocated by fallocate
+    /// but never written look absent to it, so what the agent reserved
+    /// that way is verified at registration, [`Mapped::verify`]). A page
+    /// taken away after it was verified is given back by our read once,
+    /// and counts as present from then on. Pages absent [`ABSENT_TICKS`]
+    /// in a row refuse the segment.
     pub fn charge(&mut self, h: &Header) -> Result<Charge, Error> {
         let mut fixed = std::mem::take(&mut self.ranges);
         fixed_ranges(h, &mut fixed);
         let same_fixed = fixed == self.checked.0;
         if !same_fixed {
-            let (_, absent) = self.residency(&fixed);
+            let new = subtract(&fixed, &self.verified);
+            let (_, absent) = self.residency(&new);
             if absent > 0 {
-                return self.absent(fixed, absent);
+                return self.absent(fixed, &new, absent);
             }
         }
         // The tables the fixed ranges hold are in memory: reading them
@@ -479,33 +524,86 @@ impl Mapped {
             self.absent_ticks = 0;
             return Ok(Charge::Unchanged);
         }
-        let (_, absent) = self.residency(&tables);
+        let new = subtract(&tables, &self.verified);
+        let (_, absent) = self.residency(&new);
         if absent > 0 {
             self.tables = tables;
-            return self.absent(fixed, absent);
+            return self.absent(fixed, &new, absent);
         }
-        let mut all = fixed.clone();
-        all.extend_from_slice(&tables);
-        merge(&mut all);
-        let bytes = all
+        Ok(Charge::Resident(self.verified(fixed, tables)))
+    }
+
+    /// Takes `fixed` and `tables` as checked and their pages as verified:
+    /// the bytes of those pages.
+    fn verified(&mut self, fixed: Ranges, tables: Ranges) -> u64 {
+        self.verified.clear();
+        self.verified.extend_from_slice(&fixed);
+        self.verified.extend_from_slice(&tables);
+        merge(&mut self.verified);
+        let len = self.map.len() as u64;
+        let bytes = self
+            .verified
             .iter()
-            .map(|&(off, len)| {
-                let end = (off + len).min(self.map.len() as u64);
-                end.div_ceil(PAGE).saturating_sub(off / PAGE) * PAGE
-            })
+            .map(|&(off, n)| ((off + n).min(len).div_ceil(PAGE)).saturating_sub(off / PAGE) * PAGE)
             .sum();
         self.absent_ticks = 0;
         self.ranges = std::mem::replace(&mut self.checked.0, fixed);
         self.tables = std::mem::replace(&mut self.checked.1, tables);
-        Ok(Charge::Resident(bytes))
+        bytes
     }
 
-    /// `absent` pages of `ranges` (what the reads touch) are not in
-    /// memory: not read this tick, and refused after [`ABSENT_TICKS`].
-    fn absent(&mut self, ranges: Vec<(u64, u64)>, absent: u64) -> Result<Charge, Error> {
+    /// At registration, with the segment's descriptor: whether every page
+    /// its reads touch has memory, written or only allocated (as the agent
+    /// of a forked child reserves the counters it copies no value into),
+    /// and the bytes of them. `Ok(None)` if that cannot be told now (no
+    /// header yet, or a kernel without `cachestat`): [`Mapped::charge`]
+    /// looks at every page then.
+    pub fn verify(&mut self, fd: &OwnedFd) -> Result<Option<u64>, Error> {
+        let Some(bytes) = self.look() else {
+            return Ok(None);
+        };
+        let Ok(h) = rtprof_abi::read_header(bytes) else {
+            return Ok(None);
+        };
+        self.check_size(&h)?;
+        let (mut fixed, mut tables) = (Vec::new(), Vec::new());
+        fixed_ranges(&h, &mut fixed);
+        let mut absent = 0;
+        for &(off, len) in &fixed {
+            let (lo, hi) = (off / PAGE * PAGE, (off + len).div_ceil(PAGE) * PAGE);
+            let Some(n) = backed_pages(fd.as_fd(), lo, hi - lo) else {
+                return Ok(None);
+            };
+            absent += ((hi - lo) / PAGE).saturating_sub(n);
+        }
+        if absent > 0 {
+            return Err(Error::Unbacked {
+                absent: absent * PAGE,
+            });
+        }
+        table_ranges(&self.map, &h, &mut tables);
+        for &(off, len) in &tables {
+            let (lo, hi) = (off / PAGE * PAGE, (off + len).div_ceil(PAGE) * PAGE);
+            let Some(n) = backed_pages(fd.as_fd(), lo, hi - lo) else {
+                return Ok(None);
+            };
+            absent += ((hi - lo) / PAGE).saturating_sub(n);
+        }
+        if absent > 0 {
+            return Err(Error::Unbacked {
+                absent: absent * PAGE,
+            });
+        }
+        Ok(Some(self.verified(fixed, tables)))
+    }
+
+    /// `absent` pages of `new` (of `ranges`, what the reads touch, those
+    /// not verified before) are not in memory: not read this tick, and
+    /// refused after [`ABSENT_TICKS`].
+    fn absent(&mut self, ranges: Ranges, new: &[(u64, u64)], absent: u64) -> Result<Charge, Error> {
         self.checked = Default::default();
         self.absent_ticks += 1;
-        self.ask_back(&ranges);
+        self.ask_back(new);
         self.ranges = ranges;
         if self.absent_ticks >= ABSENT_TICKS {
             return Err(Error::Unbacked {
@@ -639,6 +737,34 @@ fn merge(ranges: &mut Vec<(u64, u64)>) {
         kept += 1;
     }
     ranges.truncate(kept);
+}
+
+/// The pages of `a` that are in none of `b` (both sorted and merged), as
+/// byte ranges of whole pages.
+fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Ranges {
+    let pages = |&(off, len): &(u64, u64)| (off / PAGE, (off + len).div_ceil(PAGE));
+    let mut out = Vec::new();
+    let mut b = b.iter().map(pages).peekable();
+    for (mut lo, hi) in a.iter().map(pages) {
+        while lo < hi {
+            // Ranges of `b` wholly before `lo` are of no more use.
+            while b.peek().is_some_and(|&(_, bh)| bh <= lo) {
+                b.next();
+            }
+            match b.peek() {
+                Some(&(bl, bh)) if bl <= lo => lo = bh.min(hi),
+                Some(&(bl, _)) if bl < hi => {
+                    out.push((lo * PAGE, (bl - lo) * PAGE));
+                    lo = bl;
+                }
+                _ => {
+                    out.push((lo * PAGE, (hi - lo) * PAGE));
+                    lo = hi;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The ranges (offset, length) of a segment that its reads touch and that
@@ -822,4 +948,21 @@ pub fn discover(socket: &Path) -> Vec<Registered> {
         out.push(Registered { fd, pid, uid, exe });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_by_page_and_subtract_whole_pages() {
+        let mut r = vec![(8192, 10), (0, 100), (4000, 200), (20480, 4096)];
+        merge(&mut r);
+        assert_eq!(r, [(0, 4200), (8192, 10), (20480, 4096)]);
+        let verified = [(0, 4096), (8192, 4096)];
+        // Pages 1, 5 (and none of 0 or 2).
+        assert_eq!(subtract(&r, &verified), [(4096, 4096), (20480, 4096)]);
+        assert_eq!(subtract(&r, &[]), [(0, 8192), (8192, 4096), (20480, 4096)]);
+        assert!(subtract(&verified, &[(0, 1 << 20)]).is_empty());
+    }
 }

@@ -278,12 +278,21 @@ impl Table {
                 held: self.entries.len(),
             });
         }
-        let map = Mapped::open(&reg.fd).map_err(|e| {
-            self.rejected += 1;
+        let refused = |t: &mut Table, e| {
+            t.rejected += 1;
             RegistrationRefusal::Segment(e)
-        })?;
+        };
+        let mut map = Mapped::open(&reg.fd).map_err(|e| refused(self, e))?;
+        // While its descriptor is at hand (see `Mapped::verify`).
+        let verified = map.verify(&reg.fd).map_err(|e| refused(self, e))?;
         if let Some(v) = victim {
             self.remove(v);
+        }
+        let mut charge = 0;
+        if let Some(bytes) = verified {
+            self.budget
+                .take(reg.uid, &mut charge, bytes)
+                .map_err(|e| refused(self, e))?;
         }
         let seq = self.next;
         self.next += 1;
@@ -296,7 +305,7 @@ impl Table {
                 unverified: reg.exe.err(),
                 logged_claim: None,
                 map,
-                charge: 0,
+                charge,
                 tracked: None,
                 unfilled: 0,
                 pending: VecDeque::new(),
@@ -600,6 +609,7 @@ mod tests {
     use rtprof_abi::layout::{Capacities, Layout};
     use rtprof_abi::SegmentWriter;
     use std::cell::RefCell;
+    use std::os::fd::AsRawFd;
     use std::os::fd::{FromRawFd, OwnedFd};
     use std::rc::Rc;
     use std::time::Duration;
@@ -789,14 +799,15 @@ mod tests {
     fn blocks(fd: &OwnedFd) -> i64 {
         // SAFETY: stat is plain data; fstat writes only it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        let fd = std::os::fd::AsRawFd::as_raw_fd(fd);
+        let fd = fd.as_raw_fd();
         // SAFETY: `st` is valid for writes; fstat reads only the descriptor.
         assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
         st.st_blocks
     }
 
-    #[test]
-    fn counters_published_without_memory_are_refused_unread() {
+    /// A running segment of this process with room for 4,096 functions,
+    /// whose header claims them all, as bytes.
+    fn claiming_4096() -> Vec<u8> {
         let layout = Layout::new(Capacities {
             modules: 1,
             functions: 4096,
@@ -808,37 +819,99 @@ mod tests {
         // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
         let mut w = unsafe { SegmentWriter::init(mem.as_mut_ptr().cast(), layout, me, 1, 5) };
         w.set_exe(b"/bin/app").unwrap();
+        w.add_module(b"/bin/app", 0).unwrap();
         w.counters().set_state(state::RUNNING);
         let mut bytes: Vec<u8> = mem.iter().flat_map(|w| w.to_le_bytes()).collect();
-        // 4,096 functions claimed, their records, samples and counters
-        // never written: holes.
         let at = std::mem::offset_of!(rtprof_abi::layout::Header, func_count);
         bytes[at..at + 4].copy_from_slice(&4096u32.to_le_bytes());
+        bytes
+    }
+
+    fn registered(fd: &OwnedFd) -> Registered {
+        Registered {
+            fd: fd.try_clone().unwrap(),
+            pid: std::process::id(),
+            uid: 0,
+            exe: Ok("/bin/app".into()),
+        }
+    }
+
+    #[test]
+    fn counters_published_without_memory_are_refused_unread() {
+        // 4,096 functions claimed, their records, samples and counters
+        // never written: holes.
+        let bytes = claiming_4096();
         let fd = sparse(&bytes);
         let before = blocks(&fd);
         let mut t = Table::new(CAPS);
-        let r = Registered {
-            fd: fd.try_clone().unwrap(),
-            pid: me,
-            uid: 0,
-            exe: Ok("/bin/app".into()),
-        };
-        t.admit(r).unwrap();
+        // At registration, when the header is there.
+        let e = t.admit(registered(&fd)).unwrap_err();
+        assert!(e.to_string().contains("never gave memory"), "{e}");
+        assert_eq!((t.len(), t.rejected), (0, 1));
+        // Or on reading, when it comes later.
+        let page = 4096;
+        let late = sparse(&vec![0; bytes.len()]);
+        t.admit(registered(&late)).unwrap();
+        // SAFETY: writes the header page into our own file.
+        let n = unsafe { libc::pwrite(late.as_raw_fd(), bytes.as_ptr().cast(), page, 0) };
+        assert_eq!(n, page as isize);
         let (mut log, seen) = quiet();
         for i in 0..crate::registry::ABSENT_TICKS as u64 {
             assert_eq!(t.len(), 1);
             t.observe((100 + i) * S, 5 * S, &mut log);
         }
         assert_eq!(t.len(), 0);
+        let seen = seen.borrow();
         assert!(
-            seen.borrow()
-                .iter()
-                .any(|l| l.contains("never gave memory")),
-            "{:?}",
-            seen.borrow()
+            seen.iter().any(|l| l.contains("never gave memory")),
+            "{seen:?}"
         );
         assert_eq!(blocks(&fd), before, "reading gave the file memory");
+        assert_eq!(blocks(&late), 8, "reading gave the file memory");
         assert!(t.budget.held.is_empty());
+    }
+
+    /// As the agent of a forked child leaves its segment: counters
+    /// allocated (fallocate) but never written, which `mincore` calls
+    /// absent.
+    #[test]
+    fn counters_allocated_but_never_written_are_followed() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 4096,
+            strings: 8 * 4096,
+            stripes: 1,
+        });
+        let mut mem = vec![0u64; layout.total_size as usize / 8];
+        // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
+        let mut w = unsafe {
+            SegmentWriter::init(mem.as_mut_ptr().cast(), layout, std::process::id(), 1, 5)
+        };
+        w.set_exe(b"/bin/app").unwrap();
+        w.add_module(b"/bin/app", 0).unwrap();
+        for f in 0..4096u64 {
+            w.add_function(format!("f{f}").as_bytes(), 16 * f, 16)
+                .unwrap();
+        }
+        w.counters().set_state(state::RUNNING);
+        // Records and names written; samples and counters all zero, so
+        // holes in the file, then allocated only.
+        let bytes: Vec<u8> = mem.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let h = rtprof_abi::read_header(&bytes).unwrap();
+        let fd = sparse(&bytes);
+        for (off, len) in [(h.samples_off, 4096 * 8), (h.stripes_off, 4096 * 8)] {
+            // SAFETY: allocates blocks of our own file.
+            let r = unsafe { libc::fallocate(fd.as_raw_fd(), 0, off as i64, len) };
+            assert_eq!(r, 0);
+        }
+        let mut t = Table::new(CAPS);
+        t.admit(registered(&fd)).unwrap();
+        assert!(t.budget.held[&0] >= 2 * 4096 * 8);
+        let (mut log, seen) = quiet();
+        for i in 0..5 {
+            t.observe((100 + i) * S, 5 * S, &mut log);
+        }
+        assert_eq!(t.len(), 1, "{:?}", seen.borrow());
     }
 
     #[test]
@@ -848,13 +921,14 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let (mut log, seen) = quiet();
-        // What one segment's reads touch.
+        let (mut log, _) = quiet();
+        // What one segment's reads touch, charged at registration.
         let mut t = Table::new(CAPS);
         t.admit(reg(&segment(me, 5), me, 7)).unwrap();
-        t.observe(100 * S, 5 * S, &mut log);
         let one = t.budget.held[&7];
         assert!((4096..=4 * 4096).contains(&one), "{one}");
+        t.observe(100 * S, 5 * S, &mut log);
+        assert_eq!(t.budget.held[&7], one);
         // Room for one and a half: the second of the same user is refused,
         // another user's is not.
         let mut t = Table::new(Caps {
@@ -862,18 +936,13 @@ mod tests {
             ..CAPS
         });
         t.admit(reg(&segment(me, 5), me, 7)).unwrap();
-        t.admit(reg(&segment(other.id(), 5), other.id(), 7))
-            .unwrap();
+        let e = t
+            .admit(reg(&segment(other.id(), 5), other.id(), 7))
+            .unwrap_err();
+        assert!(e.to_string().contains("--read-mib-per-user"), "{e}");
         t.observe(100 * S, 5 * S, &mut log);
         assert_eq!(t.len(), 1);
         assert_eq!(t.budget.held[&7], one);
-        assert!(
-            seen.borrow()
-                .iter()
-                .any(|l| l.contains("--read-mib-per-user")),
-            "{:?}",
-            seen.borrow()
-        );
         t.admit(reg(&segment(other.id(), 5), other.id(), 8))
             .unwrap();
         t.observe(101 * S, 5 * S, &mut log);
