@@ -540,12 +540,7 @@ impl Mapped {
         self.verified.extend_from_slice(&fixed);
         self.verified.extend_from_slice(&tables);
         merge(&mut self.verified);
-        let len = self.map.len() as u64;
-        let bytes = self
-            .verified
-            .iter()
-            .map(|&(off, n)| ((off + n).min(len).div_ceil(PAGE)).saturating_sub(off / PAGE) * PAGE)
-            .sum();
+        let bytes = page_bytes(&self.verified, self.map.len() as u64);
         self.absent_ticks = 0;
         self.ranges = std::mem::replace(&mut self.checked.0, fixed);
         self.tables = std::mem::replace(&mut self.checked.1, tables);
@@ -568,33 +563,52 @@ impl Mapped {
         self.check_size(&h)?;
         let (mut fixed, mut tables) = (Vec::new(), Vec::new());
         fixed_ranges(&h, &mut fixed);
-        let mut absent = 0;
-        for &(off, len) in &fixed {
-            let (lo, hi) = (off / PAGE * PAGE, (off + len).div_ceil(PAGE) * PAGE);
-            let Some(n) = backed_pages(fd.as_fd(), lo, hi - lo) else {
-                return Ok(None);
-            };
-            absent += ((hi - lo) / PAGE).saturating_sub(n);
-        }
-        if absent > 0 {
-            return Err(Error::Unbacked {
-                absent: absent * PAGE,
-            });
-        }
+        // The tables are read only once the pages holding them are known
+        // to have memory.
+        self.backed(fd, &fixed, &[])?;
         table_ranges(&self.map, &h, &mut tables);
-        for &(off, len) in &tables {
+        self.backed(fd, &tables, &fixed)?;
+        Ok(Some(self.verified(fixed, tables)))
+    }
+
+    /// Refuses the segment behind `fd` unless every page of `ranges` has
+    /// memory. Without `cachestat` (Linux before 6.5), the file must have
+    /// at least as much memory as `ranges` and `before` (checked already)
+    /// together, wherever it is: a read can then give it no more pages
+    /// than its process paid for.
+    fn backed(
+        &self,
+        fd: &OwnedFd,
+        ranges: &[(u64, u64)],
+        before: &[(u64, u64)],
+    ) -> Result<(), Error> {
+        let mut absent = 0;
+        for &(off, len) in ranges {
             let (lo, hi) = (off / PAGE * PAGE, (off + len).div_ceil(PAGE) * PAGE);
             let Some(n) = backed_pages(fd.as_fd(), lo, hi - lo) else {
-                return Ok(None);
+                let mut all = [ranges, before].concat();
+                merge(&mut all);
+                let need = page_bytes(&all, self.map.len() as u64);
+                // SAFETY: stat is plain data; all-zero is valid.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: `st` is valid for writes; fstat reads only the descriptor.
+                if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+                    return Err(Error::SegmentStat(io::Error::last_os_error()));
+                }
+                let have = st.st_blocks as u64 * 512;
+                return match need.checked_sub(have) {
+                    Some(absent @ 1..) => Err(Error::Unbacked { absent }),
+                    _ => Ok(()),
+                };
             };
             absent += ((hi - lo) / PAGE).saturating_sub(n);
         }
-        if absent > 0 {
-            return Err(Error::Unbacked {
+        match absent {
+            0 => Ok(()),
+            _ => Err(Error::Unbacked {
                 absent: absent * PAGE,
-            });
+            }),
         }
-        Ok(Some(self.verified(fixed, tables)))
     }
 
     /// `absent` pages of `new` (of `ranges`, what the reads touch, those
@@ -717,6 +731,14 @@ fn push(out: &mut Vec<(u64, u64)>, off: u64, len: u64) {
     if len > 0 {
         out.push((off, len));
     }
+}
+
+/// Bytes of the pages of `ranges` (sorted and merged) within `len`.
+fn page_bytes(ranges: &[(u64, u64)], len: u64) -> u64 {
+    ranges
+        .iter()
+        .map(|&(off, n)| (off + n).min(len).div_ceil(PAGE).saturating_sub(off / PAGE) * PAGE)
+        .sum()
 }
 
 /// Sorts `ranges` and merges those that share a page.
