@@ -333,8 +333,8 @@ fn a_hugetlb_segment_is_refused_and_its_holes_kill_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A sealed memfd of `len` bytes holding only the non-zero pages of
-/// `bytes` (the rest holes, as a process that never wrote them leaves
+/// A sealed memfd as long as `bytes`, holding only its non-zero pages
+/// (the rest holes, as a process that never wrote them leaves
 /// them).
 fn sparse_memfd(bytes: &[u8]) -> OwnedFd {
     // SAFETY: plain system calls on a descriptor made here and then owned;
@@ -519,7 +519,7 @@ fn a_full_presentation_file_system_kills_nothing() {
         }
         let _ = f.flush();
     }
-    let fs = nix_statvfs(&inside);
+    let fs = free_bytes(&inside);
     assert!(fs < 64 << 10, "{fs} bytes still free");
     let kids: Vec<Killed> = (0..PROCESSES)
         .map(|_| {
@@ -574,7 +574,7 @@ fn a_full_presentation_file_system_kills_nothing() {
 }
 
 /// Bytes free in the file system at `dir`.
-fn nix_statvfs(dir: &Path) -> u64 {
+fn free_bytes(dir: &Path) -> u64 {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: statvfs is plain data; the call writes only it.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
