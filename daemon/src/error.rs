@@ -19,8 +19,9 @@ pub enum Error {
     NoGroup(String),
     /// The file cannot be given to that group.
     PresentChown(io::Error),
-    /// The file cannot be sized for the segment.
-    PresentResize(io::Error),
+    /// No room for the file's blocks (bytes asked for): its file system
+    /// is full, or does not allocate ahead.
+    PresentAllocate { len: u64, source: io::Error },
     /// The file cannot be mapped.
     PresentMap(io::Error),
     /// The file cannot be renamed over the segment's path.
@@ -32,6 +33,15 @@ pub enum Error {
     // A registered counter segment (registry.rs, table.rs).
     /// Not a memfd sealed against shrinking: it could fault under us.
     NotSealed,
+    /// Not a shmem file (a hugetlbfs memfd, whose punched holes fault
+    /// once the huge pages are gone): its file system's magic number.
+    NotShmem { f_type: u64 },
+    /// Pages its reads would touch have no memory (bytes of them): reading
+    /// them would give the file memory, charged to the daemon.
+    Unbacked { absent: u64 },
+    /// Its user's segments would have more bytes read each tick than the
+    /// budget of a user (`--read-mib-per-user`).
+    OverBudget { charge: u64, held: u64, budget: u64 },
     /// Its size cannot be read.
     SegmentStat(io::Error),
     /// Smaller than a header (bytes).
@@ -81,11 +91,31 @@ impl fmt::Display for Error {
             // What the system says is the whole message: the caller names
             // the file.
             Error::PresentChown(e)
-            | Error::PresentResize(e)
             | Error::PresentMap(e)
             | Error::PresentRename(e)
             | Error::SegmentStat(e) => e.fmt(f),
             Error::NotSealed => f.write_str("segment is not a memfd sealed against shrinking"),
+            Error::PresentAllocate { len, source } => write!(
+                f,
+                "cannot allocate {len} bytes for it ({source}); its file system must have room for all of it"
+            ),
+            Error::NotShmem { f_type } => write!(
+                f,
+                "segment is not a shmem memfd (file system magic {f_type:#x}{}); only plain memfds are followed",
+                if *f_type == 0x9584_58f6 { ", hugetlbfs" } else { "" }
+            ),
+            Error::Unbacked { absent } => write!(
+                f,
+                "segment publishes {absent} bytes it never gave memory to (reading them would allocate it)"
+            ),
+            Error::OverBudget {
+                charge,
+                held,
+                budget,
+            } => write!(
+                f,
+                "segment would be read {charge} bytes a tick, and its user's segments already are {held}: over the {budget} bytes a user may have read (--read-mib-per-user)"
+            ),
             Error::Truncated { len } => write!(f, "segment truncated: {len} bytes"),
             Error::TooLarge { len, max } => {
                 write!(f, "segment of {len} bytes is larger than {max}")

@@ -56,6 +56,26 @@ pub fn create(
     made
 }
 
+/// Gives `f` all its `len` bytes now: a sparse file would take its blocks
+/// as the mapping is first written, and a file system another user filled
+/// meanwhile would answer SIGBUS. The file (new, beside the segment's
+/// path) is dropped if it cannot be: the previous segment stays.
+fn allocate(f: &std::fs::File, len: u64) -> Result<(), Error> {
+    use std::os::fd::AsRawFd;
+    let off = libc::off_t::try_from(len).map_err(|_| Error::PresentAllocate {
+        len,
+        source: std::io::Error::from_raw_os_error(libc::EFBIG),
+    })?;
+    // SAFETY: allocates blocks of our own new file; takes integers only.
+    match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, off) } {
+        0 => Ok(()),
+        e => Err(Error::PresentAllocate {
+            len,
+            source: std::io::Error::from_raw_os_error(e),
+        }),
+    }
+}
+
 /// Sizes, maps and initialises the new segment file `f`.
 fn fill(
     f: std::fs::File,
@@ -67,9 +87,10 @@ fn fill(
         let gid = group_id(g).ok_or_else(|| Error::NoGroup(g.to_string()))?;
         std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(Error::PresentChown)?;
     }
-    f.set_len(len).map_err(Error::PresentResize)?;
+    allocate(&f, len)?;
     // SAFETY: a file only we write (readers map it read-only), of `len`
-    // bytes, which nobody truncates while we run.
+    // bytes, all of them allocated (so a write to the mapping cannot
+    // fault for want of room), which nobody truncates while we run.
     let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(Error::PresentMap)?;
     // SAFETY: `map` is `len` bytes, writable, and outlives the writer
     // (the caller keeps both to the end).

@@ -2,17 +2,21 @@
 //!
 //! Agents send their segment's descriptor over a Unix socket; the kernel
 //! tells us who sent it (SO_PEERCRED), and a segment is accepted only if it
-//! names that process. A segment is mapped read-only only if its memfd is
-//! sealed against shrinking (a process shrinking its file under our
-//! mapping would otherwise kill the daemon with SIGBUS); its bytes are
-//! treated as hostile and validated on every read.
+//! names that process. A segment is mapped read-only only if it is a
+//! shmem memfd (not hugetlbfs, whose pages a hole punched under our
+//! mapping cannot always give back: SIGBUS) sealed against shrinking (a
+//! process shrinking its file under our mapping would otherwise kill the
+//! daemon with SIGBUS); its bytes are treated as hostile and validated on
+//! every read. A read of a shmem page the process never backed would give
+//! it memory, charged to the daemon: the pages a segment's reads touch are
+//! checked to be in memory first (see [`Mapped::charge`]).
 //!
 //! What a segment says about its process is the process's claim; which
 //! executable it runs is the kernel's to say (`/proc/PID/exe`), read when
 //! the process registers and checked to be the one that maps the segment.
 
 use crate::error::Error;
-use rtprof_abi::layout::Header;
+use rtprof_abi::layout::{Header, PAGE};
 use rtprof_abi::protocol;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -288,12 +292,84 @@ pub fn receive(conn: BorrowedFd<'_>, from: Peer) -> Result<Message, RecvError> {
 
 /// The header's page, all a switch request writes.
 const HEADER_PAGE: usize = 4096;
+/// `statfs` f_type of tmpfs and shmem (memfds but hugetlb ones).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// Ticks a segment may have pages absent from what its reads touch
+/// (swapped out, asked back in) before it is refused.
+pub const ABSENT_TICKS: u32 = 3;
+
+/// Byte ranges (offset, length) of a segment, sorted, no two sharing a
+/// page.
+type Ranges = Vec<(u64, u64)>;
+
+/// `cachestat(2)` (Linux 6.5) on x86-64, which the libc crate does not name.
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// How many pages of `[off, off + len)` (page-aligned) of the file behind
+/// `fd` have memory: in the page cache, written or only allocated
+/// (fallocate), or swapped out. `None` if the kernel cannot say.
+fn backed_pages(fd: BorrowedFd<'_>, off: u64, len: u64) -> Option<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    let range = Range { off, len };
+    let mut st = Stat::default();
+    // SAFETY: both structures are laid out as the kernel's and live across
+    // the call; it only reads `range` and writes `st`.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0u32,
+        )
+    };
+    // Swapped-out shmem pages are counted as evicted.
+    (r == 0).then_some(st.cache + st.evicted)
+}
 
 /// A registered segment, mapped read-only, and its header page writable
 /// for the switch requests relayed to its agent.
 pub struct Mapped {
     map: memmap2::Mmap,
     control: Option<memmap2::MmapMut>,
+    /// The header page was found in memory once: reading it gives the
+    /// file no page.
+    header_seen: bool,
+    /// The ranges last found all in memory (see [`Mapped::charge`]), by
+    /// what decides them: fixed by the header, then by its tables.
+    checked: (Ranges, Ranges),
+    /// Both, merged: pages known to have memory, not looked at again.
+    verified: Ranges,
+    /// Ticks in a row with pages absent.
+    absent_ticks: u32,
+    /// Reused for the ranges and `mincore`'s answer.
+    ranges: Ranges,
+    tables: Ranges,
+    resident: Vec<u8>,
+}
+
+/// Whether a segment's reads may go ahead, by the pages they touch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// As last checked: nothing new to charge.
+    Unchanged,
+    /// Every page the reads touch is in memory: this many bytes of them.
+    Resident(u64),
+    /// Some are absent, asked back in (if swapped out): not read this tick.
+    NotYet,
 }
 
 impl Mapped {
@@ -306,6 +382,20 @@ impl Mapped {
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
             return Err(Error::NotSealed);
+        }
+        // Sealed hugetlbfs files may still have holes punched; once the
+        // huge pages are gone, a read of such a hole is SIGBUS. In a shmem
+        // file it gets a page (which [`Mapped::charge`] keeps bounded).
+        // SAFETY: statfs is plain data; all-zero is valid.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `fs` is valid for writes; fstatfs reads only the descriptor.
+        if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) } != 0 {
+            return Err(Error::SegmentStat(io::Error::last_os_error()));
+        }
+        if fs.f_type as i64 != TMPFS_MAGIC {
+            return Err(Error::NotShmem {
+                f_type: fs.f_type as u64,
+            });
         }
         // SAFETY: stat is plain data; all-zero is valid.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -325,15 +415,216 @@ impl Mapped {
             });
         }
         // SAFETY: the file can never shrink below `len` (the seal checked
-        // above), so no page of the mapping can fault; its bytes change
-        // under us, which every reader of them allows for.
+        // above) and is shmem, where a hole punched in it is given a new
+        // page when read, so no page of the mapping can fault; its bytes
+        // change under us, which every reader of them allows for.
         let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
             .map_err(Error::SegmentMap)?;
         // SAFETY: as above; only the request words are written, with
         // atomic stores (the agent reads them concurrently). A descriptor
         // opened read-only gives no relay, nothing else changes.
         let control = unsafe { memmap2::MmapOptions::new().len(HEADER_PAGE).map_mut(fd) }.ok();
-        Ok(Mapped { map, control })
+        Ok(Mapped {
+            map,
+            control,
+            header_seen: false,
+            checked: Default::default(),
+            verified: Vec::new(),
+            absent_ticks: 0,
+            ranges: Vec::new(),
+            tables: Vec::new(),
+            resident: Vec::new(),
+        })
+    }
+
+    /// Pages of `ranges` (offset, length; sorted and merged) of the
+    /// mapping that are in memory, and how many are not.
+    fn residency(&mut self, ranges: &[(u64, u64)]) -> (u64, u64) {
+        let (mut present, mut absent) = (0, 0);
+        for &(off, len) in ranges {
+            let end = (off + len).min(self.map.len() as u64).div_ceil(PAGE) * PAGE;
+            let lo = off / PAGE * PAGE;
+            if end <= lo {
+                continue;
+            }
+            let pages = ((end - lo) / PAGE) as usize;
+            self.resident.clear();
+            self.resident.resize(pages, 0);
+            // SAFETY: a page-aligned range inside our mapping (clamped to
+            // its length, which the kernel rounds up to pages), and one
+            // byte of `resident` per page of it.
+            let r = unsafe {
+                libc::mincore(
+                    self.map.as_ptr().add(lo as usize) as *mut libc::c_void,
+                    (end - lo) as usize,
+                    self.resident.as_mut_ptr(),
+                )
+            };
+            if r != 0 {
+                // Cannot tell: counted as absent.
+                absent += pages as u64;
+                continue;
+            }
+            let here = self.resident.iter().filter(|&&b| b & 1 != 0).count() as u64;
+            present += here;
+            absent += pages as u64 - here;
+        }
+        (present, absent)
+    }
+
+    /// Asks the kernel to bring back the pages of `ranges` that were
+    /// swapped out (for shmem this reads swap only: a hole stays one).
+    fn ask_back(&self, ranges: &[(u64, u64)]) {
+        for &(off, len) in ranges {
+            let end = (off + len).min(self.map.len() as u64).div_ceil(PAGE) * PAGE;
+            let lo = off / PAGE * PAGE;
+            if end > lo {
+                // SAFETY: advice only, on a page-aligned range of our
+                // mapping; it changes no contents.
+                unsafe {
+                    libc::madvise(
+                        self.map.as_ptr().add(lo as usize) as *mut libc::c_void,
+                        (end - lo) as usize,
+                        libc::MADV_WILLNEED,
+                    )
+                };
+            }
+        }
+    }
+
+    /// Whether every page this tick's reads of the segment touch (header
+    /// `h`, read from [`Mapped::bytes`], and the tables it names) is in
+    /// memory: a real agent gives memory to all it publishes before it
+    /// publishes it, and reading a page it did not would give the file
+    /// one, charged to us. Only pages not verified before are looked at,
+    /// when the ranges change (`mincore`: pages allocated by fallocate
+    /// but never written look absent to it, so what the agent reserved
+    /// that way is verified at registration, [`Mapped::verify`]). A page
+    /// taken away after it was verified is given back by our read once,
+    /// and counts as present from then on. Pages absent [`ABSENT_TICKS`]
+    /// in a row refuse the segment.
+    pub fn charge(&mut self, h: &Header) -> Result<Charge, Error> {
+        let mut fixed = std::mem::take(&mut self.ranges);
+        fixed_ranges(h, &mut fixed);
+        let same_fixed = fixed == self.checked.0;
+        if !same_fixed {
+            let new = subtract(&fixed, &self.verified);
+            let (_, absent) = self.residency(&new);
+            if absent > 0 {
+                return self.absent(fixed, &new, absent);
+            }
+        }
+        // The tables the fixed ranges hold are in memory: reading them
+        // gives the file no page.
+        let mut tables = std::mem::take(&mut self.tables);
+        table_ranges(&self.map, h, &mut tables);
+        if same_fixed && tables == self.checked.1 {
+            self.ranges = fixed;
+            self.tables = tables;
+            self.absent_ticks = 0;
+            return Ok(Charge::Unchanged);
+        }
+        let new = subtract(&tables, &self.verified);
+        let (_, absent) = self.residency(&new);
+        if absent > 0 {
+            self.tables = tables;
+            return self.absent(fixed, &new, absent);
+        }
+        Ok(Charge::Resident(self.verified(fixed, tables)))
+    }
+
+    /// Takes `fixed` and `tables` as checked and their pages as verified:
+    /// the bytes of those pages.
+    fn verified(&mut self, fixed: Ranges, tables: Ranges) -> u64 {
+        self.verified.clear();
+        self.verified.extend_from_slice(&fixed);
+        self.verified.extend_from_slice(&tables);
+        merge(&mut self.verified);
+        let bytes = page_bytes(&self.verified, self.map.len() as u64);
+        self.absent_ticks = 0;
+        self.ranges = std::mem::replace(&mut self.checked.0, fixed);
+        self.tables = std::mem::replace(&mut self.checked.1, tables);
+        bytes
+    }
+
+    /// At registration, with the segment's descriptor: whether every page
+    /// its reads touch has memory, written or only allocated (as the agent
+    /// of a forked child reserves the counters it copies no value into),
+    /// and the bytes of them. `Ok(None)` if that cannot be told now (no
+    /// header yet, or a kernel without `cachestat`): [`Mapped::charge`]
+    /// looks at every page then.
+    pub fn verify(&mut self, fd: &OwnedFd) -> Result<Option<u64>, Error> {
+        let Some(bytes) = self.look() else {
+            return Ok(None);
+        };
+        let Ok(h) = rtprof_abi::read_header(bytes) else {
+            return Ok(None);
+        };
+        self.check_size(&h)?;
+        let (mut fixed, mut tables) = (Vec::new(), Vec::new());
+        fixed_ranges(&h, &mut fixed);
+        // The tables are read only once the pages holding them are known
+        // to have memory.
+        self.backed(fd, &fixed, &[])?;
+        table_ranges(&self.map, &h, &mut tables);
+        self.backed(fd, &tables, &fixed)?;
+        Ok(Some(self.verified(fixed, tables)))
+    }
+
+    /// Refuses the segment behind `fd` unless every page of `ranges` has
+    /// memory. Without `cachestat` (Linux before 6.5), the file must have
+    /// at least as much memory as `ranges` and `before` (checked already)
+    /// together, wherever it is: a read can then give it no more pages
+    /// than its process paid for.
+    fn backed(
+        &self,
+        fd: &OwnedFd,
+        ranges: &[(u64, u64)],
+        before: &[(u64, u64)],
+    ) -> Result<(), Error> {
+        let mut absent = 0;
+        for &(off, len) in ranges {
+            let (lo, hi) = (off / PAGE * PAGE, (off + len).div_ceil(PAGE) * PAGE);
+            let Some(n) = backed_pages(fd.as_fd(), lo, hi - lo) else {
+                let mut all = [ranges, before].concat();
+                merge(&mut all);
+                let need = page_bytes(&all, self.map.len() as u64);
+                // SAFETY: stat is plain data; all-zero is valid.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: `st` is valid for writes; fstat reads only the descriptor.
+                if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+                    return Err(Error::SegmentStat(io::Error::last_os_error()));
+                }
+                let have = st.st_blocks as u64 * 512;
+                return match need.checked_sub(have) {
+                    Some(absent @ 1..) => Err(Error::Unbacked { absent }),
+                    _ => Ok(()),
+                };
+            };
+            absent += ((hi - lo) / PAGE).saturating_sub(n);
+        }
+        match absent {
+            0 => Ok(()),
+            _ => Err(Error::Unbacked {
+                absent: absent * PAGE,
+            }),
+        }
+    }
+
+    /// `absent` pages of `new` (of `ranges`, what the reads touch, those
+    /// not verified before) are not in memory: not read this tick, and
+    /// refused after [`ABSENT_TICKS`].
+    fn absent(&mut self, ranges: Ranges, new: &[(u64, u64)], absent: u64) -> Result<Charge, Error> {
+        self.checked = Default::default();
+        self.absent_ticks += 1;
+        self.ask_back(new);
+        self.ranges = ranges;
+        if self.absent_ticks >= ABSENT_TICKS {
+            return Err(Error::Unbacked {
+                absent: absent * PAGE,
+            });
+        }
+        Ok(Charge::NotYet)
     }
 
     /// Whether this segment takes switch requests: mapped writable, and
@@ -407,10 +698,20 @@ impl Mapped {
         unsafe { std::sync::atomic::AtomicU32::from_ptr(base.add(off) as *mut u32) }
     }
 
-    /// The segment's bytes; `None` while the agent has not written its
-    /// header yet.
+    /// The segment's bytes, once its header page was found in memory
+    /// ([`Mapped::look`]); `None` before, and while the agent has not
+    /// written its header.
     pub fn bytes(&self) -> Option<&[u8]> {
-        (self.map[..8] != [0; 8]).then_some(&self.map[..])
+        (self.header_seen && self.map[..8] != [0; 8]).then_some(&self.map[..])
+    }
+
+    /// [`Mapped::bytes`], looking first whether the header page has
+    /// memory yet (reading it before would give it some).
+    pub fn look(&mut self) -> Option<&[u8]> {
+        if !self.header_seen {
+            self.header_seen = self.residency(&[(0, HEADER_PAGE as u64)]) == (1, 0);
+        }
+        self.bytes()
     }
 
     /// Refuses a segment that asks for more reading each tick than any
@@ -423,6 +724,157 @@ impl Mapped {
         }
         Ok(())
     }
+}
+
+/// Adds `(off, len)` to `out` if it is not empty.
+fn push(out: &mut Vec<(u64, u64)>, off: u64, len: u64) {
+    if len > 0 {
+        out.push((off, len));
+    }
+}
+
+/// Bytes of the pages of `ranges` (sorted and merged) within `len`.
+fn page_bytes(ranges: &[(u64, u64)], len: u64) -> u64 {
+    ranges
+        .iter()
+        .map(|&(off, n)| (off + n).min(len).div_ceil(PAGE).saturating_sub(off / PAGE) * PAGE)
+        .sum()
+}
+
+/// Sorts `ranges` and merges those that share a page.
+fn merge(ranges: &mut Vec<(u64, u64)>) {
+    ranges.sort_unstable();
+    // In place: this runs for every segment every tick.
+    let mut kept: usize = 0;
+    for i in 0..ranges.len() {
+        let (off, len) = ranges[i];
+        let end = off.saturating_add(len);
+        if let Some((o, l)) = kept.checked_sub(1).map(|k| &mut ranges[k]) {
+            if (*o + *l).div_ceil(PAGE) * PAGE > off / PAGE * PAGE {
+                *l = (*o + *l).max(end) - *o;
+                continue;
+            }
+        }
+        ranges[kept] = (off, end - off);
+        kept += 1;
+    }
+    ranges.truncate(kept);
+}
+
+/// The pages of `a` that are in none of `b` (both sorted and merged), as
+/// byte ranges of whole pages.
+fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Ranges {
+    let pages = |&(off, len): &(u64, u64)| (off / PAGE, (off + len).div_ceil(PAGE));
+    let mut out = Vec::new();
+    let mut b = b.iter().map(pages).peekable();
+    for (mut lo, hi) in a.iter().map(pages) {
+        while lo < hi {
+            // Ranges of `b` wholly before `lo` are of no more use.
+            while b.peek().is_some_and(|&(_, bh)| bh <= lo) {
+                b.next();
+            }
+            match b.peek() {
+                Some(&(bl, bh)) if bl <= lo => lo = bh.min(hi),
+                Some(&(bl, _)) if bl < hi => {
+                    out.push((lo * PAGE, (bl - lo) * PAGE));
+                    lo = bl;
+                }
+                _ => {
+                    out.push((lo * PAGE, (hi - lo) * PAGE));
+                    lo = hi;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The ranges (offset, length) of a segment that its reads touch and that
+/// header `h` alone decides (checked against the file by
+/// `read_header`): the header with its cost words, the module and
+/// function records and names in use, the functions' samples, the stripe
+/// table and the per-thread samples' head. A real agent has written all
+/// of them (pages it reserved with fallocate but never wrote would look
+/// absent).
+fn fixed_ranges(h: &Header, out: &mut Vec<(u64, u64)>) {
+    use rtprof_abi::layout::{cost, FunctionRecord, ModuleRecord, TableHead};
+    use std::mem::size_of;
+    out.clear();
+    let (funcs, stripes) = (h.func_count as u64, h.stripe_count.min(h.stripe_cap) as u64);
+    // The header, the request area and the cost words.
+    const _: () = assert!(cost::END <= HEADER_PAGE);
+    push(out, 0, HEADER_PAGE as u64);
+    let module = size_of::<ModuleRecord>() as u64;
+    push(out, h.modules_off, h.module_count as u64 * module);
+    let function = size_of::<FunctionRecord>() as u64;
+    push(out, h.funcs_off, funcs * function);
+    push(out, h.strings_off, h.strings_len as u64);
+    push(out, h.samples_off, funcs * 8);
+    push(out, h.stripe_table_off, stripes * 8);
+    // The head only: the agent reserves the stripes' sample words with it
+    // (fallocate), but writes a word only when its thread is sampled, and
+    // a page reserved but never written looks absent. They are read for
+    // the threads followed (at most 64) only.
+    if h.thread_samples_off != 0 {
+        push(out, h.thread_samples_off, size_of::<TableHead>() as u64);
+    }
+    merge(out);
+}
+
+/// The ranges that the tables in the fixed ranges decide: the stripes
+/// counted (the stripe table says which) and the written parts of the
+/// per-thread sample table (its head says which), as the reader takes
+/// them (`rtprof_abi::sum_calls`, `thread_function_samples`).
+fn table_ranges(bytes: &[u8], h: &Header, out: &mut Vec<(u64, u64)>) {
+    use rtprof_abi::layout::{stripe_state, thread_entries_off, TableHead, VERSION};
+    use std::mem::offset_of;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    out.clear();
+    let word = |off: u64| -> u64 {
+        let o = off as usize;
+        match bytes.get(o..o + 8) {
+            // SAFETY: 8 bytes inside the mapping, 8-aligned (checked),
+            // written by the agent with whole aligned stores.
+            Some(b) if (b.as_ptr() as usize).is_multiple_of(8) => unsafe {
+                AtomicU64::from_ptr(b.as_ptr() as *mut u64).load(Ordering::Acquire)
+            },
+            _ => 0,
+        }
+    };
+    let generation = word(offset_of!(Header, fold_seq) as u64) / 2;
+    let live = h.func_count as u64 * 8;
+    for s in 0..h.stripe_count.min(h.stripe_cap) as u64 {
+        let slot = word(h.stripe_table_off + s * 8);
+        let (state, tid) = (slot as u32, (slot >> 32) as u32);
+        // What the reader sums of this generation or the next, and the
+        // stripes of live threads.
+        let read = if h.version >= VERSION {
+            stripe_state::counted(state, tid, generation)
+                || stripe_state::counted(state, tid, generation + 1)
+                || state == stripe_state::LIVE
+        } else {
+            state != stripe_state::FREE
+        };
+        if read {
+            push(out, h.stripes_off + s * h.stripe_bytes, live);
+        }
+    }
+    if h.thread_samples_off != 0 {
+        let head = h.thread_samples_off;
+        let cap = word(head + offset_of!(TableHead, cap) as u64) as u32 as u64;
+        let dirty = word(head + offset_of!(TableHead, dirty) as u64);
+        let first = thread_entries_off(head, h.stripe_cap);
+        if cap.is_power_of_two()
+            && (64..=1 << 20).contains(&cap)
+            && first + cap * 16 <= h.total_size
+        {
+            let group = cap / 64 * 16;
+            for bit in (0..64).filter(|b| dirty & 1 << b != 0) {
+                push(out, first + bit * group, group);
+            }
+        }
+    }
+    merge(out);
 }
 
 /// The socket the agent in process `pid` registers at: its
@@ -518,4 +970,21 @@ pub fn discover(socket: &Path) -> Vec<Registered> {
         out.push(Registered { fd, pid, uid, exe });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_by_page_and_subtract_whole_pages() {
+        let mut r = vec![(8192, 10), (0, 100), (4000, 200), (20480, 4096)];
+        merge(&mut r);
+        assert_eq!(r, [(0, 4200), (8192, 10), (20480, 4096)]);
+        let verified = [(0, 4096), (8192, 4096)];
+        // Pages 1, 5 (and none of 0 or 2).
+        assert_eq!(subtract(&r, &verified), [(4096, 4096), (20480, 4096)]);
+        assert_eq!(subtract(&r, &[]), [(0, 8192), (8192, 4096), (20480, 4096)]);
+        assert!(subtract(&verified, &[(0, 1 << 20)]).is_empty());
+    }
 }

@@ -67,6 +67,11 @@ struct Args {
     /// Segments followed at most per user (at most half of --max-segments).
     #[arg(long, default_value_t = 4096)]
     max_segments_per_user: usize,
+    /// MiB the segments of one user may have read each tick, counted in
+    /// the pages of them those reads touch (all of which must have memory
+    /// already); a segment beyond it is refused.
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    read_mib_per_user: u64,
     /// Seconds over which each user's refusals of one kind are logged at
     /// most ten times; the rest are counted in one summary line.
     #[arg(long, default_value_t = 10)]
@@ -285,6 +290,7 @@ impl Daemon {
         let mut table = Table::new(table::Caps {
             per_user: a.max_segments_per_user,
             total: a.max_segments,
+            read_per_user: a.read_mib_per_user << 20,
         });
         table.set_thread_rows(a.thread_rows);
         let acceptor = Acceptor::new(

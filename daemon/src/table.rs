@@ -8,7 +8,9 @@
 
 use crate::error::Error;
 use crate::log::{Kind, Limiter};
-use crate::registry::{ExeError, Mapped, Registered, RouteRequest, SwitchRequest, UNVERIFIED_EXE};
+use crate::registry::{
+    Charge, ExeError, Mapped, Registered, RouteRequest, SwitchRequest, UNVERIFIED_EXE,
+};
 use crate::slots::Slots;
 use crate::spans::{self, Tracked};
 use rtprof_abi::layout::{control, state};
@@ -29,6 +31,44 @@ const MAX_PENDING: usize = 16;
 pub struct Caps {
     pub per_user: usize,
     pub total: usize,
+    /// Bytes the segments of one user may have read each tick, counted
+    /// in the pages those reads touch (`--read-mib-per-user`).
+    pub read_per_user: u64,
+}
+
+/// What each user's segments have read each tick, against their budget.
+#[derive(Default)]
+struct Budget {
+    per_user: u64,
+    held: HashMap<u32, u64>,
+}
+
+impl Budget {
+    /// Charges `new` bytes for a segment of `uid` that was charged
+    /// `*charge` so far, if the user stays within the budget.
+    fn take(&mut self, uid: u32, charge: &mut u64, new: u64) -> Result<(), Error> {
+        let held = self.held.get(&uid).copied().unwrap_or(0) - *charge;
+        if held.saturating_add(new) > self.per_user {
+            return Err(Error::OverBudget {
+                charge: new,
+                held,
+                budget: self.per_user,
+            });
+        }
+        self.held.insert(uid, held + new);
+        *charge = new;
+        Ok(())
+    }
+
+    /// Gives back what a segment of `uid` was charged.
+    fn give_back(&mut self, uid: u32, charge: u64) {
+        if let Some(n) = self.held.get_mut(&uid) {
+            *n -= charge;
+            if *n == 0 {
+                self.held.remove(&uid);
+            }
+        }
+    }
 }
 
 /// Why a registration was not taken.
@@ -77,6 +117,8 @@ struct Entry {
     /// The claim (see [`Tracked::claimed`]) last logged.
     logged_claim: Option<String>,
     map: Mapped,
+    /// Bytes its reads touch each tick, charged to its user.
+    charge: u64,
     tracked: Option<Tracked>,
     /// Ticks it has stayed unreadable (an agent still starting).
     unfilled: u32,
@@ -100,12 +142,23 @@ impl Entry {
         thread_top: usize,
         slots: &mut Slots,
         scratch: &mut spans::Counts,
+        budget: &mut Budget,
     ) -> Result<Option<spans::Seen>, Error> {
-        let Some(bytes) = self.map.bytes() else {
+        let Some(bytes) = self.map.look() else {
             return Ok(None);
         };
         let h = rtprof_abi::read_header(bytes).map_err(Error::Unreadable)?;
         self.map.check_size(&h)?;
+        // Nothing but the header is read before every page the reads
+        // touch is known to have memory, within the user's budget.
+        match self.map.charge(&h)? {
+            Charge::Unchanged => {}
+            Charge::NotYet => return Ok(None),
+            Charge::Resident(bytes) => budget.take(self.uid, &mut self.charge, bytes)?,
+        }
+        let Some(bytes) = self.map.bytes() else {
+            return Ok(None);
+        };
         let seen = match &mut self.tracked {
             Some(t) => t.observe(bytes, &h, now, span_ns, slots, scratch),
             None => Tracked::new(bytes, &h, &self.exe, now, span_ns, slots, scratch).map(
@@ -173,6 +226,7 @@ pub struct Table {
     slots: Slots,
     /// What each process's counters are read into, in turn.
     scratch: spans::Counts,
+    budget: Budget,
 }
 
 impl Table {
@@ -182,6 +236,7 @@ impl Table {
                 // One user never fills the table.
                 per_user: caps.per_user.min(caps.total / 2).max(1),
                 total: caps.total.max(2),
+                read_per_user: caps.read_per_user,
             },
             entries: BTreeMap::new(),
             next: 0,
@@ -191,6 +246,10 @@ impl Table {
             thread_top: 0,
             slots: Slots::default(),
             scratch: spans::Counts::default(),
+            budget: Budget {
+                per_user: caps.read_per_user,
+                held: HashMap::new(),
+            },
         }
     }
 
@@ -227,12 +286,21 @@ impl Table {
                 held: self.entries.len(),
             });
         }
-        let map = Mapped::open(&reg.fd).map_err(|e| {
-            self.rejected += 1;
+        let refused = |t: &mut Table, e| {
+            t.rejected += 1;
             RegistrationRefusal::Segment(e)
-        })?;
+        };
+        let mut map = Mapped::open(&reg.fd).map_err(|e| refused(self, e))?;
+        // While its descriptor is at hand (see `Mapped::verify`).
+        let verified = map.verify(&reg.fd).map_err(|e| refused(self, e))?;
         if let Some(v) = victim {
             self.remove(v);
+        }
+        let mut charge = 0;
+        if let Some(bytes) = verified {
+            self.budget
+                .take(reg.uid, &mut charge, bytes)
+                .map_err(|e| refused(self, e))?;
         }
         let seq = self.next;
         self.next += 1;
@@ -245,6 +313,7 @@ impl Table {
                 unverified: reg.exe.err(),
                 logged_claim: None,
                 map,
+                charge,
                 tracked: None,
                 unfilled: 0,
                 pending: VecDeque::new(),
@@ -262,20 +331,24 @@ impl Table {
     /// The entry of followed process `pid` whose segment takes a request
     /// from user `uid` (its own user or root): the newest registration of
     /// the pid, its running image.
-    fn requestable(&self, uid: u32, pid: u32) -> Result<u64, Error> {
+    fn requestable(&mut self, uid: u32, pid: u32) -> Result<u64, Error> {
         let key = self
             .by_pid
             .get(&pid)
             .and_then(|seqs| seqs.last())
             .copied()
             .ok_or(Error::NotFollowed { pid })?;
-        let e = self.entries.get(&key).ok_or(Error::NotFollowed { pid })?;
+        let e = self
+            .entries
+            .get_mut(&key)
+            .ok_or(Error::NotFollowed { pid })?;
         if uid != 0 && uid != e.uid {
             return Err(Error::OtherUser { pid });
         }
+        // A request may come before the first tick has read the segment.
         let h = e
             .map
-            .bytes()
+            .look()
             .and_then(|b| rtprof_abi::read_header(b).ok())
             .ok_or(Error::Starting { pid })?;
         if !e.map.takes_requests(&h) {
@@ -392,6 +465,7 @@ impl Table {
 
     fn remove(&mut self, seq: u64) -> Option<Entry> {
         let mut e = self.entries.remove(&seq)?;
+        self.budget.give_back(e.uid, e.charge);
         if let Some(t) = &mut e.tracked {
             t.release(&mut self.slots);
         }
@@ -418,7 +492,14 @@ impl Table {
         let mut gone = Vec::new();
         for (&seq, e) in &mut self.entries {
             let top = self.thread_top;
-            let seen = match e.observe(now, span_ns, top, &mut self.slots, &mut self.scratch) {
+            let seen = match e.observe(
+                now,
+                span_ns,
+                top,
+                &mut self.slots,
+                &mut self.scratch,
+                &mut self.budget,
+            ) {
                 Ok(Some(s)) => s,
                 Ok(None) if e.unfilled < UNFILLED_TICKS => {
                     e.unfilled += 1;
@@ -565,6 +646,7 @@ mod tests {
     use rtprof_abi::layout::{Capacities, Layout};
     use rtprof_abi::SegmentWriter;
     use std::cell::RefCell;
+    use std::os::fd::AsRawFd;
     use std::os::fd::{FromRawFd, OwnedFd};
     use std::rc::Rc;
     use std::time::Duration;
@@ -625,6 +707,7 @@ mod tests {
     }
 
     const CAPS: Caps = Caps {
+        read_per_user: 1 << 30,
         per_user: 100,
         total: 1000,
     };
@@ -673,6 +756,7 @@ mod tests {
     fn each_user_holds_at_most_its_share() {
         // Asked for all 10: a user gets half.
         let mut t = Table::new(Caps {
+            read_per_user: 1 << 30,
             per_user: 10,
             total: 10,
         });
@@ -699,6 +783,7 @@ mod tests {
     #[test]
     fn a_pid_at_its_limit_replaces_its_own_even_at_the_users_cap() {
         let mut t = Table::new(Caps {
+            read_per_user: 1 << 30,
             per_user: PER_PID,
             total: 1000,
         });
@@ -724,5 +809,183 @@ mod tests {
             "{r:?}"
         );
         assert_eq!(t.len(), 0);
+    }
+
+    /// A memfd of `bytes`' length holding only its non-zero pages, sealed.
+    fn sparse(bytes: &[u8]) -> OwnedFd {
+        // SAFETY: plain system calls on a descriptor we create and own;
+        // every write is from inside `bytes`.
+        unsafe {
+            let fd = libc::memfd_create(
+                rtprof_abi::protocol::SEGMENT_MEMFD.as_ptr(),
+                libc::MFD_ALLOW_SEALING,
+            );
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, bytes.len() as i64), 0);
+            for (i, page) in bytes.chunks(4096).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    let n = libc::pwrite(fd, page.as_ptr().cast(), page.len(), i as i64 * 4096);
+                    assert_eq!(n, page.len() as isize);
+                }
+            }
+            assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+            OwnedFd::from_raw_fd(fd)
+        }
+    }
+
+    fn blocks(fd: &OwnedFd) -> i64 {
+        // SAFETY: stat is plain data; fstat writes only it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let fd = fd.as_raw_fd();
+        // SAFETY: `st` is valid for writes; fstat reads only the descriptor.
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        st.st_blocks
+    }
+
+    /// A running segment of this process with room for 4,096 functions,
+    /// whose header claims them all, as bytes.
+    fn claiming_4096() -> Vec<u8> {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 4096,
+            strings: 64,
+            stripes: 1,
+        });
+        let me = std::process::id();
+        let mut mem = vec![0u64; layout.total_size as usize / 8];
+        // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
+        let mut w = unsafe { SegmentWriter::init(mem.as_mut_ptr().cast(), layout, me, 1, 5) };
+        w.set_exe(b"/bin/app").unwrap();
+        w.add_module(b"/bin/app", 0).unwrap();
+        w.counters().set_state(state::RUNNING);
+        let mut bytes: Vec<u8> = mem.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let at = std::mem::offset_of!(rtprof_abi::layout::Header, func_count);
+        bytes[at..at + 4].copy_from_slice(&4096u32.to_le_bytes());
+        bytes
+    }
+
+    fn registered(fd: &OwnedFd) -> Registered {
+        Registered {
+            fd: fd.try_clone().unwrap(),
+            pid: std::process::id(),
+            uid: 0,
+            exe: Ok("/bin/app".into()),
+        }
+    }
+
+    #[test]
+    fn counters_published_without_memory_are_refused_unread() {
+        // 4,096 functions claimed, their records, samples and counters
+        // never written: holes.
+        let bytes = claiming_4096();
+        let fd = sparse(&bytes);
+        let before = blocks(&fd);
+        let mut t = Table::new(CAPS);
+        // At registration, when the header is there.
+        let e = t.admit(registered(&fd)).unwrap_err();
+        assert!(e.to_string().contains("never gave memory"), "{e}");
+        assert_eq!((t.len(), t.rejected), (0, 1));
+        // Or on reading, when it comes later.
+        let page = 4096;
+        let late = sparse(&vec![0; bytes.len()]);
+        t.admit(registered(&late)).unwrap();
+        // SAFETY: writes the header page into our own file.
+        let n = unsafe { libc::pwrite(late.as_raw_fd(), bytes.as_ptr().cast(), page, 0) };
+        assert_eq!(n, page as isize);
+        let (mut log, seen) = quiet();
+        for i in 0..crate::registry::ABSENT_TICKS as u64 {
+            assert_eq!(t.len(), 1);
+            t.observe((100 + i) * S, 5 * S, &mut log);
+        }
+        assert_eq!(t.len(), 0);
+        let seen = seen.borrow();
+        assert!(
+            seen.iter().any(|l| l.contains("never gave memory")),
+            "{seen:?}"
+        );
+        assert_eq!(blocks(&fd), before, "reading gave the file memory");
+        assert_eq!(blocks(&late), 8, "reading gave the file memory");
+        assert!(t.budget.held.is_empty());
+    }
+
+    /// As the agent of a forked child leaves its segment: counters
+    /// allocated (fallocate) but never written, which `mincore` calls
+    /// absent.
+    #[test]
+    fn counters_allocated_but_never_written_are_followed() {
+        let layout = Layout::new(Capacities {
+            modules: 1,
+            functions: 4096,
+            strings: 8 * 4096,
+            stripes: 1,
+        });
+        let mut mem = vec![0u64; layout.total_size as usize / 8];
+        // SAFETY: `mem` is the layout's size, 8-aligned, and outlives `w`.
+        let mut w = unsafe {
+            SegmentWriter::init(mem.as_mut_ptr().cast(), layout, std::process::id(), 1, 5)
+        };
+        w.set_exe(b"/bin/app").unwrap();
+        w.add_module(b"/bin/app", 0).unwrap();
+        for f in 0..4096u64 {
+            w.add_function(format!("f{f}").as_bytes(), 16 * f, 16)
+                .unwrap();
+        }
+        w.counters().set_state(state::RUNNING);
+        // Records and names written; samples and counters all zero, so
+        // holes in the file, then allocated only.
+        let bytes: Vec<u8> = mem.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let h = rtprof_abi::read_header(&bytes).unwrap();
+        let fd = sparse(&bytes);
+        for (off, len) in [(h.samples_off, 4096 * 8), (h.stripes_off, 4096 * 8)] {
+            // SAFETY: allocates blocks of our own file.
+            let r = unsafe { libc::fallocate(fd.as_raw_fd(), 0, off as i64, len) };
+            assert_eq!(r, 0);
+        }
+        let mut t = Table::new(CAPS);
+        t.admit(registered(&fd)).unwrap();
+        assert!(t.budget.held[&0] >= 2 * 4096 * 8);
+        let (mut log, seen) = quiet();
+        for i in 0..5 {
+            t.observe((100 + i) * S, 5 * S, &mut log);
+        }
+        assert_eq!(t.len(), 1, "{:?}", seen.borrow());
+    }
+
+    #[test]
+    fn what_a_users_segments_have_read_is_bounded() {
+        let me = std::process::id();
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let (mut log, _) = quiet();
+        // What one segment's reads touch, charged at registration.
+        let mut t = Table::new(CAPS);
+        t.admit(reg(&segment(me, 5), me, 7)).unwrap();
+        let one = t.budget.held[&7];
+        assert!((4096..=4 * 4096).contains(&one), "{one}");
+        t.observe(100 * S, 5 * S, &mut log);
+        assert_eq!(t.budget.held[&7], one);
+        // Room for one and a half: the second of the same user is refused,
+        // another user's is not.
+        let mut t = Table::new(Caps {
+            read_per_user: one + one / 2,
+            ..CAPS
+        });
+        t.admit(reg(&segment(me, 5), me, 7)).unwrap();
+        let e = t
+            .admit(reg(&segment(other.id(), 5), other.id(), 7))
+            .unwrap_err();
+        assert!(e.to_string().contains("--read-mib-per-user"), "{e}");
+        t.observe(100 * S, 5 * S, &mut log);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.budget.held[&7], one);
+        t.admit(reg(&segment(other.id(), 5), other.id(), 8))
+            .unwrap();
+        t.observe(101 * S, 5 * S, &mut log);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.budget.held[&8], one);
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }

@@ -35,6 +35,12 @@ pub enum TokenError {
     Mode { path: PathBuf, mode: u32 },
     /// Too short (after trimming white space) or too long.
     Length { path: PathBuf, len: u64 },
+    /// Its directory is owned by someone who is neither root nor the
+    /// daemon's user: they could replace the token, or take it.
+    DirOwner { dir: PathBuf, uid: u32 },
+    /// Its directory may be written by group or others: they could
+    /// replace the token.
+    DirMode { dir: PathBuf, mode: u32 },
 }
 
 impl fmt::Display for TokenError {
@@ -56,6 +62,16 @@ impl fmt::Display for TokenError {
                 "{}: mode {mode:04o}: group or others may read or write it (chmod 600)",
                 path.display()
             ),
+            TokenError::DirOwner { dir, uid } => write!(
+                f,
+                "directory {} is owned by uid {uid}, neither root nor this daemon's user: the token must be kept in a directory of theirs",
+                dir.display()
+            ),
+            TokenError::DirMode { dir, mode } => write!(
+                f,
+                "directory {}: mode {mode:04o}: group or others may write it, and so replace the token (chmod go-w, or another directory)",
+                dir.display()
+            ),
             TokenError::Length { path, len } => write!(
                 f,
                 "{}: a token of {len} bytes (between {MIN_TOKEN} and {MAX_TOKEN} wanted)",
@@ -69,6 +85,23 @@ impl std::error::Error for TokenError {}
 
 /// The token in `path`, made first if there is no file there.
 pub fn load_or_create(path: &Path) -> Result<Vec<u8>, TokenError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.exists() {
+        // Made by us, ours alone (whatever the umask lets through).
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| TokenError::Create {
+                path: path.into(),
+                source,
+            })?;
+    }
+    check_dir(dir)?;
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => create(path),
         Err(source) => Err(TokenError::Read {
@@ -77,6 +110,30 @@ pub fn load_or_create(path: &Path) -> Result<Vec<u8>, TokenError> {
         }),
         Ok(_) => load(path),
     }
+}
+
+/// Refuses a directory that someone but root and the daemon's user owns
+/// or may write: the token kept there could be replaced or read.
+fn check_dir(dir: &Path) -> Result<(), TokenError> {
+    let m = std::fs::metadata(dir).map_err(|source| TokenError::Read {
+        path: dir.into(),
+        source,
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != 0 && m.uid() != me {
+        return Err(TokenError::DirOwner {
+            dir: dir.into(),
+            uid: m.uid(),
+        });
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(TokenError::DirMode {
+            dir: dir.into(),
+            mode: m.mode() & 0o7777,
+        });
+    }
+    Ok(())
 }
 
 fn load(path: &Path) -> Result<Vec<u8>, TokenError> {
@@ -144,9 +201,6 @@ fn create(path: &Path) -> Result<Vec<u8>, TokenError> {
         path: path.into(),
         source,
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
     // Never over someone else's file or link (create_new: O_EXCL).
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -214,6 +268,35 @@ mod tests {
         std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
         let e = load_or_create(&short).unwrap_err();
         assert!(matches!(e, TokenError::Length { len: 3, .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_directory_others_may_write_or_own_is_refused() {
+        let d = dir("dirs");
+        let open = d.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = load_or_create(&open.join("t")).unwrap_err();
+        assert!(matches!(e, TokenError::DirMode { mode: 0o1777, .. }), "{e}");
+        assert!(!open.join("t").exists());
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let e = load_or_create(&open.join("t")).unwrap_err();
+        assert!(matches!(e, TokenError::DirMode { mode: 0o775, .. }), "{e}");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = d.join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+            let e = load_or_create(&theirs.join("t")).unwrap_err();
+            assert!(matches!(e, TokenError::DirOwner { uid: 65534, .. }), "{e}");
+            assert!(!theirs.join("t").exists());
+        }
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            load_or_create(&open.join("t")).unwrap().len(),
+            2 * TOKEN_BYTES
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 
