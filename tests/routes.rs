@@ -529,7 +529,9 @@ fn the_acting_scheduler_moves_the_slot_between_two_programs() {
     let log = dir.join("scheduler.log");
     let mut scheduler = Killed(
         Command::new(rtprof().with_file_name("scheduler"))
-            .args(["--act", "--slots", "1", "--socket"])
+            // A slot is held one span at least: the phases below last
+            // five spans each.
+            .args(["--act", "--slots", "1", "--min-spans", "1", "--socket"])
             .arg(&d.socket)
             .arg("--present")
             .arg(&d.present)
