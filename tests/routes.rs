@@ -986,3 +986,91 @@ fn examples_answer_help_and_refuse_unknown_options() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Where people look, a routed function shows which implementation runs
+/// its calls and what is offered: `rtprof report`, `rtprof top` and
+/// rtprofd's `/metrics` (`rtprof_route_active`).
+#[test]
+fn routes_are_visible_in_report_top_and_metrics() {
+    let dir = scratch("routes-visible");
+    let bin = compile_offers(&dir);
+    let port = free_port();
+    let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
+    cmd.args([
+        "--tick",
+        "100",
+        "--span",
+        "500",
+        "--metrics-public",
+        "--metrics",
+    ])
+    .arg(format!("127.0.0.1:{port}"))
+    .stderr(Stdio::null());
+    let d = Rtprofd::start(cmd, &dir);
+    let p = Program::start(&bin, &["serve"], &d, &dir.join("r.json"), &[]);
+    let pid = p.pid();
+    route_ok(&d, pid, "work", "fast");
+    let pid_s = pid.to_string();
+    let view = |args: &[&str]| -> String {
+        let o = Command::new(rtprof())
+            .args(args)
+            .args(["--pid", &pid_s, "--present"])
+            .arg(&d.present)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let report = poll(
+        "the route in rtprof report",
+        Duration::from_secs(10),
+        || {
+            let t = view(&["report"]);
+            t.contains("(runs the calls)").then_some(t)
+        },
+    );
+    let line = |text: &str, what: &str| -> String {
+        text.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what}: {text}"))
+            .to_string()
+    };
+    assert!(
+        line(&report, "work [fast]").ends_with("(runs the calls)"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "work [twin]").ends_with("(offered)"),
+        "{report}"
+    );
+    let own = report
+        .lines()
+        .find(|l| l.contains("  work  "))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        own.ends_with("(offers fast, twin; calls go to fast)"),
+        "{own}"
+    );
+    let top = view(&["top", "--plain", "--iterations", "1"]);
+    assert!(top.contains("work [fast] (runs)"), "{top}");
+    assert!(top.contains("work (routed away)"), "{top}");
+    let metrics = poll("rtprof_route_active", Duration::from_secs(10), || {
+        let a = http_get(port, "/metrics", &[])?;
+        a.body.contains("rtprof_route_active").then_some(a.body)
+    });
+    let gauge = |implementation: &str| -> String {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("rtprof_route_active{")
+                    && l.contains(&format!("pid=\"{pid}\""))
+                    && l.contains("function=\"work\"")
+                    && l.contains(&format!("implementation=\"{implementation}\""))
+            })
+            .unwrap_or_else(|| panic!("no gauge for {implementation}: {metrics}"))
+            .to_string()
+    };
+    assert!(gauge("fast").ends_with(" 1"), "{metrics}");
+    assert!(gauge("twin").ends_with(" 0"), "{metrics}");
+    assert!(gauge("original").ends_with(" 0"), "{metrics}");
+    let _ = p.end();
+}

@@ -167,12 +167,13 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
             let per_call = r.ns_per_call().map_or("-".into(), |x| format!("{x:.1}"));
             let _ = writeln!(
                 out,
-                "  {:>12.1} calls/s {:>9.1} ms {:>10} ns/call  {}  {}",
+                "  {:>12.1} calls/s {:>9.1} ms {:>10} ns/call  {}  {}{}",
                 r.calls_per_s(p.span_ns),
                 r.time_ns as f64 / 1e6,
                 per_call,
                 escape_text(&rtprof_shared::names::readable(&r.name)),
-                escape_text(&r.module)
+                escape_text(&r.module),
+                escape_text(&route_note(r, rows))
             );
         }
         for t in &p.threads {
@@ -192,6 +193,35 @@ pub fn text(v: &View, procs: &[&ProcView], top: usize, now: u64) -> String {
         }
     }
     out
+}
+
+/// What a row says of routes: an offered function lists its
+/// implementations and which runs its calls now; an implementation says
+/// whether it does.
+fn route_note(r: &RowView, rows: &[RowView]) -> String {
+    if r.implementation {
+        return if r.active {
+            "  (runs the calls)"
+        } else {
+            "  (offered)"
+        }
+        .into();
+    }
+    if !r.offered {
+        return String::new();
+    }
+    let prefix = format!("{} [", r.name);
+    let offers: Vec<&str> = rows
+        .iter()
+        .filter(|x| x.implementation)
+        .filter_map(|x| x.name.strip_prefix(&prefix)?.strip_suffix(']'))
+        .collect();
+    let runs = rows
+        .iter()
+        .filter(|x| x.implementation && x.active)
+        .find_map(|x| x.name.strip_prefix(&prefix)?.strip_suffix(']'))
+        .unwrap_or(rtprof_abi::route::ORIGINAL);
+    format!("  (offers {}; calls go to {runs})", offers.join(", "))
 }
 
 pub fn run(a: ReportArgs) -> ExitCode {

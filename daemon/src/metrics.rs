@@ -224,6 +224,17 @@ struct Exposition {
     series: Vec<Series>,
     per_process: bool,
     processes: Vec<(u32, Series)>,
+    /// Live processes' offered functions and implementations: (labels,
+    /// whether it runs the function's calls now).
+    routes: Vec<(RouteLabels, bool)>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    pid: u32,
+    executable: String,
+    function: String,
+    implementation: String,
 }
 
 /// The daemon's own health, kept across ticks (clones share the values).
@@ -309,6 +320,17 @@ impl Metrics {
                     rows.push((t.pid, (exe, function, module, totals)));
                 });
             }
+            if !t.ended {
+                t.each_route(table.slots(), |function, implementation, active| {
+                    let labels = RouteLabels {
+                        pid: t.pid,
+                        executable: t.exe.clone(),
+                        function: function.to_string(),
+                        implementation: implementation.to_string(),
+                    };
+                    x.routes.push((labels, active));
+                });
+            }
             followed += !t.ended as i64;
             let acc = &mut self.acc;
             let slots = table.slots();
@@ -375,6 +397,15 @@ fn encode(x: &Exposition, h: &Health) -> String {
         "rtprof_function_calls",
         "Calls counted in the function, over every process of the executable",
         calls,
+    );
+    let routes = Family::<RouteLabels, Gauge>::default();
+    for (labels, active) in &x.routes {
+        routes.get_or_create(labels).set(*active as i64);
+    }
+    r.register(
+        "rtprof_route_active",
+        "1 for the implementation that runs an offered function's calls now (original: its own code), 0 for the others offered (live processes)",
+        routes,
     );
     r.register_with_unit(
         "rtprof_function_cpu",
@@ -489,8 +520,23 @@ mod tests {
             series: acc.exposed().collect(),
             per_process: true,
             processes: vec![(42, (exe, function, module, totals))],
+            routes: vec![(
+                RouteLabels {
+                    pid: 42,
+                    executable: "/bin/app".into(),
+                    function: "f".into(),
+                    implementation: "fast".into(),
+                },
+                true,
+            )],
         };
         let s = encode(&x, &Health::new());
+        assert!(
+            s.contains(
+                "rtprof_route_active{pid=\"42\",executable=\"/bin/app\",function=\"f\",implementation=\"fast\"} 1\n"
+            ),
+            "{s}"
+        );
         let labels = r#"{executable="/bin/app",function="f<\"x\\y\">",module="app"}"#;
         assert!(
             s.contains(&format!("rtprof_function_calls_total{labels} 3\n")),

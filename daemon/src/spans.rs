@@ -702,6 +702,25 @@ impl Tracked {
         }
     }
 
+    /// Each offered function and each of its implementations, as
+    /// (function, implementation, whether it runs the calls now): the
+    /// function's own code is `original`.
+    pub fn each_route(&self, slots: &Slots, mut f: impl FnMut(&str, &str, bool)) {
+        let m = &self.meta;
+        for &slot in &m.offered {
+            let Some(fs) = m.funcs.get(slot as usize) else {
+                continue;
+            };
+            let active = fs.flags & function_flags::ACTIVE != 0;
+            let name = slots.readable(fs.id);
+            if !fs.implementation {
+                f(name, rtprof_abi::route::ORIGINAL, active);
+            } else if let Some((function, rest)) = name.rsplit_once(" [") {
+                f(function, rest.strip_suffix(']').unwrap_or(rest), active);
+            }
+        }
+    }
+
     /// The span's sums, as [`Tracked::each_change`] gives a tick's.
     pub fn each_in_span(&self, slots: &Slots, f: impl FnMut(u32, &str, &str, u64, u64)) {
         let funcs = self

@@ -35,6 +35,20 @@ impl SortKey {
     }
 }
 
+/// A row's readable name, with what it is in a route: an implementation
+/// that runs the calls now `(runs)`, one offered `(offered)`, an offered
+/// function whose calls go to an implementation `(routed away)`.
+pub fn shown_name(r: &RowView) -> String {
+    let name = rtprof_shared::names::readable(&r.name);
+    let note = match (r.implementation, r.offered, r.active) {
+        (true, _, true) => " (runs)",
+        (true, _, false) => " (offered)",
+        (false, true, false) => " (routed away)",
+        _ => "",
+    };
+    format!("{name}{note}")
+}
+
 /// Whether a function row passes `filter`: it is a substring of the
 /// executable, of the function's symbol or of its readable name.
 pub fn matches(filter: &str, exe: &str, r: &RowView) -> bool {

@@ -66,7 +66,7 @@ fn frame(a: &TopArgs, v: &View, history: &History, now: u64, notice: Option<&str
                 r.calls_per_s(p.span_ns),
                 per_call,
                 spark,
-                escape_text(&rtprof_shared::names::readable(&r.name)),
+                escape_text(&super::model::shown_name(r)),
                 escape_text(&r.module)
             );
         };

@@ -348,7 +348,7 @@ fn function_cells<'a>(app: &App, p: &ProcView, r: &RowView, spark: bool) -> Vec<
         Cell::from(format!("{:.1}", r.calls_per_s(p.span_ns))),
         Cell::from(per_call_text(r.ns_per_call())),
         Cell::from(spark),
-        Cell::from(escape_text(&readable(&r.name)).into_owned()),
+        Cell::from(escape_text(&crate::top::model::shown_name(r)).into_owned()),
         Cell::from(escape_text(&r.module).into_owned()).dim(),
     ]
 }
