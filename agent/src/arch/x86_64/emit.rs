@@ -158,6 +158,12 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// A rip-relative disp32 field aimed at `l`, ending an instruction
+    /// (`call [rip+disp32]` to a word placed at `l`).
+    pub fn rip_rel(&mut self, l: Label) {
+        self.field(l, Width::Rel32);
+    }
+
     /// `jmp rel32` to `l`.
     pub fn jmp(&mut self, l: Label) {
         self.put(&[0xe9]);

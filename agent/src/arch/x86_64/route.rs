@@ -1,0 +1,990 @@
+//! Route stubs: a routed call counted in the implementation's row, then
+//! run by the implementation so that its caller finds every register as
+//! the function's own code would have left it, but for the result.
+//!
+//! A caller may keep values in call-clobbered registers across a call
+//! whose callee it knows leaves them alone (GCC's `-fipa-ra`), and an
+//! implementation need not leave them alone. So the stub does not jump to
+//! the implementation: it moves the caller's return address, the
+//! call-clobbered registers and the vector state to the thread's side
+//! stack (`side_stack`), calls the implementation with the stack as the
+//! caller left it (stack arguments where they were: the stub's `call`
+//! puts its return address in the slot the caller's was in), and on
+//! return restores all but the registers a result may be in, then
+//! returns to the caller. Call and return stay paired for the return
+//! predictor and a shadow stack. A result register (rax, rdx, xmm0, xmm1,
+//! whole vectors) is restored too when the function's own code never
+//! writes it: its callers may keep a value there, and the result, if any,
+//! is the value it came in with anyway.
+//!
+//! ```text
+//! entry:  <counting prologue, as a function's stub>   ; its counting switch
+//! moved:  jmp body                                    ; (no count from here)
+//!         <shared-stripe path>
+//! body:   lea rsp,[rsp-128]; push rax                 ; one scratch register
+//!         mov rax, fs:[top]; cmp rax, fs:[limit]
+//!         jae slow                                    ; no stack yet, or full
+//! have:   add qword fs:[top], FRAME                   ; reserved, then written
+//!         <rcx, rdx, rsi, rdi, r8-r11, rax, return address -> frame>
+//!         <xsave (or xmm0-15) -> frame>
+//!         <rcx, rdx, rax back>; lea rsp,[rsp+8]       ; pop the return address
+//!         call [rip+target]
+//!         push rax; mov rax, fs:[top]; sub rax, FRAME
+//!         <vectors back, result vectors kept; registers back but results>
+//!         push [rax]                                  ; the caller's return
+//!         sub qword fs:[top], FRAME                   ; read, then released
+//!         mov rax,[rsp+8]; ret 8
+//! slow:   first call of the thread: claim a stack, to `have`;
+//!         else (none to have, or too deep): the function's own code
+//! ```
+//!
+//! A signal handler that makes a routed call between two instructions
+//! finds the top past every frame in use and puts its own above them,
+//! gone before it returns. An unwinder inside the implementation finds the
+//! stub's return address, with no unwind information: a backtrace ends
+//! there, and an exception or `longjmp` through a routed call does not
+//! come back through the stub (its frame is not released: enough of them
+//! and the thread's routed calls run the function's own code).
+
+use super::super::{CounterRef, Routed};
+use super::emit::Emitter;
+use super::side_stack::{self, Vectors, Width, HEADER};
+use super::stub::{put_counting_stub, PROLOGUE_LEN, SHARED_LEN};
+use super::tls;
+use iced_x86::{
+    Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
+    Register,
+};
+use rtprof_abi::Refusal;
+
+/// Bytes of a route stub: the longest (xmm0-15 one by one, every
+/// register restored, about 600) with room to spare, the rest `int3`.
+pub const ROUTE_STUB_LEN: usize = 640;
+
+/// Where the body starts: past the counting prologue, its jump and the
+/// shared-stripe path.
+const HEAD: usize = PROLOGUE_LEN + 5 + SHARED_LEN;
+
+// The frame: the caller's return address at 0, then these.
+/// rcx, rdx, rsi, rdi, r8-r11 at 8, 16, ... 64.
+const SAVED: [u8; 8] = [1, 2, 6, 7, 8, 9, 10, 11];
+const RAX_AT: u8 = 72;
+/// The implementation's rdx while the vector state is restored.
+const RDX_RESULT_AT: u8 = 80;
+const MXCSR_AT: u8 = 88;
+/// Result vectors while the others are restored (64 bytes each).
+const V0_AT: i32 = 128;
+const V1_AT: i32 = 192;
+const RCX: u8 = 1;
+const RDX: u8 = 2;
+
+/// The registers a result may be in that the function's code (with what
+/// it calls) may write: those are not restored after the implementation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Results {
+    pub rax: bool,
+    pub rdx: bool,
+    /// The whole of vector register 0, 1.
+    pub v0: bool,
+    pub v1: bool,
+}
+
+impl Results {
+    /// Nothing known: every one may hold a result.
+    pub const ALL: Results = Results {
+        rax: true,
+        rdx: true,
+        v0: true,
+        v1: true,
+    };
+}
+
+/// What the stub's body needs besides its addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct Body {
+    pub vectors: Vectors,
+    pub frame: u32,
+    /// `rtprof_route_claim`.
+    pub claim: u64,
+    /// Offset from the thread pointer of the side stack's top (its limit
+    /// follows).
+    pub tls: i32,
+    pub results: Results,
+}
+
+/// Writes, at `at`, the stub that counts a call routed to implementation
+/// `target` (in `counter`'s slot, the implementation's row) and runs it
+/// in place of `routed`'s function.
+pub fn emit_route_stub(
+    at: u64,
+    counter: &CounterRef,
+    target: u64,
+    routed: &Routed,
+    out: &mut [u8],
+) -> Result<(), Refusal> {
+    let s = side_stack::setup();
+    let body = Body {
+        vectors: s.vectors,
+        frame: s.frame,
+        claim: s.claim,
+        tls: i32::try_from(tls::route_offset()).map_err(|_| Refusal::RelocationFailed)?,
+        results: results(routed.start, routed.read),
+    };
+    let fallback = routed.stub + PROLOGUE_LEN as u64;
+    emit(at, counter, target, fallback, &body, out)
+}
+
+/// The route stub with `body`; a call it cannot take goes to `fallback`.
+pub fn emit(
+    at: u64,
+    counter: &CounterRef,
+    target: u64,
+    fallback: u64,
+    body: &Body,
+    out: &mut [u8],
+) -> Result<(), Refusal> {
+    let out = out
+        .get_mut(..ROUTE_STUB_LEN)
+        .ok_or(Refusal::NoMemoryInRange)?;
+    out.fill(0xcc);
+    // The moved code of a function's stub: a jump over the shared path.
+    let mut jump = [0xe9, 0, 0, 0, 0];
+    jump[1..].copy_from_slice(&(SHARED_LEN as i32).to_le_bytes());
+    let counter = CounterRef {
+        caller_hook: 0,
+        ..*counter
+    };
+    let (head, rest) = out.split_at_mut(HEAD);
+    put_counting_stub(at, &counter, &jump, HEAD, head)?;
+    let mut e = Emitter::new(rest, at + HEAD as u64);
+    put_body(&mut e, target, fallback, body);
+    e.finish().map(|_| ()).ok_or(Refusal::RelocationFailed)
+}
+
+/// `mov [rax+disp8], reg` (`op` 0x89) or `mov reg, [rax+disp8]` (0x8b).
+fn frame_mov(op: u8, reg: u8, disp: u8) -> [u8; 4] {
+    [0x48 | (reg >> 3) << 2, op, 0x40 | (reg & 7) << 3, disp]
+}
+
+/// `op` on the qword at `fs:[disp32]` (the 4-byte opcode and ModRM/SIB).
+fn fs_op(e: &mut Emitter, op: [u8; 4], disp: i32) {
+    e.put(&[0x64]);
+    e.put(&op);
+    e.put_i32(disp);
+}
+
+const MOV_RAX_FS: [u8; 4] = [0x48, 0x8b, 0x04, 0x25];
+const CMP_RAX_FS: [u8; 4] = [0x48, 0x3b, 0x04, 0x25];
+const ADD_FS_IMM: [u8; 4] = [0x48, 0x81, 0x04, 0x25];
+const SUB_FS_IMM: [u8; 4] = [0x48, 0x81, 0x2c, 0x25];
+
+fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) {
+    let (have, slow, fall, target_at, claim_at) =
+        (e.label(), e.label(), e.label(), e.label(), e.label());
+    let (top, limit, frame) = (b.tls, b.tls + 8, b.frame as i32);
+    let r = b.results;
+
+    // rax to work with, saved below the red zone (a signal's frame goes
+    // below it too).
+    e.put(&[0x48, 0x8d, 0x64, 0x24, 0x80]); // lea rsp,[rsp-128]
+    e.put(&[0x50]); // push rax
+    fs_op(e, MOV_RAX_FS, top);
+    fs_op(e, CMP_RAX_FS, limit);
+    e.jcc(0x3, slow); // jae: no stack yet, or no room for a frame
+    e.bind(have);
+    // Reserved before it is written: a signal's routed call goes above.
+    fs_op(e, ADD_FS_IMM, top);
+    e.put_i32(frame);
+    for (k, &reg) in SAVED.iter().enumerate() {
+        e.put(&frame_mov(0x89, reg, 8 + 8 * k as u8));
+    }
+    e.put(&[0x59]); // pop rcx: the caller's rax
+    e.put(&frame_mov(0x89, RCX, RAX_AT));
+    e.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
+    e.put_i32(128);
+    e.put(&[0x48, 0x8b, 0x0c, 0x24]); // mov rcx,[rsp]: the return address
+    e.put(&[0x48, 0x89, 0x08]); // mov [rax],rcx
+    save_vectors(e, &b.vectors);
+    // The arguments as they came (al: vector arguments of a varargs call).
+    e.put(&frame_mov(0x8b, RCX, 8));
+    e.put(&frame_mov(0x8b, RDX, 16));
+    e.put(&frame_mov(0x8b, 0, RAX_AT));
+    e.put(&[0x48, 0x8d, 0x64, 0x24, 0x08]); // lea rsp,[rsp+8]: its slot is ours
+    e.put(&[0xff, 0x15]); // call [rip+target]
+    e.rip_rel(target_at);
+
+    // Back: rsp is the caller's; the implementation's rax goes where the
+    // return address was.
+    e.put(&[0x50]); // push rax
+    fs_op(e, MOV_RAX_FS, top);
+    e.put(&[0x48, 0x2d]); // sub rax, frame: this call's frame
+    e.put_i32(frame);
+    if r.rdx {
+        e.put(&frame_mov(0x89, RDX, RDX_RESULT_AT));
+    }
+    restore_vectors(e, &b.vectors, r);
+    if !r.rax {
+        e.put(&frame_mov(0x8b, RCX, RAX_AT));
+        e.put(&[0x48, 0x89, 0x0c, 0x24]); // mov [rsp],rcx
+    }
+    for (k, &reg) in SAVED.iter().enumerate() {
+        let from = match reg == RDX && r.rdx {
+            true => RDX_RESULT_AT,
+            false => 8 + 8 * k as u8,
+        };
+        e.put(&frame_mov(0x8b, reg, from));
+    }
+    e.put(&[0xff, 0x30]); // push qword [rax]: the caller's return address
+    fs_op(e, SUB_FS_IMM, top); // every read of the frame done: released
+    e.put_i32(frame);
+    e.put(&[0x48, 0x8b, 0x44, 0x24, 0x08]); // mov rax,[rsp+8]
+    e.put(&[0xc2, 0x08, 0x00]); // ret 8
+
+    // rax: the top; the caller's rax at [rsp].
+    e.bind(slow);
+    e.put(&[0x48, 0x85, 0xc0]); // test rax,rax
+    e.jcc(0x5, fall); // jnz: a stack, full, or none to have
+    e.put(&[0xff, 0x15]); // call [rip+claim]: every register kept but rax
+    e.rip_rel(claim_at);
+    fs_op(e, MOV_RAX_FS, top);
+    fs_op(e, CMP_RAX_FS, limit);
+    e.jcc(0x2, have); // jb
+    e.bind(fall);
+    e.put(&[0x58]); // pop rax
+    e.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
+    e.put_i32(128);
+    e.jmp_to(fallback); // the function's own code, which keeps all
+    while !e.here().is_multiple_of(8) {
+        e.put(&[0xcc]);
+    }
+    e.bind(target_at);
+    e.put_u64(target);
+    e.bind(claim_at);
+    e.put_u64(b.claim);
+}
+
+/// `movdqu [rax+disp32], xmm_i` (`op` 0x7f) or the load (0x6f).
+fn movdqu(e: &mut Emitter, op: u8, i: u8, disp: i32) {
+    e.put(&[0xf3]);
+    if i >= 8 {
+        e.put(&[0x44]);
+    }
+    e.put(&[0x0f, op, 0x80 | (i & 7) << 3]);
+    e.put_i32(disp);
+}
+
+/// `mov rcx,rax; mov eax,lo; mov edx,hi; <op> [rcx+256]; mov rax,rcx`
+/// for `xsave64` (`reg` 4) or `xrstor64` (5).
+fn xsave_op(e: &mut Emitter, mask: u64, reg: u8) {
+    e.put(&[0x48, 0x89, 0xc1]);
+    e.put(&[0xb8]);
+    e.put_u32(mask as u32);
+    e.put(&[0xba]);
+    e.put_u32((mask >> 32) as u32);
+    e.put(&[0x48, 0x0f, 0xae, 0x81 | reg << 3]);
+    e.put_i32(HEADER as i32);
+    e.put(&[0x48, 0x89, 0xc8]);
+}
+
+fn save_vectors(e: &mut Emitter, v: &Vectors) {
+    match v.width {
+        Width::Xmm => (0..16).for_each(|i| movdqu(e, 0x7f, i, HEADER as i32 + 16 * i as i32)),
+        Width::Ymm | Width::Zmm => xsave_op(e, v.mask, 4),
+    }
+}
+
+/// A whole vector register `i` (0 or 1) to or from `[rax+at]` (`op` 0x7f
+/// store, 0x6f load): `vmovdqu` ymm, `vmovdqu64` zmm.
+fn wide(e: &mut Emitter, w: Width, op: u8, i: u8, at: i32) {
+    match w {
+        Width::Zmm => e.put(&[0x62, 0xf1, 0xfe, 0x48, op, 0x40 | i << 3, (at / 64) as u8]),
+        _ => {
+            e.put(&[0xc5, 0xfe, op, 0x80 | i << 3]);
+            e.put_i32(at);
+        }
+    }
+}
+
+fn restore_vectors(e: &mut Emitter, v: &Vectors, r: Results) {
+    if v.width == Width::Xmm {
+        for i in 0..16u8 {
+            if !(i == 0 && r.v0 || i == 1 && r.v1) {
+                movdqu(e, 0x6f, i, HEADER as i32 + 16 * i as i32);
+            }
+        }
+        return;
+    }
+    let kept = [(r.v0, 0, V0_AT), (r.v1, 1, V1_AT)];
+    for &(k, i, at) in &kept {
+        if k {
+            wide(e, v.width, 0x7f, i, at);
+        }
+    }
+    // MXCSR as the implementation left it: its flags are results too.
+    e.put(&[0x0f, 0xae, 0x58, MXCSR_AT]); // stmxcsr [rax+88]
+    xsave_op(e, v.mask, 5);
+    e.put(&[0x0f, 0xae, 0x50, MXCSR_AT]); // ldmxcsr [rax+88]
+    for &(k, i, at) in &kept {
+        if k {
+            wide(e, v.width, 0x6f, i, at);
+        }
+    }
+}
+
+/// Instructions looked at, at most, before the answer is "all results".
+const BUDGET: usize = 50_000;
+
+/// Which result registers the code at `start` (as it runs now, with every
+/// function it calls or jumps to) may write. Unsure (an indirect branch
+/// it cannot follow, bytes that are no instruction, too much code): all.
+pub fn results<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) -> Results {
+    let mut info = InstructionInfoFactory::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut work = vec![start];
+    let mut r = Results::default();
+    let fetch = |ip: u64| (1..=15).rev().find_map(|n| read(ip, n));
+    // A pointer the code reads through rip (a GOT entry, a PLT's slot).
+    let pointer = |at: u64| Some(u64::from_le_bytes(read(at, 8)?.try_into().ok()?));
+    while let Some(mut ip) = work.pop() {
+        loop {
+            if !seen.insert(ip) {
+                break;
+            }
+            if seen.len() > BUDGET {
+                return Results::ALL;
+            }
+            let Some(bytes) = fetch(ip) else {
+                return Results::ALL;
+            };
+            let i = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE).decode();
+            if i.is_invalid() {
+                return Results::ALL;
+            }
+            for u in info.info(&i).used_registers() {
+                let written = matches!(
+                    u.access(),
+                    OpAccess::Write
+                        | OpAccess::CondWrite
+                        | OpAccess::ReadWrite
+                        | OpAccess::ReadCondWrite
+                );
+                if written {
+                    match u.register().full_register() {
+                        Register::RAX => r.rax = true,
+                        Register::RDX => r.rdx = true,
+                        Register::ZMM0 => r.v0 = true,
+                        Register::ZMM1 => r.v1 = true,
+                        _ => {}
+                    }
+                }
+            }
+            match i.mnemonic() {
+                Mnemonic::Vzeroupper | Mnemonic::Vzeroall => (r.v0, r.v1) = (true, true),
+                Mnemonic::Syscall => r.rax = true,
+                _ => {}
+            }
+            let direct = i.op0_kind() == OpKind::NearBranch64;
+            let through = || {
+                i.is_ip_rel_memory_operand()
+                    .then(|| pointer(i.ip_rel_memory_address()))
+                    .flatten()
+            };
+            match i.flow_control() {
+                FlowControl::Next => {}
+                FlowControl::Return | FlowControl::Exception => break,
+                FlowControl::UnconditionalBranch if direct => {
+                    work.push(i.near_branch_target());
+                    break;
+                }
+                FlowControl::ConditionalBranch if direct => work.push(i.near_branch_target()),
+                FlowControl::Call if direct => work.push(i.near_branch_target()),
+                FlowControl::Call if i.mnemonic() == Mnemonic::Syscall => {}
+                FlowControl::IndirectBranch | FlowControl::IndirectCall => match through() {
+                    Some(t) => {
+                        work.push(t);
+                        if i.flow_control() == FlowControl::IndirectBranch {
+                            break;
+                        }
+                    }
+                    None => return Results::ALL,
+                },
+                _ => return Results::ALL,
+            }
+            if r == Results::ALL {
+                return r;
+            }
+            ip = i.next_ip();
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::Instruction;
+
+    fn decode_all(code: &[u8], ip: u64) -> Vec<Instruction> {
+        let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+        let mut v = Vec::new();
+        while d.can_decode() {
+            v.push(d.decode());
+        }
+        v
+    }
+
+    const COUNTER: CounterRef = CounterRef {
+        tls_offset: -64,
+        slot: 3,
+        shared_counter: 0x7f00_dead_0018,
+        caller_hook: 0,
+    };
+
+    fn body(vectors: Vectors, results: Results) -> Body {
+        Body {
+            vectors,
+            frame: vectors.frame(),
+            claim: 0x7f00_0000_c1a1,
+            tls: -256,
+            results,
+        }
+    }
+
+    const ZMM: Vectors = Vectors {
+        mask: 0xe7 & !1,
+        area: 2688,
+        width: Width::Zmm,
+    };
+    const YMM: Vectors = Vectors {
+        mask: 0b110,
+        area: 832,
+        width: Width::Ymm,
+    };
+
+    /// The instructions of a route stub up to its two address words.
+    fn stub(at: u64, fallback: u64, b: &Body) -> (Vec<u8>, Vec<Instruction>) {
+        let mut out = vec![0u8; ROUTE_STUB_LEN + 8];
+        emit(at, &COUNTER, 0x7f12_3456_7890, fallback, b, &mut out).unwrap();
+        assert!(emit(at, &COUNTER, 1, fallback, b, &mut [0; 64]).is_err());
+        out.truncate(ROUTE_STUB_LEN);
+        let ins = decode_all(&out, at);
+        let end = ins
+            .iter()
+            .position(|i| i.mnemonic() == Mnemonic::Jmp && i.near_branch_target() == fallback)
+            .unwrap();
+        (out, ins[..=end].to_vec())
+    }
+
+    /// It counts as a function's stub does (so the same counting switch
+    /// skips to the same place), jumps past the shared path to the body,
+    /// calls the implementation through its address word, returns with
+    /// `ret 8`, and falls back to the function's own moved code.
+    #[test]
+    fn a_route_stub_counts_then_calls_the_implementation() {
+        use super::super::stub::counting_switch;
+        let (at, fallback) = (0x40_1000, 0x40_0000 + PROLOGUE_LEN as u64);
+        for v in [Vectors::XMM, YMM, ZMM] {
+            let (out, ins) = stub(at, fallback, &body(v, Results::ALL));
+            assert!(ins.iter().all(|i| !i.is_invalid()), "{v:?}");
+            assert_eq!(out[..2], counting_switch(true));
+            assert_eq!(2 + counting_switch(false)[1] as usize, PROLOGUE_LEN);
+            let moved = ins
+                .iter()
+                .find(|i| i.ip() == at + PROLOGUE_LEN as u64)
+                .unwrap();
+            assert_eq!(moved.near_branch_target(), at + HEAD as u64);
+            assert_eq!(ins[3].mnemonic(), Mnemonic::Jrcxz);
+            assert_eq!(ins[3].near_branch_target(), at + PROLOGUE_LEN as u64 + 5);
+            let calls: Vec<&Instruction> = ins
+                .iter()
+                .filter(|i| i.mnemonic() == Mnemonic::Call)
+                .collect();
+            assert_eq!(calls.len(), 2, "the implementation, the claim");
+            let word = |i: &Instruction| {
+                let a = (i.ip_rel_memory_address() - at) as usize;
+                u64::from_le_bytes(out[a..a + 8].try_into().unwrap())
+            };
+            assert_eq!(word(calls[0]), 0x7f12_3456_7890);
+            assert_eq!(word(calls[1]), 0x7f00_0000_c1a1);
+            let ret = ins.iter().find(|i| i.mnemonic() == Mnemonic::Ret).unwrap();
+            assert_eq!(ret.immediate16(), 8);
+            // The side stack's top goes up by a frame before the call and
+            // down after it, through fs.
+            let moves: Vec<(Mnemonic, u64)> = ins
+                .iter()
+                .filter(|i| {
+                    i.segment_prefix() == Register::FS
+                        && matches!(i.mnemonic(), Mnemonic::Add | Mnemonic::Sub)
+                })
+                .map(|i| (i.mnemonic(), i.immediate32to64() as u64))
+                .collect();
+            let f = v.frame() as u64;
+            assert_eq!(moves, [(Mnemonic::Add, f), (Mnemonic::Sub, f)]);
+            assert!(f.is_multiple_of(64) && out.len() >= HEAD);
+        }
+    }
+
+    /// Every call-clobbered register stored in the frame before the call
+    /// is loaded back after it, but the results; the vector state is
+    /// saved with `xsave` where AVX is, else xmm0-15 one by one.
+    #[test]
+    fn registers_go_back_but_the_results() {
+        let at = 0x40_1000;
+        fn stores_loads(ins: &[Instruction]) -> (Vec<Register>, Vec<Register>, &[Instruction]) {
+            let call = ins
+                .iter()
+                .position(|i| i.mnemonic() == Mnemonic::Call)
+                .unwrap();
+            let ret = ins
+                .iter()
+                .position(|i| i.mnemonic() == Mnemonic::Ret)
+                .unwrap();
+            let from_frame = |i: &&Instruction, to: bool| {
+                i.mnemonic() == Mnemonic::Mov
+                    && i.memory_base() == Register::RAX
+                    && (i.op0_kind() == OpKind::Memory) == to
+            };
+            let stored: Vec<Register> = ins[..call]
+                .iter()
+                .filter(|i| from_frame(i, true))
+                .map(|i| i.op1_register())
+                .collect();
+            let loaded: Vec<Register> = ins[call..ret]
+                .iter()
+                .filter(|i| from_frame(i, false))
+                .map(|i| i.op0_register())
+                .collect();
+            (stored, loaded, &ins[call..ret])
+        }
+        use Register::*;
+        let (_, ins) = stub(
+            at,
+            0x40_0000,
+            &body(
+                Vectors::XMM,
+                Results {
+                    rax: true,
+                    rdx: false,
+                    v0: true,
+                    v1: false,
+                },
+            ),
+        );
+        let (stored, loaded, after) = stores_loads(&ins);
+        assert_eq!(stored, [RCX, RDX, RSI, RDI, R8, R9, R10, R11, RCX, RCX]);
+        assert_eq!(loaded, [RCX, RDX, RSI, RDI, R8, R9, R10, R11]);
+        let xmm: Vec<Register> = after
+            .iter()
+            .filter(|i| i.mnemonic() == Mnemonic::Movdqu)
+            .map(|i| i.op0_register())
+            .collect();
+        assert_eq!(xmm.len(), 15);
+        assert!(!xmm.contains(&XMM0) && xmm.contains(&XMM1));
+
+        // rdx a result: kept aside from the implementation, loaded from there.
+        let r = Results {
+            rax: false,
+            rdx: true,
+            v0: true,
+            v1: true,
+        };
+        for v in [YMM, ZMM] {
+            let (_, ins) = stub(at, 0x40_0000, &body(v, r));
+            let (_, loaded, after) = stores_loads(&ins);
+            assert_eq!(
+                loaded,
+                [RCX, RCX, RDX, RSI, RDI, R8, R9, R10, R11],
+                "rax too"
+            );
+            let rdx = after
+                .iter()
+                .find(|i| i.mnemonic() == Mnemonic::Mov && i.op0_register() == RDX)
+                .unwrap();
+            assert_eq!(rdx.memory_displacement64(), RDX_RESULT_AT as u64);
+            let names: Vec<Mnemonic> = after.iter().map(|i| i.mnemonic()).collect();
+            let x = names.iter().position(|m| *m == Mnemonic::Xrstor64).unwrap();
+            let (keep, back) = match v.width {
+                Width::Zmm => (Mnemonic::Vmovdqu64, Mnemonic::Vmovdqu64),
+                _ => (Mnemonic::Vmovdqu, Mnemonic::Vmovdqu),
+            };
+            assert_eq!(names[..x].iter().filter(|m| **m == keep).count(), 2);
+            assert_eq!(names[x..].iter().filter(|m| **m == back).count(), 2);
+            assert!(names.contains(&Mnemonic::Stmxcsr) && names.contains(&Mnemonic::Ldmxcsr));
+            let masks: Vec<u32> = after
+                .iter()
+                .filter(|i| i.mnemonic() == Mnemonic::Mov && i.op0_register() == EAX)
+                .map(|i| i.immediate32())
+                .collect();
+            assert_eq!(masks, [v.mask as u32]);
+            assert!(ins.iter().any(|i| i.mnemonic() == Mnemonic::Xsave64));
+        }
+    }
+
+    /// Every vector width with every set of results fits.
+    #[test]
+    fn every_route_stub_fits() {
+        for v in [Vectors::XMM, YMM, ZMM] {
+            for k in 0..16 {
+                let r = Results {
+                    rax: k & 1 != 0,
+                    rdx: k & 2 != 0,
+                    v0: k & 4 != 0,
+                    v1: k & 8 != 0,
+                };
+                let mut out = [0u8; ROUTE_STUB_LEN];
+                emit(0x40_1000, &COUNTER, 1, 0x40_0000, &body(v, r), &mut out).unwrap();
+            }
+        }
+    }
+
+    fn read_from<'m>(code: &'m [u8], at: u64) -> impl Fn(u64, usize) -> Option<&'m [u8]> {
+        move |a: u64, n: usize| {
+            let o = a.checked_sub(at)? as usize;
+            code.get(o..o.checked_add(n)?)
+        }
+    }
+
+    /// What a function's code may write, followed through its calls,
+    /// branches and pointers read through rip; all when unsure.
+    #[test]
+    fn results_are_the_registers_the_code_may_write() {
+        let at = 0x1000u64;
+        let r = |code: &[u8]| results(at, &read_from(code, at));
+        // lea eax,[rdi+rsi]; ret
+        assert_eq!(
+            r(&[0x8d, 0x04, 0x37, 0xc3]),
+            Results {
+                rax: true,
+                ..Results::default()
+            }
+        );
+        // test edi,edi; je +3; xor edx,edx; ret; pxor xmm1,xmm1; ret
+        let code = [
+            0x85, 0xff, 0x74, 0x03, 0x31, 0xd2, 0xc3, 0x66, 0x0f, 0xef, 0xc9, 0xc3,
+        ];
+        assert_eq!(
+            r(&code),
+            Results {
+                rdx: true,
+                v1: true,
+                ..Results::default()
+            }
+        );
+        // call +1; ret; vzeroupper; ret: through the call
+        assert_eq!(
+            r(&[0xe8, 0x01, 0, 0, 0, 0xc3, 0xc5, 0xf8, 0x77, 0xc3]),
+            Results {
+                v0: true,
+                v1: true,
+                ..Results::default()
+            }
+        );
+        // jmp rax; jmp rel32 out of the code; 0f 0b (ud2) ends a path
+        assert_eq!(r(&[0xff, 0xe0]), Results::ALL);
+        assert_eq!(r(&[0xe9, 0, 1, 0, 0]), Results::ALL);
+        assert_eq!(r(&[0x0f, 0x0b]), Results::default());
+        // jmp [rip+0]; dq at+14 -> mov edx,1; ret: through the pointer
+        let mut code = vec![0xff, 0x25, 0, 0, 0, 0];
+        code.extend_from_slice(&(at + 14).to_le_bytes());
+        code.extend_from_slice(&[0xba, 1, 0, 0, 0, 0xc3]);
+        assert_eq!(
+            r(&code),
+            Results {
+                rdx: true,
+                ..Results::default()
+            }
+        );
+        // A loop: each instruction once. dec edi; jnz -4 (to itself); ret
+        assert_eq!(r(&[0xff, 0xcf, 0x75, 0xfc, 0xc3]), Results::default());
+        // syscall writes rax (and rcx, r11).
+        assert_eq!(
+            r(&[0x0f, 0x05, 0xc3]),
+            Results {
+                rax: true,
+                ..Results::default()
+            }
+        );
+    }
+
+    /// Registers as the test's caller sets them and finds them: rax, rcx,
+    /// rdx, rsi, rdi, r8-r11, then 16 vector registers (32 bytes each).
+    #[repr(C)]
+    struct State {
+        gpr: [u64; 9],
+        pad: u64,
+        vec: [[u64; 4]; 16],
+    }
+
+    std::arch::global_asm!(
+        ".pushsection .text.rtprof_test_route,\"ax\",@progbits",
+        // (stub, state): loads every register from the state, calls the
+        // stub with one stack argument (7), stores them back.
+        "rtprof_test_drive_xmm:",
+        "push rbx",
+        "push rbp",
+        "mov rbx, rdi",
+        "mov rbp, rsi",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "movdqu xmm\\i, [rbp + 80 + 32*\\i]",
+        ".endr",
+        "call 5f",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "movdqu [rbp + 80 + 32*\\i], xmm\\i",
+        ".endr",
+        "jmp 6f",
+        "rtprof_test_drive_ymm:",
+        "push rbx",
+        "push rbp",
+        "mov rbx, rdi",
+        "mov rbp, rsi",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "vmovdqu ymm\\i, [rbp + 80 + 32*\\i]",
+        ".endr",
+        "call 5f",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "vmovdqu [rbp + 80 + 32*\\i], ymm\\i",
+        ".endr",
+        "6:",
+        "pop rbp",
+        "pop rbx",
+        "ret",
+        // The call itself, general registers in and out.
+        "5:",
+        "mov rax, [rbp]",
+        "mov rcx, [rbp + 8]",
+        "mov rdx, [rbp + 16]",
+        "mov rsi, [rbp + 24]",
+        "mov rdi, [rbp + 32]",
+        "mov r8, [rbp + 40]",
+        "mov r9, [rbp + 48]",
+        "mov r10, [rbp + 56]",
+        "mov r11, [rbp + 64]",
+        "push 7",
+        "call rbx",
+        "add rsp, 8",
+        "mov [rbp], rax",
+        "mov [rbp + 8], rcx",
+        "mov [rbp + 16], rdx",
+        "mov [rbp + 24], rsi",
+        "mov [rbp + 32], rdi",
+        "mov [rbp + 40], r8",
+        "mov [rbp + 48], r9",
+        "mov [rbp + 56], r10",
+        "mov [rbp + 64], r11",
+        "ret",
+        // An implementation: rdi + its stack argument + al, every
+        // call-clobbered register overwritten (vectors: all ones).
+        "rtprof_test_clobber_xmm:",
+        "movzx eax, al",
+        "add rax, rdi",
+        "add rax, [rsp + 8]",
+        "mov rcx, -1",
+        "mov rdx, -1",
+        "mov rsi, -1",
+        "mov rdi, -1",
+        "mov r8, -1",
+        "mov r9, -1",
+        "mov r10, -1",
+        "mov r11, -1",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "pcmpeqd xmm\\i, xmm\\i",
+        ".endr",
+        "ret",
+        "rtprof_test_clobber_ymm:",
+        "movzx eax, al",
+        "add rax, rdi",
+        "add rax, [rsp + 8]",
+        "mov rcx, -1",
+        "mov rdx, -1",
+        "mov rsi, -1",
+        "mov rdi, -1",
+        "mov r8, -1",
+        "mov r9, -1",
+        "mov r10, -1",
+        "mov r11, -1",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "vpcmpeqd ymm\\i, ymm\\i, ymm\\i",
+        ".endr",
+        "ret",
+        // A function's own code, where a call the stub cannot take goes.
+        "rtprof_test_own:",
+        "mov eax, 0xdead",
+        "ret",
+        ".popsection",
+    );
+
+    extern "C" {
+        fn rtprof_test_drive_xmm(stub: u64, s: *mut State);
+        fn rtprof_test_drive_ymm(stub: u64, s: *mut State);
+        fn rtprof_test_clobber_xmm();
+        fn rtprof_test_clobber_ymm();
+        fn rtprof_test_own();
+    }
+
+    /// Executable memory for a stub, unmapped when dropped.
+    struct Code(*mut u8);
+    impl Code {
+        fn at(&self) -> u64 {
+            self.0 as u64
+        }
+    }
+    impl Drop for Code {
+        fn drop(&mut self) {
+            // SAFETY: our own mapping, no longer run.
+            unsafe { libc::munmap(self.0.cast(), 4096) };
+        }
+    }
+
+    /// A route stub for the implementation at `target`, written for the
+    /// page it will run in (the page is mapped first, then rewritten).
+    fn live_stub(
+        target: u64,
+        vectors: Vectors,
+        results: Results,
+        count: &std::sync::atomic::AtomicU64,
+    ) -> Code {
+        let s = side_stack::setup();
+        let b = Body {
+            vectors,
+            frame: s.frame.max(vectors.frame()),
+            claim: s.claim,
+            tls: tls::route_offset() as i32,
+            results,
+        };
+        let counter = CounterRef {
+            tls_offset: tls::offset() as i32,
+            slot: 0,
+            shared_counter: count as *const _ as u64,
+            caller_hook: 0,
+        };
+        // Written for an address in reach of the fallback (`jmp rel32`):
+        // a page near it, found by asking for one there.
+        let own = rtprof_test_own as *const () as u64;
+        let mut out = vec![0u8; ROUTE_STUB_LEN];
+        let page = (1..256u64)
+            .find_map(|k| {
+                let want = (own & !0xfff).wrapping_sub(k << 22);
+                // SAFETY: a free page only (never one replaced).
+                let p = unsafe {
+                    libc::mmap(
+                        want as *mut _,
+                        4096,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                        -1,
+                        0,
+                    )
+                };
+                (p != libc::MAP_FAILED).then_some(p)
+            })
+            .expect("a free page near the test's code");
+        let at = page as u64;
+        emit(at, &counter, target, own, &b, &mut out).expect("own code in reach");
+        // SAFETY: our page: written, then made executable.
+        unsafe {
+            std::ptr::copy_nonoverlapping(out.as_ptr(), page.cast(), out.len());
+            assert_eq!(
+                libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC),
+                0
+            );
+        }
+        Code(page.cast())
+    }
+
+    fn state() -> State {
+        let mut s = State {
+            gpr: [0; 9],
+            pad: 0,
+            vec: [[0; 4]; 16],
+        };
+        for (i, g) in s.gpr.iter_mut().enumerate() {
+            *g = 0x1000 + i as u64 * 0x111;
+        }
+        s.gpr[0] = 2; // al: vector arguments of a varargs call
+        for (i, v) in s.vec.iter_mut().enumerate() {
+            *v = [i as u64, 0x10 + i as u64, 0x20 + i as u64, 0x30 + i as u64];
+        }
+        s
+    }
+
+    /// Run through the stub, the implementation's result comes back and
+    /// every other register is as the caller left it, vectors (ymm upper
+    /// halves too) included; the call is counted; a thread whose side
+    /// stack is none or full runs the function's own code.
+    #[test]
+    fn a_routed_call_changes_nothing_but_the_result() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let count = AtomicU64::new(0);
+        let avx = is_x86_feature_detected!("avx2") && Vectors::of_this_cpu().width != Width::Xmm;
+        let mut runs = vec![(Vectors::XMM, false)];
+        if avx {
+            runs.push((Vectors::of_this_cpu(), true));
+        }
+        let results = Results {
+            rax: true,
+            rdx: false,
+            v0: true,
+            v1: false,
+        };
+        for (v, wide) in runs {
+            // Nothing written by the function's own code: all restored.
+            let code = live_stub(
+                rtprof_test_clobber_xmm as *const () as u64,
+                v,
+                Results::default(),
+                &count,
+            );
+            let mut s = state();
+            // SAFETY: as below.
+            unsafe { rtprof_test_drive_xmm(code.at(), &mut s) };
+            assert_eq!((s.gpr, s.vec), (state().gpr, state().vec), "{v:?}");
+
+            let target = if wide {
+                rtprof_test_clobber_ymm as *const () as u64
+            } else {
+                rtprof_test_clobber_xmm as *const () as u64
+            };
+            let code = live_stub(target, v, results, &count);
+            let drive = |s: &mut State| {
+                // SAFETY: the stub runs the implementation (or the own
+                // code), which keeps the callee-saved registers.
+                unsafe {
+                    if wide {
+                        rtprof_test_drive_ymm(code.at(), s)
+                    } else {
+                        rtprof_test_drive_xmm(code.at(), s)
+                    }
+                }
+            };
+            let before = count.load(Ordering::Relaxed);
+            for round in 0..3 {
+                let mut s = state();
+                let want = state();
+                drive(&mut s);
+                assert_eq!(s.gpr[0], 2 + want.gpr[4] + 7, "{v:?} round {round}: rax");
+                assert_eq!(s.gpr[1..], want.gpr[1..], "{v:?}: rdx and the rest kept");
+                assert_eq!(s.vec[0][..2], [u64::MAX; 2], "{v:?}: xmm0 is a result");
+                let lanes = if wide { 4 } else { 2 };
+                for i in 1..16 {
+                    assert_eq!(s.vec[i][..lanes], want.vec[i][..lanes], "{v:?}: vector {i}");
+                }
+            }
+            assert_eq!(count.load(Ordering::Relaxed) - before, 3);
+            // Balanced: the side stack's top is where it was.
+            let top = tls::route_offset();
+            let (t, l) = (tls::load(top), tls::load(top + 8));
+            assert!(t > 1 && l > t, "{t:#x} {l:#x}");
+            // None to have, or full: the function's own code.
+            for (nt, nl) in [(1, 0), (l, l)] {
+                tls::store(top, nt);
+                tls::store(top + 8, nl);
+                let mut s = state();
+                drive(&mut s);
+                assert_eq!(s.gpr[0], 0xdead);
+                assert_eq!(tls::load(top), nt);
+            }
+            tls::store(top, t);
+            tls::store(top + 8, l);
+        }
+    }
+}
