@@ -254,6 +254,70 @@ fn a_routed_call_keeps_every_register_its_caller_keeps() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An exception thrown in the implementation reaches the caller's
+/// handler through the route stub (more of them than a thread's side
+/// stack has frames: each releases its own), and `backtrace()` inside
+/// the implementation finds the caller. Counts are still the program's.
+#[test]
+fn exceptions_and_backtraces_go_through_a_routed_call() {
+    let dir = scratch("route-unwind");
+    let bin = dir.join("route_unwind");
+    let out = Command::new("g++")
+        .args(["-O2", "-rdynamic"])
+        .arg(format!("-I{}", root().join("abi/include").display()))
+        .arg("-o")
+        .arg(&bin)
+        .arg(root().join("tests/c/route_unwind.cpp"))
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let d = daemon(&dir);
+    let json = dir.join("r.json");
+    let mut child = Killed(
+        Command::new(&bin)
+            .env("LD_PRELOAD", agent())
+            .env("RTPROF_DAEMON_SOCKET", &d.socket)
+            .env("RTPROF_REPORT", &json)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id();
+    route(&d, pid, "parse", "fast");
+    std::thread::sleep(Duration::from_millis(700));
+    route(&d, pid, "parse", "original");
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{status:?} {line}");
+    // parse original A fast B thrown T wrong W traced K of M
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(n.len(), 6, "{line}");
+    assert!(n[1] > 0 && n[2] > 20_000 && n[5] > 0, "{line}");
+    assert_eq!(n[3], 0, "wrong results: {line}");
+    assert_eq!(n[4], n[5], "backtraces that missed the caller: {line}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(row(&r, "parse")["calls"].as_u64(), Some(n[0]), "{line}");
+    assert_eq!(
+        row(&r, "parse [fast]")["calls"].as_u64(),
+        Some(n[1]),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn live_registers_are_found_in_a_disassembly() {
     let dis = "0000000000001970 <f>:

@@ -72,11 +72,14 @@ const RAX_AT: u8 = 72;
 /// The implementation's rdx while the vector state is restored.
 const RDX_RESULT_AT: u8 = 80;
 const MXCSR_AT: u8 = 88;
+/// The caller's rbx (rbx holds the frame while the implementation runs).
+const RBX_AT: u8 = 96;
 /// Result vectors while the others are restored (64 bytes each).
 const V0_AT: i32 = 128;
 const V1_AT: i32 = 192;
 const RCX: u8 = 1;
 const RDX: u8 = 2;
+const RBX: u8 = 3;
 
 /// The registers a result may be in that the function's code (with what
 /// it calls) may write: those are not restored after the implementation.
@@ -106,6 +109,8 @@ pub struct Body {
     pub frame: u32,
     /// `rtprof_route_claim`.
     pub claim: u64,
+    /// `_Unwind_Resume`, which the landing pad calls.
+    pub resume: u64,
     /// Offset from the thread pointer of the side stack's top (its limit
     /// follows).
     pub tls: i32,
@@ -127,11 +132,108 @@ pub fn emit_route_stub(
         vectors: s.vectors,
         frame: s.frame,
         claim: s.claim,
+        resume: _Unwind_Resume as *const () as u64,
         tls: i32::try_from(tls::route_offset()).map_err(|_| Refusal::RelocationFailed)?,
         results: results(routed.start, routed.read),
     };
     let fallback = routed.stub + PROLOGUE_LEN as u64;
-    emit(at, counter, target, fallback, &body, out)
+    let layout = emit(at, counter, target, fallback, &body, out)?;
+    // Kept for as long as the stub (route stubs are never unmapped).
+    let personality = __gcc_personality_v0 as *const () as u64;
+    let n = eh_frame(&layout, personality, 0).len();
+    let table: &'static mut [u64] = Box::leak(vec![0u64; n.div_ceil(8)].into_boxed_slice());
+    let bytes = eh_frame(&layout, personality, table.as_ptr() as u64);
+    for (w, c) in table.iter_mut().zip(bytes.chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..c.len()].copy_from_slice(c);
+        *w = u64::from_le_bytes(b);
+    }
+    // SAFETY: a complete `.eh_frame` list (CIE, FDEs, a zero terminator)
+    // that lives as long as the process; libgcc's unwinder (the one the
+    // agent and the program share) takes it under its own lock.
+    unsafe { __register_frame(table.as_ptr().cast()) };
+    Ok(())
+}
+
+extern "C" {
+    // libgcc_s (the agent's Rust runtime links it): the unwinder the
+    // program's exceptions, `backtrace()` and pthread cancellation use.
+    fn __register_frame(begin: *const u8);
+    fn _Unwind_Resume();
+    fn __gcc_personality_v0();
+}
+
+/// The unwind entries of a route stub, as an `.eh_frame` list to live at
+/// `base`: with them an unwinder inside the implementation goes on to the
+/// caller (its return address and rbx in the frame rbx points at), and an
+/// exception through the call goes by the landing pad, which releases
+/// the frame (`__gcc_personality_v0`, a cleanup). Every pointer absolute.
+pub fn eh_frame(l: &Layout, personality: u64, base: u64) -> Vec<u8> {
+    let mut b: Vec<u8> = Vec::with_capacity(160);
+    // An entry's length word, filled once it is written (8-byte aligned).
+    let close = |b: &mut Vec<u8>, at: usize| {
+        while !(b.len() - at).is_multiple_of(8) {
+            b.push(0); // DW_CFA_nop
+        }
+        let n = (b.len() - at - 4) as u32;
+        b[at..at + 4].copy_from_slice(&n.to_le_bytes());
+    };
+    // CIE: version 1, "zPLR", code 1, data -8, return address r16.
+    b.extend_from_slice(&[0; 8]);
+    b.extend_from_slice(&[1, b'z', b'P', b'L', b'R', 0, 1, 0x78, 16, 11, 0x00]);
+    b.extend_from_slice(&personality.to_le_bytes());
+    b.extend_from_slice(&[0x00, 0x00]);
+    close(&mut b, 0);
+    let fde = |b: &mut Vec<u8>, from: u64, to: u64, lsda: u64, rules: &[u8]| {
+        let at = b.len();
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&((at + 4) as u32).to_le_bytes()); // back to the CIE
+        b.extend_from_slice(&from.to_le_bytes());
+        b.extend_from_slice(&(to - from).to_le_bytes());
+        b.push(8);
+        b.extend_from_slice(&lsda.to_le_bytes());
+        b.extend_from_slice(rules);
+        close(b, at);
+    };
+    // At the call: CFA = rsp; the return address at [rbx]; rbx at
+    // [rbx+96] (DW_CFA_expression, DW_OP_breg3).
+    let at_call = [
+        0x0c,
+        7,
+        0,
+        0x10,
+        16,
+        2,
+        0x73,
+        0,
+        0x10,
+        3,
+        3,
+        0x73,
+        RBX_AT | 0x80,
+        0,
+    ];
+    // Its LSDA after the list: the FDEs are 48 and 40 bytes, the end 8.
+    let lsda = base + b.len() as u64 + 48 + 40 + 8;
+    fde(&mut b, l.call, l.back, lsda, &at_call);
+    // In the landing pad: both pushed, CFA = rsp + 16.
+    fde(
+        &mut b,
+        l.pad,
+        l.pad_end,
+        0,
+        &[0x0c, 7, 16, 0x90, 1, 0x83, 2],
+    );
+    b.extend_from_slice(&[0; 8]);
+    debug_assert_eq!(base + b.len() as u64, lsda);
+    // LPStart omitted (the FDE's start, the call), no types, call sites
+    // in udata4: the call, its landing pad, a cleanup.
+    b.extend_from_slice(&[0xff, 0xff, 0x03, 13]);
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&((l.back - l.call) as u32).to_le_bytes());
+    b.extend_from_slice(&((l.pad - l.call) as u32).to_le_bytes());
+    b.push(0);
+    b
 }
 
 /// The route stub with `body`; a call it cannot take goes to `fallback`.
@@ -142,7 +244,7 @@ pub fn emit(
     fallback: u64,
     body: &Body,
     out: &mut [u8],
-) -> Result<(), Refusal> {
+) -> Result<Layout, Refusal> {
     let out = out
         .get_mut(..ROUTE_STUB_LEN)
         .ok_or(Refusal::NoMemoryInRange)?;
@@ -157,8 +259,8 @@ pub fn emit(
     let (head, rest) = out.split_at_mut(HEAD);
     put_counting_stub(at, &counter, &jump, HEAD, head)?;
     let mut e = Emitter::new(rest, at + HEAD as u64);
-    put_body(&mut e, target, fallback, body);
-    e.finish().map(|_| ()).ok_or(Refusal::RelocationFailed)
+    let layout = put_body(&mut e, target, fallback, body);
+    e.finish().map(|_| layout).ok_or(Refusal::RelocationFailed)
 }
 
 /// `mov [rax+disp8], reg` (`op` 0x89) or `mov reg, [rax+disp8]` (0x8b).
@@ -176,11 +278,23 @@ fn fs_op(e: &mut Emitter, op: [u8; 4], disp: i32) {
 const MOV_RAX_FS: [u8; 4] = [0x48, 0x8b, 0x04, 0x25];
 const CMP_RAX_FS: [u8; 4] = [0x48, 0x3b, 0x04, 0x25];
 const ADD_FS_IMM: [u8; 4] = [0x48, 0x81, 0x04, 0x25];
-const SUB_FS_IMM: [u8; 4] = [0x48, 0x81, 0x2c, 0x25];
+const MOV_FS_RAX: [u8; 4] = [0x48, 0x89, 0x04, 0x25];
+const MOV_FS_RBX: [u8; 4] = [0x48, 0x89, 0x1c, 0x25];
 
-fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) {
-    let (have, slow, fall, target_at, claim_at) =
-        (e.label(), e.label(), e.label(), e.label(), e.label());
+/// Where the parts of a route stub its unwind entries describe are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The call of the implementation, and past it.
+    pub call: u64,
+    pub back: u64,
+    /// The landing pad, and past its call of `_Unwind_Resume`.
+    pub pad: u64,
+    pub pad_end: u64,
+}
+
+fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
+    let (have, slow, fall) = (e.label(), e.label(), e.label());
+    let (target_at, claim_at, resume_at) = (e.label(), e.label(), e.label());
     let (top, limit, frame) = (b.tls, b.tls + 8, b.frame as i32);
     let r = b.results;
 
@@ -198,6 +312,7 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) {
     for (k, &reg) in SAVED.iter().enumerate() {
         e.put(&frame_mov(0x89, reg, 8 + 8 * k as u8));
     }
+    e.put(&frame_mov(0x89, RBX, RBX_AT));
     e.put(&[0x59]); // pop rcx: the caller's rax
     e.put(&frame_mov(0x89, RCX, RAX_AT));
     e.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
@@ -205,20 +320,23 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) {
     e.put(&[0x48, 0x8b, 0x0c, 0x24]); // mov rcx,[rsp]: the return address
     e.put(&[0x48, 0x89, 0x08]); // mov [rax],rcx
     save_vectors(e, &b.vectors);
-    // The arguments as they came (al: vector arguments of a varargs call).
+    // The arguments as they came (al: vector arguments of a varargs call);
+    // rbx, which the implementation keeps, the frame: the way back, for
+    // the stub and for an unwinder.
     e.put(&frame_mov(0x8b, RCX, 8));
     e.put(&frame_mov(0x8b, RDX, 16));
+    e.put(&[0x48, 0x89, 0xc3]); // mov rbx,rax
     e.put(&frame_mov(0x8b, 0, RAX_AT));
     e.put(&[0x48, 0x8d, 0x64, 0x24, 0x08]); // lea rsp,[rsp+8]: its slot is ours
+    let call = e.here();
     e.put(&[0xff, 0x15]); // call [rip+target]
     e.rip_rel(target_at);
+    let back = e.here();
 
     // Back: rsp is the caller's; the implementation's rax goes where the
     // return address was.
     e.put(&[0x50]); // push rax
-    fs_op(e, MOV_RAX_FS, top);
-    e.put(&[0x48, 0x2d]); // sub rax, frame: this call's frame
-    e.put_i32(frame);
+    e.put(&[0x48, 0x89, 0xd8]); // mov rax,rbx: the frame
     if r.rdx {
         e.put(&frame_mov(0x89, RDX, RDX_RESULT_AT));
     }
@@ -234,11 +352,26 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) {
         };
         e.put(&frame_mov(0x8b, reg, from));
     }
+    e.put(&frame_mov(0x8b, RBX, RBX_AT));
     e.put(&[0xff, 0x30]); // push qword [rax]: the caller's return address
-    fs_op(e, SUB_FS_IMM, top); // every read of the frame done: released
-    e.put_i32(frame);
+                          // Every read of the frame done: the top back to it (frames above it,
+                          // left by a longjmp out of a routed call, are released too).
+    fs_op(e, MOV_FS_RAX, top);
     e.put(&[0x48, 0x8b, 0x44, 0x24, 0x08]); // mov rax,[rsp+8]
     e.put(&[0xc2, 0x08, 0x00]); // ret 8
+
+    // An exception through the implementation: the frame released, the
+    // way on copied to the stack first, unwinding resumed.
+    let pad = e.here();
+    e.put(&[0x48, 0x89, 0xc7]); // mov rdi,rax: the exception
+    e.put(&[0xff, 0x33]); // push qword [rbx]: the caller's return address
+    e.put(&[0xff, 0x73, RBX_AT]); // push qword [rbx+96]: the caller's rbx
+    fs_op(e, MOV_FS_RBX, top);
+    e.put(&[0x48, 0x8b, 0x1c, 0x24]); // mov rbx,[rsp]
+    e.put(&[0xff, 0x15]); // call [rip+_Unwind_Resume]
+    e.rip_rel(resume_at);
+    let pad_end = e.here();
+    e.put(&[0xcc]);
 
     // rax: the top; the caller's rax at [rsp].
     e.bind(slow);
@@ -261,6 +394,14 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) {
     e.put_u64(target);
     e.bind(claim_at);
     e.put_u64(b.claim);
+    e.bind(resume_at);
+    e.put_u64(b.resume);
+    Layout {
+        call,
+        back,
+        pad,
+        pad_end,
+    }
 }
 
 /// `movdqu [rax+disp32], xmm_i` (`op` 0x7f) or the load (0x6f).
@@ -445,6 +586,7 @@ mod tests {
             vectors,
             frame: vectors.frame(),
             claim: 0x7f00_0000_c1a1,
+            resume: 0x7f00_0000_2e5e,
             tls: -256,
             results,
         }
@@ -499,27 +641,43 @@ mod tests {
                 .iter()
                 .filter(|i| i.mnemonic() == Mnemonic::Call)
                 .collect();
-            assert_eq!(calls.len(), 2, "the implementation, the claim");
+            assert_eq!(
+                calls.len(),
+                3,
+                "the implementation, _Unwind_Resume, the claim"
+            );
             let word = |i: &Instruction| {
                 let a = (i.ip_rel_memory_address() - at) as usize;
                 u64::from_le_bytes(out[a..a + 8].try_into().unwrap())
             };
             assert_eq!(word(calls[0]), 0x7f12_3456_7890);
-            assert_eq!(word(calls[1]), 0x7f00_0000_c1a1);
+            assert_eq!(word(calls[1]), 0x7f00_0000_2e5e);
+            assert_eq!(word(calls[2]), 0x7f00_0000_c1a1);
             let ret = ins.iter().find(|i| i.mnemonic() == Mnemonic::Ret).unwrap();
             assert_eq!(ret.immediate16(), 8);
             // The side stack's top goes up by a frame before the call and
             // down after it, through fs.
-            let moves: Vec<(Mnemonic, u64)> = ins
+            let moves: Vec<(Mnemonic, Option<u64>, Register)> = ins
                 .iter()
-                .filter(|i| {
-                    i.segment_prefix() == Register::FS
-                        && matches!(i.mnemonic(), Mnemonic::Add | Mnemonic::Sub)
+                .filter(|i| i.segment_prefix() == Register::FS && i.op0_kind() == OpKind::Memory)
+                .map(|i| match i.mnemonic() {
+                    Mnemonic::Add => (
+                        Mnemonic::Add,
+                        Some(i.immediate32to64() as u64),
+                        Register::None,
+                    ),
+                    m => (m, None, i.op1_register()),
                 })
-                .map(|i| (i.mnemonic(), i.immediate32to64() as u64))
                 .collect();
             let f = v.frame() as u64;
-            assert_eq!(moves, [(Mnemonic::Add, f), (Mnemonic::Sub, f)]);
+            // Up by a frame; back to the frame (rax) after the call, or
+            // to it (rbx) in the landing pad.
+            let want = [
+                (Mnemonic::Add, Some(f), Register::None),
+                (Mnemonic::Mov, None, Register::RAX),
+                (Mnemonic::Mov, None, Register::RBX),
+            ];
+            assert_eq!(moves, want);
             assert!(f.is_multiple_of(64) && out.len() >= HEAD);
         }
     }
@@ -571,8 +729,11 @@ mod tests {
             ),
         );
         let (stored, loaded, after) = stores_loads(&ins);
-        assert_eq!(stored, [RCX, RDX, RSI, RDI, R8, R9, R10, R11, RCX, RCX]);
-        assert_eq!(loaded, [RCX, RDX, RSI, RDI, R8, R9, R10, R11]);
+        assert_eq!(
+            stored,
+            [RCX, RDX, RSI, RDI, R8, R9, R10, R11, RBX, RCX, RCX]
+        );
+        assert_eq!(loaded, [RCX, RDX, RSI, RDI, R8, R9, R10, R11, RBX]);
         let xmm: Vec<Register> = after
             .iter()
             .filter(|i| i.mnemonic() == Mnemonic::Movdqu)
@@ -593,7 +754,7 @@ mod tests {
             let (_, loaded, after) = stores_loads(&ins);
             assert_eq!(
                 loaded,
-                [RCX, RCX, RDX, RSI, RDI, R8, R9, R10, R11],
+                [RCX, RCX, RDX, RSI, RDI, R8, R9, R10, R11, RBX],
                 "rax too"
             );
             let rdx = after
@@ -617,6 +778,85 @@ mod tests {
                 .collect();
             assert_eq!(masks, [v.mask as u32]);
             assert!(ins.iter().any(|i| i.mnemonic() == Mnemonic::Xsave64));
+        }
+    }
+
+    /// The unwind entries: at the call, the caller's return address and
+    /// rbx are found through rbx (the frame), with the landing pad in the
+    /// LSDA; in the landing pad, on the stack; nowhere else.
+    #[test]
+    fn unwind_entries_lead_to_the_caller() {
+        use gimli::{
+            BaseAddresses, CfaRule, EhFrame, LittleEndian, Pointer, RegisterRule, UnwindContext,
+            UnwindSection, X86_64 as R,
+        };
+        let l = Layout {
+            call: 0x40_1100,
+            back: 0x40_1106,
+            pad: 0x40_1200,
+            pad_end: 0x40_1214,
+        };
+        let base = 0x7000_0000u64;
+        let personality = 0x7f00_1234_5678;
+        let bytes = eh_frame(&l, personality, base);
+        assert_eq!(eh_frame(&l, personality, 0).len(), bytes.len());
+        let eh = EhFrame::new(&bytes, LittleEndian);
+        let bases = BaseAddresses::default().set_eh_frame(base);
+        let mut ctx = UnwindContext::new();
+        let fde = eh
+            .fde_for_address(&bases, l.back - 1, EhFrame::cie_from_offset)
+            .unwrap();
+        assert_eq!(fde.personality(), Some(Pointer::Direct(personality)));
+        let Some(Pointer::Direct(lsda)) = fde.lsda() else {
+            panic!("no LSDA")
+        };
+        let at = (lsda - base) as usize;
+        let pad = ((l.pad - l.call) as u32).to_le_bytes();
+        assert_eq!(
+            bytes[at..],
+            [0xff, 0xff, 3, 13, 0, 0, 0, 0, 6, 0, 0, 0, pad[0], pad[1], pad[2], pad[3], 0]
+        );
+        let row = fde
+            .unwind_info_for_address(&eh, &bases, &mut ctx, l.back - 1)
+            .unwrap();
+        assert_eq!(
+            *row.cfa(),
+            CfaRule::RegisterAndOffset {
+                register: R::RSP,
+                offset: 0
+            }
+        );
+        let through_rbx = |reg, disp: u8| match row.register(reg) {
+            Some(RegisterRule::Expression(e)) => {
+                let e = e.get(&eh).unwrap();
+                assert_eq!(e.0.slice()[0], 0x73, "DW_OP_breg3");
+                assert_eq!(e.0.slice()[1] & 0x7f, disp);
+            }
+            other => panic!("{other:?}"),
+        };
+        through_rbx(R::RA, 0);
+        through_rbx(R::RBX, RBX_AT);
+
+        let fde = eh
+            .fde_for_address(&bases, l.pad_end - 1, EhFrame::cie_from_offset)
+            .unwrap();
+        assert_eq!(fde.lsda(), Some(Pointer::Direct(0)));
+        let row = fde
+            .unwind_info_for_address(&eh, &bases, &mut ctx, l.pad_end - 1)
+            .unwrap();
+        assert_eq!(
+            *row.cfa(),
+            CfaRule::RegisterAndOffset {
+                register: R::RSP,
+                offset: 16
+            }
+        );
+        assert_eq!(row.register(R::RA), Some(RegisterRule::Offset(-8)));
+        assert_eq!(row.register(R::RBX), Some(RegisterRule::Offset(-16)));
+        for outside in [l.call - 1, l.back, l.pad - 1, l.pad_end] {
+            assert!(eh
+                .fde_for_address(&bases, outside, EhFrame::cie_from_offset)
+                .is_err());
         }
     }
 
@@ -848,6 +1088,7 @@ mod tests {
             vectors,
             frame: s.frame.max(vectors.frame()),
             claim: s.claim,
+            resume: _Unwind_Resume as *const () as u64,
             tls: tls::route_offset() as i32,
             results,
         };
