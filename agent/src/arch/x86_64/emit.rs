@@ -10,7 +10,7 @@
 //! not used.
 
 /// Labels one piece of code may have.
-const MAX_LABELS: usize = 8;
+const MAX_LABELS: usize = 24;
 /// Branches that may wait for their label at once.
 const MAX_PENDING: usize = 16;
 

@@ -57,9 +57,9 @@ use iced_x86::{
 };
 use rtprof_abi::Refusal;
 
-/// Bytes of a route stub: the longest (xmm0-15 one by one, every
-/// register restored, about 600) with room to spare, the rest `int3`.
-pub const ROUTE_STUB_LEN: usize = 640;
+/// Bytes of a route stub: the longest (AVX-512 with `xgetbv 1`, every
+/// register restored, about 1,300) with room to spare, the rest `int3`.
+pub const ROUTE_STUB_LEN: usize = 1536;
 
 /// Where the body starts: past the counting prologue, its jump and the
 /// shared-stripe path.
@@ -74,6 +74,8 @@ const RDX_RESULT_AT: u8 = 80;
 const MXCSR_AT: u8 = 88;
 /// The caller's rbx (rbx holds the frame while the implementation runs).
 const RBX_AT: u8 = 96;
+/// The vector state components in use at the call (`xgetbv 1`).
+const IN_USE_AT: u8 = 104;
 /// Result vectors while the others are restored (64 bytes each).
 const V0_AT: i32 = 128;
 const V1_AT: i32 = 192;
@@ -90,6 +92,9 @@ pub struct Results {
     /// The whole of vector register 0, 1.
     pub v0: bool,
     pub v1: bool,
+    /// v0 or v1 written as ymm or zmm: a result may be in their upper
+    /// halves.
+    pub wide: bool,
 }
 
 impl Results {
@@ -99,6 +104,7 @@ impl Results {
         rdx: true,
         v0: true,
         v1: true,
+        wide: true,
     };
 }
 
@@ -115,6 +121,8 @@ pub struct Body {
     /// follows).
     pub tls: i32,
     pub results: Results,
+    /// What the implementation's code may change: saved and restored.
+    pub clobbers: Clobbers,
 }
 
 /// Writes, at `at`, the stub that counts a call routed to implementation
@@ -135,6 +143,7 @@ pub fn emit_route_stub(
         resume: _Unwind_Resume as *const () as u64,
         tls: i32::try_from(tls::route_offset()).map_err(|_| Refusal::RelocationFailed)?,
         results: results(routed.start, routed.read),
+        clobbers: clobbers(target, routed.read),
     };
     let fallback = routed.stub + PROLOGUE_LEN as u64;
     let layout = emit(at, counter, target, fallback, &body, out)?;
@@ -278,6 +287,10 @@ fn fs_op(e: &mut Emitter, op: [u8; 4], disp: i32) {
 const MOV_RAX_FS: [u8; 4] = [0x48, 0x8b, 0x04, 0x25];
 const CMP_RAX_FS: [u8; 4] = [0x48, 0x3b, 0x04, 0x25];
 const ADD_FS_IMM: [u8; 4] = [0x48, 0x81, 0x04, 0x25];
+/// `xsave64`, `xsavec64`, `xrstor64` on [rcx+disp32]: opcode, ModRM.
+const XSAVE: [u8; 2] = [0xae, 0xa1];
+const XSAVEC: [u8; 2] = [0xc7, 0xa1];
+const XRSTOR: [u8; 2] = [0xae, 0xa9];
 const MOV_FS_RAX: [u8; 4] = [0x48, 0x89, 0x04, 0x25];
 const MOV_FS_RBX: [u8; 4] = [0x48, 0x89, 0x1c, 0x25];
 
@@ -319,7 +332,9 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
     e.put_i32(128);
     e.put(&[0x48, 0x8b, 0x0c, 0x24]); // mov rcx,[rsp]: the return address
     e.put(&[0x48, 0x89, 0x08]); // mov [rax],rcx
-    save_vectors(e, &b.vectors);
+    if b.clobbers.vectors {
+        save_vectors(e, &b.vectors, b.clobbers.hi16);
+    }
     // The arguments as they came (al: vector arguments of a varargs call);
     // rbx, which the implementation keeps, the frame: the way back, for
     // the stub and for an unwinder.
@@ -340,7 +355,9 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
     if r.rdx {
         e.put(&frame_mov(0x89, RDX, RDX_RESULT_AT));
     }
-    restore_vectors(e, &b.vectors, r);
+    if b.clobbers.vectors {
+        restore_vectors(e, &b.vectors, r, b.clobbers.hi16);
+    }
     if !r.rax {
         e.put(&frame_mov(0x8b, RCX, RAX_AT));
         e.put(&[0x48, 0x89, 0x0c, 0x24]); // mov [rsp],rcx
@@ -415,23 +432,99 @@ fn movdqu(e: &mut Emitter, op: u8, i: u8, disp: i32) {
 }
 
 /// `mov rcx,rax; mov eax,lo; mov edx,hi; <op> [rcx+256]; mov rax,rcx`
-/// for `xsave64` (`reg` 4) or `xrstor64` (5).
-fn xsave_op(e: &mut Emitter, mask: u64, reg: u8) {
+/// for `op`: `xsave64`, `xsavec64` or `xrstor64` (opcode and ModRM).
+fn xsave_op(e: &mut Emitter, mask: u64, op: [u8; 2]) {
     e.put(&[0x48, 0x89, 0xc1]);
     e.put(&[0xb8]);
     e.put_u32(mask as u32);
     e.put(&[0xba]);
     e.put_u32((mask >> 32) as u32);
-    e.put(&[0x48, 0x0f, 0xae, 0x81 | reg << 3]);
+    e.put(&[0x48, 0x0f, op[0], op[1]]);
     e.put_i32(HEADER as i32);
     e.put(&[0x48, 0x89, 0xc8]);
 }
 
-fn save_vectors(e: &mut Emitter, v: &Vectors) {
-    match v.width {
-        Width::Xmm => (0..16).for_each(|i| movdqu(e, 0x7f, i, HEADER as i32 + 16 * i as i32)),
-        Width::Ymm | Width::Zmm => xsave_op(e, v.mask, 4),
+/// `vmovdqu [rax+disp32], ymm_i` (`op` 0x7f) or the load (0x6f).
+fn vmovdqu(e: &mut Emitter, op: u8, i: u8, disp: i32) {
+    e.put(&[
+        0xc5,
+        if i < 8 { 0xfe } else { 0x7e },
+        op,
+        0x80 | (i & 7) << 3,
+    ]);
+    e.put_i32(disp);
+}
+
+/// Where zmm16-31 and k0-7 go in the frame when saved one by one.
+const HI16_AT: i32 = HEADER as i32 + 512;
+const MASKS_AT: i32 = HI16_AT + 1024;
+
+/// `vmovdqu64 [rax+disp8*64], zmm(16+j)` (`op` 0x7f) or the load (0x6f).
+fn zmm_hi(e: &mut Emitter, op: u8, j: u8) {
+    let p0 = if j < 8 { 0xe1 } else { 0x61 };
+    let disp = (HI16_AT / 64) as u8 + j;
+    e.put(&[0x62, p0, 0xfe, 0x48, op, 0x40 | (j & 7) << 3, disp]);
+}
+
+/// `kmovq [rax+disp32], k` (`op` 0x91) or the load (0x90).
+fn kmov(e: &mut Emitter, op: u8, k: u8) {
+    e.put(&[0xc4, 0xe1, 0xf8, op, 0x80 | k << 3]);
+    e.put_i32(MASKS_AT + 8 * k as i32);
+}
+
+/// Saves the vector state (rax the frame; rcx, rdx, r11 free). With
+/// `xgetbv 1` it saves only the components in use: one in its initial
+/// state holds no value of the caller's (only an instruction's write, or
+/// a restore of one, puts it in use), so the implementation may leave
+/// anything there. xmm0-15 one by one, or ymm0-15 when their upper halves
+/// are in use, and zmm16-31 and k0-7 when in use (glibc's string
+/// functions use them); the upper halves of zmm0-15 in use: `xsave`,
+/// which costs a hundred nanoseconds and more. The way taken is noted for
+/// the way back.
+fn save_vectors(e: &mut Emitter, v: &Vectors, hi16: bool) {
+    let area = HEADER as i32;
+    if v.width == Width::Xmm {
+        (0..16).for_each(|i| movdqu(e, 0x7f, i, area + 16 * i as i32));
+        return;
     }
+    let full_save = |e: &mut Emitter| match v.compact {
+        true => xsave_op(e, v.mask, XSAVEC),
+        false => xsave_op(e, v.mask, XSAVE),
+    };
+    if !v.tiers {
+        full_save(e);
+        return;
+    }
+    let (full, ymm, low_done, done) = (e.label(), e.label(), e.label(), e.label());
+    e.put(&[0x49, 0x89, 0xc3]); // mov r11,rax
+    e.put(&[0xb9, 1, 0, 0, 0]); // mov ecx,1
+    e.put(&[0x0f, 0x01, 0xd0]); // xgetbv: edx:eax the components in use
+    e.put(&[0x49, 0x93]); // xchg rax,r11
+    e.put(&[0x44, 0x89, 0x58, IN_USE_AT]); // mov [rax+104],r11d
+    e.put(&[0x41, 0xf6, 0xc3, 0x40]); // test r11b,0x40: zmm0-15 upper halves
+    e.jcc(0x5, full);
+    e.put(&[0x41, 0xf6, 0xc3, 0x04]); // test r11b,4: ymm0-15 upper halves
+    e.jcc(0x5, ymm);
+    (0..16).for_each(|i| movdqu(e, 0x7f, i, area + 16 * i as i32));
+    e.jmp(low_done);
+    e.bind(ymm);
+    (0..16).for_each(|i| vmovdqu(e, 0x7f, i, area + 32 * i as i32));
+    e.bind(low_done);
+    if v.width == Width::Zmm && hi16 {
+        let (no_hi16, no_masks) = (e.label(), e.label());
+        e.put(&[0x41, 0xf6, 0xc3, 0x80]); // test r11b,0x80: zmm16-31
+        e.jcc(0x4, no_hi16);
+        (0..16).for_each(|j| zmm_hi(e, 0x7f, j));
+        e.bind(no_hi16);
+        e.put(&[0x41, 0xf6, 0xc3, 0x20]); // test r11b,0x20: k0-7
+        e.jcc(0x4, no_masks);
+        (0..8).for_each(|k| kmov(e, 0x91, k));
+        e.bind(no_masks);
+    }
+    e.jmp(done);
+    e.bind(full);
+    full_save(e);
+    e.bind(done);
 }
 
 /// A whole vector register `i` (0 or 1) to or from `[rax+at]` (`op` 0x7f
@@ -446,15 +539,52 @@ fn wide(e: &mut Emitter, w: Width, op: u8, i: u8, at: i32) {
     }
 }
 
-fn restore_vectors(e: &mut Emitter, v: &Vectors, r: Results) {
+/// Restores the vector state as [`save_vectors`] saved it, but the
+/// results (rax the frame; rcx free).
+fn restore_vectors(e: &mut Emitter, v: &Vectors, r: Results, hi16: bool) {
+    let area = HEADER as i32;
+    let kept = |i: u8| i == 0 && r.v0 || i == 1 && r.v1;
     if v.width == Width::Xmm {
-        for i in 0..16u8 {
-            if !(i == 0 && r.v0 || i == 1 && r.v1) {
-                movdqu(e, 0x6f, i, HEADER as i32 + 16 * i as i32);
-            }
+        for i in (0..16u8).filter(|&i| !kept(i)) {
+            movdqu(e, 0x6f, i, area + 16 * i as i32);
         }
         return;
     }
+    let (full, ymm, done) = (e.label(), e.label(), e.label());
+    if v.tiers {
+        e.put(&[0x8b, 0x48, IN_USE_AT]); // mov ecx,[rax+104]
+        e.put(&[0xf6, 0xc1, 0x40]); // test cl,0x40
+        e.jcc(0x5, full);
+        if v.width == Width::Zmm && hi16 {
+            let (no_hi16, no_masks) = (e.label(), e.label());
+            e.put(&[0xf6, 0xc1, 0x80]); // test cl,0x80
+            e.jcc(0x4, no_hi16);
+            (0..16).for_each(|j| zmm_hi(e, 0x6f, j));
+            e.bind(no_hi16);
+            e.put(&[0xf6, 0xc1, 0x20]); // test cl,0x20
+            e.jcc(0x4, no_masks);
+            (0..8).for_each(|k| kmov(e, 0x90, k));
+            e.bind(no_masks);
+        }
+        e.put(&[0xf6, 0xc1, 0x04]); // test cl,4
+        e.jcc(0x5, ymm);
+        for i in (0..16u8).filter(|&i| !kept(i)) {
+            movdqu(e, 0x6f, i, area + 16 * i as i32);
+        }
+        // The upper halves were not in use: back to their initial state
+        // (SSE code runs slower with them dirty), unless a result may be
+        // in them.
+        if !r.wide {
+            e.put(&[0xc5, 0xf8, 0x77]); // vzeroupper
+        }
+        e.jmp(done);
+        e.bind(ymm);
+        for i in (0..16u8).filter(|&i| !kept(i)) {
+            vmovdqu(e, 0x6f, i, area + 32 * i as i32);
+        }
+        e.jmp(done);
+    }
+    e.bind(full);
     let kept = [(r.v0, 0, V0_AT), (r.v1, 1, V1_AT)];
     for &(k, i, at) in &kept {
         if k {
@@ -463,28 +593,33 @@ fn restore_vectors(e: &mut Emitter, v: &Vectors, r: Results) {
     }
     // MXCSR as the implementation left it: its flags are results too.
     e.put(&[0x0f, 0xae, 0x58, MXCSR_AT]); // stmxcsr [rax+88]
-    xsave_op(e, v.mask, 5);
+    xsave_op(e, v.mask, XRSTOR);
     e.put(&[0x0f, 0xae, 0x50, MXCSR_AT]); // ldmxcsr [rax+88]
     for &(k, i, at) in &kept {
         if k {
             wide(e, v.width, 0x6f, i, at);
         }
     }
+    e.bind(done);
 }
 
 /// Instructions looked at, at most, before the answer is "all results".
 const BUDGET: usize = 50_000;
 
-/// Which result registers the code at `start` (as it runs now, with every
-/// function it calls or jumps to) may write. Unsure (an indirect branch
-/// it cannot follow, bytes that are no instruction, too much code): all.
-pub fn results<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) -> Results {
+/// Visits every instruction the code at `start` may run (as it runs now,
+/// with every function it calls or jumps to, through pointers it reads by
+/// rip: a PLT's GOT slot) with the registers it writes, until `note`
+/// says enough. Whether it saw all (not: an indirect branch it cannot
+/// follow, bytes that are no instruction, too much code).
+fn walk<'m>(
+    start: u64,
+    read: &dyn Fn(u64, usize) -> Option<&'m [u8]>,
+    mut note: impl FnMut(&iced_x86::Instruction, &mut dyn Iterator<Item = Register>) -> bool,
+) -> bool {
     let mut info = InstructionInfoFactory::new();
     let mut seen = std::collections::HashSet::new();
     let mut work = vec![start];
-    let mut r = Results::default();
     let fetch = |ip: u64| (1..=15).rev().find_map(|n| read(ip, n));
-    // A pointer the code reads through rip (a GOT entry, a PLT's slot).
     let pointer = |at: u64| Some(u64::from_le_bytes(read(at, 8)?.try_into().ok()?));
     while let Some(mut ip) = work.pop() {
         loop {
@@ -492,37 +627,27 @@ pub fn results<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) ->
                 break;
             }
             if seen.len() > BUDGET {
-                return Results::ALL;
+                return false;
             }
             let Some(bytes) = fetch(ip) else {
-                return Results::ALL;
+                return false;
             };
             let i = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE).decode();
             if i.is_invalid() {
-                return Results::ALL;
+                return false;
             }
-            for u in info.info(&i).used_registers() {
-                let written = matches!(
+            let mut written = info.info(&i).used_registers().iter().filter_map(|u| {
+                matches!(
                     u.access(),
                     OpAccess::Write
                         | OpAccess::CondWrite
                         | OpAccess::ReadWrite
                         | OpAccess::ReadCondWrite
-                );
-                if written {
-                    match u.register().full_register() {
-                        Register::RAX => r.rax = true,
-                        Register::RDX => r.rdx = true,
-                        Register::ZMM0 => r.v0 = true,
-                        Register::ZMM1 => r.v1 = true,
-                        _ => {}
-                    }
-                }
-            }
-            match i.mnemonic() {
-                Mnemonic::Vzeroupper | Mnemonic::Vzeroall => (r.v0, r.v1) = (true, true),
-                Mnemonic::Syscall => r.rax = true,
-                _ => {}
+                )
+                .then(|| u.register())
+            });
+            if note(&i, &mut written) {
+                return true;
             }
             let direct = i.op0_kind() == OpKind::NearBranch64;
             let through = || {
@@ -547,17 +672,97 @@ pub fn results<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) ->
                             break;
                         }
                     }
-                    None => return Results::ALL,
+                    None => return false,
                 },
-                _ => return Results::ALL,
-            }
-            if r == Results::ALL {
-                return r;
+                _ => return false,
             }
             ip = i.next_ip();
         }
     }
-    r
+    true
+}
+
+/// Which result registers the code at `start` may write (see [`walk`]);
+/// unsure: all.
+pub fn results<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) -> Results {
+    let mut r = Results::default();
+    let whole = walk(start, read, |i, written| {
+        // vzeroupper leaves zeros in the upper halves, as the stub's does.
+        let zeroing = matches!(i.mnemonic(), Mnemonic::Vzeroupper | Mnemonic::Vzeroall);
+        for reg in written {
+            match reg.full_register() {
+                Register::RAX => r.rax = true,
+                Register::RDX => r.rdx = true,
+                Register::ZMM0 => r.v0 = true,
+                Register::ZMM1 => r.v1 = true,
+                _ => {}
+            }
+            r.wide |= !zeroing
+                && matches!(
+                    reg,
+                    Register::YMM0 | Register::YMM1 | Register::ZMM0 | Register::ZMM1
+                );
+        }
+        match i.mnemonic() {
+            Mnemonic::Vzeroupper | Mnemonic::Vzeroall => (r.v0, r.v1) = (true, true),
+            Mnemonic::Syscall => r.rax = true,
+            _ => {}
+        }
+        r == Results::ALL
+    });
+    if whole {
+        r
+    } else {
+        Results::ALL
+    }
+}
+
+/// The vector state the code of an implementation may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Clobbers {
+    /// Any vector register, MXCSR.
+    pub vectors: bool,
+    /// zmm16-31 or a mask register.
+    pub hi16: bool,
+}
+
+impl Clobbers {
+    pub const ALL: Clobbers = Clobbers {
+        vectors: true,
+        hi16: true,
+    };
+}
+
+/// What vector state the code at `start` may change (see [`walk`]); unsure:
+/// all. What it cannot change need not be saved: most integer code has no
+/// vector state to save at all.
+pub fn clobbers<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) -> Clobbers {
+    let mut c = Clobbers {
+        vectors: false,
+        hi16: false,
+    };
+    let whole = walk(start, read, |i, written| {
+        for reg in written {
+            let full = reg.full_register();
+            if full.is_zmm() || reg.is_k() {
+                c.vectors = true;
+                let n = full.number();
+                c.hi16 |= reg.is_k() || (16..32).contains(&n);
+            }
+        }
+        use Mnemonic::*;
+        match i.mnemonic() {
+            Vzeroupper | Vzeroall | Ldmxcsr | Vldmxcsr | Fxrstor | Fxrstor64 => c.vectors = true,
+            Xrstor | Xrstor64 | Xrstors | Xrstors64 => c = Clobbers::ALL,
+            _ => {}
+        }
+        c == Clobbers::ALL
+    });
+    if whole {
+        c
+    } else {
+        Clobbers::ALL
+    }
 }
 
 #[cfg(test)]
@@ -589,6 +794,7 @@ mod tests {
             resume: 0x7f00_0000_2e5e,
             tls: -256,
             results,
+            clobbers: Clobbers::ALL,
         }
     }
 
@@ -596,11 +802,15 @@ mod tests {
         mask: 0xe7 & !1,
         area: 2688,
         width: Width::Zmm,
+        compact: true,
+        tiers: true,
     };
     const YMM: Vectors = Vectors {
         mask: 0b110,
         area: 832,
         width: Width::Ymm,
+        compact: false,
+        tiers: false,
     };
 
     /// The instructions of a route stub up to its two address words.
@@ -697,10 +907,18 @@ mod tests {
                 .iter()
                 .position(|i| i.mnemonic() == Mnemonic::Ret)
                 .unwrap();
+            // 64-bit moves to or from the frame (not the note of the
+            // vector components in use).
             let from_frame = |i: &&Instruction, to: bool| {
+                let reg = if to {
+                    i.op1_register()
+                } else {
+                    i.op0_register()
+                };
                 i.mnemonic() == Mnemonic::Mov
                     && i.memory_base() == Register::RAX
                     && (i.op0_kind() == OpKind::Memory) == to
+                    && reg.size() == 8
             };
             let stored: Vec<Register> = ins[..call]
                 .iter()
@@ -725,6 +943,7 @@ mod tests {
                     rdx: false,
                     v0: true,
                     v1: false,
+                    wide: false,
                 },
             ),
         );
@@ -748,6 +967,7 @@ mod tests {
             rdx: true,
             v0: true,
             v1: true,
+            wide: false,
         };
         for v in [YMM, ZMM] {
             let (_, ins) = stub(at, 0x40_0000, &body(v, r));
@@ -764,12 +984,21 @@ mod tests {
             assert_eq!(rdx.memory_displacement64(), RDX_RESULT_AT as u64);
             let names: Vec<Mnemonic> = after.iter().map(|i| i.mnemonic()).collect();
             let x = names.iter().position(|m| *m == Mnemonic::Xrstor64).unwrap();
-            let (keep, back) = match v.width {
-                Width::Zmm => (Mnemonic::Vmovdqu64, Mnemonic::Vmovdqu64),
-                _ => (Mnemonic::Vmovdqu, Mnemonic::Vmovdqu),
+            // Around the xrstor, the results kept whole (zmm or ymm).
+            let keep = match v.width {
+                Width::Zmm => (Mnemonic::Vmovdqu64, [ZMM0, ZMM1]),
+                _ => (Mnemonic::Vmovdqu, [YMM0, YMM1]),
             };
-            assert_eq!(names[..x].iter().filter(|m| **m == keep).count(), 2);
-            assert_eq!(names[x..].iter().filter(|m| **m == back).count(), 2);
+            let kept = |ins: &[Instruction]| {
+                ins.iter()
+                    .filter(|i| i.mnemonic() == keep.0)
+                    .filter(|i| {
+                        keep.1.contains(&i.op0_register()) || keep.1.contains(&i.op1_register())
+                    })
+                    .count()
+            };
+            assert_eq!(kept(&after[..x]), 2);
+            assert_eq!(kept(&after[x..]), 2);
             assert!(names.contains(&Mnemonic::Stmxcsr) && names.contains(&Mnemonic::Ldmxcsr));
             let masks: Vec<u32> = after
                 .iter()
@@ -777,7 +1006,11 @@ mod tests {
                 .map(|i| i.immediate32())
                 .collect();
             assert_eq!(masks, [v.mask as u32]);
-            assert!(ins.iter().any(|i| i.mnemonic() == Mnemonic::Xsave64));
+            let save = match v.compact {
+                true => Mnemonic::Xsavec64,
+                false => Mnemonic::Xsave64,
+            };
+            assert!(ins.iter().any(|i| i.mnemonic() == save));
         }
     }
 
@@ -860,6 +1093,45 @@ mod tests {
         }
     }
 
+    /// What vector state an implementation's code may change.
+    #[test]
+    fn clobbers_are_the_vector_state_the_code_may_write() {
+        let at = 0x1000u64;
+        let c = |code: &[u8]| clobbers(at, &read_from(code, at));
+        let none = Clobbers {
+            vectors: false,
+            hi16: false,
+        };
+        let low = Clobbers {
+            vectors: true,
+            hi16: false,
+        };
+        assert_eq!(c(&[0x8d, 0x47, 0x01, 0xc3]), none, "lea eax,[rdi+1]; ret");
+        assert_eq!(c(&[0x66, 0x0f, 0xef, 0xdb, 0xc3]), low, "pxor xmm3,xmm3");
+        assert_eq!(c(&[0x0f, 0xae, 0x10, 0xc3]), low, "ldmxcsr [rax]");
+        let zmm17 = [0x62, 0xa1, 0x75, 0x40, 0xef, 0xc9, 0xc3];
+        assert_eq!(c(&zmm17), Clobbers::ALL, "vpxord zmm17");
+        assert_eq!(
+            c(&[0xc5, 0xf4, 0x47, 0xc9, 0xc3]),
+            Clobbers::ALL,
+            "kxorw k1"
+        );
+        assert_eq!(c(&[0xff, 0xe0]), Clobbers::ALL, "jmp rax");
+        // Through a call: call +1; ret; pxor xmm3,xmm3; ret
+        let code = [0xe8, 1, 0, 0, 0, 0xc3, 0x66, 0x0f, 0xef, 0xdb, 0xc3];
+        assert_eq!(c(&code), low);
+        // Nothing to save: the stub has no vector code at all.
+        let b = Body {
+            clobbers: none,
+            ..body(ZMM, Results::ALL)
+        };
+        let (_, ins) = stub(0x40_1000, 0x40_0000, &b);
+        assert!(!ins.iter().any(|i| i.mnemonic() == Mnemonic::Xgetbv));
+        assert!(!ins
+            .iter()
+            .any(|i| i.op0_register().is_xmm() || i.op1_register().is_xmm()));
+    }
+
     /// Every vector width with every set of results fits.
     #[test]
     fn every_route_stub_fits() {
@@ -870,6 +1142,7 @@ mod tests {
                     rdx: k & 2 != 0,
                     v0: k & 4 != 0,
                     v1: k & 8 != 0,
+                    wide: false,
                 };
                 let mut out = [0u8; ROUTE_STUB_LEN];
                 emit(0x40_1000, &COUNTER, 1, 0x40_0000, &body(v, r), &mut out).unwrap();
@@ -953,6 +1226,8 @@ mod tests {
         gpr: [u64; 9],
         pad: u64,
         vec: [[u64; 4]; 16],
+        /// zmm16's low quadword and k3 after the call (AVX-512 runs).
+        extra: [u64; 2],
     }
 
     std::arch::global_asm!(
@@ -971,6 +1246,32 @@ mod tests {
         ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
         "movdqu [rbp + 80 + 32*\\i], xmm\\i",
         ".endr",
+        "jmp 6f",
+        // The same with the upper halves in their initial state first,
+        // or AVX-512 state in use.
+        "rtprof_test_drive_clean:",
+        "vzeroupper",
+        "jmp rtprof_test_drive_xmm",
+        // AVX-512: zmm16 and k3 all ones, kept across the call and
+        // stored past the vectors; with the upper half of zmm2 in use too.
+        "rtprof_test_drive_zmm_hi:",
+        "vpternlogd zmm2, zmm2, zmm2, 0xff",
+        "rtprof_test_drive_zmm:",
+        "push rbx",
+        "push rbp",
+        "mov rbx, rdi",
+        "mov rbp, rsi",
+        "vpternlogd zmm16, zmm16, zmm16, 0xff",
+        "kxnorq k3, k3, k3",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "vmovdqu ymm\\i, [rbp + 80 + 32*\\i]",
+        ".endr",
+        "call 5f",
+        ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        "vmovdqu [rbp + 80 + 32*\\i], ymm\\i",
+        ".endr",
+        "vmovq [rbp + 592], xmm16",
+        "kmovq [rbp + 600], k3",
         "jmp 6f",
         "rtprof_test_drive_ymm:",
         "push rbx",
@@ -1030,6 +1331,11 @@ mod tests {
         "pcmpeqd xmm\\i, xmm\\i",
         ".endr",
         "ret",
+        "rtprof_test_clobber_zmm:",
+        ".irp i,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31",
+        "vpxord zmm\\i, zmm\\i, zmm\\i",
+        ".endr",
+        "kxorq k3, k3, k3",
         "rtprof_test_clobber_ymm:",
         "movzx eax, al",
         "add rax, rdi",
@@ -1056,6 +1362,10 @@ mod tests {
     extern "C" {
         fn rtprof_test_drive_xmm(stub: u64, s: *mut State);
         fn rtprof_test_drive_ymm(stub: u64, s: *mut State);
+        fn rtprof_test_drive_clean(stub: u64, s: *mut State);
+        fn rtprof_test_drive_zmm(stub: u64, s: *mut State);
+        fn rtprof_test_drive_zmm_hi(stub: u64, s: *mut State);
+        fn rtprof_test_clobber_zmm();
         fn rtprof_test_clobber_xmm();
         fn rtprof_test_clobber_ymm();
         fn rtprof_test_own();
@@ -1091,6 +1401,7 @@ mod tests {
             resume: _Unwind_Resume as *const () as u64,
             tls: tls::route_offset() as i32,
             results,
+            clobbers: Clobbers::ALL,
         };
         let counter = CounterRef {
             tls_offset: tls::offset() as i32,
@@ -1137,6 +1448,7 @@ mod tests {
             gpr: [0; 9],
             pad: 0,
             vec: [[0; 4]; 16],
+            extra: [0; 2],
         };
         for (i, g) in s.gpr.iter_mut().enumerate() {
             *g = 0x1000 + i as u64 * 0x111;
@@ -1156,46 +1468,81 @@ mod tests {
     fn a_routed_call_changes_nothing_but_the_result() {
         use std::sync::atomic::{AtomicU64, Ordering};
         let count = AtomicU64::new(0);
-        let avx = is_x86_feature_detected!("avx2") && Vectors::of_this_cpu().width != Width::Xmm;
-        let mut runs = vec![(Vectors::XMM, false)];
+        let this = Vectors::of_this_cpu();
+        let avx = is_x86_feature_detected!("avx2") && this.width != Width::Xmm;
+        type Drive = unsafe extern "C" fn(u64, *mut State);
+        // (vectors, driver, implementation, lanes compared)
+        let mut runs: Vec<(Vectors, Drive, unsafe extern "C" fn(), usize, bool)> = vec![(
+            Vectors::XMM,
+            rtprof_test_drive_xmm,
+            rtprof_test_clobber_xmm,
+            2,
+            false,
+        )];
         if avx {
-            runs.push((Vectors::of_this_cpu(), true));
+            runs.push((
+                this,
+                rtprof_test_drive_ymm,
+                rtprof_test_clobber_ymm,
+                4,
+                false,
+            ));
+            // Only SSE in use: xmm0-15 saved; the upper halves the
+            // implementation dirtied cleared again.
+            runs.push((
+                this,
+                rtprof_test_drive_clean,
+                rtprof_test_clobber_ymm,
+                2,
+                false,
+            ));
+        }
+        let avx512 = avx && this.width == Width::Zmm && is_x86_feature_detected!("avx512f");
+        if avx512 {
+            // zmm16-31 and k0-7 in use, saved one by one; with the upper
+            // halves of zmm0-15 in use too, by xsave.
+            runs.push((
+                this,
+                rtprof_test_drive_zmm,
+                rtprof_test_clobber_zmm,
+                4,
+                true,
+            ));
+            runs.push((
+                this,
+                rtprof_test_drive_zmm_hi,
+                rtprof_test_clobber_zmm,
+                4,
+                true,
+            ));
         }
         let results = Results {
             rax: true,
             rdx: false,
             v0: true,
             v1: false,
+            wide: false,
         };
-        for (v, wide) in runs {
+        for (k, &(v, drive_with, target, lanes, extra)) in runs.iter().enumerate() {
             // Nothing written by the function's own code: all restored.
-            let code = live_stub(
-                rtprof_test_clobber_xmm as *const () as u64,
-                v,
-                Results::default(),
-                &count,
-            );
+            let code = live_stub(target as *const () as u64, v, Results::default(), &count);
             let mut s = state();
             // SAFETY: as below.
-            unsafe { rtprof_test_drive_xmm(code.at(), &mut s) };
-            assert_eq!((s.gpr, s.vec), (state().gpr, state().vec), "{v:?}");
+            unsafe { drive_with(code.at(), &mut s) };
+            assert_eq!(s.gpr, state().gpr, "run {k}");
+            for i in 0..16 {
+                assert_eq!(
+                    s.vec[i][..lanes],
+                    state().vec[i][..lanes],
+                    "run {k}: vector {i}"
+                );
+            }
 
-            let target = if wide {
-                rtprof_test_clobber_ymm as *const () as u64
-            } else {
-                rtprof_test_clobber_xmm as *const () as u64
-            };
-            let code = live_stub(target, v, results, &count);
+            let code = live_stub(target as *const () as u64, v, results, &count);
             let drive = |s: &mut State| {
                 // SAFETY: the stub runs the implementation (or the own
                 // code), which keeps the callee-saved registers.
-                unsafe {
-                    if wide {
-                        rtprof_test_drive_ymm(code.at(), s)
-                    } else {
-                        rtprof_test_drive_xmm(code.at(), s)
-                    }
-                }
+                unsafe { drive_with(code.at(), s) }
             };
             let before = count.load(Ordering::Relaxed);
             for round in 0..3 {
@@ -1205,7 +1552,9 @@ mod tests {
                 assert_eq!(s.gpr[0], 2 + want.gpr[4] + 7, "{v:?} round {round}: rax");
                 assert_eq!(s.gpr[1..], want.gpr[1..], "{v:?}: rdx and the rest kept");
                 assert_eq!(s.vec[0][..2], [u64::MAX; 2], "{v:?}: xmm0 is a result");
-                let lanes = if wide { 4 } else { 2 };
+                if extra {
+                    assert_eq!(s.extra, [u64::MAX; 2], "run {k}: zmm16, k3");
+                }
                 for i in 1..16 {
                     assert_eq!(s.vec[i][..lanes], want.vec[i][..lanes], "{v:?}: vector {i}");
                 }

@@ -47,6 +47,12 @@ pub struct Vectors {
     /// Bytes of the save area (a multiple of 64).
     pub area: u32,
     pub width: Width,
+    /// `xsavec` is there: components in their initial state (the upper
+    /// halves after `vzeroupper`, AVX-512 in a program that uses none)
+    /// are not written, nor read back (`xrstor` takes either form).
+    pub compact: bool,
+    /// `xgetbv 1` is there: which components are in use, per call.
+    pub tiers: bool,
 }
 
 /// `xsave` components saved: SSE (xmm, MXCSR), AVX (ymm upper halves),
@@ -61,6 +67,8 @@ impl Vectors {
         mask: 0,
         area: 256,
         width: Width::Xmm,
+        compact: false,
+        tiers: false,
     };
 
     /// This machine's, as the kernel enabled them (XCR0).
@@ -100,6 +108,8 @@ impl Vectors {
             mask,
             area: end.next_multiple_of(64),
             width,
+            compact: __cpuid_count(0xd, 1).eax & 2 != 0,
+            tiers: __cpuid_count(0xd, 1).eax & 4 != 0,
         }
     }
 
