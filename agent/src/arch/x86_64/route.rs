@@ -25,26 +25,34 @@
 //!         mov rax, fs:[top]; cmp rax, fs:[limit]
 //!         jae slow                                    ; no stack yet, or full
 //! have:   add qword fs:[top], FRAME                   ; reserved, then written
-//!         <rcx, rdx, rsi, rdi, r8-r11, rax, return address -> frame>
-//!         <xsave (or xmm0-15) -> frame>
-//!         <rcx, rdx, rax back>; lea rsp,[rsp+8]       ; pop the return address
+//!         <rcx, rdx, rsi, rdi, r8-r11, rbx, rax, return address -> frame>
+//!         <vector state in use -> frame>
+//!         <rcx, rdx, rax back>; rbx = frame
+//!         lea rsp,[rsp+8]                             ; pop the return address
 //!         call [rip+target]
-//!         push rax; mov rax, fs:[top]; sub rax, FRAME
+//!         push rax; mov rax, rbx
 //!         <vectors back, result vectors kept; registers back but results>
 //!         push [rax]                                  ; the caller's return
-//!         sub qword fs:[top], FRAME                   ; read, then released
+//!         mov fs:[top], rax                           ; read, then released
 //!         mov rax,[rsp+8]; ret 8
+//! pad:    landing pad: release, _Unwind_Resume
 //! slow:   first call of the thread: claim a stack, to `have`;
 //!         else (none to have, or too deep): the function's own code
 //! ```
 //!
+//! What is saved is what may matter: the vector state only if the
+//! implementation's code may write any (most integer code cannot), and
+//! then only the components in use (`save_vectors`).
+//!
 //! A signal handler that makes a routed call between two instructions
 //! finds the top past every frame in use and puts its own above them,
-//! gone before it returns. An unwinder inside the implementation finds the
-//! stub's return address, with no unwind information: a backtrace ends
-//! there, and an exception or `longjmp` through a routed call does not
-//! come back through the stub (its frame is not released: enough of them
-//! and the thread's routed calls run the function's own code).
+//! gone before it returns. Unwind entries registered with libgcc lead an
+//! unwinder inside the implementation to the caller (the return address
+//! and rbx found through rbx, which holds the frame), and an exception
+//! through the call goes by a landing pad that releases the frame. A
+//! `longjmp` out of the implementation leaves its frame, released when a
+//! routed call further out returns (until then, the stack is that much
+//! shorter: full, calls run the function's own code).
 
 use super::super::{CounterRef, Routed};
 use super::emit::Emitter;
@@ -636,16 +644,20 @@ fn walk<'m>(
             if i.is_invalid() {
                 return false;
             }
-            let mut written = info.info(&i).used_registers().iter().filter_map(|u| {
-                matches!(
-                    u.access(),
-                    OpAccess::Write
-                        | OpAccess::CondWrite
-                        | OpAccess::ReadWrite
-                        | OpAccess::ReadCondWrite
-                )
-                .then(|| u.register())
-            });
+            let mut written = info
+                .info(&i)
+                .used_registers()
+                .iter()
+                .filter(|u| {
+                    matches!(
+                        u.access(),
+                        OpAccess::Write
+                            | OpAccess::CondWrite
+                            | OpAccess::ReadWrite
+                            | OpAccess::ReadCondWrite
+                    )
+                })
+                .map(|u| u.register());
             if note(&i, &mut written) {
                 return true;
             }
