@@ -340,8 +340,13 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
     e.put_i32(128);
     e.put(&[0x48, 0x8b, 0x0c, 0x24]); // mov rcx,[rsp]: the return address
     e.put(&[0x48, 0x89, 0x08]); // mov [rax],rcx
-    if b.clobbers.vectors {
-        save_vectors(e, &b.vectors, b.clobbers.hi16);
+    let c = b.clobbers;
+    if c.wide || c.hi16 {
+        save_vectors(e, &b.vectors, c.hi16);
+    } else {
+        for i in (0..16u8).filter(|i| c.xmm & 1 << i != 0) {
+            movdqu(e, 0x7f, i, HEADER as i32 + 16 * i as i32);
+        }
     }
     // The arguments as they came (al: vector arguments of a varargs call);
     // rbx, which the implementation keeps, the frame: the way back, for
@@ -363,8 +368,13 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
     if r.rdx {
         e.put(&frame_mov(0x89, RDX, RDX_RESULT_AT));
     }
-    if b.clobbers.vectors {
-        restore_vectors(e, &b.vectors, r, b.clobbers.hi16);
+    if c.wide || c.hi16 {
+        restore_vectors(e, &b.vectors, r, c.hi16);
+    } else {
+        let kept = |i: u8| i == 0 && r.v0 || i == 1 && r.v1;
+        for i in (0..16u8).filter(|&i| c.xmm & 1 << i != 0 && !kept(i)) {
+            movdqu(e, 0x6f, i, HEADER as i32 + 16 * i as i32);
+        }
     }
     if !r.rax {
         e.put(&frame_mov(0x8b, RCX, RAX_AT));
@@ -732,39 +742,51 @@ pub fn results<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) ->
 /// The vector state the code of an implementation may change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Clobbers {
-    /// Any vector register, MXCSR.
-    pub vectors: bool,
+    /// xmm0-15 written by SSE instructions only (which leave the upper
+    /// halves alone): only these are saved, one by one.
+    pub xmm: u16,
+    /// A vector register written whole (a VEX or EVEX instruction clears
+    /// the upper halves), or `vzeroupper`: the vector state in use is
+    /// saved (`save_vectors`).
+    pub wide: bool,
     /// zmm16-31 or a mask register.
     pub hi16: bool,
 }
 
 impl Clobbers {
     pub const ALL: Clobbers = Clobbers {
-        vectors: true,
+        xmm: 0xffff,
+        wide: true,
         hi16: true,
+    };
+    pub const NONE: Clobbers = Clobbers {
+        xmm: 0,
+        wide: false,
+        hi16: false,
     };
 }
 
 /// What vector state the code at `start` may change (see [`walk`]); unsure:
 /// all. What it cannot change need not be saved: most integer code has no
-/// vector state to save at all.
+/// vector state to save at all, and SSE code only the registers it writes.
+/// (MXCSR stays as the implementation leaves it.)
 pub fn clobbers<'m>(start: u64, read: &dyn Fn(u64, usize) -> Option<&'m [u8]>) -> Clobbers {
-    let mut c = Clobbers {
-        vectors: false,
-        hi16: false,
-    };
+    let mut c = Clobbers::NONE;
     let whole = walk(start, read, |i, written| {
+        let legacy = i.encoding() == iced_x86::EncodingKind::Legacy;
         for reg in written {
             let full = reg.full_register();
-            if full.is_zmm() || reg.is_k() {
-                c.vectors = true;
-                let n = full.number();
-                c.hi16 |= reg.is_k() || (16..32).contains(&n);
+            if reg.is_k() || full.is_zmm() && full.number() >= 16 {
+                (c.wide, c.hi16) = (true, true);
+            } else if full.is_zmm() && legacy && reg.is_xmm() {
+                c.xmm |= 1 << full.number();
+            } else if full.is_zmm() {
+                c.wide = true;
             }
         }
         use Mnemonic::*;
         match i.mnemonic() {
-            Vzeroupper | Vzeroall | Ldmxcsr | Vldmxcsr | Fxrstor | Fxrstor64 => c.vectors = true,
+            Vzeroupper | Vzeroall | Fxrstor | Fxrstor64 => c.wide = true,
             Xrstor | Xrstor64 | Xrstors | Xrstors64 => c = Clobbers::ALL,
             _ => {}
         }
@@ -1110,24 +1132,25 @@ mod tests {
     fn clobbers_are_the_vector_state_the_code_may_write() {
         let at = 0x1000u64;
         let c = |code: &[u8]| clobbers(at, &read_from(code, at));
-        let none = Clobbers {
-            vectors: false,
-            hi16: false,
-        };
+        let none = Clobbers::NONE;
         let low = Clobbers {
-            vectors: true,
-            hi16: false,
+            xmm: 1 << 3,
+            ..Clobbers::NONE
         };
         assert_eq!(c(&[0x8d, 0x47, 0x01, 0xc3]), none, "lea eax,[rdi+1]; ret");
         assert_eq!(c(&[0x66, 0x0f, 0xef, 0xdb, 0xc3]), low, "pxor xmm3,xmm3");
-        assert_eq!(c(&[0x0f, 0xae, 0x10, 0xc3]), low, "ldmxcsr [rax]");
+        assert_eq!(c(&[0x0f, 0xae, 0x10, 0xc3]), none, "ldmxcsr [rax]");
+        // vpxor xmm3,xmm3,xmm3 clears ymm3's upper half.
+        let vex = c(&[0xc5, 0xe1, 0xef, 0xdb, 0xc3]);
+        assert!(vex.wide && !vex.hi16, "{vex:?}");
         let zmm17 = [0x62, 0xa1, 0x75, 0x40, 0xef, 0xc9, 0xc3];
-        assert_eq!(c(&zmm17), Clobbers::ALL, "vpxord zmm17");
-        assert_eq!(
-            c(&[0xc5, 0xf4, 0x47, 0xc9, 0xc3]),
-            Clobbers::ALL,
-            "kxorw k1"
-        );
+        for (code, what) in [
+            (&zmm17[..], "vpxord zmm17"),
+            (&[0xc5, 0xf4, 0x47, 0xc9, 0xc3][..], "kxorw k1"),
+        ] {
+            let got = c(code);
+            assert!(got.wide && got.hi16 && got.xmm == 0, "{what}: {got:?}");
+        }
         assert_eq!(c(&[0xff, 0xe0]), Clobbers::ALL, "jmp rax");
         // Through a call: call +1; ret; pxor xmm3,xmm3; ret
         let code = [0xe8, 1, 0, 0, 0, 0xc3, 0x66, 0x0f, 0xef, 0xdb, 0xc3];
@@ -1401,7 +1424,7 @@ mod tests {
     /// page it will run in (the page is mapped first, then rewritten).
     fn live_stub(
         target: u64,
-        vectors: Vectors,
+        (vectors, clobbers): (Vectors, Clobbers),
         results: Results,
         count: &std::sync::atomic::AtomicU64,
     ) -> Code {
@@ -1413,7 +1436,7 @@ mod tests {
             resume: _Unwind_Resume as *const () as u64,
             tls: tls::route_offset() as i32,
             results,
-            clobbers: Clobbers::ALL,
+            clobbers,
         };
         let counter = CounterRef {
             tls_offset: tls::offset() as i32,
@@ -1484,13 +1507,33 @@ mod tests {
         let avx = is_x86_feature_detected!("avx2") && this.width != Width::Xmm;
         type Drive = unsafe extern "C" fn(u64, *mut State);
         // (vectors, driver, implementation, lanes compared)
-        let mut runs: Vec<(Vectors, Drive, unsafe extern "C" fn(), usize, bool)> = vec![(
-            Vectors::XMM,
+        let mut runs: Vec<(
+            (Vectors, Clobbers),
+            Drive,
+            unsafe extern "C" fn(),
+            usize,
+            bool,
+        )> = vec![(
+            (Vectors::XMM, Clobbers::ALL),
             rtprof_test_drive_xmm,
             rtprof_test_clobber_xmm,
             2,
             false,
         )];
+        // An implementation with SSE instructions only: the xmm registers
+        // it writes, one by one.
+        let sse = Clobbers {
+            xmm: 0xffff,
+            ..Clobbers::NONE
+        };
+        runs.push((
+            (this, sse),
+            rtprof_test_drive_xmm,
+            rtprof_test_clobber_xmm,
+            2,
+            false,
+        ));
+        let this = (this, Clobbers::ALL);
         if avx {
             runs.push((
                 this,
@@ -1509,7 +1552,7 @@ mod tests {
                 false,
             ));
         }
-        let avx512 = avx && this.width == Width::Zmm && is_x86_feature_detected!("avx512f");
+        let avx512 = avx && this.0.width == Width::Zmm && is_x86_feature_detected!("avx512f");
         if avx512 {
             // zmm16-31 and k0-7 in use, saved one by one; with the upper
             // halves of zmm0-15 in use too, by xsave.
