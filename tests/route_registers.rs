@@ -6,8 +6,10 @@
 //! overwrite every call-clobbered register. Four threads check every
 //! round's hash while the calls are routed to each implementation in turn
 //! and back: no signal, no wrong result, and the program's own counts per
-//! implementation are rtprof's. Built again with `-mavx2` where the
-//! machine has it, with a whole ymm register live across the calls.
+//! implementation are rtprof's. A timer's signal handler calls the
+//! function too, inside routed calls or not. Built again with `-mavx2`
+//! where the machine has it, with a whole ymm register live across the
+//! calls.
 
 use rtprof_e2e::*;
 use serde_json::Value;
@@ -202,14 +204,16 @@ fn routed_run(dir: &Path, bin: &Path) {
         .read_to_string(&mut stderr)
         .unwrap();
     assert!(status.success(), "{status:?}: {stderr}");
-    // crc32c original A slice8 B table C rounds R wrong W
+    // crc32c original A slice8 B table C rounds R wrong W signals S wrong X
     let n: Vec<u64> = line
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    assert_eq!(n.len(), 5, "{line}");
+    assert_eq!(n.len(), 7, "{line}");
     assert!(n[0] > 0 && n[1] > 0 && n[2] > 0 && n[3] > 0, "{line}");
     assert_eq!(n[4], 0, "wrong rounds: {line}");
+    assert!(n[5] > 100, "calls in signal handlers: {line}");
+    assert_eq!(n[6], 0, "wrong results in signal handlers: {line}");
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let calls = |name: &str| row(&r, name)["calls"].as_u64();
     assert_eq!(calls("crc32c"), Some(n[0]), "{line}");

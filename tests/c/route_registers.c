@@ -6,7 +6,11 @@
  * the main thread computed before any route.
  *
  *   route_registers N     N threads hash rounds until SIGTERM, then:
- *                         "crc32c original A slice8 B table C rounds R wrong W"
+ *                         "crc32c original A slice8 B table C rounds R wrong W
+ *                          signals S wrong X"
+ *
+ * A timer's signal handler calls crc32c too, in whichever thread it
+ * interrupts (inside a routed call or not), and checks its result.
  */
 #include <pthread.h>
 #include <rtprof.h>
@@ -16,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #define POLY 0x82f63b78u
@@ -133,6 +138,16 @@ static void on_signal(int sig) {
     stop = 1;
 }
 
+static uint32_t in_handler_want;
+static atomic_ulong in_handler_calls, in_handler_wrong;
+
+static void on_timer(int sig) {
+    (void)sig;
+    if (crc32c(data + 5, 100) != in_handler_want)
+        atomic_fetch_add_explicit(&in_handler_wrong, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&in_handler_calls, 1, memory_order_relaxed);
+}
+
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 4;
     if (n < 1 || n > 64) return 2;
@@ -159,6 +174,14 @@ int main(int argc, char **argv) {
         }
     }
     signal(SIGTERM, on_signal);
+    in_handler_want = crc32c(data + 5, 100);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_timer;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval every = {{0, 200}, {0, 200}};
+    setitimer(ITIMER_REAL, &every, NULL);
     struct worker *w = calloc(n, sizeof *w);
     for (int i = 0; i < n; i++) {
         w[i].seed = 1000003u * (i + 1);
@@ -177,8 +200,11 @@ int main(int argc, char **argv) {
         rounds += w[i].rounds;
         wrong += w[i].wrong;
     }
-    printf("crc32c original %lu slice8 %lu table %lu rounds %lu wrong %lu\n", atomic_load(&own_calls),
-           atomic_load(&slice8_calls), atomic_load(&table_calls), (unsigned long)rounds,
-           (unsigned long)wrong);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    printf("crc32c original %lu slice8 %lu table %lu rounds %lu wrong %lu signals %lu wrong %lu\n",
+           atomic_load(&own_calls), atomic_load(&slice8_calls), atomic_load(&table_calls),
+           (unsigned long)rounds, (unsigned long)wrong, atomic_load(&in_handler_calls),
+           atomic_load(&in_handler_wrong));
     return 0;
 }
