@@ -338,8 +338,10 @@ pub struct Routed<'m> {
     /// which says what its callers may expect of a call.
     pub start: u64,
     /// Its own stub: a call the route stub cannot take runs its own code
-    /// from there ([`StubWriter::uncounted_entry`]).
+    /// from there ([`StubWriter::uncounted_entry`]), counted in its own
+    /// row (`counter`).
     pub stub: u64,
+    pub counter: CounterRef,
     /// `len` bytes of the process's memory at an address, if readable.
     pub read: &'m dyn Fn(u64, usize) -> Option<&'m [u8]>,
 }

@@ -352,6 +352,7 @@ mod tests {
         let routed = Routed {
             start: BASE,
             stub,
+            counter: counter(1),
             read: &read,
         };
         Toy::emit_route_stub(route, &counter(3), fast, &routed, &mut r).unwrap();

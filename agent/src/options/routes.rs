@@ -235,6 +235,11 @@ fn offer_locked(
     let routed = Routed {
         start: writer.module(f.module).base.wrapping_add(f.vaddr),
         stub,
+        counter: CounterRef {
+            slot: of,
+            shared_counter: a.segment.counters.stripe_ptr(0) as u64 + of as u64 * 8,
+            ..counter
+        },
         read: &read,
     };
     if Native::emit_route_stub(area.addr, &counter, target, &routed, out).is_err() || !area.seal() {

@@ -131,6 +131,9 @@ pub struct Body {
     pub results: Results,
     /// What the implementation's code may change: saved and restored.
     pub clobbers: Clobbers,
+    /// The function's own row: a call that runs its own code is counted
+    /// there, not in the implementation's.
+    pub own: CounterRef,
 }
 
 /// Writes, at `at`, the stub that counts a call routed to implementation
@@ -152,6 +155,7 @@ pub fn emit_route_stub(
         tls: i32::try_from(tls::route_offset()).map_err(|_| Refusal::RelocationFailed)?,
         results: results(routed.start, routed.read),
         clobbers: clobbers(target, routed.read),
+        own: routed.counter,
     };
     let fallback = routed.stub + PROLOGUE_LEN as u64;
     let layout = emit(at, counter, target, fallback, &body, out)?;
@@ -276,7 +280,7 @@ pub fn emit(
     let (head, rest) = out.split_at_mut(HEAD);
     put_counting_stub(at, &counter, &jump, HEAD, head)?;
     let mut e = Emitter::new(rest, at + HEAD as u64);
-    let layout = put_body(&mut e, target, fallback, body);
+    let layout = put_body(&mut e, (at, &counter), target, fallback, body);
     e.finish().map(|_| layout).ok_or(Refusal::RelocationFailed)
 }
 
@@ -313,7 +317,13 @@ pub struct Layout {
     pub pad_end: u64,
 }
 
-fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
+fn put_body(
+    e: &mut Emitter,
+    (at, counter): (u64, &CounterRef),
+    target: u64,
+    fallback: u64,
+    b: &Body,
+) -> Layout {
     let (have, slow, fall) = (e.label(), e.label(), e.label());
     let (target_at, claim_at, resume_at) = (e.label(), e.label(), e.label());
     let (top, limit, frame) = (b.tls, b.tls + 8, b.frame as i32);
@@ -418,6 +428,7 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
     fs_op(e, CMP_RAX_FS, limit);
     e.jcc(0x2, have); // jb
     e.bind(fall);
+    put_count_moved(e, at, counter, &b.own);
     e.put(&[0x58]); // pop rax
     e.put(&[0x48, 0x8d, 0xa4, 0x24]); // lea rsp,[rsp+128]
     e.put_i32(128);
@@ -437,6 +448,46 @@ fn put_body(e: &mut Emitter, target: u64, fallback: u64, b: &Body) -> Layout {
         pad,
         pad_end,
     }
+}
+
+/// A call that runs the function's own code is counted in its row: the
+/// count the prologue made in the implementation's row moves there, if
+/// it made one (the stub's first byte is that of its counting `lea`, not
+/// the counting switch's `jmp`). Only rcx is used, saved on the stack.
+fn put_count_moved(e: &mut Emitter, at: u64, from: &CounterRef, to: &CounterRef) {
+    let (uncounted, shared, moved) = (e.label(), e.label(), e.label());
+    let slot = |c: &CounterRef| i32::try_from(c.slot as u64 * 8).unwrap_or(i32::MAX);
+    if slot(from) == i32::MAX || slot(to) == i32::MAX {
+        e.fail();
+    }
+    // cmp byte [rip+rel32], 0x48: the stub's first byte.
+    e.put(&[0x80, 0x3d]);
+    let rel = i32::try_from(at as i64 - (e.here() + 5) as i64).ok();
+    if rel.is_none() {
+        e.fail();
+    }
+    e.put_i32(rel.unwrap_or(0));
+    e.put(&[0x48]);
+    e.jcc(0x5, uncounted); // jne
+    e.put(&[0x51]); // push rcx
+    e.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[stripe]
+    e.put_i32(from.tls_offset);
+    e.jrcxz(shared);
+    e.put(&[0x48, 0xff, 0x89]); // dec qword [rcx+disp32]
+    e.put_i32(slot(from));
+    e.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
+    e.put_i32(slot(to));
+    e.jmp_short(moved);
+    e.bind(shared);
+    e.put(&[0x48, 0xb9]); // mov rcx, imm64
+    e.put_u64(from.shared_counter);
+    e.put(&[0xf0, 0x48, 0xff, 0x09]); // lock dec qword [rcx]
+    e.put(&[0x48, 0xb9]); // mov rcx, imm64
+    e.put_u64(to.shared_counter);
+    e.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+    e.bind(moved);
+    e.put(&[0x59]); // pop rcx
+    e.bind(uncounted);
 }
 
 /// `movdqu [rax+disp32], xmm_i` (`op` 0x7f) or the load (0x6f).
@@ -829,6 +880,11 @@ mod tests {
             tls: -256,
             results,
             clobbers: Clobbers::ALL,
+            own: CounterRef {
+                slot: 1,
+                shared_counter: 0x7f00_dead_0008,
+                ..COUNTER
+            },
         }
     }
 
@@ -1406,6 +1462,8 @@ mod tests {
         fn rtprof_test_own();
     }
 
+    static OWN_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
     /// Executable memory for a stub, unmapped when dropped.
     struct Code(*mut u8);
     impl Code {
@@ -1422,6 +1480,7 @@ mod tests {
 
     /// A route stub for the implementation at `target`, written for the
     /// page it will run in (the page is mapped first, then rewritten).
+    /// Calls of the function's own code counted in `OWN_CALLS`.
     fn live_stub(
         target: u64,
         (vectors, clobbers): (Vectors, Clobbers),
@@ -1437,6 +1496,12 @@ mod tests {
             tls: tls::route_offset() as i32,
             results,
             clobbers,
+            own: CounterRef {
+                tls_offset: tls::offset() as i32,
+                slot: 1,
+                shared_counter: &OWN_CALLS as *const _ as u64,
+                caller_hook: 0,
+            },
         };
         let counter = CounterRef {
             tls_offset: tls::offset() as i32,
@@ -1619,7 +1684,12 @@ mod tests {
             let top = tls::route_offset();
             let (t, l) = (tls::load(top), tls::load(top + 8));
             assert!(t > 1 && l > t, "{t:#x} {l:#x}");
-            // None to have, or full: the function's own code.
+            // None to have, or full: the function's own code, counted in
+            // its own row, not the implementation's.
+            let (ours, theirs) = (
+                count.load(Ordering::Relaxed),
+                OWN_CALLS.load(Ordering::Relaxed),
+            );
             for (nt, nl) in [(1, 0), (l, l)] {
                 tls::store(top, nt);
                 tls::store(top + 8, nl);
@@ -1628,6 +1698,8 @@ mod tests {
                 assert_eq!(s.gpr[0], 0xdead);
                 assert_eq!(tls::load(top), nt);
             }
+            assert_eq!(count.load(Ordering::Relaxed), ours);
+            assert_eq!(OWN_CALLS.load(Ordering::Relaxed), theirs + 2);
             tls::store(top, t);
             tls::store(top + 8, l);
         }
