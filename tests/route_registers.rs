@@ -127,6 +127,9 @@ fn live_across(disassembly: &str, function: &str, callee: &str) -> Vec<(String, 
     live
 }
 
+/// One program under the agent at a time: the tests share two cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn daemon(dir: &Path) -> Rtprofd {
     let mut cmd = Command::new(rtprof().with_file_name("rtprofd"));
     cmd.args(["--tick", "100", "--span", "500"])
@@ -223,6 +226,7 @@ fn routed_run(dir: &Path, bin: &Path) {
 
 #[test]
 fn a_routed_call_keeps_every_register_its_caller_keeps() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("route-registers");
     let mut builds = vec![("plain", compile(&dir, "route_registers", &[]), false)];
     let avx2 = std::fs::read_to_string("/proc/cpuinfo")
@@ -264,6 +268,7 @@ fn a_routed_call_keeps_every_register_its_caller_keeps() {
 /// the implementation finds the caller. Counts are still the program's.
 #[test]
 fn exceptions_and_backtraces_go_through_a_routed_call() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("route-unwind");
     let bin = dir.join("route_unwind");
     let out = Command::new("g++")
