@@ -142,11 +142,14 @@ pub trait StubWriter: Planner {
     const ROUTE_STUB_LEN: usize;
 
     /// Writes the stub, to run at `at`, that counts a call in `counter`'s
-    /// slot and jumps to `target` (an implementation the program offered).
+    /// slot and runs `target` (an implementation the program offered) in
+    /// place of `routed`'s function: its caller sees nothing changed but
+    /// the result (see the instruction set's module for how).
     fn emit_route_stub(
         at: u64,
         counter: &CounterRef,
         target: u64,
+        routed: &Routed,
         out: &mut [u8],
     ) -> Result<(), Refusal>;
 
@@ -327,6 +330,20 @@ pub fn stub_and_entry<I: StubWriter>(
 ) -> Result<EntryPatch, Refusal> {
     I::emit_stub(plan, at, counter, out)?;
     I::entry_patch(plan, at).ok_or(Refusal::NoMemoryInRange)
+}
+
+/// The function a route stub stands in for.
+pub struct Routed<'m> {
+    /// Its first byte: its code as it runs now (entry patch included),
+    /// which says what its callers may expect of a call.
+    pub start: u64,
+    /// Its own stub: a call the route stub cannot take runs its own code
+    /// from there ([`StubWriter::uncounted_entry`]), counted in its own
+    /// row (`counter`).
+    pub stub: u64,
+    pub counter: CounterRef,
+    /// `len` bytes of the process's memory at an address, if readable.
+    pub read: &'m dyn Fn(u64, usize) -> Option<&'m [u8]>,
 }
 
 /// What is written over a function's entry.

@@ -9,7 +9,7 @@
 //! (relative to the next instruction), `RET`, `CNT on slot` (a stub's
 //! count: counters[slot] += 1 when on), `TRAP`.
 
-use super::{CounterRef, EntryPatch, EntryPlan, Planner, Redirect, StubWriter};
+use super::{CounterRef, EntryPatch, EntryPlan, Planner, Redirect, Routed, StubWriter};
 use rtprof_abi::Refusal;
 
 const NOP: u8 = 0x01;
@@ -205,6 +205,7 @@ impl StubWriter for Toy {
         at: u64,
         c: &CounterRef,
         target: u64,
+        _: &Routed,
         out: &mut [u8],
     ) -> Result<(), Refusal> {
         let out = out.get_mut(..2 * INSN).ok_or(Refusal::NoMemoryInRange)?;
@@ -347,7 +348,14 @@ mod tests {
         m.at(plan.patch_at(), plan.window())
             .copy_from_slice(entry.as_slice());
         let mut r = [0u8; Toy::ROUTE_STUB_LEN];
-        Toy::emit_route_stub(route, &counter(3), fast, &mut r).unwrap();
+        let read = |_: u64, _: usize| None;
+        let routed = Routed {
+            start: BASE,
+            stub,
+            counter: counter(1),
+            read: &read,
+        };
+        Toy::emit_route_stub(route, &counter(3), fast, &routed, &mut r).unwrap();
         m.at(route, r.len()).copy_from_slice(&r);
         let own: [u8; 8] = m.at(stub, 8).try_into().unwrap();
         let jump = Toy::route_jump(stub, own, route).unwrap();

@@ -20,7 +20,7 @@
 //! the offers of a library that did go are forgotten when the loader hook
 //! sees it gone.
 
-use crate::arch::{CounterRef, Native, StubWriter};
+use crate::arch::{CounterRef, Native, Routed, StubWriter};
 use crate::discover::maps::Maps;
 use crate::discover::modules::Module;
 use crate::lifecycle::interpose::Real;
@@ -421,7 +421,27 @@ fn offer_locked(
     };
     // SAFETY: the area is freshly mapped, writable, and at least a page.
     let out = unsafe { std::slice::from_raw_parts_mut(area.addr as *mut u8, area.len as usize) };
-    if Native::emit_route_stub(area.addr, &counter, target, out).is_err() || !area.seal() {
+    // The function's code as it runs now says what its callers expect.
+    let maps = Maps::current();
+    let read = |at: u64, n: usize| {
+        // SAFETY: [at, at + n) was mapped readable just now: the routed
+        // function's code and what it calls, which a program does not
+        // unload while it offers implementations of it.
+        maps.readable(at, n as u64)
+            .then(|| unsafe { std::slice::from_raw_parts(at as *const u8, n) })
+    };
+    let f = writer.function(of);
+    let routed = Routed {
+        start: writer.module(f.module).base.wrapping_add(f.vaddr),
+        stub,
+        counter: CounterRef {
+            slot: of,
+            shared_counter: a.segment.counters.stripe_ptr(0) as u64 + of as u64 * 8,
+            ..counter
+        },
+        read: &read,
+    };
+    if Native::emit_route_stub(area.addr, &counter, target, &routed, out).is_err() || !area.seal() {
         area.release();
         return Err(OfferRefusal::NoRoom);
     }

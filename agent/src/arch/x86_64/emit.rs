@@ -10,7 +10,7 @@
 //! not used.
 
 /// Labels one piece of code may have.
-const MAX_LABELS: usize = 8;
+const MAX_LABELS: usize = 24;
 /// Branches that may wait for their label at once.
 const MAX_PENDING: usize = 16;
 
@@ -156,6 +156,12 @@ impl<'a> Emitter<'a> {
             }
             None => self.failed = true,
         }
+    }
+
+    /// A rip-relative disp32 field aimed at `l`, ending an instruction
+    /// (`call [rip+disp32]` to a word placed at `l`).
+    pub fn rip_rel(&mut self, l: Label) {
+        self.field(l, Width::Rel32);
     }
 
     /// `jmp rel32` to `l`.

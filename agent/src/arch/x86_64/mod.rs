@@ -3,7 +3,9 @@
 mod emit;
 mod loop_probe;
 mod plan_bytes;
+mod route;
 mod scan;
+mod side_stack;
 mod stub;
 mod tls;
 mod window;
@@ -12,7 +14,7 @@ pub use loop_probe::{LoopWindow, ProbeCounter, Span as LoopSpan, Way};
 pub use scan::FunctionScan;
 pub use window::Plan;
 
-use super::{CounterRef, EntryPatch, LoopProber, Planner, StubWriter, ThreadContext};
+use super::{CounterRef, EntryPatch, LoopProber, Planner, Routed, StubWriter, ThreadContext};
 use rtprof_abi::loops::LoopRefusal;
 use rtprof_abi::Refusal;
 
@@ -154,15 +156,16 @@ impl StubWriter for X86_64 {
         (b, 14)
     }
 
-    const ROUTE_STUB_LEN: usize = stub::ROUTE_STUB_LEN;
+    const ROUTE_STUB_LEN: usize = route::ROUTE_STUB_LEN;
 
     fn emit_route_stub(
         at: u64,
         counter: &CounterRef,
         target: u64,
+        routed: &Routed,
         out: &mut [u8],
     ) -> Result<(), Refusal> {
-        stub::emit_route_stub(at, counter, target, out)
+        route::emit_route_stub(at, counter, target, routed, out)
     }
 
     fn route_jump(stub: u64, first: [u8; 8], to: u64) -> Option<[u8; 8]> {

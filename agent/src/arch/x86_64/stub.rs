@@ -39,7 +39,7 @@ use rtprof_abi::Refusal;
 /// stub is written).
 pub const PROLOGUE_LEN: usize = 33;
 /// Bytes of the shared-stripe path after the moved code.
-const SHARED_LEN: usize = 19;
+pub(super) const SHARED_LEN: usize = 19;
 /// The SysV red zone below `rsp`.
 const RED_ZONE: i32 = 128;
 /// Bytes of the exact-callers tail (see [`put_callers_tail`]).
@@ -99,29 +99,6 @@ pub fn emit_stub(
     put_counting_stub(at, counter, moved, len, out)
 }
 
-/// Bytes of a route stub ([`emit_route_stub`]).
-pub const ROUTE_STUB_LEN: usize = PROLOGUE_LEN + 14 + SHARED_LEN;
-
-/// Writes, at `at`, the stub that counts a call routed to implementation
-/// `target` (in `counter`'s slot, the implementation's row) and jumps
-/// there. Laid out as a function's stub, with `jmp [rip]; dq target` for
-/// the moved instructions: the same counting switch turns its count off.
-pub fn emit_route_stub(
-    at: u64,
-    counter: &CounterRef,
-    target: u64,
-    out: &mut [u8],
-) -> Result<(), Refusal> {
-    let mut jump = [0u8; 14];
-    jump[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
-    jump[6..].copy_from_slice(&target.to_le_bytes());
-    let counter = CounterRef {
-        caller_hook: 0,
-        ..*counter
-    };
-    put_counting_stub(at, &counter, &jump, ROUTE_STUB_LEN, out)
-}
-
 /// A stub's first eight bytes (`first`, as they are now) with its first
 /// instruction sent to the route stub at `to` instead: `jmp rel32`, then
 /// the same last three bytes, so a thread already past the first
@@ -138,7 +115,7 @@ pub fn route_jump(stub: u64, first: [u8; 8], to: u64) -> Option<[u8; 8]> {
 
 /// Writes the counting prologue, `moved`, and the shared-stripe path
 /// (and a callers tail if `counter` has a hook): `len` bytes at `at`.
-fn put_counting_stub(
+pub(super) fn put_counting_stub(
     at: u64,
     counter: &CounterRef,
     moved: &[u8],
@@ -351,47 +328,6 @@ mod tests {
         assert!(ins[12].has_lock_prefix());
         assert_eq!(ins[13].near_branch_target(), at + DONE_AT as u64);
         assert_eq!(ins.len(), 14);
-    }
-
-    /// A route stub counts like a function's stub (the same prologue, so
-    /// the same counting switch), then jumps to the implementation, which
-    /// may lie anywhere; the route jump written over a stub's first eight
-    /// bytes reaches it and keeps the last three bytes as they were.
-    #[test]
-    fn a_route_stub_counts_then_jumps_to_the_implementation() {
-        let at = 0x40_1000;
-        let target = 0x7f12_3456_7890;
-        let mut out = [0u8; ROUTE_STUB_LEN];
-        emit_route_stub(at, &COUNTER, target, &mut out).unwrap();
-        let ins = decode_all(&out, at);
-        assert_eq!(ins[0].mnemonic(), Mnemonic::Lea);
-        assert_eq!(ins[4].mnemonic(), Mnemonic::Inc);
-        assert_eq!(ins[5].ip(), at + DONE_AT as u64);
-        assert_eq!(ins[7].ip(), at + PROLOGUE_LEN as u64);
-        assert_eq!(ins[7].mnemonic(), Mnemonic::Jmp);
-        assert_eq!(ins[7].memory_base(), Register::RIP);
-        assert_eq!(ins[7].len(), 6);
-        assert_eq!(
-            out[PROLOGUE_LEN + 6..PROLOGUE_LEN + 14],
-            target.to_le_bytes()
-        );
-        // The counting switch jumps over the count to the same place.
-        let off = counting_switch(false);
-        assert_eq!(off[0], 0xeb);
-        assert_eq!(2 + off[1] as usize, PROLOGUE_LEN);
-        // shared path
-        assert_eq!(ins[3].near_branch_target(), at + PROLOGUE_LEN as u64 + 14);
-
-        let first: [u8; 8] = out[..8].try_into().unwrap();
-        let to = at + 0x10_0000;
-        let jump = route_jump(at, first, to).unwrap();
-        let j = decode_all(&jump[..5], at);
-        assert_eq!(
-            (j[0].mnemonic(), j[0].near_branch_target()),
-            (Mnemonic::Jmp, to)
-        );
-        assert_eq!(jump[5..], first[5..]);
-        assert_eq!(route_jump(at, first, at + (1 << 32)), None, "out of reach");
     }
 
     /// With a caller hook, `done` jumps to a tail that saves the argument

@@ -1,6 +1,7 @@
 //! The per-thread stripe pointer in static TLS, at a fixed offset from the
 //! `fs` base: stubs reach it with one `mov rcx, fs:[offset]`; and the same
-//! for the thread's loop counters (`RTPROF_LOOPS`), which loop probes reach.
+//! for the thread's loop counters (`RTPROF_LOOPS`), which loop probes reach,
+//! and for the side stack of route stubs (two words: top and limit).
 
 // An initial-exec TLS variable: a preloaded library's TLS block sits at a
 // fixed offset from the thread pointer in every thread.
@@ -17,6 +18,20 @@ std::arch::global_asm!(
     ".size rtprof_tls_loops, 8",
     "rtprof_tls_loops:",
     ".zero 8",
+    ".hidden rtprof_tls_route",
+    ".type rtprof_tls_route, @object",
+    ".size rtprof_tls_route, 16",
+    "rtprof_tls_route:",
+    ".zero 16",
+    ".popsection",
+    ".pushsection .text.rtprof_tls_route_offset,\"ax\",@progbits",
+    ".globl rtprof_tls_route_offset",
+    ".hidden rtprof_tls_route_offset",
+    ".type rtprof_tls_route_offset, @function",
+    "rtprof_tls_route_offset:",
+    "mov rax, qword ptr [rip + rtprof_tls_route@GOTTPOFF]",
+    "ret",
+    ".size rtprof_tls_route_offset, . - rtprof_tls_route_offset",
     ".popsection",
     ".pushsection .text.rtprof_tls_loops_offset,\"ax\",@progbits",
     ".globl rtprof_tls_loops_offset",
@@ -41,6 +56,14 @@ std::arch::global_asm!(
 extern "C" {
     fn rtprof_tls_offset() -> i64;
     fn rtprof_tls_loops_offset() -> i64;
+    fn rtprof_tls_route_offset() -> i64;
+}
+
+/// Offset of the thread's side stack words (route stubs): the top, then
+/// the limit a frame may start below.
+pub fn route_offset() -> i64 {
+    // SAFETY: a leaf function that only reads its GOT entry.
+    unsafe { rtprof_tls_route_offset() }
 }
 
 /// Offset of the loop counters pointer from the thread pointer.
