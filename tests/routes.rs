@@ -1024,7 +1024,7 @@ fn routes_are_visible_in_report_top_and_metrics() {
         "the route in rtprof report",
         Duration::from_secs(10),
         || {
-            let t = view(&["report"]);
+            let t = view(&["report", "--top", "0"]);
             t.contains("(runs the calls)").then_some(t)
         },
     );
@@ -1050,7 +1050,7 @@ fn routes_are_visible_in_report_top_and_metrics() {
         own.ends_with("(offers fast, twin; calls go to fast)"),
         "{own}"
     );
-    let top = view(&["top", "--plain", "--iterations", "1"]);
+    let top = view(&["top", "--plain", "--iterations", "1", "--rows", "50"]);
     assert!(top.contains("work [fast] (runs)"), "{top}");
     assert!(top.contains("work (routed away)"), "{top}");
     let metrics = poll("rtprof_route_active", Duration::from_secs(10), || {
