@@ -446,12 +446,14 @@ fn a_library_loaded_after_attach_is_instrumented_and_restored() {
     let python = shared_python().expect("a python3 with a shared libpython");
     let dir = scratch("attach-late-lib");
     let json = dir.join("late.json");
-    // _json's accelerator module is loaded by the import, after attach.
+    // _json's accelerator module is loaded by the import, after attach;
+    // the program runs on past the attach's 2.5 s (and a busy machine's
+    // slower attach), so it is still there to be detached from.
     let script = "import time\n\
                   time.sleep(1.5)\n\
                   import json\n\
                   t = time.time()\n\
-                  while time.time() - t < 2:\n    \
+                  while time.time() - t < 4:\n    \
                       json.dumps({'a': [1, 2, {'b': 'c'}]})\n\
                   print('done')\n";
     let (mut child, lines) = start_target(&python, &["-c", script]);
