@@ -536,3 +536,23 @@ pub fn http_get(port: u16, path: &str, headers: &[&str]) -> Option<Answer> {
         body: body.to_string(),
     })
 }
+
+/// `rtprof route PID FUNCTION TO` through `d`, retried while rtprofd does
+/// not follow the process yet; its output.
+pub fn route_when_followed(d: &Rtprofd, pid: u32, function: &str, to: &str) -> Output {
+    poll(
+        "rtprofd to follow the program",
+        std::time::Duration::from_secs(20),
+        || {
+            let o = std::process::Command::new(rtprof())
+                .args(["route", "--socket"])
+                .arg(&d.socket)
+                .args([&pid.to_string(), function, to])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            (!err.contains("not a process rtprofd follows") && !err.contains("not filled"))
+                .then_some(o)
+        },
+    )
+}

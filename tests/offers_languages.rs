@@ -103,23 +103,9 @@ fn parse_counts(line: &str) -> HashMap<String, u64> {
         .collect()
 }
 
-/// `rtprof route`, retried while rtprofd does not follow the process yet.
+/// `rtprof route`, which must succeed.
 fn route(d: &Rtprofd, pid: u32, function: &str, to: &str) {
-    let o = poll(
-        "rtprofd to follow the program",
-        Duration::from_secs(20),
-        || {
-            let o = Command::new(rtprof())
-                .args(["route", "--socket"])
-                .arg(&d.socket)
-                .args([&pid.to_string(), function, to])
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&o.stderr);
-            (!err.contains("not a process rtprofd follows") && !err.contains("not filled"))
-                .then_some(o)
-        },
-    );
+    let o = route_when_followed(d, pid, function, to);
     assert!(o.status.success(), "route {function} {to}: {o:?}");
 }
 

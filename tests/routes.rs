@@ -129,21 +129,7 @@ impl Counts {
 
 /// `rtprof route`, retried while rtprofd does not follow the process yet.
 fn route(d: &Rtprofd, pid: u32, function: &str, to: &str) -> std::process::Output {
-    poll(
-        "rtprofd to follow the program",
-        Duration::from_secs(20),
-        || {
-            let o = Command::new(rtprof())
-                .args(["route", "--socket"])
-                .arg(&d.socket)
-                .args([&pid.to_string(), function, to])
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&o.stderr);
-            (!err.contains("not a process rtprofd follows") && !err.contains("not filled"))
-                .then_some(o)
-        },
-    )
+    route_when_followed(d, pid, function, to)
 }
 
 fn route_ok(d: &Rtprofd, pid: u32, function: &str, to: &str) {
