@@ -243,6 +243,17 @@ fn is_called(symbol: &[u8], name: &[u8]) -> bool {
     if !(symbol.starts_with("_Z") || symbol.starts_with("_R")) {
         return false;
     }
+    // Both schemes spell each identifier out: a symbol without the name's
+    // last one is not demangled (a lookup scans every function).
+    let Ok(wanted) = std::str::from_utf8(name) else {
+        return false;
+    };
+    let last = without_parameters(wanted).rsplit("::").next().unwrap_or("");
+    // (Operators and templates are spelt otherwise: those are demangled.)
+    let spelt = !last.starts_with("operator") && !last.contains('<');
+    if spelt && !symbol.contains(last) {
+        return false;
+    }
     let readable = rtprof_shared::names::demangle(symbol);
     readable.as_bytes() == name || without_parameters(&readable).as_bytes() == name
 }

@@ -250,6 +250,12 @@ pub fn image_ending() {
     if PID.load(Ordering::Relaxed) == 0 || memory() == Memory::Copied {
         return;
     }
+    // Nothing to drain (the timers' samples are counted as they come): no
+    // check either, so an exec costs no reading of /proc.
+    if RINGS.load(Ordering::Acquire).is_null() && !held::any() && !crate::options::events::active()
+    {
+        return;
+    }
     // A filter that arrived unseen (a raw system call) forbids what we
     // cannot know: no drain, no call of ours.
     if crate::lifecycle::sandbox::filter_arrived_unseen() {
