@@ -70,6 +70,9 @@ pub struct Config {
     /// `RTPROF_LOOPS`: name globs of functions whose loops are counted
     /// exactly (see `patch::loop_probes`).
     pub loops: Vec<String>,
+    /// `RTPROF_IMAGES=0`: patched code is written in every process, never
+    /// mapped from page images (see `patch::image`).
+    pub images: bool,
 }
 
 impl Default for Config {
@@ -94,6 +97,7 @@ impl Default for Config {
             events: Vec::new(),
             traps: false,
             loops: Vec::new(),
+            images: true,
             nocount: Vec::new(),
             budget: None,
             stacks: true,
@@ -193,6 +197,7 @@ impl Config {
         c.stacks = s("RTPROF_STACKS").is_none_or(|v| truthy(&v));
         c.callers = s("RTPROF_CALLERS").is_some_and(|v| truthy(&v));
         c.traps = s("RTPROF_TRAPS").is_some_and(|v| truthy(&v));
+        c.images = s("RTPROF_IMAGES").is_none_or(|v| truthy(&v));
         c.debug_dirs = rtprof_shared::debuginfo::dirs_from(s("RTPROF_DEBUG_DIR").as_deref());
         c.warm_only = s("RTPROF_WARM").is_some_and(|v| truthy(&v));
         c.cache = s("RTPROF_CACHE")

@@ -288,6 +288,9 @@ pub trait EntryPlan: Sized {
     fn trampoline(&self) -> Option<u64>;
     /// Whether the entry is a trap the trap handler turns into a jump.
     fn is_trap(&self) -> bool;
+    /// Whether its stub's bytes depend only on the distance from the stub
+    /// to the function (no moved instruction holds an absolute address).
+    fn position_independent(&self) -> bool;
 }
 
 /// One of the function's own branches into its entry bytes (a loop whose
@@ -305,7 +308,7 @@ pub struct Redirect {
 }
 
 /// Where the stub's counter lives.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct CounterRef {
     /// Offset from the thread pointer (fs base) of the per-thread stripe pointer.
     pub tls_offset: i32,
@@ -317,6 +320,27 @@ pub struct CounterRef {
     /// `extern "C" fn(slot: u32, return_address: u64)` the stub calls after
     /// counting; 0 for none.
     pub caller_hook: u64,
+    /// The module's link words ([`LinkWords`]), 0 for none: a stub that
+    /// has them reaches its counters through them, relative to its own
+    /// address, so its bytes are the same in every process that places
+    /// the module's stubs at the same distance from it (a page image).
+    pub link: u64,
+    /// The function's counter slot within its module (with `link`).
+    pub local: u32,
+}
+
+/// The words a module's stubs read their counters' places from, kept
+/// beside them (see [`CounterRef::link`]): what differs between
+/// processes, in one place that is not code.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkWords {
+    /// Offset from the thread pointer of the per-thread stripe pointer.
+    pub tls_offset: i64,
+    /// Byte offset in a stripe of the module's first counter.
+    pub first_counter: u64,
+    /// Address of the module's first counter in the shared stripe.
+    pub shared_first: u64,
 }
 
 /// Writes `plan`'s stub to run at `at` into `out` and returns the entry

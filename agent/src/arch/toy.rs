@@ -67,6 +67,9 @@ impl EntryPlan for ToyPlan {
     fn is_trap(&self) -> bool {
         false
     }
+    fn position_independent(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Default)]
@@ -290,6 +293,8 @@ mod tests {
 
     fn counter(slot: u32) -> CounterRef {
         CounterRef {
+            link: 0,
+            local: 0,
             tls_offset: 0,
             slot,
             shared_counter: 0,

@@ -25,6 +25,26 @@ pub struct Identity {
     pub debug: u64,
 }
 
+impl Identity {
+    /// A file's identity from its status (no separate debug file).
+    pub fn of(st: &std::fs::Metadata) -> Identity {
+        Identity {
+            dev: st.dev(),
+            ino: st.ino(),
+            size: st.size(),
+            mtime_ns: st.mtime() * 1_000_000_000 + st.mtime_nsec(),
+            ctime_ns: st.ctime() * 1_000_000_000 + st.ctime_nsec(),
+            debug: 0,
+        }
+    }
+
+    /// Whether `self` and `other` name the same file contents (whatever
+    /// debug file each was named from).
+    pub fn same_file(&self, other: &Identity) -> bool {
+        Identity { debug: 0, ..*self } == Identity { debug: 0, ..*other }
+    }
+}
+
 pub struct FileImage {
     map: memmap2::Mmap,
     bias: u64,
@@ -56,14 +76,7 @@ impl FileImage {
             map,
             bias: m.bias,
             loads: m.loads.clone(),
-            identity: Identity {
-                dev,
-                ino: st.ino(),
-                size: st.size(),
-                mtime_ns: st.mtime() * 1_000_000_000 + st.mtime_nsec(),
-                ctime_ns: st.ctime() * 1_000_000_000 + st.ctime_nsec(),
-                debug: 0,
-            },
+            identity: Identity::of(&st),
         })
     }
 

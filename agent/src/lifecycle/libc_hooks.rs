@@ -133,6 +133,7 @@ fn prepare_one(
                 slot: 0,
                 shared_counter: shared,
                 caller_hook: 0,
+                ..CounterRef::default()
             };
             let out = &mut mem[detour_at..];
             if let Err(r) = Native::emit_stub(&plan, at, &counter, out) {

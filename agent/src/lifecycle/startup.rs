@@ -389,6 +389,7 @@ fn may_patch(cfg: &Config, status: &Status) -> bool {
         cfg.cache.as_deref(),
         secure_mode(),
     ));
+    crate::patch::image::configure(cfg);
     // A trap costs a thousand counted calls: no budget could pay for it.
     if cfg.traps && cfg.budget.is_some() {
         vlog!("no trap entries under an overhead budget");

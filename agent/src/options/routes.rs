@@ -429,6 +429,7 @@ fn offer_locked(
         slot: row,
         shared_counter: a.segment.counters.stripe_ptr(0) as u64 + row as u64 * 8,
         caller_hook: 0,
+        ..CounterRef::default()
     };
     // SAFETY: the area is freshly mapped, writable, and at least a page.
     let out = unsafe { std::slice::from_raw_parts_mut(area.addr as *mut u8, area.len as usize) };

@@ -1,9 +1,10 @@
 //! Writing stubs near each module and overwriting function entries with a
 //! jump to them. Runs while the process is single-threaded (the constructor).
 
-use crate::arch::{CounterRef, EntryPatch, EntryPlan, Native, StubWriter};
+use crate::arch::{CounterRef, EntryPatch, EntryPlan, LinkWords, Native, StubWriter};
 use crate::discover::modules::Module;
 use crate::log::vlog;
+use crate::patch::image;
 use crate::patch::stubmem::StubArea;
 use crate::patch::switch::EntrySwitch;
 use crate::plan::analysis::ModulePlan;
@@ -255,25 +256,56 @@ fn install_with(
     if bound == 0 {
         return (outcomes, None);
     }
-    let (lo, hi) = mp.module.span();
-    let Some(area) = StubArea::near(lo, hi, bound) else {
-        vlog!(
-            "{}: no free memory within jump range for stubs",
-            mp.module.path
-        );
-        for (o, c) in outcomes.iter_mut().zip(&mp.funcs) {
-            if c.outcome.is_ok() {
-                *o = Some(Refusal::NoMemoryInRange);
+    let link = LinkWords {
+        tls_offset: tls_offset as i64,
+        first_counter: first_slot as u64 * 8,
+        shared_first: shared_stripe + first_slot as u64 * 8,
+    };
+    // A page image of the module's patched code: mapped if the cache has
+    // one, else made once the module is installed at an image's distance.
+    let plain = hook == 0 && write_now && map.entries.is_none();
+    let image = image::eligible(mp, plain);
+    match &image {
+        Ok(id) => {
+            if let Some(m) = image::map(mp, id, first_slot, link) {
+                vlog!(
+                    "{}: code mapped from its image (variant {})",
+                    mp.module.path,
+                    m.variant
+                );
+                map.add(m.ranges);
+                return (m.outcomes, Some(m.area));
             }
         }
-        return (outcomes, None);
+        Err(why) => vlog!("{}: no image: {}", mp.module.path, why.why()),
+    }
+    let (lo, hi) = mp.module.span();
+    let placed = image
+        .as_ref()
+        .ok()
+        .and_then(|_| image::place(&mp.module, bound));
+    let (area, variant) = match placed {
+        Some((a, v)) => (a, Some(v)),
+        None => match StubArea::near_linked(lo, hi, bound) {
+            Some(a) => (a, None),
+            None => {
+                vlog!(
+                    "{}: no free memory within jump range for stubs",
+                    mp.module.path
+                );
+                for (o, c) in outcomes.iter_mut().zip(&mp.funcs) {
+                    if c.outcome.is_ok() {
+                        *o = Some(Refusal::NoMemoryInRange);
+                    }
+                }
+                return (outcomes, None);
+            }
+        },
     };
-    let counter = |slot: u32| CounterRef {
-        tls_offset,
-        slot,
-        shared_counter: shared_stripe + slot as u64 * 8,
-        caller_hook: hook,
-    };
+    // SAFETY: the area's link page is its own, read-write, and read by no
+    // stub before the stubs are sealed and entered.
+    unsafe { std::ptr::write(area.link() as *mut LinkWords, link) };
+    let counter = |slot: u32| image::linked_counter(area.link(), first_slot, slot, hook);
     let stubs = emit_stubs(
         mp,
         &area,
@@ -306,6 +338,19 @@ fn install_with(
         }
     }
     keep_switches(map, mp, &stubs, &written);
+    if let (Ok(id), Some(v)) = (&image, variant) {
+        if written.iter().all(|&w| w) {
+            let mut funcs: Vec<_> = outcomes
+                .iter()
+                .map(|o| Err(o.unwrap_or(Refusal::WriteFailed)))
+                .collect();
+            for (k, &i) in stubs.owners.iter().enumerate() {
+                let (at, end, _) = stubs.ranges[k];
+                funcs[i] = Ok(((at - area.addr) as u32, (end - at) as u32));
+            }
+            image::store(mp, id, &area, v, &funcs);
+        }
+    }
     map.add(
         stubs
             .ranges

@@ -63,10 +63,13 @@ fn take(gaps: &mut Vec<(u64, u64)>, start: u64, end: u64) {
     *gaps = out;
 }
 
-/// A read-write anonymous mapping that later becomes read-execute.
+/// A read-write anonymous mapping that later becomes read-execute: its
+/// first `code_len` bytes; a linked area's last page stays read-write and
+/// holds its module's link words (see `arch::LinkWords`).
 pub struct StubArea {
     pub addr: u64,
     pub len: u64,
+    pub code_len: u64,
 }
 
 /// In a forked child: a parent's thread that held the free space known
@@ -154,19 +157,82 @@ impl StubArea {
                 unsafe { libc::munmap(p, len as usize) };
                 continue;
             }
-            return Some(StubArea { addr, len });
+            return Some(StubArea {
+                addr,
+                len,
+                code_len: len,
+            });
         }
         None
     }
 
-    /// Makes the area read+execute; writing is over.
+    /// As [`StubArea::near`], for `size` bytes of stubs and a page of
+    /// link words after them.
+    pub fn near_linked(lo: u64, hi: u64, size: u64) -> Option<StubArea> {
+        let mut a = Self::near(lo, hi, size.div_ceil(PAGE) * PAGE + PAGE)?;
+        a.code_len = a.len - PAGE;
+        Some(a)
+    }
+
+    /// `code_len` bytes of stubs and a page of link words at exactly
+    /// `addr`, if nothing is mapped there (never over a mapping).
+    pub fn at(addr: u64, code_len: u64) -> Option<StubArea> {
+        let len = code_len + PAGE;
+        if !addr.is_multiple_of(PAGE)
+            || !code_len.is_multiple_of(PAGE)
+            || addr < LOWEST
+            || addr + len > USER_END
+        {
+            return None;
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE maps fresh memory only where nothing
+        // is mapped: no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        if p as u64 != addr {
+            // SAFETY: the mapping just made (an old kernel took the
+            // address as a hint), referred to nowhere else.
+            unsafe { libc::munmap(p, len as usize) };
+            return None;
+        }
+        if let Some(mut held) = GAPS.lock() {
+            take(&mut held, addr, addr + len);
+        }
+        Some(StubArea {
+            addr,
+            len,
+            code_len,
+        })
+    }
+
+    /// Where the link words are (a linked area), or 0.
+    pub fn link(&self) -> u64 {
+        if self.code_len < self.len {
+            self.addr + self.code_len
+        } else {
+            0
+        }
+    }
+
+    /// Makes the stubs read+execute; writing them is over.
     pub fn seal(&self) -> bool {
-        // SAFETY: the area is our own mapping of `len` bytes; only its
-        // protection changes (nothing jumps into it before this).
+        // SAFETY: the area is our own mapping; only the protection of its
+        // stubs changes (nothing jumps into them before this).
         unsafe {
             libc::mprotect(
                 self.addr as *mut libc::c_void,
-                self.len as usize,
+                self.code_len as usize,
                 libc::PROT_READ | libc::PROT_EXEC,
             ) == 0
         }

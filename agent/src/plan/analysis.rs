@@ -33,6 +33,9 @@ pub struct ModulePlan {
     pub traps: bool,
     /// The loops of the functions named in `RTPROF_LOOPS` (never cached).
     pub loops: Vec<FunctionLoops>,
+    /// The identity of the file the plan was made for (what a page image
+    /// of its patched code is kept under), if known.
+    pub identity: Option<crate::discover::fileimage::Identity>,
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -221,6 +224,7 @@ pub fn analyze(
         text_relocations: list.text_relocations,
         traps,
         loops: function_loops,
+        identity: None,
     }
 }
 

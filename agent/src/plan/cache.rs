@@ -40,7 +40,7 @@ const FORMAT: u32 = 5;
 const RECORD: usize = 40;
 /// The cache directory is trimmed to three quarters of this when a write
 /// takes it over.
-const MAX_BYTES: u64 = 256 << 20;
+const MAX_BYTES: u64 = 512 << 20;
 const SOURCES: [&str; 4] = ["symtab", "dynsym", "eh_frame", "dynsym+eh_frame"];
 
 /// What an entry holds: a module's plan (with trap entries or without),
@@ -588,6 +588,83 @@ fn trim(dir: &Dir, adding: u64) {
     }
 }
 
+/// The name a page image of module `path`'s patched code is kept under
+/// (see `patch::image`): its `variant` (which distance its stubs are at).
+pub fn image_name(path: &str, id: &Identity, variant: u8) -> String {
+    let entry = entry_name(path, id, Kind::Plan);
+    let stem = entry.strip_suffix(ENTRY_SUFFIX).unwrap_or(&entry);
+    format!("{stem}.image{variant}{ENTRY_SUFFIX}")
+}
+
+/// What an image must say it was made for: the file's key and the agent
+/// build.
+pub fn image_key(id: &Identity) -> ([u8; 40], u64) {
+    (key_bytes(id), fingerprint())
+}
+
+/// Opens image `name` from the first place that has it and may be
+/// trusted (as a plan entry is); `None` if none does, said under
+/// `RTPROF_VERBOSE`.
+pub fn open_image(name: &str) -> Option<std::fs::File> {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    for (i, dir) in configured().read.iter().enumerate() {
+        let opened = with_place(i, dir, euid, |d| {
+            let f = match d.open_file(name, libc::O_RDONLY, 0) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(io_at(&d.path().join(name), e)),
+            };
+            let st = rtprof_shared::files::fstat(&f).map_err(PlanError::Unreadable)?;
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG || !trusted(st.st_uid, st.st_mode, euid) {
+                return Err(PlanError::EntryNotTrusted {
+                    path: d.path().join(name),
+                });
+            }
+            Ok(Some(f))
+        });
+        match opened {
+            Ok(Some(f)) => return Some(f),
+            Ok(None) => {}
+            Err(PlanError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(why) => vlog!("image not used: {why}"),
+        }
+    }
+    None
+}
+
+/// Writes image `name` (about `size` bytes) to the cache's write place:
+/// `fill` writes a new file, which is then renamed into place; a failure
+/// leaves nothing behind.
+pub fn write_image(
+    name: &str,
+    size: u64,
+    fill: impl FnOnce(&std::fs::File) -> std::io::Result<()>,
+) -> Result<(), PlanError> {
+    let Some(dir) = &configured().write else {
+        return Err(PlanError::Write(std::io::Error::other("no cache to write")));
+    };
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let system = dir == Path::new(SYSTEM_DIR);
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(if system { 0o755 } else { 0o700 })
+            .create(dir)
+            .map_err(|e| io_at(dir, e))?;
+    }
+    let d = trusted_dir(dir, euid)?;
+    trim(&d, size);
+    let (tmp, f) = d
+        .create_temp(name, if system { 0o644 } else { 0o600 })
+        .map_err(PlanError::Write)?;
+    fill(&f).and_then(|()| d.rename(&tmp, name)).map_err(|e| {
+        let _ = d.unlink(&tmp);
+        PlanError::Write(e)
+    })
+}
+
 /// The plan of module `m` from its cache entry.
 pub fn plan_from(m: Module, e: Entry, traps: bool) -> ModulePlan {
     ModulePlan {
@@ -597,6 +674,7 @@ pub fn plan_from(m: Module, e: Entry, traps: bool) -> ModulePlan {
         text_relocations: e.text_relocations,
         traps,
         loops: Vec::new(),
+        identity: None,
     }
 }
 
@@ -652,6 +730,7 @@ mod tests {
             text_relocations: true,
             traps: false,
             loops: Vec::new(),
+            identity: None,
         }
     }
 

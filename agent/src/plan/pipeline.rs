@@ -71,6 +71,8 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
             (p, "analysed")
         }
     };
+    let mut plan = plan;
+    plan.identity = Some(file.identity);
     vlog!(
         "{}: {} in {:.1} ms",
         plan.module.path,

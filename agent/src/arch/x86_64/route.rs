@@ -865,6 +865,8 @@ mod tests {
     }
 
     const COUNTER: CounterRef = CounterRef {
+        link: 0,
+        local: 0,
         tls_offset: -64,
         slot: 3,
         shared_counter: 0x7f00_dead_0018,
@@ -1497,6 +1499,8 @@ mod tests {
             results,
             clobbers,
             own: CounterRef {
+                link: 0,
+                local: 0,
                 tls_offset: tls::offset() as i32,
                 slot: 1,
                 shared_counter: &OWN_CALLS as *const _ as u64,
@@ -1504,6 +1508,8 @@ mod tests {
             },
         };
         let counter = CounterRef {
+            link: 0,
+            local: 0,
             tls_offset: tls::offset() as i32,
             slot: 0,
             shared_counter: count as *const _ as u64,

@@ -6,17 +6,28 @@
 //! ```text
 //! entry:   lea  rsp, [rsp-128]           ; step over the red zone
 //!          push rcx                      ; the only register touched
-//!          mov  rcx, fs:[tls]            ; this thread's stripe, or 0
+//!          mov  rcx, [rip+link.tls]      ; where this thread's stripe
+//!          mov  rcx, fs:[rcx]            ;   pointer is; the stripe, or 0
 //!          jrcxz shared
-//!          inc  qword [rcx + slot*8]     ; own stripe: no atomic needed
+//!          add  rcx, [rip+link.first]    ; the module's counters in it
+//!          inc  qword [rcx + local*8]    ; own stripe: no atomic needed
 //! done:    pop  rcx
 //!          lea  rsp, [rsp+128]
 //! moved:   <moved instructions>          ; a call becomes push ret; jmp
 //!          jmp  resume                   ; back into the function
-//! shared:  mov  rcx, &stripe0[slot]      ; thread without a stripe yet
-//!          lock inc qword [rcx]
+//! shared:  mov  rcx, [rip+link.shared]   ; thread without a stripe yet
+//!          lock inc qword [rcx + local*8]
 //!          jmp  done
 //! ```
+//!
+//! The three link words ([`LinkWords`](super::super::LinkWords)) sit
+//! beside the module's stubs: nothing in a stub depends on where the
+//! process put its counters or its thread-local storage, only on the
+//! distance from the stub to the module and to the words, so a module's
+//! stubs placed at a fixed distance are the same bytes in every process
+//! (its page image). Stubs made without link words (a route's, libc's
+//! hooks') read an absolute thread-pointer offset and counter address
+//! instead, padded to the same lengths.
 //!
 //! The 128 bytes below `rsp` (the SysV red zone) may hold live data where
 //! an entry is reached by a jump rather than a call (a split-off part of a
@@ -37,9 +48,9 @@ use rtprof_abi::Refusal;
 /// since the counting switch jumps over it and a moved instruction's
 /// relocation is computed before the stub is written (checked as each
 /// stub is written).
-pub const PROLOGUE_LEN: usize = 33;
+pub const PROLOGUE_LEN: usize = 42;
 /// Bytes of the shared-stripe path after the moved code.
-pub(super) const SHARED_LEN: usize = 19;
+pub(super) const SHARED_LEN: usize = 20;
 /// The SysV red zone below `rsp`.
 const RED_ZONE: i32 = 128;
 /// Bytes of the exact-callers tail (see [`put_callers_tail`]).
@@ -122,17 +133,26 @@ pub(super) fn put_counting_stub(
     len: usize,
     out: &mut [u8],
 ) -> Result<(), Refusal> {
-    let slot_disp =
-        i32::try_from(counter.slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
     let callers = counter.caller_hook != 0;
     let out = out.get_mut(..len).ok_or(Refusal::NoMemoryInRange)?;
     let mut e = Emitter::new(out, at);
     let (done, moved_code, shared, tail) = (e.label(), e.label(), e.label(), e.label());
+    let linked = counter.link != 0;
+    let slot = if linked { counter.local } else { counter.slot };
+    let slot_disp = i32::try_from(slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
     e.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
     e.put(&[0x51]); // push rcx
-    e.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
-    e.put_i32(counter.tls_offset);
-    e.jrcxz(shared); // across the moved code: refused if out of reach
+    if linked {
+        put_rip_load(&mut e, &[0x48, 0x8b, 0x0d], counter.link + TLS_WORD)?; // mov rcx,[rip+d]
+        e.put(&[0x64, 0x48, 0x8b, 0x09]); // mov rcx, fs:[rcx]
+        e.jrcxz(shared); // across the moved code: refused if out of reach
+        put_rip_load(&mut e, &[0x48, 0x03, 0x0d], counter.link + FIRST_WORD)?; // add rcx,[rip+d]
+    } else {
+        e.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
+        e.put_i32(counter.tls_offset);
+        e.jrcxz(shared);
+        e.put(&NOP9); // the linked form's length
+    }
     e.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
     e.put_i32(slot_disp);
     e.bind(done);
@@ -152,9 +172,16 @@ pub(super) fn put_counting_stub(
     }
     e.put(moved);
     e.bind(shared);
-    e.put(&[0x48, 0xb9]); // mov rcx, imm64
-    e.put_u64(counter.shared_counter);
-    e.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+    if linked {
+        put_rip_load(&mut e, &[0x48, 0x8b, 0x0d], counter.link + SHARED_WORD)?; // mov rcx,[rip+d]
+        e.put(&[0xf0, 0x48, 0xff, 0x81]); // lock inc qword [rcx+disp32]
+        e.put_i32(slot_disp);
+    } else {
+        e.put(&[0x48, 0xb9]); // mov rcx, imm64
+        e.put_u64(counter.shared_counter);
+        e.put(&[0xf0, 0x48, 0xff, 0x01]); // lock inc qword [rcx]
+        e.put(&[0x90]); // the linked form's length
+    }
     e.jmp(done);
     if callers {
         e.bind(tail);
@@ -164,6 +191,22 @@ pub(super) fn put_counting_stub(
         Some(n) if n == len => Ok(()),
         _ => Err(Refusal::RelocationFailed),
     }
+}
+
+/// Offsets of the link words (see `LinkWords`).
+const TLS_WORD: u64 = 0;
+const FIRST_WORD: u64 = 8;
+const SHARED_WORD: u64 = 16;
+/// A 9-byte `nop dword [rax+rax+0]`.
+const NOP9: [u8; 9] = [0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00];
+
+/// `op` (a `rcx`, `[rip+disp32]` instruction's bytes before its
+/// displacement) reading the word at `word`.
+fn put_rip_load(e: &mut Emitter, op: &[u8], word: u64) -> Result<(), Refusal> {
+    let rel = word as i64 - (e.here() + op.len() as u64 + 4) as i64;
+    e.put(op);
+    e.put_i32(i32::try_from(rel).map_err(|_| Refusal::RelocationFailed)?);
+    Ok(())
 }
 
 /// The exact-callers tail, entered from `done` with `rsp` 128 bytes below
@@ -275,12 +318,15 @@ mod tests {
         v
     }
 
-    /// Instructions in the counting prologue: moved code follows them.
-    const P: usize = 7;
+    /// Instructions in the counting prologue (either form): moved code
+    /// follows them.
+    const P: usize = 8;
     /// Offset of the prologue's `pop rcx`, where the shared path rejoins.
-    const DONE_AT: usize = 24;
+    const DONE_AT: usize = 33;
 
     const COUNTER: CounterRef = CounterRef {
+        link: 0,
+        local: 0,
         tls_offset: -64,
         slot: 3,
         shared_counter: 0x7f00_dead_0018,
@@ -304,30 +350,79 @@ mod tests {
         assert_eq!(ins[2].memory_segment(), Register::FS);
         assert_eq!(ins[2].memory_displacement64() as i64, -64);
         assert_eq!(ins[3].mnemonic(), Mnemonic::Jrcxz);
-        assert_eq!(ins[4].mnemonic(), Mnemonic::Inc);
+        assert_eq!(ins[4].mnemonic(), Mnemonic::Nop);
+        assert_eq!(ins[5].mnemonic(), Mnemonic::Inc);
         assert_eq!(
-            (ins[4].memory_base(), ins[4].memory_displacement64()),
+            (ins[5].memory_base(), ins[5].memory_displacement64()),
             (Register::RCX, 24)
         );
-        assert_eq!(ins[5].mnemonic(), Mnemonic::Pop);
-        assert_eq!(ins[5].ip(), at + DONE_AT as u64);
-        assert_eq!(ins[6].mnemonic(), Mnemonic::Lea);
-        assert_eq!(ins[6].memory_displacement64(), 128);
-        assert_eq!(ins[7].ip(), at + PROLOGUE_LEN as u64);
+        assert_eq!(ins[6].mnemonic(), Mnemonic::Pop);
+        assert_eq!(ins[6].ip(), at + DONE_AT as u64);
+        assert_eq!(ins[7].mnemonic(), Mnemonic::Lea);
+        assert_eq!(ins[7].memory_displacement64(), 128);
+        assert_eq!(ins[8].ip(), at + PROLOGUE_LEN as u64);
         // moved: push rbp; mov rbp,rsp; pop rbp; then jmp back to 0x400005
-        assert_eq!(ins[7].mnemonic(), Mnemonic::Push);
-        assert_eq!(ins[8].mnemonic(), Mnemonic::Mov);
-        assert_eq!(ins[9].mnemonic(), Mnemonic::Pop);
-        assert_eq!(ins[10].mnemonic(), Mnemonic::Jmp);
-        assert_eq!(ins[10].near_branch_target(), 0x40_0005);
+        assert_eq!(ins[8].mnemonic(), Mnemonic::Push);
+        assert_eq!(ins[9].mnemonic(), Mnemonic::Mov);
+        assert_eq!(ins[10].mnemonic(), Mnemonic::Pop);
+        assert_eq!(ins[11].mnemonic(), Mnemonic::Jmp);
+        assert_eq!(ins[11].near_branch_target(), 0x40_0005);
         // shared path: counts atomically, then rejoins at `pop rcx` so the
         // stack is restored the same way.
         let shared = ins[3].near_branch_target();
-        assert_eq!(shared, ins[11].ip());
-        assert_eq!(ins[11].immediate64(), COUNTER.shared_counter);
-        assert!(ins[12].has_lock_prefix());
-        assert_eq!(ins[13].near_branch_target(), at + DONE_AT as u64);
-        assert_eq!(ins.len(), 14);
+        assert_eq!(shared, ins[12].ip());
+        assert_eq!(ins[12].immediate64(), COUNTER.shared_counter);
+        assert!(ins[13].has_lock_prefix());
+        assert_eq!(ins[14].mnemonic(), Mnemonic::Nop);
+        assert_eq!(ins[15].near_branch_target(), at + DONE_AT as u64);
+        assert_eq!(ins.len(), 16);
+    }
+
+    /// A stub with link words reads where its counters are from them,
+    /// relative to itself: the same function's stub at another address
+    /// with its words at the same distance is the same bytes.
+    #[test]
+    fn linked_stubs_are_the_same_bytes_at_the_same_distance() {
+        // push rbp; mov rbp,rsp; call +0x40; pop rbp; ret
+        let code = [0x55, 0x48, 0x89, 0xe5, 0xe8, 0x40, 0, 0, 0, 0x5d, 0xc3];
+        let linked = |orig: u64| {
+            let plan = plan_window(&code, orig, code.len(), 0).unwrap();
+            let at = orig - 0x4000_0000 + 0x40;
+            let c = CounterRef {
+                link: orig - 0x4000_0000 + 0x10_0000,
+                local: 5,
+                slot: 905,
+                ..COUNTER
+            };
+            (stub(&plan, at, &c).unwrap(), at, c)
+        };
+        let (a, at, c) = linked(0x7f12_3456_0000);
+        let (b, _, _) = linked(0x7f55_0000_0000);
+        assert_eq!(a, b);
+        let ins = decode_all(&a, at);
+        assert_eq!(ins[2].mnemonic(), Mnemonic::Mov);
+        assert_eq!(ins[2].ip_rel_memory_address(), c.link);
+        assert_eq!(
+            (ins[3].memory_segment(), ins[3].memory_base()),
+            (Register::FS, Register::RCX)
+        );
+        assert_eq!(ins[4].mnemonic(), Mnemonic::Jrcxz);
+        assert_eq!(ins[5].mnemonic(), Mnemonic::Add);
+        assert_eq!(ins[5].ip_rel_memory_address(), c.link + 8);
+        assert_eq!(ins[6].mnemonic(), Mnemonic::Inc);
+        assert_eq!(
+            ins[6].memory_displacement64(),
+            5 * 8,
+            "the module's own slot"
+        );
+        assert_eq!(ins[7].ip(), at + DONE_AT as u64);
+        assert_eq!(ins[9].ip(), at + PROLOGUE_LEN as u64);
+        let shared = ins[4].near_branch_target();
+        let s = ins.iter().position(|i| i.ip() == shared).unwrap();
+        assert_eq!(ins[s].ip_rel_memory_address(), c.link + 16);
+        assert!(ins[s + 1].has_lock_prefix());
+        assert_eq!(ins[s + 1].memory_displacement64(), 5 * 8);
+        assert_eq!(ins[s + 2].near_branch_target(), at + DONE_AT as u64);
     }
 
     /// With a caller hook, `done` jumps to a tail that saves the argument
@@ -452,13 +547,14 @@ mod tests {
         let plan = plan_window(&code, orig, code.len(), 0).unwrap();
         let at = orig + 0x1000_0000;
         let ins = decode_all(&stub(&plan, at, &COUNTER).unwrap(), at);
-        // lea rsp,[rsp-8]; mov dword [rsp],lo; mov dword [rsp+4],hi; jmp target
-        assert_eq!(ins[P].mnemonic(), Mnemonic::Lea);
-        let lo = ins[P + 1].immediate32() as u64;
-        let hi = ins[P + 2].immediate32() as u64;
-        assert_eq!(hi << 32 | lo, orig + 5);
-        assert_eq!(ins[P + 3].mnemonic(), Mnemonic::Jmp);
-        assert_eq!(ins[P + 3].near_branch_target(), orig + 5 + 0x100);
+        // lea rsp,[rsp-8]; push rax; lea rax,[rip+ret]; mov [rsp+8],rax;
+        // pop rax; jmp target: no flag changed, rax put back.
+        let m: Vec<Mnemonic> = ins[P..P + 6].iter().map(|i| i.mnemonic()).collect();
+        use Mnemonic::*;
+        assert_eq!(m, [Lea, Push, Lea, Mov, Pop, Jmp]);
+        assert_eq!(ins[P + 2].ip_rel_memory_address(), orig + 5);
+        assert_eq!(ins[P + 3].memory_displacement64(), 8);
+        assert_eq!(ins[P + 5].near_branch_target(), orig + 5 + 0x100);
 
         // Low addresses (non-PIE) use push imm32.
         let plan = plan_window(&code, 0x40_1000, code.len(), 0).unwrap();
@@ -476,7 +572,7 @@ mod tests {
         let plan = plan_window(&code, orig, code.len(), 0).unwrap();
         let at = orig - 0x10_0000;
         let ins = decode_all(&stub(&plan, at, &COUNTER).unwrap(), at);
-        let j = &ins[P + 3];
+        let j = &ins[P + 5];
         assert_eq!(j.mnemonic(), Mnemonic::Jmp);
         assert_eq!(j.ip_rel_memory_address(), orig + 6 + 0x2000);
     }

@@ -377,11 +377,16 @@ impl Plan {
             let at = self.emit(&[0x68, 0, 0, 0, 0])? + 1; // push imm32
             return self.fix(at, at + 4, FixKind::Abs32, ret);
         }
+        // Relative to the stub, so a stub's bytes depend only on its
+        // distance from the function (page images); no flag changes, and
+        // rax is put back. Below `rsp` at a call nothing is live: the call
+        // itself would write there.
         self.emit(&[0x48, 0x8d, 0x64, 0x24, 0xf8])?; // lea rsp,[rsp-8]
-        let lo = self.emit(&[0xc7, 0x04, 0x24, 0, 0, 0, 0])? + 3; // mov dword [rsp],imm32
-        self.fix(lo, lo + 4, FixKind::AbsLo32, ret)?;
-        let hi = self.emit(&[0xc7, 0x44, 0x24, 0x04, 0, 0, 0, 0])? + 4; // mov dword [rsp+4],imm32
-        self.fix(hi, hi + 4, FixKind::AbsHi32, ret)
+        self.emit(&[0x50])?; // push rax
+        let at = self.emit(&[0x48, 0x8d, 0x05, 0, 0, 0, 0])? + 3; // lea rax,[rip+disp32]
+        self.fix(at, at + 4, FixKind::Rel32, ret)?;
+        self.emit(&[0x48, 0x89, 0x44, 0x24, 0x08])?; // mov [rsp+8],rax
+        self.emit(&[0x58]).map(|_| ()) // pop rax
     }
 
     /// Appends moved instruction `ins` (its bytes `raw`, where its
@@ -824,6 +829,9 @@ impl EntryPlan for Plan {
     }
     fn is_trap(&self) -> bool {
         Plan::is_trap(self)
+    }
+    fn position_independent(&self) -> bool {
+        self.fixups().iter().all(|f| f.kind == FixKind::Rel32)
     }
 }
 

@@ -1,0 +1,278 @@
+//! Page images: a warm start maps each instrumented module's patched code
+//! and its stubs from the cache, writes no page of code, and counts
+//! exactly as a start that writes them; where an image cannot be used the
+//! module is installed the usual way and says why.
+
+use rtprof_e2e::*;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A private cache directory for one test.
+fn cache_dir(dir: &Path) -> PathBuf {
+    let c = dir.join("cache");
+    std::fs::create_dir_all(&c).unwrap();
+    std::fs::set_permissions(&c, std::fs::Permissions::from_mode(0o700)).unwrap();
+    c
+}
+
+/// `CODE <anon kB> <file>` lines: private kB of each executable mapping.
+fn code_pages(stderr: &[u8]) -> Vec<(u64, String)> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("CODE ")?.splitn(2, ' ');
+            Some((w.next()?.parse().ok()?, w.next()?.to_string()))
+        })
+        .collect()
+}
+
+/// The agent's lines (`RTPROF_VERBOSE`) of a run.
+fn agent_lines(stderr: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter(|l| l.starts_with("rtprof["))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Each module the agent patched functions of, with whether its code was
+/// mapped from an image, by process.
+fn mapped_modules(lines: &[String]) -> BTreeMap<(String, String), bool> {
+    let mut m = BTreeMap::new();
+    for l in lines {
+        let Some((pid, rest)) = l.split_once("]: ") else {
+            continue;
+        };
+        if let Some((path, tail)) = rest.split_once(": ") {
+            if tail.contains(" patched, ") && !tail.starts_with("0 functions") {
+                m.entry((pid.to_string(), path.to_string()))
+                    .or_insert(false);
+            }
+            if tail.starts_with("code mapped from its image") {
+                m.insert((pid.to_string(), path.to_string()), true);
+            }
+        }
+    }
+    m
+}
+
+fn counts_hold(what: &str, bin: &Path, plain: &std::process::Output, p: &Profiled) {
+    assert_eq!(plain.stdout, p.output.stdout, "{what}: stdout");
+    assert_eq!(
+        plain.status.code(),
+        p.output.status.code(),
+        "{what}: status"
+    );
+    let proc_ = process(&p.report, bin);
+    for (name, n) in expectations(&plain.stdout).counts {
+        let f = function_named(proc_, &name);
+        assert_eq!(f["calls"].as_u64(), Some(n), "{what}: calls of {name}: {f}");
+    }
+}
+
+#[test]
+fn a_warm_start_maps_patched_code_and_writes_no_code_page() {
+    let dir = scratch("images-warm");
+    let cache = cache_dir(&dir);
+    let bin = compile_o2("own_code.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    let c = cache.to_str().unwrap();
+    let env = [("RTPROF_CACHE", c), ("RTPROF_VERBOSE", "1")];
+    let name = bin.to_string_lossy().into_owned();
+    let own = |v: &[(u64, String)]| -> u64 {
+        v.iter().filter(|(_, f)| *f == name).map(|(kb, _)| kb).sum()
+    };
+
+    let cold = run_profiled(&bin, &[], &env, &dir);
+    counts_hold("cold", &bin, &plain, &cold);
+    let lines = agent_lines(&cold.output.stderr).join("\n");
+    assert!(
+        lines.contains("image") && lines.contains("written"),
+        "{lines}"
+    );
+
+    let warm = run_profiled(&bin, &[], &env, &dir);
+    counts_hold("warm", &bin, &plain, &warm);
+    let lines = agent_lines(&warm.output.stderr);
+    let mapped = mapped_modules(&lines);
+    assert!(
+        mapped.iter().any(|((_, p), m)| *p == name && *m),
+        "not mapped from an image: {lines:#?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("analysed")), "{lines:#?}");
+    let code = code_pages(&warm.output.stderr);
+    // The program's code comes from the image (the file a mapping names)
+    // and none of its pages is a private copy; its stubs too.
+    assert!(
+        !code.iter().any(|(_, f)| *f == name),
+        "the program's code still maps its own file: {code:?}"
+    );
+    let images: Vec<_> = code.iter().filter(|(_, f)| f.contains(".image")).collect();
+    assert!(images.len() >= 2, "code and stubs from the image: {code:?}");
+    assert!(images.iter().all(|(kb, _)| *kb == 0), "{code:?}");
+
+    // Without images the same start writes its code: the measure above
+    // sees private pages where they are.
+    let written = run_profiled(
+        &bin,
+        &[],
+        &[("RTPROF_CACHE", c), ("RTPROF_IMAGES", "0")],
+        &dir,
+    );
+    counts_hold("images off", &bin, &plain, &written);
+    let code = code_pages(&written.output.stderr);
+    assert!(own(&code) > 0, "a written page is private: {code:?}");
+}
+
+#[test]
+fn a_taken_place_falls_back_and_still_counts() {
+    let dir = scratch("images-taken");
+    let cache = cache_dir(&dir);
+    let bin = compile_o2("own_code.c", &[], &dir);
+    let lib = dir.join("libtake.so");
+    let st = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(root().join("tests/c/take_places.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let plain = run_plain(&bin, &[]);
+    let c = cache.to_str().unwrap();
+    let env = [("RTPROF_CACHE", c), ("RTPROF_VERBOSE", "1")];
+    // An image made first, where the places were free.
+    let first = run_profiled(&bin, &[], &env, &dir);
+    counts_hold("first", &bin, &plain, &first);
+    // rtprof run preloads the agent; the program's own LD_PRELOAD comes
+    // after it.
+    let preload = lib.to_str().unwrap();
+    let taken = run_profiled(
+        &bin,
+        &[],
+        &[
+            ("RTPROF_CACHE", c),
+            ("RTPROF_VERBOSE", "1"),
+            ("LD_PRELOAD", preload),
+        ],
+        &dir,
+    );
+    counts_hold("places taken", &bin, &plain, &taken);
+    let lines = agent_lines(&taken.output.stderr);
+    let name = bin.to_string_lossy().into_owned();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&name) && l.contains("its place is taken")),
+        "{lines:#?}"
+    );
+    assert!(
+        !mapped_modules(&lines)
+            .iter()
+            .any(|((_, p), m)| *p == name && *m),
+        "{lines:#?}"
+    );
+    let code = code_pages(&taken.output.stderr);
+    assert!(
+        code.iter().any(|(kb, f)| *f == name && *kb > 0),
+        "written the usual way: {code:?}"
+    );
+}
+
+/// Warm starts of third-party programs: every module the agent patches
+/// is mapped from its image, none is analysed, and the program's output
+/// is unchanged.
+#[test]
+fn warm_starts_of_python_ls_and_gcc_map_every_module() {
+    let dir = scratch("images-programs");
+    let cache = cache_dir(&dir);
+    let c = cache.to_str().unwrap().to_string();
+    let py = shared_python().unwrap_or_else(|t| panic!("no shared libpython: {t:?}"));
+    let src = dir.join("one.c");
+    std::fs::write(&src, "int one(int x) { return x + 1; }\n").unwrap();
+    let script = "import re\n\
+        s = open('/proc/self/smaps').read()\n\
+        for b in re.split(r'\\n(?=[0-9a-f]+-[0-9a-f]+ )', s):\n\
+        \x20   h = b.split('\\n')[0]\n\
+        \x20   if 'x' in h.split()[1] and '/' in h:\n\
+        \x20       kb = re.search(r'Anonymous:\\s+(\\d+)', b).group(1)\n\
+        \x20       print('CODE', kb, h[h.index('/'):])\n";
+    let runs: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "python3",
+            vec![py.to_string_lossy().into(), "-c".into(), script.into()],
+            "libpython*",
+        ),
+        (
+            "ls -l",
+            vec!["ls".into(), "-l".into(), "/usr/bin".into()],
+            "all",
+        ),
+        (
+            "gcc -c",
+            vec![
+                "gcc".into(),
+                "-O2".into(),
+                "-c".into(),
+                src.to_string_lossy().into(),
+                "-o".into(),
+                dir.join("one.o").to_string_lossy().into(),
+            ],
+            "main",
+        ),
+    ];
+    for (what, argv, modules) in runs {
+        let run = |images: &str| {
+            let out = Command::new(&argv[0])
+                .args(&argv[1..])
+                .current_dir(&dir)
+                .env("LD_PRELOAD", agent())
+                .env("RTPROF_CACHE", &c)
+                .env("RTPROF_MODULES", modules)
+                .env("RTPROF_VERBOSE", "1")
+                .env("RTPROF_IMAGES", images)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{what}: {out:?}");
+            out
+        };
+        let plain = Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        run("1");
+        let warm = run("1");
+        let lines = agent_lines(&warm.stderr);
+        let mapped = mapped_modules(&lines);
+        assert!(!mapped.is_empty(), "{what}: nothing patched: {lines:#?}");
+        let unmapped: Vec<_> = mapped.iter().filter(|(_, m)| !**m).collect();
+        assert!(
+            unmapped.is_empty(),
+            "{what}: not from images: {unmapped:?}\n{lines:#?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("analysed")),
+            "{what}: {lines:#?}"
+        );
+        if what == "python3" {
+            let code = code_pages(&warm.stdout);
+            let lib: Vec<_> = code
+                .iter()
+                .filter(|(_, f)| f.contains("libpython"))
+                .collect();
+            assert!(
+                !lib.is_empty() && lib.iter().all(|(kb, _)| *kb == 0),
+                "{code:?}"
+            );
+            let off = code_pages(&run("0").stdout);
+            assert!(
+                off.iter().any(|(kb, f)| f.contains("libpython") && *kb > 0),
+                "without images libpython's code is written: {off:?}"
+            );
+        } else {
+            assert_eq!(plain.stdout, warm.stdout, "{what}: output");
+        }
+    }
+}
