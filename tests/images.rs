@@ -276,3 +276,36 @@ fn warm_starts_of_python_ls_and_gcc_map_every_module() {
         }
     }
 }
+
+/// `rtprof cache warm` writes images too: the first start after it maps
+/// the program's code, as a warm start does.
+#[test]
+fn cache_warm_writes_images_for_the_first_start() {
+    let dir = scratch("images-cache-warm");
+    let home = cache_dir(&dir);
+    let bin = compile_o2("own_code.c", &[], &dir);
+    let out = Command::new(rtprof())
+        .args(["cache", "warm"])
+        .arg(&bin)
+        .env("XDG_CACHE_HOME", &home)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let cache = home.join("rtprof");
+    let plain = run_plain(&bin, &[]);
+    let env = [
+        ("RTPROF_CACHE", cache.to_str().unwrap()),
+        ("RTPROF_VERBOSE", "1"),
+    ];
+    let first = run_profiled(&bin, &[], &env, &dir);
+    counts_hold("first start", &bin, &plain, &first);
+    let lines = agent_lines(&first.output.stderr);
+    let name = bin.to_string_lossy().into_owned();
+    assert!(
+        mapped_modules(&lines)
+            .iter()
+            .any(|((_, p), m)| *p == name && *m),
+        "{lines:#?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("written")), "{lines:#?}");
+}

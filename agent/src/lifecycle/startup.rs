@@ -224,6 +224,7 @@ pub(crate) fn start() {
     if cfg.warm_only {
         // `rtprof cache warm`: the entries are written; the program's own
         // code never runs.
+        warm_images(&plans);
         // SAFETY: ends the process; nothing of ours is pending.
         unsafe { libc::_exit(0) };
     }
@@ -490,6 +491,25 @@ fn install_all(
     // This thread counts its loops in counters of its own.
     crate::options::loops::counts::attach_thread();
     stubs
+}
+
+/// `rtprof cache warm`: installs every planned module in this process,
+/// which ends before `main`, so that each module's page image is written
+/// where one can be (the counters its stubs are linked to never count).
+fn warm_images(plans: &[Planned]) {
+    let Ok(tls_offset) = i32::try_from(threads::tls_offset()) else {
+        return;
+    };
+    let mut stubs = StubMap::default();
+    let mut slot = 0u32;
+    for p in plans {
+        if let Planned::Instrument(p) = p {
+            let (_, area) = install::install(p, slot, tls_offset, 0, &mut stubs, &|_| true);
+            // The process ends next: its areas stay as they are.
+            std::mem::forget(area);
+            slot = slot.saturating_add(p.funcs.len() as u32);
+        }
+    }
 }
 
 /// Each planned module's record (its place in the address table, its first
