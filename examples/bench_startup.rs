@@ -10,8 +10,11 @@
 //! (build first: cargo build --release --workspace; the system row needs
 //! root, `unshare`, gcc and make)
 //!
-//! Rows: `/bin/true`; `ls -l /usr/bin` with every module instrumented;
-//! `python3 -c pass` with libpython instrumented; `gcc -c` of a one-line
+//! Rows: `/bin/true`; `/bin/true` with the agent loaded and off
+//! (`RTPROF_DISABLE=1`: what loading the agent alone costs); `ls -l /usr/bin`
+//! with every module instrumented;
+//! `python3 -c pass` with libpython instrumented, and again writing a
+//! report at its end (`RTPROF_REPORT`); `gcc -c` of a one-line
 //! file (gcc, cc1 and as each instrumented as their process's executable);
 //! and a `make -j2` build of 30+ C files with the agent in
 //! `/etc/ld.so.preload` (a copy of /etc bound over /etc in a private mount
@@ -19,7 +22,9 @@
 //!
 //! Each row runs plain, with the agent (`RTPROF_CACHE=off`) and with the
 //! agent and a warm cache (`RTPROF_CACHE=user`, `XDG_CACHE_HOME` a fresh
-//! directory one untimed run filled), alternating, N times: median wall
+//! directory one untimed run filled) and with the warm cache but its page
+//! images not used (`RTPROF_IMAGES=0`: code written in every process, as
+//! before images), alternating, N times: median wall
 //! times around each child, the time added and the ratio. Then, in separate
 //! untimed runs that write `RTPROF_REPORT` (writing reports costs time), the
 //! agent's own set-up time (`setup_ns`, summed over the processes of a run).
@@ -45,9 +50,12 @@ enum Col {
     Plain,
     Agent,
     Warm,
+    /// The warm cache, its page images not used (`RTPROF_IMAGES=0`): code
+    /// written in every process, as before images.
+    WarmWritten,
 }
 
-const COLS: [Col; 3] = [Col::Plain, Col::Agent, Col::Warm];
+const COLS: [Col; 4] = [Col::Plain, Col::Agent, Col::Warm, Col::WarmWritten];
 
 /// A command run with `LD_PRELOAD`.
 struct Row {
@@ -55,11 +63,13 @@ struct Row {
     argv: Vec<OsString>,
     modules: Option<&'static str>,
     cwd: PathBuf,
+    /// More of the agent's settings, in every column with the agent.
+    env: Vec<(&'static str, OsString)>,
 }
 
 struct Measured {
     name: String,
-    ms: [f64; 3],
+    ms: [f64; 4],
     setup_ms: [f64; 2],
     procs: usize,
 }
@@ -99,6 +109,7 @@ impl Bench {
             if let Some(m) = row.modules {
                 c.env("RTPROF_MODULES", m);
             }
+            c.envs(row.env.iter().map(|(k, v)| (k, v)));
         }
         match col {
             Col::Plain => {}
@@ -107,6 +118,11 @@ impl Bench {
             }
             Col::Warm => {
                 c.env("RTPROF_CACHE", "user").env("XDG_CACHE_HOME", cache);
+            }
+            Col::WarmWritten => {
+                c.env("RTPROF_CACHE", "user")
+                    .env("XDG_CACHE_HOME", cache)
+                    .env("RTPROF_IMAGES", "0");
             }
         }
         if let Some(r) = report {
@@ -122,7 +138,7 @@ impl Bench {
         for col in COLS {
             run_quiet(&mut self.command(row, col, &cache, None), &row.name);
         }
-        let mut ms: [Vec<f64>; 3] = Default::default();
+        let mut ms: [Vec<f64>; 4] = Default::default();
         for _ in 0..self.runs {
             for (i, col) in COLS.into_iter().enumerate() {
                 let mut c = self.command(row, col, &cache, None);
@@ -133,7 +149,9 @@ impl Bench {
         }
         let mut setup: [Vec<f64>; 2] = Default::default();
         let mut procs = 0;
-        for _ in 0..self.runs {
+        // An agent that is off writes no report.
+        let off = row.env.iter().any(|(k, _)| *k == "RTPROF_DISABLE");
+        for _ in 0..if off { 0 } else { self.runs } {
             for (i, col) in [Col::Agent, Col::Warm].into_iter().enumerate() {
                 let dir = self.fresh_dir("reports");
                 run_quiet(&mut self.command(row, col, &cache, Some(&dir)), &row.name);
@@ -145,7 +163,7 @@ impl Bench {
         Measured {
             name: row.name.clone(),
             ms: ms.map(median),
-            setup_ms: setup.map(median),
+            setup_ms: setup.map(|v| if v.is_empty() { f64::NAN } else { median(v) }),
             procs,
         }
     }
@@ -158,10 +176,11 @@ impl Bench {
             argv: argv.iter().map(OsString::from).collect(),
             modules,
             cwd: self.tmp.clone(),
+            env: Vec::new(),
         };
         run_quiet(&mut self.command(&row(fill), Col::Warm, &cache, None), name);
-        let mut own: [Vec<f64>; 3] = Default::default();
-        let mut all: [Vec<f64>; 3] = Default::default();
+        let mut own: [Vec<f64>; 4] = Default::default();
+        let mut all: [Vec<f64>; 4] = Default::default();
         for _ in 0..3 {
             for (i, col) in COLS.into_iter().enumerate() {
                 let m = private_kib(self.command(&row(argv), col, &cache, None));
@@ -169,15 +188,16 @@ impl Bench {
                 all[i].push(m.private as f64);
             }
         }
-        let [p, a, w] = own.map(median);
-        let [pp, pa, pw] = all.map(median);
+        let [p, a, w, ww] = own.map(median);
+        let [pp, pa, pw, pww] = all.map(median);
         println!(
             "memory, {name}: its own (anonymous + counter segment) {p:.0} KiB plain, \
-             {a:.0} KiB with the agent (+{:.0}), {w:.0} KiB warm (+{:.0}); all private pages \
-             (also the agent's code, shared once other processes map it) {pp:.0} / {pa:.0} / \
-             {pw:.0} KiB; median of 3",
+             {a:.0} KiB with the agent (+{:.0}), {w:.0} KiB warm (+{:.0}), {ww:.0} KiB warm \
+             with code written (+{:.0}); all private pages (also the agent's code, shared once \
+             other processes map it) {pp:.0} / {pa:.0} / {pw:.0} / {pww:.0} KiB; median of 3",
             a - p,
-            w - p
+            w - p,
+            ww - p
         );
     }
 }
@@ -380,6 +400,7 @@ export RTPROF_DAEMON_SOCKET="$3"
 if [ -n "$4" ]; then export RTPROF_CACHE="$4"; fi
 if [ -n "$5" ]; then export XDG_CACHE_HOME="$5"; fi
 if [ -n "$6" ]; then export RTPROF_REPORT="$6"; fi
+if [ -n "$7" ]; then export RTPROF_IMAGES="$7"; fi
 exec make -s -j2 -C "$2"
 "#;
 
@@ -404,8 +425,9 @@ impl System<'_> {
         let (etc, cache_mode, xdg) = match col {
             Col::Plain => (&self.etc_plain, "", PathBuf::new()),
             Col::Agent => (&self.etc_agent, "off", PathBuf::new()),
-            Col::Warm => (&self.etc_agent, "user", self.cache.clone()),
+            Col::Warm | Col::WarmWritten => (&self.etc_agent, "user", self.cache.clone()),
         };
+        let images = if col == Col::WarmWritten { "0" } else { "" };
         let mut c = clean("unshare");
         c.args([
             "-m",
@@ -422,6 +444,7 @@ impl System<'_> {
         .arg(cache_mode)
         .arg(xdg)
         .arg(report.map(|r| r.join("r-%p.json")).unwrap_or_default())
+        .arg(images)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
         c
@@ -563,7 +586,7 @@ fn run_system(bench: &Bench, runs: usize, budget: Option<f64>) -> Option<(Measur
     // Untimed: fills the warm cache (the first plain build, timed, gives
     // the reference objects every other build must match).
     sys.build(Col::Warm, None);
-    let mut ms: [Vec<f64>; 3] = Default::default();
+    let mut ms: [Vec<f64>; 4] = Default::default();
     for _ in 0..runs {
         for (i, col) in COLS.into_iter().enumerate() {
             ms[i].push(sys.build(col, None));
@@ -594,7 +617,9 @@ fn run_system(bench: &Bench, runs: usize, budget: Option<f64>) -> Option<(Measur
 }
 
 fn fmt_ms(v: f64) -> String {
-    if v.abs() >= 100.0 {
+    if v.is_nan() {
+        "-".into()
+    } else if v.abs() >= 100.0 {
         format!("{v:.0}")
     } else {
         format!("{v:.1}")
@@ -647,21 +672,42 @@ fn main() {
             argv: vec!["/bin/true".into()],
             modules: None,
             cwd: tmp.clone(),
+            env: Vec::new(),
+        },
+        Row {
+            name: "/bin/true, agent loaded and off (RTPROF_DISABLE=1)".into(),
+            argv: vec!["/bin/true".into()],
+            modules: None,
+            cwd: tmp.clone(),
+            env: vec![("RTPROF_DISABLE", "1".into())],
         },
         Row {
             name: "ls -l /usr/bin, all modules".into(),
             argv: ["ls", "-l", "/usr/bin"].map(OsString::from).to_vec(),
             modules: Some("all"),
             cwd: tmp.clone(),
+            env: Vec::new(),
         },
     ];
     match &py {
-        Some(py) => rows.push(Row {
-            name: "python3 -c pass, libpython".into(),
-            argv: vec![py.into(), "-c".into(), "pass".into()],
-            modules: Some("libpython*"),
-            cwd: tmp.clone(),
-        }),
+        Some(py) => {
+            rows.push(Row {
+                name: "python3 -c pass, libpython".into(),
+                argv: vec![py.into(), "-c".into(), "pass".into()],
+                modules: Some("libpython*"),
+                cwd: tmp.clone(),
+                env: Vec::new(),
+            });
+            let reports = tmp.join("row-reports");
+            std::fs::create_dir_all(&reports).unwrap();
+            rows.push(Row {
+                name: "python3 -c pass, libpython, RTPROF_REPORT".into(),
+                argv: vec![py.into(), "-c".into(), "pass".into()],
+                modules: Some("libpython*"),
+                cwd: tmp.clone(),
+                env: vec![("RTPROF_REPORT", reports.join("r-%p.json").into())],
+            });
+        }
         None => println!("python3 -c pass skipped: no python3 with a shared libpython"),
     }
     rows.push(Row {
@@ -671,6 +717,7 @@ fn main() {
             .to_vec(),
         modules: None,
         cwd: c_file,
+        env: Vec::new(),
     });
 
     println!(
@@ -697,23 +744,24 @@ fn main() {
     }
 
     println!();
-    println!("| row | plain ms | agent ms | warm ms | added ms agent / warm | ratio agent / warm | setup ms agent / warm |");
+    println!("| row | plain ms | agent ms | warm ms | added ms agent / warm / warm, code written | ratio agent / warm | setup ms agent / warm |");
     println!("|---|---|---|---|---|---|---|");
     for r in &results {
-        let [p, a, w] = r.ms;
+        let [p, a, w, ww] = r.ms;
         let procs = if r.procs > 1 {
             format!(" ({} processes)", r.procs)
         } else {
             String::new()
         };
         println!(
-            "| {}{procs} | {} | {} | {} | {} / {} | {:.2} / {:.2} | {} / {} |",
+            "| {}{procs} | {} | {} | {} | {} / {} / {} | {:.2} / {:.2} | {} / {} |",
             r.name,
             fmt_ms(p),
             fmt_ms(a),
             fmt_ms(w),
             fmt_ms(a - p),
             fmt_ms(w - p),
+            fmt_ms(ww - p),
             a / p,
             w / p,
             fmt_ms(r.setup_ms[0]),
