@@ -309,3 +309,85 @@ fn cache_warm_writes_images_for_the_first_start() {
     );
     assert!(!lines.iter().any(|l| l.contains("written")), "{lines:#?}");
 }
+
+/// perf names the functions of a module whose code came from an image,
+/// both when it saw the process start (its mmap events) and when it
+/// attaches to it later (from /proc/PID/maps, which names the image, a
+/// whole copy of the file).
+#[test]
+fn perf_finds_the_symbols_of_mapped_code() {
+    let dir = scratch("images-perf");
+    let cache = cache_dir(&dir);
+    let bin = compile_o2("own_code.c", &[], &dir);
+    let c = cache.to_str().unwrap().to_string();
+    let with_agent = |c2: &mut Command| {
+        c2.env("LD_PRELOAD", agent())
+            .env("RTPROF_CACHE", &c)
+            .env("RTPROF_VERBOSE", "1");
+    };
+    // An image first.
+    let mut first = Command::new(&bin);
+    with_agent(&mut first);
+    assert!(first.output().unwrap().status.success());
+    let report = |data: &Path| -> String {
+        let out = Command::new("perf")
+            .args(["report", "--stdio", "--sort", "sym", "-i"])
+            .arg(data)
+            .output()
+            .expect("perf runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Seen from the start.
+    let data = dir.join("start.data");
+    let mut rec = Command::new("perf");
+    rec.args(["record", "-q", "-e", "cpu-clock", "-F", "2000", "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(&bin)
+        .arg("30000000");
+    with_agent(&mut rec);
+    let out = rec.output().expect("perf runs");
+    assert!(out.status.success(), "{out:?}");
+    let lines = agent_lines(&out.stderr);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("code mapped from its image")),
+        "{lines:#?}"
+    );
+    let text = report(&data);
+    assert!(text.contains("] three") || text.contains("] two"), "{text}");
+    // Attached later. perf's build-id cache links the file it recorded,
+    // which changes its identity (its change time): an image for the file
+    // as it is now first.
+    let mut again = Command::new(&bin);
+    with_agent(&mut again);
+    assert!(again.output().unwrap().status.success());
+    let mut prog = Command::new(&bin);
+    prog.arg("400000000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    with_agent(&mut prog);
+    let mut child = prog.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    assert!(
+        maps.lines()
+            .any(|l| l.contains(" r-xp ") && l.contains(".image")),
+        "{maps}"
+    );
+    let data = dir.join("attach.data");
+    let out = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "2000", "-o"])
+        .arg(&data)
+        .arg("-p")
+        .arg(child.id().to_string())
+        .args(["--", "sleep", "1"])
+        .output()
+        .expect("perf runs");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(out.status.success(), "{out:?}");
+    let text = report(&data);
+    assert!(text.contains("] three") || text.contains("] two"), "{text}");
+}
