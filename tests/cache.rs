@@ -18,7 +18,8 @@ fn cache_dir(dir: &Path) -> PathBuf {
 }
 
 /// The entries for the module file `of` (libraries that are only sampled
-/// have entries of their own).
+/// have entries of their own; page images, `NAME-HASH.imageN.rtc`, are not
+/// counted here).
 fn entries_of(cache: &Path, of: &Path) -> Vec<PathBuf> {
     let prefix = format!("{}-", of.file_name().unwrap().to_string_lossy());
     let mut v: Vec<PathBuf> = std::fs::read_dir(cache)
@@ -26,6 +27,7 @@ fn entries_of(cache: &Path, of: &Path) -> Vec<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "rtc"))
+        .filter(|p| !p.to_string_lossy().contains(".image"))
         .filter(|p| {
             p.file_name()
                 .unwrap()
@@ -323,6 +325,14 @@ fn processes_racing_on_an_empty_cache() {
     }
     let e = entries_of(&cache, &bin);
     assert_eq!(e.len(), 1, "{e:?}");
+    // Racing processes each wrote a whole image too, renamed over one
+    // another: one per distance at most.
+    let images = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().contains(".image"))
+        .count();
+    assert!((1..=2).contains(&images), "{images} images");
     let left: Vec<_> = std::fs::read_dir(&cache)
         .unwrap()
         .flatten()

@@ -391,3 +391,80 @@ fn perf_finds_the_symbols_of_mapped_code() {
     let text = report(&data);
     assert!(text.contains("] three") || text.contains("] two"), "{text}");
 }
+
+/// An image another user could have written, or one whose trailer does
+/// not hold, is not used: the module is installed the usual way, says
+/// why, and counts exactly.
+#[test]
+fn a_hostile_or_damaged_image_is_refused() {
+    let dir = scratch("images-hostile");
+    let cache = cache_dir(&dir);
+    let bin = compile_o2("own_code.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    let c = cache.to_str().unwrap();
+    let env = [("RTPROF_CACHE", c), ("RTPROF_VERBOSE", "1")];
+    let first = run_profiled(&bin, &[], &env, &dir);
+    counts_hold("first", &bin, &plain, &first);
+    let image = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains(".image"))
+        .expect("an image written");
+    let name = bin.to_string_lossy().into_owned();
+    let original = std::fs::read(&image).unwrap();
+    type Damage = Box<dyn Fn(&Path)>;
+    let damages: Vec<(&str, Damage, &str)> = vec![
+        (
+            "writable by the group",
+            Box::new(|p| {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o660)).unwrap()
+            }),
+            "writable by others",
+        ),
+        (
+            "another user's",
+            Box::new(|p| std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap()),
+            "writable by others",
+        ),
+        (
+            "trailer cut short",
+            Box::new(|p| {
+                let b = std::fs::read(p).unwrap();
+                std::fs::write(p, &b[..b.len() - 40]).unwrap();
+            }),
+            "not one for this file",
+        ),
+        (
+            "a trailer byte changed",
+            Box::new(|p| {
+                let mut b = std::fs::read(p).unwrap();
+                let n = b.len();
+                b[n - 30] ^= 0x40;
+                std::fs::write(p, &b).unwrap();
+            }),
+            "not one for this file",
+        ),
+    ];
+    for (what, damage, said) in damages {
+        std::fs::write(&image, &original).unwrap();
+        std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o600)).unwrap();
+        damage(&image);
+        let p = run_profiled(&bin, &[], &env, &dir);
+        counts_hold(what, &bin, &plain, &p);
+        let lines = agent_lines(&p.output.stderr);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("image") && l.contains(said)),
+            "{what}: {lines:#?}"
+        );
+        assert!(
+            !mapped_modules(&lines)
+                .iter()
+                .any(|((_, m), on)| *m == name && *on),
+            "{what}: mapped anyway: {lines:#?}"
+        );
+        let _ = std::fs::remove_file(&image);
+    }
+}

@@ -347,6 +347,14 @@ fn map_into(
     area: &StubArea,
     link: LinkWords,
 ) -> std::io::Result<()> {
+    // Every page mapped lies inside the file, before its stubs: a page
+    // past its end would fault when run.
+    if code_loads(m).any(|l| {
+        let (_, len, off) = code_pages(m, l);
+        off + len > t.stub_off
+    }) {
+        return Err(std::io::Error::other("its code lies past its stubs"));
+    }
     let rx = libc::PROT_READ | libc::PROT_EXEC;
     let fixed = libc::MAP_PRIVATE | libc::MAP_FIXED;
     // SAFETY: [area.addr, + code_len) is our own fresh mapping (the
