@@ -256,6 +256,14 @@ fn warm_starts_of_python_ls_and_gcc_map_every_module() {
             !lines.iter().any(|l| l.contains("analysed")),
             "{what}: {lines:#?}"
         );
+        // Nor any plan decoded: each module's functions alone were read.
+        for (pid, path) in mapped.keys() {
+            let said = format!("{pid}]: {path}: no plan read: its code comes from its image");
+            assert!(
+                lines.iter().any(|l| l.ends_with(&said)),
+                "{what}: {said}\n{lines:#?}"
+            );
+        }
         if what == "python3" {
             let code = code_pages(&warm.stdout);
             let lib: Vec<_> = code

@@ -171,6 +171,7 @@ pub const CHILD_FORGETS: &[(&str, fn())] = &[
         crate::sampling::addrmap::reset_readers_in_child,
     ),
     ("sampling timers", crate::sampling::timer::forget_in_child),
+    ("page images found", crate::patch::image::forget_in_child),
     ("sampled stacks", crate::sampling::stacks::forget_in_child),
     ("sampled offsets", crate::sampling::offsets::forget_in_child),
     ("event counters", crate::options::events::forget_in_child),

@@ -263,7 +263,7 @@ fn add_module(
         let funcs = pipeline::sampled_functions(&m, maps);
         return add_sampled(a, w, &m, &funcs, why);
     }
-    let plan = match pipeline::plan_module(m.clone(), maps) {
+    let plan = match pipeline::plan_module(m.clone(), maps, &crate::patch::image::prepare) {
         Ok(p) => p,
         Err(e) => {
             vlog!("{}: {e}; left unpatched", m.path);

@@ -98,7 +98,12 @@ impl Planned {
     }
 }
 
-pub(crate) fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
+/// `images`: modules may be mapped from page images (start-up, not
+/// attach, whose threads run through the code).
+pub(crate) fn plan_modules(cfg: &Config, maps: &Maps, images: bool) -> Vec<Planned> {
+    let mapped = |m: &modules::Module, id: &crate::discover::fileimage::Identity| {
+        images && crate::patch::image::prepare(m, id)
+    };
     let mut plans = Vec::new();
     for m in modules::loaded() {
         match modules::skip_reason(&m, &|n| cfg.selects(n)) {
@@ -124,7 +129,7 @@ pub(crate) fn plan_modules(cfg: &Config, maps: &Maps) -> Vec<Planned> {
             }
             None => {}
         }
-        match pipeline::plan_module(m.clone(), maps) {
+        match pipeline::plan_module(m.clone(), maps, &mapped) {
             Ok(plan) => plans.push(Planned::Instrument(plan)),
             Err(e) => {
                 vlog!("{}: {e}; left unpatched", m.path);
@@ -218,7 +223,7 @@ pub(crate) fn start() {
     // modules' lookups, and are closed before the program runs.
     let plans = {
         let _open = crate::plan::cache::StartupDirs::open();
-        plan_modules(&cfg, &maps)
+        plan_modules(&cfg, &maps, true)
     };
     ph.mark("plans");
     if cfg.warm_only {

@@ -561,7 +561,7 @@ fn late_start(cfg: Config) -> Result<String, String> {
     rtprof_shared::debuginfo::set_dirs(cfg.debug_dirs.clone());
     crate::plan::cache::configure(crate::plan::cache::places(cfg.cache.as_deref(), false));
     let maps = Maps::current();
-    let plans = startup::plan_modules(&cfg, &maps);
+    let plans = startup::plan_modules(&cfg, &maps, false);
     let exe = startup::exe_path(&plans);
     let caps = startup::capacities(&cfg, &plans, &exe);
     crate::count::register::set_socket(&cfg.daemon_socket);

@@ -25,6 +25,7 @@
 use crate::arch::{CounterRef, EntryPlan, LinkWords, Native, StubWriter, ThreadContext};
 use crate::discover::fileimage::Identity;
 use crate::discover::modules::{Load, Module};
+use crate::lifecycle::lock::Lock;
 use crate::log::vlog;
 use crate::patch::stubmem::StubArea;
 use crate::plan::analysis::ModulePlan;
@@ -231,12 +232,13 @@ fn encode_trailer(id: &Identity, t: &Trailer) -> Vec<u8> {
 
 /// The trailer of an image whose last 16 bytes say where it is and how
 /// long: `None` if anything in it disagrees with what the module needs.
-fn read_trailer(f: &File, id: &Identity, variant: u8, funcs: usize) -> Option<Trailer> {
+fn read_trailer(f: &File, id: &Identity, variant: u8) -> Option<Trailer> {
     let size = f.metadata().ok()?.len();
     let mut tail = [0u8; 16];
     f.read_exact_at(&mut tail, size.checked_sub(16)?).ok()?;
     let at = u64::from_le_bytes(tail[..8].try_into().ok()?);
     let len = u64::from_le_bytes(tail[8..].try_into().ok()?) as usize;
+    let funcs = len.checked_sub(TRAILER_HEAD + 8)? / PER_FUNCTION;
     if len != TRAILER_HEAD + funcs * PER_FUNCTION + 8 || at.checked_add(len as u64)? + 16 != size {
         return None;
     }
@@ -282,58 +284,125 @@ fn read_trailer(f: &File, id: &Identity, variant: u8, funcs: usize) -> Option<Tr
     })
 }
 
-/// Maps `mp`'s image if the cache has one for a distance whose place is
-/// free: its stubs there, the link words `link` after them, its code over
-/// the module's. `None`: nothing was changed (said under
-/// `RTPROF_VERBOSE`).
-pub fn map(mp: &ModulePlan, id: &Identity, first_slot: u32, link: LinkWords) -> Option<Mapped> {
-    for variant in variants(&mp.module) {
-        let Some(base) = stub_base(&mp.module, DISTANCES[variant as usize]) else {
+/// An image found for a module, its place held: what [`map`] maps.
+struct Found {
+    /// Start of the module's lowest segment, and its path: which module.
+    module: (u64, String),
+    file: File,
+    trailer: Trailer,
+    area: StubArea,
+}
+
+/// Images found for modules planned but not installed yet.
+static PREPARED: Lock<Vec<Found>> = Lock::new(Vec::new());
+
+/// In a forked child: a parent's thread that held the list does not
+/// exist here.
+pub fn forget_in_child() {
+    PREPARED.reset_in_child();
+}
+
+/// The image of `m` (file identity `id`) for the first distance whose
+/// place is free, that place held; `None` (said under `RTPROF_VERBOSE`)
+/// if there is none to use.
+fn find(m: &Module, id: &Identity) -> Option<Found> {
+    for variant in variants(m) {
+        let Some(base) = stub_base(m, DISTANCES[variant as usize]) else {
             continue;
         };
-        let name = cache::image_name(&mp.module.path, id, variant);
-        let Some(f) = cache::open_image(&name) else {
+        let name = cache::image_name(&m.path, id, variant);
+        let Some(file) = cache::open_image(&name) else {
             continue;
         };
-        let Some(t) = read_trailer(&f, id, variant, mp.funcs.len()) else {
-            vlog!(
-                "{}: image {name} not used: not one for this file",
-                mp.module.path
-            );
+        let Some(trailer) = read_trailer(&file, id, variant) else {
+            vlog!("{}: image {name} not used: not one for this file", m.path);
             continue;
         };
-        let Some(area) = StubArea::at(base, t.code_len) else {
-            vlog!(
-                "{}: image {name} not used: its place is taken",
-                mp.module.path
-            );
+        let Some(area) = StubArea::at(base, trailer.code_len) else {
+            vlog!("{}: image {name} not used: its place is taken", m.path);
             continue;
         };
-        if let Err(e) = map_into(&mp.module, &f, &t, &area, link) {
-            vlog!("{}: image {name} not used: {e}", mp.module.path);
-            area.release();
-            continue;
-        }
-        let mut outcomes = Vec::with_capacity(t.funcs.len());
-        let mut ranges = Vec::new();
-        for (i, r) in t.funcs.iter().enumerate() {
-            match r {
-                Ok((off, n)) => {
-                    let at = area.addr + *off as u64;
-                    ranges.push((at, at + *n as u64, first_slot + i as u32));
-                    outcomes.push(None);
-                }
-                Err(why) => outcomes.push(Some(*why)),
-            }
-        }
-        return Some(Mapped {
+        return Some(Found {
+            module: (m.span().0, m.path.clone()),
+            file,
+            trailer,
             area,
-            outcomes,
-            ranges,
-            variant,
         });
     }
     None
+}
+
+/// Whether `m`'s code will be mapped from an image (asked while it is
+/// planned, before its plans are read): one is found for its file and its
+/// place held until [`map`] maps it, so that its plans need not be decoded
+/// nor checked against memory.
+pub fn prepare(m: &Module, id: &Identity) -> bool {
+    if !enabled() || !code_is_the_files(m) {
+        return false;
+    }
+    let Some(found) = find(m, id) else {
+        return false;
+    };
+    match PREPARED.lock() {
+        Some(mut v) => {
+            v.push(found);
+            true
+        }
+        None => {
+            found.area.release();
+            false
+        }
+    }
+}
+
+/// The image prepared for `m`, if any.
+fn take_prepared(m: &Module) -> Option<Found> {
+    let mut v = PREPARED.lock()?;
+    let key = (m.span().0, m.path.as_str());
+    let i = v
+        .iter()
+        .position(|f| (f.module.0, f.module.1.as_str()) == key)?;
+    Some(v.swap_remove(i))
+}
+
+/// Maps `mp`'s image: the one prepared for it, else one the cache has for
+/// a distance whose place is free: its stubs there, the link words `link`
+/// after them, its code over the module's. `None`: nothing was changed
+/// (said under `RTPROF_VERBOSE`).
+pub fn map(mp: &ModulePlan, id: &Identity, first_slot: u32, link: LinkWords) -> Option<Mapped> {
+    let found = take_prepared(&mp.module).or_else(|| find(&mp.module, id))?;
+    let (t, area) = (&found.trailer, found.area);
+    if t.funcs.len() != mp.funcs.len() {
+        vlog!(
+            "{}: image not used: made for another list of functions",
+            mp.module.path
+        );
+        area.release();
+        return None;
+    }
+    if let Err(e) = map_into(&mp.module, &found.file, t, &area, link) {
+        vlog!("{}: image not used: {e}", mp.module.path);
+        area.release();
+        return None;
+    }
+    let mut outcomes = Vec::with_capacity(t.funcs.len());
+    let mut ranges = Vec::new();
+    for (i, r) in t.funcs.iter().enumerate() {
+        match r {
+            Ok((off, n)) => {
+                let at = area.addr + *off as u64;
+                ranges.push((at, at + *n as u64, first_slot + i as u32));
+                outcomes.push(None);
+            }
+            Err(why) => outcomes.push(Some(*why)),
+        }
+    }
+    Some(Mapped {
+        area,
+        outcomes,
+        ranges,
+        variant: t.variant,
+    })
 }
 
 /// Maps the image's stubs over `area`'s, writes the link words, then maps

@@ -247,15 +247,6 @@ fn install_with(
         .iter()
         .map(|c| c.outcome.as_ref().err().copied())
         .collect();
-    let bound: u64 = mp
-        .funcs
-        .iter()
-        .filter_map(|c| c.outcome.as_ref().ok())
-        .map(|p| Native::stub_len(p, hook != 0) as u64 + STUB_ALIGN)
-        .sum();
-    if bound == 0 {
-        return (outcomes, None);
-    }
     let link = LinkWords {
         tls_offset: tls_offset as i64,
         first_counter: first_slot as u64 * 8,
@@ -278,6 +269,23 @@ fn install_with(
             }
         }
         Err(why) => vlog!("{}: no image: {}", mp.module.path, why.why()),
+    }
+    if mp.mapped {
+        // Planned for its image alone (no plan was read): unpatched.
+        vlog!(
+            "{}: its image could not be mapped; left unpatched",
+            mp.module.path
+        );
+        return (outcomes, None);
+    }
+    let bound: u64 = mp
+        .funcs
+        .iter()
+        .filter_map(|c| c.outcome.as_ref().ok())
+        .map(|p| Native::stub_len(p, hook != 0) as u64 + STUB_ALIGN)
+        .sum();
+    if bound == 0 {
+        return (outcomes, None);
     }
     let (lo, hi) = mp.module.span();
     let placed = image

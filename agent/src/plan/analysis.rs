@@ -36,6 +36,10 @@ pub struct ModulePlan {
     /// The identity of the file the plan was made for (what a page image
     /// of its patched code is kept under), if known.
     pub identity: Option<crate::discover::fileimage::Identity>,
+    /// Its code is mapped from a page image prepared for it (see
+    /// `patch::image`): its plans were not decoded (each function that has
+    /// one holds `NotAttempted`) nor checked against memory.
+    pub mapped: bool,
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -225,6 +229,7 @@ pub fn analyze(
         traps,
         loops: function_loops,
         identity: None,
+        mapped: false,
     }
 }
 

@@ -226,7 +226,21 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// The entry's bytes, checked: `Err` says why they are not to be used.
+#[cfg(test)]
 pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, PlanError> {
+    decode_with(b, id, kind, bias, true)
+}
+
+/// As [`decode`]; without `plans`, a function that has a plan gets
+/// `Err(Refusal::NotAttempted)` in its place (its code comes from a page
+/// image, which says what it got): records and names only, checked alike.
+fn decode_with(
+    b: &[u8],
+    id: &Identity,
+    kind: Kind,
+    bias: u64,
+    plans_wanted: bool,
+) -> Result<Entry, PlanError> {
     if b.len() < HEADER || b[..8] != MAGIC {
         return Err(PlanError::NotACacheEntry);
     }
@@ -276,7 +290,15 @@ pub fn decode(b: &[u8], id: &Identity, kind: Kind, bias: u64) -> Result<Entry, P
             .and_then(|s| std::str::from_utf8(s).ok())
             .ok_or(PlanError::BadName)?;
         let outcome = match code {
-            0 if kind == Kind::Sampled => Err(Refusal::NotAttempted),
+            0 if kind == Kind::Sampled || !plans_wanted => {
+                if plan_off
+                    .checked_add(plan_len)
+                    .is_none_or(|end| end > plans.len())
+                {
+                    return Err(PlanError::BadPlan);
+                }
+                Err(Refusal::NotAttempted)
+            }
             0 => plan_off
                 .checked_add(plan_len)
                 .and_then(|end| plans.get(plan_off..end))
@@ -496,6 +518,11 @@ fn with_place<T>(
 /// The cached decisions (or function list) for module `m` (file identity
 /// `id`), if a trusted, valid entry exists.
 pub fn lookup(m: &Module, id: &Identity, kind: Kind) -> Option<Entry> {
+    lookup_with(m, id, kind, true)
+}
+
+/// As [`lookup`]; without `plans`, as [`decode_with`] says.
+pub fn lookup_with(m: &Module, id: &Identity, kind: Kind, plans: bool) -> Option<Entry> {
     let places = configured();
     if places.read.is_empty() {
         return None;
@@ -506,7 +533,7 @@ pub fn lookup(m: &Module, id: &Identity, kind: Kind) -> Option<Entry> {
     for (i, dir) in places.read.iter().enumerate() {
         match with_place(i, dir, euid, |d| read_trusted(d, &name, euid)) {
             Ok(None) => {}
-            Ok(Some(bytes)) => match decode(&bytes, id, kind, m.bias) {
+            Ok(Some(bytes)) => match decode_with(&bytes, id, kind, m.bias, plans) {
                 Ok(e) => return Some(e),
                 Err(why) => vlog!("cache entry {}/{name} not used: {why}", dir.display()),
             },
@@ -675,6 +702,7 @@ pub fn plan_from(m: Module, e: Entry, traps: bool) -> ModulePlan {
         traps,
         loops: Vec::new(),
         identity: None,
+        mapped: false,
     }
 }
 
@@ -731,6 +759,8 @@ mod tests {
             traps: false,
             loops: Vec::new(),
             identity: None,
+            mapped: false,
+            mapped: false,
         }
     }
 

@@ -26,9 +26,16 @@ fn open_with_debug(m: &Module, maps: &Maps) -> Result<(FileImage, Option<DebugFi
     Ok((file, debug))
 }
 
+/// Whether a module's patched code will be mapped from a page image,
+/// whose place is then held for it: asked with the file's identity once
+/// the file is known to be the one mapped.
+pub type Mapped<'a> = &'a dyn Fn(&Module, &crate::discover::fileimage::Identity) -> bool;
+
 /// The plan for instrumenting `m`, or why there is none (its file cannot
-/// be read as the one mapped, or is no ELF file).
-pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
+/// be read as the one mapped, or is no ELF file). Where `mapped` says its
+/// code comes from a page image and the cache has its entry, only its
+/// functions are read from the entry: no plan is decoded or checked.
+pub fn plan_module(m: Module, maps: &Maps, mapped: Mapped) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
     let (file, debug) = open_with_debug(&m, maps)?;
     let traps = crate::options::traps::wanted() && crate::options::traps::allowed_in(&m.path);
@@ -41,8 +48,14 @@ pub fn plan_module(m: Module, maps: &Maps) -> Result<ModulePlan, PlanError> {
     // loops are wanted, outside the C runtime.
     let loops =
         crate::options::loops::counts::wanted() && crate::options::traps::allowed_in(&m.path);
-    let cached = cache::lookup(&m, &file.identity, kind).and_then(|e| {
+    let image = !traps && !loops && mapped(&m, &file.identity);
+    let cached = cache::lookup_with(&m, &file.identity, kind, !image).and_then(|e| {
         let mut p = cache::plan_from(m.clone(), e, traps);
+        if image {
+            vlog!("{}: no plan read: its code comes from its image", m.path);
+            p.mapped = true;
+            return Some(p);
+        }
         if loops
             && p.funcs
                 .iter()
