@@ -760,7 +760,6 @@ mod tests {
             loops: Vec::new(),
             identity: None,
             mapped: false,
-            mapped: false,
         }
     }
 
