@@ -95,6 +95,13 @@ fn a_warm_start_maps_patched_code_and_writes_no_code_page() {
 
     let warm = run_profiled(&bin, &[], &env, &dir);
     counts_hold("warm", &bin, &plain, &warm);
+    let code_of = |p: &Profiled| process(&p.report, &bin)["modules"][0]["code"].clone();
+    assert_eq!(
+        code_of(&cold),
+        "written",
+        "the report says where code came from"
+    );
+    assert_eq!(code_of(&warm), "image");
     let lines = agent_lines(&warm.output.stderr);
     let mapped = mapped_modules(&lines);
     assert!(
@@ -122,6 +129,7 @@ fn a_warm_start_maps_patched_code_and_writes_no_code_page() {
         &dir,
     );
     counts_hold("images off", &bin, &plain, &written);
+    assert_eq!(code_of(&written), "written");
     let code = code_pages(&written.output.stderr);
     assert!(own(&code) > 0, "a written page is private: {code:?}");
 }
@@ -159,6 +167,10 @@ fn a_taken_place_falls_back_and_still_counts() {
         &dir,
     );
     counts_hold("places taken", &bin, &plain, &taken);
+    assert_eq!(
+        process(&taken.report, &bin)["modules"][0]["code"],
+        "written"
+    );
     let lines = agent_lines(&taken.output.stderr);
     let name = bin.to_string_lossy().into_owned();
     assert!(

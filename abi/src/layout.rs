@@ -302,6 +302,9 @@ pub mod module_flags {
     /// it. Listed as offers come, so rows of other modules may lie
     /// between two such modules.
     pub const IMPLEMENTATIONS: u32 = 4;
+    /// Its patched code and stubs were mapped from a page image in the
+    /// plan cache, not written in this process.
+    pub const CODE_FROM_IMAGE: u32 = 8;
 }
 
 /// The path of a module of implementation rows.

@@ -75,6 +75,8 @@ pub struct ModuleStats {
     pub refused: Vec<(Refusal, u32)>,
     /// Not instrumented; its functions are listed for samples only.
     pub sampled_only: bool,
+    /// Its patched code was mapped from a page image, not written.
+    pub code_from_image: bool,
     /// Samples in the module's code outside its listed functions.
     pub samples: u64,
     /// Why it is not instrumented or lists no functions, where a report
@@ -1083,6 +1085,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, SegmentError> {
             patched: m.patched,
             refused,
             sampled_only,
+            code_from_image: m.flags & module_flags::CODE_FROM_IMAGE != 0,
             samples: module_samples[i as usize],
         });
     }

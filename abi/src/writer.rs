@@ -387,6 +387,22 @@ impl SegmentWriter {
         self.update_function_flags(idx, |f| if on { f | ACTIVE } else { f & !ACTIVE });
     }
 
+    /// Marks module `idx` as one whose code was mapped from a page image.
+    pub fn mark_code_from_image(&mut self, idx: u32) {
+        use crate::layout::module_flags::CODE_FROM_IMAGE;
+        if idx >= self.module_count {
+            return;
+        }
+        let m = self.module_ptr(idx);
+        // SAFETY: a written module record; one metadata writer (`&mut
+        // self`); only its flags field is touched.
+        unsafe {
+            let flags = addr_of_mut!((*m).flags);
+            let f = std::ptr::read_volatile(flags);
+            std::ptr::write_volatile(flags, f | CODE_FROM_IMAGE);
+        }
+    }
+
     /// Marks sampled-only module `idx` as named on demand (`true`), or as
     /// named for good.
     pub fn set_named_on_demand(&mut self, idx: u32, on: bool) {

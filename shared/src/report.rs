@@ -1128,6 +1128,16 @@ fn modules_json(w: &mut JsonWriter, s: &Snapshot, keep: &[bool]) {
         w.uint(m.patched as u64);
         w.key("sampled_only");
         w.bool(m.sampled_only);
+        if !m.sampled_only && m.patched > 0 {
+            // Where its patched code came from: a page image in the plan
+            // cache, or written in this process.
+            w.key("code");
+            w.string(if m.code_from_image {
+                "image"
+            } else {
+                "written"
+            });
+        }
         w.key("samples");
         w.uint(m.samples);
         w.key("refused");
@@ -1178,6 +1188,7 @@ pub(crate) mod tests {
                 patched: 2,
                 refused: vec![(Refusal::TooSmall, 1)],
                 sampled_only: false,
+                code_from_image: false,
                 samples: 2,
                 note: None,
             }],
@@ -1445,6 +1456,7 @@ pub(crate) mod tests {
         let quiet = ModuleStats {
             path: "/lib/quiet.so".into(),
             sampled_only: true,
+            code_from_image: false,
             ..s.modules[0].clone()
         };
         let vdso = ModuleStats {
@@ -1545,7 +1557,7 @@ pub(crate) mod tests {
         let s = snap();
         assert_eq!(
             object(|w| modules_json(w, &s, &[true, false, false])),
-            r#"{"modules":[{"path":"/bin/a","functions":3,"listed":1,"left_out":2,"patched":2,"sampled_only":false,"samples":2,"refused":{"too_small":1}}]}"#
+            r#"{"modules":[{"path":"/bin/a","functions":3,"listed":1,"left_out":2,"patched":2,"sampled_only":false,"code":"written","samples":2,"refused":{"too_small":1}}]}"#
         );
     }
 

@@ -372,6 +372,9 @@ fn instrument(
     let shared = a.segment.counters.stripe_ptr(0) as u64;
     let counted = |name: &str| a.config.counts_from_start(name.as_bytes());
     let (outcomes, area) = install::install(&plan, first, a.tls_offset, shared, stubs, &counted);
+    if area.as_ref().is_some_and(|a| a.from_image) {
+        w.mark_code_from_image(present.record);
+    }
     let patched = records::record_outcomes(w, first, &outcomes);
     records::mark_traps(w, first, &plan, &outcomes);
     crate::options::counting_requests::mark_off_from_start(w, &a.config, &plan, first, &outcomes);

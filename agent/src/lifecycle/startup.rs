@@ -467,15 +467,19 @@ fn install_all(
     if crate::options::traps::wanted() && !crate::options::traps::arm() {
         vlog!("cannot handle SIGTRAP: no trap entries");
     }
-    for (p, (_, first)) in plans.iter().zip(recorded) {
+    for (p, (present, first)) in plans.iter().zip(recorded) {
         let (Planned::Instrument(p), Some(first)) = (p, *first) else {
             continue;
         };
         let t = Instant::now();
         // Modules present at start-up stay: their stub areas are kept for good.
         let counted = |name: &str| cfg.counts_from_start(name.as_bytes());
-        let (outcomes, _area) =
-            install::install(p, first, tls_offset, shared, &mut stubs, &counted);
+        let (outcomes, area) = install::install(p, first, tls_offset, shared, &mut stubs, &counted);
+        if let (Some(a), Some(present)) = (&area, present) {
+            if a.from_image {
+                writer.mark_code_from_image(present.record);
+            }
+        }
         let patched = records::record_outcomes(writer, first, &outcomes);
         records::mark_traps(writer, first, p, &outcomes);
         crate::options::counting_requests::mark_off_from_start(writer, cfg, p, first, &outcomes);

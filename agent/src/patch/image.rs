@@ -371,7 +371,7 @@ fn take_prepared(m: &Module) -> Option<Found> {
 /// (said under `RTPROF_VERBOSE`).
 pub fn map(mp: &ModulePlan, id: &Identity, first_slot: u32, link: LinkWords) -> Option<Mapped> {
     let found = take_prepared(&mp.module).or_else(|| find(&mp.module, id))?;
-    let (t, area) = (&found.trailer, found.area);
+    let (t, mut area) = (&found.trailer, found.area);
     if t.funcs.len() != mp.funcs.len() {
         vlog!(
             "{}: image not used: made for another list of functions",
@@ -385,6 +385,7 @@ pub fn map(mp: &ModulePlan, id: &Identity, first_slot: u32, link: LinkWords) -> 
         area.release();
         return None;
     }
+    area.from_image = true;
     let mut outcomes = Vec::with_capacity(t.funcs.len());
     let mut ranges = Vec::new();
     for (i, r) in t.funcs.iter().enumerate() {

@@ -70,6 +70,9 @@ pub struct StubArea {
     pub addr: u64,
     pub len: u64,
     pub code_len: u64,
+    /// Its stubs, and its module's patched code, were mapped from a page
+    /// image (see `patch::image`).
+    pub from_image: bool,
 }
 
 /// In a forked child: a parent's thread that held the free space known
@@ -161,6 +164,7 @@ impl StubArea {
                 addr,
                 len,
                 code_len: len,
+                from_image: false,
             });
         }
         None
@@ -213,6 +217,7 @@ impl StubArea {
             addr,
             len,
             code_len,
+            from_image: false,
         })
     }
 
