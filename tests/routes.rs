@@ -1060,3 +1060,45 @@ fn routes_are_visible_in_report_top_and_metrics() {
     assert!(gauge("original").ends_with(" 0"), "{metrics}");
     let _ = p.end();
 }
+
+/// A program whose code came from its page image (its second start) is
+/// routed and back as one that wrote its code: stubs mapped from a file
+/// are switched like written ones, and the program's own counts equal
+/// the report's.
+#[test]
+fn a_program_mapped_from_its_image_is_routed_and_back() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("routes-image");
+    let cache = dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let bin = compile_checks(&dir);
+    let d = daemon(&dir);
+    let env = [
+        ("RTPROF_CACHE", cache.to_str().unwrap()),
+        ("RTPROF_VERBOSE", "1"),
+    ];
+    // The first start writes the image.
+    end_checks(start_checks(&bin, "second", &d, &dir, &env), &dir);
+    let mut p = start_checks(&bin, "second", &d, &dir, &env);
+    let log = stderr_of(&dir);
+    assert!(log.contains("code mapped from its image"), "{log}");
+    let pid = p.pid();
+    route_ok(&d, pid, "f", "b");
+    let (x, y) = CheckCounts::over_a_while(&mut p);
+    assert!(
+        y.f.2 > x.f.2 && (y.f.0, y.f.1) == (x.f.0, x.f.1),
+        "{x:?} {y:?}"
+    );
+    route_ok(&d, pid, "f", "original");
+    let (x, y) = CheckCounts::over_a_while(&mut p);
+    assert!(
+        y.f.0 > x.f.0 && (y.f.1, y.f.2) == (x.f.1, x.f.2),
+        "{x:?} {y:?}"
+    );
+    let last = end_checks(p, &dir);
+    let r = report(&dir.join("report.json"));
+    let calls = |name: &str| row(&r, name)["calls"].as_u64().unwrap();
+    assert_eq!((calls("f"), calls("f [a]"), calls("f [b]")), last.f);
+    let _ = std::fs::remove_dir_all(&dir);
+}
