@@ -4,7 +4,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitCode, ExitStatus};
 
 /// Runs `cmd` the way time(1) does: a terminal's Ctrl-C and Ctrl-\\ are
-/// for the program (which starts with the default dispositions).
+/// for the program, which starts with the dispositions rtprof was given
+/// (a job started in the background with them ignored keeps them ignored,
+/// as it would without rtprof).
 pub fn run(cmd: &mut Command) -> std::io::Result<ExitStatus> {
     // SAFETY: signal() with SIG_IGN, restored below.
     let old_int = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
@@ -14,9 +16,9 @@ pub fn run(cmd: &mut Command) -> std::io::Result<ExitStatus> {
     // SAFETY: between fork and exec the closure only calls signal(),
     // which is async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGINT, old_int);
+            libc::signal(libc::SIGQUIT, old_quit);
             Ok(())
         })
     };
