@@ -335,8 +335,6 @@ pub struct CounterRef {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LinkWords {
-    /// Offset from the thread pointer of the per-thread stripe pointer.
-    pub tls_offset: i64,
     /// Byte offset in a stripe of the module's first counter.
     pub first_counter: u64,
     /// Address of the module's first counter in the shared stripe.

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const PAGE: u64 = 4096;
 const MAGIC: [u8; 8] = *b"RTPRIMG1";
 /// Bumped whenever the trailer's layout changes.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 /// Where a module's stubs go, from the start of its lowest segment: far
 /// enough that libraries the loader packs next to each other leave it
 /// free, near enough for a `jmp rel32` from anywhere in a module of up to
@@ -152,6 +152,13 @@ fn code_pages(m: &Module, l: &Load) -> (u64, u64, u64) {
     (lo, hi - lo, l.offset / PAGE * PAGE)
 }
 
+/// The thread-pointer offset of the stripe pointer in this process: its
+/// stubs hold it, so an image is made for one offset (the same in every
+/// process of an executable without thread-local storage of its own).
+fn tls_offset() -> i32 {
+    i32::try_from(Native::stripe_tls_offset()).unwrap_or(i32::MIN)
+}
+
 /// Where stubs at distance `d` from `m` start.
 pub fn stub_base(m: &Module, d: i64) -> Option<u64> {
     let (lo, _) = m.span();
@@ -211,7 +218,7 @@ fn encode_trailer(id: &Identity, t: &Trailer) -> Vec<u8> {
     b.extend_from_slice(&t.stub_off.to_le_bytes());
     b.extend_from_slice(&t.code_len.to_le_bytes());
     b.extend_from_slice(&(t.funcs.len() as u32).to_le_bytes());
-    b.extend_from_slice(&[0; 4]);
+    b.extend_from_slice(&tls_offset().to_le_bytes());
     for f in &t.funcs {
         match f {
             Ok((off, len)) => {
@@ -257,6 +264,7 @@ fn read_trailer(f: &File, id: &Identity, variant: u8) -> Option<Trailer> {
         || u64_at(16) != build
         || body[24..64] != key
         || u32_at(80) as usize != funcs
+        || u32_at(84) != tls_offset() as u32
     {
         return None;
     }
@@ -310,7 +318,7 @@ fn find(m: &Module, id: &Identity) -> Option<Found> {
         let Some(base) = stub_base(m, DISTANCES[variant as usize]) else {
             continue;
         };
-        let name = cache::image_name(&m.path, id, variant);
+        let name = cache::image_name(&m.path, id, variant, tls_offset());
         let Some(file) = cache::open_image(&name) else {
             continue;
         };
@@ -504,7 +512,7 @@ pub fn store(
     variant: u8,
     funcs: &[Result<(u32, u32), Refusal>],
 ) {
-    let name = cache::image_name(&mp.module.path, id, variant);
+    let name = cache::image_name(&mp.module.path, id, variant, tls_offset());
     let m = &mp.module;
     let written = (|| -> Result<(), String> {
         let src = File::open(&m.file).map_err(|e| format!("cannot open {}: {e}", m.file))?;
@@ -587,9 +595,17 @@ fn copy_all(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
 }
 
 /// The counter of the function in `slot` of a module whose counters start
-/// at `first_slot` and whose link words are at `link`.
-pub fn linked_counter(link: u64, first_slot: u32, slot: u32, hook: u64) -> CounterRef {
+/// at `first_slot` and whose link words are at `link`, for stripe
+/// pointers at `tls_offset` from the thread pointer.
+pub fn linked_counter(
+    link: u64,
+    tls_offset: i32,
+    first_slot: u32,
+    slot: u32,
+    hook: u64,
+) -> CounterRef {
     CounterRef {
+        tls_offset,
         slot,
         local: slot - first_slot,
         link,

@@ -248,7 +248,6 @@ fn install_with(
         .map(|c| c.outcome.as_ref().err().copied())
         .collect();
     let link = LinkWords {
-        tls_offset: tls_offset as i64,
         first_counter: first_slot as u64 * 8,
         shared_first: shared_stripe + first_slot as u64 * 8,
     };
@@ -313,7 +312,8 @@ fn install_with(
     // SAFETY: the area's link page is its own, read-write, and read by no
     // stub before the stubs are sealed and entered.
     unsafe { std::ptr::write(area.link() as *mut LinkWords, link) };
-    let counter = |slot: u32| image::linked_counter(area.link(), first_slot, slot, hook);
+    let counter =
+        |slot: u32| image::linked_counter(area.link(), tls_offset, first_slot, slot, hook);
     let stubs = emit_stubs(
         mp,
         &area,

@@ -616,11 +616,13 @@ fn trim(dir: &Dir, adding: u64) {
 }
 
 /// The name a page image of module `path`'s patched code is kept under
-/// (see `patch::image`): its `variant` (which distance its stubs are at).
-pub fn image_name(path: &str, id: &Identity, variant: u8) -> String {
+/// (see `patch::image`): its `variant` (which distance its stubs are at)
+/// and the thread-pointer offset its stubs hold.
+pub fn image_name(path: &str, id: &Identity, variant: u8, tls_offset: i32) -> String {
     let entry = entry_name(path, id, Kind::Plan);
     let stem = entry.strip_suffix(ENTRY_SUFFIX).unwrap_or(&entry);
-    format!("{stem}.image{variant}{ENTRY_SUFFIX}")
+    let tls = tls_offset.unsigned_abs();
+    format!("{stem}.image{variant}-t{tls:x}{ENTRY_SUFFIX}")
 }
 
 /// What an image must say it was made for: the file's key and the agent

@@ -6,28 +6,31 @@
 //! ```text
 //! entry:   lea  rsp, [rsp-128]           ; step over the red zone
 //!          push rcx                      ; the only register touched
-//!          mov  rcx, [rip+link.tls]      ; where this thread's stripe
-//!          mov  rcx, fs:[rcx]            ;   pointer is; the stripe, or 0
+//!          mov  rcx, fs:[tls]            ; this thread's stripe, or 0
 //!          jrcxz shared
 //!          add  rcx, [rip+link.first]    ; the module's counters in it
 //!          inc  qword [rcx + local*8]    ; own stripe: no atomic needed
 //! done:    pop  rcx
 //!          lea  rsp, [rsp+128]
-//! moved:   <moved instructions>          ; a call becomes push ret; jmp
-//!          jmp  resume                   ; back into the function
+//! moved:   <moved instructions>          ; a call becomes lea; push rax;
+//!          jmp  resume                   ;   lea rax,[rip+ret]; mov; pop; jmp
 //! shared:  mov  rcx, [rip+link.shared]   ; thread without a stripe yet
 //!          lock inc qword [rcx + local*8]
 //!          jmp  done
 //! ```
 //!
-//! The three link words ([`LinkWords`](super::super::LinkWords)) sit
-//! beside the module's stubs: nothing in a stub depends on where the
-//! process put its counters or its thread-local storage, only on the
-//! distance from the stub to the module and to the words, so a module's
-//! stubs placed at a fixed distance are the same bytes in every process
-//! (its page image). Stubs made without link words (a route's, libc's
-//! hooks') read an absolute thread-pointer offset and counter address
-//! instead, padded to the same lengths.
+//! The two link words ([`LinkWords`](super::super::LinkWords)) sit beside
+//! the module's stubs and say where the module's counters are: nothing in
+//! a stub depends on where the process put its counters, only on the
+//! distance from the stub to the module and to the words and on the
+//! thread-pointer offset of the stripe pointer (the same in every process
+//! of an executable without thread-local storage of its own), so a
+//! module's stubs placed at a fixed distance are the same bytes in every
+//! such process (its page image). The offset stays an immediate: read from
+//! a word too, it put a second load before the count's (0.5 ns a call
+//! more). Stubs made without link words (a route's, libc's hooks') count
+//! in an absolute slot and shared counter instead, padded to the same
+//! lengths.
 //!
 //! The 128 bytes below `rsp` (the SysV red zone) may hold live data where
 //! an entry is reached by a jump rather than a call (a split-off part of a
@@ -48,7 +51,7 @@ use rtprof_abi::Refusal;
 /// since the counting switch jumps over it and a moved instruction's
 /// relocation is computed before the stub is written (checked as each
 /// stub is written).
-pub const PROLOGUE_LEN: usize = 42;
+pub const PROLOGUE_LEN: usize = 40;
 /// Bytes of the shared-stripe path after the moved code.
 pub(super) const SHARED_LEN: usize = 20;
 /// The SysV red zone below `rsp`.
@@ -142,16 +145,13 @@ pub(super) fn put_counting_stub(
     let slot_disp = i32::try_from(slot as u64 * 8).map_err(|_| Refusal::RelocationFailed)?;
     e.put(&[0x48, 0x8d, 0x64, 0x24, (-RED_ZONE) as u8]); // lea rsp,[rsp-128]
     e.put(&[0x51]); // push rcx
+    e.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
+    e.put_i32(counter.tls_offset);
+    e.jrcxz(shared); // across the moved code: refused if out of reach
     if linked {
-        put_rip_load(&mut e, &[0x48, 0x8b, 0x0d], counter.link + TLS_WORD)?; // mov rcx,[rip+d]
-        e.put(&[0x64, 0x48, 0x8b, 0x09]); // mov rcx, fs:[rcx]
-        e.jrcxz(shared); // across the moved code: refused if out of reach
         put_rip_load(&mut e, &[0x48, 0x03, 0x0d], counter.link + FIRST_WORD)?; // add rcx,[rip+d]
     } else {
-        e.put(&[0x64, 0x48, 0x8b, 0x0c, 0x25]); // mov rcx, fs:[disp32]
-        e.put_i32(counter.tls_offset);
-        e.jrcxz(shared);
-        e.put(&NOP9); // the linked form's length
+        e.put(&NOP7); // the linked form's length
     }
     e.put(&[0x48, 0xff, 0x81]); // inc qword [rcx+disp32]
     e.put_i32(slot_disp);
@@ -194,11 +194,10 @@ pub(super) fn put_counting_stub(
 }
 
 /// Offsets of the link words (see `LinkWords`).
-const TLS_WORD: u64 = 0;
-const FIRST_WORD: u64 = 8;
-const SHARED_WORD: u64 = 16;
-/// A 9-byte `nop dword [rax+rax+0]`.
-const NOP9: [u8; 9] = [0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00];
+const FIRST_WORD: u64 = 0;
+const SHARED_WORD: u64 = 8;
+/// A 7-byte `nop dword [rax+0]`.
+const NOP7: [u8; 7] = [0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00];
 
 /// `op` (a `rcx`, `[rip+disp32]` instruction's bytes before its
 /// displacement) reading the word at `word`.
@@ -322,7 +321,7 @@ mod tests {
     /// follows them.
     const P: usize = 8;
     /// Offset of the prologue's `pop rcx`, where the shared path rejoins.
-    const DONE_AT: usize = 33;
+    const DONE_AT: usize = 31;
 
     const COUNTER: CounterRef = CounterRef {
         link: 0,
@@ -400,26 +399,22 @@ mod tests {
         let (b, _, _) = linked(0x7f55_0000_0000);
         assert_eq!(a, b);
         let ins = decode_all(&a, at);
-        assert_eq!(ins[2].mnemonic(), Mnemonic::Mov);
-        assert_eq!(ins[2].ip_rel_memory_address(), c.link);
+        assert_eq!(ins[2].memory_segment(), Register::FS);
+        assert_eq!(ins[2].memory_displacement64() as i64, -64);
+        assert_eq!(ins[3].mnemonic(), Mnemonic::Jrcxz);
+        assert_eq!(ins[4].mnemonic(), Mnemonic::Add);
+        assert_eq!(ins[4].ip_rel_memory_address(), c.link);
+        assert_eq!(ins[5].mnemonic(), Mnemonic::Inc);
         assert_eq!(
-            (ins[3].memory_segment(), ins[3].memory_base()),
-            (Register::FS, Register::RCX)
-        );
-        assert_eq!(ins[4].mnemonic(), Mnemonic::Jrcxz);
-        assert_eq!(ins[5].mnemonic(), Mnemonic::Add);
-        assert_eq!(ins[5].ip_rel_memory_address(), c.link + 8);
-        assert_eq!(ins[6].mnemonic(), Mnemonic::Inc);
-        assert_eq!(
-            ins[6].memory_displacement64(),
+            ins[5].memory_displacement64(),
             5 * 8,
             "the module's own slot"
         );
-        assert_eq!(ins[7].ip(), at + DONE_AT as u64);
-        assert_eq!(ins[9].ip(), at + PROLOGUE_LEN as u64);
-        let shared = ins[4].near_branch_target();
+        assert_eq!(ins[6].ip(), at + DONE_AT as u64);
+        assert_eq!(ins[8].ip(), at + PROLOGUE_LEN as u64);
+        let shared = ins[3].near_branch_target();
         let s = ins.iter().position(|i| i.ip() == shared).unwrap();
-        assert_eq!(ins[s].ip_rel_memory_address(), c.link + 16);
+        assert_eq!(ins[s].ip_rel_memory_address(), c.link + 8);
         assert!(ins[s + 1].has_lock_prefix());
         assert_eq!(ins[s + 1].memory_displacement64(), 5 * 8);
         assert_eq!(ins[s + 2].near_branch_target(), at + DONE_AT as u64);
