@@ -63,7 +63,9 @@ fn run_suite(cmd: &mut Command) -> (bool, String) {
     let out = cmd.output().expect("test runner starts");
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let last = text.lines().rfind(|l| l.starts_with("Tests result: "));
+    // The runner's last word: `Result: SUCCESS`, or `Result: FAILURE then
+    // SUCCESS` after a rerun that passed.
+    let last = text.lines().rfind(|l| l.starts_with("Result: "));
     (
         out.status.success() && last.is_some_and(|l| l.trim_end().ends_with("SUCCESS")),
         text,
@@ -288,9 +290,18 @@ fn rerun_parsing() {
     let text = "0:00:46 [28/30] test_signal failed (1 failure)\n\
         Re-running 1 failed tests in verbose mode in subprocesses\n\
         0:00:50 [1/1] test_signal passed\n\
-        Tests result: FAILURE then SUCCESS\n";
+        == Tests result: FAILURE then SUCCESS ==\n\
+        Result: FAILURE then SUCCESS\n";
     assert_eq!(first_failures(text), ["test_signal"]);
     assert!(final_failures(text).is_empty());
+    let ok = |t: &str| {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!("printf '%s' '{t}'"));
+        run_suite(&mut c).0
+    };
+    assert!(ok(text));
+    assert!(ok("== Tests result: SUCCESS ==\n\nResult: SUCCESS\n"));
+    assert!(!ok("== Tests result: FAILURE ==\n\nResult: FAILURE\n"));
     let again = "Re-running 2 failed tests\n2 tests failed again:\n    test_os test_signal\n\nTests result: FAILURE then FAILURE\n";
     assert_eq!(final_failures(again), ["test_os", "test_signal"]);
 }
