@@ -213,6 +213,9 @@ const START_UP: &[Trial] = &[
     trial(libc::SYS_recvmsg, -1, 0, 0, 0),
     trial(libc::SYS_getrandom, 0, 0, libc::GRND_NONBLOCK as c_long, 0),
     trial(libc::SYS_statx, -1, 0, 0, 0),
+    // Page images: their trailer read, the file copied when one is made.
+    trial(libc::SYS_pread64, -1, 0, 0, 0),
+    trial(libc::SYS_copy_file_range, -1, 0, -1, 0),
     trial(libc::SYS_lseek, -1, 0, 0, 0),
     trial(libc::SYS_readlink, 0, 0, 0, 0),
     trial(libc::SYS_readlinkat, -1, 0, 0, 0),
