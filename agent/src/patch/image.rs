@@ -133,7 +133,9 @@ pub fn eligible(mp: &ModulePlan, plain: bool) -> Result<Identity, NoImage> {
     if code_loads(&mp.module).any(|l| !l.readable()) {
         return Err(NoImage::Unreadable);
     }
-    if !code_is_the_files(&mp.module) {
+    // A module whose image was prepared was checked then (no code of it
+    // has run since).
+    if !mp.mapped && !code_is_the_files(&mp.module) {
         return Err(NoImage::CodeWritten);
     }
     Ok(id)
@@ -239,8 +241,7 @@ fn encode_trailer(id: &Identity, t: &Trailer) -> Vec<u8> {
 
 /// The trailer of an image whose last 16 bytes say where it is and how
 /// long: `None` if anything in it disagrees with what the module needs.
-fn read_trailer(f: &File, id: &Identity, variant: u8) -> Option<Trailer> {
-    let size = f.metadata().ok()?.len();
+fn read_trailer(f: &File, size: u64, id: &Identity, variant: u8) -> Option<Trailer> {
     let mut tail = [0u8; 16];
     f.read_exact_at(&mut tail, size.checked_sub(16)?).ok()?;
     let at = u64::from_le_bytes(tail[..8].try_into().ok()?);
@@ -319,10 +320,10 @@ fn find(m: &Module, id: &Identity) -> Option<Found> {
             continue;
         };
         let name = cache::image_name(&m.path, id, variant, tls_offset());
-        let Some(file) = cache::open_image(&name) else {
+        let Some((file, size)) = cache::open_image(&name) else {
             continue;
         };
-        let Some(trailer) = read_trailer(&file, id, variant) else {
+        let Some(trailer) = read_trailer(&file, size, id, variant) else {
             vlog!("{}: image {name} not used: not one for this file", m.path);
             continue;
         };

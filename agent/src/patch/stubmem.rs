@@ -63,6 +63,35 @@ fn take(gaps: &mut Vec<(u64, u64)>, start: u64, end: u64) {
     *gaps = out;
 }
 
+/// Maps `len` fresh read-write bytes at exactly `addr`, if nothing is
+/// mapped there: whether it did.
+fn map_fresh(addr: u64, len: u64) -> bool {
+    // SAFETY: MAP_FIXED_NOREPLACE: the kernel maps fresh anonymous memory
+    // at `addr` only if nothing is mapped there, so no existing memory
+    // (the program's or ours) is touched.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    // Kernels before 4.17 treat the flag as a hint: check the result.
+    if p as u64 != addr {
+        // SAFETY: `p` is the mapping of `len` bytes just made, referred to
+        // nowhere else.
+        unsafe { libc::munmap(p, len as usize) };
+        return false;
+    }
+    true
+}
+
 /// A read-write anonymous mapping that later becomes read-execute: its
 /// first `code_len` bytes; a linked area's last page stays read-write and
 /// holds its module's link words (see `arch::LinkWords`).
@@ -137,27 +166,7 @@ impl StubArea {
             .filter(|&a| in_range(a))
             .take(16)
         {
-            // SAFETY: MAP_FIXED_NOREPLACE: the kernel maps fresh anonymous
-            // memory at `addr` only if nothing is mapped there, so no
-            // existing memory (the program's or ours) is touched.
-            let p = unsafe {
-                libc::mmap(
-                    addr as *mut libc::c_void,
-                    len as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                continue;
-            }
-            // Kernels before 4.17 treat the flag as a hint: check the result.
-            if p as u64 != addr {
-                // SAFETY: `p` is the mapping of `len` bytes just made,
-                // referred to nowhere else.
-                unsafe { libc::munmap(p, len as usize) };
+            if !map_fresh(addr, len) {
                 continue;
             }
             return Some(StubArea {
@@ -189,25 +198,7 @@ impl StubArea {
         {
             return None;
         }
-        // SAFETY: MAP_FIXED_NOREPLACE maps fresh memory only where nothing
-        // is mapped: no existing memory is touched.
-        let p = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
-        if p as u64 != addr {
-            // SAFETY: the mapping just made (an old kernel took the
-            // address as a hint), referred to nowhere else.
-            unsafe { libc::munmap(p, len as usize) };
+        if !map_fresh(addr, len) {
             return None;
         }
         if let Some(mut held) = GAPS.lock() {

@@ -420,6 +420,28 @@ fn encode_records<'a>(
 /// Reads `name` in `dir` (opened by [`trusted_dir`]) if the file may be
 /// trusted.
 fn read_trusted(dir: &Dir, name: &str, euid: u32) -> Result<Option<memmap2::Mmap>, PlanError> {
+    let Some((f, size)) = open_trusted(dir, name, euid)? else {
+        return Ok(None);
+    };
+    if size > MAX_BYTES {
+        return Err(PlanError::TooLarge {
+            path: dir.path().join(name),
+        });
+    }
+    // SAFETY: a private read-only mapping of a file only this user or root
+    // may write; entries are replaced by rename, never rewritten in place.
+    // Its bytes are validated before any is used.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(PlanError::Unreadable)?;
+    Ok(Some(map))
+}
+
+/// Opens `name` in `dir` (opened by [`trusted_dir`]) if it is a regular
+/// file that may be trusted: it and its size, or `None` if absent.
+fn open_trusted(
+    dir: &Dir,
+    name: &str,
+    euid: u32,
+) -> Result<Option<(std::fs::File, u64)>, PlanError> {
     let path = dir.path().join(name);
     let f = match dir.open_file(name, libc::O_RDONLY, 0) {
         Ok(f) => f,
@@ -430,14 +452,7 @@ fn read_trusted(dir: &Dir, name: &str, euid: u32) -> Result<Option<memmap2::Mmap
     if st.st_mode & libc::S_IFMT != libc::S_IFREG || !trusted(st.st_uid, st.st_mode, euid) {
         return Err(PlanError::EntryNotTrusted { path });
     }
-    if st.st_size as u64 > MAX_BYTES {
-        return Err(PlanError::TooLarge { path });
-    }
-    // SAFETY: a private read-only mapping of a file only this user or root
-    // may write; entries are replaced by rename, never rewritten in place.
-    // Its bytes are validated before any is used.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(PlanError::Unreadable)?;
-    Ok(Some(map))
+    Ok(Some((f, st.st_size as u64)))
 }
 
 /// The places' directories opened during start-up (one walk each, not
@@ -557,6 +572,20 @@ pub fn store(path: &str, id: &Identity, kind: Kind, bytes: &[u8]) {
 }
 
 fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PlanError> {
+    write_file(dir, name, bytes.len() as u64, |mut f| {
+        std::io::Write::write_all(&mut f, bytes)
+    })
+}
+
+/// Writes file `name` (about `size` bytes) into cache directory `dir`,
+/// made if absent: `fill` writes a new file, which is then renamed into
+/// place; a failure leaves nothing behind.
+fn write_file(
+    dir: &Path,
+    name: &str,
+    size: u64,
+    fill: impl FnOnce(&std::fs::File) -> std::io::Result<()>,
+) -> Result<(), PlanError> {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
     let system = dir == Path::new(SYSTEM_DIR);
@@ -568,12 +597,11 @@ fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PlanError> {
             .map_err(|e| io_at(dir, e))?;
     }
     let d = trusted_dir(dir, euid)?;
-    trim(&d, bytes.len() as u64);
-    let (tmp, mut f) = d
+    trim(&d, size);
+    let (tmp, f) = d
         .create_temp(name, if system { 0o644 } else { 0o600 })
         .map_err(PlanError::Write)?;
-    let written = std::io::Write::write_all(&mut f, bytes).and_then(|()| d.rename(&tmp, name));
-    written.map_err(|e| {
+    fill(&f).and_then(|()| d.rename(&tmp, name)).map_err(|e| {
         let _ = d.unlink(&tmp);
         PlanError::Write(e)
     })
@@ -632,27 +660,13 @@ pub fn image_key(id: &Identity) -> ([u8; 40], u64) {
 }
 
 /// Opens image `name` from the first place that has it and may be
-/// trusted (as a plan entry is); `None` if none does, said under
-/// `RTPROF_VERBOSE`.
-pub fn open_image(name: &str) -> Option<std::fs::File> {
+/// trusted (as a plan entry is): it and its size; `None` if none does,
+/// said under `RTPROF_VERBOSE`.
+pub fn open_image(name: &str) -> Option<(std::fs::File, u64)> {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
     for (i, dir) in configured().read.iter().enumerate() {
-        let opened = with_place(i, dir, euid, |d| {
-            let f = match d.open_file(name, libc::O_RDONLY, 0) {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(io_at(&d.path().join(name), e)),
-            };
-            let st = rtprof_shared::files::fstat(&f).map_err(PlanError::Unreadable)?;
-            if st.st_mode & libc::S_IFMT != libc::S_IFREG || !trusted(st.st_uid, st.st_mode, euid) {
-                return Err(PlanError::EntryNotTrusted {
-                    path: d.path().join(name),
-                });
-            }
-            Ok(Some(f))
-        });
-        match opened {
+        match with_place(i, dir, euid, |d| open_trusted(d, name, euid)) {
             Ok(Some(f)) => return Some(f),
             Ok(None) => {}
             Err(PlanError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
@@ -662,9 +676,8 @@ pub fn open_image(name: &str) -> Option<std::fs::File> {
     None
 }
 
-/// Writes image `name` (about `size` bytes) to the cache's write place:
-/// `fill` writes a new file, which is then renamed into place; a failure
-/// leaves nothing behind.
+/// Writes image `name` (about `size` bytes) to the cache's write place
+/// (see [`write_file`]).
 pub fn write_image(
     name: &str,
     size: u64,
@@ -673,25 +686,7 @@ pub fn write_image(
     let Some(dir) = &configured().write else {
         return Err(PlanError::Write(std::io::Error::other("no cache to write")));
     };
-    // SAFETY: geteuid cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    let system = dir == Path::new(SYSTEM_DIR);
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(if system { 0o755 } else { 0o700 })
-            .create(dir)
-            .map_err(|e| io_at(dir, e))?;
-    }
-    let d = trusted_dir(dir, euid)?;
-    trim(&d, size);
-    let (tmp, f) = d
-        .create_temp(name, if system { 0o644 } else { 0o600 })
-        .map_err(PlanError::Write)?;
-    fill(&f).and_then(|()| d.rename(&tmp, name)).map_err(|e| {
-        let _ = d.unlink(&tmp);
-        PlanError::Write(e)
-    })
+    write_file(dir, name, size, fill)
 }
 
 /// The plan of module `m` from its cache entry.

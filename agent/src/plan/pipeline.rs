@@ -29,13 +29,13 @@ fn open_with_debug(m: &Module, maps: &Maps) -> Result<(FileImage, Option<DebugFi
 /// Whether a module's patched code will be mapped from a page image,
 /// whose place is then held for it: asked with the file's identity once
 /// the file is known to be the one mapped.
-pub type Mapped<'a> = &'a dyn Fn(&Module, &crate::discover::fileimage::Identity) -> bool;
+pub type FromImage<'a> = &'a dyn Fn(&Module, &crate::discover::fileimage::Identity) -> bool;
 
 /// The plan for instrumenting `m`, or why there is none (its file cannot
 /// be read as the one mapped, or is no ELF file). Where `mapped` says its
 /// code comes from a page image and the cache has its entry, only its
 /// functions are read from the entry: no plan is decoded or checked.
-pub fn plan_module(m: Module, maps: &Maps, mapped: Mapped) -> Result<ModulePlan, PlanError> {
+pub fn plan_module(m: Module, maps: &Maps, mapped: FromImage) -> Result<ModulePlan, PlanError> {
     let t = Instant::now();
     let (file, debug) = open_with_debug(&m, maps)?;
     let traps = crate::options::traps::wanted() && crate::options::traps::allowed_in(&m.path);
