@@ -67,7 +67,7 @@ pub fn record_module(
     p: &ModulePlan,
 ) -> Result<(Present, Option<u32>), Full> {
     let path = p.module.path.as_str();
-    let names = p.funcs.iter().map(|c| c.name.len()).sum();
+    let names = p.funcs.iter().map(|c| c.name.len as usize).sum();
     let Some(with_functions) = reserve(seg, w, path, p.funcs.len(), names) else {
         vlog!("{path}: no room in the counter segment; left unpatched");
         return Err(Full);
@@ -89,7 +89,7 @@ pub fn record_module(
     let mut first = None;
     for c in &p.funcs {
         let size = c.size.min(u32::MAX as u64) as u32;
-        match w.add_function(c.name.as_bytes(), c.vaddr, size) {
+        match w.add_function(p.name_of(c).as_bytes(), c.vaddr, size) {
             Ok(slot) => {
                 first.get_or_insert(slot);
             }
@@ -196,7 +196,7 @@ pub fn mark_traps(
     outcomes: &Outcomes,
 ) {
     for (k, (c, o)) in mp.funcs.iter().zip(outcomes).enumerate() {
-        if o.is_none() && c.outcome.as_ref().is_ok_and(|p| p.is_trap()) {
+        if o.is_none() && mp.plan_of(c).is_ok_and(|p| p.is_trap()) {
             w.set_trapped(first + k as u32);
         }
     }

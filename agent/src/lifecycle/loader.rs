@@ -278,7 +278,7 @@ fn add_module(
             .funcs
             .iter()
             .map(|c| symbols::FuncSym {
-                name: c.name.clone(),
+                name: plan.name_of(c).to_string(),
                 vaddr: c.vaddr,
                 size: c.size,
                 unnamed: false,

@@ -89,7 +89,7 @@ impl Planned {
     }
     fn functions(&self) -> impl Iterator<Item = &str> {
         let (a, b) = match self {
-            Planned::Instrument(p) => (Some(p.funcs.iter().map(|c| c.name.as_str())), None),
+            Planned::Instrument(p) => (Some(p.funcs.iter().map(|c| p.name_of(c))), None),
             Planned::Sample(_, f, _) => {
                 (None, f.as_ref().map(|f| f.iter().map(|f| f.name.as_str())))
             }

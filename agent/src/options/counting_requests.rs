@@ -69,7 +69,7 @@ pub fn mark_off_from_start(
     }
     let mut n = 0;
     for (k, (c, o)) in plan.funcs.iter().zip(outcomes).enumerate() {
-        if o.is_none() && !cfg.counts_from_start(c.name.as_bytes()) {
+        if o.is_none() && !cfg.counts_from_start(plan.name_of(c).as_bytes()) {
             w.set_counting_off(first + k as u32, true);
             n += 1;
         }

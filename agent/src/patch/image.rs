@@ -125,7 +125,7 @@ pub fn eligible(mp: &ModulePlan, plain: bool) -> Result<Identity, NoImage> {
     let absolute = mp
         .funcs
         .iter()
-        .filter_map(|c| c.outcome.as_ref().ok())
+        .filter_map(|c| mp.plan_of(c).ok())
         .any(|p| !p.position_independent() && mp.module.bias != 0);
     if absolute {
         return Err(NoImage::AbsoluteCode);

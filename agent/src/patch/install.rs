@@ -242,11 +242,7 @@ fn install_with(
     write_now: bool,
 ) -> (Outcomes, Option<StubArea>) {
     let hook = crate::options::callers::hook();
-    let mut outcomes: Outcomes = mp
-        .funcs
-        .iter()
-        .map(|c| c.outcome.as_ref().err().copied())
-        .collect();
+    let mut outcomes: Outcomes = mp.funcs.iter().map(|c| c.outcome.err()).collect();
     let link = LinkWords {
         first_counter: first_slot as u64 * 8,
         shared_first: shared_stripe + first_slot as u64 * 8,
@@ -280,7 +276,7 @@ fn install_with(
     let bound: u64 = mp
         .funcs
         .iter()
-        .filter_map(|c| c.outcome.as_ref().ok())
+        .filter_map(|c| mp.plan_of(c).ok())
         .map(|p| Native::stub_len(p, hook != 0) as u64 + STUB_ALIGN)
         .sum();
     if bound == 0 {
@@ -406,7 +402,7 @@ fn emit_stubs(
         ranges: Vec::new(),
     };
     for (i, c) in mp.funcs.iter().enumerate() {
-        let Ok(plan) = &c.outcome else { continue };
+        let Ok(plan) = mp.plan_of(c) else { continue };
         // Branches sent past the count and trampolines are written with the
         // entries, which happens later for a running process (attach): not
         // done there.
@@ -435,7 +431,7 @@ fn emit_stubs(
         let stub = crate::arch::stub_and_entry::<Native>(plan, at, &counter, room);
         match stub {
             Ok(e) => {
-                if !counted(&c.name) {
+                if !counted(mp.name_of(c)) {
                     room[..2].copy_from_slice(&Native::counting_switch(false));
                 }
                 used = start + Native::stub_len(plan, counter.caller_hook != 0);
@@ -458,7 +454,7 @@ fn write_entry_parts(mp: &ModulePlan, stubs: &Emitted) -> Vec<bool> {
     let mut blocked = vec![false; stubs.entries.len()];
     let mut parts: Vec<(u64, [u8; 5], usize, usize)> = Vec::new();
     for (k, &i) in stubs.owners.iter().enumerate() {
-        let Ok(plan) = &mp.funcs[i].outcome else {
+        let Ok(plan) = mp.plan_of(&mp.funcs[i]) else {
             continue;
         };
         let stub = stubs.ranges[k].0;
@@ -488,7 +484,7 @@ fn write_entry_parts(mp: &ModulePlan, stubs: &Emitted) -> Vec<bool> {
         .iter()
         .enumerate()
         .filter_map(|(k, &i)| {
-            let plan = mp.funcs[i].outcome.as_ref().ok()?;
+            let plan = mp.plan_of(&mp.funcs[i]).ok()?;
             (plan.is_trap() && !blocked[k]).then_some((plan.patch_at(), stubs.ranges[k].0))
         })
         .collect();
@@ -531,7 +527,7 @@ fn keep_switches(map: &mut StubMap, mp: &ModulePlan, stubs: &Emitted, written: &
         return;
     };
     for (k, &i) in stubs.owners.iter().enumerate() {
-        let Ok(plan) = &mp.funcs[i].outcome else {
+        let Ok(plan) = mp.plan_of(&mp.funcs[i]) else {
             continue;
         };
         if written[k] {

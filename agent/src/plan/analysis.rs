@@ -14,18 +14,60 @@ use rtprof_abi::Refusal;
 /// Alignment fill considered after a function (GCC pads to 16 bytes).
 const MAX_PAD: u64 = 32;
 
+/// A function's plan, as its index in its module's `plans`, or why it has
+/// none. Plans are large and a module mapped from its page image needs
+/// none: its function list stays a few words a function.
+pub type Outcome = Result<u32, Refusal>;
+
+/// A function's name: where it is in its module's `names`. (One string
+/// for a module's tens of thousands of names, not one allocation each.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NameAt {
+    pub off: u32,
+    pub len: u32,
+}
+
+impl NameAt {
+    /// Appends `name` to `names`: where it is there.
+    pub fn push(names: &mut String, name: &str) -> NameAt {
+        let off = names.len() as u32;
+        names.push_str(name);
+        NameAt {
+            off,
+            len: name.len() as u32,
+        }
+    }
+
+    /// The name in `names`.
+    pub fn of<'a>(&self, names: &'a str) -> &'a str {
+        &names[self.off as usize..(self.off + self.len) as usize]
+    }
+}
+
 pub struct Candidate {
-    pub name: String,
+    pub name: NameAt,
     pub vaddr: u64,
     pub size: u64,
     /// Alignment fill after the function that its window may use.
     pub pad: u64,
-    pub outcome: Result<Plan, Refusal>,
+    pub outcome: Outcome,
+}
+
+/// Keeps `plan` in `plans`: the outcome that refers to it.
+pub fn keep(plans: &mut Vec<Plan>, plan: Result<Plan, Refusal>) -> Outcome {
+    plan.map(|p| {
+        plans.push(p);
+        (plans.len() - 1) as u32
+    })
 }
 
 pub struct ModulePlan {
     pub module: Module,
     pub funcs: Vec<Candidate>,
+    /// The plans the functions' outcomes refer to.
+    pub plans: Vec<Plan>,
+    /// The functions' names, one after another.
+    pub names: String,
     pub source: &'static str,
     /// The loader writes into this file's code (DT_TEXTREL).
     pub text_relocations: bool,
@@ -40,6 +82,18 @@ pub struct ModulePlan {
     /// `patch::image`): its plans were not decoded (each function that has
     /// one holds `NotAttempted`) nor checked against memory.
     pub mapped: bool,
+}
+
+impl ModulePlan {
+    /// Function `c`'s plan, or why it has none.
+    pub fn plan_of(&self, c: &Candidate) -> Result<&Plan, Refusal> {
+        c.outcome.map(|k| &self.plans[k as usize])
+    }
+
+    /// Function `c`'s name.
+    pub fn name_of(&self, c: &Candidate) -> &str {
+        c.name.of(&self.names)
+    }
 }
 
 /// A function's code with its trailing fill: (bytes, size, fill), or why not.
@@ -195,6 +249,8 @@ pub fn analyze(
         unlisted,
     };
     let mut out = Vec::with_capacity(funcs.len());
+    let mut plans = Vec::with_capacity(funcs.len());
+    let mut names = String::with_capacity(funcs.iter().map(|f| f.name.len()).sum());
     let mut function_loops = Vec::new();
     // Where the last planned entry's moved bytes end.
     let mut prev_end = 0;
@@ -214,16 +270,18 @@ pub fn analyze(
             prev_end = p.start() + p.original().len() as u64;
         }
         out.push(Candidate {
-            name: f.name,
+            name: NameAt::push(&mut names, &f.name),
             vaddr: f.vaddr,
             size: f.size,
             pad: c.map_or(0, |(_, _, pad)| pad),
-            outcome,
+            outcome: keep(&mut plans, outcome),
         });
     }
     ModulePlan {
         module: m,
         funcs: out,
+        plans,
+        names,
         source: list.source,
         text_relocations: list.text_relocations,
         traps,
@@ -698,7 +756,8 @@ fn plan_full(
 /// bytes at all (a cache entry that cannot be trusted).
 pub fn check_live(p: &mut ModulePlan, maps: &Maps, file: &FileImage) -> bool {
     for c in &mut p.funcs {
-        let Ok(plan) = &c.outcome else { continue };
+        let Ok(k) = c.outcome else { continue };
+        let plan = &p.plans[k as usize];
         // A short entry's trampoline goes over fill that must still be fill
         // (a cache entry saying otherwise is not trusted). Its 5 bytes may
         // begin or end inside a multi-byte fill instruction: they are

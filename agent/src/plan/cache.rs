@@ -25,7 +25,7 @@ use crate::discover::symbols::FuncSym;
 use crate::error::PlanError;
 use crate::lifecycle::lock::Lock;
 use crate::log::vlog;
-use crate::plan::analysis::{Candidate, ModulePlan};
+use crate::plan::analysis::{keep, Candidate, ModulePlan, NameAt};
 use rtprof_abi::Refusal;
 use rtprof_shared::cachedir::{self, fnv, ENTRY_HEADER as HEADER, ENTRY_SUFFIX, FNV_START};
 use rtprof_shared::files::{Dir, FileError};
@@ -216,6 +216,11 @@ pub struct Entry {
     /// Every function with its plan (for the module where it is loaded in
     /// this process) or why it has none.
     pub funcs: Vec<Candidate>,
+    /// The plans the functions' outcomes refer to (none where they were
+    /// not wanted).
+    pub plans: Vec<Plan>,
+    /// The functions' names, one after another.
+    pub names: String,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -275,8 +280,10 @@ fn decode_with(
         return Err(PlanError::Checksum);
     }
     let plans = &b[records_end..plans_end];
-    let strings = &b[plans_end..];
+    // One string for every name: each is checked to lie in it, whole.
+    let strings = std::str::from_utf8(&b[plans_end..]).map_err(|_| PlanError::BadName)?;
     let mut funcs = Vec::with_capacity(n);
+    let mut kept = Vec::with_capacity(if plans_wanted { n } else { 0 });
     let mut last = None;
     for i in 0..n {
         let r = HEADER + i * RECORD;
@@ -284,11 +291,13 @@ fn decode_with(
         let (pad, code) = (u32_at(b, r + 16), u32_at(b, r + 20));
         let (off, len) = (u32_at(b, r + 24) as usize, u32_at(b, r + 28) as usize);
         let (plan_off, plan_len) = (u32_at(b, r + 32) as usize, u32_at(b, r + 36) as usize);
-        let name = off
+        if off
             .checked_add(len)
             .and_then(|end| strings.get(off..end))
-            .and_then(|s| std::str::from_utf8(s).ok())
-            .ok_or(PlanError::BadName)?;
+            .is_none()
+        {
+            return Err(PlanError::BadName);
+        }
         let outcome = match code {
             0 if kind == Kind::Sampled || !plans_wanted => {
                 if plan_off
@@ -317,28 +326,33 @@ fn decode_with(
         }
         last = Some(vaddr);
         funcs.push(Candidate {
-            name: name.to_string(),
+            name: NameAt {
+                off: off as u32,
+                len: len as u32,
+            },
             vaddr,
             size,
             pad: pad as u64,
-            outcome,
+            outcome: keep(&mut kept, outcome),
         });
     }
     Ok(Entry {
         source,
         text_relocations: u32_at(b, 12) & 1 != 0,
         funcs,
+        plans: kept,
+        names: strings.to_string(),
     })
 }
 
 /// The entry for `p`: its plans before any per-process check.
 pub fn encode(p: &ModulePlan, id: &Identity) -> Vec<u8> {
     let funcs = p.funcs.iter().map(|c| Rec {
-        name: &c.name,
+        name: p.name_of(c),
         vaddr: c.vaddr,
         size: c.size,
         pad: c.pad,
-        outcome: c.outcome.as_ref().map_err(|r| *r),
+        outcome: p.plan_of(c),
     });
     let flags = p.text_relocations as u32 | if p.traps { TRAPS_FLAG } else { 0 };
     encode_records(funcs, p.funcs.len(), flags, p.source, id)
@@ -694,6 +708,8 @@ pub fn plan_from(m: Module, e: Entry, traps: bool) -> ModulePlan {
     ModulePlan {
         module: m,
         funcs: e.funcs,
+        plans: e.plans,
+        names: e.names,
         source: e.source,
         text_relocations: e.text_relocations,
         traps,
@@ -729,6 +745,8 @@ mod tests {
             &[],
             &[0x48, 0x8d, 0x05, 0x10, 0, 0, 0, 0xe8, 0x20, 0, 0, 0, 0xc3],
         ];
+        let mut plans = Vec::new();
+        let mut names = String::new();
         let funcs = ["a", "bb", "ccc"]
             .iter()
             .enumerate()
@@ -736,21 +754,26 @@ mod tests {
                 let vaddr = 0x1000 + i as u64 * 16;
                 let code = codes[i];
                 Candidate {
-                    name: n.to_string(),
+                    name: NameAt::push(&mut names, n),
                     vaddr,
                     size: code.len().max(1) as u64,
                     pad: i as u64,
-                    outcome: if code.is_empty() {
-                        Err(Refusal::BranchIntoWindow)
-                    } else {
-                        Native::plan_window(code, bias + vaddr, code.len(), 0)
-                    },
+                    outcome: keep(
+                        &mut plans,
+                        if code.is_empty() {
+                            Err(Refusal::BranchIntoWindow)
+                        } else {
+                            Native::plan_window(code, bias + vaddr, code.len(), 0)
+                        },
+                    ),
                 }
             })
             .collect();
         ModulePlan {
             module: m,
             funcs,
+            plans,
+            names,
             source: "dynsym+eh_frame",
             text_relocations: true,
             traps: false,
@@ -775,13 +798,13 @@ mod tests {
         let got: Vec<_> = e
             .funcs
             .iter()
-            .map(|c| (c.name.as_str(), c.vaddr, c.pad, c.outcome.as_ref().err()))
+            .map(|c| (c.name.of(&e.names), c.vaddr, c.pad, c.outcome.err()))
             .collect();
         assert_eq!(
             got,
             vec![
                 ("a", 0x1000, 0, None),
-                ("bb", 0x1010, 1, Some(&Refusal::BranchIntoWindow)),
+                ("bb", 0x1010, 1, Some(Refusal::BranchIntoWindow)),
                 ("ccc", 0x1020, 2, None)
             ]
         );
@@ -791,7 +814,7 @@ mod tests {
         let e = decode(&encode(&p, &id()), &id(), Kind::Plan, elsewhere.module.bias).unwrap();
         let back = plan_from(elsewhere.module.clone(), e, false);
         for (a, b) in back.funcs.iter().zip(&elsewhere.funcs) {
-            assert_eq!(a.outcome, b.outcome);
+            assert_eq!(back.plan_of(a), elsewhere.plan_of(b));
         }
     }
 
@@ -803,13 +826,17 @@ mod tests {
         let mut p = plan();
         let start = p.module.bias + 0x1010;
         // `xor eax,eax; ret`: no room for a jump.
-        p.funcs[1].outcome = Native::plan_trap(&[0x31, 0xc0, 0xc3], start, 3);
-        assert!(p.funcs[1].outcome.as_ref().unwrap().is_trap());
+        p.funcs[1].outcome = keep(
+            &mut p.plans,
+            Native::plan_trap(&[0x31, 0xc0, 0xc3], start, 3),
+        );
+        assert!(p.plan_of(&p.funcs[1]).unwrap().is_trap());
         let bias = p.module.bias;
         p.traps = true;
         let with = encode(&p, &id());
         let e = decode(&with, &id(), Kind::PlanWithTraps, bias).unwrap();
-        assert_eq!(e.funcs[1].outcome, p.funcs[1].outcome);
+        let back = plan_from(p.module.clone(), e, true);
+        assert_eq!(back.plan_of(&back.funcs[1]), p.plan_of(&p.funcs[1]));
         assert!(matches!(
             decode(&with, &id(), Kind::Plan, bias),
             Err(PlanError::OtherKind)

@@ -59,7 +59,7 @@ pub fn plan_module(m: Module, maps: &Maps, mapped: FromImage) -> Result<ModulePl
         if loops
             && p.funcs
                 .iter()
-                .any(|c| crate::options::loops::counts::wanted_for(&c.name))
+                .any(|c| crate::options::loops::counts::wanted_for(p.name_of(c)))
         {
             return None;
         }
@@ -105,9 +105,9 @@ pub fn sampled_functions(m: &Module, maps: &Maps) -> Vec<symbols::FuncSym> {
     if let Some(e) = cache::lookup(m, &file.identity, Kind::Sampled) {
         return e
             .funcs
-            .into_iter()
+            .iter()
             .map(|c| symbols::FuncSym {
-                name: c.name,
+                name: c.name.of(&e.names).to_string(),
                 vaddr: c.vaddr,
                 size: c.size,
                 unnamed: false,
