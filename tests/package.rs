@@ -235,7 +235,7 @@ fn removing_the_package_switches_the_machine_off() {
         "daemon-reload\ntry-restart rtprofd.service\n",
         "installing starts nothing new"
     );
-    let said = run("/usr/bin/rtprof", &["system", "enable"]);
+    let said = run("/usr/bin/rtprof", &["system", "enable", "--no-warm"]);
     assert!(
         said.contains("agent: /usr/lib/rtprof/librtprof.so (already installed"),
         "the packaged agent is used in place: {said}"

@@ -36,7 +36,7 @@ fn stderr(o: &Output) -> String {
 }
 
 fn enable() -> Output {
-    let o = rtprof_system(&["enable", "--agent", agent().to_str().unwrap()]);
+    let o = rtprof_system(&["enable", "--no-warm", "--agent", agent().to_str().unwrap()]);
     assert!(o.status.success(), "enable: {}", stderr(&o));
     o
 }
@@ -289,7 +289,7 @@ fn enable_refuses_an_agent_that_breaks_sandboxes_or_privilege_drops() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        let o = rtprof_system(&["enable", "--agent", lib.to_str().unwrap()]);
+        let o = rtprof_system(&["enable", "--no-warm", "--agent", lib.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(1), "{define}: {}", stdout(&o));
         let err = stderr(&o);
         assert!(
@@ -341,7 +341,12 @@ fn refusals_change_nothing() {
     assert!(o.status.success() && stdout(&o).starts_with("preload      off"));
 
     // No agent where it was said to be.
-    let o = rtprof_system(&["enable", "--agent", "/nonexistent/librtprof.so"]);
+    let o = rtprof_system(&[
+        "enable",
+        "--no-warm",
+        "--agent",
+        "/nonexistent/librtprof.so",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).starts_with("rtprof system enable: cannot find librtprof.so")
@@ -369,7 +374,7 @@ fn refusals_change_nothing() {
     let text = dir.join("notalib.so");
     std::fs::write(&text, "not a library\n").unwrap();
     for (bad, why) in [(&breaks, "its output was"), (&text, "its error output was")] {
-        let o = rtprof_system(&["enable", "--agent", bad.to_str().unwrap()]);
+        let o = rtprof_system(&["enable", "--no-warm", "--agent", bad.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(1));
         let err = stderr(&o);
         assert!(
@@ -396,7 +401,7 @@ fn refusals_change_nothing() {
     std::fs::copy(agent(), &other).unwrap();
     let listed = format!("{}\n", other.display());
     std::fs::write(PRELOAD, &listed).unwrap();
-    let o = rtprof_system(&["enable", "--agent", agent().to_str().unwrap()]);
+    let o = rtprof_system(&["enable", "--no-warm", "--agent", agent().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(
         stderr(&o),
@@ -413,7 +418,7 @@ fn refusals_change_nothing() {
     // A read-only /etc.
     std::fs::write(PRELOAD, "# mine\n").unwrap();
     sh_ok("mount -o remount,bind,ro /etc");
-    let o = rtprof_system(&["enable", "--agent", agent().to_str().unwrap()]);
+    let o = rtprof_system(&["enable", "--no-warm", "--agent", agent().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
     assert!(
@@ -460,7 +465,7 @@ fn with_systemd_the_service_is_written_started_and_removed() {
     };
     let unit = "/etc/systemd/system/rtprofd.service";
 
-    let said = system(&["enable", "--agent", agent().to_str().unwrap()]);
+    let said = system(&["enable", "--no-warm", "--agent", agent().to_str().unwrap()]);
     assert!(
         said.contains(&format!("rtprofd: started and enabled ({unit})")),
         "{said}"
@@ -497,10 +502,97 @@ fn with_systemd_the_service_is_written_started_and_removed() {
 
     // A unit someone else wrote is disabled, but stays.
     std::fs::write(unit, "[Service]\nExecStart=/opt/rtprofd\n").unwrap();
-    system(&["enable", "--agent", agent().to_str().unwrap()]);
+    system(&["enable", "--no-warm", "--agent", agent().to_str().unwrap()]);
     system(&["disable"]);
     assert_eq!(
         std::fs::read_to_string(unit).unwrap(),
         "[Service]\nExecStart=/opt/rtprofd\n"
     );
+}
+
+/// `rtprof system warm` fills the machine-wide cache with the installed
+/// agent, so a program's first start under /etc/ld.so.preload maps its
+/// patched code from a page image (no code page of it written); `enable`
+/// starts the same warming for the running programs in a session of its
+/// own, at the lowest CPU priority.
+#[test]
+fn warming_ahead_makes_a_first_start_map_its_code() {
+    private_machine(&["/usr/lib", "/var/cache"]);
+    let dir = scratch("warm-ahead");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = compile_o2("own_code.c", &[], &dir);
+    let plain = run_plain(&bin, &[]);
+    assert!(plain.status.success());
+    enable();
+
+    let o = rtprof_system(&["warm", bin.to_str().unwrap()]);
+    assert!(o.status.success(), "warm: {}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("warmed {}", bin.display()))
+            && stdout(&o).contains("1 of 1 programs warmed"),
+        "{}",
+        stdout(&o)
+    );
+    let images: Vec<String> = std::fs::read_dir("/var/cache/rtprof")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("own_code") && n.contains(".image"))
+        .collect();
+    assert_eq!(images.len(), 1, "one image of the program: {images:?}");
+
+    // Its first start with the agent (from /etc/ld.so.preload).
+    let first = Command::new(&bin)
+        .env("RTPROF_VERBOSE", "1")
+        .env("RTPROF_DAEMON_SOCKET", "")
+        .output()
+        .unwrap();
+    assert_eq!(first.status.code(), plain.status.code());
+    assert_eq!(first.stdout, plain.stdout);
+    let said = stderr(&first);
+    assert!(
+        said.contains(&format!("{}: code mapped from its image", bin.display())),
+        "{said}"
+    );
+    // Its code and stubs are mapped from the image in the machine's
+    // cache, and not one page of them is a private copy.
+    let image = format!(" /var/cache/rtprof/{}", images[0]);
+    let code: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("CODE ") && l.ends_with(&image))
+        .collect();
+    assert!(
+        code.len() >= 2 && code.iter().all(|l| l.starts_with("CODE 0 ")),
+        "code and stubs from the image, no private page: {said}"
+    );
+
+    // Enabled again (nothing to change), with warming in the background.
+    let o = rtprof_system(&["enable", "--agent", agent().to_str().unwrap()]);
+    assert!(o.status.success(), "enable: {}", stderr(&o));
+    let said = stdout(&o);
+    let pid: i32 = said
+        .split("(rtprof system warm, pid ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no background warming said: {said}"));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+    // SAFETY: kill takes numbers only; the group is the warming's own
+    // session, which it leads.
+    let killed = unsafe { libc::kill(-pid, libc::SIGKILL) };
+    // It may have finished already (few programs run here): then it is
+    // gone or a zombie.
+    if let Ok(stat) = stat {
+        let after: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        if after[0] != "Z" {
+            // Fields after the name, from field 3: session 6, nice 19,
+            // policy 41 (SCHED_IDLE is 5).
+            assert_eq!(after[6 - 3], pid.to_string(), "its own session: {stat}");
+            assert_eq!(after[19 - 3], "19", "nice 19: {stat}");
+            assert_eq!(after[41 - 3], "5", "SCHED_IDLE: {stat}");
+            assert_eq!(killed, 0);
+        }
+    }
+    disable();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -67,43 +67,52 @@ fn warm(paths: &[PathBuf], agent: Option<PathBuf>, system: bool) -> Result<(), E
         dir(false)?.display().to_string()
     };
     for p in paths {
-        let unstartable = |source| Error::WarmStart {
-            path: p.clone(),
-            source,
-        };
-        let meta = std::fs::metadata(p).map_err(unstartable)?;
-        // A set-ID program ignores the environment: it would simply run.
-        if meta.permissions().mode() & 0o6000 != 0 {
-            return Err(Error::WarmSetId(p.clone()));
-        }
-        let name = p
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        let mut c = if is_library(p) {
-            let mut c = Command::new("/bin/true");
-            c.env("LD_PRELOAD", format!("{} {}", agent.display(), p.display()))
-                .env("RTPROF_MODULES", &name);
-            c
-        } else {
-            let mut c = Command::new(p);
-            c.env("LD_PRELOAD", &agent);
-            c
-        };
-        let st = c
-            .env("RTPROF_WARM", "1")
-            .env("RTPROF_CACHE", &cache)
-            .env("RTPROF_DAEMON_SOCKET", "")
-            .status()
-            .map_err(unstartable)?;
-        if !st.success() {
-            return Err(Error::WarmFailed {
-                path: p.clone(),
-                status: st,
-            });
-        }
+        warm_one(p, &agent, &cache)?;
         println!("warmed {}", p.display());
+    }
+    Ok(())
+}
+
+/// Fills cache `cache` (an `RTPROF_CACHE` value) for program or library
+/// `p` with `agent`: a program is started and ends before its `main`; a
+/// library is loaded into /bin/true.
+pub(crate) fn warm_one(p: &Path, agent: &Path, cache: &str) -> Result<(), Error> {
+    let unstartable = |source| Error::WarmStart {
+        path: p.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(p).map_err(unstartable)?;
+    // A set-ID program ignores the environment: it would simply run.
+    if meta.permissions().mode() & 0o6000 != 0 {
+        return Err(Error::WarmSetId(p.to_path_buf()));
+    }
+    let name = p
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    let mut c = if is_library(p) {
+        let mut c = Command::new("/bin/true");
+        c.env("LD_PRELOAD", format!("{} {}", agent.display(), p.display()))
+            .env("RTPROF_MODULES", &name);
+        c
+    } else {
+        let mut c = Command::new(p);
+        c.env("LD_PRELOAD", agent);
+        c
+    };
+    let st = c
+        .env("RTPROF_WARM", "1")
+        .env("RTPROF_CACHE", cache)
+        .env("RTPROF_DAEMON_SOCKET", "")
+        .stdin(std::process::Stdio::null())
+        .status()
+        .map_err(unstartable)?;
+    if !st.success() {
+        return Err(Error::WarmFailed {
+            path: p.to_path_buf(),
+            status: st,
+        });
     }
     Ok(())
 }

@@ -106,6 +106,8 @@ pub enum Error {
     // `rtprof system` (system/).
     /// Not run as root; `action` is what would have been changed.
     NotRoot { action: &'static str },
+    /// No agent installed where `enable` puts it (the path).
+    NotInstalled(&'static str),
     /// A file or directory that cannot be read, examined or written; `what`
     /// says which step (`cannot read`, `cannot create`, ...).
     SystemIo {
@@ -256,6 +258,10 @@ impl fmt::Display for Error {
             Error::CannotCreateFile(e) => write!(f, "cannot create a file: {e}"),
             Error::CannotReserve(e) => write!(f, "cannot reserve space: {e}"),
             Error::NotRoot { action } => write!(f, "must be run as root ({action})"),
+            Error::NotInstalled(path) => write!(
+                f,
+                "no agent at {path}: `rtprof system enable` installs it"
+            ),
             Error::SystemIo { what, path, source } => {
                 write!(f, "{what} {}: {source}", path.display())
             }

@@ -571,7 +571,10 @@ pub fn store(
     }
 }
 
-/// Copies `size` bytes of `src` to the start of `dst`, in the kernel.
+/// Copies `size` bytes of `src` to the start of `dst`: in the kernel
+/// where it can, else through a buffer (the kernel copies within one
+/// filesystem only: a program on another one than the cache, an overlay,
+/// gets `EXDEV`; a seccomp filter may refuse the call).
 fn copy_all(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
     let (mut from, mut to) = (0i64, 0i64);
     while (from as u64) < size {
@@ -589,8 +592,34 @@ fn copy_all(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
         match n {
             n if n > 0 => {}
             0 => return Err(std::io::Error::other("the file ended early")),
-            _ => return Err(std::io::Error::last_os_error()),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                let elsewhere = [libc::EXDEV, libc::EINVAL, libc::ENOSYS, libc::EOPNOTSUPP];
+                if from == 0
+                    && (elsewhere.contains(&e.raw_os_error().unwrap_or(0))
+                        || e.kind() == std::io::ErrorKind::PermissionDenied)
+                {
+                    return copy_through_buffer(src, dst, size);
+                }
+                return Err(e);
+            }
         }
+    }
+    Ok(())
+}
+
+/// Copies `size` bytes of `src` to the start of `dst`, a buffer at a time.
+fn copy_through_buffer(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 1 << 18];
+    let mut at = 0u64;
+    while at < size {
+        let want = (size - at).min(buf.len() as u64) as usize;
+        let n = src.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            return Err(std::io::Error::other("the file ended early"));
+        }
+        dst.write_all_at(&buf[..n], at)?;
+        at += n as u64;
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use crate::error::Error;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub fn run(agent: Option<PathBuf>) -> Result<(), Error> {
+pub fn run(agent: Option<PathBuf>, warm: bool) -> Result<(), Error> {
     let unchanged = |source| Error::Unchanged {
         source: Box::new(source),
         file: PRELOAD,
@@ -95,6 +95,15 @@ pub fn run(agent: Option<PathBuf>) -> Result<(), Error> {
             );
         }
         Err(e) => return Err(Error::ServiceFailed(Box::new(e))),
+    }
+    if warm {
+        match super::warm::start_in_background() {
+            Ok(pid) => println!(
+                "cache: warming for the running programs in the background, at the lowest priority \
+                 (rtprof system warm, pid {pid}), so their first starts map their code from page images"
+            ),
+            Err(e) => println!("cache: not warmed in the background ({e}); `rtprof system warm` does it"),
+        }
     }
     Ok(())
 }

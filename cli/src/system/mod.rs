@@ -13,6 +13,7 @@ mod preload;
 mod probe;
 mod status;
 mod unit;
+mod warm;
 
 use crate::error::Error;
 use clap::{Args, Subcommand};
@@ -51,6 +52,10 @@ enum Action {
         /// rtprof).
         #[arg(long, value_name = "PATH")]
         agent: Option<PathBuf>,
+        /// Do not warm the machine-wide cache for the running programs in
+        /// the background.
+        #[arg(long)]
+        no_warm: bool,
     },
     /// Stop profiling new programs: put /etc/ld.so.preload back as it was
     /// before `enable`, and stop rtprofd's service.
@@ -58,11 +63,20 @@ enum Action {
     /// What is switched on: the preload entry, the kill switch, rtprofd,
     /// its presentation segment, the plan cache.
     Status,
+    /// Fill the machine-wide cache now, with the installed agent, for
+    /// programs (by default those running now), so that their first start
+    /// maps its code from page images. Each is started and ends before its
+    /// `main` (its libraries' initialisers do run).
+    Warm {
+        #[arg(value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
 }
 
 pub fn run(a: SystemArgs) -> ExitCode {
     let (name, result) = match a.action {
-        Action::Enable { agent } => ("enable", enable::run(agent)),
+        Action::Enable { agent, no_warm } => ("enable", enable::run(agent, !no_warm)),
+        Action::Warm { paths } => ("warm", warm::run(paths)),
         Action::Disable => ("disable", disable::run()),
         Action::Status => {
             status::run();
