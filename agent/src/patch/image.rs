@@ -659,3 +659,28 @@ pub fn place(m: &Module, bound: u64) -> Option<(StubArea, u8)> {
         Some((StubArea::at(base, code_len)?, v))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Across filesystems (or where the kernel refuses to copy) an image's
+    /// copy of the file goes through a buffer: the same bytes, whatever
+    /// the size, and an error rather than a short copy.
+    #[test]
+    fn a_copy_through_a_buffer_is_the_file() {
+        let dir = std::env::temp_dir().join(format!("rtprof-copy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bytes: Vec<u8> = (0..(1u32 << 19) + 12345)
+            .map(|i| (i.wrapping_mul(7) ^ (i >> 9)) as u8)
+            .collect();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, &bytes).unwrap();
+        let src = File::open(&a).unwrap();
+        let dst = File::create(&b).unwrap();
+        copy_through_buffer(&src, &dst, bytes.len() as u64).unwrap();
+        assert_eq!(std::fs::read(&b).unwrap(), bytes);
+        assert!(copy_through_buffer(&src, &dst, bytes.len() as u64 + 1).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
