@@ -23,13 +23,31 @@ static long cpu_ms(void) {
     return t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* Spins in its own code between looks at the clock. */
+/* Rounds of 100,000 spins in 1 ms of CPU, as measured in main. Sized
+ * once: a thread that reads its own CPU clock as it spins has its
+ * CPU-time timers expire late (see docs/limits.md), and its samples would
+ * land past the function. */
+static long rounds_per_ms = 1;
+
+static void spin_rounds(long n) {
+    for (long r = 0; r < n; r++)
+        for (volatile int i = 0; i < 100000; i++) sink += i;
+}
+
+static void size_rounds(void) {
+    long n = 0, start = cpu_ms(), took;
+    do {
+        spin_rounds(1);
+        n++;
+    } while ((took = cpu_ms() - start) < 20);
+    rounds_per_ms = n / took + 1;
+}
+
+/* Spins in its own code for about `ms` of CPU. */
 #define BURN(name)                                                   \
     NOINLINE void name(long ms) {                                    \
-        long end = cpu_ms() + ms;                                    \
-        do {                                                         \
-            for (volatile int i = 0; i < 2000000; i++) sink += i;   \
-        } while (cpu_ms() < end);                                    \
+        for (long r = 0; r < ms * rounds_per_ms; r++)                \
+            for (volatile int i = 0; i < 100000; i++) sink += i;    \
     }
 BURN(burn_0)
 BURN(burn_1)
@@ -52,6 +70,7 @@ static void *worker(void *arg) {
 
 int main(void) {
     pthread_t t[3];
+    size_rounds();
     pthread_barrier_init(&done, NULL, 4);
     for (long k = 0; k < 3; k++) pthread_create(&t[k], NULL, worker, (void *)k);
     for (int i = 0; i < 5; i++) sink += tick(i);
