@@ -596,3 +596,62 @@ fn warming_ahead_makes_a_first_start_map_its_code() {
     disable();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A program started to fill the cache never runs its `main`: not when
+/// the kill switch keeps the agent inert in it (the agent ends it and
+/// says it did not act), not when it is statically linked (no agent can
+/// be in it: it is not started).
+#[test]
+fn a_program_warmed_never_runs() {
+    private_machine(&["/usr/lib", "/var/cache"]);
+    let dir = scratch("warm-never-runs");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dynamic = compile_o2("touch_mark.c", &[], &dir);
+    let static_dir = dir.join("static");
+    std::fs::create_dir_all(&static_dir).unwrap();
+    let fixed = compile_o2("touch_mark.c", &["-static"], &static_dir);
+    let mark = dir.join("mark");
+    let ran = || std::fs::read_to_string(&mark).is_ok();
+    // The mark works: the program run plainly leaves it.
+    let o = Command::new(&dynamic)
+        .env("RTPROF_TEST_MARK", &mark)
+        .output()
+        .unwrap();
+    assert!(o.status.success() && ran());
+    std::fs::remove_file(&mark).unwrap();
+    enable();
+    let warm = |bin: &Path| {
+        Command::new(rtprof())
+            .args(["system", "warm"])
+            .arg(bin)
+            .env("RTPROF_TEST_MARK", &mark)
+            .output()
+            .unwrap()
+    };
+
+    let o = warm(&fixed);
+    assert!(
+        stderr(&o).contains("not dynamically linked") && stdout(&o).contains("0 of 1"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert!(!ran(), "a static program was started");
+
+    std::fs::write("/etc/rtprof/disable", "").unwrap();
+    let o = warm(&dynamic);
+    assert!(
+        stderr(&o).contains("the agent did not act in it") && stdout(&o).contains("0 of 1"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert!(!ran(), "the program ran its main under the kill switch");
+    std::fs::remove_file("/etc/rtprof/disable").unwrap();
+
+    let o = warm(&dynamic);
+    assert!(stdout(&o).contains("1 of 1"), "{}", stderr(&o));
+    assert!(!ran(), "the program ran its main while warmed");
+    disable();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -124,6 +124,12 @@ pub fn verbose_by_env() -> bool {
     std::env::var("RTPROF_VERBOSE").is_ok_and(|v| truthy(&v))
 }
 
+/// `RTPROF_WARM` set: the process was started to fill the cache, not to
+/// run (`rtprof cache warm`).
+pub fn warming_by_env() -> bool {
+    std::env::var("RTPROF_WARM").is_ok_and(|v| truthy(&v))
+}
+
 fn truthy(v: &str) -> bool {
     !matches!(v.trim(), "" | "0" | "no" | "false" | "off")
 }

@@ -91,6 +91,7 @@ fn rtprof_init() {
     // Switched off: nothing more, not even an allocation (a seccomp filter
     // may allow no call the dynamic loader did not make).
     if lifecycle::startup::switched_off() {
+        lifecycle::startup::end_if_warming();
         return;
     }
     // Our panic messages stay quiet unless asked for; none crosses into the host.
@@ -100,6 +101,7 @@ fn rtprof_init() {
     if std::panic::catch_unwind(lifecycle::startup::start).is_err() {
         log::emit(format_args!("start-up failed; process left unprofiled"));
     }
+    lifecycle::startup::end_if_warming();
     // Start-up's temporary memory (symbol tables, plans: all dropped by
     // now) is free but still resident: hand it back, so a small program
     // does not carry it.

@@ -91,7 +91,11 @@ pub(crate) fn warm_one(p: &Path, agent: &Path, cache: &str) -> Result<(), Error>
         .unwrap_or_default()
         .to_string_lossy()
         .into_owned();
-    let mut c = if is_library(p) {
+    let library = is_library(p);
+    if !library && !dynamically_linked(p) {
+        return Err(Error::WarmStatic(p.to_path_buf()));
+    }
+    let mut c = if library {
         let mut c = Command::new("/bin/true");
         c.env("LD_PRELOAD", format!("{} {}", agent.display(), p.display()))
             .env("RTPROF_MODULES", &name);
@@ -108,13 +112,36 @@ pub(crate) fn warm_one(p: &Path, agent: &Path, cache: &str) -> Result<(), Error>
         .stdin(std::process::Stdio::null())
         .status()
         .map_err(unstartable)?;
-    if !st.success() {
-        return Err(Error::WarmFailed {
+    // The agent's status for a start it did not act in (its
+    // `startup::WARM_NOT_DONE`).
+    const WARM_NOT_DONE: i32 = 3;
+    match st.code() {
+        Some(0) => Ok(()),
+        Some(WARM_NOT_DONE) => Err(Error::WarmNotDone(p.to_path_buf())),
+        _ => Err(Error::WarmFailed {
             path: p.to_path_buf(),
             status: st,
-        });
+        }),
     }
-    Ok(())
+}
+
+/// Whether `p` is an ELF program with an interpreter (the dynamic
+/// loader), the only kind the agent can be preloaded into.
+fn dynamically_linked(p: &Path) -> bool {
+    use goblin::elf::{program_header, Elf, ProgramHeader};
+    use std::io::Read;
+    // The headers: the ELF header and its program headers, at the start.
+    let mut head = Vec::new();
+    let read = std::fs::File::open(p).and_then(|f| f.take(1 << 16).read_to_end(&mut head));
+    let Some(h) = read.ok().and_then(|_| Elf::parse_header(&head).ok()) else {
+        return false;
+    };
+    let (Ok(container), Ok(endian)) = (h.container(), h.endianness()) else {
+        return false;
+    };
+    let ctx = goblin::container::Ctx::new(container, endian);
+    ProgramHeader::parse(&head, h.e_phoff as usize, h.e_phnum as usize, ctx)
+        .is_ok_and(|phs| phs.iter().any(|ph| ph.p_type == program_header::PT_INTERP))
 }
 
 pub fn run(args: CacheArgs) -> ExitCode {

@@ -44,6 +44,12 @@ pub enum Error {
     /// A program (or /bin/true loading a library) that failed while
     /// warming.
     WarmFailed { path: PathBuf, status: ExitStatus },
+    /// A program to warm the agent did not act in (switched off, a
+    /// sandbox): it ended before its `main` with nothing cached.
+    WarmNotDone(PathBuf),
+    /// A program to warm that is not dynamically linked: nothing can be
+    /// preloaded into it, so it would simply run.
+    WarmStatic(PathBuf),
 
     // `rtprof switch` (switch.rs).
     /// A pattern the request cannot carry: empty, too long, or with NUL.
@@ -203,6 +209,16 @@ impl fmt::Display for Error {
             Error::WarmFailed { path, status } => {
                 write!(f, "{}: ended with {status} while warming", path.display())
             }
+            Error::WarmNotDone(p) => write!(
+                f,
+                "{}: the agent did not act in it (switched off, or a sandbox); nothing cached",
+                p.display()
+            ),
+            Error::WarmStatic(p) => write!(
+                f,
+                "{}: not dynamically linked (no agent can be preloaded into it), not started",
+                p.display()
+            ),
             Error::BadPattern => write!(
                 f,
                 "the pattern must be 1 to {MAX_PATTERN} bytes without NUL"
