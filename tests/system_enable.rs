@@ -629,23 +629,20 @@ fn a_program_warmed_never_runs() {
             .unwrap()
     };
 
-    let o = warm(&fixed);
-    assert!(
-        stderr(&o).contains("not dynamically linked") && stdout(&o).contains("0 of 1"),
-        "{}{}",
-        stdout(&o),
-        stderr(&o)
-    );
+    // Not warmed, and said why.
+    let refused = |o: &Output, why: &str| {
+        assert!(
+            stderr(o).contains(why) && stdout(o).contains("0 of 1"),
+            "{}{}",
+            stdout(o),
+            stderr(o)
+        )
+    };
+    refused(&warm(&fixed), "not dynamically linked");
     assert!(!ran(), "a static program was started");
 
     std::fs::write("/etc/rtprof/disable", "").unwrap();
-    let o = warm(&dynamic);
-    assert!(
-        stderr(&o).contains("the agent did not act in it") && stdout(&o).contains("0 of 1"),
-        "{}{}",
-        stdout(&o),
-        stderr(&o)
-    );
+    refused(&warm(&dynamic), "the agent did not act in it");
     assert!(!ran(), "the program ran its main under the kill switch");
     std::fs::remove_file("/etc/rtprof/disable").unwrap();
 

@@ -3,7 +3,7 @@
 
 use crate::error::Error;
 use clap::{Args, Subcommand};
-use rtprof_shared::cachedir::{user_dir, ENTRY_SUFFIX, SYSTEM_DIR};
+use rtprof_shared::cachedir::{user_dir, ENTRY_SUFFIX, SYSTEM_DIR, WARM_NOT_DONE};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -112,9 +112,6 @@ pub(crate) fn warm_one(p: &Path, agent: &Path, cache: &str) -> Result<(), Error>
         .stdin(std::process::Stdio::null())
         .status()
         .map_err(unstartable)?;
-    // The agent's status for a start it did not act in (its
-    // `startup::WARM_NOT_DONE`).
-    const WARM_NOT_DONE: i32 = 3;
     match st.code() {
         Some(0) => Ok(()),
         Some(WARM_NOT_DONE) => Err(Error::WarmNotDone(p.to_path_buf())),

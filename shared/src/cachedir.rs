@@ -7,6 +7,11 @@ pub const SYSTEM_DIR: &str = "/var/cache/rtprof";
 /// Entries end with this; temporary files start with a dot.
 pub const ENTRY_SUFFIX: &str = ".rtc";
 
+/// Exit status of a process started to fill the cache (`RTPROF_WARM`)
+/// where the agent did not act (switched off, sandboxed, unable to start):
+/// it ends the process before `main` all the same.
+pub const WARM_NOT_DONE: i32 = 3;
+
 /// The user's cache directory: `$XDG_CACHE_HOME/rtprof`, else
 /// `$HOME/.cache/rtprof` (relative values are ignored, as XDG says).
 pub fn user_dir() -> Option<PathBuf> {

@@ -71,10 +71,6 @@ pub(crate) fn switched_off() -> bool {
     system::kill_switch_on() || !secure_mode() && crate::config::disabled_by_env()
 }
 
-/// Exit status of a process started to fill the cache (`RTPROF_WARM`)
-/// where the agent did not (switched off, sandboxed, unable to start).
-pub const WARM_NOT_DONE: i32 = 3;
-
 /// Ends a process started to fill the cache, before its `main`, if
 /// start-up did not (it ends it once the cache is filled): the program
 /// was not started to run, and a daemon warmed by `rtprof system warm`
@@ -83,7 +79,7 @@ pub const WARM_NOT_DONE: i32 = 3;
 pub(crate) fn end_if_warming() {
     if !secure_mode() && crate::config::warming_by_env() {
         // SAFETY: ends the process; nothing of ours is pending.
-        unsafe { libc::_exit(WARM_NOT_DONE) };
+        unsafe { libc::_exit(rtprof_shared::cachedir::WARM_NOT_DONE) };
     }
 }
 

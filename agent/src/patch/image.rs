@@ -574,7 +574,8 @@ pub fn store(
 /// Copies `size` bytes of `src` to the start of `dst`: in the kernel
 /// where it can, else through a buffer (the kernel copies within one
 /// filesystem only: a program on another one than the cache, an overlay,
-/// gets `EXDEV`; a seccomp filter may refuse the call).
+/// gets `EXDEV`; a seccomp filter may refuse the call). A refused first
+/// call goes the other way; a real failure fails that way too.
 fn copy_all(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
     let (mut from, mut to) = (0i64, 0i64);
     while (from as u64) < size {
@@ -592,17 +593,8 @@ fn copy_all(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
         match n {
             n if n > 0 => {}
             0 => return Err(std::io::Error::other("the file ended early")),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                let elsewhere = [libc::EXDEV, libc::EINVAL, libc::ENOSYS, libc::EOPNOTSUPP];
-                if from == 0
-                    && (elsewhere.contains(&e.raw_os_error().unwrap_or(0))
-                        || e.kind() == std::io::ErrorKind::PermissionDenied)
-                {
-                    return copy_through_buffer(src, dst, size);
-                }
-                return Err(e);
-            }
+            _ if from == 0 => return copy_through_buffer(src, dst, size),
+            _ => return Err(std::io::Error::last_os_error()),
         }
     }
     Ok(())
