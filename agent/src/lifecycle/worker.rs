@@ -237,7 +237,10 @@ impl Worker {
             }
             self.wake.store(0, Ordering::Release);
             let gone = self.program_gone.load(Ordering::Acquire);
-            let next = tick(gone);
+            // A tick that panics (said by the panic hook) is an idle one:
+            // the thread must go on, since while it is marked running no
+            // other starts, and a request left for it would wait for ever.
+            let next = std::panic::catch_unwind(|| tick(gone)).unwrap_or(Next::Idle);
             let now = crate::count::cost::thread_cpu_ns();
             crate::count::cost::add(self.cost, now.saturating_sub(spent));
             spent = now;

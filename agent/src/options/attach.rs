@@ -188,9 +188,12 @@ fn serve(_gone: bool) -> Next {
 }
 
 /// Whether the calling thread is the process's only one still running (a
-/// main thread that called pthread_exit stays listed, a zombie).
+/// main thread that called pthread_exit stays listed, a zombie). Not if
+/// the list cannot be read: ending the thread would leave a later request
+/// unserved.
 fn only_thread() -> bool {
-    program_threads().into_iter().all(zombie)
+    let others = program_threads();
+    !others.is_empty() && others.into_iter().all(zombie)
 }
 
 /// Whether task `tid` of this process has ended (state Z or X).
@@ -330,8 +333,12 @@ fn answer(path: &str, r: Result<String, String>) {
         Ok(m) => format!("{m}\n"),
         Err(e) => format!("error: {e}\n"),
     };
-    let _ =
-        rtprof_shared::files::write_destination(std::path::Path::new(path), text.as_bytes(), 0o600);
+    if let Err(e) =
+        rtprof_shared::files::write_destination(std::path::Path::new(path), text.as_bytes(), 0o600)
+    {
+        // rtprof waits for this file: say why it will not come.
+        crate::log::emit(format_args!("cannot answer rtprof in {path}: {e}"));
+    }
 }
 
 fn attach_thread(spec: &str) {

@@ -100,7 +100,8 @@ enum Failure {
     Call(&'static str, inject::CallError),
     DlopenFailed,
     AgentSaid(String),
-    AgentSilent,
+    /// No answer in time: what the process's threads were doing then.
+    AgentSilent(String),
     /// No thread was found outside libc and the loader in time.
     Busy,
 }
@@ -128,9 +129,9 @@ impl std::fmt::Display for Failure {
                  made inside malloc would deadlock); nothing was changed, try again",
                 MOVE_LIMIT.as_secs()
             ),
-            Failure::AgentSilent => write!(
+            Failure::AgentSilent(threads) => write!(
                 f,
-                "the agent did not answer within {} s",
+                "the agent did not answer within {} s (threads then: {threads})",
                 AGENT_DEADLINE.as_secs()
             ),
         }
@@ -161,6 +162,37 @@ fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
+/// Each thread of `pid` as `tid name state syscall`: what a silent agent
+/// is doing (its threads are named `rtprof-*`), for the message.
+fn thread_states(pid: i32) -> String {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "unreadable".into();
+    };
+    let mut tids: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    let read = |tid: i32, what: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{what}")).unwrap_or_default()
+    };
+    let states: Vec<String> = tids
+        .into_iter()
+        .map(|tid| {
+            let stat = read(tid, "stat");
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_string();
+            let syscall = read(tid, "syscall");
+            let call = syscall.split_whitespace().next().unwrap_or("?");
+            format!("{tid} {} {state} syscall {call}", read(tid, "comm").trim())
+        })
+        .collect();
+    states.join("; ")
+}
+
 /// Waits for the agent's answer in `path` ("ok" or a message).
 fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
     let started = Instant::now();
@@ -183,7 +215,7 @@ fn await_status(pid: i32, path: &Path) -> Result<String, Failure> {
             return Err(Failure::Refused(AttachRefusal::NoSuchProcess));
         }
         if started.elapsed() > AGENT_DEADLINE {
-            return Err(Failure::AgentSilent);
+            return Err(Failure::AgentSilent(thread_states(pid)));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -594,6 +626,108 @@ mod tests {
         assert!(spec.contains("\nRTPROF_MODULES=libz*\nRTPROF_VERBOSE=1\nRTPROF_SAMPLE_HZ=99\n"));
     }
 
+    static HANDLED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+    extern "C" fn count_usr1(_: libc::c_int) {
+        HANDLED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A child asleep in `epoll_wait` (no timeout) is held, gets a signal
+    /// while a call is made in it (withheld, as the agent's sampling
+    /// signal is when the call takes CPU time), and is let go: the signal's
+    /// handler runs once and the wait goes on, as if it had come just
+    /// before the call; it never fails with EINTR.
+    #[test]
+    fn a_signal_withheld_during_a_call_never_ends_the_wait_with_eintr() {
+        let mut wake = [0i32; 2];
+        let mut report = [0i32; 2];
+        // SAFETY: pipes into our arrays.
+        assert!(unsafe {
+            libc::pipe(wake.as_mut_ptr()) == 0 && libc::pipe(report.as_mut_ptr()) == 0
+        });
+        // SAFETY: the child makes only async-signal-safe system calls and
+        // leaves with _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: as above: plain system calls on our own descriptors.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = count_usr1 as *const () as usize;
+                sa.sa_flags = libc::SA_RESTART;
+                libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+                let ep = libc::epoll_create1(0);
+                let mut ev = libc::epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: 0,
+                };
+                libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, wake[0], &mut ev);
+                libc::write(report[1], b"r".as_ptr().cast(), 1);
+                let n = libc::epoll_wait(ep, &mut ev, 1, -1);
+                let said = if n < 0 {
+                    b'E'
+                } else {
+                    b'0' + HANDLED.load(std::sync::atomic::Ordering::Relaxed)
+                };
+                libc::write(report[1], [said].as_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        let read_byte = || {
+            let mut b = [0u8];
+            // SAFETY: one byte into our buffer.
+            let n = unsafe { libc::read(report[0], b.as_mut_ptr().cast(), 1) };
+            assert_eq!(n, 1);
+            b[0]
+        };
+        assert_eq!(read_byte(), b'r');
+        // Asleep in epoll_wait (232) before it is held.
+        while !std::fs::read_to_string(format!("/proc/{child}/syscall"))
+            .unwrap_or_default()
+            .starts_with("232 ")
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut stopped = Stopped::seize(child).unwrap();
+        // SAFETY: a signal to our own child, held still: it comes at the call.
+        unsafe { libc::kill(child, libc::SIGUSR1) };
+        // The child is a fork of this process: getpid is at the same address.
+        let getpid = libc::getpid as *const () as u64;
+        assert_eq!(call(&mut stopped, getpid, &[]).unwrap(), child as u64);
+        drop(stopped);
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: one byte from our buffer.
+        assert_eq!(unsafe { libc::write(wake[1], b"w".as_ptr().cast(), 1) }, 1);
+        assert_eq!(read_byte() as char, '1', "E: the wait failed with EINTR");
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+    }
+
+    /// A silent agent's message names each thread with its state.
+    #[test]
+    fn thread_states_name_each_thread_with_its_state() {
+        let pid = std::process::id() as i32;
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name("states-probe".into())
+            .spawn(move || rx.recv())
+            .unwrap();
+        // Named and asleep in its futex wait within moments.
+        let mut said = thread_states(pid);
+        for _ in 0..200 {
+            if said.contains("states-probe S syscall 202") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            said = thread_states(pid);
+        }
+        drop(tx);
+        t.join().unwrap().ok();
+        assert!(said.starts_with(&format!("{pid} ")), "{said}");
+        assert!(said.contains("states-probe S syscall 202"), "{said}");
+        assert_eq!(thread_states(-1), "unreadable");
+    }
+
     /// A busy process is tried a few times; any other outcome ends the
     /// tries at once.
     #[test]
@@ -610,10 +744,10 @@ mod tests {
             tries += 1;
             match tries {
                 1 => Err(Failure::Busy),
-                _ => Err(Failure::AgentSilent),
+                _ => Err(Failure::AgentSilent(String::new())),
             }
         });
-        assert!(matches!(r, Err(Failure::AgentSilent)));
+        assert!(matches!(r, Err(Failure::AgentSilent(_))));
         assert_eq!(tries, 2);
     }
 }

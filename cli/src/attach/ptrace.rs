@@ -364,14 +364,21 @@ fn detach(pid: i32, t: &mut Thread) {
         return;
     }
     t.attached = false;
+    // Queued while the thread is still held, they are pending when it
+    // resumes: their handlers run before it goes back into the call it
+    // waited in (made again: `syscall_restart`). Queued after, one would
+    // reach it inside that call and end it with EINTR (an `epoll_wait`),
+    // the program's own wait failed by a signal that came during our call
+    // (the agent's CPU-time sampling signal, say).
+    for info in t.withheld.drain(..) {
+        requeue(pid, t.tid, &info);
+    }
     if ptrace(libc::PTRACE_DETACH, t.tid, 0, t.stopped_at as usize).is_err() {
-        // Not in a stop (running after a failed call): stop it, then detach.
+        // Not in a stop (running after a failed call): stop it, then
+        // detach (a signal queued above may be what it stops in).
         if interrupt_and_wait(t) {
             let _ = ptrace(libc::PTRACE_DETACH, t.tid, 0, t.stopped_at as usize);
         }
-    }
-    for info in t.withheld.drain(..) {
-        requeue(pid, t.tid, &info);
     }
 }
 
