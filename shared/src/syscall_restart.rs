@@ -6,7 +6,8 @@
 //! a program that installed no handler has no reason to expect one. Such
 //! a call is set up to be made again when the thread resumes, as the
 //! kernel restarts the others, unless a signal is pending that the thread
-//! does not block: then it was that signal's EINTR, and it stays.
+//! does not block: then it was that signal's EINTR, and it stays (not a
+//! CPU-time timer's signal, which cannot end a wait: [`could_end_a_wait`]).
 //!
 //! Only waits that nothing else ends, made again exactly as they were
 //! ([`made_again`]): `epoll_wait` and its kin without a timeout,
@@ -162,10 +163,9 @@ fn signal_deliverable(tid: i32) -> bool {
                 return true;
             }
             let n = n as usize;
-            if infos[..n]
-                .iter()
-                .any(|i| i.si_signo > 0 && blocked & (1u64 << (i.si_signo - 1)) == 0)
-            {
+            if infos[..n].iter().any(|i| {
+                i.si_signo > 0 && blocked & (1u64 << (i.si_signo - 1)) == 0 && could_end_a_wait(i)
+            }) {
                 return true;
             }
             if n < BATCH {
@@ -177,9 +177,46 @@ fn signal_deliverable(tid: i32) -> bool {
     false
 }
 
+/// `si_code` of a POSIX timer's signal, and of one the kernel sends (an
+/// `setitimer` timer's): not exported by the libc crate.
+const SI_TIMER: i32 = -2;
+const SI_KERNEL: i32 = 0x80;
+
+/// Whether a pending signal could have ended the wait the thread was in.
+/// A CPU-time timer's (`SIGPROF`, `SIGVTALRM` from a timer: the agent's
+/// sampling signal, a program's own profiling timer) could not: the
+/// thread's clock does not advance while it sleeps. The kernel generates
+/// such a signal for an expiry it noticed as the thread entered the wait
+/// only on its way back out, after the stop that ended the wait: it is
+/// delivered before the call is made again, and the EINTR stays ours.
+fn could_end_a_wait(info: &libc::siginfo_t) -> bool {
+    let cpu_timer = matches!(info.si_signo, libc::SIGPROF | libc::SIGVTALRM)
+        && matches!(info.si_code, SI_TIMER | SI_KERNEL);
+    !cpu_timer
+}
+
 #[cfg(test)]
 mod tests {
-    use super::made_again;
+    use super::{could_end_a_wait, made_again, SI_KERNEL, SI_TIMER};
+
+    #[test]
+    fn cpu_time_timer_signals_never_end_a_wait() {
+        let info = |signo: i32, code: i32| {
+            // SAFETY: zero bytes are a valid siginfo (a plain C struct).
+            let mut i: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            i.si_signo = signo;
+            i.si_code = code;
+            i
+        };
+        assert!(!could_end_a_wait(&info(libc::SIGPROF, SI_TIMER)));
+        assert!(!could_end_a_wait(&info(libc::SIGPROF, SI_KERNEL)));
+        assert!(!could_end_a_wait(&info(libc::SIGVTALRM, SI_KERNEL)));
+        // Sent by a process (kill, tgkill), or another signal of a timer.
+        assert!(could_end_a_wait(&info(libc::SIGPROF, 0)));
+        assert!(could_end_a_wait(&info(libc::SIGPROF, -6)));
+        assert!(could_end_a_wait(&info(libc::SIGALRM, SI_TIMER)));
+        assert!(could_end_a_wait(&info(libc::SIGUSR1, SI_TIMER)));
+    }
 
     #[test]
     fn only_waits_without_a_timeout_are_made_again() {
