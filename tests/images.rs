@@ -488,3 +488,50 @@ fn a_hostile_or_damaged_image_is_refused() {
         let _ = std::fs::remove_file(&image);
     }
 }
+
+/// A program on an overlay filesystem (a container's root, say) is mapped
+/// from the layer beneath it, so its mapping names another device than
+/// its file's status does. It is still the file the process runs (the
+/// same build is mapped): instrumented, counted exactly, and warm starts
+/// map its image.
+#[test]
+fn a_program_on_an_overlay_is_instrumented_and_maps_its_image() {
+    let dir = scratch("images-overlay");
+    let cache = cache_dir(&dir);
+    let progs = dir.join("progs");
+    std::fs::create_dir_all(&progs).unwrap();
+    let bin = compile_o2("own_code.c", &[], &progs);
+    let plain = run_plain(&bin, &[]);
+    let dev = |p: &Path| std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(p).unwrap());
+    let beneath = dev(&bin);
+    private_machine(&[progs.to_str().unwrap()]);
+    assert_ne!(
+        dev(&bin),
+        beneath,
+        "the overlay's files have a device of their own"
+    );
+    let c = cache.to_str().unwrap();
+    let env = [("RTPROF_CACHE", c), ("RTPROF_VERBOSE", "1")];
+    let name = bin.to_string_lossy().into_owned();
+    for start in ["cold", "warm"] {
+        let p = run_profiled(&bin, &[], &env, &dir);
+        counts_hold(start, &bin, &plain, &p);
+        let lines = agent_lines(&p.output.stderr);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&name) && l.contains(" patched, ")),
+            "{start}: {lines:#?}"
+        );
+        let code = &process(&p.report, &bin)["modules"][0]["code"];
+        if start == "warm" {
+            assert_eq!(code, "image", "{lines:#?}");
+            assert!(
+                mapped_modules(&lines)
+                    .iter()
+                    .any(|((_, p), m)| *p == name && *m),
+                "{lines:#?}"
+            );
+        }
+    }
+}

@@ -54,7 +54,9 @@ pub struct FileImage {
 
 impl FileImage {
     /// Maps `m`'s file read-only if it is the file the loader mapped for
-    /// `m` (same device and inode as the mapping of its first segment).
+    /// `m`: same device and inode as the mapping of its first segment, or,
+    /// where the mapping names another file, the same build mapped (see
+    /// [`FileImage::same_build_mapped`]).
     pub fn open(m: &Module, maps: &Maps) -> Result<FileImage, PlanError> {
         let f = std::fs::File::open(&m.file).map_err(PlanError::Open)?;
         let st = f.metadata().map_err(PlanError::Stat)?;
@@ -64,20 +66,62 @@ impl FileImage {
             .ok_or(PlanError::NotMapped)?;
         let dev = st.dev();
         let (major, minor) = (libc::major(dev), libc::minor(dev));
-        if mapped.inode != st.ino() || mapped.dev != (major, minor) {
-            return Err(PlanError::Replaced);
-        }
-        // SAFETY: a private read-only mapping of the file the loader mapped;
-        // a running program's files are not truncated under it (if one
-        // were, the program itself would fault first). The bytes are only
-        // compared and decoded, never trusted.
+        let same_inode = mapped.inode == st.ino() && mapped.dev == (major, minor);
+        // SAFETY: a private read-only mapping of the file at the module's
+        // path; a running program's files are not truncated under it (if
+        // one were, the program itself would fault first). The bytes are
+        // only compared and decoded, never trusted.
         let map = unsafe { memmap2::Mmap::map(&f) }.map_err(PlanError::Map)?;
-        Ok(FileImage {
+        let image = FileImage {
             map,
             bias: m.bias,
             loads: m.loads.clone(),
             identity: Identity::of(&st),
-        })
+        };
+        if !same_inode && !image.same_build_mapped() {
+            return Err(PlanError::Replaced);
+        }
+        Ok(image)
+    }
+
+    /// Whether the process has this file's build mapped: a GNU build-id
+    /// note whose bytes in memory, where its segment is mapped, are the
+    /// file's. A file of an overlay filesystem (a container's) is mapped
+    /// from the layer beneath it, so its mapping shows that layer's device
+    /// (and, without `xino`, another inode) than the file's status does.
+    /// A file replaced by another build at the path has another build-id.
+    fn same_build_mapped(&self) -> bool {
+        let data = self.data();
+        let Some(elf) = rtprof_shared::debuginfo::headers(data) else {
+            return false;
+        };
+        if rtprof_shared::debuginfo::build_id(&elf, data).is_none() {
+            return false;
+        }
+        let readable = |v: u64, len: u64| {
+            self.loads.iter().any(|l| {
+                l.flags & libc::PF_R != 0
+                    && v >= l.vaddr
+                    && v.checked_add(len).is_some_and(|e| e <= l.vaddr + l.filesz)
+            })
+        };
+        elf.program_headers
+            .iter()
+            .filter(|p| p.p_type == goblin::elf::program_header::PT_NOTE && p.p_filesz > 0)
+            .any(|p| {
+                let addr = self.bias.wrapping_add(p.p_vaddr);
+                let Some(file) = self.bytes(addr, p.p_filesz) else {
+                    return false;
+                };
+                if !readable(p.p_vaddr, p.p_filesz) {
+                    return false;
+                }
+                // SAFETY: the range lies in a loaded segment's file bytes,
+                // mapped readable by the loader for as long as the module
+                // is loaded (it is being instrumented).
+                let live = unsafe { std::slice::from_raw_parts(addr as *const u8, file.len()) };
+                live == file
+            })
     }
 
     /// The whole file.
