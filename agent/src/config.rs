@@ -113,21 +113,35 @@ pub fn parse_budget(v: &str) -> Option<f64> {
     (p.is_finite() && p > 0.0 && p < 100.0).then_some(p)
 }
 
-/// `RTPROF_DISABLE` set (read from the environment alone: no system call).
+/// `RTPROF_DISABLE` set (read from the environment alone: no system call,
+/// no allocation, so a switched-off agent costs the process no heap).
 pub fn disabled_by_env() -> bool {
-    std::env::var("RTPROF_DISABLE").is_ok_and(|v| truthy(&v))
+    set_in_env(c"RTPROF_DISABLE")
 }
 
 /// `RTPROF_VERBOSE` set (from the environment alone, before the full
 /// configuration is read: a seccomp filter's trial is said too).
 pub fn verbose_by_env() -> bool {
-    std::env::var("RTPROF_VERBOSE").is_ok_and(|v| truthy(&v))
+    set_in_env(c"RTPROF_VERBOSE")
 }
 
 /// `RTPROF_WARM` set: the process was started to fill the cache, not to
 /// run (`rtprof cache warm`).
 pub fn warming_by_env() -> bool {
-    std::env::var("RTPROF_WARM").is_ok_and(|v| truthy(&v))
+    set_in_env(c"RTPROF_WARM")
+}
+
+/// Whether `name` is set to a true value, read in place.
+fn set_in_env(name: &std::ffi::CStr) -> bool {
+    // SAFETY: getenv reads the environment; nothing changes it before
+    // `main` (or while the agent's constructor runs).
+    let v = unsafe { libc::getenv(name.as_ptr()) };
+    if v.is_null() {
+        return false;
+    }
+    // SAFETY: a non-null getenv result is a NUL-terminated string.
+    let v = unsafe { std::ffi::CStr::from_ptr(v) };
+    std::str::from_utf8(v.to_bytes()).is_ok_and(truthy)
 }
 
 fn truthy(v: &str) -> bool {
@@ -247,6 +261,16 @@ pub use rtprof_shared::glob_match;
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// The switches read before anything else are read without allocating.
+    #[test]
+    fn switches_from_the_environment_are_read_in_place() {
+        let before = crate::test_alloc::allocs();
+        let path = set_in_env(c"PATH");
+        let unset = set_in_env(c"RTPROF_NEVER_SET_BY_ANYONE");
+        assert_eq!(crate::test_alloc::allocs(), before);
+        assert!(path && !unset);
+    }
 
     #[test]
     fn count_and_nocount_choose_functions() {
