@@ -195,10 +195,17 @@ impl Counts {
     }
 
     /// At least this many slots (a shared buffer keeps its largest size).
+    /// Each buffer is checked: the thread rows grow `calls` alone (their
+    /// scratch), so a process first read with many functions left `calls`
+    /// longer than `samples`, and its next tick indexed past `samples`
+    /// (rtprofd ended on a panic).
     fn grow(&mut self, funcs: usize, modules: usize) {
-        if self.calls.len() < funcs || self.rest.buckets.len() < modules {
+        if self.calls.len() < funcs
+            || self.samples.len() < funcs
+            || self.rest.buckets.len() < modules
+        {
             let (f, m) = (
-                funcs.max(self.calls.len()),
+                funcs.max(self.calls.len()).max(self.samples.len()),
                 modules.max(self.rest.buckets.len()),
             );
             self.resize(f, m);
@@ -1089,6 +1096,51 @@ mod tests {
         let tab = t.table();
         assert_eq!(tab.rows[0].calls, 300);
         assert_eq!(tab.span_ns, 2 * S - 1_000);
+    }
+
+    /// One scratch serves every process: a process first read with its
+    /// threads followed (whose rows grow the scratch's calls alone) is
+    /// read again with it without indexing past its samples (rtprofd
+    /// ended on that panic).
+    #[test]
+    fn a_shared_scratch_serves_a_process_whose_threads_are_followed() {
+        let seg = Seg::new();
+        seg.set(10, 3, 1);
+        let mut slots = Slots::default();
+        let mut scratch = Counts::default();
+        // Another process, read first, had more modules and no function.
+        scratch.grow(0, 8);
+        let (mut t, _) = Tracked::new(
+            seg.bytes(),
+            &seg.header(),
+            "/bin/app",
+            100 * S,
+            5 * S,
+            &mut slots,
+            &mut scratch,
+        )
+        .unwrap();
+        t.follow_threads(
+            4,
+            (seg.bytes(), &seg.header()),
+            (100 * S, 5 * S),
+            &mut scratch,
+        );
+        seg.set(20, 6, 1);
+        t.observe(
+            seg.bytes(),
+            &seg.header(),
+            101 * S,
+            5 * S,
+            &mut slots,
+            &mut scratch,
+        )
+        .unwrap();
+        let tab = t.table();
+        let hot = tab.rows.iter().find(|r| slots.name(r.id) == "hot").unwrap();
+        // Counted from the first read (the process is older than the span).
+        assert_eq!((hot.calls, hot.samples), (10, 3));
+        t.release(&mut slots);
     }
 
     #[test]
