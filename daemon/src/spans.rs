@@ -984,6 +984,11 @@ mod tests {
 
     /// Starts following `seg` at `now` with a span of 5 s.
     fn track(seg: &Seg, now: u64, slots: &mut Slots) -> (Tracked, Seen) {
+        track_with(seg, now, slots, &mut Counts::default())
+    }
+
+    /// [`track`], reading through `scratch`.
+    fn track_with(seg: &Seg, now: u64, slots: &mut Slots, scratch: &mut Counts) -> (Tracked, Seen) {
         Tracked::new(
             seg.bytes(),
             &seg.header(),
@@ -991,7 +996,7 @@ mod tests {
             now,
             5 * S,
             slots,
-            &mut Counts::default(),
+            scratch,
         )
         .unwrap()
     }
@@ -1110,16 +1115,7 @@ mod tests {
         let mut scratch = Counts::default();
         // Another process, read first, had more modules and no function.
         scratch.grow(0, 8);
-        let (mut t, _) = Tracked::new(
-            seg.bytes(),
-            &seg.header(),
-            "/bin/app",
-            100 * S,
-            5 * S,
-            &mut slots,
-            &mut scratch,
-        )
-        .unwrap();
+        let (mut t, _) = track_with(&seg, 100 * S, &mut slots, &mut scratch);
         t.follow_threads(
             4,
             (seg.bytes(), &seg.header()),

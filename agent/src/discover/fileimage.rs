@@ -98,30 +98,31 @@ impl FileImage {
         if rtprof_shared::debuginfo::build_id(&elf, data).is_none() {
             return false;
         }
-        let readable = |v: u64, len: u64| {
-            self.loads.iter().any(|l| {
-                l.flags & libc::PF_R != 0
-                    && v >= l.vaddr
-                    && v.checked_add(len).is_some_and(|e| e <= l.vaddr + l.filesz)
-            })
-        };
         elf.program_headers
             .iter()
             .filter(|p| p.p_type == goblin::elf::program_header::PT_NOTE && p.p_filesz > 0)
             .any(|p| {
+                let readable = self
+                    .load_holding(p.p_vaddr, p.p_filesz)
+                    .is_some_and(|l| l.flags & libc::PF_R != 0);
                 let addr = self.bias.wrapping_add(p.p_vaddr);
-                let Some(file) = self.bytes(addr, p.p_filesz) else {
+                let Some(file) = self.bytes(addr, p.p_filesz).filter(|_| readable) else {
                     return false;
                 };
-                if !readable(p.p_vaddr, p.p_filesz) {
-                    return false;
-                }
                 // SAFETY: the range lies in a loaded segment's file bytes,
                 // mapped readable by the loader for as long as the module
                 // is loaded (it is being instrumented).
                 let live = unsafe { std::slice::from_raw_parts(addr as *const u8, file.len()) };
                 live == file
             })
+    }
+
+    /// The loaded segment whose file bytes hold ELF addresses
+    /// `[v, v + len)`.
+    fn load_holding(&self, v: u64, len: u64) -> Option<&Load> {
+        self.loads
+            .iter()
+            .find(|l| v >= l.vaddr && v.checked_add(len).is_some_and(|e| e <= l.vaddr + l.filesz))
     }
 
     /// The whole file.
@@ -133,9 +134,7 @@ impl FileImage {
     /// segment holds all of them in the file.
     pub fn bytes(&self, addr: u64, len: u64) -> Option<&[u8]> {
         let v = addr.wrapping_sub(self.bias);
-        let l = self.loads.iter().find(|l| {
-            v >= l.vaddr && v.checked_add(len).is_some_and(|e| e <= l.vaddr + l.filesz)
-        })?;
+        let l = self.load_holding(v, len)?;
         let off = usize::try_from(l.offset + (v - l.vaddr)).ok()?;
         self.map.get(off..off.checked_add(len as usize)?)
     }

@@ -165,13 +165,10 @@ fn alive(pid: i32) -> bool {
 /// Each thread of `pid` as `tid name state syscall`: what a silent agent
 /// is doing (its threads are named `rtprof-*`), for the message.
 fn thread_states(pid: i32) -> String {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    let mut tids = ptrace::tasks(pid);
+    if tids.is_empty() {
         return "unreadable".into();
-    };
-    let mut tids: Vec<i32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
+    }
     tids.sort_unstable();
     let read = |tid: i32, what: &str| {
         std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{what}")).unwrap_or_default()

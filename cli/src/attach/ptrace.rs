@@ -131,7 +131,8 @@ fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> Result<libc:
     }
 }
 
-fn tasks(pid: i32) -> Vec<i32> {
+/// The thread ids of `pid` now (none if its task list cannot be read).
+pub(super) fn tasks(pid: i32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
